@@ -1,0 +1,1 @@
+//! kerf-api: kerf's Kubernetes-facing types and conversions.

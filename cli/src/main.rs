@@ -1,0 +1,2 @@
+//! kerf CLI
+fn main() {}

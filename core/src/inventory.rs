@@ -1,0 +1,200 @@
+//! The node's GPU inventory: whole GPUs, their MIG devices and the driver that runs them.
+//!
+//! Identity comes from stable hardware facts (minor number, UUID), never from enumeration
+//! order, so names derived from it survive reboots and driver reloads.
+
+use serde::{Deserialize, Serialize};
+
+/// Everything the kubelet plugin knows about the GPUs of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Inventory {
+    /// Kernel driver version, e.g. `570.124.06`.
+    pub driver_version: String,
+    /// CUDA driver API version, e.g. `12.8`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_driver_version: Option<String>,
+    /// The GPUs, in any order.
+    #[serde(default)]
+    pub gpus: Vec<Gpu>,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Gpu {
+    /// NVML enumeration index (informational only; never used for naming).
+    pub index: u32,
+    /// Minor number of `/dev/nvidia<minor>`; the stable name of the GPU on this node.
+    pub minor: u32,
+    /// NVML UUID, e.g. `GPU-8d4b4a36-…`.
+    pub uuid: String,
+    /// Marketing product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub product_name: String,
+    /// Brand, e.g. `Nvidia`, `Tesla`.
+    pub brand: String,
+    /// Architecture name, e.g. `Hopper`.
+    pub architecture: String,
+    /// CUDA compute capability.
+    pub compute_capability: ComputeCapability,
+    /// Total framebuffer memory in bytes.
+    pub memory_bytes: u64,
+    /// Number of streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// PCI bus id in NVML's long form, e.g. `0000:1b:00.0`.
+    pub pci_bus_id: String,
+    /// PCIe root complex the GPU hangs off, e.g. `pci0000:00`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_root: Option<String>,
+    /// NUMA node of the GPU, when the platform reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// Minor numbers of the GPUs this GPU has an active NVLink to.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nvlink_peers: Vec<u32>,
+    /// Identifier of the NVLink domain (fabric clique) the GPU belongs to, when any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink_domain: Option<String>,
+    /// Whether MIG mode is enabled (current mode, not pending).
+    #[serde(default)]
+    pub mig_enabled: bool,
+    /// The MIG devices that exist on this GPU now.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig_devices: Vec<MigDevice>,
+}
+
+/// CUDA compute capability, `major.minor`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComputeCapability {
+    /// Major version, e.g. 9 for Hopper.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+}
+
+impl std::fmt::Display for ComputeCapability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.major, self.minor)
+    }
+}
+
+/// One MIG device (a GPU instance plus one compute instance) that exists on a parent GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MigDevice {
+    /// MIG profile name, e.g. `1g.10gb`.
+    pub profile: String,
+    /// Placement of the GPU instance within the parent's memory slices.
+    pub placement: MigPlacement,
+    /// GPU instance id.
+    pub gi_id: u32,
+    /// Compute instance id.
+    pub ci_id: u32,
+    /// NVML UUID of the MIG device, e.g. `MIG-…`.
+    pub uuid: String,
+    /// Memory of the MIG device in bytes.
+    pub memory_bytes: u64,
+    /// Streaming multiprocessors of the MIG device.
+    pub multiprocessors: u32,
+    /// Minor of `/dev/nvidia-caps/nvidia-cap<minor>` that grants access to the GPU instance.
+    pub gi_cap_minor: u32,
+    /// Minor of `/dev/nvidia-caps/nvidia-cap<minor>` that grants access to the compute instance.
+    pub ci_cap_minor: u32,
+}
+
+/// Where a MIG GPU instance sits among the parent's memory slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MigPlacement {
+    /// First memory slice.
+    pub start: u32,
+    /// Number of memory slices.
+    pub size: u32,
+}
+
+impl Gpu {
+    /// The device name kerf publishes for this GPU: `gpu-<minor>`.
+    pub fn device_name(&self) -> String {
+        format!("gpu-{}", self.minor)
+    }
+}
+
+impl MigDevice {
+    /// The device name kerf publishes for this MIG device:
+    /// `gpu-<parent minor>-mig-<profile>-<placement start>` with the profile's dots and
+    /// plus signs made DNS-label safe, e.g. `gpu-0-mig-1g-10gb-3`.
+    pub fn device_name(&self, parent_minor: u32) -> String {
+        let profile: String = self
+            .profile
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .collect();
+        format!("gpu-{parent_minor}-mig-{profile}-{}", self.placement.start)
+    }
+}
+
+/// A device kerf publishes: a whole GPU or one MIG device of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceRef<'a> {
+    /// A whole GPU.
+    Gpu(&'a Gpu),
+    /// A MIG device and its parent GPU.
+    Mig {
+        /// The parent GPU.
+        parent: &'a Gpu,
+        /// The MIG device.
+        mig: &'a MigDevice,
+    },
+}
+
+impl DeviceRef<'_> {
+    /// The published device name.
+    pub fn name(&self) -> String {
+        match self {
+            DeviceRef::Gpu(gpu) => gpu.device_name(),
+            DeviceRef::Mig { parent, mig } => mig.device_name(parent.minor),
+        }
+    }
+
+    /// The GPU that physically holds this device.
+    pub fn gpu(&self) -> &Gpu {
+        match self {
+            DeviceRef::Gpu(gpu) | DeviceRef::Mig { parent: gpu, .. } => gpu,
+        }
+    }
+
+    /// The device's UUID (GPU or MIG).
+    pub fn uuid(&self) -> &str {
+        match self {
+            DeviceRef::Gpu(gpu) => &gpu.uuid,
+            DeviceRef::Mig { mig, .. } => &mig.uuid,
+        }
+    }
+}
+
+impl Inventory {
+    /// Every publishable device: each GPU without MIG as a whole GPU, and each existing MIG
+    /// device of GPUs with MIG enabled. A MIG-enabled GPU is not itself allocatable.
+    pub fn devices(&self) -> impl Iterator<Item = DeviceRef<'_>> {
+        self.gpus.iter().flat_map(|gpu| {
+            let whole = (!gpu.mig_enabled).then_some(DeviceRef::Gpu(gpu));
+            let migs = gpu
+                .mig_devices
+                .iter()
+                .filter(move |_| gpu.mig_enabled)
+                .map(move |mig| DeviceRef::Mig { parent: gpu, mig });
+            whole.into_iter().chain(migs)
+        })
+    }
+
+    /// Looks a published device up by name.
+    pub fn device(&self, name: &str) -> Option<DeviceRef<'_>> {
+        self.devices().find(|d| d.name() == name)
+    }
+
+    /// Looks a GPU up by its minor number.
+    pub fn gpu_by_minor(&self, minor: u32) -> Option<&Gpu> {
+        self.gpus.iter().find(|g| g.minor == minor)
+    }
+}

@@ -1,0 +1,20 @@
+//! kerf-core: the pure domain of kerf, with no Kubernetes client, gRPC or async runtime.
+//!
+//! - [`inventory`]: the GPU inventory model (GPUs, MIG devices, driver version).
+//! - [`mock`]: named mock inventories and the YAML inventory file format.
+//! - [`names`]: validation of names that come from outside and end up in paths.
+//! - [`fsutil`]: atomic, durable file writes.
+//! - [`cdi`]: the CDI spec model, its version rules and the per-claim spec generator.
+//! - [`driver_root`]: discovery of driver libraries and binaries to mount into containers.
+//! - [`checkpoint`]: the kubelet plugin's versioned, tolerant checkpoint format.
+
+pub mod cdi;
+pub mod checkpoint;
+pub mod driver_root;
+pub mod error;
+pub mod fsutil;
+pub mod inventory;
+pub mod mock;
+pub mod names;
+
+pub use error::{Error, Result};

@@ -1,0 +1,1 @@
+//! kerf-tests: shared helpers for cross-crate tests (a fake kubelet).
