@@ -6,6 +6,7 @@
 //! - [`fsutil`]: atomic, durable file writes.
 //! - [`cdi`]: the CDI spec model, its version rules and the per-claim spec generator.
 //! - [`driver_root`]: discovery of driver libraries and binaries to mount into containers.
+//! - [`slice`]: slice limits and sharing strategies of a prepared device.
 //! - [`checkpoint`]: the kubelet plugin's versioned, tolerant checkpoint format.
 
 pub mod cdi;
@@ -16,5 +17,6 @@ pub mod fsutil;
 pub mod inventory;
 pub mod mock;
 pub mod names;
+pub mod slice;
 
 pub use error::{Error, Result};

@@ -1,0 +1,77 @@
+//! The one error type of the kubelet plugin.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the kubelet plugin.
+///
+/// Each variant has a stable [`Error::reason`] used as a metric label.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A domain error from kerf-core (inventory, CDI, checkpoint, names).
+    #[error(transparent)]
+    Core(#[from] kerf_core::Error),
+    /// An error decoding or building Kubernetes objects.
+    #[error(transparent)]
+    Api(#[from] kerf_api::Error),
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// NVML could not be loaded or queried.
+    #[error("NVML: {0}")]
+    Nvml(String),
+    /// Neither NVML nor a mock inventory is available.
+    #[error(
+        "no GPU discovery available: NVML could not be loaded ({0}); pass --mock-gpus PROFILE or --mock-inventory FILE to run with mock GPUs"
+    )]
+    NoDiscovery(String),
+    /// A gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// A socket or directory could not be set up.
+    #[error("{op} {path}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The path it was done to.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration is unusable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// A claim could not be prepared; the message names the field and value at fault.
+    #[error("{0}")]
+    Claim(String),
+    /// The metrics/health HTTP server failed.
+    #[error("HTTP server: {0}")]
+    Http(#[source] std::io::Error),
+}
+
+impl Error {
+    /// A short, stable, low-cardinality label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Core(e) => e.reason(),
+            Error::Api(e) => e.reason(),
+            Error::Kube(_) => "kube_api",
+            Error::Nvml(_) => "nvml",
+            Error::NoDiscovery(_) => "no_discovery",
+            Error::Transport(_) => "transport",
+            Error::Io { .. } => "io",
+            Error::Config(_) => "config",
+            Error::Claim(_) => "claim",
+            Error::Http(_) => "http",
+        }
+    }
+
+    /// Builds an [`Error::Io`] for `op` on `path`.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { op, path: path.into(), source }
+    }
+}
+
+/// Result alias for the kubelet plugin.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
