@@ -1,1 +1,3 @@
 //! kerf-tests: shared helpers for cross-crate tests (a fake kubelet).
+
+pub mod kubelet;
