@@ -32,9 +32,9 @@ pub enum Error {
     Yaml {
         /// What was being decoded.
         what: String,
-        /// The decoder's error.
+        /// The decoder's error, boxed because it is large and every `Result` carries it.
         #[source]
-        source: serde_saphyr::Error,
+        source: Box<serde_saphyr::Error>,
     },
     /// A name from outside the process that is unsafe or invalid where it is used.
     #[error("invalid {field} {value:?}: {reason}")]

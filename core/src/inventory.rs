@@ -2,8 +2,12 @@
 //!
 //! Identity comes from stable hardware facts (minor number, UUID), never from enumeration
 //! order, so names derived from it survive reboots and driver reloads.
+//! [`Inventory::validate`] checks its invariants.
 
 use serde::{Deserialize, Serialize};
+
+mod validate;
+pub use validate::MAX_ATTRIBUTE_LEN;
 
 /// Everything the kubelet plugin knows about the GPUs of one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

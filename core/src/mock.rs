@@ -1,1 +1,842 @@
-//! (being written)
+//! Mock GPU inventories: named profiles modelled on real machines, and the YAML inventory file.
+//!
+//! Mock mode is a first-class mode (demos, CI, kind clusters without GPUs), so the profiles use
+//! the figures NVML reports on real hardware and stay valid for any GPU count:
+//!
+//! | profile | GPUs | modelled on |
+//! |---|---|---|
+//! | `h100-sxm-80gb` | 8 × `NVIDIA H100 80GB HBM3` | DGX H100: all-to-all NVLink (NVSwitch), one NVLink domain, GPUs 0–3 on NUMA 0 and 4–7 on NUMA 1 |
+//! | `a100-40gb-mig` | 4 × `NVIDIA A100-SXM4-40GB` | HGX A100 4-GPU board with direct NVLink; GPUs 0 and 1 in MIG mode with a few MIG devices |
+//! | `l4` | 2 × `NVIDIA L4` | PCIe-only inference server, one GPU per socket |
+//!
+//! Memory sizes are NVML's `memory_info().total` (what `nvidia-smi` prints as `…MiB`), not the
+//! marketing size: 81559 MiB for the H100, 40960 MiB for the A100, 23034 MiB for the L4.
+//!
+//! `PROFILE:COUNT` changes the number of GPUs (1 to [`MAX_MOCK_GPUS`]). GPU `m` always looks
+//! the same whatever the count: its UUID derives from the profile name and `m` only, and PCI
+//! address, PCIe root, NUMA node, NVLink group and MIG layout follow the profile's pattern
+//! repeated every "board" (8, 4 or 2 GPUs), with the PCI domain counting boards.
+//!
+//! The YAML inventory file is the serde form of [`Inventory`] (camelCase, unknown fields are
+//! errors); see `examples/inventory/custom.yaml`.
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+use crate::inventory::{ComputeCapability, Gpu, Inventory, MigDevice, MigPlacement};
+
+/// Driver version reported by every mock profile.
+pub const MOCK_DRIVER_VERSION: &str = "570.124.06";
+/// CUDA driver API version reported by every mock profile.
+pub const MOCK_CUDA_VERSION: &str = "12.8";
+/// Largest GPU count a `PROFILE:COUNT` specification may ask for.
+pub const MAX_MOCK_GPUS: u32 = 64;
+/// GPU minors covered by the driver's MIG capability table (`gpu0` … `gpu31`).
+pub const MIG_CAPABLE_MINORS: u32 = 32;
+/// Largest inventory file [`load_file`] reads; real inventories are a few KiB.
+pub const MAX_INVENTORY_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Name of the 8 × H100 SXM 80GB profile.
+pub const H100_SXM_80GB: &str = "h100-sxm-80gb";
+/// Name of the 4 × A100 SXM4 40GB profile with MIG.
+pub const A100_40GB_MIG: &str = "a100-40gb-mig";
+/// Name of the 2 × L4 profile.
+pub const L4: &str = "l4";
+
+const PROFILE_NAMES: [&str; 3] = [H100_SXM_80GB, A100_40GB_MIG, L4];
+
+/// The names of the built-in mock profiles.
+pub fn profile_names() -> &'static [&'static str] {
+    &PROFILE_NAMES
+}
+
+/// Builds a mock inventory from `PROFILE[:COUNT]`, e.g. `h100-sxm-80gb` or `l4:4`.
+///
+/// # Errors
+/// [`Error::UnknownMockProfile`] for a profile kerf does not know;
+/// [`Error::InvalidMockSpec`] when COUNT is not a number from 1 to [`MAX_MOCK_GPUS`].
+pub fn from_spec(spec: &str) -> Result<Inventory> {
+    let (name, count) = match spec.split_once(':') {
+        Some((name, count)) => (name.trim(), Some(parse_count(spec, count)?)),
+        None => (spec.trim(), None),
+    };
+    let profile = Profile::named(name).ok_or_else(|| Error::UnknownMockProfile {
+        name: name.to_owned(),
+        known: PROFILE_NAMES.join(", "),
+    })?;
+    let inventory = profile.inventory(count.unwrap_or(profile.natural_count));
+    // The profiles are constructed to be valid; checking keeps a broken edit from shipping.
+    inventory.validate()?;
+    Ok(inventory)
+}
+
+fn parse_count(spec: &str, count: &str) -> Result<u32> {
+    let bad = |reason: String| Error::InvalidMockSpec {
+        spec: spec.to_owned(),
+        reason,
+    };
+    let n: u32 = count.trim().parse().map_err(|_| {
+        bad(format!(
+            "GPU count {count:?} is not a number from 1 to {MAX_MOCK_GPUS}"
+        ))
+    })?;
+    if n == 0 || n > MAX_MOCK_GPUS {
+        return Err(bad(format!(
+            "GPU count {n} is not from 1 to {MAX_MOCK_GPUS}"
+        )));
+    }
+    Ok(n)
+}
+
+/// Decodes and validates a YAML inventory; `what` names the source in errors (a file path).
+///
+/// # Errors
+/// [`Error::Yaml`] when the text does not decode (unknown fields included);
+/// [`Error::InvalidInventory`] prefixed with `what` when it breaks an invariant of
+/// [`Inventory::validate`].
+pub fn from_yaml(text: &str, what: &str) -> Result<Inventory> {
+    let inventory: Inventory = serde_saphyr::from_str(text).map_err(|source| Error::Yaml {
+        what: what.to_owned(),
+        source: Box::new(source),
+    })?;
+    inventory.validate().map_err(|e| match e {
+        Error::InvalidInventory(message) => Error::InvalidInventory(format!("{what}: {message}")),
+        other => other,
+    })?;
+    Ok(inventory)
+}
+
+/// Reads, decodes and validates a YAML inventory file.
+///
+/// # Errors
+/// [`Error::Io`] when the file cannot be read or is larger than
+/// [`MAX_INVENTORY_FILE_BYTES`]; otherwise as [`from_yaml`].
+pub fn load_file(path: &Path) -> Result<Inventory> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let mut text = String::new();
+    // Reading one byte past the limit tells a file at the limit from one beyond it.
+    file.take(MAX_INVENTORY_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Error::io("read", path, e))?;
+    if text.len() as u64 > MAX_INVENTORY_FILE_BYTES {
+        return Err(Error::io(
+            "read",
+            path,
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("inventory file is larger than {MAX_INVENTORY_FILE_BYTES} bytes"),
+            ),
+        ));
+    }
+    from_yaml(&text, &path.display().to_string())
+}
+
+/// The `/dev/nvidia-caps/nvidia-cap<minor>` minors of GPU instance `gi` and its compute
+/// instance `ci` on GPU `gpu_minor`, as laid out in the driver's
+/// `/proc/driver/nvidia-caps/mig-minors` table: minors 1 and 2 are `config` and `monitor`, then
+/// each GPU has 15 GPU instances of 9 entries (the instance's `access`, then `ci0` … `ci7`).
+/// `None` outside the table (GPU minor ≥ 32, `gi` ≥ 15, `ci` ≥ 8).
+pub fn mig_cap_minors(gpu_minor: u32, gi: u32, ci: u32) -> Option<(u32, u32)> {
+    const GIS_PER_GPU: u32 = 15;
+    const CIS_PER_GI: u32 = 8;
+    const ENTRIES_PER_GI: u32 = 1 + CIS_PER_GI;
+    if gpu_minor >= MIG_CAPABLE_MINORS || gi >= GIS_PER_GPU || ci >= CIS_PER_GI {
+        return None;
+    }
+    let gi_minor = 3 + gpu_minor * GIS_PER_GPU * ENTRIES_PER_GI + gi * ENTRIES_PER_GI;
+    Some((gi_minor, gi_minor + 1 + ci))
+}
+
+/// A deterministic identifier in NVML's UUID layout (`8-4-4-4-12` lowercase hex), derived
+/// from `key` with two FNV-1a passes. Not random, not RFC 4122 versioned: only stable.
+fn stable_uuid(key: &str) -> String {
+    fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
+        bytes.iter().fold(seed, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+    let high = fnv1a(0xcbf2_9ce4_8422_2325, key.as_bytes());
+    let low = fnv1a(high ^ 0x9e37_79b9_7f4a_7c15, key.as_bytes());
+    let hex = format!("{high:016x}{low:016x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+fn gpu_uuid(profile: &str, minor: u32) -> String {
+    format!(
+        "GPU-{}",
+        stable_uuid(&format!("kerf-mock/{profile}/gpu/{minor}"))
+    )
+}
+
+fn mig_uuid(profile: &str, minor: u32, gi: u32, ci: u32) -> String {
+    format!(
+        "MIG-{}",
+        stable_uuid(&format!("kerf-mock/{profile}/gpu/{minor}/gi/{gi}/ci/{ci}"))
+    )
+}
+
+/// Where the GPUs of one board sit on the PCI bus: `(bus, root bus, NUMA node)` per slot.
+type Slot = (u8, u8, u32);
+
+/// DGX H100: each GPU behind its own PCIe switch under its own root complex.
+const H100_SLOTS: [Slot; 8] = [
+    (0x18, 0x15, 0),
+    (0x2a, 0x26, 0),
+    (0x3a, 0x37, 0),
+    (0x5d, 0x59, 0),
+    (0x9a, 0x97, 1),
+    (0xab, 0xa7, 1),
+    (0xba, 0xb7, 1),
+    (0xdb, 0xd7, 1),
+];
+/// HGX A100 4-GPU on an AMD EPYC host: two GPUs per root complex.
+const A100_SLOTS: [Slot; 4] = [
+    (0x07, 0x00, 0),
+    (0x0f, 0x00, 0),
+    (0x47, 0x40, 1),
+    (0x4e, 0x40, 1),
+];
+/// Two L4 cards, one per socket.
+const L4_SLOTS: [Slot; 2] = [(0x17, 0x16, 0), (0xca, 0xc9, 1)];
+
+/// How the GPUs of a profile are linked by NVLink.
+#[derive(Clone, Copy)]
+enum Links {
+    /// PCIe only.
+    None,
+    /// Every GPU of the inventory reaches every other through NVSwitch; one fabric domain.
+    Switched,
+    /// Direct NVLink between all GPUs of the same board, no fabric domain.
+    PerBoard,
+}
+
+/// A MIG device of a mock layout: A100-40GB profile, placement, GPU instance id.
+#[derive(Clone, Copy)]
+struct MockMig {
+    profile: &'static str,
+    start: u32,
+    size: u32,
+    gi_id: u32,
+    memory_mib: u64,
+    multiprocessors: u32,
+}
+
+const fn a100_mig(profile: &'static str, start: u32, gi_id: u32) -> MockMig {
+    // A100-SXM4-40GB GPU-instance profiles as NVML reports them (memory, SMs, placement size).
+    let (memory_mib, multiprocessors, size) = match profile.as_bytes()[0] {
+        b'1' => (4864, 14, 1), // 1g.5gb
+        b'2' => (9856, 28, 2), // 2g.10gb
+        _ => (19968, 42, 4),   // 3g.20gb
+    };
+    MockMig {
+        profile,
+        start,
+        size,
+        gi_id,
+        memory_mib,
+        multiprocessors,
+    }
+}
+
+/// Board slot 0: 3g.20gb + 2g.10gb + 1g.5gb (one compute slice left unused).
+const A100_LAYOUT_0: [MockMig; 3] = [
+    a100_mig("3g.20gb", 0, 1),
+    a100_mig("2g.10gb", 4, 5),
+    a100_mig("1g.5gb", 6, 13),
+];
+/// Board slot 1: 2 × 2g.10gb + 2 × 1g.5gb (memory slice 6 free).
+const A100_LAYOUT_1: [MockMig; 4] = [
+    a100_mig("2g.10gb", 0, 3),
+    a100_mig("2g.10gb", 2, 4),
+    a100_mig("1g.5gb", 4, 7),
+    a100_mig("1g.5gb", 5, 8),
+];
+
+struct Profile {
+    name: &'static str,
+    natural_count: u32,
+    product_name: &'static str,
+    architecture: &'static str,
+    compute_capability: ComputeCapability,
+    memory_mib: u64,
+    multiprocessors: u32,
+    slots: &'static [Slot],
+    links: Links,
+    /// MIG layout by board slot; an empty layout leaves the GPU out of MIG mode.
+    mig_layouts: &'static [&'static [MockMig]],
+}
+
+const PROFILES: [Profile; 3] = [
+    Profile {
+        name: H100_SXM_80GB,
+        natural_count: 8,
+        product_name: "NVIDIA H100 80GB HBM3",
+        architecture: "Hopper",
+        compute_capability: ComputeCapability { major: 9, minor: 0 },
+        memory_mib: 81559,
+        multiprocessors: 132,
+        slots: &H100_SLOTS,
+        links: Links::Switched,
+        mig_layouts: &[],
+    },
+    Profile {
+        name: A100_40GB_MIG,
+        natural_count: 4,
+        product_name: "NVIDIA A100-SXM4-40GB",
+        architecture: "Ampere",
+        compute_capability: ComputeCapability { major: 8, minor: 0 },
+        memory_mib: 40960,
+        multiprocessors: 108,
+        slots: &A100_SLOTS,
+        links: Links::PerBoard,
+        mig_layouts: &[&A100_LAYOUT_0, &A100_LAYOUT_1],
+    },
+    Profile {
+        name: L4,
+        natural_count: 2,
+        product_name: "NVIDIA L4",
+        architecture: "Ada Lovelace",
+        compute_capability: ComputeCapability { major: 8, minor: 9 },
+        memory_mib: 23034,
+        multiprocessors: 58,
+        slots: &L4_SLOTS,
+        links: Links::None,
+        mig_layouts: &[],
+    },
+];
+
+impl Profile {
+    fn named(name: &str) -> Option<&'static Profile> {
+        PROFILES.iter().find(|p| p.name == name)
+    }
+
+    fn inventory(&self, count: u32) -> Inventory {
+        Inventory {
+            driver_version: MOCK_DRIVER_VERSION.to_owned(),
+            cuda_driver_version: Some(MOCK_CUDA_VERSION.to_owned()),
+            gpus: (0..count).map(|minor| self.gpu(minor, count)).collect(),
+        }
+    }
+
+    fn board_size(&self) -> u32 {
+        u32::try_from(self.slots.len()).unwrap_or(u32::MAX)
+    }
+
+    fn gpu(&self, minor: u32, count: u32) -> Gpu {
+        let board = minor / self.board_size();
+        let slot_index = minor % self.board_size();
+        let (bus, root_bus, numa) = self.slots[slot_index as usize];
+        let mig_layout = self.mig_layout(minor, slot_index);
+        Gpu {
+            index: minor,
+            minor,
+            uuid: gpu_uuid(self.name, minor),
+            product_name: self.product_name.to_owned(),
+            brand: "NVIDIA".to_owned(),
+            architecture: self.architecture.to_owned(),
+            compute_capability: self.compute_capability,
+            memory_bytes: self.memory_mib * MIB,
+            multiprocessors: self.multiprocessors,
+            pci_bus_id: format!("{board:04x}:{bus:02x}:00.0"),
+            pcie_root: Some(format!("pci{board:04x}:{root_bus:02x}")),
+            numa_node: Some(numa),
+            nvlink_peers: self.peers(minor, count),
+            nvlink_domain: matches!(self.links, Links::Switched).then(|| {
+                format!(
+                    "{}.0",
+                    stable_uuid(&format!("kerf-mock/{}/fabric", self.name))
+                )
+            }),
+            mig_enabled: mig_layout.is_some(),
+            mig_devices: mig_layout
+                .unwrap_or_default()
+                .iter()
+                .map(|m| self.mig_device(minor, m))
+                .collect(),
+        }
+    }
+
+    fn peers(&self, minor: u32, count: u32) -> Vec<u32> {
+        let group = match self.links {
+            Links::None => return Vec::new(),
+            Links::Switched => 0..count,
+            Links::PerBoard => {
+                let first = minor / self.board_size() * self.board_size();
+                first..(first + self.board_size()).min(count)
+            }
+        };
+        group.filter(|&peer| peer != minor).collect()
+    }
+
+    /// MIG devices need capability minors, which the driver has only for GPU minors below
+    /// [`MIG_CAPABLE_MINORS`]; GPUs beyond that stay out of MIG mode.
+    fn mig_layout(&self, minor: u32, slot_index: u32) -> Option<&'static [MockMig]> {
+        if minor >= MIG_CAPABLE_MINORS {
+            return None;
+        }
+        self.mig_layouts.get(slot_index as usize).copied()
+    }
+
+    fn mig_device(&self, minor: u32, mig: &MockMig) -> MigDevice {
+        const CI_ID: u32 = 0;
+        // The layouts only use GPU-instance ids below 15 and minors below 32.
+        let (gi_cap_minor, ci_cap_minor) =
+            mig_cap_minors(minor, mig.gi_id, CI_ID).unwrap_or_default();
+        MigDevice {
+            profile: mig.profile.to_owned(),
+            placement: MigPlacement {
+                start: mig.start,
+                size: mig.size,
+            },
+            gi_id: mig.gi_id,
+            ci_id: CI_ID,
+            uuid: mig_uuid(self.name, minor, mig.gi_id, CI_ID),
+            memory_bytes: mig.memory_mib * MIB,
+            multiprocessors: mig.multiprocessors,
+            gi_cap_minor,
+            ci_cap_minor,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn profile(spec: &str) -> Inventory {
+        match from_spec(spec) {
+            Ok(inventory) => inventory,
+            Err(e) => panic!("{spec}: {e}"),
+        }
+    }
+
+    fn invalid_message(result: Result<Inventory>) -> String {
+        match result {
+            Err(Error::InvalidInventory(message)) => message,
+            other => panic!("expected InvalidInventory, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_profile_validates_at_its_natural_count() {
+        for (name, count) in [(H100_SXM_80GB, 8), (A100_40GB_MIG, 4), (L4, 2)] {
+            let inventory = profile(name);
+            assert_eq!(inventory.gpus.len(), count, "{name}");
+            assert_eq!(inventory.driver_version, "570.124.06");
+            assert_eq!(inventory.cuda_driver_version.as_deref(), Some("12.8"));
+        }
+        assert_eq!(profile_names(), &[H100_SXM_80GB, A100_40GB_MIG, L4]);
+    }
+
+    #[test]
+    fn h100_is_a_dgx_h100() {
+        let inventory = profile(H100_SXM_80GB);
+        let domains: std::collections::BTreeSet<_> = inventory
+            .gpus
+            .iter()
+            .map(|g| g.nvlink_domain.clone())
+            .collect();
+        assert_eq!(domains.len(), 1);
+        for gpu in &inventory.gpus {
+            assert_eq!(gpu.product_name, "NVIDIA H100 80GB HBM3");
+            assert_eq!(gpu.architecture, "Hopper");
+            assert_eq!(
+                gpu.compute_capability,
+                ComputeCapability { major: 9, minor: 0 }
+            );
+            assert_eq!(gpu.memory_bytes, 81559 * MIB);
+            assert_eq!(gpu.multiprocessors, 132);
+            assert_eq!(gpu.nvlink_peers.len(), 7);
+            assert!(gpu.nvlink_domain.is_some());
+            assert_eq!(gpu.numa_node, Some(u32::from(gpu.minor >= 4)));
+            assert!(!gpu.mig_enabled);
+        }
+        assert_eq!(inventory.gpus[0].pci_bus_id, "0000:18:00.0");
+        assert_eq!(inventory.gpus[7].pcie_root.as_deref(), Some("pci0000:d7"));
+    }
+
+    #[test]
+    fn a100_has_real_mig_layouts() {
+        let inventory = profile(A100_40GB_MIG);
+        let gpu0 = &inventory.gpus[0];
+        assert!(gpu0.mig_enabled);
+        let profiles: Vec<&str> = gpu0
+            .mig_devices
+            .iter()
+            .map(|m| m.profile.as_str())
+            .collect();
+        assert_eq!(profiles, ["3g.20gb", "2g.10gb", "1g.5gb"]);
+        assert_eq!(
+            gpu0.mig_devices[1].placement,
+            MigPlacement { start: 4, size: 2 }
+        );
+        assert_eq!(gpu0.mig_devices[0].memory_bytes, 19968 * MIB);
+        // gpu0/gi1/access is 3 + 9 = 12 and gpu0/gi1/ci0/access 13 in the driver's table.
+        assert_eq!(
+            (
+                gpu0.mig_devices[0].gi_cap_minor,
+                gpu0.mig_devices[0].ci_cap_minor
+            ),
+            (12, 13)
+        );
+        assert!(inventory.gpus[1].mig_enabled);
+        assert_eq!(inventory.gpus[1].mig_devices.len(), 4);
+        assert!(!inventory.gpus[2].mig_enabled && inventory.gpus[2].mig_devices.is_empty());
+        assert!(inventory.gpus[0].mig_devices[0].uuid.starts_with("MIG-"));
+        let names: Vec<String> = inventory.devices().map(|d| d.name()).collect();
+        assert!(
+            names.contains(&"gpu-0-mig-3g-20gb-0".to_owned()),
+            "{names:?}"
+        );
+        assert!(names.contains(&"gpu-2".to_owned()));
+        assert!(!names.contains(&"gpu-0".to_owned()));
+    }
+
+    #[test]
+    fn l4_is_pcie_only() {
+        let inventory = profile(L4);
+        for gpu in &inventory.gpus {
+            assert_eq!(gpu.architecture, "Ada Lovelace");
+            assert_eq!(
+                gpu.compute_capability,
+                ComputeCapability { major: 8, minor: 9 }
+            );
+            assert_eq!(gpu.multiprocessors, 58);
+            assert!(gpu.nvlink_peers.is_empty() && gpu.nvlink_domain.is_none());
+        }
+    }
+
+    #[test]
+    fn cap_minor_table_matches_the_drivers_last_entry() {
+        // The driver's table ends with `gpu31/gi14/ci7/access 4322`.
+        assert_eq!(mig_cap_minors(31, 14, 7), Some((4314, 4322)));
+        assert_eq!(mig_cap_minors(0, 0, 0), Some((3, 4)));
+        assert_eq!(mig_cap_minors(32, 0, 0), None);
+        assert_eq!(mig_cap_minors(0, 15, 0), None);
+        assert_eq!(mig_cap_minors(0, 0, 8), None);
+    }
+
+    #[test]
+    fn uuids_look_like_nvml_uuids() {
+        let uuid = gpu_uuid(H100_SXM_80GB, 3);
+        assert_eq!(uuid.len(), 40);
+        let groups: Vec<usize> = uuid["GPU-".len()..].split('-').map(str::len).collect();
+        assert_eq!(groups, [8, 4, 4, 4, 12]);
+        assert_eq!(uuid, gpu_uuid(H100_SXM_80GB, 3));
+        assert_ne!(uuid, gpu_uuid(H100_SXM_80GB, 4));
+        assert_ne!(uuid, gpu_uuid(L4, 3));
+    }
+
+    #[test]
+    fn count_override() {
+        assert_eq!(profile("l4:5").gpus.len(), 5);
+        assert_eq!(
+            profile("h100-sxm-80gb:1").gpus[0].nvlink_peers,
+            Vec::<u32>::new()
+        );
+        let big = profile("h100-sxm-80gb:20");
+        assert_eq!(big.gpus[9].pci_bus_id, "0001:2a:00.0");
+        assert_eq!(big.gpus[9].nvlink_peers.len(), 19);
+        let a100 = profile("a100-40gb-mig:6");
+        assert_eq!(a100.gpus[4].nvlink_peers, [5]);
+        assert!(a100.gpus[4].mig_enabled && a100.gpus[5].mig_enabled);
+        let max = profile("a100-40gb-mig:64");
+        assert!(max.gpus[32].mig_devices.is_empty() && !max.gpus[32].mig_enabled);
+    }
+
+    #[test]
+    fn bad_specs_name_the_value() {
+        for (spec, needle) in [
+            ("l4:0", "GPU count 0"),
+            ("l4:65", "GPU count 65"),
+            ("l4:two", "\"two\""),
+            ("l4:", "\"\""),
+            ("l4:-1", "\"-1\""),
+        ] {
+            match from_spec(spec) {
+                Err(e @ Error::InvalidMockSpec { .. }) => {
+                    assert!(e.to_string().contains(needle), "{spec}: {e}");
+                }
+                other => panic!("{spec}: expected InvalidMockSpec, got {other:?}"),
+            }
+        }
+        match from_spec("v100") {
+            Err(Error::UnknownMockProfile { name, known }) => {
+                assert_eq!(name, "v100");
+                assert!(known.contains("h100-sxm-80gb") && known.contains("l4"));
+            }
+            other => panic!("expected UnknownMockProfile, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn yaml_unknown_field_is_an_error() {
+        let text = "driverVersion: \"1\"\ngpus: []\nextra: 1\n";
+        assert!(matches!(from_yaml(text, "x.yaml"), Err(Error::Yaml { .. })));
+    }
+
+    #[test]
+    fn yaml_errors_carry_the_source_name() {
+        let mut inventory = profile(L4);
+        inventory.gpus[1].minor = 0;
+        let text = to_yaml(&inventory);
+        assert_eq!(
+            invalid_message(from_yaml(&text, "custom.yaml")),
+            "custom.yaml: gpus[1].minor: duplicate minor 0"
+        );
+    }
+
+    #[test]
+    fn example_inventory_file_loads() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/inventory/custom.yaml");
+        let inventory = match load_file(&path) {
+            Ok(inventory) => inventory,
+            Err(e) => panic!("{e}"),
+        };
+        assert!(!inventory.gpus.is_empty());
+        assert!(inventory.gpus.iter().any(|g| g.mig_enabled));
+    }
+
+    #[test]
+    fn load_file_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.yaml");
+        assert!(matches!(
+            load_file(&missing),
+            Err(Error::Io { op: "open", .. })
+        ));
+        let big = dir.path().join("big.yaml");
+        let size = usize::try_from(MAX_INVENTORY_FILE_BYTES).unwrap() + 1;
+        std::fs::write(&big, format!("#{}", " ".repeat(size))).unwrap();
+        assert!(matches!(load_file(&big), Err(Error::Io { op: "read", .. })));
+        let bad = dir.path().join("bad.yaml");
+        std::fs::write(&bad, "driverVersion: [").unwrap();
+        match load_file(&bad) {
+            Err(Error::Yaml { what, .. }) => assert!(what.ends_with("bad.yaml")),
+            other => panic!("expected Yaml, got {other:?}"),
+        }
+    }
+
+    fn to_yaml(inventory: &Inventory) -> String {
+        match serde_saphyr::to_string(inventory) {
+            Ok(text) => text,
+            Err(e) => panic!("serialize: {e}"),
+        }
+    }
+
+    /// Breaks one invariant of a valid inventory.
+    type Breaker = fn(&mut Inventory);
+
+    /// Cases on inventory and GPU fields: the breaker and the start of the expected message.
+    fn gpu_cases() -> Vec<(Breaker, &'static str)> {
+        vec![
+            (
+                |i| i.driver_version = String::new(),
+                "driverVersion: must not be empty",
+            ),
+            (
+                |i| i.cuda_driver_version = Some(" ".into()),
+                "cudaDriverVersion: must not be empty",
+            ),
+            (|i| i.gpus[1].minor = 0, "gpus[1].minor: duplicate minor 0"),
+            (
+                |i| i.gpus[1].uuid = i.gpus[0].uuid.clone(),
+                "gpus[1].uuid: duplicate UUID",
+            ),
+            (
+                |i| i.gpus[0].mig_devices[0].uuid = i.gpus[0].uuid.clone(),
+                "gpus[0].migDevices[0].uuid: duplicate UUID",
+            ),
+            (
+                |i| i.gpus[2].product_name = String::new(),
+                "gpus[2].productName: must not be empty",
+            ),
+            (
+                |i| i.gpus[2].brand = String::new(),
+                "gpus[2].brand: must not be empty",
+            ),
+            (
+                |i| i.gpus[2].architecture = String::new(),
+                "gpus[2].architecture: must not be empty",
+            ),
+            (
+                |i| i.gpus[2].uuid = String::new(),
+                "gpus[2].uuid: must not be empty",
+            ),
+            (
+                |i| i.gpus[2].product_name = "x".repeat(65),
+                "gpus[2].productName: \"xxxxxxxx",
+            ),
+            (
+                |i| i.gpus[3].nvlink_domain = Some("d".repeat(65)),
+                "gpus[3].nvlinkDomain:",
+            ),
+            (
+                |i| i.gpus[3].pci_bus_id = "0000:4E:00.0".into(),
+                "gpus[3].pciBusId: \"0000:4E:00.0\"",
+            ),
+            (
+                |i| i.gpus[3].pcie_root = Some("root".into()),
+                "gpus[3].pcieRoot: \"root\"",
+            ),
+            (
+                |i| i.gpus[3].memory_bytes = 0,
+                "gpus[3].memoryBytes: must be greater than 0",
+            ),
+            (
+                |i| i.gpus[3].multiprocessors = 0,
+                "gpus[3].multiprocessors: must be greater than 0",
+            ),
+            (
+                |i| i.gpus[3].nvlink_peers.push(3),
+                "gpus[3].nvlinkPeers[3]: GPU 3 cannot be its own NVLink peer",
+            ),
+            (
+                |i| i.gpus[3].nvlink_peers.push(9),
+                "gpus[3].nvlinkPeers[3]: no GPU with minor 9",
+            ),
+            (
+                |i| i.gpus[3].nvlink_peers.push(0),
+                "gpus[3].nvlinkPeers[3]: duplicate peer 0",
+            ),
+        ]
+    }
+
+    /// Cases on MIG devices: the breaker and the start of the expected message.
+    fn mig_cases() -> Vec<(Breaker, &'static str)> {
+        vec![
+            (
+                |i| i.gpus[0].mig_enabled = false,
+                "gpus[0].migDevices: GPU 0 has MIG devices but migEnabled is false",
+            ),
+            (
+                |i| i.gpus[0].mig_devices[1].placement.start = 3,
+                "gpus[0].migDevices[1].placement: 3:2 overlaps GPU instance 1 at 0:4",
+            ),
+            (
+                |i| i.gpus[0].mig_devices[1].gi_id = 1,
+                "gpus[0].migDevices[1].placement: GPU instance 1 is placed at 4:2 here",
+            ),
+            (
+                |i| i.gpus[0].mig_devices[1].placement.size = 0,
+                "gpus[0].migDevices[1].placement.size: must be greater than 0",
+            ),
+            (
+                |i| i.gpus[0].mig_devices[1].memory_bytes = 0,
+                "gpus[0].migDevices[1].memoryBytes: 0 must be greater than 0",
+            ),
+            (
+                |i| i.gpus[0].mig_devices[1].multiprocessors = 200,
+                "gpus[0].migDevices[1].multiprocessors: 200 must be greater than 0 and at most \
+                 the parent's 108",
+            ),
+            (
+                |i| i.gpus[0].mig_devices[1].profile = String::new(),
+                "gpus[0].migDevices[1].profile: must not be empty",
+            ),
+            (
+                |i| i.gpus[0].mig_devices[1].profile = "2g.10gb".repeat(9),
+                "gpus[0].migDevices[1].profile: \"2g.10gb2g.10gb",
+            ),
+            (
+                |i| i.gpus[0].mig_devices[1].ci_cap_minor = i.gpus[0].mig_devices[1].gi_cap_minor,
+                "gpus[0].migDevices[1].ciCapMinor:",
+            ),
+            (
+                |i| i.gpus[1].mig_devices[0].gi_cap_minor = i.gpus[0].mig_devices[0].gi_cap_minor,
+                "gpus[1].migDevices[0].giCapMinor: 12 already belongs to GPU 0 instance 1",
+            ),
+            (
+                |i| i.gpus[1].mig_devices[0].ci_cap_minor = i.gpus[0].mig_devices[0].ci_cap_minor,
+                "gpus[1].migDevices[0].ciCapMinor: duplicate capability minor 13",
+            ),
+            (
+                |i| i.gpus[1].mig_devices[0].gi_cap_minor = i.gpus[0].mig_devices[0].ci_cap_minor,
+                "gpus[1].migDevices[0].giCapMinor: 13 is already a compute-instance capability",
+            ),
+        ]
+    }
+
+    #[test]
+    fn every_validation_error() {
+        let cases = gpu_cases().into_iter().chain(mig_cases());
+        for (break_it, expected) in cases {
+            let mut inventory = profile(A100_40GB_MIG);
+            break_it(&mut inventory);
+            let message = invalid_message(from_yaml(&to_yaml(&inventory), "t.yaml"));
+            assert!(
+                message.starts_with(&format!("t.yaml: {expected}")),
+                "expected {expected:?}, got {message:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn compute_instances_of_one_gpu_instance_share_its_placement() {
+        let mut inventory = profile(A100_40GB_MIG);
+        let mut second_ci = inventory.gpus[0].mig_devices[0].clone();
+        second_ci.ci_id = 1;
+        second_ci.uuid = mig_uuid(A100_40GB_MIG, 0, 1, 1);
+        second_ci.ci_cap_minor += 1;
+        inventory.gpus[0].mig_devices.push(second_ci);
+        // Same GPU instance and placement is fine for the placement check; the published
+        // device name, derived from the placement, then collides.
+        let message = invalid_message(inventory.validate().map(|()| inventory.clone()));
+        assert_eq!(
+            message,
+            "gpus[0].migDevices[3]: duplicate device name \"gpu-0-mig-3g-20gb-0\""
+        );
+    }
+
+    fn spec() -> impl Strategy<Value = (String, u32)> {
+        (
+            prop::sample::select(PROFILE_NAMES.to_vec()),
+            1..=MAX_MOCK_GPUS,
+        )
+            .prop_map(|(name, count)| (name.to_owned(), count))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn any_count_is_valid_and_consistent((name, count) in spec()) {
+            let inventory = profile(&format!("{name}:{count}"));
+            prop_assert_eq!(inventory.gpus.len(), usize::try_from(count).unwrap());
+            let natural = profile(&name);
+            for gpu in &inventory.gpus {
+                // NVLink is symmetric.
+                for &peer in &gpu.nvlink_peers {
+                    let other = inventory.gpu_by_minor(peer);
+                    prop_assert!(other.is_some_and(|o| o.nvlink_peers.contains(&gpu.minor)));
+                }
+                // A GPU looks the same whatever the count, apart from peers that do not exist.
+                if let Some(same) = natural.gpu_by_minor(gpu.minor) {
+                    prop_assert_eq!(&same.uuid, &gpu.uuid);
+                    prop_assert_eq!(&same.pci_bus_id, &gpu.pci_bus_id);
+                    prop_assert_eq!(&same.mig_devices, &gpu.mig_devices);
+                }
+            }
+        }
+
+        #[test]
+        fn yaml_round_trip((name, count) in spec()) {
+            let inventory = profile(&format!("{name}:{count}"));
+            let text = to_yaml(&inventory);
+            let back = from_yaml(&text, "round-trip");
+            prop_assert!(back.is_ok(), "{:?}", back.err());
+            prop_assert_eq!(back.ok(), Some(inventory));
+        }
+    }
+}
