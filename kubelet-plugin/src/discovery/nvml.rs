@@ -1,0 +1,271 @@
+//! GPU discovery through NVML (nvml-wrapper, which loads `libnvidia-ml.so` at run time).
+//!
+//! This layer only asks NVML and copies the answers into [`RawSystem`]; the interpretation is
+//! in [`super::facts`]. Facts nvml-wrapper 0.13 has no safe call for are left empty:
+//! - MIG GPU-instance and compute-instance ids (`nvmlDeviceGetGpuInstanceId`,
+//!   `nvmlDeviceGetComputeInstanceId`) — recovered only from pre-R470 `MIG-GPU-…/gi/ci` UUIDs;
+//! - MIG placements (`nvmlDeviceGetGpuInstanceById` + `nvmlGpuInstanceGetInfo`);
+//! - the NVLink fabric domain (`nvmlDeviceGetGpuFabricInfo`).
+//!
+//! Without ids and placement a MIG device cannot be named or given its capability devices, so
+//! such devices are left out with a warning rather than published wrongly.
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::Brand;
+use nvml_wrapper::enums::device::DeviceArchitecture;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::{Device, NvLink};
+
+use super::DeviceDiscovery;
+use super::facts::{HostPaths, RawGpu, RawMig, RawSystem, build_inventory};
+use crate::{Error, Result};
+use kerf_core::inventory::Inventory;
+
+/// NVML's `NVML_NVLINK_MAX_LINKS`: the most NVLinks one GPU has.
+const NVLINK_MAX_LINKS: u32 = 18;
+/// NVML's `NVML_DEVICE_MIG_ENABLE`.
+const MIG_ENABLED: u32 = 1;
+
+/// Discovers the node's GPUs through NVML.
+pub struct NvmlDiscovery {
+    nvml: Nvml,
+    host: HostPaths,
+}
+
+impl std::fmt::Debug for NvmlDiscovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlDiscovery")
+            .field("host", &self.host)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NvmlDiscovery {
+    /// Loads and initialises NVML, reading sysfs and procfs at `/sys` and `/proc`.
+    ///
+    /// # Errors
+    /// [`Error::Nvml`] with the library's message when `libnvidia-ml.so` cannot be loaded or
+    /// NVML does not initialise (no driver, no permission).
+    pub fn init() -> Result<Self> {
+        Self::init_with_host_paths(HostPaths::default())
+    }
+
+    /// Loads and initialises NVML, reading sysfs and procfs under `host`.
+    ///
+    /// # Errors
+    /// As [`NvmlDiscovery::init`].
+    pub fn init_with_host_paths(host: HostPaths) -> Result<Self> {
+        let nvml = Nvml::init().map_err(|e| Error::Nvml(format!("initialise: {}", message(&e))))?;
+        Ok(NvmlDiscovery { nvml, host })
+    }
+
+    fn gather(&self) -> Result<RawSystem> {
+        let driver_version = self
+            .nvml
+            .sys_driver_version()
+            .map_err(call_failed("driver version"))?;
+        let cuda_driver_version = self.nvml.sys_cuda_driver_version().ok();
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(call_failed("device count"))?;
+        let mut gpus = Vec::new();
+        for index in 0..count {
+            let device = self
+                .nvml
+                .device_by_index(index)
+                .map_err(call_failed_for(index, "device handle"))?;
+            gpus.push(raw_gpu(index, &device)?);
+        }
+        Ok(RawSystem {
+            driver_version,
+            cuda_driver_version,
+            gpus,
+        })
+    }
+}
+
+impl DeviceDiscovery for NvmlDiscovery {
+    fn discover(&self) -> Result<Inventory> {
+        let raw = self.gather()?;
+        let host = self.host.facts_for(&raw);
+        let converted = build_inventory(&raw, &host);
+        for reason in &converted.skipped {
+            tracing::warn!(%reason, "device left out of the inventory");
+        }
+        converted.inventory.validate()?;
+        Ok(converted.inventory)
+    }
+
+    fn source(&self) -> &'static str {
+        "nvml"
+    }
+}
+
+/// The facts NVML must answer for a GPU to be usable, and the ones it may not.
+fn raw_gpu(index: u32, device: &Device<'_>) -> Result<RawGpu> {
+    let required = |call| call_failed_for(index, call);
+    let cc = device
+        .cuda_compute_capability()
+        .map_err(required("compute capability"))?;
+    Ok(RawGpu {
+        index,
+        minor: device.minor_number().map_err(required("minor number"))?,
+        uuid: device.uuid().map_err(required("UUID"))?,
+        name: device.name().map_err(required("name"))?,
+        brand: device
+            .brand()
+            .map_or_else(|_| "Unknown".to_owned(), |b| brand_name(b).to_owned()),
+        architecture: device.architecture().map_or_else(
+            |_| "Unknown".to_owned(),
+            |a| architecture_name(&a).to_owned(),
+        ),
+        compute_capability: (cc.major, cc.minor),
+        memory_total_bytes: device.memory_info().map_err(required("memory info"))?.total,
+        // nvmlDeviceGetAttributes is documented for MIG handles only; some drivers answer it
+        // for whole GPUs too. The CUDA core count is the fallback.
+        multiprocessors: device.attributes().ok().map(|a| a.multiprocessor_count),
+        cuda_cores: device.num_cores().ok(),
+        pci_bus_id: device.pci_info().map_err(required("PCI info"))?.bus_id,
+        nvlink_remotes: nvlink_remotes(device),
+        mig_enabled: device.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED),
+        mig_devices: raw_migs(device),
+    })
+}
+
+/// The remote PCI address of every active NVLink; `None` for an active link whose far end
+/// NVML cannot name.
+fn nvlink_remotes(device: &Device<'_>) -> Vec<Option<String>> {
+    let mut remotes = Vec::new();
+    for link in 0..NVLINK_MAX_LINKS {
+        let link: NvLink<'_, '_> = device.link_wrapper_for(link);
+        match link.is_active() {
+            Ok(true) => remotes.push(link.remote_pci_info().ok().map(|pci| pci.bus_id)),
+            // No NVLink at all, or no link with this number: later numbers will not exist.
+            Err(NvmlError::NotSupported | NvmlError::InvalidArg) => break,
+            // An inactive link, or one NVML failed to query, connects nothing.
+            Ok(false) | Err(_) => {}
+        }
+    }
+    remotes
+}
+
+/// The MIG devices that exist on a MIG-enabled GPU. NVML's count is the maximum; empty slots
+/// answer `NotFound`.
+fn raw_migs(device: &Device<'_>) -> Vec<RawMig> {
+    if !device.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED) {
+        return Vec::new();
+    }
+    let Ok(max) = device.mig_device_count() else {
+        return Vec::new();
+    };
+    (0..max)
+        .filter_map(|i| device.mig_device_by_index(i).ok())
+        .filter_map(|mig| {
+            let attributes = mig.attributes().ok()?;
+            Some(RawMig {
+                uuid: mig.uuid().ok()?,
+                memory_total_bytes: mig.memory_info().ok()?.total,
+                multiprocessors: attributes.multiprocessor_count,
+                gpu_instance_slices: attributes.gpu_instance_slice_count,
+                compute_instance_slices: attributes.compute_instance_slice_count,
+                memory_size_mib: attributes.memory_size_mb,
+                // Not reachable through nvml-wrapper's safe API; see the module docs.
+                gi_id: None,
+                ci_id: None,
+                placement: None,
+            })
+        })
+        .collect()
+}
+
+/// Display name of an NVML brand, as `nvidia-smi -q` prints it.
+pub fn brand_name(brand: Brand) -> &'static str {
+    match brand {
+        Brand::Nvidia => "NVIDIA",
+        Brand::Tesla => "Tesla",
+        Brand::Quadro => "Quadro",
+        Brand::QuadroRTX => "Quadro RTX",
+        Brand::NvidiaRTX => "NVIDIA RTX",
+        Brand::GeForce => "GeForce",
+        Brand::GeForceRTX => "GeForce RTX",
+        Brand::Titan => "Titan",
+        Brand::TitanRTX => "Titan RTX",
+        Brand::NVS => "NVS",
+        Brand::GRID => "GRID",
+        Brand::VApps => "NVIDIA Virtual Applications",
+        Brand::VPC => "NVIDIA Virtual PC",
+        Brand::VCS => "NVIDIA Virtual Compute Server",
+        Brand::VWS => "NVIDIA RTX Virtual Workstation",
+        Brand::CloudGaming | Brand::VGaming => "NVIDIA Cloud Gaming",
+        Brand::Unknown => "Unknown",
+    }
+}
+
+/// Architecture name as kerf publishes it: NVIDIA's names, with Ada spelled out as
+/// `Ada Lovelace`.
+pub fn architecture_name(architecture: &DeviceArchitecture) -> &'static str {
+    match architecture {
+        DeviceArchitecture::Kepler => "Kepler",
+        DeviceArchitecture::Maxwell => "Maxwell",
+        DeviceArchitecture::Pascal => "Pascal",
+        DeviceArchitecture::Volta => "Volta",
+        DeviceArchitecture::Turing => "Turing",
+        DeviceArchitecture::Ampere => "Ampere",
+        DeviceArchitecture::Ada => "Ada Lovelace",
+        DeviceArchitecture::Hopper => "Hopper",
+        DeviceArchitecture::Blackwell => "Blackwell",
+        DeviceArchitecture::Unknown => "Unknown",
+    }
+}
+
+/// The error and its sources, e.g. the loader's `libnvidia-ml.so: cannot open shared object
+/// file` behind nvml-wrapper's `a libloading error occurred`.
+fn message(error: &NvmlError) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn call_failed(call: &'static str) -> impl Fn(NvmlError) -> Error {
+    move |e| Error::Nvml(format!("{call}: {}", message(&e)))
+}
+
+fn call_failed_for(index: u32, call: &'static str) -> impl Fn(NvmlError) -> Error {
+    move |e| Error::Nvml(format!("GPU {index}: {call}: {}", message(&e)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This machine has no NVIDIA driver: initialisation must fail with the loader's message,
+    /// not panic. On a machine with a driver there is nothing to check here.
+    #[test]
+    fn init_without_a_driver_fails_with_a_clear_error() {
+        match NvmlDiscovery::init() {
+            Ok(discovery) => assert_eq!(discovery.source(), "nvml"),
+            Err(Error::Nvml(message)) => {
+                assert!(message.starts_with("initialise: "), "{message}");
+                assert!(message.contains("libnvidia-ml"), "{message}");
+            }
+            Err(other) => panic!("expected Error::Nvml, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn display_names() {
+        assert_eq!(architecture_name(&DeviceArchitecture::Ada), "Ada Lovelace");
+        assert_eq!(architecture_name(&DeviceArchitecture::Hopper), "Hopper");
+        assert_eq!(brand_name(Brand::Nvidia), "NVIDIA");
+        assert_eq!(brand_name(Brand::Tesla), "Tesla");
+    }
+}
