@@ -1,1 +1,35 @@
 //! kerf-api: kerf's Kubernetes-facing types and conversions.
+//!
+//! - [`params`]: the opaque parameter kinds (`GpuClaimParameters`, `GpuClassParameters`,
+//!   `GpuSliceAllocation`) and [`decode_opaque`], their one strict decoder.
+//! - [`claim`]: [`resolve_allocation`], what an allocated ResourceClaim gives this driver.
+//! - [`resourceslice`]: [`resource_slices`], the node's inventory as ResourceSlices.
+//! - [`gpuclass`]: the GpuClass custom resource.
+//! - [`crd`]: the generated CRD manifests (written to `crds/` by the `crdgen` binary).
+//! - [`quantity`]: byte quantities (`40Gi`) parsed exactly.
+
+pub mod claim;
+pub mod crd;
+pub mod error;
+pub mod gpuclass;
+pub mod params;
+pub mod quantity;
+pub mod resourceslice;
+mod schema;
+
+pub use claim::{AllocatedDevice, resolve_allocation};
+pub use error::{Error, Result};
+pub use gpuclass::{GpuClass, GpuClassSpec, GpuClassStatus};
+pub use params::{
+    Allocator, GpuClaimParameters, GpuClassParameters, GpuSelector, GpuSliceAllocation,
+    OpaqueConfig, OpaqueKind, Placement, PlacementPolicy, SharingConfig, SliceDevice, Slicing,
+    Topology, TopologyScope, decode_opaque,
+};
+pub use resourceslice::{resource_slices, slice_name};
+
+/// API group of kerf's own types.
+pub const GROUP: &str = "gpu.kerf.dev";
+/// API version of kerf's own types.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` of kerf's own types: `gpu.kerf.dev/v1alpha1`.
+pub const API_VERSION: &str = "gpu.kerf.dev/v1alpha1";

@@ -1,0 +1,283 @@
+//! What an allocated ResourceClaim gives this driver: the devices and, per device, the slice
+//! limits and sharing that its opaque configs resolve to.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::resource::v1::{
+    DeviceAllocationConfiguration, DeviceRequestAllocationResult, ResourceClaim,
+};
+use kerf_core::slice::{Sharing, SliceLimits};
+
+use crate::error::{Error, Result};
+use crate::params::{OpaqueConfig, SliceDevice, decode_opaque, join};
+use crate::quantity::format_bytes;
+
+/// `source` of a config copied from the DeviceClass.
+pub const SOURCE_FROM_CLASS: &str = "FromClass";
+/// `source` of a config copied from the claim (or written by kerf's controller).
+pub const SOURCE_FROM_CLAIM: &str = "FromClaim";
+
+/// One device allocated to this driver, with the configuration that applies to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocatedDevice {
+    /// The request as written in the result; may be `request/subrequest`.
+    pub request: String,
+    /// Pool of the device (the node name for kerf's devices).
+    pub pool: String,
+    /// Device name, e.g. `gpu-3`.
+    pub device: String,
+    /// Share ID when the device was allocated as one share of a shared device.
+    pub share_id: Option<String>,
+    /// Whether the device was allocated with admin access.
+    pub admin_access: bool,
+    /// The slice of the device (whole when no limit is set).
+    pub limits: SliceLimits,
+    /// How the device is shared.
+    pub sharing: Sharing,
+}
+
+/// Resolves the devices of `claim` that belong to `driver`, in result order.
+///
+/// Each result of this driver gets the configs of this driver whose `requests` is empty or
+/// names the result's request (or its parent request for `req/sub`): class configs first, then
+/// claim configs, each in list order, later ones overriding earlier ones field by field. A
+/// `GpuSliceAllocation` entry naming the device gives its exact limits and sharing and wins.
+/// Configs of other drivers are not decoded.
+///
+/// # Errors
+///
+/// - [`Error::NotAllocated`] when `status.allocation` is not set.
+/// - [`Error::NoResultsForDriver`] when no result is for `driver`.
+/// - [`Error::InvalidConfig`] when a config of this driver does not decode, with the path
+///   `status.allocation.devices.config[i].opaque.parameters…`, or when a claim's memory is not a
+///   multiple of its class's memory granularity.
+/// - [`Error::InvalidAllocation`] for a config `source` other than FromClass or FromClaim.
+pub fn resolve_allocation(claim: &ResourceClaim, driver: &str) -> Result<Vec<AllocatedDevice>> {
+    let name = claim_name(claim);
+    let allocation = claim
+        .status
+        .as_ref()
+        .and_then(|status| status.allocation.as_ref())
+        .ok_or_else(|| Error::NotAllocated {
+            claim: name.clone(),
+        })?;
+    let devices = allocation.devices.as_ref();
+    let results = devices
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default();
+    let configs = devices
+        .and_then(|d| d.config.as_deref())
+        .unwrap_or_default();
+
+    let ours: Vec<&DeviceRequestAllocationResult> =
+        results.iter().filter(|r| r.driver == driver).collect();
+    if ours.is_empty() {
+        return Err(no_results_error(name, driver, results));
+    }
+    let configs = driver_configs(&name, configs, driver)?;
+    ours.into_iter()
+        .map(|result| resolve_device(result, &configs))
+        .collect()
+}
+
+/// `namespace/name` of a claim, for messages.
+pub fn claim_name(claim: &ResourceClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// The request a config's `requests` entry may name for a result of `request`: the result's
+/// request itself, or for a subrequest `req/sub` also its parent `req`.
+pub fn parent_request(request: &str) -> &str {
+    request
+        .split_once('/')
+        .map_or(request, |(parent, _)| parent)
+}
+
+fn no_results_error(
+    claim: String,
+    driver: &str,
+    results: &[DeviceRequestAllocationResult],
+) -> Error {
+    let present: BTreeSet<&str> = results.iter().map(|r| r.driver.as_str()).collect();
+    let present = if present.is_empty() {
+        "none".to_owned()
+    } else {
+        present.into_iter().collect::<Vec<_>>().join(", ")
+    };
+    Error::NoResultsForDriver {
+        claim,
+        driver: driver.to_owned(),
+        present,
+    }
+}
+
+/// A decoded config of this driver and where it came from.
+struct DriverConfig {
+    /// Path of its `opaque.parameters`, for messages.
+    path: String,
+    requests: Vec<String>,
+    config: OpaqueConfig,
+}
+
+impl DriverConfig {
+    fn applies_to(&self, request: &str) -> bool {
+        self.requests.is_empty()
+            || self
+                .requests
+                .iter()
+                .any(|r| r == request || r == parent_request(request))
+    }
+}
+
+/// This driver's configs in precedence order: FromClass entries, then FromClaim entries.
+fn driver_configs(
+    claim: &str,
+    configs: &[DeviceAllocationConfiguration],
+    driver: &str,
+) -> Result<Vec<DriverConfig>> {
+    let mut from_class = Vec::new();
+    let mut from_claim = Vec::new();
+    for (i, entry) in configs.iter().enumerate() {
+        let Some(opaque) = entry.opaque.as_ref().filter(|o| o.driver == driver) else {
+            continue;
+        };
+        let base = format!("status.allocation.devices.config[{i}]");
+        let bucket = match entry.source.as_str() {
+            SOURCE_FROM_CLASS => &mut from_class,
+            SOURCE_FROM_CLAIM => &mut from_claim,
+            other => {
+                return Err(Error::InvalidAllocation {
+                    claim: claim.to_owned(),
+                    path: format!("{base}.source"),
+                    message: format!(
+                        "{other:?} is neither {SOURCE_FROM_CLASS} nor {SOURCE_FROM_CLAIM}"
+                    ),
+                });
+            }
+        };
+        let path = format!("{base}.opaque.parameters");
+        let config = decode_opaque(&opaque.parameters.0, &path)?;
+        bucket.push(DriverConfig {
+            path,
+            requests: entry.requests.clone().unwrap_or_default(),
+            config,
+        });
+    }
+    from_class.extend(from_claim);
+    Ok(from_class)
+}
+
+/// The settings accumulated for one device, with where each came from for messages.
+#[derive(Default)]
+struct Merged<'a> {
+    memory: Option<Memory>,
+    compute: Option<u8>,
+    sharing: Option<Sharing>,
+    granularity: Option<(u64, String)>,
+    slice: Option<&'a SliceDevice>,
+}
+
+struct Memory {
+    bytes: u64,
+    text: String,
+    path: String,
+}
+
+fn resolve_device(
+    result: &DeviceRequestAllocationResult,
+    configs: &[DriverConfig],
+) -> Result<AllocatedDevice> {
+    let mut merged = Merged::default();
+    for config in configs.iter().filter(|c| c.applies_to(&result.request)) {
+        merge(&mut merged, config, result)?;
+    }
+    check_granularity(&merged)?;
+    let (limits, sharing) = match merged.slice {
+        Some(slice) => (slice.limits(), slice.sharing),
+        None => (
+            SliceLimits {
+                memory_bytes: merged.memory.as_ref().map(|m| m.bytes),
+                compute_percent: merged.compute,
+            },
+            merged.sharing.unwrap_or_default(),
+        ),
+    };
+    Ok(AllocatedDevice {
+        request: result.request.clone(),
+        pool: result.pool.clone(),
+        device: result.device.clone(),
+        share_id: result.share_id.clone(),
+        admin_access: result.admin_access.unwrap_or(false),
+        limits,
+        sharing,
+    })
+}
+
+fn merge<'a>(
+    merged: &mut Merged<'a>,
+    config: &'a DriverConfig,
+    result: &DeviceRequestAllocationResult,
+) -> Result<()> {
+    match &config.config {
+        OpaqueConfig::Class(class) => {
+            if let Some(sharing) = class.sharing {
+                merged.sharing = Some(sharing.strategy);
+            }
+            if let Some(granularity) = class.memory_granularity_bytes(&config.path)? {
+                merged.granularity =
+                    Some((granularity, join(&config.path, "slicing.memoryGranularity")));
+            }
+        }
+        OpaqueConfig::Claim(claim) => {
+            let limits = claim.limits(&config.path)?;
+            if let (Some(bytes), Some(quantity)) = (limits.memory_bytes, &claim.memory) {
+                merged.memory = Some(Memory {
+                    bytes,
+                    text: quantity.0.clone(),
+                    path: join(&config.path, "memory"),
+                });
+            }
+            if limits.compute_percent.is_some() {
+                merged.compute = limits.compute_percent;
+            }
+            if claim.sharing.is_some() {
+                merged.sharing = claim.sharing;
+            }
+        }
+        OpaqueConfig::Slice(slice) => {
+            if let Some(device) =
+                slice.find(&result.pool, &result.device, result.share_id.as_deref())
+            {
+                merged.slice = Some(device);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_granularity(merged: &Merged<'_>) -> Result<()> {
+    let (Some(memory), Some((granularity, granularity_path))) =
+        (&merged.memory, &merged.granularity)
+    else {
+        return Ok(());
+    };
+    if memory.bytes % granularity == 0 {
+        return Ok(());
+    }
+    Err(Error::config(
+        &memory.path,
+        format!(
+            "{:?} ({} bytes) is not a multiple of the class memory granularity {} ({granularity_path})",
+            memory.text,
+            memory.bytes,
+            format_bytes(*granularity)
+        ),
+    ))
+}
+
+#[cfg(test)]
+mod tests;

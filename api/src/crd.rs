@@ -1,0 +1,131 @@
+//! The CRD manifests generated from the Rust types, as committed under `crds/`.
+
+use kube::CustomResourceExt;
+
+use crate::error::{Error, Result};
+use crate::gpuclass::GpuClass;
+
+/// The first line of every generated manifest.
+pub const HEADER: &str = "# Generated from kerf-api's Rust types by `cargo run -p kerf-api --bin crdgen`. Do not edit.\n";
+
+/// One generated manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CrdFile {
+    /// File name under `crds/`, e.g. `gpuclasses.gpu.kerf.dev.yaml`.
+    pub file_name: String,
+    /// The YAML document, starting with [`HEADER`].
+    pub yaml: String,
+}
+
+/// Every CRD kerf defines, rendered as YAML.
+///
+/// # Errors
+///
+/// [`Error::Serialize`] if YAML serialisation fails.
+pub fn crd_files() -> Result<Vec<CrdFile>> {
+    let crd = GpuClass::crd();
+    let name = crd
+        .metadata
+        .name
+        .clone()
+        .unwrap_or_else(|| "gpuclasses.gpu.kerf.dev".to_owned());
+    let body = serde_saphyr::to_string(&crd).map_err(|e| Error::Serialize {
+        what: "GpuClass CRD",
+        message: e.to_string(),
+    })?;
+    Ok(vec![CrdFile {
+        file_name: format!("{name}.yaml"),
+        yaml: format!("{HEADER}{body}"),
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn committed_crds_match_the_types() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+        for file in crd_files().expect("CRDs render") {
+            let committed = std::fs::read_to_string(dir.join(&file.file_name)).unwrap_or_default();
+            assert!(
+                committed == file.yaml,
+                "crds/{} is out of date; run `cargo run -p kerf-api --bin crdgen`",
+                file.file_name
+            );
+        }
+    }
+
+    #[test]
+    fn gpuclass_crd_shape() {
+        let crd = GpuClass::crd();
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("gpuclasses.gpu.kerf.dev")
+        );
+        assert_eq!(crd.spec.scope, "Cluster");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["gpuc".to_owned()]));
+        let version = &crd.spec.versions[0];
+        assert_eq!(version.name, "v1alpha1");
+        let columns: Vec<&str> = version
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(
+            columns,
+            [
+                "Allocator",
+                "DeviceClass",
+                "Devices",
+                "Free memory",
+                "Ready",
+                "Age"
+            ]
+        );
+        assert!(
+            version
+                .subresources
+                .as_ref()
+                .and_then(|s| s.status.as_ref())
+                .is_some()
+        );
+        let schema = serde_json::to_value(&version.schema).expect("schema serialises");
+        let spec = &schema["openAPIV3Schema"]["properties"]["spec"];
+        assert_eq!(spec["properties"]["allocator"]["default"], "Scheduler");
+        assert_eq!(
+            spec["properties"]["allocator"]["enum"],
+            serde_json::json!(["Scheduler", "Controller"])
+        );
+        assert_eq!(
+            spec["properties"]["slicing"]["properties"]["memoryGranularity"]["default"],
+            "1Gi"
+        );
+        let maximum =
+            spec["properties"]["slicing"]["properties"]["defaultCompute"]["maximum"].as_f64();
+        assert_eq!(maximum, Some(100.0));
+        assert!(
+            spec["x-kubernetes-validations"][0]["rule"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("migProfile")
+        );
+        let conditions =
+            &schema["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        for field in [
+            "type",
+            "status",
+            "reason",
+            "message",
+            "lastTransitionTime",
+            "observedGeneration",
+        ] {
+            assert!(
+                conditions["items"]["properties"].get(field).is_some(),
+                "condition field {field}"
+            );
+        }
+    }
+}
