@@ -132,7 +132,13 @@ impl MigDevice {
         let profile: String = self
             .profile
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
             .collect();
         format!("gpu-{parent_minor}-mig-{profile}-{}", self.placement.start)
     }

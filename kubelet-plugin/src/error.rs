@@ -69,7 +69,11 @@ impl Error {
 
     /// Builds an [`Error::Io`] for `op` on `path`.
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { op, path: path.into(), source }
+        Error::Io {
+            op,
+            path: path.into(),
+            source,
+        }
     }
 }
 

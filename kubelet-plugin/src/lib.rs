@@ -1,1 +1,24 @@
-//! placeholder
+//! kerf-kubelet-plugin: the node side of kerf.
+//!
+//! It registers with the kubelet, publishes the node's GPUs as ResourceSlices, and implements
+//! the kubelet's `NodePrepareResources` / `NodeUnprepareResources` calls by writing one CDI spec
+//! per claim and recording it in a durable checkpoint.
+//!
+//! The binary only parses [`args::Args`]; [`plugin::start`] does the rest.
+
+pub mod args;
+pub mod checkpoint_store;
+pub mod claim_locks;
+pub mod claims;
+pub mod config;
+pub mod discovery;
+pub mod driver;
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod logging;
+pub mod metrics;
+pub mod plugin;
+pub mod publish;
+
+pub use error::{Error, Result};

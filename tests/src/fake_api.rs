@@ -312,8 +312,8 @@ impl FakeApi {
     }
 
     /// Stores `obj` (creating or replacing it) as a test fixture, and returns it as stored,
-    /// with `resourceVersion`, `uid`, `creationTimestamp` and `generation` filled in. Status is
-    /// kept as given. Watchers see the change.
+    /// with `resourceVersion`, `uid` (unless given), `creationTimestamp` and `generation` filled
+    /// in. Status is kept as given. Watchers see the change.
     ///
     /// The resource name is derived from `kind` (lower case plural); use
     /// [`FakeApi::insert_resource`] for kinds whose plural is irregular.
@@ -376,7 +376,14 @@ impl FakeApi {
                 copy_identity(old, &mut obj);
                 set_generation(old, &mut obj);
             }
-            None => state.init_metadata(&mut obj),
+            None => {
+                // A fixture may name its UID (e.g. to match what a kubelet sends).
+                let given_uid = str_at(&obj, "/metadata/uid").to_owned();
+                state.init_metadata(&mut obj);
+                if !given_uid.is_empty() {
+                    metadata_mut(&mut obj).insert("uid".to_owned(), json!(given_uid));
+                }
+            }
         }
         state.commit(&self.inner.events, key, obj, old)
     }

@@ -1,0 +1,234 @@
+//! Command-line flags of `kerf-kubelet-plugin`; every flag is also an environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser, ValueEnum};
+
+use crate::config::{Discovery, PluginConfig};
+use crate::logging::LogFormat;
+use crate::{Error, Result};
+
+/// kerf kubelet plugin: registers with the kubelet, publishes this node's GPUs as
+/// ResourceSlices and prepares allocated ResourceClaims as CDI devices.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kerf-kubelet-plugin", version, about, long_about = None)]
+pub struct Args {
+    /// DRA driver name: the ResourceSlice driver, the CDI vendor and the socket names derive from it.
+    #[arg(long, env = "KERF_DRIVER_NAME", default_value = "gpu.kerf.dev")]
+    pub driver_name: String,
+
+    /// Name of this node; the ResourceSlice pool name. Usually set from the downward API.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+
+    /// Directory where the kubelet looks for plugin registration sockets.
+    #[arg(
+        long,
+        env = "KERF_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub registry_dir: PathBuf,
+
+    /// Directory of the DRA socket and the checkpoint [default: /var/lib/kubelet/plugins/<driver-name>].
+    #[arg(long, env = "KERF_PLUGIN_DIR")]
+    pub plugin_dir: Option<PathBuf>,
+
+    /// Directory for the per-claim CDI spec files; the container runtime must read it.
+    #[arg(long, env = "KERF_CDI_DIR", default_value = "/var/run/cdi")]
+    pub cdi_dir: PathBuf,
+
+    /// Checkpoint file of prepared claims [default: <plugin-dir>/checkpoint.json].
+    #[arg(long, env = "KERF_CHECKPOINT_FILE")]
+    pub checkpoint_file: Option<PathBuf>,
+
+    /// Root of the NVIDIA driver installation whose libraries and binaries are mounted into
+    /// containers (`/` for a host install, `/run/nvidia/driver` for the GPU operator).
+    #[arg(long, env = "KERF_DRIVER_ROOT", default_value = "/")]
+    pub driver_root: PathBuf,
+
+    /// Use a named mock inventory instead of NVML: PROFILE[:COUNT], e.g. h100-sxm-80gb:4
+    /// (profiles: h100-sxm-80gb, a100-40gb-mig, l4).
+    #[arg(long, env = "KERF_MOCK_GPUS", conflicts_with = "mock_inventory")]
+    pub mock_gpus: Option<String>,
+
+    /// Use a mock inventory from a YAML file instead of NVML.
+    #[arg(long, env = "KERF_MOCK_INVENTORY")]
+    pub mock_inventory: Option<PathBuf>,
+
+    /// In mock mode, the host character device every GPU device node is backed by.
+    #[arg(long, env = "KERF_MOCK_DEVICE_NODE", default_value = "/dev/null")]
+    pub mock_device_node: PathBuf,
+
+    /// Publish this node's GPUs as ResourceSlices (switch off for tests).
+    #[arg(long, env = "KERF_PUBLISH_RESOURCES", default_value_t = true, action = ArgAction::Set)]
+    pub publish_resources: bool,
+
+    /// How often the published ResourceSlices are checked even without a watch event.
+    #[arg(long, env = "KERF_RESYNC_PERIOD", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub resync_period: Duration,
+
+    /// Address of the HTTP server for /metrics, /healthz and /readyz; empty to disable.
+    #[arg(long, env = "KERF_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub metrics_address: String,
+
+    /// File holding the node's boot ID, recorded in the checkpoint.
+    #[arg(
+        long,
+        env = "KERF_BOOT_ID_FILE",
+        default_value = "/proc/sys/kernel/random/boot_id"
+    )]
+    pub boot_id_file: PathBuf,
+
+    /// Log format.
+    #[arg(long, env = "KERF_LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Text)]
+    pub log_format: LogFormatArg,
+
+    /// Log filter in tracing's EnvFilter syntax, e.g. `info,kerf_kubelet_plugin=debug`.
+    #[arg(long, env = "KERF_LOG", default_value = "info")]
+    pub log_filter: String,
+}
+
+/// `--log-format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormatArg {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl From<LogFormatArg> for LogFormat {
+    fn from(value: LogFormatArg) -> Self {
+        match value {
+            LogFormatArg::Text => LogFormat::Text,
+            LogFormatArg::Json => LogFormat::Json,
+        }
+    }
+}
+
+impl Args {
+    /// Resolves defaults that depend on other flags and checks the values.
+    ///
+    /// # Errors
+    /// An invalid driver or node name, or an unparsable metrics address.
+    pub fn into_config(self) -> Result<PluginConfig> {
+        kerf_core::names::driver_name("--driver-name", &self.driver_name)?;
+        kerf_core::names::object_name("--node-name", &self.node_name)?;
+        let plugin_dir = self
+            .plugin_dir
+            .unwrap_or_else(|| PathBuf::from("/var/lib/kubelet/plugins").join(&self.driver_name));
+        let checkpoint_file = self
+            .checkpoint_file
+            .unwrap_or_else(|| plugin_dir.join("checkpoint.json"));
+        let metrics_address = parse_address(&self.metrics_address)?;
+        let discovery = match (self.mock_gpus, self.mock_inventory) {
+            (Some(spec), None) => Discovery::MockProfile(spec),
+            (None, Some(path)) => Discovery::MockFile(path),
+            (None, None) => Discovery::Nvml,
+            (Some(_), Some(_)) => {
+                return Err(Error::Config(
+                    "--mock-gpus and --mock-inventory exclude each other".into(),
+                ));
+            }
+        };
+        Ok(PluginConfig {
+            registration_socket: self
+                .registry_dir
+                .join(format!("{}-reg.sock", self.driver_name)),
+            dra_socket: plugin_dir.join("dra.sock"),
+            driver_name: self.driver_name,
+            node_name: self.node_name,
+            cdi_dir: self.cdi_dir,
+            checkpoint_file,
+            driver_root: self.driver_root,
+            discovery,
+            mock_device_node: self.mock_device_node,
+            publish_resources: self.publish_resources,
+            resync_period: self.resync_period,
+            metrics_address,
+            boot_id_file: self.boot_id_file,
+        })
+    }
+}
+
+fn parse_address(value: &str) -> Result<Option<SocketAddr>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    value
+        .parse()
+        .map(Some)
+        .map_err(|e| Error::Config(format!("--metrics-address {value:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("kerf-kubelet-plugin").chain(args.iter().copied()))
+            .unwrap()
+    }
+
+    #[test]
+    fn defaults_follow_the_driver_name() {
+        let config = parse(&["--node-name", "node-1", "--driver-name", "gpu.example.com"])
+            .into_config()
+            .unwrap();
+        assert_eq!(
+            config.registration_socket,
+            PathBuf::from("/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock")
+        );
+        assert_eq!(
+            config.dra_socket,
+            PathBuf::from("/var/lib/kubelet/plugins/gpu.example.com/dra.sock")
+        );
+        assert_eq!(
+            config.checkpoint_file,
+            PathBuf::from("/var/lib/kubelet/plugins/gpu.example.com/checkpoint.json")
+        );
+        assert_eq!(config.discovery, Discovery::Nvml);
+        assert!(config.publish_resources);
+    }
+
+    #[test]
+    fn hostile_names_are_refused() {
+        let err = parse(&["--node-name", "../etc"]).into_config().unwrap_err();
+        assert!(err.to_string().contains("--node-name"), "{err}");
+        let err = parse(&["--node-name", "n", "--driver-name", "a/b"])
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--driver-name"), "{err}");
+    }
+
+    #[test]
+    fn mock_flags_exclude_each_other() {
+        let err = Args::try_parse_from([
+            "x",
+            "--node-name",
+            "n",
+            "--mock-gpus",
+            "l4",
+            "--mock-inventory",
+            "f.yaml",
+        ]);
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn metrics_address_can_be_disabled_or_must_parse() {
+        assert_eq!(
+            parse(&["--node-name", "n", "--metrics-address", ""])
+                .into_config()
+                .unwrap()
+                .metrics_address,
+            None
+        );
+        let err = parse(&["--node-name", "n", "--metrics-address", "nope"])
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--metrics-address"), "{err}");
+    }
+}

@@ -1,0 +1,202 @@
+//! The durable, in-memory-first checkpoint of prepared claims, with group commit.
+//!
+//! Every mutation happens on the in-memory [`Checkpoint`] under a short lock and gets a
+//! sequence number; one writer task persists snapshots. Concurrent prepares therefore share
+//! one fsync'd write instead of queueing behind each other's: a caller waits only until a
+//! snapshot that includes its own mutation is durable.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use kerf_core::checkpoint::{self, Checkpoint, LoadOutcome};
+use tokio::sync::{Notify, watch};
+
+use crate::{Error, Result};
+
+/// Progress of the writer: everything up to `durable` is on disk; a write covering up to
+/// `failed` failed with `error` (and nothing later has succeeded since).
+#[derive(Debug, Clone, Default)]
+struct Progress {
+    durable: u64,
+    failed: u64,
+    error: Option<Arc<str>>,
+}
+
+struct Shared {
+    path: PathBuf,
+    state: Mutex<(Checkpoint, u64)>,
+    wake: Notify,
+    progress: watch::Sender<Progress>,
+}
+
+/// Handle to the checkpoint. Cheap to clone.
+#[derive(Clone)]
+pub struct CheckpointStore {
+    shared: Arc<Shared>,
+}
+
+/// What [`CheckpointStore::open`] found on disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Opened {
+    /// No checkpoint existed; starting empty.
+    Fresh,
+    /// The checkpoint was loaded.
+    Loaded {
+        /// Whether the node rebooted since it was written (boot IDs differ).
+        rebooted: bool,
+    },
+    /// The checkpoint was corrupt and was moved aside; starting empty.
+    MovedAside {
+        /// Where the corrupt file now is.
+        moved_to: PathBuf,
+        /// Why it could not be used.
+        reason: String,
+    },
+}
+
+impl CheckpointStore {
+    /// Loads the checkpoint at `path` (or starts empty) and starts the writer task.
+    ///
+    /// Must be called inside a Tokio runtime. The boot ID is recorded in every write.
+    ///
+    /// # Errors
+    /// An I/O error other than "not found" while reading the file, or the first write of a
+    /// fresh checkpoint failing (e.g. the directory is not writable).
+    pub async fn open(path: &Path, boot_id: &str) -> Result<(Self, Opened)> {
+        let read_path = path.to_owned();
+        let outcome = tokio::task::spawn_blocking(move || checkpoint::load(&read_path))
+            .await
+            .map_err(|e| Error::Config(format!("checkpoint loader task failed: {e}")))??;
+        let (mut cp, opened) = match outcome {
+            LoadOutcome::Missing => (Checkpoint::default(), Opened::Fresh),
+            LoadOutcome::Loaded(cp) => {
+                let rebooted = cp.boot_id != boot_id;
+                (cp, Opened::Loaded { rebooted })
+            }
+            LoadOutcome::Corrupt { moved_to, reason } => (
+                Checkpoint::default(),
+                Opened::MovedAside { moved_to, reason },
+            ),
+        };
+        boot_id.clone_into(&mut cp.boot_id);
+        let (progress, _) = watch::channel(Progress::default());
+        let shared = Arc::new(Shared {
+            path: path.to_owned(),
+            state: Mutex::new((cp, 0)),
+            wake: Notify::new(),
+            progress,
+        });
+        tokio::spawn(writer(Arc::clone(&shared)));
+        let store = CheckpointStore { shared };
+        // Persist once so that the boot ID and any migration are on disk, and so that an
+        // unwritable directory is reported at start-up rather than at the first prepare.
+        store.update(|_| ()).await?;
+        Ok((store, opened))
+    }
+
+    /// Reads the in-memory checkpoint.
+    pub fn read<T>(&self, f: impl FnOnce(&Checkpoint) -> T) -> T {
+        f(&self.lock().0)
+    }
+
+    /// Mutates the checkpoint in memory without waiting for durability and returns the
+    /// sequence number to pass to [`CheckpointStore::persisted`].
+    pub fn mutate<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> (T, u64) {
+        let mut guard = self.lock();
+        let out = f(&mut guard.0);
+        guard.1 += 1;
+        let seq = guard.1;
+        drop(guard);
+        self.shared.wake.notify_one();
+        (out, seq)
+    }
+
+    /// Mutates the checkpoint and waits until the mutation is durable.
+    ///
+    /// # Errors
+    /// The write that covered this mutation failed.
+    pub async fn update<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> Result<T> {
+        let (out, seq) = self.mutate(f);
+        self.persisted(seq).await?;
+        Ok(out)
+    }
+
+    /// Waits until every mutation up to `seq` is durable.
+    ///
+    /// # Errors
+    /// The write that covered `seq` failed and no later write has succeeded.
+    pub async fn persisted(&self, seq: u64) -> Result<()> {
+        let mut rx = self.shared.progress.subscribe();
+        let progress = rx
+            .wait_for(|p| p.durable >= seq || p.failed >= seq)
+            .await
+            .map_err(|_| Error::Config("checkpoint writer stopped".into()))?
+            .clone();
+        if progress.durable >= seq {
+            return Ok(());
+        }
+        let reason = progress
+            .error
+            .as_deref()
+            .unwrap_or("unknown error")
+            .to_owned();
+        Err(kerf_core::Error::Checkpoint {
+            path: self.shared.path.clone(),
+            reason,
+        }
+        .into())
+    }
+
+    /// The checkpoint file.
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    fn lock(&self) -> MutexGuard<'_, (Checkpoint, u64)> {
+        // A panic while holding the lock cannot leave the checkpoint half-mutated in a way
+        // that matters more than stopping would: keep serving.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Persists snapshots whenever mutations are pending; exits when every handle is gone.
+async fn writer(shared: Arc<Shared>) {
+    let mut written = 0;
+    loop {
+        let notified = shared.wake.notified();
+        let pending = {
+            let guard = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+            (guard.1 > written).then(|| (guard.0.clone(), guard.1))
+        };
+        let Some((snapshot, seq)) = pending else {
+            if Arc::strong_count(&shared) == 1 {
+                return;
+            }
+            // Wake up now and then to notice that the store was dropped.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), notified).await;
+            continue;
+        };
+        let path = shared.path.clone();
+        let result = tokio::task::spawn_blocking(move || checkpoint::save(&path, &snapshot)).await;
+        let outcome = match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(format!("checkpoint write task failed: {e}")),
+        };
+        written = seq;
+        shared.progress.send_modify(|p| match outcome {
+            Ok(()) => {
+                p.durable = seq;
+                p.error = None;
+            }
+            Err(message) => {
+                tracing::error!(path = %shared.path.display(), error = %message, "checkpoint write failed");
+                p.failed = seq;
+                p.error = Some(message.into());
+            }
+        });
+    }
+}

@@ -1,0 +1,54 @@
+//! The plugin's resolved configuration, passed in as a value (no env reads in logic).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where the GPU inventory comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discovery {
+    /// Real GPUs through NVML.
+    Nvml,
+    /// A named mock profile, `PROFILE[:COUNT]`.
+    MockProfile(String),
+    /// A mock inventory YAML file.
+    MockFile(PathBuf),
+}
+
+impl Discovery {
+    /// True for either mock mode.
+    pub fn is_mock(&self) -> bool {
+        !matches!(self, Discovery::Nvml)
+    }
+}
+
+/// Everything the plugin needs to run.
+#[derive(Debug, Clone)]
+pub struct PluginConfig {
+    /// DRA driver name.
+    pub driver_name: String,
+    /// This node's name (the pool name).
+    pub node_name: String,
+    /// Registration socket the kubelet watches for.
+    pub registration_socket: PathBuf,
+    /// DRA socket the kubelet calls.
+    pub dra_socket: PathBuf,
+    /// Directory of per-claim CDI specs.
+    pub cdi_dir: PathBuf,
+    /// Checkpoint file.
+    pub checkpoint_file: PathBuf,
+    /// NVIDIA driver root on the host.
+    pub driver_root: PathBuf,
+    /// Inventory source.
+    pub discovery: Discovery,
+    /// Host device backing every device node in mock mode.
+    pub mock_device_node: PathBuf,
+    /// Whether ResourceSlices are published.
+    pub publish_resources: bool,
+    /// Periodic ResourceSlice check.
+    pub resync_period: Duration,
+    /// Metrics and health HTTP address, if any.
+    pub metrics_address: Option<SocketAddr>,
+    /// File holding the boot ID.
+    pub boot_id_file: PathBuf,
+}

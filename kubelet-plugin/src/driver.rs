@@ -1,0 +1,511 @@
+//! Prepare and unprepare: the plugin's answer to the kubelet's DRA calls, independent of the
+//! gRPC API version that carried them.
+//!
+//! A prepare costs one GET of the claim, one fsync'd CDI spec and two checkpoint updates
+//! (PrepareStarted, PrepareCompleted) that concurrent prepares share through group commit.
+//! Claims prepare in parallel; two calls for the same claim serialise on a per-claim lock.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::join_all;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_api::AllocatedDevice;
+use kerf_core::cdi::{self, ClaimSpecRequest, CommonEdits, DeviceNodePolicy, PreparedDevice};
+use kerf_core::checkpoint::{ClaimEntry, ClaimState, DeviceRecord};
+use kerf_core::inventory::{DeviceRef, Inventory};
+use kerf_core::names;
+
+use crate::checkpoint_store::CheckpointStore;
+use crate::claim_locks::ClaimLocks;
+use crate::claims::ClaimSource;
+use crate::metrics::Metrics;
+use crate::{Error, Result};
+
+/// A claim as the kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRef {
+    /// Namespace of the ResourceClaim.
+    pub namespace: String,
+    /// UID of the ResourceClaim; the key of every answer.
+    pub uid: String,
+    /// Name of the ResourceClaim.
+    pub name: String,
+}
+
+/// One prepared device as the kubelet wants it back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedDeviceResult {
+    /// Requests of the claim this device serves (subrequest suffixes stripped).
+    pub request_names: Vec<String>,
+    /// Pool of the device (the node name).
+    pub pool_name: String,
+    /// Device name within the pool.
+    pub device_name: String,
+    /// Fully qualified CDI device IDs to inject.
+    pub cdi_device_ids: Vec<String>,
+    /// Share ID of a consumable-capacity allocation, when any.
+    pub share_id: Option<String>,
+}
+
+/// Settings of the prepare path, fixed at start-up.
+#[derive(Debug, Clone)]
+pub struct DriverConfig {
+    /// The DRA driver name, e.g. `gpu.kerf.dev`.
+    pub driver_name: String,
+    /// This node's name: the pool name of every device the plugin publishes.
+    pub node_name: String,
+    /// Directory of the transient CDI specs, e.g. `/var/run/cdi`.
+    pub cdi_dir: PathBuf,
+    /// The CDI kind of kerf's devices, `k8s.<driver>/gpu`.
+    pub cdi_kind: String,
+    /// Container edits shared by every claim (control nodes, driver files).
+    pub common_edits: CommonEdits,
+    /// How device nodes are mapped to host paths (mock mode points them at `/dev/null`).
+    pub device_nodes: DeviceNodePolicy,
+}
+
+impl DriverConfig {
+    /// The CDI kind kerf uses for a driver name.
+    pub fn cdi_kind_for(driver_name: &str) -> String {
+        format!("k8s.{driver_name}/gpu")
+    }
+}
+
+/// The prepare/unprepare engine.
+pub struct Driver {
+    config: DriverConfig,
+    inventory: Arc<Inventory>,
+    claims: Arc<dyn ClaimSource>,
+    checkpoint: CheckpointStore,
+    locks: ClaimLocks,
+    metrics: Metrics,
+}
+
+impl Driver {
+    /// Builds the engine over an opened checkpoint.
+    pub fn new(
+        config: DriverConfig,
+        inventory: Arc<Inventory>,
+        claims: Arc<dyn ClaimSource>,
+        checkpoint: CheckpointStore,
+        metrics: Metrics,
+    ) -> Self {
+        let driver = Driver {
+            config,
+            inventory,
+            claims,
+            checkpoint,
+            locks: ClaimLocks::default(),
+            metrics,
+        };
+        driver.update_prepared_gauge();
+        driver
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DriverConfig {
+        &self.config
+    }
+
+    /// Prepares a batch of claims concurrently. Every claim gets an answer: its devices, or
+    /// an error message naming what is wrong with it.
+    pub async fn prepare(
+        &self,
+        claims: &[ClaimRef],
+    ) -> Vec<(String, Result<Vec<PreparedDeviceResult>, String>)> {
+        join_all(claims.iter().map(|claim| async move {
+            let started = Instant::now();
+            let result = self.prepare_claim(claim).await;
+            self.metrics.record_prepare(outcome(&result), started.elapsed());
+            if let Err(e) = &result {
+                tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, error = %e, "prepare failed");
+            }
+            (claim.uid.clone(), result.map_err(|e| e.to_string()))
+        }))
+        .await
+    }
+
+    /// Unprepares a batch of claims concurrently; unknown claims succeed.
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> Vec<(String, Result<(), String>)> {
+        join_all(claims.iter().map(|claim| async move {
+            let started = Instant::now();
+            let result = self.unprepare_claim(claim).await;
+            self.metrics
+                .record_unprepare(outcome(&result), started.elapsed());
+            if let Err(e) = &result {
+                tracing::warn!(claim.uid = %claim.uid, error = %e, "unprepare failed");
+            }
+            (claim.uid.clone(), result.map_err(|e| e.to_string()))
+        }))
+        .await
+    }
+
+    /// Prepares one claim.
+    ///
+    /// # Errors
+    /// Any reason the claim cannot be prepared; nothing is left behind for it.
+    pub async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDeviceResult>> {
+        validate_claim_ref(claim)?;
+        let _guard = self.locks.lock(&claim.uid).await;
+        if let Some(entry) = self.completed_entry(claim)? {
+            // Idempotent repeat: the spec is rewritten because /var/run/cdi is a tmpfs that a
+            // reboot empties, while the kubelet still holds the IDs we returned before.
+            self.write_cdi_spec(claim, &entry.devices).await?;
+            return Ok(results_of(&entry.devices));
+        }
+        let api_claim = self.fetch_claim(claim).await?;
+        let allocated = kerf_api::resolve_allocation(&api_claim, &self.config.driver_name)?;
+        let devices = self.plan_devices(claim, &allocated)?;
+        self.record_started(claim, devices.clone()).await?;
+        if let Err(e) = self.finish_prepare(claim, &devices).await {
+            self.forget_claim(claim).await;
+            return Err(e);
+        }
+        Ok(results_of(&devices))
+    }
+
+    /// Unprepares one claim: removes its CDI spec and its checkpoint entry. Needs no API
+    /// call, because the claim may already be gone.
+    ///
+    /// # Errors
+    /// The UID is not a valid UID, or the spec or checkpoint could not be updated.
+    pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<()> {
+        names::claim_uid("claim.uid", &claim.uid)?;
+        let _guard = self.locks.lock(&claim.uid).await;
+        let known = self.checkpoint.read(|cp| {
+            cp.claims.contains_key(&claim.uid) || cp.undecodable.contains_key(&claim.uid)
+        });
+        if !known {
+            return Ok(());
+        }
+        self.remove_cdi_spec(&claim.uid).await?;
+        self.checkpoint
+            .update(|cp| cp.remove_claim(&claim.uid))
+            .await?;
+        self.update_prepared_gauge();
+        Ok(())
+    }
+
+    /// Makes sure every completed claim's CDI spec exists, e.g. after a reboot emptied
+    /// `/var/run/cdi` while the kubelet still runs containers with our CDI IDs; and removes
+    /// spec files of this driver that no checkpoint entry owns (left by a crash between the
+    /// spec write and the checkpoint update).
+    ///
+    /// # Errors
+    /// A spec could not be written or the CDI directory could not be read.
+    pub async fn restore_cdi_specs(&self) -> Result<RestoreReport> {
+        let completed: Vec<(ClaimRef, Vec<DeviceRecord>)> = self.checkpoint.read(|cp| {
+            cp.claims
+                .iter()
+                .filter(|(_, e)| e.state == ClaimState::PrepareCompleted)
+                .map(|(uid, e)| {
+                    let claim = ClaimRef {
+                        namespace: e.namespace.clone(),
+                        uid: uid.clone(),
+                        name: e.name.clone(),
+                    };
+                    (claim, e.devices.clone())
+                })
+                .collect()
+        });
+        for (claim, devices) in &completed {
+            self.write_cdi_spec(claim, devices).await?;
+        }
+        let owned: Vec<String> = self
+            .checkpoint
+            .read(|cp| cp.claims.keys().cloned().collect());
+        let dir = self.config.cdi_dir.clone();
+        let kind = self.config.cdi_kind.clone();
+        let removed = blocking(move || cdi::remove_orphan_specs(&dir, &kind, &owned)).await?;
+        Ok(RestoreReport {
+            rewritten: completed.len(),
+            orphans_removed: removed,
+        })
+    }
+
+    /// Number of claims in the checkpoint.
+    pub fn prepared_claims(&self) -> usize {
+        self.checkpoint.read(|cp| cp.claims.len())
+    }
+
+    fn completed_entry(&self, claim: &ClaimRef) -> Result<Option<ClaimEntry>> {
+        let Some(entry) = self
+            .checkpoint
+            .read(|cp| cp.claims.get(&claim.uid).cloned())
+        else {
+            return Ok(None);
+        };
+        if entry.namespace != claim.namespace || entry.name != claim.name {
+            return Err(Error::Claim(format!(
+                "claim.uid: {} is prepared for ResourceClaim {}/{}, not {}/{}",
+                claim.uid, entry.namespace, entry.name, claim.namespace, claim.name
+            )));
+        }
+        Ok((entry.state == ClaimState::PrepareCompleted).then_some(entry))
+    }
+
+    async fn fetch_claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
+        let api_claim = self
+            .claims
+            .get(&claim.namespace, &claim.name)
+            .await
+            .map_err(|e| match e {
+                kube::Error::Api(status) if status.code == 404 => Error::Claim(format!(
+                    "ResourceClaim {}/{} not found",
+                    claim.namespace, claim.name
+                )),
+                other => Error::Kube(other),
+            })?;
+        let actual = api_claim.metadata.uid.as_deref().unwrap_or_default();
+        if actual != claim.uid {
+            return Err(Error::Claim(format!(
+                "claim.uid: ResourceClaim {}/{} has UID {actual:?}, not {:?} (it was deleted and created again)",
+                claim.namespace, claim.name, claim.uid
+            )));
+        }
+        Ok(api_claim)
+    }
+
+    /// Turns the allocation results into device records, checking every device against
+    /// this node's inventory.
+    fn plan_devices(
+        &self,
+        claim: &ClaimRef,
+        allocated: &[AllocatedDevice],
+    ) -> Result<Vec<DeviceRecord>> {
+        let mut records: Vec<DeviceRecord> = Vec::new();
+        for (index, device) in allocated.iter().enumerate() {
+            if device.pool != self.config.node_name {
+                return Err(Error::Claim(format!(
+                    "status.allocation.devices.results[{index}].pool: {:?} is not this node's pool {:?}",
+                    device.pool, self.config.node_name
+                )));
+            }
+            let Some(found) = self.inventory.device(&device.device) else {
+                return Err(Error::Claim(format!(
+                    "status.allocation.devices.results[{index}].device: {:?} is not a device of node {:?}",
+                    device.device, self.config.node_name
+                )));
+            };
+            let request = parent_request(&device.request).to_owned();
+            if let Some(existing) = records.iter_mut().find(|r| r.device_name == device.device) {
+                if !existing.request_names.contains(&request) {
+                    existing.request_names.push(request);
+                }
+                continue;
+            }
+            let cdi_id = cdi::qualified_name(
+                &self.config.cdi_kind,
+                &cdi::claim_device_name(&claim.uid, &device.device),
+            );
+            records.push(device_record(found, device, request, cdi_id));
+        }
+        Ok(records)
+    }
+
+    /// Checks exclusivity against every other prepared claim and records the claim as
+    /// PrepareStarted, atomically with respect to other prepares.
+    async fn record_started(&self, claim: &ClaimRef, devices: Vec<DeviceRecord>) -> Result<()> {
+        let (conflict, seq) = self.checkpoint.mutate(|cp| {
+            let conflict = devices.iter().find_map(|wanted| {
+                cp.claims
+                    .iter()
+                    .filter(|(uid, _)| **uid != claim.uid)
+                    .find_map(|(uid, entry)| {
+                        entry
+                            .devices
+                            .iter()
+                            .find(|held| {
+                                held.device_name == wanted.device_name && conflicts(held, wanted)
+                            })
+                            .map(|_| {
+                                (
+                                    wanted.device_name.clone(),
+                                    uid.clone(),
+                                    entry.namespace.clone(),
+                                    entry.name.clone(),
+                                )
+                            })
+                    })
+            });
+            if conflict.is_none() {
+                cp.claims.insert(
+                    claim.uid.clone(),
+                    ClaimEntry {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                        state: ClaimState::PrepareStarted,
+                        devices,
+                    },
+                );
+            }
+            conflict
+        });
+        if let Some((device, uid, namespace, name)) = conflict {
+            return Err(Error::Claim(format!(
+                "device {device:?} is held exclusively by prepared claim {namespace}/{name} (uid {uid})"
+            )));
+        }
+        if let Err(e) = self.checkpoint.persisted(seq).await {
+            self.forget_claim(claim).await;
+            return Err(e);
+        }
+        self.update_prepared_gauge();
+        Ok(())
+    }
+
+    async fn finish_prepare(&self, claim: &ClaimRef, devices: &[DeviceRecord]) -> Result<()> {
+        self.write_cdi_spec(claim, devices).await?;
+        self.checkpoint
+            .update(|cp| {
+                if let Some(entry) = cp.claims.get_mut(&claim.uid) {
+                    entry.state = ClaimState::PrepareCompleted;
+                }
+            })
+            .await
+    }
+
+    /// Best-effort rollback of a failed prepare: no spec, no checkpoint entry.
+    async fn forget_claim(&self, claim: &ClaimRef) {
+        if let Err(e) = self.remove_cdi_spec(&claim.uid).await {
+            tracing::error!(claim.uid = %claim.uid, error = %e, "rollback: removing CDI spec failed");
+        }
+        if let Err(e) = self
+            .checkpoint
+            .update(|cp| cp.remove_claim(&claim.uid))
+            .await
+        {
+            tracing::error!(claim.uid = %claim.uid, error = %e, "rollback: checkpoint update failed");
+        }
+        self.update_prepared_gauge();
+    }
+
+    async fn write_cdi_spec(&self, claim: &ClaimRef, devices: &[DeviceRecord]) -> Result<()> {
+        let prepared: Vec<PreparedDevice> =
+            devices.iter().map(DeviceRecord::prepared_device).collect();
+        let request = ClaimSpecRequest {
+            kind: &self.config.cdi_kind,
+            claim_uid: &claim.uid,
+            claim_namespace: &claim.namespace,
+            claim_name: &claim.name,
+            devices: &prepared,
+            common: &self.config.common_edits,
+        };
+        let generated = cdi::generate(&request, &self.config.device_nodes)?;
+        let dir = self.config.cdi_dir.clone();
+        let uid = claim.uid.clone();
+        blocking(move || cdi::write_spec(&dir, &generated.spec, &uid).map(|_| ())).await
+    }
+
+    async fn remove_cdi_spec(&self, uid: &str) -> Result<()> {
+        let dir = self.config.cdi_dir.clone();
+        let kind = self.config.cdi_kind.clone();
+        let uid = uid.to_owned();
+        blocking(move || cdi::remove_spec(&dir, &kind, &uid).map(|_| ())).await
+    }
+
+    fn update_prepared_gauge(&self) {
+        let n = self.prepared_claims();
+        self.metrics
+            .set_prepared_claims(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+}
+
+/// What [`Driver::restore_cdi_specs`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreReport {
+    /// Specs of completed claims written again.
+    pub rewritten: usize,
+    /// Spec files of this driver that no claim owned, removed.
+    pub orphans_removed: usize,
+}
+
+/// The metric label of a result.
+fn outcome<T>(result: &Result<T>) -> Result<(), &'static str> {
+    result.as_ref().map(|_| ()).map_err(Error::reason)
+}
+
+fn validate_claim_ref(claim: &ClaimRef) -> Result<()> {
+    names::claim_uid("claim.uid", &claim.uid)?;
+    names::namespace("claim.namespace", &claim.namespace)?;
+    names::object_name("claim.name", &claim.name)?;
+    Ok(())
+}
+
+/// The kubelet matches devices to containers by request name; a `req/sub` result belongs to
+/// the container's request `req`.
+fn parent_request(request: &str) -> &str {
+    request
+        .split_once('/')
+        .map_or(request, |(parent, _)| parent)
+}
+
+/// Two preparations of one device conflict unless both share it.
+fn conflicts(held: &DeviceRecord, wanted: &DeviceRecord) -> bool {
+    if held.admin_access || wanted.admin_access {
+        return false;
+    }
+    is_exclusive(held) || is_exclusive(wanted)
+}
+
+fn is_exclusive(record: &DeviceRecord) -> bool {
+    record.share_id.is_none()
+        && record.limits.is_whole()
+        && record.sharing == kerf_core::slice::Sharing::Exclusive
+}
+
+fn device_record(
+    found: DeviceRef<'_>,
+    device: &AllocatedDevice,
+    request: String,
+    cdi_id: String,
+) -> DeviceRecord {
+    let (gpu_minor, mig) = match found {
+        DeviceRef::Gpu(gpu) => (gpu.minor, None),
+        DeviceRef::Mig { parent, mig } => (
+            parent.minor,
+            Some(cdi::MigCaps {
+                gi_cap_minor: mig.gi_cap_minor,
+                ci_cap_minor: mig.ci_cap_minor,
+            }),
+        ),
+    };
+    DeviceRecord {
+        request_names: vec![request],
+        pool_name: device.pool.clone(),
+        device_name: device.device.clone(),
+        cdi_device_ids: vec![cdi_id],
+        share_id: device.share_id.clone(),
+        admin_access: device.admin_access,
+        uuid: found.uuid().to_owned(),
+        gpu_minor,
+        mig,
+        limits: device.limits,
+        sharing: device.sharing,
+    }
+}
+
+fn results_of(devices: &[DeviceRecord]) -> Vec<PreparedDeviceResult> {
+    devices
+        .iter()
+        .map(|d| PreparedDeviceResult {
+            request_names: d.request_names.clone(),
+            pool_name: d.pool_name.clone(),
+            device_name: d.device_name.clone(),
+            cdi_device_ids: d.cdi_device_ids.clone(),
+            share_id: d.share_id.clone(),
+        })
+        .collect()
+}
+
+/// Runs blocking file I/O (fsync) off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> kerf_core::Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Error::Config(format!("blocking file task failed: {e}")))?
+        .map_err(Error::from)
+}

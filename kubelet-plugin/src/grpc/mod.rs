@@ -1,0 +1,5 @@
+//! The plugin's gRPC services and the Unix sockets that carry them.
+
+pub mod dra;
+pub mod registration;
+pub mod socket;

@@ -1,0 +1,78 @@
+//! `pluginregistration.Registration`: how the kubelet discovers the plugin.
+
+use std::path::PathBuf;
+
+use kerf_proto::pluginregistration::registration_server::Registration;
+use kerf_proto::pluginregistration::{
+    InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
+};
+use kerf_proto::service_names;
+use tonic::{Request, Response, Status};
+
+use crate::http::Health;
+use crate::metrics::Metrics;
+
+/// Answers the kubelet's registration calls.
+#[derive(Clone)]
+pub struct RegistrationService {
+    driver_name: String,
+    dra_endpoint: PathBuf,
+    health: Health,
+    metrics: Metrics,
+}
+
+impl RegistrationService {
+    /// Registers `driver_name` with its DRA socket at `dra_endpoint` (absolute host path).
+    pub fn new(
+        driver_name: String,
+        dra_endpoint: PathBuf,
+        health: Health,
+        metrics: Metrics,
+    ) -> Self {
+        RegistrationService {
+            driver_name,
+            dra_endpoint,
+            health,
+            metrics,
+        }
+    }
+
+    /// The services the plugin offers, newest first: kubelet takes the first it knows.
+    pub fn supported_versions() -> Vec<String> {
+        vec![
+            service_names::DRA_V1.to_owned(),
+            service_names::DRA_V1BETA1.to_owned(),
+        ]
+    }
+}
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn get_info(
+        &self,
+        _request: Request<InfoRequest>,
+    ) -> Result<Response<PluginInfo>, Status> {
+        tracing::debug!("kubelet asked for plugin info");
+        Ok(Response::new(PluginInfo {
+            r#type: service_names::DRA_PLUGIN_TYPE.to_owned(),
+            name: self.driver_name.clone(),
+            endpoint: self.dra_endpoint.to_string_lossy().into_owned(),
+            supported_versions: Self::supported_versions(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<RegistrationStatus>,
+    ) -> Result<Response<RegistrationStatusResponse>, Status> {
+        let status = request.into_inner();
+        if status.plugin_registered {
+            tracing::info!(driver = %self.driver_name, "kubelet registered the plugin");
+        } else {
+            tracing::error!(driver = %self.driver_name, error = %status.error, "kubelet failed to register the plugin");
+        }
+        self.health.set_registered(status.plugin_registered);
+        self.metrics.set_registered(status.plugin_registered);
+        Ok(Response::new(RegistrationStatusResponse {}))
+    }
+}

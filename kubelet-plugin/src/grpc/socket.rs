@@ -1,0 +1,123 @@
+//! Unix socket listeners that replace stale sockets on start and remove theirs on drop.
+
+use std::path::{Path, PathBuf};
+
+use tokio::net::UnixListener;
+use tokio_stream::wrappers::UnixListenerStream;
+
+use crate::{Error, Result};
+
+/// The longest path `sockaddr_un` holds, including the terminating NUL.
+const SUN_PATH_MAX: usize = 108;
+
+/// A bound Unix socket whose file is removed when this value is dropped.
+pub struct BoundSocket {
+    path: PathBuf,
+    listener: Option<UnixListener>,
+}
+
+impl BoundSocket {
+    /// Binds `path`, creating its directory and replacing a stale socket file left by an
+    /// earlier run. Anything at `path` that is not a socket is left alone and reported.
+    ///
+    /// # Errors
+    /// The path is too long for a Unix socket, is occupied by a non-socket file, or cannot
+    /// be bound.
+    pub fn bind(path: &Path) -> Result<Self> {
+        if path.as_os_str().len() >= SUN_PATH_MAX {
+            return Err(Error::Config(format!(
+                "socket path {} is {} bytes long; Unix sockets allow at most {}",
+                path.display(),
+                path.as_os_str().len(),
+                SUN_PATH_MAX - 1
+            )));
+        }
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        }
+        remove_stale(path)?;
+        let listener = UnixListener::bind(path).map_err(|e| Error::io("bind", path, e))?;
+        Ok(BoundSocket {
+            path: path.to_owned(),
+            listener: Some(listener),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The incoming connections, for tonic's `serve_with_incoming*`. The socket file stays
+    /// until this value is dropped.
+    ///
+    /// # Errors
+    /// The stream was already taken.
+    pub fn incoming(&mut self) -> Result<UnixListenerStream> {
+        self.listener
+            .take()
+            .map(UnixListenerStream::new)
+            .ok_or_else(|| Error::Config(format!("socket {} already serving", self.path.display())))
+    }
+}
+
+impl Drop for BoundSocket {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %self.path.display(), error = %e, "could not remove socket");
+        }
+    }
+}
+
+fn remove_stale(path: &Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            tracing::info!(path = %path.display(), "replacing stale socket");
+            std::fs::remove_file(path).map_err(|e| Error::io("remove stale socket", path, e))
+        }
+        Ok(_) => Err(Error::Config(format!(
+            "{} exists and is not a socket; refusing to replace it",
+            path.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("stat", path, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn replaces_stale_socket_and_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.sock");
+        let first = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(first); // leaves the file behind, like a crashed plugin
+        assert!(path.exists());
+        let bound = BoundSocket::bind(&path).unwrap();
+        assert!(path.exists());
+        drop(bound);
+        assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn refuses_to_replace_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.sock");
+        std::fs::write(&path, b"data").unwrap();
+        let err = BoundSocket::bind(&path).err().unwrap();
+        assert!(err.to_string().contains("not a socket"), "{err}");
+        assert_eq!(std::fs::read(&path).unwrap(), b"data");
+    }
+
+    #[test]
+    fn rejects_too_long_paths() {
+        let long = PathBuf::from(format!("/tmp/{}.sock", "a".repeat(120)));
+        let err = BoundSocket::bind(&long).err().unwrap();
+        assert!(err.to_string().contains("at most 107"), "{err}");
+    }
+}

@@ -1,0 +1,332 @@
+//! Start-up and shutdown of the whole plugin: checkpoint, CDI, gRPC servers, publisher, HTTP.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use kerf_core::cdi::{self, CommonEdits, DeviceNodePolicy};
+use kerf_core::driver_root;
+use kerf_core::inventory::Inventory;
+use kerf_proto::pluginregistration::registration_server::RegistrationServer;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint_store::{CheckpointStore, Opened};
+use crate::claims::{ClaimSource, KubeClaims};
+use crate::config::PluginConfig;
+use crate::driver::{Driver, DriverConfig};
+use crate::grpc::dra::DraService;
+use crate::grpc::registration::RegistrationService;
+use crate::grpc::socket::BoundSocket;
+use crate::http::Health;
+use crate::metrics::Metrics;
+use crate::publish::Publisher;
+use crate::{Error, Result, discovery};
+
+/// Device nodes every CUDA process needs besides its GPUs.
+const CONTROL_DEVICE_NODES: [&str; 3] =
+    ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+
+/// What the plugin talks to outside the node.
+pub struct Connections {
+    /// Where claims are read from.
+    pub claims: Arc<dyn ClaimSource>,
+    /// Client used to publish ResourceSlices; `None` disables publishing.
+    pub publisher: Option<kube::Client>,
+}
+
+impl Connections {
+    /// Reads claims and publishes slices through one API client.
+    pub fn kube(client: kube::Client, publish: bool) -> Self {
+        Connections {
+            claims: Arc::new(KubeClaims::new(client.clone())),
+            publisher: publish.then_some(client),
+        }
+    }
+}
+
+/// A running plugin. Dropping it without [`RunningPlugin::shutdown`] leaves tasks running
+/// until the runtime stops; sockets are removed when the servers end.
+pub struct RunningPlugin {
+    shutdown: CancellationToken,
+    tasks: Vec<Task>,
+    driver: Arc<Driver>,
+    registry: Arc<Registry>,
+    health: Health,
+}
+
+impl RunningPlugin {
+    /// The prepare/unprepare engine (for in-process callers such as the demo).
+    pub fn driver(&self) -> &Arc<Driver> {
+        &self.driver
+    }
+
+    /// The metrics registry.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Health flags as served on /readyz.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// A token that stops the plugin when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Waits until the plugin stops (a task failed or the token was cancelled), then stops
+    /// everything: servers end and remove their sockets, the publisher deletes its slices.
+    ///
+    /// # Errors
+    /// The first task that failed.
+    pub async fn wait(self) -> Result<()> {
+        let RunningPlugin {
+            shutdown, tasks, ..
+        } = self;
+        let (names, handles): (Vec<_>, Vec<_>) = tasks.into_iter().unzip();
+        let mut first_error = None;
+        let mut pending: Vec<_> = handles
+            .into_iter()
+            .zip(names)
+            .map(|(h, n)| Box::pin(async move { (n, h.await) }))
+            .collect();
+        while !pending.is_empty() {
+            let ((name, joined), _, rest) = futures::future::select_all(pending).await;
+            pending = rest;
+            let result = joined
+                .map_err(|e| Error::Config(format!("{name} task panicked: {e}")))
+                .and_then(|r| r);
+            match result {
+                Ok(()) => tracing::info!(task = name, "stopped"),
+                Err(e) => {
+                    tracing::error!(task = name, error = %e, "failed; stopping the plugin");
+                    first_error.get_or_insert(e);
+                }
+            }
+            shutdown.cancel();
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Stops the plugin and waits for it.
+    ///
+    /// # Errors
+    /// The first task that failed.
+    pub async fn shutdown(self) -> Result<()> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+}
+
+/// Discovers the inventory as configured (NVML or mock).
+///
+/// # Errors
+/// No discovery is available, or it fails.
+pub fn discover(config: &PluginConfig) -> Result<Inventory> {
+    let (mock_gpus, mock_file) = match &config.discovery {
+        crate::config::Discovery::Nvml => (None, None),
+        crate::config::Discovery::MockProfile(spec) => (Some(spec.as_str()), None),
+        crate::config::Discovery::MockFile(path) => (None, Some(path.as_path())),
+    };
+    let source = discovery::select(mock_gpus, mock_file)?;
+    let inventory = source.discover()?;
+    tracing::info!(source = source.source(), gpus = inventory.gpus.len(), driver = %inventory.driver_version, "discovered GPUs");
+    Ok(inventory)
+}
+
+/// Starts every part of the plugin and returns once the sockets serve.
+///
+/// # Errors
+/// The checkpoint, CDI directory, sockets or HTTP address cannot be set up.
+pub async fn start(
+    config: &PluginConfig,
+    inventory: Inventory,
+    connections: Connections,
+) -> Result<RunningPlugin> {
+    let shutdown = CancellationToken::new();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let registry = Arc::new(registry);
+    let health = Health::new();
+    let inventory = Arc::new(inventory);
+
+    let checkpoint = open_checkpoint(config).await?;
+    std::fs::create_dir_all(&config.cdi_dir)
+        .map_err(|e| Error::io("create CDI directory", &config.cdi_dir, e))?;
+    let driver = Arc::new(Driver::new(
+        driver_config(config)?,
+        Arc::clone(&inventory),
+        connections.claims,
+        checkpoint,
+        metrics.clone(),
+    ));
+    let restored = driver.restore_cdi_specs().await?;
+    tracing::info!(
+        prepared = driver.prepared_claims(),
+        rewritten = restored.rewritten,
+        orphans_removed = restored.orphans_removed,
+        "checkpoint restored"
+    );
+
+    let mut tasks = vec![
+        spawn_dra_server(config, &driver, &metrics, &shutdown)?,
+        spawn_registration_server(config, &health, &metrics, &shutdown)?,
+    ];
+    health.set_serving(true);
+
+    if let Some(client) = connections.publisher {
+        let publisher = Publisher::new(
+            client,
+            config.driver_name.clone(),
+            config.node_name.clone(),
+            metrics.clone(),
+        );
+        let inventory = Arc::clone(&inventory);
+        let token = shutdown.clone();
+        let resync = config.resync_period;
+        tasks.push((
+            "publisher",
+            tokio::spawn(async move { publisher.run(inventory, resync, token).await }),
+        ));
+    }
+
+    if let Some(address) = config.metrics_address {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|e| Error::io("bind metrics address", address.to_string(), e))?;
+        tracing::info!(%address, "serving /metrics, /healthz and /readyz");
+        let (registry, health, token) = (Arc::clone(&registry), health.clone(), shutdown.clone());
+        tasks.push((
+            "http",
+            tokio::spawn(crate::http::serve(listener, registry, health, token)),
+        ));
+    }
+
+    tracing::info!(
+        driver = %config.driver_name,
+        node = %config.node_name,
+        dra_socket = %config.dra_socket.display(),
+        registration_socket = %config.registration_socket.display(),
+        "kubelet plugin serving"
+    );
+    Ok(RunningPlugin {
+        shutdown,
+        tasks,
+        driver,
+        registry,
+        health,
+    })
+}
+
+type Task = (&'static str, JoinHandle<Result<()>>);
+
+fn spawn_dra_server(
+    config: &PluginConfig,
+    driver: &Arc<Driver>,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<Task> {
+    let dra = DraService::new(Arc::clone(driver), metrics.clone());
+    let mut socket = BoundSocket::bind(&config.dra_socket)?;
+    let incoming = socket.incoming()?;
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move {
+        let _socket = socket;
+        tonic::transport::Server::builder()
+            .add_service(dra.v1())
+            .add_service(dra.v1beta1())
+            .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+            .await
+            .map_err(Error::from)
+    });
+    Ok(("dra-server", task))
+}
+
+fn spawn_registration_server(
+    config: &PluginConfig,
+    health: &Health,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<Task> {
+    let registration = RegistrationService::new(
+        config.driver_name.clone(),
+        config.dra_socket.clone(),
+        health.clone(),
+        metrics.clone(),
+    );
+    let mut socket = BoundSocket::bind(&config.registration_socket)?;
+    let incoming = socket.incoming()?;
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move {
+        let _socket = socket;
+        tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(registration))
+            .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+            .await
+            .map_err(Error::from)
+    });
+    Ok(("registration-server", task))
+}
+
+async fn open_checkpoint(config: &PluginConfig) -> Result<CheckpointStore> {
+    if let Some(dir) = config.checkpoint_file.parent() {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io("create checkpoint directory", dir, e))?;
+    }
+    let boot_id = read_boot_id(&config.boot_id_file);
+    let (store, opened) = CheckpointStore::open(&config.checkpoint_file, &boot_id).await?;
+    match opened {
+        Opened::Fresh => {
+            tracing::info!(path = %config.checkpoint_file.display(), "starting with an empty checkpoint");
+        }
+        Opened::Loaded { rebooted } => {
+            tracing::info!(path = %config.checkpoint_file.display(), rebooted, "checkpoint loaded");
+        }
+        Opened::MovedAside { moved_to, reason } => tracing::error!(
+            path = %config.checkpoint_file.display(),
+            moved_to = %moved_to.display(),
+            %reason,
+            "CHECKPOINT CORRUPT: moved aside and starting empty; claims prepared before are forgotten and their CDI specs will be removed"
+        ),
+    }
+    Ok(store)
+}
+
+fn read_boot_id(path: &Path) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(id) => id.trim().to_owned(),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the boot ID; reboots will not be detected");
+            String::new()
+        }
+    }
+}
+
+fn driver_config(config: &PluginConfig) -> Result<DriverConfig> {
+    let mock = config.discovery.is_mock();
+    let files = driver_root::discover(&config.driver_root)?;
+    let device_nodes = DeviceNodePolicy {
+        host_path_override: mock.then(|| config.mock_device_node.clone()),
+    };
+    let control_nodes = CONTROL_DEVICE_NODES
+        .iter()
+        // On a real node a missing node means the driver did not create it (e.g. no UVM);
+        // naming it in the spec would make every container creation fail.
+        .filter(|path| mock || Path::new(path).exists())
+        .map(|path| cdi::DeviceNode::at(*path))
+        .collect();
+    Ok(DriverConfig {
+        driver_name: config.driver_name.clone(),
+        node_name: config.node_name.clone(),
+        cdi_dir: config.cdi_dir.clone(),
+        cdi_kind: DriverConfig::cdi_kind_for(&config.driver_name),
+        common_edits: CommonEdits {
+            device_nodes: control_nodes,
+            mounts: files.mounts(),
+            env: Vec::new(),
+        },
+        device_nodes,
+    })
+}

@@ -1,0 +1,527 @@
+//! The kubelet plugin, driven exactly as the kubelet drives it: over its real Unix sockets,
+//! registration first, then batched v1/v1beta1 prepare and unprepare calls. The API server
+//! is an in-memory fake behind a real kube client.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kerf_kubelet_plugin::claims::KubeClaims;
+use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_tests::fake_api::FakeApi;
+use kerf_tests::kubelet::{self, Claim, DraVersion, KNOWN_SERVICES, RegisteredPlugin};
+use serde_json::{Value, json};
+
+const DRIVER: &str = "gpu.kerf.dev";
+const NODE: &str = "node-1";
+
+struct Node {
+    _root: tempfile::TempDir,
+    root: PathBuf,
+    api: FakeApi,
+}
+
+impl Node {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().to_owned();
+        std::fs::write(path.join("boot_id"), "boot-1\n").unwrap();
+        make_driver_root(&path.join("driver-root"));
+        Node {
+            _root: root,
+            root: path,
+            api: FakeApi::new(),
+        }
+    }
+
+    fn config(&self) -> PluginConfig {
+        PluginConfig {
+            driver_name: DRIVER.into(),
+            node_name: NODE.into(),
+            registration_socket: self
+                .root
+                .join("registry")
+                .join(format!("{DRIVER}-reg.sock")),
+            dra_socket: self.root.join("plugins").join(DRIVER).join("dra.sock"),
+            cdi_dir: self.root.join("cdi"),
+            checkpoint_file: self
+                .root
+                .join("plugins")
+                .join(DRIVER)
+                .join("checkpoint.json"),
+            driver_root: self.root.join("driver-root"),
+            discovery: Discovery::MockProfile("h100-sxm-80gb".into()),
+            mock_device_node: PathBuf::from("/dev/null"),
+            publish_resources: false,
+            resync_period: Duration::from_secs(600),
+            metrics_address: None,
+            boot_id_file: self.root.join("boot_id"),
+        }
+    }
+
+    async fn start(&self) -> RunningPlugin {
+        let config = self.config();
+        let inventory = plugin::discover(&config).unwrap();
+        let connections = Connections {
+            claims: Arc::new(KubeClaims::new(self.api.client())),
+            publisher: None,
+        };
+        plugin::start(&config, inventory, connections)
+            .await
+            .unwrap()
+    }
+
+    async fn kubelet(&self, known: &[&str]) -> RegisteredPlugin {
+        kubelet::register(&self.config().registration_socket, known)
+            .await
+            .unwrap()
+    }
+
+    fn cdi_files(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.root.join("cdi"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn cdi_spec(&self, uid: &str) -> Value {
+        let path = self
+            .root
+            .join("cdi")
+            .join(format!("k8s.{DRIVER}-gpu_{uid}.json"));
+        serde_json::from_slice(
+            &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        )
+        .unwrap()
+    }
+
+    fn checkpoint(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.config().checkpoint_file).unwrap()).unwrap()
+    }
+
+    fn add_claim(&self, claim: Value) {
+        self.api.insert(claim);
+    }
+}
+
+/// A driver root with the files a real one has, so that the mounts can be checked.
+fn make_driver_root(root: &std::path::Path) {
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("libcuda.so.570.124.06"), b"elf").unwrap();
+    std::os::unix::fs::symlink("libcuda.so.570.124.06", lib.join("libcuda.so.1")).unwrap();
+    std::fs::write(lib.join("libnvidia-ml.so.570.124.06"), b"elf").unwrap();
+    let bin = root.join("usr/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("nvidia-smi"), b"#!/bin/sh\n").unwrap();
+}
+
+/// A ResourceClaim allocated on this node with the given (request, driver, pool, device) results.
+fn allocated_claim(
+    name: &str,
+    uid: &str,
+    results: &[(&str, &str, &str, &str)],
+    config: Value,
+) -> Value {
+    let results: Vec<Value> = results
+        .iter()
+        .map(|(request, driver, pool, device)| json!({"request": request, "driver": driver, "pool": pool, "device": device}))
+        .collect();
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.kerf.dev"}}]}},
+        "status": {"allocation": {"devices": {"results": results, "config": config}}}
+    })
+}
+
+fn whole_gpu_claim(name: &str, uid: &str, device: &str) -> Value {
+    allocated_claim(name, uid, &[("gpu", DRIVER, NODE, device)], json!([]))
+}
+
+const UID_A: &str = "11111111-1111-4111-8111-111111111111";
+const UID_B: &str = "22222222-2222-4222-8222-222222222222";
+const UID_C: &str = "33333333-3333-4333-8333-333333333333";
+
+fn claim(name: &str, uid: &str) -> Claim {
+    Claim::new("default", name, uid)
+}
+
+#[tokio::test]
+async fn registers_like_a_kubelet_wants() {
+    let node = Node::new();
+    let plugin = node.start().await;
+    let registered = node.kubelet(&KNOWN_SERVICES).await;
+    assert_eq!(registered.info.r#type, "DRAPlugin");
+    assert_eq!(registered.info.name, DRIVER);
+    assert_eq!(
+        registered.info.endpoint,
+        node.config().dra_socket.to_string_lossy()
+    );
+    assert_eq!(
+        registered.info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+    assert_eq!(registered.version, DraVersion::V1);
+    assert!(
+        plugin.health().is_ready(),
+        "ready once serving and registered"
+    );
+    plugin.shutdown().await.unwrap();
+    assert!(
+        !node.config().dra_socket.exists(),
+        "DRA socket removed on shutdown"
+    );
+    assert!(
+        !node.config().registration_socket.exists(),
+        "registration socket removed on shutdown"
+    );
+}
+
+#[tokio::test]
+async fn prepares_and_unprepares_over_v1() {
+    let node = Node::new();
+    node.add_claim(whole_gpu_claim("a", UID_A, "gpu-3"));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+
+    let answers = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
+    let devices = answers[UID_A].clone().unwrap();
+    assert_eq!(devices.len(), 1);
+    assert_eq!(devices[0].pool_name, NODE);
+    assert_eq!(devices[0].device_name, "gpu-3");
+    assert_eq!(devices[0].request_names, ["gpu"]);
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        [format!("k8s.{DRIVER}/gpu={UID_A}-gpu-3")]
+    );
+
+    let spec = node.cdi_spec(UID_A);
+    assert_eq!(spec["kind"], format!("k8s.{DRIVER}/gpu"));
+    let text = spec.to_string();
+    assert!(text.contains("/dev/nvidia3"), "{text}");
+    assert!(text.contains(&format!("KERF_CLAIM_UID={UID_A}")), "{text}");
+    assert!(text.contains("NVIDIA_VISIBLE_DEVICES=void"), "{text}");
+    assert!(
+        text.contains("/usr/lib/x86_64-linux-gnu/libcuda.so.1"),
+        "driver libraries mounted: {text}"
+    );
+    assert!(
+        text.contains("/usr/bin/nvidia-smi"),
+        "driver binaries mounted: {text}"
+    );
+    assert_eq!(
+        spec["cdiVersion"], "0.5.0",
+        "hostPath in mock mode needs 0.5.0 and nothing more"
+    );
+    assert_eq!(
+        node.checkpoint()["claims"][UID_A]["state"],
+        "PrepareCompleted"
+    );
+
+    let answers = kubelet.unprepare(&[claim("a", UID_A)]).await.unwrap();
+    assert_eq!(answers[UID_A], Ok(()));
+    assert!(node.cdi_files().is_empty(), "{:?}", node.cdi_files());
+    assert!(node.checkpoint()["claims"].get(UID_A).is_none());
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_v1beta1_only_kubelet_is_served_too() {
+    let node = Node::new();
+    node.add_claim(whole_gpu_claim("a", UID_A, "gpu-0"));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&["v1beta1.DRAPlugin"]).await;
+    assert_eq!(kubelet.version, DraVersion::V1beta1);
+    let answers = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
+    assert_eq!(answers[UID_A].clone().unwrap()[0].device_name, "gpu-0");
+    assert_eq!(
+        kubelet.unprepare(&[claim("a", UID_A)]).await.unwrap()[UID_A],
+        Ok(())
+    );
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn repeat_prepare_is_idempotent_and_rewrites_the_spec() {
+    let node = Node::new();
+    node.add_claim(whole_gpu_claim("a", UID_A, "gpu-1"));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let first = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
+    // A reboot empties /var/run/cdi while the kubelet keeps the IDs.
+    for file in node.cdi_files() {
+        std::fs::remove_file(node.root.join("cdi").join(file)).unwrap();
+    }
+    let second = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
+    assert_eq!(first, second);
+    assert_eq!(node.cdi_files().len(), 1);
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn one_bad_claim_does_not_fail_the_others() {
+    let node = Node::new();
+    node.add_claim(whole_gpu_claim("good", UID_A, "gpu-0"));
+    node.add_claim(whole_gpu_claim(
+        "wrong-uid",
+        "99999999-9999-4999-8999-999999999999",
+        "gpu-1",
+    ));
+    node.add_claim(allocated_claim(
+        "other-driver",
+        UID_C,
+        &[("gpu", "gpu.nvidia.com", NODE, "gpu-2")],
+        json!([]),
+    ));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+
+    let answers = kubelet
+        .prepare(&[
+            claim("good", UID_A),
+            claim("wrong-uid", UID_B),
+            claim("other-driver", UID_C),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), 3);
+    assert!(answers[UID_A].is_ok(), "{:?}", answers[UID_A]);
+    let wrong_uid = answers[UID_B].clone().unwrap_err();
+    assert!(
+        wrong_uid.contains("claim.uid") && wrong_uid.contains(UID_B),
+        "{wrong_uid}"
+    );
+    let other = answers[UID_C].clone().unwrap_err();
+    assert!(other.contains("gpu.nvidia.com"), "{other}");
+    assert_eq!(
+        node.cdi_files().len(),
+        1,
+        "only the good claim has a spec: {:?}",
+        node.cdi_files()
+    );
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_clear_per_claim_error_and_changes_nothing() {
+    let node = Node::new();
+    let unallocated = json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "unallocated", "namespace": "default", "uid": UID_A},
+        "spec": {"devices": {"requests": []}}
+    });
+    node.add_claim(unallocated);
+    node.add_claim(whole_gpu_claim("no-such-device", UID_B, "gpu-42"));
+    node.add_claim(allocated_claim(
+        "other-pool",
+        UID_C,
+        &[("gpu", DRIVER, "node-2", "gpu-0")],
+        json!([]),
+    ));
+    let bad_config = allocated_claim(
+        "bad-config",
+        "44444444-4444-4444-8444-444444444444",
+        &[("gpu", DRIVER, NODE, "gpu-0")],
+        json!([{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters", "memroy": "10Gi"}}}]),
+    );
+    node.add_claim(bad_config);
+    let bad_kind = allocated_claim(
+        "bad-kind",
+        "55555555-5555-4555-8555-555555555555",
+        &[("gpu", DRIVER, NODE, "gpu-0")],
+        json!([{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuWishes"}}}]),
+    );
+    node.add_claim(bad_kind);
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+
+    let cases: Vec<(Claim, &[&str])> = vec![
+        (claim("unallocated", UID_A), &["not allocated"]),
+        (claim("no-such-device", UID_B), &["gpu-42"]),
+        (claim("other-pool", UID_C), &["node-2"]),
+        (
+            claim("bad-config", "44444444-4444-4444-8444-444444444444"),
+            &["memroy"],
+        ),
+        (
+            claim("bad-kind", "55555555-5555-4555-8555-555555555555"),
+            &["GpuWishes"],
+        ),
+        (
+            claim("missing", "66666666-6666-4666-8666-666666666666"),
+            &["not found"],
+        ),
+        (
+            Claim::new("default", "x", "../../etc/passwd"),
+            &["claim.uid"],
+        ),
+        (
+            Claim::new("default", "a/b", "77777777-7777-4777-8777-777777777777"),
+            &["claim.name"],
+        ),
+        (
+            Claim::new("..", "x", "88888888-8888-4888-8888-888888888888"),
+            &["claim.namespace"],
+        ),
+    ];
+    let claims: Vec<Claim> = cases.iter().map(|(c, _)| c.clone()).collect();
+    let answers = kubelet.prepare(&claims).await.unwrap();
+    for (claim, needles) in &cases {
+        let error = answers[&claim.uid].clone().expect_err(&claim.name);
+        for needle in *needles {
+            assert!(
+                error.contains(needle),
+                "{}: {error:?} lacks {needle:?}",
+                claim.name
+            );
+        }
+    }
+    assert!(node.cdi_files().is_empty(), "{:?}", node.cdi_files());
+    assert_eq!(node.checkpoint()["claims"], json!({}));
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_whole_gpu_is_not_handed_to_two_claims() {
+    let node = Node::new();
+    node.add_claim(whole_gpu_claim("a", UID_A, "gpu-5"));
+    node.add_claim(whole_gpu_claim("b", UID_B, "gpu-5"));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    assert!(kubelet.prepare(&[claim("a", UID_A)]).await.unwrap()[UID_A].is_ok());
+    let error = kubelet.prepare(&[claim("b", UID_B)]).await.unwrap()[UID_B]
+        .clone()
+        .unwrap_err();
+    assert!(
+        error.contains("gpu-5") && error.contains("default/a"),
+        "{error}"
+    );
+    assert_eq!(node.cdi_files().len(), 1);
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn unprepare_of_an_unknown_claim_succeeds() {
+    let node = Node::new();
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let answers = kubelet
+        .unprepare(&[claim("never-seen", UID_A)])
+        .await
+        .unwrap();
+    assert_eq!(answers[UID_A], Ok(()));
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn restart_keeps_prepared_claims_without_asking_the_api_again() {
+    let node = Node::new();
+    node.add_claim(whole_gpu_claim("a", UID_A, "gpu-2"));
+    node.add_claim(whole_gpu_claim("b", UID_B, "gpu-4"));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let before = kubelet
+        .prepare(&[claim("a", UID_A), claim("b", UID_B)])
+        .await
+        .unwrap();
+    plugin.shutdown().await.unwrap();
+
+    // The node reboots: new boot ID, /var/run/cdi emptied, and claim b is deleted meanwhile.
+    std::fs::write(node.root.join("boot_id"), "boot-2\n").unwrap();
+    for file in node.cdi_files() {
+        std::fs::remove_file(node.root.join("cdi").join(file)).unwrap();
+    }
+    node.api
+        .remove("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/b");
+    let plugin = node.start().await;
+    assert_eq!(
+        node.cdi_files().len(),
+        2,
+        "specs of prepared claims are restored at start-up"
+    );
+    assert_eq!(node.checkpoint()["bootId"], "boot-2");
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let gets_before = node.api.requests().len();
+    let after = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
+    assert_eq!(before[UID_A], after[UID_A]);
+    assert_eq!(
+        node.api.requests().len(),
+        gets_before,
+        "a prepared claim needs no API call"
+    );
+    // Unprepare of a claim deleted from the API works from the checkpoint alone.
+    assert_eq!(
+        kubelet.unprepare(&[claim("b", UID_B)]).await.unwrap()[UID_B],
+        Ok(())
+    );
+    assert_eq!(node.cdi_files().len(), 1);
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_corrupt_checkpoint_is_moved_aside_not_a_crash_loop() {
+    let node = Node::new();
+    let config = node.config();
+    std::fs::create_dir_all(config.checkpoint_file.parent().unwrap()).unwrap();
+    std::fs::write(
+        &config.checkpoint_file,
+        b"{\"version\": 1, \"claims\": {tru",
+    )
+    .unwrap();
+    // A spec left behind for a claim nobody knows about any more.
+    std::fs::create_dir_all(&config.cdi_dir).unwrap();
+    std::fs::write(
+        config
+            .cdi_dir
+            .join(format!("k8s.{DRIVER}-gpu_{UID_C}.json")),
+        format!(r#"{{"cdiVersion":"0.5.0","kind":"k8s.{DRIVER}/gpu","devices":[]}}"#),
+    )
+    .unwrap();
+    let plugin = node.start().await;
+    let aside: Vec<_> = std::fs::read_dir(config.checkpoint_file.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains("corrupt"))
+        .collect();
+    assert_eq!(aside.len(), 1, "corrupt checkpoint kept for inspection");
+    assert!(
+        node.cdi_files().is_empty(),
+        "orphaned spec removed: {:?}",
+        node.cdi_files()
+    );
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn concurrent_prepares_of_many_claims() {
+    let node = Node::new();
+    let uids: Vec<String> = (0..8)
+        .map(|i| format!("{i:08}-0000-4000-8000-000000000000"))
+        .collect();
+    for (i, uid) in uids.iter().enumerate() {
+        node.add_claim(whole_gpu_claim(&format!("c{i}"), uid, &format!("gpu-{i}")));
+    }
+    let plugin = node.start().await;
+    let kubelet = Arc::new(node.kubelet(&KNOWN_SERVICES).await);
+    let calls = uids.iter().enumerate().map(|(i, uid)| {
+        let kubelet = Arc::clone(&kubelet);
+        let claim = claim(&format!("c{i}"), uid);
+        tokio::spawn(async move { kubelet.prepare(&[claim]).await.unwrap() })
+    });
+    for answer in futures::future::join_all(calls).await {
+        assert!(answer.unwrap().values().all(Result::is_ok));
+    }
+    assert_eq!(node.cdi_files().len(), 8);
+    let checkpoint = node.checkpoint();
+    assert_eq!(checkpoint["claims"].as_object().unwrap().len(), 8);
+    plugin.shutdown().await.unwrap();
+}
