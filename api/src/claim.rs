@@ -34,6 +34,9 @@ pub struct AllocatedDevice {
     pub limits: SliceLimits,
     /// How the device is shared.
     pub sharing: Sharing,
+    /// The GPU UUID the allocator placed the slice on (from a `GpuSliceAllocation`), so the
+    /// node can refuse to prepare it on a different GPU that took the same name.
+    pub expected_gpu_uuid: Option<String>,
 }
 
 /// Resolves the devices of `claim` that belong to `driver`, in result order.
@@ -214,6 +217,7 @@ fn resolve_device(
         admin_access: result.admin_access.unwrap_or(false),
         limits,
         sharing,
+        expected_gpu_uuid: merged.slice.map(|slice| slice.gpu_uuid.clone()),
     })
 }
 

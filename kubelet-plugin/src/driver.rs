@@ -289,6 +289,16 @@ impl Driver {
                     device.device, self.config.node_name
                 )));
             };
+            if let Some(expected) = &device.expected_gpu_uuid
+                && found.gpu().uuid != *expected
+            {
+                return Err(Error::Claim(format!(
+                    "status.allocation.devices.config: GpuSliceAllocation places device {:?} on GPU {expected}, but on node {:?} that device is GPU {}",
+                    device.device,
+                    self.config.node_name,
+                    found.gpu().uuid
+                )));
+            }
             let request = parent_request(&device.request).to_owned();
             if let Some(existing) = records.iter_mut().find(|r| r.device_name == device.device) {
                 if !existing.request_names.contains(&request) {

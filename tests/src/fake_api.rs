@@ -371,18 +371,15 @@ impl FakeApi {
         let mut state = self.state();
         state.learn_kind(&key, &obj);
         let old = state.objects.get(&key).cloned();
-        match &old {
-            Some(old) => {
-                copy_identity(old, &mut obj);
-                set_generation(old, &mut obj);
-            }
-            None => {
-                // A fixture may name its UID (e.g. to match what a kubelet sends).
-                let given_uid = str_at(&obj, "/metadata/uid").to_owned();
-                state.init_metadata(&mut obj);
-                if !given_uid.is_empty() {
-                    metadata_mut(&mut obj).insert("uid".to_owned(), json!(given_uid));
-                }
+        if let Some(old) = &old {
+            copy_identity(old, &mut obj);
+            set_generation(old, &mut obj);
+        } else {
+            // A fixture may name its UID (e.g. to match what a kubelet sends).
+            let given_uid = str_at(&obj, "/metadata/uid").to_owned();
+            state.init_metadata(&mut obj);
+            if !given_uid.is_empty() {
+                metadata_mut(&mut obj).insert("uid".to_owned(), json!(given_uid));
             }
         }
         state.commit(&self.inner.events, key, obj, old)

@@ -2,7 +2,12 @@
 //! registration first, then batched v1/v1beta1 prepare and unprepare calls. The API server
 //! is an in-memory fake behind a real kube client.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::needless_pass_by_value
+)]
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -523,5 +528,168 @@ async fn concurrent_prepares_of_many_claims() {
     assert_eq!(node.cdi_files().len(), 8);
     let checkpoint = node.checkpoint();
     assert_eq!(checkpoint["claims"].as_object().unwrap().len(), 8);
+    plugin.shutdown().await.unwrap();
+}
+
+/// The UUID the mock profile gives a GPU, read from the plugin's own inventory.
+fn mock_uuid(node: &Node, minor: u32) -> String {
+    let inventory = plugin::discover(&node.config()).unwrap();
+    inventory.gpu_by_minor(minor).unwrap().uuid.clone()
+}
+
+fn slice_allocation(device: &str, uuid: &str, memory_bytes: u64, compute: u8) -> Value {
+    json!([{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuSliceAllocation",
+        "devices": [{"pool": NODE, "device": device, "gpuUUID": uuid,
+                     "memoryBytes": memory_bytes, "computePercent": compute, "sharing": "MPS"}]}}}])
+}
+
+#[tokio::test]
+async fn slices_of_one_gpu_carry_their_limits() {
+    let node = Node::new();
+    let uuid = mock_uuid(&node, 0);
+    let ten_gib = 10 * 1024 * 1024 * 1024;
+    node.add_claim(allocated_claim(
+        "small",
+        UID_A,
+        &[("gpu", DRIVER, NODE, "gpu-0")],
+        slice_allocation("gpu-0", &uuid, ten_gib, 25),
+    ));
+    node.add_claim(allocated_claim(
+        "large",
+        UID_B,
+        &[("gpu", DRIVER, NODE, "gpu-0")],
+        slice_allocation("gpu-0", &uuid, 4 * ten_gib, 50),
+    ));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let answers = kubelet
+        .prepare(&[claim("small", UID_A), claim("large", UID_B)])
+        .await
+        .unwrap();
+    assert!(
+        answers.values().all(Result::is_ok),
+        "two slices share one GPU: {answers:?}"
+    );
+
+    let small = node.cdi_spec(UID_A).to_string();
+    assert!(
+        small.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
+        "{small}"
+    );
+    assert!(
+        small.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M"),
+        "{small}"
+    );
+    assert!(small.contains("KERF_SHARING=MPS"), "{small}");
+    let large = node.cdi_spec(UID_B).to_string();
+    assert!(
+        large.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50"),
+        "{large}"
+    );
+    assert!(
+        large.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M"),
+        "{large}"
+    );
+
+    // A whole-GPU claim cannot take a GPU that slices are using.
+    node.add_claim(whole_gpu_claim("whole", UID_C, "gpu-0"));
+    let error = kubelet.prepare(&[claim("whole", UID_C)]).await.unwrap()[UID_C]
+        .clone()
+        .unwrap_err();
+    assert!(error.contains("gpu-0"), "{error}");
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn claim_parameters_become_slice_limits() {
+    let node = Node::new();
+    let config = json!([{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters",
+        "memory": "20Gi", "compute": 30, "sharing": "MPS"}}}]);
+    node.add_claim(allocated_claim(
+        "params",
+        UID_A,
+        &[("gpu", DRIVER, NODE, "gpu-6")],
+        config,
+    ));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let answers = kubelet.prepare(&[claim("params", UID_A)]).await.unwrap();
+    assert!(answers[UID_A].is_ok(), "{answers:?}");
+    let spec = node.cdi_spec(UID_A).to_string();
+    assert!(
+        spec.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30"),
+        "{spec}"
+    );
+    assert!(
+        spec.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=20480M"),
+        "{spec}"
+    );
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_slice_placed_on_another_gpu_is_refused() {
+    let node = Node::new();
+    node.add_claim(allocated_claim(
+        "moved",
+        UID_A,
+        &[("gpu", DRIVER, NODE, "gpu-1")],
+        slice_allocation(
+            "gpu-1",
+            "GPU-00000000-0000-0000-0000-000000000000",
+            1 << 30,
+            10,
+        ),
+    ));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let error = kubelet.prepare(&[claim("moved", UID_A)]).await.unwrap()[UID_A]
+        .clone()
+        .unwrap_err();
+    assert!(
+        error.contains("GPU-00000000-0000-0000-0000-000000000000"),
+        "{error}"
+    );
+    assert!(node.cdi_files().is_empty());
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn mig_devices_get_their_capability_nodes() {
+    let node = Node::new();
+    let mut config = node.config();
+    config.discovery = Discovery::MockProfile("a100-40gb-mig".into());
+    let inventory = plugin::discover(&config).unwrap();
+    let (parent, mig) = inventory
+        .gpus
+        .iter()
+        .find_map(|g| g.mig_devices.first().map(|m| (g.minor, m.clone())))
+        .unwrap();
+    let device = mig.device_name(parent);
+    node.add_claim(whole_gpu_claim("mig", UID_A, &device));
+    let connections = Connections {
+        claims: Arc::new(KubeClaims::new(node.api.client())),
+        publisher: None,
+    };
+    let plugin = plugin::start(&config, inventory, connections)
+        .await
+        .unwrap();
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let devices = kubelet.prepare(&[claim("mig", UID_A)]).await.unwrap()[UID_A]
+        .clone()
+        .unwrap();
+    assert_eq!(devices[0].device_name, device);
+    let spec = node.cdi_spec(UID_A).to_string();
+    assert!(
+        spec.contains(&format!("/dev/nvidia-caps/nvidia-cap{}", mig.gi_cap_minor)),
+        "{spec}"
+    );
+    assert!(
+        spec.contains(&format!("/dev/nvidia-caps/nvidia-cap{}", mig.ci_cap_minor)),
+        "{spec}"
+    );
+    assert!(spec.contains(&format!("/dev/nvidia{parent}")), "{spec}");
     plugin.shutdown().await.unwrap();
 }

@@ -64,6 +64,7 @@ fn whole_gpu_without_config() {
             admin_access: false,
             limits: SliceLimits::default(),
             sharing: Sharing::Exclusive,
+            expected_gpu_uuid: None,
         }
     );
 }
