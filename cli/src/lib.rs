@@ -1,0 +1,3 @@
+//! kerf-cli: the commands behind the `kerf` binary.
+
+pub mod inventory;
