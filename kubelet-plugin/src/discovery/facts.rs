@@ -6,6 +6,7 @@
 //! peer sets — lives here, where it is unit-tested without a GPU.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::path::{Component, Path, PathBuf};
 
 use kerf_core::inventory::{ComputeCapability, Gpu, Inventory, MigDevice, MigPlacement};
@@ -55,7 +56,27 @@ pub struct RawGpu {
     pub mig_enabled: bool,
     /// The MIG devices that exist now.
     pub mig_devices: Vec<RawMig>,
+    /// `nvmlDeviceGetGpuFabricInfo[V]`, when the GPU and driver answer it.
+    pub fabric: Option<RawFabric>,
 }
+
+/// What `nvmlDeviceGetGpuFabricInfo[V]` reported about a GPU's NVLink fabric registration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RawFabric {
+    /// UUID of the NVLink cluster (multi-node NVLink domain); all zeros when there is none.
+    pub cluster_uuid: [u8; 16],
+    /// The clique (partition) within the cluster.
+    pub clique_id: u32,
+    /// `NVML_GPU_FABRIC_STATE_*`: how far the GPU's registration with the fabric manager got.
+    pub state: u8,
+    /// NVML return code of the registration, meaningful once it completed.
+    pub status: u32,
+}
+
+/// NVML's `NVML_GPU_FABRIC_STATE_COMPLETED`.
+pub const FABRIC_STATE_COMPLETED: u8 = 3;
+/// NVML's `NVML_SUCCESS`.
+pub const NVML_SUCCESS: u32 = 0;
 
 /// What NVML reported about one MIG device.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -331,6 +352,39 @@ pub fn ids_from_legacy_mig_uuid(uuid: &str) -> Option<(u32, u32)> {
     Some((gi, ci))
 }
 
+/// The NVLink domain a GPU belongs to, `<cluster UUID>.<clique id>`, e.g.
+/// `6f1c2a8e-4b7d-4e19-9a3c-52d0e8f1b764.32766`: the GPUs that share both can reach each
+/// other's memory over NVLink, across nodes too. `None` until the GPU's fabric registration
+/// has completed successfully, and when the cluster UUID is all zeros (a GPU outside any
+/// multi-node NVLink fabric reports a completed registration with no cluster).
+pub fn nvlink_domain(fabric: &RawFabric) -> Option<String> {
+    if fabric.state != FABRIC_STATE_COMPLETED || fabric.status != NVML_SUCCESS {
+        return None;
+    }
+    if fabric.cluster_uuid.iter().all(|&b| b == 0) {
+        return None;
+    }
+    Some(format!(
+        "{}.{}",
+        format_uuid(&fabric.cluster_uuid),
+        fabric.clique_id
+    ))
+}
+
+/// The canonical text form of a 16-byte UUID: lowercase hex in 8-4-4-4-12 groups, bytes in
+/// order (RFC 9562), as `uuid.FromBytes` and NVIDIA's tools print a fabric cluster UUID.
+pub fn format_uuid(bytes: &[u8; 16]) -> String {
+    let mut text = String::with_capacity(36);
+    for (i, byte) in bytes.iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            text.push('-');
+        }
+        // Writing to a String cannot fail.
+        let _ = write!(text, "{byte:02x}");
+    }
+    text
+}
+
 /// NVLink peers by minor: a GPU is a peer of every GPU whose PCI address one of its active
 /// links reaches, and all GPUs with an active link to something that is not a GPU (an
 /// NVSwitch, or an end NVML could not identify) are peers of each other through the switch
@@ -462,8 +516,7 @@ fn convert_gpu(
         pcie_root: pci.pcie_root,
         numa_node: pci.numa_node,
         nvlink_peers: peers.get(&gpu.minor).cloned().unwrap_or_default(),
-        // NVML's fabric info (nvmlDeviceGetGpuFabricInfo) is not in nvml-wrapper's safe API.
-        nvlink_domain: None,
+        nvlink_domain: gpu.fabric.as_ref().and_then(nvlink_domain),
         mig_enabled: gpu.mig_enabled,
         mig_devices,
     })
@@ -795,6 +848,124 @@ mod tests {
             "{:?}",
             converted.inventory.validate()
         );
+    }
+
+    const CLUSTER: [u8; 16] = [
+        0x6f, 0x1c, 0x2a, 0x8e, 0x4b, 0x7d, 0x4e, 0x19, 0x9a, 0x3c, 0x52, 0xd0, 0xe8, 0xf1, 0xb7,
+        0x64,
+    ];
+
+    fn completed(clique_id: u32) -> RawFabric {
+        RawFabric {
+            cluster_uuid: CLUSTER,
+            clique_id,
+            state: FABRIC_STATE_COMPLETED,
+            status: NVML_SUCCESS,
+        }
+    }
+
+    #[test]
+    fn uuids_print_in_canonical_form() {
+        assert_eq!(
+            format_uuid(&CLUSTER),
+            "6f1c2a8e-4b7d-4e19-9a3c-52d0e8f1b764"
+        );
+        assert_eq!(
+            format_uuid(&[0; 16]),
+            "00000000-0000-0000-0000-000000000000"
+        );
+        assert_eq!(
+            format_uuid(&[0xff; 16]),
+            "ffffffff-ffff-ffff-ffff-ffffffffffff"
+        );
+    }
+
+    #[test]
+    fn nvlink_domain_only_for_a_completed_registration_in_a_cluster() {
+        assert_eq!(
+            nvlink_domain(&completed(32766)).as_deref(),
+            Some("6f1c2a8e-4b7d-4e19-9a3c-52d0e8f1b764.32766")
+        );
+        assert_eq!(
+            nvlink_domain(&completed(0)).as_deref(),
+            Some("6f1c2a8e-4b7d-4e19-9a3c-52d0e8f1b764.0")
+        );
+        for state in [0, 1, 2, 4] {
+            let fabric = RawFabric {
+                state,
+                ..completed(1)
+            };
+            assert_eq!(nvlink_domain(&fabric), None, "state {state}");
+        }
+        // Registration finished but failed, e.g. NVML_ERROR_NOT_READY or an unknown error.
+        for status in [27, 999] {
+            let fabric = RawFabric {
+                status,
+                ..completed(1)
+            };
+            assert_eq!(nvlink_domain(&fabric), None, "status {status}");
+        }
+        let no_cluster = RawFabric {
+            cluster_uuid: [0; 16],
+            ..completed(1)
+        };
+        assert_eq!(nvlink_domain(&no_cluster), None);
+        // The longest domain still fits a device attribute (64 characters).
+        let longest = nvlink_domain(&completed(u32::MAX)).unwrap();
+        assert!(longest.len() <= 64, "{longest}");
+    }
+
+    #[test]
+    fn nvml_ids_and_placement_keep_mig_devices_and_fabric_gives_the_domain() {
+        let mut gpu = h100(0, "00000000:18:00.0", vec![None]);
+        gpu.fabric = Some(completed(7));
+        gpu.mig_enabled = true;
+        gpu.mig_devices = vec![RawMig {
+            uuid: "MIG-0e7d4c21-9b3a-5f68-a2c4-71d5e8f0b396".into(),
+            memory_total_bytes: 9856 * MIB,
+            multiprocessors: 16,
+            gpu_instance_slices: 1,
+            compute_instance_slices: 1,
+            memory_size_mib: 9856,
+            gi_id: Some(13),
+            ci_id: Some(0),
+            placement: Some(MigPlacement { start: 6, size: 1 }),
+        }];
+        let mut other = h100(1, "00000000:2A:00.0", vec![None]);
+        other.fabric = Some(RawFabric {
+            state: 2,
+            ..completed(7)
+        });
+        let raw = RawSystem {
+            driver_version: "570.124.06".into(),
+            gpus: vec![gpu, other],
+            ..RawSystem::default()
+        };
+        let host = HostFacts {
+            mig_minors: MigMinors::parse("gpu0/gi13/access 120\ngpu0/gi13/ci0/access 121\n"),
+            ..HostFacts::default()
+        };
+        let converted = build_inventory(&raw, &host);
+        assert!(converted.skipped.is_empty(), "{:?}", converted.skipped);
+        let inventory = converted.inventory;
+        assert!(inventory.validate().is_ok(), "{:?}", inventory.validate());
+        assert_eq!(
+            inventory.gpus[0].nvlink_domain.as_deref(),
+            Some("6f1c2a8e-4b7d-4e19-9a3c-52d0e8f1b764.7")
+        );
+        assert_eq!(inventory.gpus[1].nvlink_domain, None);
+        let mig = &inventory.gpus[0].mig_devices[0];
+        assert_eq!(
+            (
+                mig.gi_id,
+                mig.ci_id,
+                mig.placement,
+                mig.gi_cap_minor,
+                mig.ci_cap_minor
+            ),
+            (13, 0, MigPlacement { start: 6, size: 1 }, 120, 121)
+        );
+        assert_eq!(mig.device_name(0), "gpu-0-mig-1g-10gb-6");
     }
 
     #[test]

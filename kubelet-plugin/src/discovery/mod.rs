@@ -12,6 +12,10 @@ use crate::{Error, Result};
 pub mod facts;
 pub mod mock;
 pub mod nvml;
+// The one module of kerf that may use `unsafe`: raw NVML calls nvml-wrapper has no safe API
+// for. Its module docs explain why each unsafe block is sound.
+#[allow(unsafe_code)]
+mod nvml_raw;
 
 pub use mock::MockDiscovery;
 pub use nvml::NvmlDiscovery;

@@ -1,14 +1,15 @@
 //! GPU discovery through NVML (nvml-wrapper, which loads `libnvidia-ml.so` at run time).
 //!
 //! This layer only asks NVML and copies the answers into [`RawSystem`]; the interpretation is
-//! in [`super::facts`]. Facts nvml-wrapper 0.13 has no safe call for are left empty:
-//! - MIG GPU-instance and compute-instance ids (`nvmlDeviceGetGpuInstanceId`,
-//!   `nvmlDeviceGetComputeInstanceId`) — recovered only from pre-R470 `MIG-GPU-…/gi/ci` UUIDs;
-//! - MIG placements (`nvmlDeviceGetGpuInstanceById` + `nvmlGpuInstanceGetInfo`);
-//! - the NVLink fabric domain (`nvmlDeviceGetGpuFabricInfo`).
+//! in [`super::facts`]. The facts nvml-wrapper 0.13 has no safe call for — MIG GPU-instance
+//! and compute-instance ids, MIG placements, the NVLink fabric registration — come from the
+//! raw calls of `super::nvml_raw`.
 //!
-//! Without ids and placement a MIG device cannot be named or given its capability devices, so
-//! such devices are left out with a warning rather than published wrongly.
+//! Those facts may still be unknown: a driver too old to have the call, or an NVML error (the
+//! placement lookup needs a privileged user). Without ids and placement a MIG device cannot be
+//! named or given its capability devices, so such devices are left out with a warning rather
+//! than published wrongly; a GPU whose fabric is unknown is published without an NVLink
+//! domain.
 
 use nvml_wrapper::Nvml;
 use nvml_wrapper::enum_wrappers::device::Brand;
@@ -17,7 +18,10 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, NvLink};
 
 use super::DeviceDiscovery;
-use super::facts::{HostPaths, RawGpu, RawMig, RawSystem, build_inventory};
+use super::facts::{
+    HostPaths, RawGpu, RawMig, RawSystem, build_inventory, ids_from_legacy_mig_uuid,
+};
+use super::nvml_raw;
 use crate::{Error, Result};
 use kerf_core::inventory::Inventory;
 
@@ -108,10 +112,10 @@ fn raw_gpu(index: u32, device: &Device<'_>) -> Result<RawGpu> {
     let cc = device
         .cuda_compute_capability()
         .map_err(required("compute capability"))?;
+    let uuid = device.uuid().map_err(required("UUID"))?;
     Ok(RawGpu {
         index,
         minor: device.minor_number().map_err(required("minor number"))?,
-        uuid: device.uuid().map_err(required("UUID"))?,
         name: device.name().map_err(required("name"))?,
         brand: device
             .brand()
@@ -130,6 +134,8 @@ fn raw_gpu(index: u32, device: &Device<'_>) -> Result<RawGpu> {
         nvlink_remotes: nvlink_remotes(device),
         mig_enabled: device.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED),
         mig_devices: raw_migs(device),
+        fabric: known(nvml_raw::gpu_fabric_info(device), &uuid, "NVLink fabric"),
+        uuid,
     })
 }
 
@@ -161,22 +167,50 @@ fn raw_migs(device: &Device<'_>) -> Vec<RawMig> {
     };
     (0..max)
         .filter_map(|i| device.mig_device_by_index(i).ok())
-        .filter_map(|mig| {
-            let attributes = mig.attributes().ok()?;
-            Some(RawMig {
-                uuid: mig.uuid().ok()?,
-                memory_total_bytes: mig.memory_info().ok()?.total,
-                multiprocessors: attributes.multiprocessor_count,
-                gpu_instance_slices: attributes.gpu_instance_slice_count,
-                compute_instance_slices: attributes.compute_instance_slice_count,
-                memory_size_mib: attributes.memory_size_mb,
-                // Not reachable through nvml-wrapper's safe API; see the module docs.
-                gi_id: None,
-                ci_id: None,
-                placement: None,
-            })
-        })
+        .filter_map(|mig| raw_mig(device, &mig))
         .collect()
+}
+
+/// One MIG device of `parent`; `None` when NVML cannot even say what it is.
+fn raw_mig(parent: &Device<'_>, mig: &Device<'_>) -> Option<RawMig> {
+    let attributes = mig.attributes().ok()?;
+    let uuid = mig.uuid().ok()?;
+    let ids = known(
+        nvml_raw::mig_ids(mig),
+        &uuid,
+        "GPU and compute instance ids",
+    );
+    // Drivers before R470 also spell the ids out in the UUID.
+    let gi_id = ids
+        .map(|ids| ids.gi_id)
+        .or_else(|| ids_from_legacy_mig_uuid(&uuid).map(|(gi, _)| gi));
+    let placement = gi_id.and_then(|gi_id| {
+        known(
+            nvml_raw::gpu_instance_placement(parent, gi_id),
+            &uuid,
+            "GPU instance placement",
+        )
+    });
+    Some(RawMig {
+        memory_total_bytes: mig.memory_info().ok()?.total,
+        multiprocessors: attributes.multiprocessor_count,
+        gpu_instance_slices: attributes.gpu_instance_slice_count,
+        compute_instance_slices: attributes.compute_instance_slice_count,
+        memory_size_mib: attributes.memory_size_mb,
+        gi_id: ids.map(|ids| ids.gi_id),
+        ci_id: ids.map(|ids| ids.ci_id),
+        placement,
+        uuid,
+    })
+}
+
+/// The fact NVML answered, or `None` with a warning naming the device and the fact when NVML
+/// failed: a missing fact leaves a device out or unadorned, and the operator needs to see why.
+fn known<T>(answer: Result<Option<T>>, device: &str, fact: &'static str) -> Option<T> {
+    answer.unwrap_or_else(|error| {
+        tracing::warn!(device, fact, %error, "NVML could not report this fact");
+        None
+    })
 }
 
 /// Display name of an NVML brand, as `nvidia-smi -q` prints it.
