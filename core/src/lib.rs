@@ -8,7 +8,9 @@
 //! - [`driver_root`]: discovery of driver libraries and binaries to mount into containers.
 //! - [`slice`]: slice limits and sharing strategies of a prepared device.
 //! - [`checkpoint`]: the kubelet plugin's versioned, tolerant checkpoint format.
+//! - [`alloc`]: the controller's allocator: free-capacity index and pod placement.
 
+pub mod alloc;
 pub mod cdi;
 pub mod checkpoint;
 pub mod driver_root;

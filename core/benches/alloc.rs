@@ -1,0 +1,127 @@
+//! Benchmarks of the controller's allocator at cluster scale: 1,000 nodes of 8 H100s, empty,
+//! half used and nearly full, for the kinds of pods the controller places. The target is
+//! 10,000 decisions per second with a p99 under 1 ms.
+
+#![allow(clippy::panic, clippy::unwrap_used, clippy::expect_used)] // A benchmark that cannot set up has nothing to measure.
+
+use divan::{Bencher, black_box};
+use kerf_core::alloc::{
+    ClaimRequest, DeviceRequest, DeviceUse, Index, NodeGpus, PodRequest, Policy, SliceSize,
+    TopologyScope, place, place_where,
+};
+use kerf_core::mock;
+
+fn main() {
+    divan::main();
+}
+
+const NODES: usize = 1000;
+const GI: u64 = 1 << 30;
+
+/// Fill levels: share of GPUs (in eighths) that carry slices or are held whole.
+const FILLS: [u32; 3] = [0, 4, 7];
+
+fn cluster(fill: u32) -> (Index, Vec<String>) {
+    let inventory = mock::from_spec(mock::H100_SXM_80GB).unwrap();
+    let mut index = Index::new();
+    let names: Vec<String> = (0..NODES).map(|n| format!("node-{n:04}")).collect();
+    for (n, name) in names.iter().enumerate() {
+        index.upsert_node(NodeGpus::from_inventory(name, &inventory));
+        for m in 0..fill {
+            let device = format!("gpu-{m}");
+            let uses = if (n + m as usize).is_multiple_of(3) {
+                vec![DeviceUse::whole(name, &device)]
+            } else {
+                vec![DeviceUse::slice(
+                    name,
+                    &device,
+                    (10 + 10 * (n as u64 % 5)) * GI,
+                    30,
+                )]
+            };
+            index.set_claim_usage(&format!("{name}-{device}"), uses);
+        }
+    }
+    (index, names)
+}
+
+fn pods() -> [(&'static str, PodRequest); 4] {
+    let one = |req: DeviceRequest| PodRequest {
+        claims: vec![ClaimRequest {
+            key: "bench".into(),
+            requests: vec![req],
+        }],
+    };
+    let slice = SliceSize {
+        memory_bytes: 20 * GI,
+        compute_percent: 25,
+    };
+    let mut nvlink = DeviceRequest::whole("g", 2);
+    nvlink.topology = TopologyScope::NvLink;
+    let mut spread = DeviceRequest::slices("s", 1, slice);
+    spread.policy = Policy::Spread;
+    [
+        ("slice_binpack", one(DeviceRequest::slices("s", 1, slice))),
+        ("slice_spread", one(spread)),
+        ("whole_2_nvlink", one(nvlink)),
+        (
+            "two_claims",
+            PodRequest {
+                claims: vec![
+                    ClaimRequest {
+                        key: "a".into(),
+                        requests: vec![DeviceRequest::slices("s", 2, slice)],
+                    },
+                    ClaimRequest {
+                        key: "b".into(),
+                        requests: vec![DeviceRequest::whole("g", 1)],
+                    },
+                ],
+            },
+        ),
+    ]
+}
+
+#[divan::bench(args = FILLS)]
+fn place_pods(bencher: Bencher, fill: u32) {
+    let (index, names) = cluster(fill);
+    let candidates: Vec<&str> = names.iter().map(String::as_str).collect();
+    let pods = pods();
+    bencher.bench_local(|| {
+        for (_, pod) in &pods {
+            let _ = black_box(place(&index, black_box(pod), &candidates));
+        }
+    });
+}
+
+#[divan::bench(args = FILLS)]
+fn place_where_pods(bencher: Bencher, fill: u32) {
+    let (index, _) = cluster(fill);
+    let pods = pods();
+    bencher.bench_local(|| {
+        for (_, pod) in &pods {
+            let _ = black_box(place_where(&index, black_box(pod), |_| true));
+        }
+    });
+}
+
+#[divan::bench(args = FILLS)]
+fn place_apply_release(bencher: Bencher, fill: u32) {
+    let (mut index, names) = cluster(fill);
+    let candidates: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (_, pod) = &pods()[0];
+    bencher.bench_local(|| {
+        if let Ok(placement) = place(&index, pod, &candidates) {
+            index.apply(&placement);
+            index.remove_claim("bench");
+        }
+    });
+}
+
+#[divan::bench]
+fn unplaceable_explained(bencher: Bencher) {
+    let (index, names) = cluster(8);
+    let candidates: Vec<&str> = names.iter().map(String::as_str).collect();
+    let pod = &pods()[2].1;
+    bencher.bench_local(|| black_box(place(&index, pod, &candidates)).is_err());
+}

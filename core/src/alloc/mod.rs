@@ -1,0 +1,29 @@
+//! The controller's allocator: placement of GPU slices and whole GPUs by claim parameters.
+//!
+//! Pure and synchronous. The controller feeds an [`Index`] from its watches (inventory per
+//! node from kerf's ResourceSlices, usage per claim from every allocation, whoever wrote it)
+//! and asks [`place`] where a pod's claims go. Nothing here allocates per GPU per decision
+//! beyond small reused buffers, so decisions stay well under a millisecond on thousands of
+//! GPUs.
+//!
+//! - [`model`]: [`NodeGpus`], [`GpuInfo`], [`DeviceUse`].
+//! - [`request`]: [`PodRequest`] and what each request asks for.
+//! - [`Index`]: free capacity per GPU, updated incrementally.
+//! - [`place`] / [`place_where`]: the placement decision, [`Placement`] or [`Unplaceable`].
+
+mod hash;
+mod index;
+pub mod model;
+mod place;
+pub mod request;
+mod unplaceable;
+
+pub use index::{GpuUsage, GpuView, Index, NodeView};
+pub use model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
+pub use place::{
+    ClaimPlacement, MAX_DEVICES_PER_REQUEST, PlacedDevice, Placement, place, place_where,
+};
+pub use request::{
+    ClaimRequest, DeviceRequest, GpuSelector, PodRequest, Policy, SliceSize, TopologyScope,
+};
+pub use unplaceable::{BestCandidate, Unplaceable, UnplaceableReason};

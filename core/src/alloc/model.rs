@@ -1,0 +1,117 @@
+//! What the allocator allocates from (whole GPUs per node) and what holds them (device uses).
+
+use crate::inventory::{ComputeCapability, Inventory};
+
+/// The whole GPUs of one node that the controller may slice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeGpus {
+    /// Node name (the pool name of kerf's ResourceSlices).
+    pub node: String,
+    /// Whole GPUs in any order. MIG devices are not listed: they are the scheduler's.
+    pub gpus: Vec<GpuInfo>,
+}
+
+/// One whole GPU as published in kerf's ResourceSlices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuInfo {
+    /// Published device name, e.g. `gpu-3`.
+    pub device: String,
+    /// NVML UUID, e.g. `GPU-8d4b…`.
+    pub uuid: String,
+    /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub product: String,
+    /// Total memory in bytes.
+    pub memory_bytes: u64,
+    /// Streaming multiprocessors.
+    pub multiprocessors: u32,
+    /// CUDA compute capability.
+    pub compute_capability: ComputeCapability,
+    /// NVLink domain, when the GPU has one.
+    pub nvlink_domain: Option<String>,
+    /// PCIe root complex, when known.
+    pub pcie_root: Option<String>,
+    /// NUMA node, when known.
+    pub numa: Option<u32>,
+}
+
+impl NodeGpus {
+    /// The whole GPUs of an inventory (GPUs in MIG mode are left out: their MIG devices are
+    /// allocated by the scheduler), as the kubelet plugin publishes them.
+    pub fn from_inventory(node: impl Into<String>, inventory: &Inventory) -> Self {
+        let gpus = inventory
+            .gpus
+            .iter()
+            .filter(|gpu| !gpu.mig_enabled)
+            .map(|gpu| GpuInfo {
+                device: gpu.device_name(),
+                uuid: gpu.uuid.clone(),
+                product: gpu.product_name.clone(),
+                memory_bytes: gpu.memory_bytes,
+                multiprocessors: gpu.multiprocessors,
+                compute_capability: gpu.compute_capability,
+                nvlink_domain: gpu.nvlink_domain.clone(),
+                pcie_root: gpu.pcie_root.clone(),
+                numa: gpu.numa_node,
+            })
+            .collect();
+        NodeGpus {
+            node: node.into(),
+            gpus,
+        }
+    }
+}
+
+/// One device held by one claim, whoever allocated it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct DeviceUse {
+    /// Node (pool) of the device.
+    pub node: String,
+    /// Device name, e.g. `gpu-3`.
+    pub device: String,
+    /// Whether the claim holds the whole device or a slice of it.
+    pub kind: UseKind,
+}
+
+/// How a claim holds a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UseKind {
+    /// Exclusively: nothing else may be placed on the device.
+    Whole,
+    /// A share that reserves this much of the device. A zero field reserves none of that
+    /// resource (the slice is not limited in it either); the share still counts towards the
+    /// device's slice count and keeps whole-device requests off the device.
+    Slice {
+        /// Reserved memory in bytes.
+        memory_bytes: u64,
+        /// Reserved percent of the multiprocessors (0–100).
+        compute_percent: u8,
+    },
+}
+
+impl DeviceUse {
+    /// A whole-device use.
+    pub fn whole(node: impl Into<String>, device: impl Into<String>) -> Self {
+        DeviceUse {
+            node: node.into(),
+            device: device.into(),
+            kind: UseKind::Whole,
+        }
+    }
+
+    /// A slice use.
+    pub fn slice(
+        node: impl Into<String>,
+        device: impl Into<String>,
+        memory_bytes: u64,
+        compute_percent: u8,
+    ) -> Self {
+        DeviceUse {
+            node: node.into(),
+            device: device.into(),
+            kind: UseKind::Slice {
+                memory_bytes,
+                compute_percent,
+            },
+        }
+    }
+}
