@@ -1,4 +1,27 @@
-//! kerf-controller: the control-plane controller (GpuClass -> DeviceClass, slice allocation).
+//! kerf-controller: kerf's control-plane controller.
 //!
-//! The allocation controller arrives with its own issue; this crate holds its place in the
-//! workspace so that dependency directions are fixed from the start.
+//! - [`gpuclass`]: reconciles each GpuClass into an owned DeviceClass ([`deviceclass`], with
+//!   the CEL of [`selector`]) and reports what it matches ([`capacity`]).
+//! - [`run`]: the process — metrics/health HTTP ([`http`]), leader election ([`leader`]) and
+//!   the controllers that run while this replica leads ([`run::controllers`]).
+//! - [`context`]: what every reconciler gets ([`Context`]); [`cache`]: the watch-fed caches;
+//!   [`metrics`]: Prometheus metrics; [`args`]: the command-line flags.
+
+pub mod args;
+pub mod cache;
+pub mod capacity;
+pub mod context;
+pub mod deviceclass;
+pub mod error;
+pub mod gpuclass;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod run;
+pub mod selector;
+
+pub use context::{BackoffConfig, Context, ControllerConfig, FIELD_MANAGER};
+pub use error::{Error, Result};
+pub use leader::{LeaderElector, LeaseConfig};
+pub use metrics::Metrics;
+pub use run::{Config, ControllerTask, controllers, run, run_controllers};

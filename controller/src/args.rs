@@ -1,0 +1,227 @@
+//! Command-line flags of `kerf-controller`; every flag is also an environment variable.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser, ValueEnum};
+
+use crate::context::{BackoffConfig, ControllerConfig, FIELD_MANAGER};
+use crate::error::{Error, Result};
+use crate::leader::LeaseConfig;
+use crate::run::Config;
+
+/// kerf controller: reconciles GpuClasses into DeviceClasses and allocates GPU slices to
+/// ResourceClaims of Controller classes. Replicas elect a leader through a Lease; only the
+/// leader writes.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kerf-controller", version)]
+pub struct Args {
+    /// DRA driver name whose devices, classes and claims this controller manages.
+    #[arg(long, env = "KERF_DRIVER_NAME", default_value = "gpu.kerf.dev")]
+    pub driver_name: String,
+
+    /// Elect a leader through a Lease; switch off only when a single replica runs.
+    #[arg(long, env = "KERF_LEADER_ELECT", default_value_t = true, action = ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Name of the leader election Lease.
+    #[arg(long, env = "KERF_LEASE_NAME", default_value = "kerf-controller")]
+    pub lease_name: String,
+
+    /// Namespace of the leader election Lease.
+    #[arg(long, env = "KERF_LEASE_NAMESPACE", default_value = "kerf-system")]
+    pub lease_namespace: String,
+
+    /// How long the Lease is valid after a renewal; a standby takes over after that (whole seconds).
+    #[arg(long, env = "KERF_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub lease_duration: Duration,
+
+    /// How long the leader keeps leading while its renewals fail; less than --lease-duration.
+    #[arg(long, env = "KERF_LEASE_RENEW_DEADLINE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub lease_renew_deadline: Duration,
+
+    /// How often the leader renews the Lease (whole seconds); less than --lease-renew-deadline.
+    #[arg(long, env = "KERF_LEASE_RETRY_PERIOD", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub lease_retry_period: Duration,
+
+    /// Holder identity of this replica in the Lease and in Events [default: the host name].
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Address of the HTTP server for /metrics, /healthz and /readyz; empty to disable.
+    #[arg(long, env = "KERF_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    pub metrics_address: String,
+
+    /// How often every object is reconciled even without a change.
+    #[arg(long, env = "KERF_RESYNC_PERIOD", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub resync_period: Duration,
+
+    /// Retry delay after an object's first failed reconcile; it doubles with each further failure.
+    #[arg(long, env = "KERF_BACKOFF_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub backoff_base: Duration,
+
+    /// Longest retry delay after failed reconciles.
+    #[arg(long, env = "KERF_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub backoff_max: Duration,
+
+    /// Log format.
+    #[arg(long, env = "KERF_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter in tracing's EnvFilter syntax, e.g. `info,kerf_controller=debug`.
+    #[arg(long, env = "KERF_LOG", default_value = "info")]
+    pub log_filter: String,
+}
+
+/// `--log-format` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Args {
+    /// Checks the values and builds the configuration; `host_name` is the identity when
+    /// `--identity` is not given.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the flag at fault: an invalid driver name, metrics address,
+    /// lease timing, back-off or resync period, or no identity at all.
+    pub fn into_config(self, host_name: Option<String>) -> Result<Config> {
+        kerf_core::names::driver_name("--driver-name", &self.driver_name)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        if self.resync_period.is_zero() {
+            return Err(Error::Config("--resync-period must be positive".to_owned()));
+        }
+        if self.backoff_base.is_zero() || self.backoff_base > self.backoff_max {
+            return Err(Error::Config(format!(
+                "need 0 < --backoff-base ({:?}) <= --backoff-max ({:?})",
+                self.backoff_base, self.backoff_max
+            )));
+        }
+        let identity = self
+            .identity
+            .filter(|i| !i.is_empty())
+            .or(host_name.filter(|h| !h.is_empty()));
+        let leader_election = if self.leader_elect {
+            let identity = identity.clone().ok_or_else(|| {
+                Error::Config("no --identity (POD_NAME) and no host name to use instead".to_owned())
+            })?;
+            let lease = LeaseConfig {
+                name: self.lease_name,
+                namespace: self.lease_namespace,
+                identity,
+                lease_duration: self.lease_duration,
+                renew_deadline: self.lease_renew_deadline,
+                retry_period: self.lease_retry_period,
+            };
+            lease.validate()?;
+            Some(lease)
+        } else {
+            None
+        };
+        Ok(Config {
+            controller: ControllerConfig {
+                driver_name: self.driver_name,
+                field_manager: FIELD_MANAGER.to_owned(),
+                resync_period: self.resync_period,
+                backoff: BackoffConfig {
+                    base: self.backoff_base,
+                    max: self.backoff_max,
+                },
+                instance: identity,
+            },
+            leader_election,
+            metrics_address: parse_address(&self.metrics_address)?,
+        })
+    }
+}
+
+fn parse_address(value: &str) -> Result<Option<SocketAddr>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    value
+        .parse()
+        .map(Some)
+        .map_err(|e| Error::Config(format!("--metrics-address {value:?}: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    fn parse(args: &[&str]) -> Args {
+        Args::try_parse_from(std::iter::once("kerf-controller").chain(args.iter().copied()))
+            .unwrap()
+    }
+
+    #[test]
+    fn defaults_give_a_leader_elected_controller() {
+        let config = parse(&[]).into_config(Some("host-1".to_owned())).unwrap();
+        assert_eq!(config.controller.driver_name, "gpu.kerf.dev");
+        assert_eq!(config.controller.field_manager, "kerf-controller");
+        assert_eq!(config.controller.resync_period, Duration::from_secs(600));
+        assert_eq!(config.controller.backoff, BackoffConfig::default());
+        assert_eq!(config.controller.instance.as_deref(), Some("host-1"));
+        let lease = config.leader_election.unwrap();
+        assert_eq!(
+            lease,
+            LeaseConfig::new("kerf-controller", "kerf-system", "host-1")
+        );
+        assert_eq!(
+            config.metrics_address,
+            Some("0.0.0.0:8080".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn identity_flag_wins_over_the_host_name() {
+        let config = parse(&["--identity", "pod-7"])
+            .into_config(Some("host-1".to_owned()))
+            .unwrap();
+        assert_eq!(config.leader_election.unwrap().identity, "pod-7");
+        let err = parse(&[]).into_config(None).unwrap_err();
+        assert!(err.to_string().contains("--identity"), "{err}");
+        let config = parse(&["--leader-elect", "false", "--metrics-address", ""])
+            .into_config(None)
+            .unwrap();
+        assert_eq!(config.leader_election, None);
+        assert_eq!(config.metrics_address, None);
+    }
+
+    #[test]
+    fn bad_values_name_their_flag() {
+        let cases: [(&[&str], &str); 5] = [
+            (&["--driver-name", "Not_A_Domain"], "--driver-name"),
+            (&["--metrics-address", "nowhere"], "--metrics-address"),
+            (&["--lease-renew-deadline", "20s"], "--lease-renew-deadline"),
+            (&["--backoff-base", "10m"], "--backoff-base"),
+            (&["--resync-period", "0s"], "--resync-period"),
+        ];
+        for (args, flag) in cases {
+            let err = parse(args).into_config(Some("h".to_owned())).unwrap_err();
+            assert!(err.to_string().contains(flag), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn every_flag_has_an_environment_variable() {
+        let command = Args::command();
+        for arg in command.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            assert!(
+                arg.get_env().is_some(),
+                "--{id} has no environment variable"
+            );
+        }
+        command.debug_assert();
+    }
+}

@@ -1,0 +1,142 @@
+//! Watch-fed caches of the objects the reconcilers read: kerf's ResourceSlices, every
+//! ResourceClaim and every DeviceClass. Reconcilers read these stores instead of listing, so a
+//! reconcile costs no API reads however many claims exist.
+//!
+//! [`Caches::changes`] says when anything in them changed. It is a `tokio::sync::watch`
+//! counter, so a burst of events (a node publishing, a hundred claims being allocated) reaches
+//! a slow subscriber as a single notification: this is what keeps "re-evaluate every GpuClass
+//! on every claim change" cheap.
+
+use std::fmt::Debug;
+use std::future::Future;
+
+use futures::{Stream, StreamExt as _, stream};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, Resource, ResourceExt as _};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+
+/// Read handles of the caches. Clones share the same stores.
+#[derive(Clone)]
+pub struct Caches {
+    /// ResourceSlices of the driver (all generations; see [`crate::capacity::current_devices`]).
+    pub slices: Store<ResourceSlice>,
+    /// Every ResourceClaim of the cluster.
+    pub claims: Store<ResourceClaim>,
+    /// Every DeviceClass of the cluster.
+    pub device_classes: Store<DeviceClass>,
+    changes: watch::Receiver<u64>,
+}
+
+impl Debug for Caches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Caches")
+            .field("slices", &self.slices.len())
+            .field("claims", &self.claims.len())
+            .field("device_classes", &self.device_classes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Caches {
+    /// Creates the caches for `driver` and the future that fills them; the stores stay empty
+    /// until that future is polled (run it next to the controllers that read the caches). It
+    /// runs until dropped: watch errors are retried with back-off.
+    pub fn start(
+        client: &Client,
+        driver: &str,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+        let (notify, changes) = watch::channel(0u64);
+        let slice_config = watcher::Config::default().fields(&format!("spec.driver={driver}"));
+        let (slices, slice_events) = cache(Api::all(client.clone()), slice_config, "ResourceSlice");
+        let (claims, claim_events) = cache(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            "ResourceClaim",
+        );
+        let (device_classes, class_events) = cache(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            "DeviceClass",
+        );
+        let driver = stream::select(stream::select(slice_events, claim_events), class_events)
+            .for_each(move |()| {
+                notify.send_modify(|n| *n = n.wrapping_add(1));
+                std::future::ready(())
+            });
+        (
+            Self {
+                slices,
+                claims,
+                device_classes,
+                changes,
+            },
+            driver,
+        )
+    }
+
+    /// Waits until every cache holds its first complete list.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::ControllerStopped`] when the future filling the caches was dropped first.
+    pub async fn wait_ready(&self) -> Result<()> {
+        let stopped = |_| Error::ControllerStopped {
+            name: "caches",
+            message: "the caches stopped before their first list completed".to_owned(),
+        };
+        self.slices.wait_until_ready().await.map_err(stopped)?;
+        self.claims.wait_until_ready().await.map_err(stopped)?;
+        self.device_classes
+            .wait_until_ready()
+            .await
+            .map_err(stopped)
+    }
+
+    /// A stream that yields after the caches changed: an object was added, modified or deleted,
+    /// or a (re)list completed. Changes that happen while the subscriber is busy are coalesced
+    /// into one item. Ends when the caches stop.
+    pub fn changes(&self) -> impl Stream<Item = ()> + Send + 'static {
+        stream::unfold(self.changes.clone(), |mut changes| async move {
+            changes.changed().await.ok()?;
+            Some(((), changes))
+        })
+    }
+}
+
+/// A reflector for `api`: its store and a stream of "something changed" ticks (watch errors
+/// are logged and retried with back-off).
+fn cache<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: &'static str,
+) -> (Store<K>, impl Stream<Item = ()> + Send + 'static)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    let (store, writer) = reflector::store();
+    let events = reflector(
+        writer,
+        watcher(api, config)
+            .default_backoff()
+            // managedFields are large and nobody here reads them.
+            .modify(|object: &mut K| object.managed_fields_mut().clear()),
+    )
+    .filter_map(move |event| {
+        std::future::ready(match event {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                Some(())
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
+            Err(error) => {
+                tracing::warn!(kind, %error, "watch failed; retrying");
+                None
+            }
+        })
+    });
+    (store, events)
+}

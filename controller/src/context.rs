@@ -1,0 +1,230 @@
+//! What every reconciler gets: the client, configuration values, metrics, the event recorder,
+//! the caches, diagnostics and the per-object back-off.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use tokio::sync::RwLock;
+
+use crate::cache::Caches;
+use crate::metrics::Metrics;
+
+/// Field manager of every object and status the controller writes with server-side apply.
+pub const FIELD_MANAGER: &str = "kerf-controller";
+
+/// Configuration the reconcilers read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerConfig {
+    /// DRA driver name, e.g. `gpu.kerf.dev`.
+    pub driver_name: String,
+    /// Server-side apply field manager, and `app.kubernetes.io/managed-by` of DeviceClasses.
+    pub field_manager: String,
+    /// How often every object is reconciled even without a change.
+    pub resync_period: Duration,
+    /// Retry delays after a failed reconcile.
+    pub backoff: BackoffConfig,
+    /// Identity of this replica in Events (`reportingInstance`), usually the pod name.
+    pub instance: Option<String>,
+}
+
+impl ControllerConfig {
+    /// The defaults of the command-line flags for `driver_name`.
+    pub fn new(driver_name: impl Into<String>) -> Self {
+        Self {
+            driver_name: driver_name.into(),
+            field_manager: FIELD_MANAGER.to_owned(),
+            resync_period: Duration::from_secs(600),
+            backoff: BackoffConfig::default(),
+            instance: None,
+        }
+    }
+}
+
+/// Exponential per-object retry delays: `base`, `2·base`, `4·base`, … up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackoffConfig {
+    /// Delay after the first failure.
+    pub base: Duration,
+    /// Longest delay.
+    pub max: Duration,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(1),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl BackoffConfig {
+    /// The delay after `failures` consecutive failures (1 for the first).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let doublings = failures.saturating_sub(1).min(63);
+        let factor = 1u64 << doublings;
+        u32::try_from(factor)
+            .ok()
+            .and_then(|f| self.base.checked_mul(f))
+            .map_or(self.max, |d| d.min(self.max))
+    }
+}
+
+/// Consecutive failures per object, for [`BackoffConfig::delay`]; reset by a success.
+///
+/// Keys are `controller/namespace/name`, so controllers can share one `Context`.
+#[derive(Debug, Default)]
+pub struct ObjectBackoff {
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl ObjectBackoff {
+    /// Records a failure of `key` and returns how long to wait before retrying it.
+    pub fn failed(&self, config: &BackoffConfig, key: &str) -> Duration {
+        let mut failures = self.lock();
+        let count = failures.entry(key.to_owned()).or_insert(0);
+        *count = count.saturating_add(1);
+        config.delay(*count)
+    }
+
+    /// Forgets the failures of `key` after it succeeded.
+    pub fn succeeded(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
+    /// Consecutive failures of `key` so far.
+    pub fn failures(&self, key: &str) -> u32 {
+        self.lock().get(key).copied().unwrap_or(0)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        // Counters stay meaningful whatever panicked while the lock was held.
+        self.failures.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What the controller last did, for logs and debugging.
+#[derive(Debug, Clone, Default)]
+pub struct Diagnostics {
+    /// When the last reconcile finished.
+    pub last_reconcile: Option<SystemTime>,
+    /// The object it reconciled (`controller/namespace/name`).
+    pub last_object: Option<String>,
+}
+
+/// Everything a reconciler needs. One per leadership term, shared by all controllers.
+pub struct Context {
+    /// Kubernetes client.
+    pub client: Client,
+    /// Configuration values.
+    pub config: ControllerConfig,
+    /// Metric handles.
+    pub metrics: Metrics,
+    /// Publishes Events about the objects the controllers reconcile.
+    pub recorder: Recorder,
+    /// Watch-fed caches of slices, claims and DeviceClasses.
+    pub caches: Caches,
+    /// What happened last.
+    pub diagnostics: Arc<RwLock<Diagnostics>>,
+    /// Per-object failure counts.
+    pub backoff: ObjectBackoff,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("config", &self.config)
+            .field("caches", &self.caches)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context whose Events are reported as `config.field_manager` / `config.instance`.
+    pub fn new(client: Client, config: ControllerConfig, metrics: Metrics, caches: Caches) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: config.field_manager.clone(),
+                instance: config.instance.clone(),
+            },
+        );
+        Self {
+            client,
+            config,
+            metrics,
+            recorder,
+            caches,
+            diagnostics: Arc::default(),
+            backoff: ObjectBackoff::default(),
+        }
+    }
+
+    /// Records that `object` was just reconciled.
+    pub async fn note_reconcile(&self, object: String) {
+        let mut diagnostics = self.diagnostics.write().await;
+        diagnostics.last_reconcile = Some(SystemTime::now());
+        diagnostics.last_object = Some(object);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn delays_double_up_to_the_maximum() {
+        let config = BackoffConfig {
+            base: Duration::from_millis(500),
+            max: Duration::from_secs(10),
+        };
+        let delays: Vec<Duration> = (1..=7).map(|n| config.delay(n)).collect();
+        assert_eq!(
+            delays,
+            [500, 1000, 2000, 4000, 8000, 10_000, 10_000].map(Duration::from_millis)
+        );
+        assert_eq!(config.delay(u32::MAX), config.max);
+    }
+
+    #[test]
+    fn failures_are_counted_per_object_and_reset_by_success() {
+        let config = BackoffConfig::default();
+        let backoff = ObjectBackoff::default();
+        assert_eq!(
+            backoff.failed(&config, "gpuclass//a"),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            backoff.failed(&config, "gpuclass//a"),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            backoff.failed(&config, "gpuclass//b"),
+            Duration::from_secs(1)
+        );
+        assert_eq!(backoff.failures("gpuclass//a"), 2);
+        backoff.succeeded("gpuclass//a");
+        assert_eq!(backoff.failures("gpuclass//a"), 0);
+        assert_eq!(
+            backoff.failed(&config, "gpuclass//a"),
+            Duration::from_secs(1)
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn delays_never_shrink_and_stay_within_bounds(base_ms in 1u64..10_000, max_ms in 1u64..1_000_000, n in 1u32..100) {
+            let config = BackoffConfig {
+                base: Duration::from_millis(base_ms),
+                max: Duration::from_millis(max_ms),
+            };
+            prop_assert!(config.delay(n) <= config.max);
+            prop_assert!(config.delay(n) <= config.delay(n + 1));
+            prop_assert!(config.delay(1) == config.base.min(config.max));
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The one error type of kerf-controller.
+
+/// Everything that can go wrong in the controller.
+///
+/// Each variant has a stable [`Error::reason`] used as a metric label. The enum is
+/// non-exhaustive: the claim allocation reconciler adds its own variants.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A Kubernetes API call failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// An error decoding or building kerf's Kubernetes objects (opaque parameters, quantities).
+    #[error(transparent)]
+    Api(#[from] kerf_api::Error),
+    /// A domain error from kerf-core.
+    #[error(transparent)]
+    Core(#[from] kerf_core::Error),
+    /// A watch stream failed for good.
+    #[error("watch: {0}")]
+    Watch(#[from] kube::runtime::watcher::Error),
+    /// Serialising an object to send to the API server failed.
+    #[error("serialising {what}: {source}")]
+    Serialize {
+        /// What was being serialised.
+        what: &'static str,
+        /// The serialiser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// An object from the API server lacks a field every stored object has.
+    #[error("{kind} object without metadata.{field}")]
+    MissingField {
+        /// The kind of the object.
+        kind: &'static str,
+        /// The missing metadata field, e.g. `name` or `uid`.
+        field: &'static str,
+    },
+    /// The configuration is unusable.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// The Lease-based leader election failed to start or run.
+    #[error("leader election: {0}")]
+    LeaderElection(#[from] kube_lease_manager::LeaseManagerError),
+    /// This replica was the leader and no longer is; it must stop writing and exit.
+    #[error("leadership lost: {0}")]
+    LeadershipLost(String),
+    /// A controller stopped although nobody asked it to.
+    #[error("controller {name} stopped unexpectedly: {message}")]
+    ControllerStopped {
+        /// The controller's name, e.g. `gpuclass`.
+        name: &'static str,
+        /// What it reported.
+        message: String,
+    },
+    /// The metrics/health HTTP server failed.
+    #[error("HTTP server: {0}")]
+    Http(#[source] std::io::Error),
+}
+
+impl Error {
+    /// A short, stable, low-cardinality label for metrics.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(e) => kube_reason(e),
+            Error::Api(e) => e.reason(),
+            Error::Core(e) => e.reason(),
+            Error::Watch(_) => "watch",
+            Error::Serialize { .. } => "serialize",
+            Error::MissingField { .. } => "missing_field",
+            Error::Config(_) => "config",
+            Error::LeaderElection(_) => "leader_election",
+            Error::LeadershipLost(_) => "leadership_lost",
+            Error::ControllerStopped { .. } => "controller_stopped",
+            Error::Http(_) => "http",
+        }
+    }
+
+    /// Builds an [`Error::Serialize`] for `what`.
+    pub fn serialize(what: &'static str, source: serde_json::Error) -> Self {
+        Error::Serialize { what, source }
+    }
+}
+
+/// Splits API errors into the few classes an operator acts on differently.
+fn kube_reason(error: &kube::Error) -> &'static str {
+    match error {
+        kube::Error::Api(status) if status.is_conflict() => "kube_conflict",
+        kube::Error::Api(status) if status.is_not_found() => "kube_not_found",
+        kube::Error::Api(status) if status.is_forbidden() => "kube_forbidden",
+        kube::Error::Api(_) => "kube_api",
+        _ => "kube_transport",
+    }
+}
+
+/// Result alias for kerf-controller.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api_error(code: u16, reason: &str) -> Error {
+        Error::Kube(kube::Error::Api(Box::new(
+            kube::core::Status::failure("x", reason).with_code(code),
+        )))
+    }
+
+    #[test]
+    fn api_errors_are_classified_by_code() {
+        assert_eq!(api_error(409, "Conflict").reason(), "kube_conflict");
+        assert_eq!(api_error(404, "NotFound").reason(), "kube_not_found");
+        assert_eq!(api_error(403, "Forbidden").reason(), "kube_forbidden");
+        assert_eq!(api_error(500, "InternalError").reason(), "kube_api");
+    }
+
+    #[test]
+    fn nested_errors_keep_their_own_reason() {
+        let err = Error::from(kerf_api::Error::config("spec.selector.minMemory", "bad"));
+        assert_eq!(err.reason(), "invalid_config");
+        assert!(err.to_string().contains("spec.selector.minMemory"), "{err}");
+    }
+}

@@ -1,0 +1,369 @@
+//! The GpuClass reconciler: GpuClass → owned DeviceClass, and the class status.
+//!
+//! Each reconcile
+//! 1. checks the spec (what the CRD schema cannot: quantities, MIG with the Controller
+//!    allocator) — an invalid spec only gets `Ready=False, reason InvalidSpec`, and the
+//!    DeviceClass keeps its last valid form;
+//! 2. refuses to take over a DeviceClass of the same name that it does not control
+//!    (`DeviceClassConflict`): an admin's hand-written class is never overwritten;
+//! 3. applies the DeviceClass (server-side apply, field manager `kerf-controller`, owner
+//!    reference with `controller: true`) unless the cached one is already as desired;
+//! 4. counts the matching devices of kerf's ResourceSlices and their total and free memory
+//!    from the caches, and applies the status through the status subresource — only when it
+//!    changed, so the frequent claim-driven reconciles cost no writes.
+//!
+//! Deletion needs no finalizer: the DeviceClass is owned by the GpuClass and the garbage
+//! collector deletes it with the class.
+//!
+//! Triggers: GpuClass changes; any change of the caches (slices, claims, DeviceClasses), which
+//! re-evaluates every class — classes are few and a reconcile reads only memory, and the cache
+//! notifications coalesce bursts; and a periodic resync.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::resource::v1::DeviceClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kerf_api::gpuclass::CONDITION_READY;
+use kerf_api::quantity::bytes_quantity;
+use kerf_api::{API_VERSION, GpuClass, GpuClassStatus};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use crate::capacity::{ClassCapacity, class_capacity, current_devices, memory_in_use};
+use crate::context::Context;
+use crate::deviceclass::{device_class, is_controlled_by, needs_apply};
+use crate::error::{Error, Result};
+use crate::selector::DeviceSelector;
+
+/// Name of this controller in metrics and logs.
+pub const CONTROLLER: &str = "gpuclass";
+
+/// `Ready` reasons the reconciler writes.
+pub mod reasons {
+    /// The DeviceClass is in place and devices match.
+    pub const DEVICE_CLASS_APPLIED: &str = "DeviceClassApplied";
+    /// The DeviceClass is in place but no published device matches.
+    pub const NO_MATCHING_DEVICES: &str = "NoMatchingDevices";
+    /// The spec has a value the controller cannot use.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// A DeviceClass of the same name exists and this GpuClass does not control it.
+    pub const DEVICE_CLASS_CONFLICT: &str = "DeviceClassConflict";
+}
+
+/// Runs the GpuClass controller until `shutdown` is cancelled; in-flight reconciles finish.
+///
+/// The caches in `ctx` must be running; the controller waits for their first lists so that
+/// the first statuses it writes are not computed from empty caches.
+///
+/// # Errors
+///
+/// [`Error::ControllerStopped`] when the caches stop before they are ready.
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
+    tokio::select! {
+        () = shutdown.cancelled() => return Ok(()),
+        ready = ctx.caches.wait_ready() => ready?,
+    }
+    let controller = Controller::new(
+        Api::<GpuClass>::all(ctx.client.clone()),
+        watcher::Config::default(),
+    )
+    .reconcile_all_on(ctx.caches.changes())
+    .graceful_shutdown_on(async move { shutdown.cancelled().await });
+    let classes = controller.store();
+    let metrics = ctx.metrics.clone();
+    controller
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| {
+            if let Err(error) = result {
+                tracing::debug!(controller = CONTROLLER, %error, "reconcile not done");
+            }
+            let names: Vec<String> = classes.state().iter().map(|c| c.name_any()).collect();
+            metrics.retain_classes(names.iter().map(String::as_str));
+            std::future::ready(())
+        })
+        .await;
+    Ok(())
+}
+
+/// Reconciles one GpuClass (see the module documentation).
+///
+/// # Errors
+///
+/// API errors writing the DeviceClass or the status, and a GpuClass without name or UID;
+/// [`error_policy`] retries them with per-object back-off.
+pub async fn reconcile(class: Arc<GpuClass>, ctx: Arc<Context>) -> Result<Action> {
+    let started = Instant::now();
+    let key = backoff_key(&class);
+    let result = reconcile_class(&class, &ctx).await;
+    ctx.metrics.record_reconcile(
+        CONTROLLER,
+        result.as_ref().map(|_| ()).map_err(Error::reason),
+        started.elapsed(),
+    );
+    if result.is_ok() {
+        ctx.backoff.succeeded(&key);
+    }
+    ctx.note_reconcile(key).await;
+    result
+}
+
+/// Retries a failed reconcile after the object's next back-off delay.
+// kube-runtime's error-policy signature passes the Arcs by value.
+#[allow(clippy::needless_pass_by_value)]
+pub fn error_policy(class: Arc<GpuClass>, error: &Error, ctx: Arc<Context>) -> Action {
+    let key = backoff_key(&class);
+    let delay = ctx.backoff.failed(&ctx.config.backoff, &key);
+    tracing::warn!(
+        controller = CONTROLLER,
+        class = %class.name_any(),
+        reason = error.reason(),
+        %error,
+        retry_in = ?delay,
+        "reconcile failed"
+    );
+    Action::requeue(delay)
+}
+
+fn backoff_key(class: &GpuClass) -> String {
+    format!("{CONTROLLER}//{}", class.name_any())
+}
+
+/// The Ready condition's content before timestamps.
+struct Readiness {
+    ready: bool,
+    reason: &'static str,
+    message: String,
+}
+
+async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
+    if class.metadata.deletion_timestamp.is_some() {
+        // The garbage collector removes the owned DeviceClass.
+        return Ok(Action::await_change());
+    }
+    let name = class.name_any();
+    let driver = ctx.config.driver_name.as_str();
+    let selector = match DeviceSelector::new(&class.spec.parameters(), "spec") {
+        Ok(selector) => selector,
+        Err(error) => {
+            let readiness = Readiness {
+                ready: false,
+                reason: reasons::INVALID_SPEC,
+                message: error.to_string(),
+            };
+            write_status(class, ctx, None, None, readiness).await?;
+            return Ok(Action::await_change());
+        }
+    };
+
+    let existing = ctx.caches.device_classes.get(&ObjectRef::new(&name));
+    if let Some(existing) = &existing
+        && !is_controlled_by(existing, class)
+    {
+        let readiness = Readiness {
+            ready: false,
+            reason: reasons::DEVICE_CLASS_CONFLICT,
+            message: format!(
+                "DeviceClass {name} exists and is not controlled by this GpuClass; delete or rename it to let the controller manage it"
+            ),
+        };
+        write_status(class, ctx, None, None, readiness).await?;
+        return Ok(Action::requeue(ctx.config.resync_period));
+    }
+
+    let desired = device_class(class, driver, &ctx.config.field_manager)?;
+    if needs_apply(existing.as_deref(), &desired) {
+        Api::<DeviceClass>::all(ctx.client.clone())
+            .patch(
+                &name,
+                &PatchParams::apply(&ctx.config.field_manager).force(),
+                &Patch::Apply(&desired),
+            )
+            .await?;
+    }
+
+    let slices = ctx.caches.slices.state();
+    let claims = ctx.caches.claims.state();
+    let devices = current_devices(&slices, driver);
+    let usage = memory_in_use(&devices, &claims, driver);
+    let capacity = class_capacity(&selector, &devices, &usage, driver);
+    ctx.metrics.set_class_capacity(&name, &capacity);
+    let readiness = capacity_readiness(&name, &capacity);
+    write_status(class, ctx, Some(&name), Some(&capacity), readiness).await?;
+    Ok(Action::requeue(ctx.config.resync_period))
+}
+
+fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Readiness {
+    if capacity.matching_devices == 0 {
+        Readiness {
+            ready: false,
+            reason: reasons::NO_MATCHING_DEVICES,
+            message: format!(
+                "DeviceClass {device_class} is in place, but no published device matches the class selector"
+            ),
+        }
+    } else {
+        Readiness {
+            ready: true,
+            reason: reasons::DEVICE_CLASS_APPLIED,
+            message: format!(
+                "DeviceClass {device_class} selects {} device{}",
+                capacity.matching_devices,
+                if capacity.matching_devices == 1 {
+                    ""
+                } else {
+                    "s"
+                }
+            ),
+        }
+    }
+}
+
+/// Applies the status when it differs from the current one, and publishes an Event when the
+/// Ready condition changes.
+async fn write_status(
+    class: &GpuClass,
+    ctx: &Context,
+    device_class: Option<&str>,
+    capacity: Option<&ClassCapacity>,
+    readiness: Readiness,
+) -> Result<()> {
+    let current = class.status.as_ref();
+    let previous = current.and_then(GpuClassStatus::ready);
+    let condition = ready_condition(&readiness, class.metadata.generation, previous);
+    let status = GpuClassStatus {
+        device_class_name: device_class
+            .map(str::to_owned)
+            .or_else(|| current.and_then(|s| s.device_class_name.clone())),
+        matching_devices: capacity.map(|c| i64::try_from(c.matching_devices).unwrap_or(i64::MAX)),
+        total_memory: capacity.map(|c| bytes_quantity(c.total_memory_bytes)),
+        free_memory: capacity.map(|c| bytes_quantity(c.free_memory_bytes)),
+        observed_generation: class.metadata.generation,
+        conditions: vec![condition.clone()],
+    };
+    if current == Some(&status) {
+        return Ok(());
+    }
+    let patch = json!({
+        "apiVersion": API_VERSION,
+        "kind": "GpuClass",
+        "metadata": {"name": class.name_any()},
+        "status": status,
+    });
+    Api::<GpuClass>::all(ctx.client.clone())
+        .patch_status(
+            &class.name_any(),
+            &PatchParams::apply(&ctx.config.field_manager).force(),
+            &Patch::Apply(&patch),
+        )
+        .await?;
+    let changed =
+        previous.is_none_or(|p| p.status != condition.status || p.reason != condition.reason);
+    if changed {
+        publish_event(class, ctx, &readiness).await;
+    }
+    Ok(())
+}
+
+/// The Ready condition; its transition time moves only when its status does.
+fn ready_condition(
+    readiness: &Readiness,
+    generation: Option<i64>,
+    previous: Option<&Condition>,
+) -> Condition {
+    let status = if readiness.ready { "True" } else { "False" };
+    let last_transition_time = previous.filter(|p| p.status == status).map_or_else(
+        || Time(Timestamp::now()),
+        |p| p.last_transition_time.clone(),
+    );
+    Condition {
+        type_: CONDITION_READY.to_owned(),
+        status: status.to_owned(),
+        reason: readiness.reason.to_owned(),
+        message: readiness.message.clone(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// Events are best effort: a class whose Event cannot be written is still reconciled.
+async fn publish_event(class: &GpuClass, ctx: &Context, readiness: &Readiness) {
+    let event = Event {
+        type_: if readiness.ready {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        },
+        reason: readiness.reason.to_owned(),
+        note: Some(readiness.message.clone()),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = ctx.recorder.publish(&event, &class.object_ref(&())).await {
+        tracing::warn!(class = %class.name_any(), %error, "cannot publish Event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readiness(ready: bool, reason: &'static str) -> Readiness {
+        Readiness {
+            ready,
+            reason,
+            message: "m".to_owned(),
+        }
+    }
+
+    #[test]
+    fn transition_time_moves_only_with_the_status() {
+        let first = ready_condition(
+            &readiness(false, reasons::NO_MATCHING_DEVICES),
+            Some(1),
+            None,
+        );
+        let mut old = first.clone();
+        old.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+        let same = ready_condition(
+            &readiness(false, reasons::INVALID_SPEC),
+            Some(2),
+            Some(&old),
+        );
+        assert_eq!(same.last_transition_time, old.last_transition_time);
+        assert_eq!(same.reason, reasons::INVALID_SPEC);
+        assert_eq!(same.observed_generation, Some(2));
+        let flipped = ready_condition(
+            &readiness(true, reasons::DEVICE_CLASS_APPLIED),
+            Some(2),
+            Some(&old),
+        );
+        assert_ne!(flipped.last_transition_time, old.last_transition_time);
+        assert_eq!(flipped.status, "True");
+    }
+
+    #[test]
+    fn no_devices_is_not_ready() {
+        let none = capacity_readiness("fast", &ClassCapacity::default());
+        assert!(!none.ready);
+        assert_eq!(none.reason, reasons::NO_MATCHING_DEVICES);
+        let some = capacity_readiness(
+            "fast",
+            &ClassCapacity {
+                matching_devices: 1,
+                total_memory_bytes: 1,
+                free_memory_bytes: 1,
+            },
+        );
+        assert!(some.ready);
+        assert_eq!(some.message, "DeviceClass fast selects 1 device");
+    }
+}

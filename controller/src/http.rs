@@ -1,0 +1,180 @@
+//! The controller's HTTP endpoint: `/healthz`, `/readyz` and `/metrics`.
+//!
+//! - `/healthz` answers 200 for as long as the process serves HTTP.
+//! - `/readyz` answers 200 once this replica takes part in the election (or runs without one),
+//!   as leader or standby: a standby that reported not-ready would block rolling updates of
+//!   the Deployment without making anything safer. The body says which role the replica has.
+//! - `/metrics` is the OpenMetrics text of the registry.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+
+/// Content type of the OpenMetrics text exposition format.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Readiness state shared between the election and the HTTP endpoint. Clones share state.
+#[derive(Clone, Debug, Default)]
+pub struct Health {
+    started: Arc<AtomicBool>,
+    leader: Arc<AtomicBool>,
+}
+
+impl Health {
+    /// Not started, not leader.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records that the replica takes part in the election (the Lease was reachable).
+    pub fn set_started(&self, started: bool) {
+        self.started.store(started, Ordering::Release);
+    }
+
+    /// Records whether the replica leads.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.store(leader, Ordering::Release);
+    }
+
+    /// Whether the replica is ready.
+    pub fn is_ready(&self) -> bool {
+        self.started.load(Ordering::Acquire)
+    }
+
+    /// Whether the replica leads.
+    pub fn is_leader(&self) -> bool {
+        self.leader.load(Ordering::Acquire)
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    registry: Arc<Registry>,
+    health: Health,
+}
+
+/// The HTTP routes, without a listener.
+pub fn router(registry: Arc<Registry>, health: Health) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(AppState { registry, health })
+}
+
+/// Serves the routes on `listener` until `shutdown` is cancelled.
+///
+/// # Errors
+///
+/// [`Error::Http`] when the server fails to accept connections.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    health: Health,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    }
+    axum::serve(listener, router(registry, health))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .map_err(Error::Http)
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    let health = &state.health;
+    match (health.is_ready(), health.is_leader()) {
+        (true, true) => (StatusCode::OK, "ok: leader\n").into_response(),
+        (true, false) => (StatusCode::OK, "ok: standby\n").into_response(),
+        (false, _) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: leader election has not started (is the Lease reachable?)\n",
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    let mut body = String::new();
+    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
+        Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], body).into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "encoding metrics failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "encoding metrics failed\n",
+            )
+                .into_response()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut raw = String::new();
+        stream.read_to_string(&mut raw).await.unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        (
+            head.split(' ').nth(1).unwrap().parse().unwrap(),
+            body.to_owned(),
+        )
+    }
+
+    #[tokio::test]
+    async fn endpoints_report_health_role_and_metrics() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let health = Health::new();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(serve(
+            listener,
+            Arc::new(registry),
+            health.clone(),
+            shutdown.clone(),
+        ));
+
+        assert_eq!(get(addr, "/healthz").await, (200, "ok\n".to_owned()));
+        assert_eq!(get(addr, "/readyz").await.0, 503);
+        health.set_started(true);
+        assert_eq!(
+            get(addr, "/readyz").await,
+            (200, "ok: standby\n".to_owned())
+        );
+        health.set_leader(true);
+        metrics.set_leader(true);
+        assert_eq!(get(addr, "/readyz").await, (200, "ok: leader\n".to_owned()));
+        let (status, body) = get(addr, "/metrics").await;
+        assert_eq!(status, 200);
+        assert!(body.contains("kerf_controller_leader 1"), "{body}");
+        assert_eq!(get(addr, "/nope").await.0, 404);
+
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+    }
+}

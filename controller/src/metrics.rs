@@ -1,0 +1,342 @@
+//! Prometheus metrics of the controller.
+//!
+//! Every metric lives in a [`Registry`] the caller owns (no process-wide globals), under the
+//! prefix `kerf_controller_`. [`Metrics`] is a cheap handle: clones record into the same series.
+//!
+//! | metric | kind | labels |
+//! |---|---|---|
+//! | `reconcile_total` | counter | `controller`, `result` (`ok`/`error`), `reason` |
+//! | `reconcile_duration_seconds` | histogram | `controller` |
+//! | `class_matching_devices` | gauge | `class` |
+//! | `class_total_memory_bytes` | gauge | `class` |
+//! | `class_free_memory_bytes` | gauge | `class` |
+//! | `class_free_compute_gpus` | gauge | `class` |
+//! | `allocations_total` | counter | `result`, `reason` |
+//! | `allocation_duration_seconds` | histogram | – |
+//! | `leader` | gauge | – |
+
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::capacity::ClassCapacity;
+
+/// Prefix of every metric of the controller (an underscore is added by the registry).
+const PREFIX: &str = "kerf_controller";
+
+/// Labels of a reconcile outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileLabels {
+    controller: &'static str,
+    result: &'static str,
+    reason: &'static str,
+}
+
+/// Labels of per-controller series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ControllerLabels {
+    controller: &'static str,
+}
+
+/// Labels of per-class series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+struct ClassLabels {
+    class: String,
+}
+
+/// Labels of an allocation outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    result: &'static str,
+    reason: &'static str,
+}
+
+fn outcome(result: Result<(), &'static str>) -> (&'static str, &'static str) {
+    match result {
+        Ok(()) => ("ok", ""),
+        Err(reason) => ("error", reason),
+    }
+}
+
+/// Buckets from 1 ms to about 65 s: a reconcile that only reads caches takes milliseconds, one
+/// that waits for a slow API server takes seconds, and both ends matter.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// Handles to all metrics of the controller.
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    reconciles: Family<ReconcileLabels, Counter>,
+    reconcile_duration: Family<ControllerLabels, Histogram>,
+    class_devices: Family<ClassLabels, Gauge>,
+    class_total_memory: Family<ClassLabels, Gauge>,
+    class_free_memory: Family<ClassLabels, Gauge>,
+    class_free_compute: Family<ClassLabels, Gauge<f64, AtomicU64>>,
+    allocations: Family<OutcomeLabels, Counter>,
+    allocation_duration: Histogram,
+    leader: Gauge,
+    /// Classes that have per-class series: a `Family` cannot list its label sets.
+    classes: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in `registry` under the `kerf_controller_` prefix.
+    pub fn new(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            reconciles: Family::default(),
+            reconcile_duration: Family::new_with_constructor(latency_histogram),
+            class_devices: Family::default(),
+            class_total_memory: Family::default(),
+            class_free_memory: Family::default(),
+            class_free_compute: Family::default(),
+            allocations: Family::default(),
+            allocation_duration: latency_histogram(),
+            leader: Gauge::default(),
+            classes: Arc::default(),
+        };
+        metrics.register(registry.sub_registry_with_prefix(PREFIX));
+        metrics
+    }
+
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "reconcile",
+            "Reconciles, by controller, result and error reason",
+            self.reconciles.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time one reconcile took, by controller",
+            self.reconcile_duration.clone(),
+        );
+        registry.register(
+            "class_matching_devices",
+            "Published devices a GpuClass selects",
+            self.class_devices.clone(),
+        );
+        registry.register(
+            "class_total_memory_bytes",
+            "Memory of the devices a GpuClass selects",
+            self.class_total_memory.clone(),
+        );
+        registry.register(
+            "class_free_memory_bytes",
+            "Memory of the devices a GpuClass selects that no allocation uses",
+            self.class_free_memory.clone(),
+        );
+        registry.register(
+            "class_free_compute_gpus",
+            "Unallocated compute of the devices a GpuClass selects, in whole-GPU units",
+            self.class_free_compute.clone(),
+        );
+        registry.register(
+            "allocations",
+            "Claim allocations attempted by the controller, by result and error reason",
+            self.allocations.clone(),
+        );
+        registry.register(
+            "allocation_duration_seconds",
+            "Time from picking up a claim to its allocation being written",
+            self.allocation_duration.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease, 0 otherwise",
+            self.leader.clone(),
+        );
+    }
+
+    /// Records the outcome and duration of one reconcile of `controller`; `result` carries the
+    /// error's [`crate::Error::reason`] on failure.
+    pub fn record_reconcile(
+        &self,
+        controller: &'static str,
+        result: Result<(), &'static str>,
+        elapsed: Duration,
+    ) {
+        let (result, reason) = outcome(result);
+        self.reconciles
+            .get_or_create(&ReconcileLabels {
+                controller,
+                result,
+                reason,
+            })
+            .inc();
+        self.reconcile_duration
+            .get_or_create(&ControllerLabels { controller })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets the device count and memory gauges of `class`.
+    pub fn set_class_capacity(&self, class: &str, capacity: &ClassCapacity) {
+        let labels = self.class_labels(class);
+        self.class_devices
+            .get_or_create(&labels)
+            .set(saturating_i64(capacity.matching_devices));
+        self.class_total_memory
+            .get_or_create(&labels)
+            .set(saturating_i64(capacity.total_memory_bytes));
+        self.class_free_memory
+            .get_or_create(&labels)
+            .set(saturating_i64(capacity.free_memory_bytes));
+    }
+
+    /// Sets the free compute of `class`, in whole-GPU units (1.0 is one GPU's multiprocessors);
+    /// for the allocation controller, which tracks compute shares.
+    pub fn set_class_free_compute(&self, class: &str, gpus: f64) {
+        self.class_free_compute
+            .get_or_create(&self.class_labels(class))
+            .set(gpus);
+    }
+
+    /// Drops the per-class series of every class not in `classes` (deleted GpuClasses).
+    pub fn retain_classes<'a>(&self, classes: impl IntoIterator<Item = &'a str>) {
+        let keep: BTreeSet<&str> = classes.into_iter().collect();
+        let mut known = self.known_classes();
+        known.retain(|class| {
+            if keep.contains(class.as_str()) {
+                return true;
+            }
+            let labels = ClassLabels {
+                class: class.clone(),
+            };
+            self.class_devices.remove(&labels);
+            self.class_total_memory.remove(&labels);
+            self.class_free_memory.remove(&labels);
+            self.class_free_compute.remove(&labels);
+            false
+        });
+    }
+
+    fn class_labels(&self, class: &str) -> ClassLabels {
+        self.known_classes().insert(class.to_owned());
+        ClassLabels {
+            class: class.to_owned(),
+        }
+    }
+
+    fn known_classes(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        // The set is only ever extended or filtered; a panic elsewhere leaves it usable.
+        self.classes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records the outcome and latency of one claim allocation; `result` carries the error's
+    /// reason label on failure (e.g. `no_fit`).
+    pub fn record_allocation(&self, result: Result<(), &'static str>, elapsed: Duration) {
+        let (result, reason) = outcome(result);
+        self.allocations
+            .get_or_create(&OutcomeLabels { result, reason })
+            .inc();
+        self.allocation_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Sets whether this replica is the leader.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+}
+
+fn saturating_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::encoding::text::encode;
+
+    fn setup() -> (Registry, Metrics) {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        (registry, metrics)
+    }
+
+    fn encoded(registry: &Registry) -> String {
+        let mut text = String::new();
+        encode(&mut text, registry).unwrap();
+        text
+    }
+
+    #[test]
+    fn reconciles_are_counted_by_controller_result_and_reason() {
+        let (registry, metrics) = setup();
+        metrics.record_reconcile("gpuclass", Ok(()), Duration::from_millis(3));
+        metrics.record_reconcile("gpuclass", Err("kube_conflict"), Duration::from_millis(3));
+        metrics.record_reconcile("gpuclass", Err("kube_conflict"), Duration::from_millis(3));
+        let text = encoded(&registry);
+        assert!(
+            text.contains(
+                r#"kerf_controller_reconcile_total{controller="gpuclass",result="ok",reason=""} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kerf_controller_reconcile_total{controller="gpuclass",result="error",reason="kube_conflict"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"kerf_controller_reconcile_duration_seconds_count{controller="gpuclass"} 3"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn class_series_follow_the_classes() {
+        let (registry, metrics) = setup();
+        let capacity = ClassCapacity {
+            matching_devices: 2,
+            total_memory_bytes: 100,
+            free_memory_bytes: 40,
+        };
+        metrics.set_class_capacity("a", &capacity);
+        metrics.set_class_capacity("b", &capacity);
+        metrics.set_class_free_compute("b", 1.5);
+        let text = encoded(&registry);
+        assert!(
+            text.contains(r#"kerf_controller_class_free_memory_bytes{class="a"} 40"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kerf_controller_class_matching_devices{class="b"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kerf_controller_class_free_compute_gpus{class="b"} 1.5"#),
+            "{text}"
+        );
+
+        metrics.retain_classes(["a"]);
+        let text = encoded(&registry);
+        assert!(text.contains(r#"class="a""#), "{text}");
+        assert!(!text.contains(r#"class="b""#), "{text}");
+    }
+
+    #[test]
+    fn allocations_and_leadership_are_recorded() {
+        let (registry, metrics) = setup();
+        metrics.record_allocation(Ok(()), Duration::from_millis(20));
+        metrics.record_allocation(Err("no_fit"), Duration::from_millis(20));
+        metrics.set_leader(true);
+        let text = encoded(&registry);
+        assert!(
+            text.contains(r#"kerf_controller_allocations_total{result="error",reason="no_fit"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains("kerf_controller_allocation_duration_seconds_count 2"),
+            "{text}"
+        );
+        assert!(text.contains("kerf_controller_leader 1"), "{text}");
+    }
+}

@@ -1,0 +1,257 @@
+//! The process: metrics/health HTTP, leader election, and the controllers that run only while
+//! this replica leads.
+//!
+//! A leadership term starts the caches and every [`ControllerTask`] with one shared
+//! [`Context`]. When the term ends because the Lease was lost, the controllers are stopped and
+//! [`run`] returns [`Error::LeadershipLost`]: the process exits and restarts as a standby, as
+//! kube-controller-manager does. Nothing written from in-memory state of the old term can then
+//! outlive it.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use kube::Client;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::Caches;
+use crate::context::{Context, ControllerConfig};
+use crate::error::{Error, Result};
+use crate::gpuclass;
+use crate::http::{self, Health};
+use crate::leader::{LeaderElector, LeaseConfig};
+use crate::metrics::Metrics;
+
+/// Everything `kerf-controller` is configured with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// What the reconcilers read.
+    pub controller: ControllerConfig,
+    /// The Lease to elect a leader with; `None` runs the controllers at once (one replica only).
+    pub leader_election: Option<LeaseConfig>,
+    /// Address of `/metrics`, `/healthz` and `/readyz`; `None` serves nothing.
+    pub metrics_address: Option<SocketAddr>,
+}
+
+/// The future of a running controller.
+pub type ControllerFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+type StartFn = Box<dyn FnOnce(Arc<Context>, CancellationToken) -> ControllerFuture + Send>;
+
+/// A controller started under leadership: a name for logs and a function that runs it with
+/// the term's context until the token is cancelled.
+pub struct ControllerTask {
+    name: &'static str,
+    start: StartFn,
+}
+
+impl std::fmt::Debug for ControllerTask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerTask")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControllerTask {
+    /// A task named `name` that runs `start(context, shutdown)`. The future must return once
+    /// `shutdown` is cancelled; returning earlier ends the leadership term with an error.
+    pub fn new<F, Fut>(name: &'static str, start: F) -> Self
+    where
+        F: FnOnce(Arc<Context>, CancellationToken) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<()>> + Send + 'static,
+    {
+        Self {
+            name,
+            start: Box::new(move |ctx, shutdown| Box::pin(start(ctx, shutdown))),
+        }
+    }
+
+    /// The task's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+/// The controllers `kerf-controller` runs while it leads.
+pub fn controllers() -> Vec<ControllerTask> {
+    vec![ControllerTask::new(gpuclass::CONTROLLER, gpuclass::run)]
+}
+
+/// Runs `kerf-controller` with [`controllers`] until `shutdown` is cancelled.
+///
+/// # Errors
+///
+/// See [`run_controllers`].
+pub async fn run(config: Config, client: Client, shutdown: CancellationToken) -> Result<()> {
+    run_controllers(config, client, shutdown, controllers()).await
+}
+
+/// Serves metrics and health, takes part in the leader election and, while leading, runs
+/// `controllers`, until `shutdown` is cancelled (then the Lease is released).
+///
+/// # Errors
+///
+/// - [`Error::Http`] when the metrics address cannot be bound;
+/// - [`Error::Config`] / [`Error::LeaderElection`] when the election cannot start;
+/// - [`Error::LeadershipLost`] when this replica led and lost the Lease;
+/// - the error of a controller that stopped on its own ([`Error::ControllerStopped`] when it
+///   returned without one).
+pub async fn run_controllers(
+    config: Config,
+    client: Client,
+    shutdown: CancellationToken,
+    controllers: Vec<ControllerTask>,
+) -> Result<()> {
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let health = Health::new();
+    let http_shutdown = CancellationToken::new();
+    let http = match config.metrics_address {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(Error::Http)?;
+            Some(tokio::spawn(http::serve(
+                listener,
+                Arc::new(registry),
+                health.clone(),
+                http_shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
+    let term = Term {
+        config: &config.controller,
+        client,
+        metrics: &metrics,
+        health: &health,
+        controllers,
+    };
+    let result = match &config.leader_election {
+        None => {
+            health.set_started(true);
+            term.lead(shutdown.child_token()).await
+        }
+        Some(lease) => elect_and_lead(lease, term, &shutdown).await,
+    };
+    http_shutdown.cancel();
+    if let Some(http) = http {
+        match http.await {
+            Ok(Err(error)) => tracing::warn!(%error, "HTTP server failed"),
+            Err(join) => tracing::warn!(error = %join, "HTTP server task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
+    result
+}
+
+/// Waits for the Lease, leads until shutdown or until the Lease is lost.
+async fn elect_and_lead(
+    lease: &LeaseConfig,
+    term: Term<'_>,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let mut elector = LeaderElector::start(term.client.clone(), lease.clone()).await?;
+    term.health.set_started(true);
+    tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "waiting for leadership");
+    tokio::select! {
+        () = shutdown.cancelled() => return elector.release().await,
+        acquired = elector.acquired() => acquired?,
+    }
+    tracing::info!(identity = %lease.identity, "became leader");
+    let stop = shutdown.child_token();
+    let leading = term.lead(stop.clone());
+    tokio::pin!(leading);
+    tokio::select! {
+        result = &mut leading => {
+            if let Err(error) = elector.release().await {
+                tracing::warn!(%error, "cannot release the Lease");
+            }
+            result
+        }
+        reason = elector.lost() => {
+            tracing::error!(%reason, "lost leadership; stopping the controllers");
+            stop.cancel();
+            // The Lease is valid for others lease_duration after its last renewal and we gave
+            // up renew_deadline after it: what is left is the time in-flight work may finish.
+            let grace = lease.lease_duration.saturating_sub(lease.renew_deadline);
+            if tokio::time::timeout(grace, &mut leading).await.is_err() {
+                tracing::warn!(?grace, "controllers did not stop in time; abandoning them");
+            }
+            elector.abandon();
+            Err(Error::LeadershipLost(reason))
+        }
+    }
+}
+
+/// What a leadership term needs.
+struct Term<'a> {
+    config: &'a ControllerConfig,
+    client: Client,
+    metrics: &'a Metrics,
+    health: &'a Health,
+    controllers: Vec<ControllerTask>,
+}
+
+impl Term<'_> {
+    /// Starts the caches and the controllers and runs them until `stop` is cancelled or one
+    /// of them stops on its own (then the others are stopped too).
+    async fn lead(self, stop: CancellationToken) -> Result<()> {
+        let (health, metrics) = (self.health, self.metrics);
+        health.set_leader(true);
+        metrics.set_leader(true);
+        let result = self.run_controllers(&stop).await;
+        health.set_leader(false);
+        metrics.set_leader(false);
+        result
+    }
+
+    async fn run_controllers(self, stop: &CancellationToken) -> Result<()> {
+        let (caches, fill_caches) = Caches::start(&self.client, &self.config.driver_name);
+        let ctx = Arc::new(Context::new(
+            self.client,
+            self.config.clone(),
+            self.metrics.clone(),
+            caches,
+        ));
+        let caches_task = tokio::spawn(fill_caches);
+        let mut running: FuturesUnordered<_> = self
+            .controllers
+            .into_iter()
+            .map(|task| {
+                let name = task.name;
+                let future = (task.start)(ctx.clone(), stop.clone());
+                async move { (name, future.await) }
+            })
+            .collect();
+        let mut first_error = None;
+        if running.is_empty() {
+            stop.cancelled().await;
+        }
+        while let Some((name, result)) = running.next().await {
+            if stop.is_cancelled() {
+                if let Err(error) = result {
+                    tracing::warn!(controller = name, %error, "controller failed while stopping");
+                }
+                continue;
+            }
+            let error = result.err().unwrap_or_else(|| Error::ControllerStopped {
+                name,
+                message: "it returned before being asked to stop".to_owned(),
+            });
+            tracing::error!(controller = name, %error, "controller stopped; stopping the others");
+            first_error = Some(error);
+            stop.cancel();
+        }
+        caches_task.abort();
+        // Abort is enough: the caches only hold watches, which close with the task.
+        let _ = tokio::time::timeout(Duration::from_secs(5), caches_task).await;
+        first_error.map_or(Ok(()), Err)
+    }
+}
