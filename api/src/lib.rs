@@ -7,19 +7,27 @@
 //! - [`gpuclass`]: the GpuClass custom resource.
 //! - [`crd`]: the generated CRD manifests (written to `crds/` by the `crdgen` binary).
 //! - [`quantity`]: byte quantities (`40Gi`) parsed exactly.
+//! - [`inventory_view`](mod@inventory_view): [`node_gpus_from_slices`], the controller's
+//!   inventory read back from kerf's ResourceSlices.
+//! - [`allocation`]: claims for the controller's allocator: [`claim_request`], [`device_uses`],
+//!   [`allocation_status`].
 
+pub mod allocation;
 pub mod claim;
 pub mod crd;
 pub mod error;
 pub mod gpuclass;
+pub mod inventory_view;
 pub mod params;
 pub mod quantity;
 pub mod resourceslice;
 mod schema;
 
+pub use allocation::{allocation_status, claim_request, device_uses};
 pub use claim::{AllocatedDevice, resolve_allocation};
 pub use error::{Error, Result};
 pub use gpuclass::{GpuClass, GpuClassSpec, GpuClassStatus};
+pub use inventory_view::{inventory_view, node_gpus_from_slices};
 pub use params::{
     Allocator, GpuClaimParameters, GpuClassParameters, GpuSelector, GpuSliceAllocation,
     OpaqueConfig, OpaqueKind, Placement, PlacementPolicy, SharingConfig, SliceDevice, Slicing,
