@@ -758,3 +758,35 @@ fn usage_summary(index: &Index) -> (usize, usize) {
     }
     (nodes, partial)
 }
+
+#[test]
+fn ties_go_to_the_lowest_node_name_whatever_the_insertion_order() {
+    // Descending and interleaved insertions exhaust the gaps between the index's internal
+    // order keys and force renumbering.
+    let mut index = Index::new();
+    let mut names: Vec<String> = (0..300).rev().map(|i| format!("n-{i:03}")).collect();
+    names.extend((0..300).map(|i| format!("n-{i:03}-b")));
+    for name in &names {
+        index.upsert_node(nvlink_node(name, 1));
+    }
+    let all: Vec<&str> = names.iter().map(String::as_str).collect();
+    let whole = pod("c", vec![DeviceRequest::whole("g", 1)]);
+    assert_eq!(place(&index, &whole, &all).unwrap().node, "n-000");
+    index.remove_node("n-000");
+    assert_eq!(place(&index, &whole, &all).unwrap().node, "n-000-b");
+    index.upsert_node(nvlink_node("n-000", 1));
+    assert_eq!(place(&index, &whole, &all).unwrap().node, "n-000");
+    let spread = with_policy(DeviceRequest::whole("g", 1), Policy::Spread);
+    assert_eq!(
+        place(&index, &pod("c", vec![spread]), &all).unwrap().node,
+        "n-000"
+    );
+    let last_half: Vec<&str> = all.iter().copied().filter(|n| n.ends_with("-b")).collect();
+    assert_eq!(place(&index, &whole, &last_half).unwrap().node, "n-000-b");
+    assert_eq!(
+        kerf_core::alloc::place_where(&index, &whole, |n| n.ends_with("-b"))
+            .unwrap()
+            .node,
+        "n-000-b"
+    );
+}

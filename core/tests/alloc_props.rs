@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kerf_core::alloc::{
     ClaimRequest, DeviceRequest, DeviceUse, GpuInfo, GpuSelector, GpuView, Index, NodeGpus,
-    Placement, PodRequest, Policy, SliceSize, TopologyScope, UseKind, place,
+    Placement, PodRequest, Policy, SliceSize, TopologyScope, UseKind, place, place_where,
 };
 use kerf_core::inventory::ComputeCapability;
 use kerf_core::slice::Sharing;
@@ -416,7 +416,9 @@ proptest! {
         candidates.rotate_left(rotate % len);
         candidates.reverse();
         let second = place(&index, &pod, &candidates).map_err(|e| e.to_string());
-        prop_assert_eq!(first, second);
+        prop_assert_eq!(&first, &second);
+        let walked = place_where(&index, &pod, |_| true).map_err(|e| e.to_string());
+        prop_assert_eq!(first, walked);
     }
 
 }
