@@ -4,12 +4,14 @@
 //!   the CEL of [`selector`]) and reports what it matches ([`capacity`]).
 //! - [`run`]: the process — metrics/health HTTP ([`http`]), leader election ([`leader`]) and
 //!   the controllers that run while this replica leads ([`run::controllers`]).
+//! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
 //! - [`context`]: what every reconciler gets ([`Context`]); [`cache`]: the watch-fed caches;
 //!   [`metrics`]: Prometheus metrics; [`args`]: the command-line flags.
 
 pub mod args;
 pub mod cache;
 pub mod capacity;
+pub mod claims;
 pub mod context;
 pub mod deviceclass;
 pub mod error;

@@ -80,7 +80,12 @@ impl ControllerTask {
 
 /// The controllers `kerf-controller` runs while it leads.
 pub fn controllers() -> Vec<ControllerTask> {
-    vec![ControllerTask::new(gpuclass::CONTROLLER, gpuclass::run)]
+    vec![
+        ControllerTask::new(gpuclass::CONTROLLER, gpuclass::run),
+        ControllerTask::new("resourceclaim", |ctx, stop| {
+            crate::claims::run(ctx, stop, crate::claims::ClaimSettings::default())
+        }),
+    ]
 }
 
 /// Runs `kerf-controller` with [`controllers`] until `shutdown` is cancelled.
