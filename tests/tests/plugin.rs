@@ -693,3 +693,67 @@ async fn mig_devices_get_their_capability_nodes() {
     assert!(spec.contains(&format!("/dev/nvidia{parent}")), "{spec}");
     plugin.shutdown().await.unwrap();
 }
+
+/// What the controller writes (`kerf_api::allocation_status` for a placement of the real
+/// allocator) is what the plugin prepares: the slice's limits end up in the CDI spec.
+#[tokio::test]
+async fn prepares_a_slice_the_controller_allocated() {
+    use kerf_core::alloc::{self, DeviceRequest, Index, NodeGpus, PodRequest, SliceSize};
+
+    let node = Node::new();
+    let inventory = plugin::discover(&node.config()).unwrap();
+    let mut index = Index::new();
+    index.upsert_node(NodeGpus::from_inventory(NODE, &inventory));
+    let mut request = DeviceRequest::slices(
+        "gpu",
+        1,
+        SliceSize {
+            memory_bytes: 12 << 30,
+            compute_percent: 40,
+        },
+    );
+    request.sharing = kerf_core::slice::Sharing::Mps;
+    let pod = PodRequest {
+        claims: vec![alloc::ClaimRequest {
+            key: UID_A.into(),
+            requests: vec![request],
+        }],
+    };
+    let placement = alloc::place(&index, &pod, &[NODE]).unwrap();
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let allocation =
+        kerf_api::allocation_status(&placement.claims[0], &placement.node, DRIVER, now).unwrap();
+    let mut api_claim = allocated_claim("controller-slice", UID_A, &[], json!([]));
+    api_claim["status"]["allocation"] = serde_json::to_value(&allocation).unwrap();
+    node.add_claim(api_claim);
+
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let devices = kubelet
+        .prepare(&[claim("controller-slice", UID_A)])
+        .await
+        .unwrap()[UID_A]
+        .clone()
+        .unwrap();
+    assert_eq!(devices.len(), 1);
+    assert_eq!(
+        devices[0].device_name,
+        placement.claims[0].devices[0].device
+    );
+    let spec = node.cdi_spec(UID_A).to_string();
+    assert!(
+        spec.contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40"),
+        "{spec}"
+    );
+    assert!(
+        spec.contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=12288M"),
+        "{spec}"
+    );
+    assert!(
+        spec.contains(&format!("KERF_SLICE_MEMORY_BYTES={}", 12u64 << 30)),
+        "{spec}"
+    );
+    assert!(spec.contains("KERF_SHARING=MPS"), "{spec}");
+    plugin.shutdown().await.unwrap();
+}
