@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::{ArgAction, Parser};
 
 use crate::context::{BackoffConfig, ControllerConfig, FIELD_MANAGER};
 use crate::error::{Error, Result};
@@ -73,14 +73,7 @@ pub struct Args {
     pub log_filter: String,
 }
 
-/// `--log-format` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+pub use kerf_ops::logging::LogFormat;
 
 impl Args {
     /// Checks the values and builds the configuration; `host_name` is the identity when
@@ -141,13 +134,7 @@ impl Args {
 }
 
 fn parse_address(value: &str) -> Result<Option<SocketAddr>> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    value
-        .parse()
-        .map(Some)
-        .map_err(|e| Error::Config(format!("--metrics-address {value:?}: {e}")))
+    kerf_ops::parse_listen_address("--metrics-address", value).map_err(Error::Config)
 }
 
 #[cfg(test)]

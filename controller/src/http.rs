@@ -1,27 +1,19 @@
-//! The controller's HTTP endpoint: `/healthz`, `/readyz` and `/metrics`.
+//! The controller's HTTP endpoint (`/healthz`, `/readyz`, `/metrics`, served by
+//! [`kerf_ops::http`]).
 //!
-//! - `/healthz` answers 200 for as long as the process serves HTTP.
-//! - `/readyz` answers 200 once this replica takes part in the election (or runs without one),
-//!   as leader or standby: a standby that reported not-ready would block rolling updates of
-//!   the Deployment without making anything safer. The body says which role the replica has.
-//! - `/metrics` is the OpenMetrics text of the registry.
+//! `/readyz` answers 200 once this replica takes part in the election (or runs without one),
+//! as leader or standby: a standby that reported not-ready would block rolling updates of the
+//! Deployment without making anything safer. The body says which role the replica has.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::{Error, Result};
+pub use kerf_ops::http::{OPENMETRICS_CONTENT_TYPE, router};
 
-/// Content type of the OpenMetrics text exposition format.
-pub const OPENMETRICS_CONTENT_TYPE: &str =
-    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+use crate::error::{Error, Result};
 
 /// Readiness state shared between the election and the HTTP endpoint. Clones share state.
 #[derive(Clone, Debug, Default)]
@@ -57,19 +49,16 @@ impl Health {
     }
 }
 
-#[derive(Clone)]
-struct AppState {
-    registry: Arc<Registry>,
-    health: Health,
-}
-
-/// The HTTP routes, without a listener.
-pub fn router(registry: Arc<Registry>, health: Health) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(AppState { registry, health })
+impl kerf_ops::http::Readiness for Health {
+    fn readiness(&self) -> Result<String, String> {
+        match (self.is_ready(), self.is_leader()) {
+            (true, true) => Ok("ok: leader".to_owned()),
+            (true, false) => Ok("ok: standby".to_owned()),
+            (false, _) => {
+                Err("leader election has not started (is the Lease reachable?)".to_owned())
+            }
+        }
+    }
 }
 
 /// Serves the routes on `listener` until `shutdown` is cancelled.
@@ -83,45 +72,9 @@ pub async fn serve(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
-    }
-    axum::serve(listener, router(registry, health))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+    kerf_ops::http::serve(listener, registry, health, shutdown)
         .await
         .map_err(Error::Http)
-}
-
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(state): State<AppState>) -> Response {
-    let health = &state.health;
-    match (health.is_ready(), health.is_leader()) {
-        (true, true) => (StatusCode::OK, "ok: leader\n").into_response(),
-        (true, false) => (StatusCode::OK, "ok: standby\n").into_response(),
-        (false, _) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: leader election has not started (is the Lease reachable?)\n",
-        )
-            .into_response(),
-    }
-}
-
-async fn metrics(State(state): State<AppState>) -> Response {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
-        Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], body).into_response(),
-        Err(err) => {
-            tracing::error!(error = %err, "encoding metrics failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "encoding metrics failed\n",
-            )
-                .into_response()
-        }
-    }
 }
 
 #[cfg(test)]

@@ -4,11 +4,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Parser, ValueEnum};
+use clap::{ArgAction, Parser};
 
 use crate::config::{Discovery, PluginConfig};
-use crate::logging::LogFormat;
 use crate::{Error, Result};
+use kerf_ops::logging::LogFormat;
 
 /// kerf kubelet plugin: registers with the kubelet, publishes this node's GPUs as
 /// ResourceSlices and prepares allocated ResourceClaims as CDI devices.
@@ -82,30 +82,12 @@ pub struct Args {
     pub boot_id_file: PathBuf,
 
     /// Log format.
-    #[arg(long, env = "KERF_LOG_FORMAT", value_enum, default_value_t = LogFormatArg::Text)]
-    pub log_format: LogFormatArg,
+    #[arg(long, env = "KERF_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 
     /// Log filter in tracing's EnvFilter syntax, e.g. `info,kerf_kubelet_plugin=debug`.
     #[arg(long, env = "KERF_LOG", default_value = "info")]
     pub log_filter: String,
-}
-
-/// `--log-format` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormatArg {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-impl From<LogFormatArg> for LogFormat {
-    fn from(value: LogFormatArg) -> Self {
-        match value {
-            LogFormatArg::Text => LogFormat::Text,
-            LogFormatArg::Json => LogFormat::Json,
-        }
-    }
 }
 
 impl Args {
@@ -154,13 +136,7 @@ impl Args {
 }
 
 fn parse_address(value: &str) -> Result<Option<SocketAddr>> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    value
-        .parse()
-        .map(Some)
-        .map_err(|e| Error::Config(format!("--metrics-address {value:?}: {e}")))
+    kerf_ops::parse_listen_address("--metrics-address", value).map_err(Error::Config)
 }
 
 #[cfg(test)]

@@ -1,28 +1,18 @@
-//! The plugin's HTTP endpoint: `/healthz`, `/readyz` and `/metrics`.
+//! The plugin's HTTP endpoint (`/healthz`, `/readyz`, `/metrics`, served by [`kerf_ops::http`]).
 //!
-//! - `/healthz` answers 200 `ok` for as long as the process serves HTTP: liveness only says the
-//!   process is not wedged.
-//! - `/readyz` answers 200 only when the DRA gRPC server is serving and the kubelet has
-//!   registered the plugin; otherwise 503 with what is missing, so `kubectl describe` tells an
-//!   operator which half is broken.
-//! - `/metrics` is the OpenMetrics text of the registry.
+//! `/readyz` answers 200 only when the DRA gRPC server is serving and the kubelet has
+//! registered the plugin; otherwise 503 with what is missing, so `kubectl describe` tells an
+//! operator which half is broken.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Error, Result};
+pub use kerf_ops::http::OPENMETRICS_CONTENT_TYPE;
 
-/// Content type of the OpenMetrics text exposition format.
-pub const OPENMETRICS_CONTENT_TYPE: &str =
-    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+use crate::{Error, Result};
 
 /// Readiness state shared between the gRPC servers and the HTTP endpoint.
 ///
@@ -63,9 +53,10 @@ impl Health {
     pub fn is_ready(&self) -> bool {
         self.is_serving() && self.is_registered()
     }
+}
 
-    /// What keeps the plugin from being ready, in words; `None` when it is ready.
-    fn missing(&self) -> Option<String> {
+impl kerf_ops::http::Readiness for Health {
+    fn readiness(&self) -> Result<String, String> {
         let mut missing = Vec::new();
         if !self.is_serving() {
             missing.push("DRA gRPC server is not serving");
@@ -73,23 +64,12 @@ impl Health {
         if !self.is_registered() {
             missing.push("kubelet has not registered the plugin");
         }
-        (!missing.is_empty()).then(|| format!("not ready: {}\n", missing.join("; ")))
+        if missing.is_empty() {
+            Ok("ok".to_owned())
+        } else {
+            Err(missing.join("; "))
+        }
     }
-}
-
-#[derive(Clone)]
-struct AppState {
-    registry: Arc<Registry>,
-    health: Health,
-}
-
-/// The HTTP routes, without a listener (separate so tests and embedders can mount them).
-pub fn router(registry: Arc<Registry>, health: Health) -> Router {
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(AppState { registry, health })
 }
 
 /// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `shutdown` is cancelled, then
@@ -104,39 +84,9 @@ pub async fn serve(
     health: Health,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
-    }
-    axum::serve(listener, router(registry, health))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
+    kerf_ops::http::serve(listener, registry, health, shutdown)
         .await
         .map_err(Error::Http)
-}
-
-async fn healthz() -> &'static str {
-    "ok\n"
-}
-
-async fn readyz(State(state): State<AppState>) -> Response {
-    match state.health.missing() {
-        None => (StatusCode::OK, "ok\n").into_response(),
-        Some(missing) => (StatusCode::SERVICE_UNAVAILABLE, missing).into_response(),
-    }
-}
-
-async fn metrics(State(state): State<AppState>) -> Response {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
-        Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], body).into_response(),
-        Err(err) => {
-            tracing::error!(error = %err, "encoding metrics failed");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "encoding metrics failed\n",
-            )
-                .into_response()
-        }
-    }
 }
 
 #[cfg(test)]

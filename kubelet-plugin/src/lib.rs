@@ -16,7 +16,6 @@ pub mod driver;
 pub mod error;
 pub mod grpc;
 pub mod http;
-pub mod logging;
 pub mod metrics;
 pub mod plugin;
 pub mod publish;

@@ -3,13 +3,12 @@
 use anyhow::Context as _;
 use clap::Parser;
 use kerf_kubelet_plugin::args::Args;
-use kerf_kubelet_plugin::{logging, plugin};
+use kerf_kubelet_plugin::plugin;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    logging::init(args.log_format.into(), &args.log_filter)
-        .map_err(|e| anyhow::anyhow!("--log-filter: {e}"))?;
+    kerf_ops::logging::init(args.log_format, &args.log_filter)?;
     let config = args.into_config()?;
     let inventory = plugin::discover(&config)?;
     let client = kube::Client::try_default()
@@ -19,26 +18,10 @@ async fn main() -> anyhow::Result<()> {
     let running = plugin::start(&config, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        kerf_ops::signal::terminated().await;
         tracing::info!("shutting down");
         token.cancel();
     });
     running.wait().await?;
     Ok(())
-}
-
-async fn wait_for_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    match signal(SignalKind::terminate()) {
-        Ok(mut term) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops the plugin");
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
