@@ -43,134 +43,97 @@ impl DraService {
     }
 }
 
-macro_rules! claim_refs {
-    ($claims:expr) => {
-        $claims
-            .into_iter()
-            .map(|c| ClaimRef {
-                namespace: c.namespace,
-                uid: c.uid,
-                name: c.name,
-            })
-            .collect::<Vec<_>>()
+/// Implements one API version's `DRAPlugin` on top of [`DraService`]: the versions differ
+/// only in their generated types (and in how a device is converted).
+macro_rules! dra_plugin {
+    ($version:ident, $label:literal, $service:ty, $device:path) => {
+        #[tonic::async_trait]
+        impl $version::dra_plugin_server::DraPlugin for $service {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$version::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$version::NodePrepareResourcesResponse>, Status> {
+                let service: &DraService = self.as_ref();
+                service
+                    .metrics
+                    .record_request("NodePrepareResources", $label);
+                let claims = request.into_inner().claims.into_iter();
+                let refs = claims.map(|c| ClaimRef {
+                    namespace: c.namespace,
+                    uid: c.uid,
+                    name: c.name,
+                });
+                let answers = service.prepare(refs.collect()).await;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, result)| {
+                        let answer = match result {
+                            Ok(devices) => $version::NodePrepareResourceResponse {
+                                devices: devices.into_iter().map($device).collect(),
+                                error: String::new(),
+                            },
+                            Err(error) => $version::NodePrepareResourceResponse {
+                                devices: Vec::new(),
+                                error,
+                            },
+                        };
+                        (uid, answer)
+                    })
+                    .collect();
+                Ok(Response::new($version::NodePrepareResourcesResponse {
+                    claims,
+                }))
+            }
+
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$version::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$version::NodeUnprepareResourcesResponse>, Status> {
+                let service: &DraService = self.as_ref();
+                service
+                    .metrics
+                    .record_request("NodeUnprepareResources", $label);
+                let claims = request.into_inner().claims.into_iter();
+                let refs = claims.map(|c| ClaimRef {
+                    namespace: c.namespace,
+                    uid: c.uid,
+                    name: c.name,
+                });
+                let answers = service.unprepare(refs.collect()).await;
+                let claims = answers
+                    .into_iter()
+                    .map(|(uid, result)| {
+                        let error = result.err().unwrap_or_default();
+                        (uid, $version::NodeUnprepareResourceResponse { error })
+                    })
+                    .collect();
+                Ok(Response::new($version::NodeUnprepareResourcesResponse {
+                    claims,
+                }))
+            }
+        }
     };
 }
 
-#[tonic::async_trait]
-impl v1::dra_plugin_server::DraPlugin for DraService {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        self.metrics.record_request("NodePrepareResources", "v1");
-        let answers = self.prepare(claim_refs!(request.into_inner().claims)).await;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, result)| {
-                let answer = match result {
-                    Ok(devices) => v1::NodePrepareResourceResponse {
-                        devices: devices.into_iter().map(v1_device).collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => v1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error,
-                    },
-                };
-                (uid, answer)
-            })
-            .collect();
-        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        self.metrics.record_request("NodeUnprepareResources", "v1");
-        let answers = self
-            .unprepare(claim_refs!(request.into_inner().claims))
-            .await;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, result)| {
-                (
-                    uid,
-                    v1::NodeUnprepareResourceResponse {
-                        error: result.err().unwrap_or_default(),
-                    },
-                )
-            })
-            .collect();
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
+impl AsRef<DraService> for DraService {
+    fn as_ref(&self) -> &DraService {
+        self
     }
 }
+
+dra_plugin!(v1, "v1", DraService, v1_device);
 
 /// The v1beta1 face of [`DraService`]: the same messages without `share_id`.
 #[derive(Clone)]
 pub struct V1beta1(DraService);
 
-#[tonic::async_trait]
-impl v1beta1::dra_plugin_server::DraPlugin for V1beta1 {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        self.0
-            .metrics
-            .record_request("NodePrepareResources", "v1beta1");
-        let answers = self
-            .0
-            .prepare(claim_refs!(request.into_inner().claims))
-            .await;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, result)| {
-                let answer = match result {
-                    Ok(devices) => v1beta1::NodePrepareResourceResponse {
-                        devices: devices.into_iter().map(v1beta1_device).collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => v1beta1::NodePrepareResourceResponse {
-                        devices: Vec::new(),
-                        error,
-                    },
-                };
-                (uid, answer)
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
-            claims,
-        }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        self.0
-            .metrics
-            .record_request("NodeUnprepareResources", "v1beta1");
-        let answers = self
-            .0
-            .unprepare(claim_refs!(request.into_inner().claims))
-            .await;
-        let claims = answers
-            .into_iter()
-            .map(|(uid, result)| {
-                (
-                    uid,
-                    v1beta1::NodeUnprepareResourceResponse {
-                        error: result.err().unwrap_or_default(),
-                    },
-                )
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
+impl AsRef<DraService> for V1beta1 {
+    fn as_ref(&self) -> &DraService {
+        &self.0
     }
 }
+
+dra_plugin!(v1beta1, "v1beta1", V1beta1, v1beta1_device);
 
 fn v1_device(d: PreparedDeviceResult) -> v1::Device {
     v1::Device {
