@@ -8,7 +8,8 @@
 //! `kube::Error::Api` values a real server produces.
 //!
 //! Every request is logged ([`FakeApi::requests`]) so tests can assert how many calls code
-//! made, and faults can be scripted ([`FakeApi::fail_next`]) to exercise error handling.
+//! made, and faults can be scripted ([`FakeApi::fail_next`], [`FakeApi::delay_next`]) to
+//! exercise error handling.
 //!
 //! Deliberate simplifications, none of which kube clients observe in practice:
 //! - any resource name is accepted (no discovery, no schema validation, no defaulting);
@@ -99,6 +100,15 @@ struct Fault {
     remaining: usize,
 }
 
+/// A scripted delay: the next `remaining` matching requests are answered `delay` late.
+#[derive(Debug, Clone)]
+struct Delay {
+    method: String,
+    path_prefix: String,
+    duration: Duration,
+    remaining: usize,
+}
+
 /// Identity of a stored object.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct ObjKey {
@@ -148,6 +158,7 @@ struct State {
     status_subresources: HashSet<String>,
     requests: Vec<RecordedRequest>,
     faults: Vec<Fault>,
+    delays: Vec<Delay>,
 }
 
 /// An API error, rendered as a `Status` object.
@@ -276,6 +287,7 @@ impl FakeApi {
             status_subresources,
             requests: Vec::new(),
             faults: Vec::new(),
+            delays: Vec::new(),
         };
         Self {
             inner: Arc::new(Inner {
@@ -479,6 +491,18 @@ impl FakeApi {
         });
     }
 
+    /// Holds the next `times` requests that match `method` and `path_prefix` (as in
+    /// [`FakeApi::fail_next`]) for `delay` before answering them. A held request is already
+    /// in [`FakeApi::requests`], so a test can see it arrive and act while it is in flight.
+    pub fn delay_next(&self, method: &str, path_prefix: &str, delay: Duration, times: usize) {
+        self.state().delays.push(Delay {
+            method: method.to_owned(),
+            path_prefix: path_prefix.to_owned(),
+            duration: delay,
+            remaining: times,
+        });
+    }
+
     /// Ends every open watch, as an API server restart would; kube-runtime watchers resume.
     pub fn close_watches(&self) {
         // No receivers is fine: there is nothing to close.
@@ -514,7 +538,12 @@ impl FakeApi {
             query: raw_query,
             content_type: content_type.clone(),
         };
-        if let Some(fault) = self.record_and_check_faults(record) {
+        let delay = self.take_delay(&record);
+        let fault = self.record_and_check_faults(record);
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
+        }
+        if let Some(fault) = fault {
             return error_response(&ApiError::new(fault, "injected fault"));
         }
         let parsed = match parsed {
@@ -543,6 +572,20 @@ impl FakeApi {
             Ok((code, value)) => json_response(code, &value),
             Err(err) => error_response(&err),
         }
+    }
+
+    fn take_delay(&self, record: &RecordedRequest) -> Option<Duration> {
+        let mut state = self.state();
+        let delay = state
+            .delays
+            .iter_mut()
+            .find(|d| d.remaining > 0 && record.matches(&d.method, &d.path_prefix))
+            .map(|d| {
+                d.remaining -= 1;
+                d.duration
+            });
+        state.delays.retain(|d| d.remaining > 0);
+        delay
     }
 
     fn record_and_check_faults(&self, record: RecordedRequest) -> Option<u16> {

@@ -30,6 +30,23 @@ pub enum KubeletError {
     /// A claim of the request had no entry in the response.
     #[error("response has no entry for claim {0}")]
     MissingClaim(String),
+    /// The response has an entry for a claim that was not in the request.
+    #[error("response has an entry for claim {0}, which was not requested")]
+    UnknownClaim(String),
+    /// The plugin answered a claim with an error (its devices, if any, are ignored).
+    #[error("claim {uid}: {error}")]
+    ClaimFailed {
+        /// UID of the claim.
+        uid: String,
+        /// The plugin's message.
+        error: String,
+    },
+    /// No plugin of this driver is registered.
+    #[error("driver {0} is not registered")]
+    NotRegistered(String),
+    /// A call did not finish in time (the kubelet's limit is 45 s).
+    #[error("call timed out after {0:?}")]
+    Timeout(std::time::Duration),
 }
 
 /// Connects to a Unix socket as the kubelet does (`unix:<path>`).
@@ -242,10 +259,18 @@ impl RegisteredPlugin {
     }
 }
 
+/// The kubelet refuses a response with an entry for a claim it did not ask about, or without
+/// an entry for one it did.
 fn require_every_claim<T>(
     claims: &[Claim],
     answers: HashMap<String, T>,
 ) -> Result<HashMap<String, T>, KubeletError> {
+    if let Some(unknown) = answers
+        .keys()
+        .find(|uid| !claims.iter().any(|c| &c.uid == *uid))
+    {
+        return Err(KubeletError::UnknownClaim(unknown.clone()));
+    }
     match claims.iter().find(|c| !answers.contains_key(&c.uid)) {
         Some(missing) => Err(KubeletError::MissingClaim(missing.uid.clone())),
         None => Ok(answers),
@@ -350,6 +375,18 @@ mod tests {
         let answers = HashMap::from([("1".to_owned(), Ok::<(), String>(()))]);
         assert!(
             matches!(require_every_claim(&claims, answers), Err(KubeletError::MissingClaim(uid)) if uid == "2")
+        );
+    }
+
+    #[test]
+    fn an_unrequested_claim_is_an_error() {
+        let claims = [Claim::new("ns", "a", "1")];
+        let answers = HashMap::from([
+            ("1".to_owned(), Ok::<(), String>(())),
+            ("3".to_owned(), Ok(())),
+        ]);
+        assert!(
+            matches!(require_every_claim(&claims, answers), Err(KubeletError::UnknownClaim(uid)) if uid == "3")
         );
     }
 }

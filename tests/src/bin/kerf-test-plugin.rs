@@ -1,0 +1,48 @@
+//! `kerf-test-plugin`: the kubelet plugin library run as its own process, for tests that must
+//! kill the plugin (SIGKILL) and start it again. It takes exactly the flags of
+//! `kerf-kubelet-plugin` and reads the API server from `KUBECONFIG`; SIGTERM or Ctrl-C stop
+//! it cleanly.
+//!
+//! It lives in kerf-tests because Cargo builds a package's own binaries for that package's
+//! integration tests (`CARGO_BIN_EXE_kerf-test-plugin`), but not another package's.
+
+use clap::Parser as _;
+use kerf_kubelet_plugin::args::Args;
+use kerf_kubelet_plugin::plugin;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    // Plain text on stderr, which the test captures: the log format flag does not matter here.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log_filter)?)
+        .with_writer(std::io::stderr)
+        .init();
+    let config = args.into_config()?;
+    let inventory = plugin::discover(&config)?;
+    let client = kube::Client::try_default().await?;
+    let connections = plugin::Connections::kube(client, config.publish_resources);
+    let running = plugin::start(&config, inventory, connections).await?;
+    let token = running.shutdown_token();
+    tokio::spawn(async move {
+        wait_for_termination().await;
+        token.cancel();
+    });
+    running.wait().await?;
+    Ok(())
+}
+
+async fn wait_for_termination() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

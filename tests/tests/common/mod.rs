@@ -1,0 +1,346 @@
+//! A node for kubelet-level tests: a temporary directory laid out like a node's (registry,
+//! plugin directory, CDI directory, driver root, boot ID), an in-memory API server, the
+//! plugin in-process or as its own process, and claim builders for every kind of claim.
+
+#![allow(
+    dead_code,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "shared by several test crates, each using a part; a failing helper fails its test"
+)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
+use kerf_core::inventory::{Inventory, MigDevice};
+use kerf_core::slice::Sharing;
+use kerf_kubelet_plugin::claims::KubeClaims;
+use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_kubelet::{KubeletConfig, RetryPolicy};
+use kerf_tests::kubelet::Claim;
+use serde_json::{Value, json};
+
+pub const DRIVER: &str = "gpu.kerf.dev";
+pub const NODE: &str = "node-1";
+pub const NAMESPACE: &str = "default";
+pub const GIB: u64 = 1024 * 1024 * 1024;
+
+/// The files of the fake driver root, relative to it, as they appear in containers.
+pub const DRIVER_FILES: [&str; 4] = [
+    "usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06",
+    "usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.124.06",
+    "usr/bin/nvidia-smi",
+];
+
+/// The file name of a claim's CDI spec.
+pub fn cdi_spec_file(uid: &str) -> String {
+    format!("k8s.{DRIVER}-gpu_{uid}.json")
+}
+
+/// A claim UID that is a valid UUID, distinct per `n`.
+pub fn uid(n: u32) -> String {
+    format!("{n:08x}-0000-4000-8000-000000000000")
+}
+
+pub struct TestNode {
+    _dir: tempfile::TempDir,
+    pub root: PathBuf,
+    pub api: FakeApi,
+    pub profile: String,
+}
+
+impl TestNode {
+    /// A node whose GPUs come from the mock profile `profile` (`PROFILE[:COUNT]`).
+    pub fn new(profile: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_owned();
+        std::fs::write(root.join("boot_id"), "boot-1\n").unwrap();
+        make_driver_root(&root.join("driver-root"));
+        TestNode {
+            _dir: dir,
+            root,
+            api: FakeApi::new(),
+            profile: profile.to_owned(),
+        }
+    }
+
+    pub fn registry_dir(&self) -> PathBuf {
+        self.root.join("registry")
+    }
+
+    pub fn plugin_dir(&self) -> PathBuf {
+        self.root.join("plugins").join(DRIVER)
+    }
+
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.root.join("cdi")
+    }
+
+    pub fn checkpoint_file(&self) -> PathBuf {
+        self.plugin_dir().join("checkpoint.json")
+    }
+
+    pub fn config(&self) -> PluginConfig {
+        PluginConfig {
+            driver_name: DRIVER.into(),
+            node_name: NODE.into(),
+            registration_socket: self.registry_dir().join(format!("{DRIVER}-reg.sock")),
+            dra_socket: self.plugin_dir().join("dra.sock"),
+            cdi_dir: self.cdi_dir(),
+            checkpoint_file: self.checkpoint_file(),
+            driver_root: self.root.join("driver-root"),
+            discovery: Discovery::MockProfile(self.profile.clone()),
+            mock_device_node: PathBuf::from("/dev/null"),
+            publish_resources: false,
+            resync_period: Duration::from_secs(600),
+            metrics_address: None,
+            boot_id_file: self.root.join("boot_id"),
+        }
+    }
+
+    /// The plugin's flags for the same configuration, for the plugin as a process.
+    pub fn plugin_args(&self) -> Vec<String> {
+        let path = |p: PathBuf| p.to_string_lossy().into_owned();
+        vec![
+            format!("--driver-name={DRIVER}"),
+            format!("--node-name={NODE}"),
+            format!("--registry-dir={}", path(self.registry_dir())),
+            format!("--plugin-dir={}", path(self.plugin_dir())),
+            format!("--cdi-dir={}", path(self.cdi_dir())),
+            format!("--checkpoint-file={}", path(self.checkpoint_file())),
+            format!("--driver-root={}", path(self.root.join("driver-root"))),
+            format!("--mock-gpus={}", self.profile),
+            "--mock-device-node=/dev/null".to_owned(),
+            "--publish-resources=false".to_owned(),
+            "--metrics-address=".to_owned(),
+            format!("--boot-id-file={}", path(self.root.join("boot_id"))),
+            "--log-filter=info".to_owned(),
+        ]
+    }
+
+    pub fn inventory(&self) -> Inventory {
+        plugin::discover(&self.config()).unwrap()
+    }
+
+    /// Starts the plugin in this process, reading claims from the in-memory API.
+    pub async fn start_plugin(&self) -> RunningPlugin {
+        let config = self.config();
+        let connections = Connections {
+            claims: Arc::new(KubeClaims::new(self.api.client())),
+            publisher: None,
+        };
+        plugin::start(&config, self.inventory(), connections)
+            .await
+            .unwrap()
+    }
+
+    /// A kubelet for this node with short retries, so that tests stay fast.
+    pub fn kubelet_config(&self) -> KubeletConfig {
+        let mut config = KubeletConfig::new(self.registry_dir());
+        config.call_timeout = Duration::from_secs(20);
+        config.retry = RetryPolicy {
+            attempts: 40,
+            initial_backoff: Duration::from_millis(20),
+            max_backoff: Duration::from_millis(200),
+        };
+        config
+    }
+
+    /// Names of every file in the CDI directory, sorted.
+    pub fn cdi_files(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.cdi_dir()) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    pub fn cdi_spec(&self, uid: &str) -> Value {
+        let path = self.cdi_dir().join(cdi_spec_file(uid));
+        serde_json::from_slice(
+            &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        )
+        .unwrap()
+    }
+
+    pub fn checkpoint(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.checkpoint_file()).unwrap()).unwrap()
+    }
+
+    /// Claim UIDs in the checkpoint with their state.
+    pub fn checkpoint_claims(&self) -> Vec<(String, String)> {
+        let checkpoint = self.checkpoint();
+        let mut claims: Vec<(String, String)> = checkpoint["claims"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(uid, e)| (uid.clone(), e["state"].as_str().unwrap_or("").to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        claims.sort();
+        claims
+    }
+
+    /// Stores an allocated claim and returns how the kubelet names it.
+    pub fn add_claim(&self, claim: Value) -> Claim {
+        let stored = self.api.insert(claim);
+        Claim::new(
+            stored["metadata"]["namespace"].as_str().unwrap(),
+            stored["metadata"]["name"].as_str().unwrap(),
+            stored["metadata"]["uid"].as_str().unwrap(),
+        )
+    }
+
+    /// A claim the scheduler allocated: one whole device (a GPU or a MIG device).
+    pub fn device_claim(&self, name: &str, uid: &str, device: &str) -> Claim {
+        self.add_claim(allocated_claim(
+            name,
+            uid,
+            &json!({"devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}),
+        ))
+    }
+
+    /// A slice the controller allocated, written exactly as the controller writes it
+    /// (`kerf_api::allocation_status` of an allocator placement).
+    pub fn slice_claim(
+        &self,
+        name: &str,
+        uid: &str,
+        gpu_minor: u32,
+        memory_bytes: u64,
+        compute_percent: u8,
+    ) -> Claim {
+        let inventory = self.inventory();
+        let gpu = inventory.gpu_by_minor(gpu_minor).unwrap();
+        let placement = ClaimPlacement {
+            key: uid.to_owned(),
+            devices: vec![PlacedDevice {
+                request: "gpu".to_owned(),
+                device: gpu.device_name(),
+                gpu_uuid: gpu.uuid.clone(),
+                slice: Some(SliceSize {
+                    memory_bytes,
+                    compute_percent,
+                }),
+                sharing: Sharing::Mps,
+            }],
+        };
+        let allocation = kerf_api::allocation_status(
+            &placement,
+            NODE,
+            DRIVER,
+            Time(k8s_openapi::jiff::Timestamp::now()),
+        )
+        .unwrap();
+        self.add_claim(allocated_claim(
+            name,
+            uid,
+            &serde_json::to_value(allocation).unwrap(),
+        ))
+    }
+
+    /// The first GPU without MIG and the first MIG device (with its parent's minor).
+    pub fn whole_gpu_and_mig(&self) -> (u32, u32, MigDevice) {
+        let inventory = self.inventory();
+        let whole = inventory
+            .gpus
+            .iter()
+            .find(|g| !g.mig_enabled)
+            .expect("profile has a GPU without MIG")
+            .minor;
+        let (parent, mig) = inventory
+            .gpus
+            .iter()
+            .find_map(|g| g.mig_devices.first().map(|m| (g.minor, m.clone())))
+            .expect("profile has a MIG device");
+        (whole, parent, mig)
+    }
+}
+
+pub fn allocated_claim(name: &str, uid: &str, allocation: &Value) -> Value {
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE, "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+        "status": {"allocation": allocation}
+    })
+}
+
+/// A driver root with the files a real one has, so that the mounts can be checked.
+fn make_driver_root(root: &Path) {
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("libcuda.so.570.124.06"), b"libcuda\n").unwrap();
+    std::os::unix::fs::symlink("libcuda.so.570.124.06", lib.join("libcuda.so.1")).unwrap();
+    std::fs::write(lib.join("libnvidia-ml.so.570.124.06"), b"libnvidia-ml\n").unwrap();
+    let bin = root.join("usr/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("nvidia-smi"), b"#!/bin/sh\necho fake\n").unwrap();
+}
+
+/// Polls `condition` every 10 ms until it holds; panics with `what` after `timeout`.
+pub async fn eventually(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The plugin as its own process (`kerf-test-plugin`), so that it can be SIGKILLed. Its
+/// stderr goes to a log file that [`PluginProcess::log`] reads back for failure messages.
+pub struct PluginProcess {
+    child: Child,
+    log: PathBuf,
+}
+
+impl PluginProcess {
+    pub fn spawn(binary: &str, node: &TestNode, kubeconfig: &Path, generation: u32) -> Self {
+        let log = node.root.join(format!("plugin-{generation}.log"));
+        let child = Command::new(binary)
+            .args(node.plugin_args())
+            .env_clear()
+            .env("KUBECONFIG", kubeconfig)
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {binary}: {e}"));
+        PluginProcess { child, log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: no cleanup of any kind runs in the plugin.
+    pub fn kill(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+impl Drop for PluginProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
