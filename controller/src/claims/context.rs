@@ -1,6 +1,6 @@
 //! What the claim reconciler needs besides the shared [`Context`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -8,10 +8,12 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use kerf_api::{Allocator, GpuClassParameters, OpaqueConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
+use tokio::sync::mpsc::UnboundedSender;
 
 use super::consumers;
 use super::index::CapacityIndex;
 use crate::context::Context;
+use crate::error::{Error, Result};
 
 /// Timing of the claim reconciler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +22,7 @@ pub struct ClaimSettings {
     pub unsuitable_for: Duration,
     /// When to try again after nothing fitted.
     pub unplaceable_retry: Duration,
-    /// When to look again at a pod whose template claims do not exist yet.
+    /// When to look again at a pod whose claims do not all exist yet.
     pub pending_retry: Duration,
 }
 
@@ -36,9 +38,12 @@ impl Default for ClaimSettings {
 
 /// State of the claim reconciler.
 pub struct ClaimsContext {
-    /// Client, config, metrics, recorder and the caches of slices, claims and DeviceClasses.
+    /// Client, config, metrics, recorder and the caches of slices and DeviceClasses.
     pub base: Arc<Context>,
-    /// Every pod.
+    /// Every ResourceClaim: the store the reconciler is fed from, so that the capacity index
+    /// and the pod's other claims are never older than the claim being reconciled.
+    pub claims: Store<ResourceClaim>,
+    /// Every pod; its watch also triggers the pod's claims, after the store is updated.
     pub pods: Store<Pod>,
     /// Every node.
     pub nodes: Store<Node>,
@@ -46,26 +51,72 @@ pub struct ClaimsContext {
     pub capacity: Mutex<CapacityIndex>,
     /// Nodes the scheduler rejected, per pod UID, until when.
     pub unsuitable: Mutex<HashMap<String, HashMap<String, Instant>>>,
+    /// Claims whose missing allocation is our own doing although they carry the node
+    /// annotation: an allocation being written or rolled back, a deallocation not finished.
+    /// Such a claim was not rejected by the scheduler.
+    pub self_cleared: Mutex<HashSet<String>>,
+    /// Reconciles other claims (those that must yield a device to the scheduler, those
+    /// waiting for capacity).
+    pub trigger: UnboundedSender<ObjectRef<ResourceClaim>>,
+    /// Claims that did not fit, to try again as soon as the controller frees capacity.
+    pub waiting: Mutex<HashSet<ObjectRef<ResourceClaim>>>,
     /// Timing.
     pub settings: ClaimSettings,
+}
+
+impl std::fmt::Debug for ClaimsContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClaimsContext")
+            .field("claims", &self.claims.len())
+            .field("pods", &self.pods.len())
+            .field("nodes", &self.nodes.len())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded maps stay meaningful whatever panicked while the lock was held.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl ClaimsContext {
     /// Builds the context.
     pub fn new(
         base: Arc<Context>,
+        claims: Store<ResourceClaim>,
         pods: Store<Pod>,
         nodes: Store<Node>,
+        trigger: UnboundedSender<ObjectRef<ResourceClaim>>,
         settings: ClaimSettings,
     ) -> Self {
         ClaimsContext {
             base,
+            claims,
             pods,
             nodes,
             capacity: Mutex::new(CapacityIndex::default()),
             unsuitable: Mutex::new(HashMap::new()),
+            self_cleared: Mutex::new(HashSet::new()),
+            trigger,
+            waiting: Mutex::new(HashSet::new()),
             settings,
         }
+    }
+
+    /// Waits until every store the reconciler reads holds its first complete list.
+    ///
+    /// # Errors
+    /// [`Error::ControllerStopped`] when a store's watch was dropped first.
+    pub async fn wait_ready(&self) -> Result<()> {
+        let stopped = |_| Error::ControllerStopped {
+            name: "resourceclaim",
+            message: "a watch stopped before its first list completed".to_owned(),
+        };
+        self.claims.wait_until_ready().await.map_err(stopped)?;
+        self.pods.wait_until_ready().await.map_err(stopped)?;
+        self.nodes.wait_until_ready().await.map_err(stopped)?;
+        self.base.caches.wait_ready().await
     }
 
     /// The driver name.
@@ -73,13 +124,18 @@ impl ClaimsContext {
         &self.base.config.driver_name
     }
 
-    /// The capacity index, brought up to date with the caches.
+    /// The capacity index, brought up to date with the stores.
     pub fn capacity(&self) -> MutexGuard<'_, CapacityIndex> {
-        let mut capacity = self.capacity.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut capacity = lock(&self.capacity);
         let slices = self.base.caches.slices.state();
-        let claims = self.base.caches.claims.state();
+        let claims = self.claims.state();
         capacity.sync(&slices, &claims, self.driver(), Instant::now());
         capacity
+    }
+
+    /// The capacity index as it is, without syncing.
+    pub fn capacity_unsynced(&self) -> MutexGuard<'_, CapacityIndex> {
+        lock(&self.capacity)
     }
 
     /// The kerf class parameters of DeviceClass `name`, when it carries them.
@@ -108,7 +164,13 @@ impl ClaimsContext {
             })
     }
 
-    /// Live pods in the claim's namespace that use it.
+    /// The cached claim `name` in `namespace`.
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<Arc<ResourceClaim>> {
+        self.claims
+            .get(&ObjectRef::<ResourceClaim>::new(name).within(namespace))
+    }
+
+    /// Live pods in the claim's namespace that use it, oldest first.
     pub fn consumers(&self, claim: &ResourceClaim) -> Vec<Arc<Pod>> {
         let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
@@ -133,25 +195,24 @@ impl ClaimsContext {
         pods
     }
 
-    /// Marks `node` unsuitable for `pod_uid` for [`ClaimSettings::unsuitable_for`].
+    /// Marks `node` unsuitable for `pod_uid` for [`ClaimSettings::unsuitable_for`]; expired
+    /// marks of every pod (deleted pods included) are dropped on the way.
     pub fn mark_unsuitable(&self, pod_uid: &str, node: &str) {
-        let until = Instant::now() + self.settings.unsuitable_for;
-        let mut map = self
-            .unsuitable
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        let mut map = lock(&self.unsuitable);
+        map.retain(|_, nodes| {
+            nodes.retain(|_, until| *until > now);
+            !nodes.is_empty()
+        });
         map.entry(pod_uid.to_owned())
             .or_default()
-            .insert(node.to_owned(), until);
+            .insert(node.to_owned(), now + self.settings.unsuitable_for);
     }
 
     /// Nodes currently unsuitable for `pod_uid`.
     pub fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
         let now = Instant::now();
-        let mut map = self
-            .unsuitable
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(&self.unsuitable);
         let Some(nodes) = map.get_mut(pod_uid) else {
             return Vec::new();
         };
@@ -161,6 +222,39 @@ impl ClaimsContext {
             map.remove(pod_uid);
         }
         out
+    }
+
+    /// Records that claim `uid` lacks its allocation because of us (see `self_cleared`).
+    pub fn set_self_cleared(&self, uid: &str, cleared: bool) {
+        let mut set = lock(&self.self_cleared);
+        if cleared {
+            set.insert(uid.to_owned());
+        } else {
+            set.remove(uid);
+        }
+    }
+
+    /// Remembers that `claim` waits for capacity.
+    pub fn wait_for_capacity(&self, claim: &ResourceClaim) {
+        lock(&self.waiting).insert(ObjectRef::from_obj(claim));
+    }
+
+    /// Capacity was freed: every waiting claim is reconciled again.
+    pub fn capacity_freed(&self) {
+        let waiting: Vec<_> = lock(&self.waiting).drain().collect();
+        for claim in waiting {
+            if self.trigger.send(claim).is_err() {
+                // The controller is stopping; nothing will be reconciled any more.
+                return;
+            }
+        }
+    }
+
+    /// For an annotated claim without allocation: true (once) when the missing allocation is
+    /// not our doing, i.e. someone else cleared it. From then on it counts as ours, so that
+    /// the rejection is acted on once.
+    pub fn take_rejection(&self, uid: &str) -> bool {
+        lock(&self.self_cleared).insert(uid.to_owned())
     }
 }
 

@@ -1,10 +1,21 @@
-//! The allocator's view of free capacity, kept in step with the watch-fed caches.
+//! The allocator's view of free capacity, kept in step with the watch-fed stores.
 //!
-//! The caches hold every ResourceSlice of the driver and every ResourceClaim; [`CapacityIndex`]
-//! turns them into [`kerf_core::alloc::Index`] incrementally: a pool is rebuilt only when one
-//! of its slices changed, a claim's usage only when its resourceVersion changed. Allocations
-//! this controller has just written are *assumed* until the watch shows them, so two
-//! reconciles never hand out the same capacity while the API server's echo is in flight.
+//! The stores hold every ResourceSlice of the driver and every ResourceClaim;
+//! [`CapacityIndex`] turns them into [`kerf_core::alloc::Index`] incrementally: a pool is
+//! rebuilt only when one of its slices changed, a claim's usage only when its resourceVersion
+//! changed.
+//!
+//! Allocations this controller is writing are *assumed* until the watch shows them, so two
+//! reconciles never hand out the same capacity while the API server's echo is in flight. An
+//! assumption is first *pending* (the write has not returned: every cached version is older)
+//! and then *confirmed* with the resourceVersion the write returned: cached versions older
+//! than that one are ignored, the first one at least as new replaces the assumption. This is
+//! the scheduler's assume cache rule; like it, it relies on resourceVersions of one resource
+//! growing as integers, which every etcd-backed API server guarantees. An assumption the
+//! cache never confirms expires after [`ASSUME_TTL`].
+//!
+//! The index also records which claims a reconcile is writing right now ([`CapacityIndex::begin`]),
+//! so that concurrent reconciles of a pod's claims do not race each other's writes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -13,17 +24,36 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_core::alloc::{DeviceUse, Index};
 use kube::ResourceExt as _;
+use kube::runtime::reflector::ObjectRef;
 
 /// How long an assumed allocation waits for the watch to show it before it is dropped.
 pub const ASSUME_TTL: Duration = Duration::from_secs(60);
 
-/// Free capacity per GPU, fed from the caches.
+/// Where the index's knowledge of one claim comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    /// The cached object at this resourceVersion.
+    Cache { version: String },
+    /// Our own write: pending (`after: None`) or returned at resourceVersion `after`.
+    Assumed {
+        after: Option<u64>,
+        expires: Instant,
+    },
+}
+
+/// Free capacity per GPU, fed from the stores.
 #[derive(Debug, Default)]
 pub struct CapacityIndex {
     index: Index,
-    claim_versions: HashMap<String, String>,
     pool_versions: HashMap<String, String>,
-    assumed: HashMap<String, (Vec<DeviceUse>, Instant)>,
+    claims: HashMap<String, Source>,
+    refs: HashMap<String, ObjectRef<ResourceClaim>>,
+    in_flight: HashSet<String>,
+}
+
+/// A resourceVersion as the integer etcd makes it; `None` when it is not one.
+fn version_number(version: &str) -> Option<u64> {
+    version.parse().ok()
 }
 
 impl CapacityIndex {
@@ -32,7 +62,7 @@ impl CapacityIndex {
         &self.index
     }
 
-    /// Brings the index up to date with the caches' current contents.
+    /// Brings the index up to date with the stores' current contents.
     pub fn sync(
         &mut self,
         slices: &[Arc<ResourceSlice>],
@@ -44,21 +74,95 @@ impl CapacityIndex {
         self.sync_claims(claims, driver, now);
     }
 
-    /// Records an allocation this controller is writing for claim `uid`.
+    /// Records an allocation this controller is about to write for claim `uid` (pending).
     pub fn assume(&mut self, uid: &str, uses: Vec<DeviceUse>, now: Instant) {
-        self.index.set_claim_usage(uid, uses.clone());
-        self.assumed
-            .insert(uid.to_owned(), (uses, now + ASSUME_TTL));
-        // Force the next sync to look at the claim again.
-        self.claim_versions.remove(uid);
+        self.index.set_claim_usage(uid, uses);
+        self.claims.insert(
+            uid.to_owned(),
+            Source::Assumed {
+                after: None,
+                expires: now + ASSUME_TTL,
+            },
+        );
     }
 
-    /// Drops what is known about claim `uid` (after a rollback or a deallocation); the next
-    /// sync takes the claim from the cache again.
+    /// The write of claim `uid`'s allocation (or deallocation, with no uses) returned
+    /// `version`: cached versions older than it are ignored from now on.
+    pub fn confirm(&mut self, uid: &str, uses: Vec<DeviceUse>, version: &str, now: Instant) {
+        self.index.set_claim_usage(uid, uses);
+        self.claims.insert(
+            uid.to_owned(),
+            Source::Assumed {
+                after: version_number(version),
+                expires: now + ASSUME_TTL,
+            },
+        );
+    }
+
+    /// Drops what is known about claim `uid` (after a rollback); the next sync takes the
+    /// claim from the cache again.
     pub fn forget(&mut self, uid: &str) {
         self.index.remove_claim(uid);
-        self.assumed.remove(uid);
-        self.claim_versions.remove(uid);
+        self.claims.remove(uid);
+    }
+
+    /// True when `claim` is older than what the index knows: an allocation of ours is being
+    /// written, or was written at a newer resourceVersion than the copy's. Deciding on such a
+    /// copy would undo our own write; the watch brings the newer version soon.
+    pub fn is_stale(&self, claim: &ResourceClaim) -> bool {
+        let Some(uid) = claim.metadata.uid.as_deref() else {
+            return false;
+        };
+        let copy = claim
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(version_number);
+        match self.claims.get(uid) {
+            Some(Source::Assumed { after: None, .. }) => true,
+            Some(Source::Assumed {
+                after: Some(after), ..
+            }) => copy.is_none_or(|copy| copy < *after),
+            Some(Source::Cache { version }) => match (copy, version_number(version)) {
+                (Some(copy), Some(known)) => copy < known,
+                _ => false,
+            },
+            None => false,
+        }
+    }
+
+    /// Marks claims as being written by one reconcile. Returns false, marking nothing, when
+    /// another reconcile is writing one of them.
+    pub fn begin(&mut self, uids: &[String]) -> bool {
+        if uids.iter().any(|uid| self.in_flight.contains(uid)) {
+            return false;
+        }
+        self.in_flight.extend(uids.iter().cloned());
+        true
+    }
+
+    /// Ends what [`CapacityIndex::begin`] started.
+    pub fn end(&mut self, uids: &[String]) {
+        for uid in uids {
+            self.in_flight.remove(uid);
+        }
+    }
+
+    /// True when a reconcile is writing claim `uid`.
+    pub fn in_flight(&self, uid: &str) -> bool {
+        self.in_flight.contains(uid)
+    }
+
+    /// The claims (but `except`) that hold or share device `device` of `node`.
+    pub fn holders(&self, node: &str, device: &str, except: &str) -> Vec<ObjectRef<ResourceClaim>> {
+        let mut refs: Vec<ObjectRef<ResourceClaim>> = self
+            .index
+            .claims_using(node, device)
+            .filter(|uid| *uid != except)
+            .filter_map(|uid| self.refs.get(uid).cloned())
+            .collect();
+        refs.dedup();
+        refs
     }
 
     fn sync_pools(&mut self, slices: &[Arc<ResourceSlice>], driver: &str) {
@@ -103,44 +207,55 @@ impl CapacityIndex {
             };
             seen.insert(uid);
             let version = claim.resource_version().unwrap_or_default();
-            if self.claim_versions.get(uid) == Some(&version) {
+            if !self.cache_wins(uid, &version, now) {
                 continue;
             }
             let uses = kerf_api::allocation::device_uses(claim, driver);
-            match self.assumed.get(uid) {
-                // The cache has not caught up with our own write yet: keep the assumption.
-                Some((_, expires)) if uses.is_empty() && *expires > now => continue,
-                Some(_) => {
-                    self.assumed.remove(uid);
-                }
-                None => {}
-            }
             if uses.is_empty() {
-                self.index.remove_claim(uid);
+                self.refs.remove(uid);
             } else {
-                self.index.set_claim_usage(uid, uses);
+                self.refs
+                    .insert(uid.to_owned(), ObjectRef::from_obj(claim.as_ref()));
             }
-            self.claim_versions.insert(uid.to_owned(), version);
+            self.index.set_claim_usage(uid, uses);
+            self.claims
+                .insert(uid.to_owned(), Source::Cache { version });
         }
         let gone: Vec<String> = self
-            .claim_versions
-            .keys()
-            .filter(|uid| !seen.contains(uid.as_str()))
-            .cloned()
+            .claims
+            .iter()
+            .filter(|(uid, source)| {
+                !seen.contains(uid.as_str())
+                    && match source {
+                        Source::Cache { .. } => true,
+                        Source::Assumed { expires, .. } => *expires <= now,
+                    }
+            })
+            .map(|(uid, _)| uid.clone())
             .collect();
         for uid in gone {
-            if !self.assumed.contains_key(&uid) {
-                self.index.remove_claim(&uid);
-                self.claim_versions.remove(&uid);
+            self.index.remove_claim(&uid);
+            self.claims.remove(&uid);
+            self.refs.remove(&uid);
+        }
+    }
+
+    /// Whether the cached `version` of claim `uid` replaces what the index holds.
+    fn cache_wins(&self, uid: &str, version: &str, now: Instant) -> bool {
+        match self.claims.get(uid) {
+            None => true,
+            Some(Source::Cache { version: known }) => known != version,
+            Some(Source::Assumed { after, expires }) => {
+                if *expires <= now {
+                    return true;
+                }
+                match (after, version_number(version)) {
+                    (Some(after), Some(cached)) => cached >= *after,
+                    // Pending, or versions that are not numbers: wait for the expiry.
+                    _ => false,
+                }
             }
         }
-        self.assumed.retain(|uid, (_, expires)| {
-            let keep = *expires > now || seen.contains(uid.as_str());
-            if !keep {
-                self.index.remove_claim(uid);
-            }
-            keep
-        });
     }
 }
 
@@ -158,4 +273,97 @@ fn fingerprint(slices: &[&Arc<ResourceSlice>]) -> String {
         .collect();
     parts.sort();
     parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const DRIVER: &str = "gpu.kerf.dev";
+
+    fn claim(version: &str, device: Option<&str>) -> Arc<ResourceClaim> {
+        let mut value = json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u1", "resourceVersion": version},
+            "spec": {"devices": {"requests": []}},
+        });
+        if let Some(device) = device {
+            value["status"] = json!({"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": device}
+            ]}}});
+        }
+        Arc::new(serde_json::from_value(value).unwrap())
+    }
+
+    fn held(index: &CapacityIndex) -> Vec<String> {
+        index
+            .index()
+            .claim_uses("u1")
+            .unwrap_or_default()
+            .iter()
+            .map(|u| u.device.clone())
+            .collect()
+    }
+
+    #[test]
+    fn an_assumption_survives_older_cached_versions_and_yields_to_newer_ones() {
+        let now = Instant::now();
+        let mut index = CapacityIndex::default();
+        // The cache shows an old allocation on gpu-0; we re-place the claim on gpu-1.
+        index.sync(&[], &[claim("5", Some("gpu-0"))], DRIVER, now);
+        assert_eq!(held(&index), ["gpu-0"]);
+        index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
+        assert!(index.is_stale(&claim("5", Some("gpu-0"))));
+        index.sync(&[], &[claim("5", Some("gpu-0"))], DRIVER, now);
+        assert_eq!(held(&index), ["gpu-1"], "pending: the cache cannot win");
+        index.confirm("u1", vec![DeviceUse::whole("n1", "gpu-1")], "9", now);
+        index.sync(&[], &[claim("7", None)], DRIVER, now);
+        assert_eq!(held(&index), ["gpu-1"], "older than our write");
+        assert!(index.is_stale(&claim("7", None)));
+        index.sync(&[], &[claim("9", Some("gpu-1"))], DRIVER, now);
+        assert_eq!(held(&index), ["gpu-1"]);
+        assert!(!index.is_stale(&claim("9", Some("gpu-1"))));
+        index.sync(&[], &[claim("11", None)], DRIVER, now);
+        assert!(held(&index).is_empty(), "a newer cached version wins");
+    }
+
+    #[test]
+    fn an_unconfirmed_assumption_expires() {
+        let now = Instant::now();
+        let mut index = CapacityIndex::default();
+        index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
+        index.sync(&[], &[], DRIVER, now);
+        assert_eq!(held(&index), ["gpu-1"], "the claim may not be cached yet");
+        index.sync(&[], &[claim("3", None)], DRIVER, now + ASSUME_TTL);
+        assert!(held(&index).is_empty());
+        index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
+        index.sync(&[], &[], DRIVER, now + ASSUME_TTL);
+        assert!(held(&index).is_empty(), "gone from the cache and expired");
+    }
+
+    #[test]
+    fn forgetting_returns_to_the_cache_and_holders_name_other_claims() {
+        let now = Instant::now();
+        let mut index = CapacityIndex::default();
+        index.sync(&[], &[claim("5", Some("gpu-0"))], DRIVER, now);
+        let holders = index.holders("n1", "gpu-0", "other");
+        assert_eq!(holders.len(), 1);
+        assert_eq!(holders[0].name, "c");
+        assert!(index.holders("n1", "gpu-0", "u1").is_empty());
+        index.assume("u1", vec![DeviceUse::whole("n1", "gpu-3")], now);
+        index.forget("u1");
+        index.sync(&[], &[claim("5", Some("gpu-0"))], DRIVER, now);
+        assert_eq!(held(&index), ["gpu-0"]);
+    }
+
+    #[test]
+    fn claims_are_written_by_one_reconcile_at_a_time() {
+        let mut index = CapacityIndex::default();
+        let both = ["a".to_owned(), "b".to_owned()];
+        assert!(index.begin(&both));
+        assert!(!index.begin(&["b".to_owned(), "c".to_owned()]));
+        assert!(!index.in_flight("c"), "a refused begin marks nothing");
+        index.end(&both);
+        assert!(index.begin(&["b".to_owned()]));
+    }
 }

@@ -9,7 +9,9 @@
 //!
 //! It yields to the scheduler (a device the scheduler allocated exclusively is given up by a
 //! not-yet-reserved controller claim), remembers nodes the scheduler rejected (an allocation it
-//! cleared), and deallocates claims that are deleted or that no live pod uses any more.
+//! cleared), and deallocates claims that are deleted or that no live pod uses any more. Why a
+//! pod's claims are not allocated is said in Events and in the pod condition
+//! [`CONDITION_TYPE`].
 
 pub mod consumers;
 pub mod context;
@@ -27,3 +29,20 @@ pub const FINALIZER: &str = "gpu.kerf.dev/allocation";
 /// Annotation naming the node the controller allocated a claim on: how a later reconcile
 /// tells "the scheduler cleared our allocation" from "never allocated".
 pub const ALLOCATED_NODE_ANNOTATION: &str = "gpu.kerf.dev/allocated-node";
+
+/// Type of the pod condition that says whether the pod's controller claims are allocated.
+pub const CONDITION_TYPE: &str = "gpu.kerf.dev/GpuAllocation";
+
+/// Reasons of Events and of the pod condition.
+pub mod reasons {
+    /// The claims are allocated (condition True; Event on each claim).
+    pub const ALLOCATED: &str = "Allocated";
+    /// Nothing fits (condition False; Warning Events).
+    pub const UNPLACEABLE: &str = "Unplaceable";
+    /// A claim's parameters are invalid (condition False; Warning Event on the claim).
+    pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+    /// The controller cleared its allocation of a claim.
+    pub const DEALLOCATED: &str = "Deallocated";
+    /// The scheduler cleared an allocation the controller wrote: the node is avoided for the pod.
+    pub const NODE_REJECTED: &str = "NodeRejected";
+}

@@ -1,13 +1,15 @@
-//! The controller's writes to ResourceClaims: every write carries the resourceVersion it was
-//! computed from, so a concurrent change fails it with a conflict instead of being
-//! overwritten.
+//! The controller's writes to ResourceClaims and pods. Every claim write carries the
+//! resourceVersion it was computed from, so a concurrent change fails it with a conflict
+//! instead of being overwritten.
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
 
-use super::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
+use super::{ALLOCATED_NODE_ANNOTATION, CONDITION_TYPE, FINALIZER};
 use crate::error::{Error, Result};
 
 fn name_and_version(claim: &ResourceClaim) -> Result<(String, String)> {
@@ -26,7 +28,16 @@ fn name_and_version(claim: &ResourceClaim) -> Result<(String, String)> {
     Ok((name, version))
 }
 
-/// Adds the finalizer and records the node, guarded by the claim's resourceVersion.
+/// The claim's API in its namespace.
+pub fn claim_api(client: &kube::Client, claim: &ResourceClaim) -> Api<ResourceClaim> {
+    Api::namespaced(
+        client.clone(),
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+    )
+}
+
+/// Adds the finalizer and records the node, guarded by the claim's resourceVersion: the
+/// finalizer is in place before any allocation exists.
 ///
 /// # Errors
 /// The API call failed (a conflict when the claim changed meanwhile).
@@ -69,8 +80,8 @@ pub async fn write_allocation(
         .await?)
 }
 
-/// Clears `status.allocation` (and `reservedFor`, which must be empty for a deallocation),
-/// guarded by the claim's resourceVersion.
+/// Clears `status.allocation` and `status.devices` (the driver's device status belongs to the
+/// allocation), guarded by the claim's resourceVersion; only called for unreserved claims.
 ///
 /// # Errors
 /// The API call failed (a conflict when the claim changed meanwhile).
@@ -85,7 +96,8 @@ pub async fn clear_allocation(
         .await?)
 }
 
-/// Removes the node annotation and, with `drop_finalizer`, the finalizer.
+/// Removes the node annotation and, with `drop_finalizer`, the finalizer, guarded by the
+/// claim's resourceVersion. Without anything to remove it writes nothing and returns `None`.
 ///
 /// # Errors
 /// The API call failed (a conflict when the claim changed meanwhile).
@@ -93,10 +105,19 @@ pub async fn unmark(
     api: &Api<ResourceClaim>,
     claim: &ResourceClaim,
     drop_finalizer: bool,
-) -> Result<ResourceClaim> {
+) -> Result<Option<ResourceClaim>> {
+    let annotated = claim.annotations().contains_key(ALLOCATED_NODE_ANNOTATION);
+    let finalized = claim.finalizers().iter().any(|f| f == FINALIZER);
+    let removing = drop_finalizer && finalized;
+    if !annotated && !removing {
+        return Ok(None);
+    }
     let (name, version) = name_and_version(claim)?;
-    let mut metadata = json!({"resourceVersion": version, "annotations": {ALLOCATED_NODE_ANNOTATION: Value::Null}});
-    if drop_finalizer {
+    let mut metadata = json!({"resourceVersion": version});
+    if annotated {
+        metadata["annotations"] = json!({ALLOCATED_NODE_ANNOTATION: Value::Null});
+    }
+    if removing {
         let finalizers: Vec<&String> = claim
             .finalizers()
             .iter()
@@ -105,7 +126,67 @@ pub async fn unmark(
         metadata["finalizers"] = json!(finalizers);
     }
     let patch = json!({"metadata": metadata});
-    Ok(api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?)
+    Ok(Some(
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?,
+    ))
+}
+
+/// The pod condition the controller reports on, as it should be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodCondition {
+    /// True when the pod's claims are allocated.
+    pub allocated: bool,
+    /// CamelCase reason.
+    pub reason: &'static str,
+    /// Why, in words.
+    pub message: String,
+}
+
+/// Sets the pod's `gpu.kerf.dev/GpuAllocation` condition when it differs from `condition`
+/// (a strategic merge patch of `pods/status`, which merges conditions by type). Returns
+/// whether it wrote.
+///
+/// # Errors
+/// The API call failed.
+pub async fn set_pod_condition(
+    client: &kube::Client,
+    pod: &Pod,
+    condition: &PodCondition,
+) -> Result<bool> {
+    let status = if condition.allocated { "True" } else { "False" };
+    let current = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_TYPE));
+    if current.is_some_and(|c| {
+        c.status == status
+            && c.reason.as_deref() == Some(condition.reason)
+            && c.message.as_deref() == Some(condition.message.as_str())
+    }) {
+        return Ok(false);
+    }
+    let transition = current
+        .filter(|c| c.status == status)
+        .and_then(|c| c.last_transition_time.clone())
+        .unwrap_or_else(|| Time(k8s_openapi::jiff::Timestamp::now()));
+    let name = pod.metadata.name.clone().ok_or(Error::MissingField {
+        kind: "Pod",
+        field: "name",
+    })?;
+    let api: Api<Pod> = Api::namespaced(
+        client.clone(),
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    let patch = json!({"status": {"conditions": [{
+        "type": CONDITION_TYPE,
+        "status": status,
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastTransitionTime": transition,
+    }]}});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+        .await?;
+    Ok(true)
 }

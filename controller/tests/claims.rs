@@ -1,0 +1,1045 @@
+//! The ResourceClaim allocation controller against the in-memory API server: the real
+//! controller (`claims::run` under `run_controllers`, leader election off) on four nodes of
+//! 8 × H100 each, with kerf's ResourceSlices and controller-class DeviceClasses as the GpuClass
+//! reconciler writes them. Tests poll the fake for outcomes with a deadline; nothing is timed.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::needless_pass_by_value,
+    reason = "helpers outside #[test] functions fail the test the same way"
+)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kerf_api::params::{Allocator, GpuSelector, OpaqueConfig, Placement, PlacementPolicy};
+use kerf_api::{GpuClass, GpuClassSpec, Slicing, decode_opaque};
+use kerf_controller::claims::{self, ALLOCATED_NODE_ANNOTATION, CONDITION_TYPE, FINALIZER};
+use kerf_controller::{BackoffConfig, Config, ControllerConfig, ControllerTask, run_controllers};
+use kerf_tests::fake_api::FakeApi;
+use kube::Api;
+use kube::api::{DeleteParams, ObjectMeta};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+const DRIVER: &str = "gpu.kerf.dev";
+const NS: &str = "default";
+const GIB: u64 = 1 << 30;
+/// NVML's memory of the mock H100.
+const H100_BYTES: u64 = 81559 << 20;
+const NODES: [&str; 4] = ["node-0", "node-1", "node-2", "node-3"];
+/// A BinPack controller class with 1Gi granularity.
+const SLICES: &str = "slices";
+/// A scheduler class (whole GPUs, allocated by kube-scheduler).
+const WHOLE: &str = "whole";
+const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
+const PODS: &str = "/api/v1/namespaces/default/pods";
+const EVENTS: &str = "/apis/events.k8s.io/v1/events";
+const DEADLINE: Duration = Duration::from_secs(10);
+
+// ---- cluster fixtures ----
+
+/// A Node: Ready unless `ready` is false, with `labels` and `taints`.
+fn node(fake: &FakeApi, name: &str, labels: Value, taints: Value, ready: bool) {
+    let mut all_labels = json!({"kubernetes.io/hostname": name});
+    if let (Some(all), Value::Object(extra)) = (all_labels.as_object_mut(), labels) {
+        all.extend(extra);
+    }
+    fake.insert(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": all_labels},
+        "spec": {"taints": taints},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    }));
+}
+
+/// Publishes the node's 8 × H100 as the kubelet plugin would.
+fn slices(fake: &FakeApi, node: &str) {
+    let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
+    let specs = kerf_api::resource_slices(&inventory, DRIVER, node).unwrap();
+    for (i, spec) in specs.into_iter().enumerate() {
+        fake.insert_resource(&ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(kerf_api::slice_name(node, DRIVER, i)),
+                ..ObjectMeta::default()
+            },
+            spec,
+        });
+    }
+}
+
+/// The DeviceClass the GpuClass reconciler makes of a class with this allocator and policy.
+fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, policy: PlacementPolicy) {
+    let controller = allocator == Allocator::Controller;
+    let mut class = GpuClass::new(
+        name,
+        GpuClassSpec {
+            allocator,
+            selector: GpuSelector {
+                product_names: vec!["NVIDIA H100 80GB HBM3".to_owned()],
+                ..GpuSelector::default()
+            },
+            slicing: controller.then(|| Slicing {
+                memory_granularity: Quantity("1Gi".to_owned()),
+                max_slices_per_gpu: Some(7),
+                default_compute: None,
+            }),
+            placement: controller.then_some(Placement { policy }),
+            sharing: None,
+        },
+    );
+    class.metadata.uid = Some(format!("uid-{name}"));
+    let dc = kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller").unwrap();
+    fake.insert_resource::<DeviceClass>(&dc);
+}
+
+/// Four Ready nodes with kerf slices, the `slices` (BinPack) and `spread` controller classes
+/// and the `whole` scheduler class.
+fn cluster() -> FakeApi {
+    let fake = FakeApi::new();
+    for name in NODES {
+        node(&fake, name, json!({}), json!([]), true);
+        slices(&fake, name);
+    }
+    classes(&fake);
+    fake
+}
+
+fn classes(fake: &FakeApi) {
+    device_class(
+        fake,
+        SLICES,
+        Allocator::Controller,
+        PlacementPolicy::BinPack,
+    );
+    device_class(
+        fake,
+        "spread",
+        Allocator::Controller,
+        PlacementPolicy::Spread,
+    );
+    device_class(fake, WHOLE, Allocator::Scheduler, PlacementPolicy::BinPack);
+}
+
+/// A claim of `count` GPUs of `class`, with GpuClaimParameters `params` when given.
+fn claim(fake: &FakeApi, name: &str, class: &str, count: u32, params: Option<Value>) {
+    let config = params.map_or_else(Vec::new, |fields| {
+        let mut parameters =
+            json!({"apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters"});
+        if let (Some(target), Value::Object(fields)) = (parameters.as_object_mut(), fields) {
+            target.extend(fields);
+        }
+        vec![json!({"opaque": {"driver": DRIVER, "parameters": parameters}})]
+    });
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "count": count, "allocationMode": "ExactCount"}}],
+            "config": config,
+        }},
+    }));
+}
+
+/// How a pod refers to a claim.
+enum Uses<'a> {
+    /// `resourceClaimName`.
+    Claim(&'a str),
+    /// `resourceClaimTemplateName`, with the claim the kube-controller-manager generated.
+    Template(&'a str, &'a str),
+}
+
+/// An unscheduled pod using `claims`; `spec` is merged into its spec.
+fn pod(fake: &FakeApi, name: &str, claims: &[Uses<'_>], spec: Value) {
+    let mut refs = Vec::new();
+    let mut statuses = Vec::new();
+    for (i, uses) in claims.iter().enumerate() {
+        let ref_name = format!("c{i}");
+        match uses {
+            Uses::Claim(claim) => refs.push(json!({"name": ref_name, "resourceClaimName": claim})),
+            Uses::Template(template, generated) => {
+                refs.push(json!({"name": ref_name, "resourceClaimTemplateName": template}));
+                statuses.push(json!({"name": ref_name, "resourceClaimName": generated}));
+            }
+        }
+    }
+    let mut pod_spec =
+        json!({"containers": [{"name": "main", "image": "busybox"}], "resourceClaims": refs});
+    if let (Some(target), Value::Object(extra)) = (pod_spec.as_object_mut(), spec) {
+        target.extend(extra);
+    }
+    fake.insert(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": pod_spec,
+        "status": {"phase": "Pending", "resourceClaimStatuses": statuses},
+    }));
+}
+
+// ---- the controller ----
+
+fn settings() -> claims::ClaimSettings {
+    claims::ClaimSettings {
+        unsuitable_for: Duration::from_secs(60),
+        unplaceable_retry: Duration::from_millis(200),
+        pending_retry: Duration::from_millis(100),
+    }
+}
+
+/// The claim controller, running as `kerf-controller` runs it.
+struct Controller {
+    shutdown: CancellationToken,
+    task: JoinHandle<kerf_controller::Result<()>>,
+}
+
+impl Controller {
+    fn start(fake: &FakeApi) -> Self {
+        Self::start_with(fake, settings())
+    }
+
+    fn start_with(fake: &FakeApi, settings: claims::ClaimSettings) -> Self {
+        let shutdown = CancellationToken::new();
+        let config = Config {
+            controller: ControllerConfig {
+                backoff: BackoffConfig {
+                    base: Duration::from_millis(50),
+                    max: Duration::from_secs(1),
+                },
+                ..ControllerConfig::new(DRIVER)
+            },
+            leader_election: None,
+            metrics_address: None,
+        };
+        let task = ControllerTask::new("resourceclaim", move |ctx, stop| {
+            claims::run(ctx, stop, settings)
+        });
+        let task = tokio::spawn(run_controllers(
+            config,
+            fake.client(),
+            shutdown.clone(),
+            vec![task],
+        ));
+        Self { shutdown, task }
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("the controller stops on shutdown")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+// ---- observing the fake ----
+
+/// Polls `check` until it returns `Some`, failing the test after [`DEADLINE`].
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn get_claim(fake: &FakeApi, name: &str) -> Option<Value> {
+    fake.get(&format!("{CLAIMS}/{name}"))
+}
+
+fn allocation(claim: &Value) -> Option<&Value> {
+    claim.pointer("/status/allocation").filter(|a| !a.is_null())
+}
+
+/// The `(pool, device)` of each result of the claim's allocation.
+fn devices(claim: &Value) -> Vec<(String, String)> {
+    allocation(claim)
+        .and_then(|a| a.pointer("/devices/results"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["pool"].as_str().unwrap().to_owned(),
+                r["device"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The node all of the claim's devices are on.
+fn node_of(claim: &Value) -> String {
+    let nodes: Vec<String> = devices(claim).into_iter().map(|(pool, _)| pool).collect();
+    assert!(!nodes.is_empty(), "not allocated: {claim}");
+    assert!(nodes.iter().all(|n| *n == nodes[0]), "{nodes:?}");
+    nodes[0].clone()
+}
+
+/// Waits until claim `name` is allocated and returns it.
+async fn allocated(fake: &FakeApi, name: &str) -> Value {
+    eventually(&format!("claim {name} allocated"), || async {
+        get_claim(fake, name).filter(|c| allocation(c).is_some())
+    })
+    .await
+}
+
+fn finalizers(claim: &Value) -> Vec<String> {
+    claim
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|f| f.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Events about object `name` with `reason`.
+fn events(fake: &FakeApi, name: &str, reason: &str) -> Vec<Value> {
+    fake.list(EVENTS)
+        .into_iter()
+        .filter(|e| e["regarding"]["name"] == name && e["reason"] == reason)
+        .collect()
+}
+
+async fn event(fake: &FakeApi, name: &str, reason: &str) -> Value {
+    eventually(&format!("a {reason} Event about {name}"), || async {
+        events(fake, name, reason).into_iter().next()
+    })
+    .await
+}
+
+/// The pod's `gpu.kerf.dev/GpuAllocation` condition.
+fn condition(fake: &FakeApi, pod: &str) -> Option<Value> {
+    let pod = fake.get(&format!("{PODS}/{pod}"))?;
+    pod.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == CONDITION_TYPE)
+        .cloned()
+}
+
+async fn condition_is(fake: &FakeApi, pod: &str, status: &str, reason: &str) -> Value {
+    eventually(
+        &format!("condition {status}/{reason} on pod {pod}"),
+        || async {
+            condition(fake, pod).filter(|c| c["status"] == status && c["reason"] == reason)
+        },
+    )
+    .await
+}
+
+/// Writes (PATCH/PUT/POST) to claim `name` or its status so far.
+fn writes_to(fake: &FakeApi, name: &str) -> Vec<String> {
+    let path = format!("{CLAIMS}/{name}");
+    fake.requests()
+        .into_iter()
+        .filter(|r| r.path == path || r.path == format!("{path}/status"))
+        .filter(|r| !matches!(r.verb, "get" | "list" | "watch"))
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect()
+}
+
+/// Asserts that no GPU is over-committed by the allocations in the fake: a GPU held whole
+/// has no other holder, and the slices on a GPU fit its memory and compute.
+fn assert_no_overcommit(fake: &FakeApi) {
+    let claims: Vec<ResourceClaim> = fake.list_resources(None);
+    let mut whole: BTreeMap<(String, String), u32> = BTreeMap::new();
+    let mut sliced: BTreeMap<(String, String), (u64, u32, u32)> = BTreeMap::new();
+    for claim in &claims {
+        for device in kerf_api::allocation::device_uses(claim, DRIVER) {
+            let key = (device.node.clone(), device.device.clone());
+            match device.kind {
+                kerf_core::alloc::UseKind::Whole => *whole.entry(key).or_default() += 1,
+                kerf_core::alloc::UseKind::Slice {
+                    memory_bytes,
+                    compute_percent,
+                } => {
+                    let entry = sliced.entry(key).or_default();
+                    entry.0 += memory_bytes;
+                    entry.1 += u32::from(compute_percent);
+                    entry.2 += 1;
+                }
+            }
+        }
+    }
+    for (device, holders) in &whole {
+        assert_eq!(*holders, 1, "{device:?} held whole {holders} times");
+        assert!(
+            !sliced.contains_key(device),
+            "{device:?} held whole and sliced"
+        );
+    }
+    for (device, (memory, compute, count)) in &sliced {
+        assert!(*memory <= H100_BYTES, "{device:?}: {memory} bytes");
+        assert!(*compute <= 100, "{device:?}: {compute}%");
+        assert!(*count <= 7, "{device:?}: {count} slices");
+    }
+}
+
+fn slice_params(memory: &str, compute: u8) -> Value {
+    json!({"memory": memory, "compute": compute})
+}
+
+// ---- scenarios ----
+
+#[tokio::test]
+async fn a_pods_two_claims_are_allocated_together_on_one_node() {
+    let fake = cluster();
+    claim(&fake, "train", SLICES, 1, Some(slice_params("20Gi", 25)));
+    // Generated from a template by the kube-controller-manager.
+    claim(&fake, "p1-gpu-x7k2q", SLICES, 1, None);
+    pod(
+        &fake,
+        "p1",
+        &[
+            Uses::Claim("train"),
+            Uses::Template("whole-gpu", "p1-gpu-x7k2q"),
+        ],
+        json!({}),
+    );
+    let controller = Controller::start(&fake);
+
+    let first = allocated(&fake, "train").await;
+    let second = allocated(&fake, "p1-gpu-x7k2q").await;
+    let node = node_of(&first);
+    assert_eq!(node_of(&second), node, "one node for the pod");
+    let (_, sliced_gpu) = devices(&first)[0].clone();
+    let (_, whole_gpu) = devices(&second)[0].clone();
+    assert_ne!(sliced_gpu, whole_gpu, "a whole GPU is not shared");
+
+    for (claim, name) in [(&first, "train"), (&second, "p1-gpu-x7k2q")] {
+        let allocation = allocation(claim).unwrap();
+        let results = allocation["devices"]["results"].as_array().unwrap();
+        assert_eq!(results.len(), 1);
+        assert_eq!(results[0]["driver"], DRIVER);
+        assert_eq!(results[0]["pool"], node.as_str());
+        assert_eq!(results[0]["request"], "gpu");
+        let config = &allocation["devices"]["config"][0];
+        assert_eq!(config["source"], "FromClaim");
+        assert_eq!(config["opaque"]["driver"], DRIVER);
+        let OpaqueConfig::Slice(slice) =
+            decode_opaque(&config["opaque"]["parameters"], "parameters").unwrap()
+        else {
+            panic!("not a GpuSliceAllocation: {config}");
+        };
+        assert_eq!(slice.devices.len(), 1);
+        assert_eq!(slice.devices[0].pool, node);
+        assert!(slice.devices[0].gpu_uuid.starts_with("GPU-"));
+        if name == "train" {
+            assert_eq!(slice.devices[0].memory_bytes, Some(20 * GIB));
+            assert_eq!(slice.devices[0].compute_percent, Some(25));
+        } else {
+            assert!(slice.devices[0].memory_bytes.is_none(), "whole GPU");
+        }
+        assert_eq!(
+            allocation["nodeSelector"],
+            json!({"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}
+            ]}]})
+        );
+        assert!(
+            allocation["allocationTimestamp"].is_string(),
+            "allocationTimestamp is required by 1.36+ schedulers: {allocation}"
+        );
+        assert_eq!(finalizers(claim), [FINALIZER]);
+        assert_eq!(
+            claim["metadata"]["annotations"][ALLOCATED_NODE_ANNOTATION],
+            node.as_str()
+        );
+        // The finalizer is written before the allocation.
+        let writes = writes_to(&fake, name);
+        let marked = writes.iter().position(|w| !w.ends_with("/status"));
+        let allocated = writes.iter().position(|w| w.ends_with("/status"));
+        assert!(marked < allocated, "{writes:?}");
+        assert_eq!(writes.len(), 2, "one mark, one allocation: {writes:?}");
+
+        let event = event(&fake, name, "Allocated").await;
+        assert_eq!(event["type"], "Normal");
+        assert_eq!(event["regarding"]["kind"], "ResourceClaim");
+        assert_eq!(event["regarding"]["namespace"], NS);
+        assert_eq!(event["regarding"]["uid"], claim["metadata"]["uid"]);
+        let note = event["note"].as_str().unwrap();
+        assert!(
+            note.contains(&format!("allocated on node {node}")),
+            "{note}"
+        );
+    }
+    assert!(
+        event(&fake, "train", "Allocated").await["note"]
+            .as_str()
+            .unwrap()
+            .contains("20480 MiB, 25% compute")
+    );
+    let condition = condition_is(&fake, "p1", "True", "Allocated").await;
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("on node {node}")),
+        "{condition}"
+    );
+    assert_no_overcommit(&fake);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn nothing_fits_is_explained_and_nothing_is_written_to_the_claim() {
+    let fake = cluster();
+    claim(&fake, "huge", SLICES, 9, None);
+    pod(&fake, "p", &[Uses::Claim("huge")], json!({}));
+    let controller = Controller::start(&fake);
+
+    let warning = event(&fake, "huge", "Unplaceable").await;
+    assert_eq!(warning["type"], "Warning");
+    let note = warning["note"].as_str().unwrap().to_owned();
+    assert!(
+        note.starts_with("claim huge: request \"gpu\": no node has 9 GPUs"),
+        "{note}"
+    );
+    assert!(note.contains("; best: node-0 has 8"), "{note}");
+    assert!(
+        fake.count("post", "/apis/events.k8s.io/v1/namespaces/default/events") >= 1,
+        "events.k8s.io/v1 Events"
+    );
+    let condition = condition_is(&fake, "p", "False", "Unplaceable").await;
+    assert_eq!(condition["message"], note.as_str());
+    let pod_warning = event(&fake, "p", "Unplaceable").await;
+    assert_eq!(pod_warning["regarding"]["kind"], "Pod");
+
+    // It tries again (unplaceable_retry) and still writes nothing to the claim.
+    eventually("a retry", || async {
+        (fake.count("post", "/apis/events.k8s.io") + fake.count("patch", "/apis/events.k8s.io")
+            >= 3)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(writes_to(&fake, "huge"), Vec::<String>::new());
+    let claim = get_claim(&fake, "huge").unwrap();
+    assert!(finalizers(&claim).is_empty());
+    assert!(allocation(&claim).is_none());
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_yields_a_gpu_the_scheduler_allocated_and_is_placed_again() {
+    let fake = cluster();
+    claim(&fake, "mine", SLICES, 1, None);
+    pod(&fake, "p", &[Uses::Claim("mine")], json!({}));
+    let controller = Controller::start(&fake);
+    let before = allocated(&fake, "mine").await;
+    let (node, gpu) = devices(&before)[0].clone();
+
+    // The scheduler, not yet seeing our allocation, gives the same GPU to another claim.
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "theirs", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": WHOLE}}]}},
+        "status": {"allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": gpu}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        }},
+    }));
+
+    let yielded = event(&fake, "mine", "Deallocated").await;
+    let note = yielded["note"].as_str().unwrap();
+    assert!(
+        note.contains(&format!(
+            "the scheduler allocated {node}/{gpu} exclusively to claim default/theirs"
+        )),
+        "{note}"
+    );
+    let after = eventually("the claim placed again", || async {
+        get_claim(&fake, "mine").filter(|c| {
+            let placed = devices(c);
+            !placed.is_empty() && placed[0] != (node.clone(), gpu.clone())
+        })
+    })
+    .await;
+    assert_eq!(finalizers(&after), [FINALIZER]);
+    let theirs = get_claim(&fake, "theirs").unwrap();
+    assert!(
+        finalizers(&theirs).is_empty(),
+        "the scheduler's claim is left alone"
+    );
+    assert_eq!(devices(&theirs), [(node, gpu)]);
+    assert_no_overcommit(&fake);
+    controller.stop().await;
+}
+
+/// What the scheduler does when an allocation's node does not fit the pod.
+fn clear_allocation_behind_our_back(fake: &FakeApi, name: &str) {
+    let mut claim = get_claim(fake, name).unwrap();
+    claim["status"]
+        .as_object_mut()
+        .unwrap()
+        .remove("allocation");
+    fake.insert(claim);
+}
+
+#[tokio::test]
+async fn a_node_the_scheduler_rejected_is_avoided_for_the_pod() {
+    let fake = cluster();
+    claim(&fake, "c", SLICES, 1, Some(slice_params("10Gi", 10)));
+    pod(&fake, "p", &[Uses::Claim("c")], json!({}));
+    let controller = Controller::start(&fake);
+    let first = allocated(&fake, "c").await;
+    let rejected = node_of(&first);
+
+    clear_allocation_behind_our_back(&fake, "c");
+
+    let warning = event(&fake, "c", "NodeRejected").await;
+    assert_eq!(warning["type"], "Warning");
+    assert!(
+        warning["note"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("on node {rejected}")),
+        "{warning}"
+    );
+    // BinPack on otherwise empty nodes would pick the same node again.
+    let again = allocated(&fake, "c").await;
+    let node = node_of(&again);
+    assert_ne!(node, rejected);
+    assert_eq!(
+        again["metadata"]["annotations"][ALLOCATED_NODE_ANNOTATION],
+        node.as_str()
+    );
+    assert_eq!(finalizers(&again), [FINALIZER]);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_rejected_claim_takes_the_pods_other_claims_along_to_the_new_node() {
+    let fake = cluster();
+    claim(&fake, "a", SLICES, 1, Some(slice_params("10Gi", 10)));
+    claim(&fake, "b", SLICES, 2, None);
+    pod(&fake, "p", &[Uses::Claim("a"), Uses::Claim("b")], json!({}));
+    let controller = Controller::start(&fake);
+    allocated(&fake, "a").await;
+    let rejected = node_of(&allocated(&fake, "b").await);
+
+    // The scheduler clears only one of them.
+    clear_allocation_behind_our_back(&fake, "a");
+
+    let (a, b) = eventually("both claims on another node", || async {
+        let a = get_claim(&fake, "a")?;
+        let b = get_claim(&fake, "b")?;
+        let moved = |c: &Value| {
+            let placed = devices(c);
+            !placed.is_empty() && placed.iter().all(|(pool, _)| *pool != rejected)
+        };
+        (moved(&a) && moved(&b)).then_some((a, b))
+    })
+    .await;
+    assert_eq!(node_of(&a), node_of(&b));
+    assert_no_overcommit(&fake);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_deleted_claim_is_let_go_and_its_gpus_are_reused() {
+    let fake = cluster();
+    let on_node_0 = json!({"nodeSelector": {"kubernetes.io/hostname": "node-0"}});
+    claim(&fake, "all-eight", SLICES, 8, None);
+    pod(
+        &fake,
+        "first",
+        &[Uses::Claim("all-eight")],
+        on_node_0.clone(),
+    );
+    // No periodic retry within the test: the freed capacity itself must wake the waiting pod.
+    let controller = Controller::start_with(
+        &fake,
+        claims::ClaimSettings {
+            unplaceable_retry: Duration::from_secs(3600),
+            ..settings()
+        },
+    );
+    assert_eq!(node_of(&allocated(&fake, "all-eight").await), "node-0");
+
+    claim(&fake, "one-more", SLICES, 1, None);
+    pod(&fake, "second", &[Uses::Claim("one-more")], on_node_0);
+    let warning = event(&fake, "one-more", "Unplaceable").await;
+    assert!(
+        warning["note"]
+            .as_str()
+            .unwrap()
+            .contains("node-1 does not match the pod's nodeSelector"),
+        "{warning}"
+    );
+
+    // The claim is deleted before the pod was scheduled.
+    let claims: Api<ResourceClaim> = Api::namespaced(fake.client(), NS);
+    claims
+        .delete("all-eight", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the deleted claim gone", || async {
+        get_claim(&fake, "all-eight").is_none().then_some(())
+    })
+    .await;
+    let reused = allocated(&fake, "one-more").await;
+    assert_eq!(node_of(&reused), "node-0");
+    assert_no_overcommit(&fake);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_no_pod_uses_any_more_is_deallocated_and_released() {
+    let fake = cluster();
+    claim(&fake, "c", SLICES, 1, Some(slice_params("8Gi", 10)));
+    pod(&fake, "p", &[Uses::Claim("c")], json!({}));
+    let controller = Controller::start(&fake);
+    allocated(&fake, "c").await;
+
+    fake.remove(&format!("{PODS}/p"));
+    let released = eventually("the claim deallocated and released", || async {
+        get_claim(&fake, "c").filter(|c| allocation(c).is_none() && finalizers(c).is_empty())
+    })
+    .await;
+    assert!(
+        released["metadata"]["annotations"]
+            .get(ALLOCATED_NODE_ANNOTATION)
+            .is_none(),
+        "{released}"
+    );
+    let note = event(&fake, "c", "Deallocated").await;
+    assert!(
+        note["note"]
+            .as_str()
+            .unwrap()
+            .contains("no pod uses the claim")
+    );
+
+    // Released claims stay released: the controller does not loop on them. A new pod is the
+    // barrier: once it is served, the released claim's reconciles are long done.
+    let settled = writes_to(&fake, "c").len();
+    claim(&fake, "barrier", SLICES, 1, None);
+    pod(&fake, "barrier", &[Uses::Claim("barrier")], json!({}));
+    allocated(&fake, "barrier").await;
+    assert_eq!(
+        writes_to(&fake, "c").len(),
+        settled,
+        "{:?}",
+        writes_to(&fake, "c")
+    );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_conflicting_write_is_retried_and_nothing_is_allocated_twice() {
+    let fake = cluster();
+    // A first status write of "contested" fails as if someone changed the claim meanwhile.
+    fake.fail_next("PATCH", &format!("{CLAIMS}/contested/status"), 409, 1);
+    claim(&fake, "contested", SLICES, 2, None);
+    pod(&fake, "p-contested", &[Uses::Claim("contested")], json!({}));
+    // Many pods at once, whole GPUs and slices, on BinPack and Spread classes.
+    let mut names = vec!["contested".to_owned()];
+    for i in 0..8 {
+        let name = format!("whole-{i}");
+        claim(
+            &fake,
+            &name,
+            if i % 2 == 0 { SLICES } else { "spread" },
+            2,
+            None,
+        );
+        pod(
+            &fake,
+            &format!("p-{name}"),
+            &[Uses::Claim(&name)],
+            json!({}),
+        );
+        names.push(name);
+    }
+    for i in 0..12 {
+        let name = format!("slice-{i}");
+        claim(&fake, &name, SLICES, 1, Some(slice_params("30Gi", 30)));
+        pod(
+            &fake,
+            &format!("p-{name}"),
+            &[Uses::Claim(&name)],
+            json!({}),
+        );
+        names.push(name);
+    }
+    let controller = Controller::start(&fake);
+    for name in &names {
+        allocated(&fake, name).await;
+    }
+    assert_no_overcommit(&fake);
+
+    let status_writes = writes_to(&fake, "contested")
+        .into_iter()
+        .filter(|w| w.ends_with("/status"))
+        .count();
+    assert_eq!(status_writes, 2, "one refused, one that landed");
+    let allocated_events = events(&fake, "contested", "Allocated");
+    assert_eq!(allocated_events.len(), 1, "{allocated_events:?}");
+    assert!(
+        allocated_events[0].get("series").is_none(),
+        "allocated exactly once: {allocated_events:?}"
+    );
+    let contested = get_claim(&fake, "contested").unwrap();
+    assert_eq!(devices(&contested).len(), 2);
+    assert_eq!(finalizers(&contested), [FINALIZER]);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn invalid_parameters_are_reported_with_the_field_and_nothing_is_allocated() {
+    let fake = cluster();
+    claim(
+        &fake,
+        "bad",
+        SLICES,
+        1,
+        Some(json!({"memory": "10Gi", "colour": "red"})),
+    );
+    pod(&fake, "p", &[Uses::Claim("bad")], json!({}));
+    let controller = Controller::start(&fake);
+
+    let warning = event(&fake, "bad", "InvalidParameters").await;
+    assert_eq!(warning["type"], "Warning");
+    let note = warning["note"].as_str().unwrap();
+    assert!(
+        note.starts_with("spec.devices.config[0].opaque.parameters.colour: unknown field `colour`"),
+        "{note}"
+    );
+    let condition = condition_is(&fake, "p", "False", "InvalidParameters").await;
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("claim bad: "),
+        "{condition}"
+    );
+    // A barrier pod: once it is allocated, the invalid claim had every chance to be touched.
+    claim(&fake, "good", SLICES, 1, None);
+    pod(&fake, "q", &[Uses::Claim("good")], json!({}));
+    allocated(&fake, "good").await;
+    assert_eq!(writes_to(&fake, "bad"), Vec::<String>::new());
+    let bad = get_claim(&fake, "bad").unwrap();
+    assert!(allocation(&bad).is_none());
+    assert!(finalizers(&bad).is_empty());
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn claims_of_other_classes_and_idle_claims_are_left_alone() {
+    let fake = cluster();
+    // A pod with a scheduler-class claim next to a controller claim, a pod with only
+    // scheduler-class claims, and a controller claim that no pod uses.
+    claim(&fake, "sched-1", WHOLE, 1, None);
+    claim(&fake, "sched-2", WHOLE, 1, None);
+    claim(&fake, "other-driver", "nvidia-gpus", 1, None);
+    claim(&fake, "idle", SLICES, 1, None);
+    claim(&fake, "mine", SLICES, 1, None);
+    pod(
+        &fake,
+        "mixed",
+        &[Uses::Claim("mine"), Uses::Claim("sched-1")],
+        json!({}),
+    );
+    pod(
+        &fake,
+        "theirs",
+        &[Uses::Claim("sched-2"), Uses::Claim("other-driver")],
+        json!({}),
+    );
+    let controller = Controller::start(&fake);
+    allocated(&fake, "mine").await;
+    condition_is(&fake, "mixed", "True", "Allocated").await;
+    // A second round as a barrier.
+    claim(&fake, "barrier", SLICES, 1, None);
+    pod(&fake, "barrier", &[Uses::Claim("barrier")], json!({}));
+    allocated(&fake, "barrier").await;
+
+    for name in ["sched-1", "sched-2", "other-driver", "idle"] {
+        assert_eq!(writes_to(&fake, name), Vec::<String>::new(), "{name}");
+        let claim = get_claim(&fake, name).unwrap();
+        assert!(finalizers(&claim).is_empty(), "{name}");
+    }
+    assert!(condition(&fake, "theirs").is_none());
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn placement_honours_node_selector_taints_and_readiness() {
+    let fake = FakeApi::new();
+    node(&fake, "node-0", json!({"zone": "a"}), json!([]), true);
+    node(&fake, "node-1", json!({"zone": "b"}), json!([]), true);
+    node(
+        &fake,
+        "node-2",
+        json!({"zone": "b"}),
+        json!([{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]),
+        true,
+    );
+    node(&fake, "node-3", json!({"zone": "b"}), json!([]), false);
+    for name in NODES {
+        slices(&fake, name);
+    }
+    classes(&fake);
+    let zone_b = json!({"nodeSelector": {"zone": "b"}});
+    for name in ["four-a", "four-b", "four-c"] {
+        claim(&fake, name, "spread", 4, None);
+    }
+    pod(&fake, "p-a", &[Uses::Claim("four-a")], zone_b.clone());
+    pod(&fake, "p-b", &[Uses::Claim("four-b")], zone_b.clone());
+    let controller = Controller::start(&fake);
+
+    // Spread would use idle nodes first; only node-1 qualifies.
+    assert_eq!(node_of(&allocated(&fake, "four-a").await), "node-1");
+    assert_eq!(node_of(&allocated(&fake, "four-b").await), "node-1");
+
+    pod(&fake, "p-c", &[Uses::Claim("four-c")], zone_b.clone());
+    let warning = event(&fake, "four-c", "Unplaceable").await;
+    let note = warning["note"].as_str().unwrap();
+    for why in [
+        "node-0 does not match the pod's nodeSelector",
+        "node-2 has taint dedicated=ml:NoSchedule the pod does not tolerate",
+        "node-3 not Ready",
+    ] {
+        assert!(note.contains(why), "{why} missing in: {note}");
+    }
+
+    // A pod that tolerates the taint goes to node-2.
+    claim(&fake, "tolerant", "spread", 4, None);
+    let mut tolerant = zone_b;
+    tolerant["tolerations"] =
+        json!([{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]);
+    pod(&fake, "p-tolerant", &[Uses::Claim("tolerant")], tolerant);
+    assert_eq!(node_of(&allocated(&fake, "tolerant").await), "node-2");
+    assert!(allocation(&get_claim(&fake, "four-c").unwrap()).is_none());
+    assert_no_overcommit(&fake);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_reserved_by_a_pod_is_released_only_after_the_reservation_ends() {
+    let fake = cluster();
+    claim(&fake, "c", SLICES, 1, None);
+    pod(&fake, "p", &[Uses::Claim("c")], json!({}));
+    let controller = Controller::start(&fake);
+    let mut reserved = allocated(&fake, "c").await;
+    let node = node_of(&reserved);
+    // The scheduler reserves the claim for the pod and binds the pod.
+    let pod_uid = fake.get(&format!("{PODS}/p")).unwrap()["metadata"]["uid"].clone();
+    reserved["status"]["reservedFor"] = json!([{"resource": "pods", "name": "p", "uid": pod_uid}]);
+    fake.insert(reserved);
+    let mut bound = fake.get(&format!("{PODS}/p")).unwrap();
+    bound["spec"]["nodeName"] = json!(node);
+    bound["status"]["phase"] = json!("Running");
+    fake.insert(bound);
+
+    let claims: Api<ResourceClaim> = Api::namespaced(fake.client(), NS);
+    claims.delete("c", &DeleteParams::default()).await.unwrap();
+    // A barrier pod: once it is served, the deleted claim has been reconciled.
+    claim(&fake, "barrier", SLICES, 1, None);
+    pod(&fake, "barrier", &[Uses::Claim("barrier")], json!({}));
+    allocated(&fake, "barrier").await;
+    let deleting = get_claim(&fake, "c").expect("kept while reserved");
+    assert!(deleting["metadata"]["deletionTimestamp"].is_string());
+    assert_eq!(finalizers(&deleting), [FINALIZER]);
+    assert!(
+        allocation(&deleting).is_some(),
+        "the running pod keeps its GPU"
+    );
+
+    // The pod finishes and the kube-controller-manager drops the reservation.
+    let mut done = fake.get(&format!("{PODS}/p")).unwrap();
+    done["status"]["phase"] = json!("Succeeded");
+    fake.insert(done);
+    let mut unreserved = get_claim(&fake, "c").unwrap();
+    unreserved["status"]
+        .as_object_mut()
+        .unwrap()
+        .remove("reservedFor");
+    fake.insert(unreserved);
+    eventually("the claim gone", || async {
+        get_claim(&fake, "c").is_none().then_some(())
+    })
+    .await;
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_template_claim_is_allocated_once_the_pod_names_it() {
+    let fake = cluster();
+    // The pod exists before the kube-controller-manager created its template claim.
+    fake.insert(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": NS},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "tpl"}]},
+        "status": {"phase": "Pending"},
+    }));
+    let controller = Controller::start(&fake);
+    claim(
+        &fake,
+        "p-gpu-abcde",
+        SLICES,
+        1,
+        Some(slice_params("4Gi", 5)),
+    );
+    let mut named = fake.get(&format!("{PODS}/p")).unwrap();
+    named["status"]["resourceClaimStatuses"] =
+        json!([{"name": "gpu", "resourceClaimName": "p-gpu-abcde"}]);
+    fake.insert(named);
+    let claim = allocated(&fake, "p-gpu-abcde").await;
+    assert_eq!(devices(&claim).len(), 1);
+    condition_is(&fake, "p", "True", "Allocated").await;
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_changed_while_it_is_being_marked_is_not_overwritten() {
+    let fake = cluster();
+    let path = format!("{CLAIMS}/raced");
+    // Hold the first write (the finalizer and node) long enough to change the claim under it.
+    fake.delay_next("PATCH", &path, Duration::from_millis(500), 1);
+    claim(&fake, "raced", SLICES, 1, None);
+    pod(&fake, "p", &[Uses::Claim("raced")], json!({}));
+    let controller = Controller::start(&fake);
+    eventually("the first write in flight", || async {
+        (fake.count("patch", &path) >= 1).then_some(())
+    })
+    .await;
+    let mut changed = get_claim(&fake, "raced").unwrap();
+    changed["metadata"]["labels"] = json!({"touched": "yes"});
+    fake.insert(changed);
+
+    let claim = allocated(&fake, "raced").await;
+    assert_eq!(claim["metadata"]["labels"]["touched"], "yes");
+    let writes = writes_to(&fake, "raced");
+    let marks = writes.iter().filter(|w| !w.ends_with("/status")).count();
+    let allocations = writes.iter().filter(|w| w.ends_with("/status")).count();
+    assert!(
+        marks >= 2,
+        "the stale write was refused and redone: {writes:?}"
+    );
+    assert_eq!(allocations, 1, "{writes:?}");
+    assert_eq!(finalizers(&claim), [FINALIZER]);
+    controller.stop().await;
+}
