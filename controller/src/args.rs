@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser};
 
+use crate::claims::ClaimSettings;
 use crate::context::{BackoffConfig, ControllerConfig, FIELD_MANAGER};
 use crate::error::{Error, Result};
 use crate::leader::LeaseConfig;
@@ -63,6 +64,16 @@ pub struct Args {
     /// Longest retry delay after failed reconciles.
     #[arg(long, env = "KERF_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
     pub backoff_max: Duration,
+
+    /// How long a node stays unsuitable for a pod after the scheduler cleared the allocation
+    /// the controller made there.
+    #[arg(long, env = "KERF_UNSUITABLE_NODE_PERIOD", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub unsuitable_node_period: Duration,
+
+    /// When to try again to place a pod's claims after nothing fitted (sooner when capacity is
+    /// freed).
+    #[arg(long, env = "KERF_UNPLACEABLE_RETRY", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub unplaceable_retry: Duration,
 
     /// Log format.
     #[arg(long, env = "KERF_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -126,6 +137,11 @@ impl Args {
                     max: self.backoff_max,
                 },
                 instance: identity,
+                claims: ClaimSettings {
+                    unsuitable_for: self.unsuitable_node_period,
+                    unplaceable_retry: self.unplaceable_retry,
+                    ..ClaimSettings::default()
+                },
             },
             leader_election,
             metrics_address: parse_address(&self.metrics_address)?,

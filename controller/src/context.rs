@@ -28,6 +28,8 @@ pub struct ControllerConfig {
     pub backoff: BackoffConfig,
     /// Identity of this replica in Events (`reportingInstance`), usually the pod name.
     pub instance: Option<String>,
+    /// Timing of the ResourceClaim allocation controller.
+    pub claims: crate::claims::ClaimSettings,
 }
 
 impl ControllerConfig {
@@ -39,6 +41,7 @@ impl ControllerConfig {
             resync_period: Duration::from_secs(600),
             backoff: BackoffConfig::default(),
             instance: None,
+            claims: crate::claims::ClaimSettings::default(),
         }
     }
 }

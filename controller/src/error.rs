@@ -53,9 +53,6 @@ pub enum Error {
         /// What it reported.
         message: String,
     },
-    /// Adding or removing the allocation finalizer, or the reconcile behind it, failed.
-    #[error("{0}")]
-    Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
     /// The metrics/health HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
@@ -75,11 +72,6 @@ impl Error {
             Error::LeaderElection(_) => "leader_election",
             Error::LeadershipLost(_) => "leadership_lost",
             Error::ControllerStopped { .. } => "controller_stopped",
-            Error::Finalizer(e) => match e.as_ref() {
-                kube::runtime::finalizer::Error::ApplyFailed(inner)
-                | kube::runtime::finalizer::Error::CleanupFailed(inner) => inner.reason(),
-                _ => "finalizer",
-            },
             Error::Http(_) => "http",
         }
     }

@@ -2,7 +2,7 @@
 //!
 //! - [`gpuclass`]: reconciles each GpuClass into an owned DeviceClass ([`deviceclass`], with
 //!   the CEL of [`selector`]) and reports what it matches ([`capacity`]).
-//! - [`run`]: the process — metrics/health HTTP ([`http`]), leader election ([`leader`]) and
+//! - [`run()`]: the process — metrics/health HTTP ([`http`]), leader election ([`leader`]) and
 //!   the controllers that run while this replica leads ([`run::controllers`]).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
 //! - [`context`]: what every reconciler gets ([`Context`]); [`cache`]: the watch-fed caches;

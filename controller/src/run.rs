@@ -83,7 +83,8 @@ pub fn controllers() -> Vec<ControllerTask> {
     vec![
         ControllerTask::new(gpuclass::CONTROLLER, gpuclass::run),
         ControllerTask::new("resourceclaim", |ctx, stop| {
-            crate::claims::run(ctx, stop, crate::claims::ClaimSettings::default())
+            let settings = ctx.config.claims;
+            crate::claims::run(ctx, stop, settings)
         }),
     ]
 }
