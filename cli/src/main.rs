@@ -1,9 +1,13 @@
 //! `kerf`: kerf's command-line tool.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use kerf_cli::demo::manifests::ManifestSource;
+use kerf_cli::demo::{self, DemoConfig, report};
+use kerf_kubelet_plugin::config::Discovery;
 
 /// kerf: GPUs for Kubernetes through Dynamic Resource Allocation.
 #[derive(Debug, Parser)]
@@ -17,6 +21,10 @@ struct Cli {
 enum Command {
     /// Print the ResourceSlices the kubelet plugin would publish for this node, as YAML.
     Inventory(InventoryArgs),
+    /// Run kerf on one mock node without a cluster: allocate the example claims with kerf's
+    /// controller (and a stand-in for kube-scheduler), prepare them through the real kubelet
+    /// plugin's socket, print what each claim got, and clean up.
+    Demo(DemoArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -36,9 +44,60 @@ struct InventoryArgs {
     node_name: String,
 }
 
-fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Inventory(args) => inventory(&args),
+#[derive(Debug, clap::Args)]
+struct DemoArgs {
+    /// Mock GPUs of the node, PROFILE[:COUNT] (h100-sxm-80gb, a100-40gb-mig, l4).
+    #[arg(
+        long,
+        env = "KERF_MOCK_GPUS",
+        default_value = demo::DEFAULT_MOCK_GPUS,
+        conflicts_with = "mock_inventory"
+    )]
+    mock_gpus: String,
+    /// Mock inventory YAML file instead of a profile.
+    #[arg(long, env = "KERF_MOCK_INVENTORY")]
+    mock_inventory: Option<PathBuf>,
+    /// Directory for the plugin's sockets and checkpoint, the CDI specs (cdi/), summary.json
+    /// and claims.yaml [default: a new temporary directory, printed].
+    #[arg(long, env = "KERF_DEMO_OUTPUT_DIR")]
+    output_dir: Option<PathBuf>,
+    /// Directory of claims, ResourceClaimTemplates, Pods and Deployments (*.yaml)
+    /// [default: the examples/claims built into this binary].
+    #[arg(long, env = "KERF_DEMO_CLAIMS")]
+    claims: Option<PathBuf>,
+    /// Directory of GpuClasses and DeviceClasses (*.yaml) [default: the examples/admin built
+    /// into this binary].
+    #[arg(long, env = "KERF_DEMO_CLASSES")]
+    classes: Option<PathBuf>,
+    /// Run one busybox container per prepared claim with podman (as root), injecting the
+    /// claim's CDI devices, and print what it sees. Fails when podman is missing.
+    #[arg(long, env = "KERF_DEMO_RUN_CONTAINERS")]
+    run_containers: bool,
+    /// Statically linked busybox for the containers' root filesystem [default: /bin/busybox].
+    #[arg(long, env = "KERF_DEMO_BUSYBOX")]
+    busybox: Option<PathBuf>,
+    /// DRA driver name.
+    #[arg(long, env = "KERF_DRIVER_NAME", default_value = "gpu.kerf.dev")]
+    driver_name: String,
+    /// The mock node's name (the pool name).
+    #[arg(long, env = "KERF_DEMO_NODE_NAME", default_value = demo::DEFAULT_NODE_NAME)]
+    node_name: String,
+    /// Log filter for the plugin's and controller's logs on stderr (tracing EnvFilter syntax).
+    #[arg(long, env = "KERF_LOG", default_value = "warn")]
+    log_filter: String,
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().command {
+        Command::Inventory(args) => inventory(&args).map(|()| ExitCode::SUCCESS),
+        Command::Demo(args) => run_demo(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -55,4 +114,109 @@ fn inventory(args: &InventoryArgs) -> anyhow::Result<()> {
         kerf_cli::inventory::to_yaml(&slices).context("rendering YAML")?
     );
     Ok(())
+}
+
+fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(&args.log_filter).context("--log-filter")?,
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let output_dir = match args.output_dir {
+        Some(dir) => dir,
+        None => tempfile::Builder::new()
+            .prefix("kerf-demo-")
+            .tempdir()
+            .context("creating the output directory")?
+            .keep(),
+    };
+    let config = DemoConfig {
+        output_dir,
+        driver_name: args.driver_name,
+        node_name: args.node_name,
+        discovery: match args.mock_inventory {
+            Some(path) => Discovery::MockFile(path),
+            None => Discovery::MockProfile(args.mock_gpus),
+        },
+        classes: args
+            .classes
+            .map_or(ManifestSource::Embedded("admin"), ManifestSource::Dir),
+        claims: args
+            .claims
+            .map_or(ManifestSource::Embedded("claims"), ManifestSource::Dir),
+        run_containers: args.run_containers,
+        busybox: args.busybox,
+    };
+    println!(
+        "kerf demo — output directory: {}",
+        config.output_dir.display()
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let summary = runtime.block_on(demo::run(&config))?;
+    print_summary(&summary, config.run_containers);
+    let failed: Vec<String> = summary
+        .claims
+        .iter()
+        .filter(|c| c.container.as_ref().is_some_and(|r| r.exit_code != Some(0)))
+        .map(|c| format!("{}/{}", c.namespace, c.name))
+        .collect();
+    if !failed.is_empty() {
+        println!("containers that failed: {}", failed.join(", "));
+    }
+    Ok(
+        if summary.containers_error.is_some() || !failed.is_empty() {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
+}
+
+fn print_summary(summary: &demo::Summary, run_containers: bool) {
+    println!(
+        "node {} ({}), driver {}:",
+        summary.node, summary.inventory, summary.driver
+    );
+    for device in &summary.devices {
+        println!("  {device}");
+    }
+    println!("classes:");
+    print!("{}", report::render_classes(summary));
+    for problem in &summary.invalid_manifests {
+        println!("refused manifest: {problem}");
+    }
+    for ignored in &summary.ignored {
+        println!("ignored (kind not modelled by the demo): {ignored}");
+    }
+    let prepared = summary.claims.iter().filter(|c| c.prepared).count();
+    let scheduled = summary.pods.iter().filter(|p| p.scheduled).count();
+    println!(
+        "\n{} claims, {prepared} prepared through the plugin's DRA socket for {scheduled} of {} pods:\n",
+        summary.claims.len(),
+        summary.pods.len()
+    );
+    print!("{}", report::render_table(summary));
+    println!(
+        "\nkerf-controller: kerf's real allocator. scheduler (emulated): the demo's stand-in for \
+         kube-scheduler, first free matching device in ResourceSlice order."
+    );
+    if let Some(runtime) = &summary.container_runtime {
+        println!("\ncontainers ({runtime}):");
+        print!("{}", report::render_containers(summary));
+    }
+    match &summary.containers_error {
+        Some(error) => println!("\ncontainers not run: {error}"),
+        None if !run_containers => {
+            println!("\n(--run-containers runs one busybox container per claim with podman)");
+        }
+        None => {}
+    }
+    println!(
+        "\nall claims unprepared, plugin stopped, sockets removed. Summary: {}",
+        summary.output_dir.join("summary.json").display()
+    );
 }

@@ -1,0 +1,145 @@
+//! The demo's mock node: its files under the output directory, its inventory, the
+//! ResourceSlices the plugin would publish for it, and the plugin's configuration.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use kerf_core::alloc::Index;
+use kerf_core::inventory::Inventory;
+use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
+
+use crate::error::{Error, Result};
+
+/// Where everything of one demo run lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The output directory.
+    pub root: PathBuf,
+    /// Per-claim CDI specs (`<root>/cdi`).
+    pub cdi_dir: PathBuf,
+    /// The kubelet's plugin registry directory (`<root>/plugins_registry`).
+    pub registry_dir: PathBuf,
+    /// The plugin's own directory: DRA socket and checkpoint (`<root>/plugins/<driver>`).
+    pub plugin_dir: PathBuf,
+    /// The registration socket.
+    pub registration_socket: PathBuf,
+    /// The DRA socket.
+    pub dra_socket: PathBuf,
+    /// The checkpoint file.
+    pub checkpoint_file: PathBuf,
+    /// The boot ID file the demo writes.
+    pub boot_id_file: PathBuf,
+    /// An empty driver root: mock GPUs have no driver libraries to mount.
+    pub driver_root: PathBuf,
+    /// The machine-readable summary.
+    pub summary_file: PathBuf,
+    /// The claims as allocated, as YAML.
+    pub claims_file: PathBuf,
+}
+
+impl Layout {
+    /// The layout under `root` for `driver`.
+    pub fn new(root: &Path, driver: &str) -> Self {
+        let plugin_dir = root.join("plugins").join(driver);
+        let registry_dir = root.join("plugins_registry");
+        Layout {
+            root: root.to_owned(),
+            cdi_dir: root.join("cdi"),
+            registration_socket: registry_dir.join(format!("{driver}-reg.sock")),
+            registry_dir,
+            dra_socket: plugin_dir.join("dra.sock"),
+            checkpoint_file: plugin_dir.join("checkpoint.json"),
+            plugin_dir,
+            boot_id_file: root.join("boot_id"),
+            driver_root: root.join("driver-root"),
+            summary_file: root.join("summary.json"),
+            claims_file: root.join("claims.yaml"),
+        }
+    }
+
+    /// Creates the directories and the boot ID file. A checkpoint left by an earlier run in
+    /// the same directory is removed, so the run starts empty (the plugin then removes that
+    /// run's CDI specs as orphans).
+    ///
+    /// # Errors
+    /// A directory or file cannot be created or removed.
+    pub fn create(&self) -> Result<()> {
+        for dir in [
+            &self.root,
+            &self.cdi_dir,
+            &self.registry_dir,
+            &self.plugin_dir,
+            &self.driver_root,
+        ] {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        }
+        match std::fs::remove_file(&self.checkpoint_file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove", &self.checkpoint_file, e)),
+        }
+        std::fs::write(&self.boot_id_file, "kerf-demo-boot\n")
+            .map_err(|e| Error::io("write", &self.boot_id_file, e))
+    }
+
+    /// The sockets that still exist (none after a clean shutdown).
+    pub fn leftover_sockets(&self) -> Vec<PathBuf> {
+        [&self.registration_socket, &self.dra_socket]
+            .into_iter()
+            .filter(|p| std::fs::symlink_metadata(p).is_ok())
+            .cloned()
+            .collect()
+    }
+}
+
+/// The plugin configuration of the demo node: mock discovery, sockets and files under the
+/// output directory, no ResourceSlice publishing, no metrics server.
+pub fn plugin_config(
+    layout: &Layout,
+    driver: &str,
+    node: &str,
+    discovery: Discovery,
+) -> PluginConfig {
+    PluginConfig {
+        driver_name: driver.to_owned(),
+        node_name: node.to_owned(),
+        registration_socket: layout.registration_socket.clone(),
+        dra_socket: layout.dra_socket.clone(),
+        cdi_dir: layout.cdi_dir.clone(),
+        checkpoint_file: layout.checkpoint_file.clone(),
+        driver_root: layout.driver_root.clone(),
+        discovery,
+        mock_device_node: PathBuf::from("/dev/null"),
+        publish_resources: false,
+        resync_period: Duration::from_secs(600),
+        metrics_address: None,
+        boot_id_file: layout.boot_id_file.clone(),
+    }
+}
+
+/// The published devices of the node's slices, in slice order.
+pub fn published_devices(slices: &[ResourceSlice]) -> Vec<Device> {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
+        .collect()
+}
+
+/// The controller's capacity index over the node, read back from its ResourceSlices as the
+/// controller reads them.
+pub fn capacity_index(slices: &[ResourceSlice], driver: &str) -> Index {
+    let mut index = Index::new();
+    for (_, node) in kerf_api::node_gpus_from_slices(slices, driver) {
+        index.upsert_node(node);
+    }
+    index
+}
+
+/// The node's inventory as the plugin discovers it.
+///
+/// # Errors
+/// The mock profile or file is invalid.
+pub fn discover(config: &PluginConfig) -> Result<Inventory> {
+    Ok(kerf_kubelet_plugin::plugin::discover(config)?)
+}

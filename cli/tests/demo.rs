@@ -1,0 +1,333 @@
+//! `kerf demo` end to end: the real plugin on its sockets, the real controller allocator,
+//! the examples of the repository, and (with podman) real containers.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use kerf_cli::demo::allocate::AllocatedBy;
+use kerf_cli::demo::manifests::ManifestSource;
+use kerf_cli::demo::{self, ClaimReport, DemoConfig, Summary};
+
+const GI: u64 = 1 << 30;
+
+fn examples(folder: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("examples")
+        .join(folder)
+}
+
+fn config(output: &Path) -> DemoConfig {
+    DemoConfig {
+        classes: ManifestSource::Dir(examples("admin")),
+        claims: ManifestSource::Dir(examples("claims")),
+        ..DemoConfig::new(output)
+    }
+}
+
+fn claim<'a>(summary: &'a Summary, name: &str) -> &'a ClaimReport {
+    summary
+        .claim("default", name)
+        .unwrap_or_else(|| panic!("no claim {name} in {:#?}", summary.claims))
+}
+
+/// The env entries of a claim's CDI spec: spec-wide and per device.
+fn spec_env(claim: &ClaimReport) -> Vec<String> {
+    let spec = claim.cdi_spec.as_ref().expect("CDI spec snapshot");
+    let mut env = Vec::new();
+    let mut collect = |edits: &serde_json::Value| {
+        for entry in edits["env"].as_array().into_iter().flatten() {
+            env.push(entry.as_str().unwrap().to_owned());
+        }
+    };
+    collect(&spec["containerEdits"]);
+    for device in spec["devices"].as_array().unwrap() {
+        collect(&device["containerEdits"]);
+    }
+    env
+}
+
+fn assert_clean(output: &Path) {
+    let sockets: Vec<PathBuf> = [
+        "plugins_registry/gpu.kerf.dev-reg.sock",
+        "plugins/gpu.kerf.dev/dra.sock",
+    ]
+    .iter()
+    .map(|p| output.join(p))
+    .filter(|p| p.exists())
+    .collect();
+    assert!(sockets.is_empty(), "sockets left: {sockets:?}");
+    let specs: Vec<_> = std::fs::read_dir(output.join("cdi")).unwrap().collect();
+    assert!(specs.is_empty(), "CDI specs left: {specs:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_examples_on_a_mock_h100_node() {
+    let output = tempfile::tempdir().unwrap();
+    let summary = demo::run(&config(output.path())).await.unwrap();
+    println!("{}", demo::report::render_table(&summary));
+
+    // The summary on disk is the one returned.
+    let written: Summary =
+        serde_json::from_slice(&std::fs::read(output.path().join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(written, summary);
+    assert_clean(output.path());
+    assert_eq!(summary.devices.len(), 8, "{:?}", summary.devices);
+    assert!(
+        summary.classes.iter().all(|c| c.error.is_none()),
+        "{:?}",
+        summary.classes
+    );
+
+    whole_gpu_by_the_scheduler(&summary);
+    slice_with_limits_in_its_cdi_spec(output.path(), &summary);
+    invalid_claim_names_the_field(&summary);
+    nvlink_pair_and_missing_mig(&summary);
+    deployment_claims_are_packed(&summary);
+}
+
+/// A whole GPU, placed by the scheduler stand-in, prepared with one CDI device.
+fn whole_gpu_by_the_scheduler(summary: &Summary) {
+    let whole = claim(summary, "whole-gpu");
+    assert_eq!(
+        whole.allocated_by,
+        Some(AllocatedBy::Scheduler),
+        "{whole:#?}"
+    );
+    assert!(whole.prepared, "{whole:#?}");
+    assert_eq!(whole.devices.len(), 1);
+    assert_eq!(whole.devices[0].memory_bytes, None);
+    assert_eq!(whole.devices[0].slice_text(), "whole GPU");
+    let uid = whole.uid.as_deref().unwrap();
+    assert_eq!(
+        whole.devices[0].cdi_device_ids,
+        [format!(
+            "k8s.gpu.kerf.dev/gpu={uid}-{}",
+            whole.devices[0].device
+        )]
+    );
+    assert!(!spec_env(whole).iter().any(|e| e.starts_with("CUDA_MPS_")));
+}
+
+/// A 10Gi / 25% slice by the controller, with its limits in its CDI spec.
+fn slice_with_limits_in_its_cdi_spec(output: &Path, summary: &Summary) {
+    let slice = claim(summary, "slice-10gi");
+    assert_eq!(
+        slice.allocated_by,
+        Some(AllocatedBy::Controller),
+        "{slice:#?}"
+    );
+    assert!(slice.prepared, "{slice:#?}");
+    assert_eq!(slice.devices[0].memory_bytes, Some(10 * GI));
+    assert_eq!(slice.devices[0].compute_percent, Some(25));
+    let env = spec_env(slice);
+    assert!(
+        env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25".to_owned()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M".to_owned()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&format!("KERF_SLICE_MEMORY_BYTES={}", 10 * GI)),
+        "{env:?}"
+    );
+    assert!(
+        slice
+            .cdi_spec_file
+            .as_ref()
+            .unwrap()
+            .starts_with(output.join("cdi"))
+    );
+}
+
+/// The invalid claim: not allocated, and the message names the misspelt field.
+fn invalid_claim_names_the_field(summary: &Summary) {
+    let invalid = claim(summary, "invalid-memroy");
+    assert_eq!(invalid.allocated_by, None);
+    assert!(!invalid.prepared);
+    assert!(invalid.devices.is_empty());
+    let error = invalid.error.as_deref().unwrap();
+    assert!(
+        error.contains("spec.devices.config[0].opaque.parameters.memroy"),
+        "{error}"
+    );
+    let pod = summary
+        .pods
+        .iter()
+        .find(|p| p.name == "invalid-memroy")
+        .unwrap();
+    assert!(!pod.scheduled);
+}
+
+/// Two whole GPUs for the NVLink pair; no 1g.5gb MIG device on an H100 node, shown with
+/// the reason rather than hidden.
+fn nvlink_pair_and_missing_mig(summary: &Summary) {
+    let pair = claim(summary, "nvlink-pair");
+    assert_eq!(
+        pair.allocated_by,
+        Some(AllocatedBy::Controller),
+        "{pair:#?}"
+    );
+    assert_eq!(pair.devices.len(), 2);
+    assert_ne!(pair.devices[0].device, pair.devices[1].device);
+    assert!(
+        pair.devices
+            .iter()
+            .all(|d| d.memory_bytes.is_none() && d.cdi_device_ids.len() == 1)
+    );
+    let mig = claim(summary, "mig-1g-5gb");
+    assert_eq!(mig.allocated_by, None);
+    let error = mig.error.as_deref().unwrap();
+    assert!(
+        error.contains("mig-1g.5gb") && error.contains("no device of the node matches"),
+        "{error}"
+    );
+}
+
+/// The Deployment: three pods, three generated claims, all prepared, packed by BinPack onto
+/// GPUs that already carry slices rather than onto idle ones; no GPU is both whole and
+/// sliced, or whole twice.
+fn deployment_claims_are_packed(summary: &Summary) {
+    let generated: Vec<&ClaimReport> = summary
+        .claims
+        .iter()
+        .filter(|c| c.template.as_deref() == Some("inference-slice"))
+        .collect();
+    assert_eq!(generated.len(), 3);
+    assert!(generated.iter().all(|c| c.prepared && c.pods.len() == 1));
+    let slice_gpus: BTreeSet<&str> = summary
+        .claims
+        .iter()
+        .filter(|c| c.devices.iter().any(|d| d.memory_bytes.is_some()))
+        .flat_map(|c| c.devices.iter().map(|d| d.device.as_str()))
+        .collect();
+    // 20Gi/50% + 10Gi/25% + 3 × 8Gi/15% = 120% of compute: two GPUs, not five.
+    assert_eq!(slice_gpus.len(), 2, "{slice_gpus:?}");
+    let whole_gpus: Vec<&str> = summary
+        .claims
+        .iter()
+        .flat_map(|c| &c.devices)
+        .filter(|d| d.memory_bytes.is_none())
+        .map(|d| d.device.as_str())
+        .collect();
+    let distinct: BTreeSet<&&str> = whole_gpus.iter().collect();
+    assert_eq!(distinct.len(), whole_gpus.len(), "{whole_gpus:?}");
+    assert!(whole_gpus.iter().all(|g| !slice_gpus.contains(g)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployment_alone_is_packed_onto_one_gpu() {
+    let claims = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        examples("claims").join("template-deployment.yaml"),
+        claims.path().join("deployment.yaml"),
+    )
+    .unwrap();
+    let output = tempfile::tempdir().unwrap();
+    let config = DemoConfig {
+        claims: ManifestSource::Dir(claims.path().to_owned()),
+        ..config(output.path())
+    };
+    let summary = demo::run(&config).await.unwrap();
+    assert_clean(output.path());
+    assert_eq!(summary.pods.len(), 3);
+    assert_eq!(summary.claims.len(), 3);
+    let gpus: BTreeSet<&str> = summary
+        .claims
+        .iter()
+        .inspect(|c| assert!(c.prepared, "{c:#?}"))
+        .flat_map(|c| c.devices.iter().map(|d| d.device.as_str()))
+        .collect();
+    assert_eq!(
+        gpus.len(),
+        1,
+        "BinPack puts 3 × 8Gi/15% on one GPU: {gpus:?}"
+    );
+    let names: Vec<&str> = summary.claims.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["inference-0-gpu", "inference-1-gpu", "inference-2-gpu"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mig_claims_on_an_a100_mig_node() {
+    let output = tempfile::tempdir().unwrap();
+    let config = DemoConfig {
+        discovery: kerf_kubelet_plugin::config::Discovery::MockProfile("a100-40gb-mig".into()),
+        ..config(output.path())
+    };
+    let summary = demo::run(&config).await.unwrap();
+    assert_clean(output.path());
+    let mig = claim(&summary, "mig-1g-5gb");
+    assert_eq!(mig.allocated_by, Some(AllocatedBy::Scheduler), "{mig:#?}");
+    assert!(mig.prepared, "{mig:#?}");
+    assert_eq!(mig.devices[0].device_type, "mig");
+    assert_eq!(mig.devices[0].mig_profile.as_deref(), Some("1g.5gb"));
+    // The H100 classes select nothing here, and say so.
+    let whole = claim(&summary, "whole-gpu");
+    assert_eq!(whole.allocated_by, None);
+    assert!(
+        whole.error.as_deref().unwrap().contains("h100"),
+        "{whole:#?}"
+    );
+}
+
+/// With podman present, each prepared claim runs in a busybox container that sees its CDI
+/// devices. Under CI (CI=true) a missing podman is a failure; elsewhere the test is skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_see_their_cdi_devices() {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let available = demo::containers::find_runtime(None);
+    if let Err(e) = &available {
+        assert!(!ci, "CI=true but the container runtime is unusable: {e}");
+        println!("skipped: {e}");
+        return;
+    }
+    let output = tempfile::tempdir().unwrap();
+    let config = DemoConfig {
+        run_containers: true,
+        ..config(output.path())
+    };
+    let summary = demo::run(&config).await.unwrap();
+    assert_eq!(summary.containers_error, None);
+    assert_clean(output.path());
+    print!("{}", demo::report::render_containers(&summary));
+    let prepared: Vec<&ClaimReport> = summary.claims.iter().filter(|c| c.prepared).collect();
+    assert!(prepared.len() >= 5);
+    for claim in prepared {
+        let run = claim
+            .container
+            .as_ref()
+            .unwrap_or_else(|| panic!("{claim:#?}"));
+        assert_eq!(run.exit_code, Some(0), "{}: {}", claim.name, run.output);
+        let uid = claim.uid.as_deref().unwrap();
+        assert!(
+            run.output.contains(&format!("KERF_CLAIM_UID={uid}")),
+            "{}",
+            run.output
+        );
+        for device in &claim.devices {
+            let node = format!("/dev/nvidia{}", device.device.trim_start_matches("gpu-"));
+            assert!(
+                run.output.contains(&node),
+                "{} lacks {node}: {}",
+                claim.name,
+                run.output
+            );
+        }
+    }
+    let slice = claim(&summary, "slice-10gi").container.as_ref().unwrap();
+    assert!(
+        slice
+            .output
+            .contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
+        "{}",
+        slice.output
+    );
+}
