@@ -3,6 +3,9 @@
 //! - [`dra::v1`] and [`dra::v1beta1`]: `DRAPlugin` (NodePrepareResources / NodeUnprepareResources).
 //! - [`pluginregistration`]: the kubelet plugin registration service.
 //! - [`health::v1alpha1`]: `DRAResourceHealth` (KEP-4680).
+//! - [`client`]: dialling the Unix sockets and judging a registration, as the kubelet does.
+
+pub mod client;
 
 /// The `gRPC service names` kerf advertises, as kubelet reads them from `supported_versions`.
 pub mod service_names {

@@ -5,12 +5,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use hyper_util::rt::TokioIo;
 use kerf_proto::dra::{v1, v1beta1};
 use kerf_proto::pluginregistration::registration_client::RegistrationClient;
 use kerf_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 /// The DRA services this kubelet knows, as a 1.34+ kubelet does.
 pub const KNOWN_SERVICES: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
@@ -54,12 +52,7 @@ pub enum KubeletError {
 /// # Errors
 /// The socket cannot be dialled.
 pub async fn dial(path: &Path) -> Result<Channel, KubeletError> {
-    let socket = path.to_owned();
-    Endpoint::from_static("http://kubelet.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
-        }))
+    kerf_proto::client::dial_unix(path)
         .await
         .map_err(|e| KubeletError::Dial(path.to_owned(), e))
 }
@@ -157,26 +150,10 @@ pub async fn register(
 }
 
 fn check_info(info: &PluginInfo, known: &[&str]) -> Result<DraVersion, String> {
-    if info.r#type != "DRAPlugin" {
-        return Err(format!("plugin type {:?} is not DRAPlugin", info.r#type));
-    }
-    if !info.endpoint.starts_with('/') {
-        return Err(format!(
-            "endpoint {:?} is not an absolute path",
-            info.endpoint
-        ));
-    }
-    let chosen = info
-        .supported_versions
-        .iter()
-        .find(|v| known.contains(&v.as_str()));
-    match chosen.map(String::as_str) {
-        Some("v1.DRAPlugin") => Ok(DraVersion::V1),
-        Some("v1beta1.DRAPlugin") => Ok(DraVersion::V1beta1),
-        _ => Err(format!(
-            "none of the plugin's versions {:?} is supported",
-            info.supported_versions
-        )),
+    match kerf_proto::client::choose_dra_service(info, known)? {
+        "v1.DRAPlugin" => Ok(DraVersion::V1),
+        "v1beta1.DRAPlugin" => Ok(DraVersion::V1beta1),
+        other => Err(format!("this kubelet does not speak {other}")),
     }
 }
 

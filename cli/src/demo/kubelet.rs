@@ -4,15 +4,14 @@
 //! `NodeUnprepareResources` calls over the DRA socket the plugin named.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use hyper_util::rt::TokioIo;
 use kerf_proto::dra::v1;
 use kerf_proto::pluginregistration::registration_client::RegistrationClient;
 use kerf_proto::pluginregistration::{InfoRequest, PluginInfo, RegistrationStatus};
-use kerf_proto::service_names::{DRA_PLUGIN_TYPE, DRA_V1};
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use kerf_proto::service_names::DRA_V1;
+
+use tonic::transport::Channel;
 
 use crate::error::{Error, Result};
 
@@ -53,12 +52,7 @@ pub struct Registered {
 /// # Errors
 /// The socket does not accept the connection.
 pub async fn dial(path: &Path) -> Result<Channel> {
-    let socket: PathBuf = path.to_owned();
-    Endpoint::from_static("http://kubelet.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
-        }))
+    kerf_proto::client::dial_unix(path)
         .await
         .map_err(|e| Error::Kubelet(format!("dial {}: {e}", path.display())))
 }
@@ -91,26 +85,9 @@ pub async fn register(registration_socket: &Path) -> Result<Registered> {
     Ok(Registered { info, channel })
 }
 
+/// This stand-in speaks only v1.
 fn check_info(info: &PluginInfo) -> Result<(), String> {
-    if info.r#type != DRA_PLUGIN_TYPE {
-        return Err(format!(
-            "plugin type {:?} is not {DRA_PLUGIN_TYPE}",
-            info.r#type
-        ));
-    }
-    if !info.endpoint.starts_with('/') {
-        return Err(format!(
-            "endpoint {:?} is not an absolute path",
-            info.endpoint
-        ));
-    }
-    if !info.supported_versions.iter().any(|v| v == DRA_V1) {
-        return Err(format!(
-            "none of the plugin's versions {:?} is {DRA_V1}",
-            info.supported_versions
-        ));
-    }
-    Ok(())
+    kerf_proto::client::choose_dra_service(info, &[DRA_V1]).map(|_| ())
 }
 
 fn rpc_error(method: &str, status: &tonic::Status) -> Error {
