@@ -125,3 +125,22 @@ fn unplaceable_explained(bencher: Bencher) {
     let pod = &pods()[2].1;
     bencher.bench_local(|| black_box(place(&index, pod, &candidates)).is_err());
 }
+
+/// A slice that fits nowhere on a nearly full cluster: the decision includes the
+/// explanation (which node came closest and why), the controller's cost per unplaceable
+/// claim.
+#[divan::bench]
+fn unplaceable_slice_explained(bencher: Bencher) {
+    let (index, _) = cluster(7);
+    let size = SliceSize {
+        memory_bytes: 75 * GI,
+        compute_percent: 80,
+    };
+    let pod = PodRequest {
+        claims: vec![ClaimRequest {
+            key: "bench".into(),
+            requests: vec![DeviceRequest::slices("s", 2, size)],
+        }],
+    };
+    bencher.bench_local(|| black_box(place_where(&index, &pod, |_| true)).is_err());
+}

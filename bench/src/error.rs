@@ -1,0 +1,107 @@
+//! The benchmarks' one error type.
+
+use std::path::PathBuf;
+
+/// Why a benchmark could not run. A missed target is not an error: it is reported in the
+/// benchmark's output.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The benchmark name is not one of [`crate::NAMES`].
+    #[error("unknown benchmark {0:?}; expected one of: {names}", names = crate::NAMES.join(", "))]
+    UnknownBenchmark(String),
+    /// An option is out of range.
+    #[error("invalid option {option}: {reason}")]
+    InvalidOption {
+        /// The option.
+        option: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file system step failed.
+    #[error("{step} {path}: {source}")]
+    Io {
+        /// What was being done.
+        step: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The work directory is on a file system where fsync costs nothing.
+    #[error(
+        "{path} is on a {fs_type} file system, where fsync is free and the prepare figures would mean nothing; choose a directory on a disk"
+    )]
+    NotOnDisk {
+        /// The work directory.
+        path: PathBuf,
+        /// Its file system type.
+        fs_type: String,
+    },
+    /// The plugin failed to start or stop.
+    #[error("kubelet plugin: {0}")]
+    Plugin(#[from] kerf_kubelet_plugin::Error),
+    /// kerf-core refused something the benchmark built.
+    #[error("kerf-core: {0}")]
+    Core(#[from] kerf_core::Error),
+    /// kerf-api refused something the benchmark built.
+    #[error("kerf-api: {0}")]
+    Api(#[from] kerf_api::Error),
+    /// Dialling one of the plugin's sockets failed.
+    #[error("dial {path}: {source}")]
+    Dial {
+        /// The socket.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A gRPC call failed as a whole.
+    #[error("gRPC call failed: {0}")]
+    Rpc(#[from] tonic::Status),
+    /// The plugin answered a claim with an error, or left a claim out.
+    #[error("claim {uid}: {message}")]
+    Claim {
+        /// The claim's UID.
+        uid: String,
+        /// The plugin's message.
+        message: String,
+    },
+    /// A measurement child process misbehaved.
+    #[error("measurement child: {0}")]
+    Child(String),
+    /// The workload did not allow the measurement (e.g. nothing could be placed).
+    #[error("workload: {0}")]
+    Workload(String),
+}
+
+impl Error {
+    /// A short stable label of the variant.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::UnknownBenchmark(_) => "unknown_benchmark",
+            Error::InvalidOption { .. } => "invalid_option",
+            Error::Io { .. } => "io",
+            Error::NotOnDisk { .. } => "not_on_disk",
+            Error::Plugin(e) => e.reason(),
+            Error::Core(e) => e.reason(),
+            Error::Api(e) => e.reason(),
+            Error::Dial { .. } => "dial",
+            Error::Rpc(_) => "rpc",
+            Error::Claim { .. } => "claim",
+            Error::Child(_) => "child",
+            Error::Workload(_) => "workload",
+        }
+    }
+
+    pub(crate) fn io(step: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            step,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Result of the benchmarks.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,226 @@
+//! kerf-bench: kerf's benchmarks, run by `kerf bench <name>|all`.
+//!
+//! Every benchmark prints figures and ends with one summary line `bench NAME key=value …`
+//! ([`Summary`]); every time is reported next to a floor or baseline measured in the same
+//! run, as a ratio, because these machines are noisy. Targets are checked and printed as
+//! met or missed, never asserted.
+//!
+//! - `prepare`: one claim at a time over the plugin's Unix socket, against an empty round
+//!   trip plus the same durable writes.
+//! - `prepare-parallel`: 64 claims at once, as 64 calls and as one batched call, against one
+//!   single-claim prepare.
+//! - `allocate`: the controller's allocator on 1,000 nodes × 8 H100 with 20,000 seeded
+//!   claims, against one scan of every GPU.
+//! - `packing`: BinPack, Spread and a kube-scheduler-like first-fit until the first claim
+//!   that does not fit.
+//! - `footprint`: resident memory of the plugin and of the controller's index.
+//!
+//! Wiring into a CLI: call [`run`] (or [`run_each`] to print as each finishes) from outside
+//! any Tokio runtime, with [`BenchOptions`]; set [`BenchOptions::reexec`] to the command
+//! that reaches [`run`] again (for `kerf bench NAME`: the current executable with the
+//! argument `bench`), so that `footprint` measures in fresh child processes. The hidden
+//! names those children are started with go through [`run`] like any other name.
+
+pub mod alloc;
+pub mod error;
+pub mod firstfit;
+pub mod floor;
+pub mod footprint;
+pub mod node;
+pub mod prepare;
+pub mod rng;
+pub mod stats;
+pub mod summary;
+pub mod sys;
+pub mod workload;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+pub use error::{Error, Result};
+pub use summary::{Summary, Target};
+
+/// The benchmarks, in the order `all` runs them.
+pub const NAMES: [&str; 5] = [
+    "prepare",
+    "prepare-parallel",
+    "allocate",
+    "packing",
+    "footprint",
+];
+
+/// What the benchmarks run on and how much.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BenchOptions {
+    /// Where the prepare benchmarks put the plugin's files and sockets. It must be on a
+    /// disk (not tmpfs), and short enough for Unix socket paths (about 80 bytes).
+    /// Default: `target/kerf-bench`, relative to the current directory.
+    pub work_dir: PathBuf,
+    /// Claims of `prepare` (default 2,000).
+    pub prepare_claims: usize,
+    /// Claims prepared at once by `prepare-parallel` (default 64).
+    pub parallel_claims: usize,
+    /// Rounds of `prepare-parallel` (default 20).
+    pub parallel_rounds: usize,
+    /// Nodes of 8 mock H100 for `allocate`, `packing` and the index footprint (default 1,000).
+    pub nodes: usize,
+    /// Claims of `allocate` and `packing` (default 20,000).
+    pub allocate_claims: usize,
+    /// Seed of the workload (default 1).
+    pub seed: u64,
+    /// Prepare/unprepare cycles of the plugin footprint (default 1,000).
+    pub footprint_cycles: usize,
+    /// Allocated claims in the index footprint (default 10,000).
+    pub footprint_claims: usize,
+    /// How to start this program again so that it reaches [`run`] with a given name; `None`
+    /// measures the footprint in this process.
+    pub reexec: Option<Reexec>,
+}
+
+/// A command that reaches [`run`] with the benchmark name appended as its last argument.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reexec {
+    /// The program, usually `std::env::current_exe()`.
+    pub program: PathBuf,
+    /// Arguments before the name, e.g. `["bench"]` for `kerf bench NAME`.
+    pub args: Vec<OsString>,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            work_dir: PathBuf::from("target/kerf-bench"),
+            prepare_claims: 2_000,
+            parallel_claims: 64,
+            parallel_rounds: 20,
+            nodes: 1_000,
+            allocate_claims: 20_000,
+            seed: 1,
+            footprint_cycles: 1_000,
+            footprint_claims: 10_000,
+            reexec: None,
+        }
+    }
+}
+
+impl BenchOptions {
+    fn validate(&self) -> Result<()> {
+        let positive = [
+            ("prepare_claims", self.prepare_claims),
+            ("parallel_claims", self.parallel_claims),
+            ("parallel_rounds", self.parallel_rounds),
+            ("nodes", self.nodes),
+            ("allocate_claims", self.allocate_claims),
+            ("footprint_cycles", self.footprint_cycles),
+            ("footprint_claims", self.footprint_claims),
+        ];
+        match positive.iter().find(|(_, v)| *v == 0) {
+            Some((option, _)) => Err(Error::InvalidOption {
+                option,
+                reason: "must be at least 1".into(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Runs benchmark `name` (one of [`NAMES`], or `all`) and returns its summaries.
+///
+/// Blocking: builds its own Tokio runtime, so call it outside any runtime.
+///
+/// # Errors
+/// An unknown name, invalid options, a call from inside a Tokio runtime, or a benchmark that
+/// could not run. A missed target is not an error.
+pub fn run(name: &str, options: &BenchOptions) -> Result<Vec<Summary>> {
+    let mut out = Vec::new();
+    run_each(name, options, |s| out.push(s.clone()))?;
+    Ok(out)
+}
+
+/// As [`run`], calling `on_summary` as soon as each benchmark finishes (for `all`, so that
+/// figures appear as they are measured).
+///
+/// # Errors
+/// As [`run`].
+pub fn run_each(
+    name: &str,
+    options: &BenchOptions,
+    mut on_summary: impl FnMut(&Summary),
+) -> Result<()> {
+    options.validate()?;
+    let names: Vec<&str> = match name {
+        "all" => NAMES.to_vec(),
+        footprint::PLUGIN_CHILD | footprint::INDEX_CHILD => vec![name],
+        known if NAMES.contains(&known) => vec![known],
+        unknown => return Err(Error::UnknownBenchmark(unknown.to_owned())),
+    };
+    if tokio::runtime::Handle::try_current().is_ok() {
+        return Err(Error::InvalidOption {
+            option: "runtime",
+            reason: "kerf_bench::run builds its own Tokio runtime; call it outside one".into(),
+        });
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("start", "tokio runtime", e))?;
+    for name in names {
+        let summary = match name {
+            "prepare" => runtime.block_on(prepare::prepare(options))?,
+            "prepare-parallel" => runtime.block_on(prepare::prepare_parallel(options))?,
+            "allocate" => alloc::allocate(options)?,
+            "packing" => alloc::packing(options)?,
+            "footprint" => footprint::footprint(options, &runtime)?,
+            footprint::PLUGIN_CHILD => return footprint::plugin_child(&runtime),
+            footprint::INDEX_CHILD => return footprint::index_child(options),
+            other => return Err(Error::UnknownBenchmark(other.to_owned())),
+        };
+        on_summary(&summary);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_names_and_zero_options_are_refused() {
+        let options = BenchOptions::default();
+        assert!(matches!(
+            run("nope", &options),
+            Err(Error::UnknownBenchmark(n)) if n == "nope"
+        ));
+        let zero = BenchOptions {
+            prepare_claims: 0,
+            ..BenchOptions::default()
+        };
+        assert!(matches!(
+            run("prepare", &zero),
+            Err(Error::InvalidOption {
+                option: "prepare_claims",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_small_packing_run_compares_all_allocators() {
+        let options = BenchOptions {
+            nodes: 10,
+            allocate_claims: 400,
+            ..BenchOptions::default()
+        };
+        let summaries = run("packing", &options).unwrap();
+        let line = summaries[0].to_string();
+        assert!(line.starts_with("bench packing "), "{line}");
+        for key in [
+            "binpack_memory_pct=",
+            "spread_memory_pct=",
+            "firstfit_memory_pct=",
+            "lead_target=",
+        ] {
+            assert!(line.contains(key), "{key} missing from {line}");
+        }
+    }
+}

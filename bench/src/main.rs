@@ -1,0 +1,74 @@
+//! `kerf-bench NAME|all`: the benchmarks without the `kerf` CLI, e.g. for profiling.
+//!
+//! Options are `--key value` for the fields of [`kerf_bench::BenchOptions`]
+//! (`--work-dir`, `--prepare-claims`, `--parallel-claims`, `--parallel-rounds`, `--nodes`,
+//! `--allocate-claims`, `--seed`, `--footprint-cycles`, `--footprint-claims`).
+
+use std::process::ExitCode;
+
+use kerf_bench::{BenchOptions, Reexec};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match parse(&args) {
+        Ok((name, options)) => {
+            let result = kerf_bench::run_each(&name, &options, |s| print!("{}", s.report()));
+            match result {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("kerf-bench: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Err(message) => {
+            eprintln!("kerf-bench: {message}");
+            eprintln!(
+                "usage: kerf-bench NAME|all [--work-dir DIR] [--prepare-claims N] [--parallel-claims N] [--parallel-rounds N] [--nodes N] [--allocate-claims N] [--seed N] [--footprint-cycles N] [--footprint-claims N]"
+            );
+            eprintln!("names: {}", kerf_bench::NAMES.join(", "));
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn parse(args: &[String]) -> Result<(String, BenchOptions), String> {
+    let mut options = BenchOptions {
+        reexec: std::env::current_exe().ok().map(|program| Reexec {
+            program,
+            args: Vec::new(),
+        }),
+        ..BenchOptions::default()
+    };
+    let mut name = None;
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let Some(key) = arg.strip_prefix("--") else {
+            if name.replace(arg.clone()).is_some() {
+                return Err(format!("more than one benchmark name: {arg}"));
+            }
+            continue;
+        };
+        let value = rest
+            .next()
+            .ok_or_else(|| format!("--{key} needs a value"))?;
+        let number = || {
+            value
+                .parse::<usize>()
+                .map_err(|e| format!("--{key} {value}: {e}"))
+        };
+        match key {
+            "work-dir" => options.work_dir = value.into(),
+            "prepare-claims" => options.prepare_claims = number()?,
+            "parallel-claims" => options.parallel_claims = number()?,
+            "parallel-rounds" => options.parallel_rounds = number()?,
+            "nodes" => options.nodes = number()?,
+            "allocate-claims" => options.allocate_claims = number()?,
+            "seed" => options.seed = value.parse().map_err(|e| format!("--seed {value}: {e}"))?,
+            "footprint-cycles" => options.footprint_cycles = number()?,
+            "footprint-claims" => options.footprint_claims = number()?,
+            other => return Err(format!("unknown option --{other}")),
+        }
+    }
+    Ok((name.ok_or("no benchmark name")?, options))
+}

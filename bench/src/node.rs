@@ -1,0 +1,387 @@
+//! A node for the prepare benchmarks: the real kubelet plugin on its real Unix sockets, with
+//! a mock H100 inventory, a fake driver root, claims served from memory (no API latency),
+//! and a kubelet-side gRPC client.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
+use kerf_core::inventory::Inventory;
+use kerf_core::slice::Sharing;
+use kerf_kubelet_plugin::claims::ClaimSource;
+use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
+use kerf_kubelet_plugin::driver::DriverConfig;
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_proto::dra::v1;
+use kerf_proto::dra::v1::dra_plugin_client::DraPluginClient;
+use kerf_proto::pluginregistration::InfoRequest;
+use kerf_proto::pluginregistration::registration_client::RegistrationClient;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::{Error, Result};
+
+/// The DRA driver name the benchmark plugin runs as.
+pub const DRIVER: &str = "gpu.kerf.dev";
+/// The benchmark node's name.
+pub const NODE: &str = "bench-node";
+/// Namespace of the benchmark claims.
+pub const NAMESPACE: &str = "bench";
+/// The mock inventory: 8 × H100 SXM 80GB in one NVLink domain.
+pub const PROFILE: &str = "h100-sxm-80gb";
+
+const GI: u64 = 1 << 30;
+
+/// ResourceClaims served from memory.
+#[derive(Default)]
+pub struct MemoryClaims {
+    claims: RwLock<HashMap<(String, String), ResourceClaim>>,
+}
+
+impl MemoryClaims {
+    /// Adds or replaces a claim.
+    pub fn insert(&self, claim: ResourceClaim) {
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        self.claims
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, claim);
+    }
+}
+
+impl ClaimSource for MemoryClaims {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, kube::Error>> {
+        let found = self
+            .claims
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned();
+        Box::pin(async move {
+            found.ok_or_else(|| {
+                kube::Error::Api(Box::new(kube::core::Status {
+                    code: 404,
+                    message: format!("resourceclaims {name:?} not found"),
+                    reason: "NotFound".into(),
+                    ..kube::core::Status::default()
+                }))
+            })
+        })
+    }
+}
+
+/// The plugin's files and sockets under `root`.
+pub fn plugin_config(root: &Path) -> PluginConfig {
+    PluginConfig {
+        driver_name: DRIVER.into(),
+        node_name: NODE.into(),
+        registration_socket: root.join("reg.sock"),
+        dra_socket: root.join("dra.sock"),
+        cdi_dir: root.join("cdi"),
+        checkpoint_file: root.join("plugin").join("checkpoint.json"),
+        driver_root: root.join("driver-root"),
+        discovery: Discovery::MockProfile(PROFILE.into()),
+        mock_device_node: PathBuf::from("/dev/null"),
+        publish_resources: false,
+        resync_period: Duration::from_secs(3600),
+        metrics_address: None,
+        boot_id_file: root.join("boot_id"),
+    }
+}
+
+/// Lays out a driver root with the files of a real 570 driver (every library kerf mounts,
+/// with its `.so.1` link, and the tools), so that CDI specs have their real size.
+///
+/// # Errors
+/// A file cannot be created.
+pub fn make_driver_root(root: &Path) -> Result<()> {
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    let bin = root.join("usr/bin");
+    for dir in [&lib, &bin] {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+    }
+    let version = kerf_core::mock::MOCK_DRIVER_VERSION;
+    for stem in kerf_core::driver_root::LIBRARY_STEMS {
+        let file = format!("{stem}.{version}");
+        let path = lib.join(&file);
+        std::fs::write(&path, b"\x7fELF").map_err(|e| Error::io("write", &path, e))?;
+        let link = lib.join(format!("{stem}.1"));
+        std::os::unix::fs::symlink(&file, &link).map_err(|e| Error::io("symlink", &link, e))?;
+    }
+    for tool in kerf_core::driver_root::BINARIES {
+        let path = bin.join(tool);
+        std::fs::write(&path, b"#!/bin/sh\n").map_err(|e| Error::io("write", &path, e))?;
+    }
+    Ok(())
+}
+
+/// A claim as the kubelet names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimName {
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+}
+
+impl ClaimName {
+    /// Benchmark claim number `n` of series `series` (series keep claim sets apart).
+    pub fn numbered(series: u64, n: u64) -> Self {
+        ClaimName {
+            name: format!("claim-{series}-{n}"),
+            uid: crate::workload::claim_uid((series << 40) | n),
+        }
+    }
+
+    fn to_v1(&self) -> v1::Claim {
+        v1::Claim {
+            namespace: NAMESPACE.into(),
+            uid: self.uid.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+/// A ResourceClaim allocated as kerf's controller writes it: one 10Gi, 10 % MPS slice of
+/// GPU `gpu` of `inventory`.
+///
+/// # Errors
+/// `gpu` is not a GPU of the inventory, or kerf-api refuses the allocation.
+pub fn slice_claim(claim: &ClaimName, inventory: &Inventory, gpu: usize) -> Result<ResourceClaim> {
+    let info = inventory
+        .gpus
+        .get(gpu)
+        .ok_or_else(|| Error::Workload(format!("the mock inventory has no GPU {gpu}")))?;
+    let placement = ClaimPlacement {
+        key: claim.uid.clone(),
+        devices: vec![PlacedDevice {
+            request: "gpu".into(),
+            device: info.device_name(),
+            gpu_uuid: info.uuid.clone(),
+            slice: Some(SliceSize {
+                memory_bytes: 10 * GI,
+                compute_percent: 10,
+            }),
+            sharing: Sharing::Mps,
+        }],
+    };
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let allocation = kerf_api::allocation_status(&placement, NODE, DRIVER, now)?;
+    Ok(ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(claim.name.clone()),
+            namespace: Some(NAMESPACE.into()),
+            uid: Some(claim.uid.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: k8s_openapi::api::resource::v1::ResourceClaimSpec::default(),
+        status: Some(ResourceClaimStatus {
+            allocation: Some(allocation),
+            ..ResourceClaimStatus::default()
+        }),
+    })
+}
+
+/// The benchmark node: a running plugin and the claims it can read.
+pub struct BenchNode {
+    /// Root of the node's files and sockets.
+    pub root: PathBuf,
+    /// The plugin's configuration.
+    pub config: PluginConfig,
+    /// The mock inventory.
+    pub inventory: Inventory,
+    /// The claims the plugin reads.
+    pub claims: Arc<MemoryClaims>,
+    plugin: RunningPlugin,
+}
+
+impl BenchNode {
+    /// Lays out `root` and starts the plugin there. Must run inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// The files cannot be laid out or the plugin does not start.
+    pub async fn start(root: &Path) -> Result<Self> {
+        let config = plugin_config(root);
+        let boot_id = root.join("boot_id");
+        std::fs::write(&boot_id, "kerf-bench-boot\n")
+            .map_err(|e| Error::io("write", &boot_id, e))?;
+        make_driver_root(&config.driver_root)?;
+        let inventory = plugin::discover(&config)?;
+        let claims = Arc::new(MemoryClaims::default());
+        let connections = Connections {
+            claims: Arc::clone(&claims) as Arc<dyn ClaimSource>,
+            publisher: None,
+        };
+        let plugin = plugin::start(&config, inventory.clone(), connections).await?;
+        Ok(BenchNode {
+            root: root.to_owned(),
+            config,
+            inventory,
+            claims,
+            plugin,
+        })
+    }
+
+    /// Adds `count` slice claims of series `series`, spread over the GPUs round-robin.
+    ///
+    /// # Errors
+    /// As [`slice_claim`].
+    pub fn add_claims(&self, series: u64, count: usize) -> Result<Vec<ClaimName>> {
+        let gpus = self.inventory.gpus.len().max(1);
+        (0..count)
+            .map(|n| {
+                let claim = ClaimName::numbered(series, n as u64);
+                self.claims
+                    .insert(slice_claim(&claim, &self.inventory, n % gpus)?);
+                Ok(claim)
+            })
+            .collect()
+    }
+
+    /// Path of the CDI spec the plugin writes for `claim`.
+    ///
+    /// # Errors
+    /// The UID makes no valid file name.
+    pub fn spec_path(&self, claim: &ClaimName) -> Result<PathBuf> {
+        let kind = DriverConfig::cdi_kind_for(DRIVER);
+        let name = kerf_core::cdi::transient_spec_file_name(&kind, &claim.uid)?;
+        Ok(self.config.cdi_dir.join(name))
+    }
+
+    /// Stops the plugin.
+    ///
+    /// # Errors
+    /// A plugin task failed.
+    pub async fn stop(self) -> Result<()> {
+        self.plugin.shutdown().await.map_err(Error::from)
+    }
+}
+
+/// The kubelet's side of the plugin's sockets.
+#[derive(Clone)]
+pub struct Kubelet {
+    dra: DraPluginClient<Channel>,
+    registration: RegistrationClient<Channel>,
+}
+
+impl Kubelet {
+    /// Connects to both sockets of the plugin configured by `config`.
+    ///
+    /// # Errors
+    /// A socket cannot be dialled.
+    pub async fn connect(config: &PluginConfig) -> Result<Self> {
+        Ok(Kubelet {
+            dra: DraPluginClient::new(dial(&config.dra_socket).await?),
+            registration: RegistrationClient::new(dial(&config.registration_socket).await?),
+        })
+    }
+
+    /// One `NodePrepareResources` call for `claims`.
+    ///
+    /// # Errors
+    /// The call fails, or a claim is missing from the answer or has an error.
+    pub async fn prepare(&self, claims: &[ClaimName]) -> Result<()> {
+        let request = v1::NodePrepareResourcesRequest {
+            claims: claims.iter().map(ClaimName::to_v1).collect(),
+        };
+        let answer = self
+            .dra
+            .clone()
+            .node_prepare_resources(request)
+            .await?
+            .into_inner();
+        for claim in claims {
+            match answer.claims.get(&claim.uid) {
+                Some(r) if r.error.is_empty() && !r.devices.is_empty() => {}
+                Some(r) => return Err(claim_error(claim, &r.error)),
+                None => return Err(claim_error(claim, "no answer")),
+            }
+        }
+        Ok(())
+    }
+
+    /// One `NodeUnprepareResources` call for `claims`.
+    ///
+    /// # Errors
+    /// The call fails, or a claim is missing from the answer or has an error.
+    pub async fn unprepare(&self, claims: &[ClaimName]) -> Result<()> {
+        let request = v1::NodeUnprepareResourcesRequest {
+            claims: claims.iter().map(ClaimName::to_v1).collect(),
+        };
+        let answer = self
+            .dra
+            .clone()
+            .node_unprepare_resources(request)
+            .await?
+            .into_inner();
+        for claim in claims {
+            match answer.claims.get(&claim.uid) {
+                Some(r) if r.error.is_empty() => {}
+                Some(r) => return Err(claim_error(claim, &r.error)),
+                None => return Err(claim_error(claim, "no answer")),
+            }
+        }
+        Ok(())
+    }
+
+    /// The floor's round trip: `NodePrepareResources` with no claims, over the same socket
+    /// and through the same server as a prepare, doing no work.
+    ///
+    /// # Errors
+    /// The call fails.
+    pub async fn empty_prepare(&self) -> Result<()> {
+        self.dra
+            .clone()
+            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: Vec::new() })
+            .await?;
+        Ok(())
+    }
+
+    /// `GetInfo` on the registration socket.
+    ///
+    /// # Errors
+    /// The call fails.
+    pub async fn get_info(&self) -> Result<()> {
+        self.registration.clone().get_info(InfoRequest {}).await?;
+        Ok(())
+    }
+}
+
+fn claim_error(claim: &ClaimName, message: &str) -> Error {
+    Error::Claim {
+        uid: claim.uid.clone(),
+        message: if message.is_empty() {
+            "prepared without devices".to_owned()
+        } else {
+            message.to_owned()
+        },
+    }
+}
+
+/// Connects to a Unix socket as the kubelet does.
+async fn dial(path: &Path) -> Result<Channel> {
+    let socket = path.to_owned();
+    Endpoint::from_static("http://kubelet.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+        }))
+        .await
+        .map_err(|source| Error::Dial {
+            path: path.to_owned(),
+            source,
+        })
+}

@@ -1,0 +1,325 @@
+//! `prepare` and `prepare-parallel`: real `NodePrepareResources` calls over the plugin's
+//! Unix socket, against a floor measured in the same run on the same socket and disk.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::future::try_join_all;
+
+use crate::floor::FloorWrites;
+use crate::node::{BenchNode, ClaimName, Kubelet};
+use crate::stats::{Samples, ms, ratio};
+use crate::summary::Summary;
+use crate::{BenchOptions, Error, Result, sys};
+
+/// Claims prepared and unprepared before measuring, to warm caches and thread pools.
+const WARMUP: usize = 50;
+/// Durable writes per prepare: the checkpoint as PrepareStarted, the CDI spec, the
+/// checkpoint as PrepareCompleted.
+const CHECKPOINT_WRITES_PER_PREPARE: usize = 2;
+/// Single-claim prepares measured per round of `prepare-parallel`.
+const SINGLES_PER_ROUND: usize = 5;
+
+/// Claim series, so that the benchmarks' claims never share a UID.
+const SERIES_WARMUP: u64 = 1;
+const SERIES_SERIAL: u64 = 2;
+const SERIES_PARALLEL: u64 = 3;
+const SERIES_SINGLE: u64 = 4;
+
+/// Makes a fresh node directory under the work directory after checking that it is on a
+/// disk, and starts the plugin there.
+async fn start_node(work_dir: &Path) -> Result<(tempfile::TempDir, String, BenchNode, Kubelet)> {
+    std::fs::create_dir_all(work_dir).map_err(|e| Error::io("create", work_dir, e))?;
+    let fs_type = sys::fs_type(work_dir)?;
+    if sys::is_memory_fs(&fs_type) {
+        return Err(Error::NotOnDisk {
+            path: work_dir.to_owned(),
+            fs_type,
+        });
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("node-")
+        .tempdir_in(work_dir)
+        .map_err(|e| Error::io("create", work_dir, e))?;
+    let node = BenchNode::start(dir.path()).await?;
+    let kubelet = Kubelet::connect(&node.config).await?;
+    Ok((dir, fs_type, node, kubelet))
+}
+
+/// Prepares and unprepares claims to warm up; returns the sizes of the files one prepare
+/// writes (checkpoint, spec, checkpoint).
+async fn warm_up(node: &BenchNode, kubelet: &Kubelet) -> Result<Vec<usize>> {
+    let claims = node.add_claims(SERIES_WARMUP, WARMUP)?;
+    let mut sizes = Vec::new();
+    for (i, claim) in claims.iter().enumerate() {
+        kubelet.prepare(std::slice::from_ref(claim)).await?;
+        if i == 0 {
+            sizes = prepared_file_sizes(node, claim)?;
+        }
+        kubelet.unprepare(std::slice::from_ref(claim)).await?;
+    }
+    Ok(sizes)
+}
+
+fn prepared_file_sizes(node: &BenchNode, claim: &ClaimName) -> Result<Vec<usize>> {
+    let size = |path: &Path| -> Result<usize> {
+        let len = std::fs::metadata(path)
+            .map_err(|e| Error::io("stat", path, e))?
+            .len();
+        Ok(usize::try_from(len).unwrap_or(usize::MAX))
+    };
+    let checkpoint = size(&node.config.checkpoint_file)?;
+    let spec = size(&node.spec_path(claim)?)?;
+    let mut sizes = vec![checkpoint; CHECKPOINT_WRITES_PER_PREPARE];
+    sizes.insert(1, spec);
+    Ok(sizes)
+}
+
+/// One floor sample: an empty round trip plus the durable writes of one prepare.
+async fn floor_once(kubelet: &Kubelet, floor: &FloorWrites) -> Result<Duration> {
+    let started = Instant::now();
+    kubelet.empty_prepare().await?;
+    // Blocking on purpose: the floor is the writes alone, without a hand-off to a thread pool.
+    floor.write_all()?;
+    Ok(started.elapsed())
+}
+
+/// The floor of `width` claims prepared at once: their spec files written durably at the
+/// same time into one directory (each claim has its own file, all in the CDI directory),
+/// plus the checkpoint writes they can share (in a directory of their own, as the plugin's).
+struct ParallelFloor {
+    specs: Vec<FloorWrites>,
+    checkpoint: FloorWrites,
+}
+
+impl ParallelFloor {
+    fn new(dir: &Path, sizes: &[usize], width: usize) -> Result<Self> {
+        let spec = sizes.get(1).copied().unwrap_or_default();
+        let checkpoint = sizes.first().copied().unwrap_or_default();
+        let specs = (0..width)
+            .map(|i| FloorWrites::new(dir, &format!("spec-{i}"), &[spec]))
+            .collect::<Result<_>>()?;
+        let checkpoint = FloorWrites::new(
+            &dir.join("checkpoint"),
+            "checkpoint",
+            &[checkpoint; CHECKPOINT_WRITES_PER_PREPARE],
+        )?;
+        Ok(ParallelFloor { specs, checkpoint })
+    }
+
+    async fn once(&self, kubelet: &Kubelet) -> Result<Duration> {
+        let started = Instant::now();
+        kubelet.empty_prepare().await?;
+        let writers: Vec<_> = self
+            .specs
+            .iter()
+            .map(|spec| {
+                let spec = spec.clone();
+                tokio::task::spawn_blocking(move || spec.write_all())
+            })
+            .collect();
+        for writer in writers {
+            writer
+                .await
+                .map_err(|e| Error::Workload(format!("floor writer failed: {e}")))??;
+        }
+        self.checkpoint.write_all()?;
+        Ok(started.elapsed())
+    }
+}
+
+async fn timed<F: Future<Output = Result<()>>>(f: F) -> Result<Duration> {
+    let started = Instant::now();
+    f.await?;
+    Ok(started.elapsed())
+}
+
+/// The `prepare` benchmark.
+///
+/// # Errors
+/// The node cannot be set up or a call fails.
+pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
+    let (dir, fs_type, node, kubelet) = start_node(&options.work_dir).await?;
+    let sizes = warm_up(&node, &kubelet).await?;
+    let floor = FloorWrites::new(&dir.path().join("floor"), "prepare", &sizes)?;
+    let claims = node.add_claims(SERIES_SERIAL, options.prepare_claims)?;
+    let mut prepares = Vec::with_capacity(claims.len());
+    let mut unprepares = Vec::with_capacity(claims.len());
+    let mut floors = Vec::with_capacity(claims.len());
+    let mut round_trips = Vec::with_capacity(claims.len());
+    // Interleaved, so that both see the same disk and machine noise.
+    for claim in &claims {
+        let one = std::slice::from_ref(claim);
+        prepares.push(timed(kubelet.prepare(one)).await?);
+        unprepares.push(timed(kubelet.unprepare(one)).await?);
+        floors.push(floor_once(&kubelet, &floor).await?);
+        round_trips.push(timed(kubelet.empty_prepare()).await?);
+    }
+    node.stop().await?;
+    drop(dir);
+
+    let (prepare, unprepare) = (Samples::new(prepares), Samples::new(unprepares));
+    let (floor_s, rtt) = (Samples::new(floors), Samples::new(round_trips));
+    let mut s = Summary::new("prepare");
+    s.detail(format!(
+        "{} claims, one at a time, each a NodePrepareResources over the plugin's Unix socket (mock H100, 10Gi MPS slice), then NodeUnprepareResources; files on {fs_type}",
+        claims.len()
+    ));
+    s.detail(format!(
+        "prepare   p50 {} ms  p99 {} ms  max {} ms",
+        ms(prepare.p50()),
+        ms(prepare.p99()),
+        ms(prepare.max())
+    ));
+    s.detail(format!(
+        "floor     p50 {} ms  p99 {} ms  max {} ms  (empty NodePrepareResources + {} durable writes of {} bytes: {:?})",
+        ms(floor_s.p50()),
+        ms(floor_s.p99()),
+        ms(floor_s.max()),
+        floor.count(),
+        floor.bytes(),
+        sizes
+    ));
+    s.detail(format!(
+        "unprepare p50 {} ms  p99 {} ms;  empty round trip p50 {} ms  p99 {} ms",
+        ms(unprepare.p50()),
+        ms(unprepare.p99()),
+        ms(rtt.p50()),
+        ms(rtt.p99())
+    ));
+    let ratio_p50 =
+        prepare.p50().as_secs_f64() / floor_s.p50().as_secs_f64().max(f64::MIN_POSITIVE);
+    let ratio_p99 =
+        prepare.p99().as_secs_f64() / floor_s.p99().as_secs_f64().max(f64::MIN_POSITIVE);
+    s.figure("claims", claims.len())
+        .figure("fs", &fs_type)
+        .figure("p50_ms", ms(prepare.p50()))
+        .figure("p99_ms", ms(prepare.p99()))
+        .figure("max_ms", ms(prepare.max()))
+        .figure("floor_p50_ms", ms(floor_s.p50()))
+        .figure("floor_p99_ms", ms(floor_s.p99()))
+        .figure("ratio_p50", ratio(prepare.p50(), floor_s.p50()))
+        .figure("ratio_p99", ratio(prepare.p99(), floor_s.p99()))
+        .figure("unprepare_p50_ms", ms(unprepare.p50()))
+        .figure("unprepare_p99_ms", ms(unprepare.p99()))
+        .figure("rtt_p50_ms", ms(rtt.p50()));
+    s.target(
+        "p99_target",
+        "prepare p99 <= 2 ms",
+        prepare.p99() <= Duration::from_millis(2),
+        format!("{} ms", ms(prepare.p99())),
+    );
+    s.target(
+        "ratio_p99_target",
+        "prepare ratio_p99 <= 1.5",
+        ratio_p99 <= 1.5,
+        format!("{ratio_p99:.2}; ratio_p50 {ratio_p50:.2}"),
+    );
+    Ok(s)
+}
+
+/// The `prepare-parallel` benchmark.
+///
+/// # Errors
+/// The node cannot be set up or a call fails.
+pub async fn prepare_parallel(options: &BenchOptions) -> Result<Summary> {
+    let (dir, fs_type, node, kubelet) = start_node(&options.work_dir).await?;
+    let sizes = warm_up(&node, &kubelet).await?;
+    let width = options.parallel_claims;
+    let floor = ParallelFloor::new(&dir.path().join("floor"), &sizes, width)?;
+    let claims = node.add_claims(SERIES_PARALLEL, width)?;
+    let singles = node.add_claims(SERIES_SINGLE, SINGLES_PER_ROUND)?;
+    let mut single = Vec::new();
+    let mut separate = Vec::new();
+    let mut batched = Vec::new();
+    let mut floors = Vec::new();
+    for _ in 0..options.parallel_rounds {
+        floors.push(floor.once(&kubelet).await?);
+        for claim in &singles {
+            let one = std::slice::from_ref(claim);
+            single.push(timed(kubelet.prepare(one)).await?);
+            kubelet.unprepare(one).await?;
+        }
+        separate.push(
+            timed(async {
+                try_join_all(
+                    claims
+                        .iter()
+                        .map(|c| kubelet.prepare(std::slice::from_ref(c))),
+                )
+                .await
+                .map(|_| ())
+            })
+            .await?,
+        );
+        kubelet.unprepare(&claims).await?;
+        batched.push(timed(kubelet.prepare(&claims)).await?);
+        kubelet.unprepare(&claims).await?;
+    }
+    node.stop().await?;
+    drop(dir);
+
+    let (single, separate, batched, floor) = (
+        Samples::new(single),
+        Samples::new(separate),
+        Samples::new(batched),
+        Samples::new(floors),
+    );
+    let one = single.p50();
+    let separate_ratio = separate.p50().as_secs_f64() / one.as_secs_f64().max(f64::MIN_POSITIVE);
+    let batched_ratio = batched.p50().as_secs_f64() / one.as_secs_f64().max(f64::MIN_POSITIVE);
+    let mut s = Summary::new("prepare-parallel");
+    s.detail(format!(
+        "{} rounds of {width} claims prepared at once (as {width} concurrent calls, and as one batched call), on {fs_type}; baseline: one single-claim prepare, {SINGLES_PER_ROUND} per round",
+        options.parallel_rounds
+    ));
+    s.detail(format!(
+        "one claim          p50 {} ms  p99 {} ms",
+        ms(single.p50()),
+        ms(single.p99())
+    ));
+    s.detail(format!(
+        "{width} separate calls  wall p50 {} ms  max {} ms  = {separate_ratio:.2} x one claim",
+        ms(separate.p50()),
+        ms(separate.max())
+    ));
+    s.detail(format!(
+        "1 call of {width}      wall p50 {} ms  max {} ms  = {batched_ratio:.2} x one claim",
+        ms(batched.p50()),
+        ms(batched.max())
+    ));
+    s.detail(format!(
+        "floor              wall p50 {} ms  max {} ms  (empty NodePrepareResources + {width} concurrent durable writes of the spec's size + the 2 shared checkpoint writes); {width} separate calls = {} x floor, 1 call = {} x floor",
+        ms(floor.p50()),
+        ms(floor.max()),
+        ratio(separate.p50(), floor.p50()),
+        ratio(batched.p50(), floor.p50())
+    ));
+    s.figure("claims", width)
+        .figure("rounds", options.parallel_rounds)
+        .figure("fs", &fs_type)
+        .figure("one_p50_ms", ms(one))
+        .figure("separate_p50_ms", ms(separate.p50()))
+        .figure("separate_max_ms", ms(separate.max()))
+        .figure("separate_ratio", ratio(separate.p50(), one))
+        .figure("batched_p50_ms", ms(batched.p50()))
+        .figure("batched_max_ms", ms(batched.max()))
+        .figure("batched_ratio", ratio(batched.p50(), one))
+        .figure("floor_p50_ms", ms(floor.p50()))
+        .figure("separate_ratio_floor", ratio(separate.p50(), floor.p50()))
+        .figure("batched_ratio_floor", ratio(batched.p50(), floor.p50()))
+        .figure("floor_ratio", ratio(floor.p50(), one));
+    s.target(
+        "separate_target",
+        format!("{width} concurrent calls within 4 x one claim"),
+        separate_ratio <= 4.0,
+        format!("{separate_ratio:.2} x"),
+    );
+    s.target(
+        "batched_target",
+        format!("one call of {width} claims within 4 x one claim"),
+        batched_ratio <= 4.0,
+        format!("{batched_ratio:.2} x"),
+    );
+    Ok(s)
+}
