@@ -25,6 +25,82 @@ enum Command {
     /// controller (and a stand-in for kube-scheduler), prepare them through the real kubelet
     /// plugin's socket, print what each claim got, and clean up.
     Demo(DemoArgs),
+    /// Run kerf's benchmarks (build with --release): prepare, prepare-parallel, allocate,
+    /// packing, footprint, or all. Each prints its figures and one `bench NAME key=value …` line.
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// Benchmark to run: prepare, prepare-parallel, allocate, packing, footprint or all.
+    name: String,
+    /// Directory for the plugin's files and sockets in the prepare benchmarks; must be on a
+    /// disk, not tmpfs, and short enough for Unix socket paths.
+    #[arg(long, env = "KERF_BENCH_WORK_DIR", default_value = "target/kerf-bench")]
+    work_dir: PathBuf,
+    /// Claims prepared one at a time by `prepare`.
+    #[arg(long, env = "KERF_BENCH_PREPARE_CLAIMS", default_value_t = 2_000)]
+    prepare_claims: usize,
+    /// Claims prepared at once by `prepare-parallel`.
+    #[arg(long, env = "KERF_BENCH_PARALLEL_CLAIMS", default_value_t = 64)]
+    parallel_claims: usize,
+    /// Rounds of `prepare-parallel`.
+    #[arg(long, env = "KERF_BENCH_PARALLEL_ROUNDS", default_value_t = 20)]
+    parallel_rounds: usize,
+    /// Nodes of 8 mock H100 for `allocate`, `packing` and the index footprint.
+    #[arg(long, env = "KERF_BENCH_NODES", default_value_t = 1_000)]
+    nodes: usize,
+    /// Claims of `allocate` and `packing`.
+    #[arg(long, env = "KERF_BENCH_ALLOCATE_CLAIMS", default_value_t = 20_000)]
+    allocate_claims: usize,
+    /// Seed of the workload.
+    #[arg(long, env = "KERF_BENCH_SEED", default_value_t = 1)]
+    seed: u64,
+    /// Prepare/unprepare cycles of the plugin footprint.
+    #[arg(long, env = "KERF_BENCH_FOOTPRINT_CYCLES", default_value_t = 1_000)]
+    footprint_cycles: usize,
+    /// Allocated claims in the index footprint.
+    #[arg(long, env = "KERF_BENCH_FOOTPRINT_CLAIMS", default_value_t = 10_000)]
+    footprint_claims: usize,
+}
+
+impl BenchArgs {
+    /// The options, and how to start this program again for the footprint's fresh processes
+    /// (`kerf bench <same flags> <child name>`).
+    fn options(&self) -> kerf_bench::BenchOptions {
+        let flags: Vec<std::ffi::OsString> = [
+            ("--work-dir", self.work_dir.display().to_string()),
+            ("--prepare-claims", self.prepare_claims.to_string()),
+            ("--parallel-claims", self.parallel_claims.to_string()),
+            ("--parallel-rounds", self.parallel_rounds.to_string()),
+            ("--nodes", self.nodes.to_string()),
+            ("--allocate-claims", self.allocate_claims.to_string()),
+            ("--seed", self.seed.to_string()),
+            ("--footprint-cycles", self.footprint_cycles.to_string()),
+            ("--footprint-claims", self.footprint_claims.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.into(), value.into()])
+        .collect();
+        let reexec = std::env::current_exe()
+            .ok()
+            .map(|program| kerf_bench::Reexec {
+                program,
+                args: std::iter::once("bench".into()).chain(flags).collect(),
+            });
+        kerf_bench::BenchOptions {
+            work_dir: self.work_dir.clone(),
+            prepare_claims: self.prepare_claims,
+            parallel_claims: self.parallel_claims,
+            parallel_rounds: self.parallel_rounds,
+            nodes: self.nodes,
+            allocate_claims: self.allocate_claims,
+            seed: self.seed,
+            footprint_cycles: self.footprint_cycles,
+            footprint_claims: self.footprint_claims,
+            reexec,
+        }
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -91,6 +167,11 @@ fn main() -> ExitCode {
     let result = match Cli::parse().command {
         Command::Inventory(args) => inventory(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => run_demo(args),
+        Command::Bench(args) => kerf_bench::run_each(&args.name, &args.options(), |summary| {
+            print!("{}", summary.report());
+        })
+        .map(|()| ExitCode::SUCCESS)
+        .map_err(anyhow::Error::from),
     };
     match result {
         Ok(code) => code,
