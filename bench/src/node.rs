@@ -2,19 +2,16 @@
 //! a mock H100 inventory, a fake driver root, claims served from memory (no API latency),
 //! and a kubelet-side gRPC client.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use hyper_util::rt::TokioIo;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::inventory::Inventory;
 use kerf_core::slice::Sharing;
-use kerf_kubelet_plugin::claims::ClaimSource;
+use kerf_kubelet_plugin::claims::{ClaimSource, MemoryClaims};
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::driver::DriverConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
@@ -22,8 +19,7 @@ use kerf_proto::dra::v1;
 use kerf_proto::dra::v1::dra_plugin_client::DraPluginClient;
 use kerf_proto::pluginregistration::InfoRequest;
 use kerf_proto::pluginregistration::registration_client::RegistrationClient;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
 use crate::{Error, Result};
 
@@ -37,51 +33,6 @@ pub const NAMESPACE: &str = "bench";
 pub const PROFILE: &str = "h100-sxm-80gb";
 
 const GI: u64 = 1 << 30;
-
-/// ResourceClaims served from memory.
-#[derive(Default)]
-pub struct MemoryClaims {
-    claims: RwLock<HashMap<(String, String), ResourceClaim>>,
-}
-
-impl MemoryClaims {
-    /// Adds or replaces a claim.
-    pub fn insert(&self, claim: ResourceClaim) {
-        let key = (
-            claim.metadata.namespace.clone().unwrap_or_default(),
-            claim.metadata.name.clone().unwrap_or_default(),
-        );
-        self.claims
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, claim);
-    }
-}
-
-impl ClaimSource for MemoryClaims {
-    fn get<'a>(
-        &'a self,
-        namespace: &'a str,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<ResourceClaim, kube::Error>> {
-        let found = self
-            .claims
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .cloned();
-        Box::pin(async move {
-            found.ok_or_else(|| {
-                kube::Error::Api(Box::new(kube::core::Status {
-                    code: 404,
-                    message: format!("resourceclaims {name:?} not found"),
-                    reason: "NotFound".into(),
-                    ..kube::core::Status::default()
-                }))
-            })
-        })
-    }
-}
 
 /// The plugin's files and sockets under `root`.
 pub fn plugin_config(root: &Path) -> PluginConfig {
@@ -373,12 +324,7 @@ fn claim_error(claim: &ClaimName, message: &str) -> Error {
 
 /// Connects to a Unix socket as the kubelet does.
 async fn dial(path: &Path) -> Result<Channel> {
-    let socket = path.to_owned();
-    Endpoint::from_static("http://kubelet.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
-        }))
+    kerf_proto::client::dial_unix(path)
         .await
         .map_err(|source| Error::Dial {
             path: path.to_owned(),

@@ -1,8 +1,12 @@
 //! Where the plugin reads ResourceClaims from.
 
+use std::collections::BTreeMap;
+use std::sync::{PoisonError, RwLock};
+
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
+use kube::core::Status;
 
 /// Reads one ResourceClaim. The kubelet sends only namespace, name and UID; the allocation
 /// comes from the API server.
@@ -40,5 +44,85 @@ impl ClaimSource for KubeClaims {
                 .get(name)
                 .await
         })
+    }
+}
+
+/// ResourceClaims held in memory, by `(namespace, name)`, for running the plugin without an
+/// API server (the demo, the benchmarks); a missing claim answers 404 as the API server does.
+#[derive(Debug, Default)]
+pub struct MemoryClaims {
+    claims: RwLock<BTreeMap<(String, String), ResourceClaim>>,
+}
+
+impl MemoryClaims {
+    /// Stores (or replaces) a claim under its namespace and name.
+    pub fn insert(&self, claim: ResourceClaim) {
+        let key = (
+            claim.metadata.namespace.clone().unwrap_or_default(),
+            claim.metadata.name.clone().unwrap_or_default(),
+        );
+        self.claims
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key, claim);
+    }
+
+    /// Number of claims held.
+    pub fn len(&self) -> usize {
+        self.claims
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// True when no claim is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl ClaimSource for MemoryClaims {
+    fn get<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, kube::Error>> {
+        let found = self
+            .claims
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .cloned();
+        Box::pin(async move {
+            found.ok_or_else(|| {
+                let message = format!("resourceclaims.resource.k8s.io {name:?} not found");
+                kube::Error::Api(Status::failure(&message, "NotFound").with_code(404).boxed())
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    #[tokio::test]
+    async fn serves_stored_claims_and_404_otherwise() {
+        let store = MemoryClaims::default();
+        store.insert(ResourceClaim {
+            metadata: ObjectMeta {
+                namespace: Some("ns".into()),
+                name: Some("c".into()),
+                ..ObjectMeta::default()
+            },
+            ..ResourceClaim::default()
+        });
+        assert_eq!(store.len(), 1);
+        assert!(store.get("ns", "c").await.is_ok());
+        match store.get("ns", "x").await {
+            Err(kube::Error::Api(status)) => assert_eq!(status.code, 404),
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }
