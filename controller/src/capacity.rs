@@ -183,6 +183,42 @@ fn consumed_memory(
         .and_then(|(_, q)| quantity_bytes(q).ok())
 }
 
+/// The compute a class's devices have left, in whole GPUs (1.0 = one GPU's multiprocessors):
+/// a whole-device allocation takes all of a device, a slice its compute percent.
+pub fn free_compute_gpus(
+    selector: &DeviceSelector,
+    devices: &[PublishedDevice<'_>],
+    claims: &[Arc<ResourceClaim>],
+    driver: &str,
+) -> f64 {
+    let mut used: HashMap<DeviceKey, u32> = HashMap::new();
+    for claim in claims {
+        for device_use in kerf_api::allocation::device_uses(claim, driver) {
+            let percent = match device_use.kind {
+                kerf_core::alloc::UseKind::Whole => 100,
+                kerf_core::alloc::UseKind::Slice {
+                    compute_percent, ..
+                } => u32::from(compute_percent),
+            };
+            let entry = used
+                .entry((device_use.node, device_use.device))
+                .or_insert(0);
+            *entry = entry.saturating_add(percent).min(100);
+        }
+    }
+    let free_percent: u32 = devices
+        .iter()
+        .filter(|d| selector.matches(d.device, driver))
+        .map(|d| {
+            100 - used
+                .get(&(d.pool.to_owned(), d.device.name.clone()))
+                .copied()
+                .unwrap_or(0)
+        })
+        .sum();
+    f64::from(free_percent) / 100.0
+}
+
 /// What a class's status reports about its devices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ClassCapacity {
@@ -274,6 +310,32 @@ mod tests {
         device_attribute(d.device, DRIVER, attributes::UUID)
             .and_then(|a| a.string.clone())
             .unwrap()
+    }
+
+    #[test]
+    fn free_compute_counts_whole_devices_and_slice_percentages() {
+        let all = slices("n1", "h100-sxm-80gb:2", 1);
+        let devices = current_devices(&all, DRIVER);
+        let uuid = uuid_of(&devices, "n1", "gpu-1");
+        let slice = GpuSliceAllocation {
+            devices: vec![SliceDevice {
+                pool: "n1".into(),
+                device: "gpu-1".into(),
+                share_id: None,
+                gpu_uuid: uuid,
+                memory_bytes: Some(10 * GIB),
+                compute_percent: Some(30),
+                sharing: kerf_core::slice::Sharing::Mps,
+            }],
+        };
+        let sliced = claim(json!({"devices": {
+            "results": [result("n1", "gpu-1")],
+            "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": slice.to_parameters().unwrap()}}]
+        }}));
+        let whole = claim(json!({"devices": {"results": [result("n1", "gpu-0")]}}));
+        assert!((free_compute_gpus(&whole_gpus(), &devices, &[], DRIVER) - 2.0).abs() < 1e-9);
+        let free = free_compute_gpus(&whole_gpus(), &devices, &[whole, sliced], DRIVER);
+        assert!((free - 0.7).abs() < 1e-9, "{free}");
     }
 
     #[test]

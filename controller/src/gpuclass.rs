@@ -38,7 +38,9 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::capacity::{ClassCapacity, class_capacity, current_devices, memory_in_use};
+use crate::capacity::{
+    ClassCapacity, class_capacity, current_devices, free_compute_gpus, memory_in_use,
+};
 use crate::context::Context;
 use crate::deviceclass::{device_class, is_controlled_by, needs_apply};
 use crate::error::{Error, Result};
@@ -196,6 +198,8 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
     let usage = memory_in_use(&devices, &claims, driver);
     let capacity = class_capacity(&selector, &devices, &usage, driver);
     ctx.metrics.set_class_capacity(&name, &capacity);
+    let free_compute = free_compute_gpus(&selector, &devices, &claims, driver);
+    ctx.metrics.set_class_free_compute(&name, free_compute);
     let readiness = capacity_readiness(&name, &capacity);
     write_status(class, ctx, Some(&name), Some(&capacity), readiness).await?;
     Ok(Action::requeue(ctx.config.resync_period))
