@@ -9,6 +9,12 @@ use kerf_cli::demo::manifests::ManifestSource;
 use kerf_cli::demo::{self, DemoConfig, report};
 use kerf_kubelet_plugin::config::Discovery;
 
+/// mimalloc rather than the system allocator: the prepare path allocates from many threads
+/// (gRPC workers, the blocking pool of the file writers), where glibc's malloc spent a
+/// quarter of the CPU time of 64 concurrent prepares (see README, Performance).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// kerf: GPUs for Kubernetes through Dynamic Resource Allocation.
 #[derive(Debug, Parser)]
 #[command(name = "kerf", version, about)]

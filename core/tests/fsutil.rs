@@ -181,3 +181,90 @@ fn stale_temporary_files_of_our_targets_are_removed() {
             .is_empty()
     );
 }
+
+#[test]
+fn commit_applies_a_group_of_writes_and_removals_in_order() {
+    use kerf_core::fsutil::{FileChange, commit};
+    let dir = tempfile::tempdir().unwrap();
+    write_atomic(dir.path(), "old.json", b"old").unwrap();
+    let changes = [
+        FileChange::Write {
+            name: "a.json",
+            contents: b"a",
+        },
+        FileChange::Write {
+            name: "b.json",
+            contents: b"b",
+        },
+        FileChange::Remove { name: "old.json" },
+        FileChange::Remove {
+            name: "never-there.json",
+        },
+        // A later change to the same file wins, as if applied one by one.
+        FileChange::Write {
+            name: "a.json",
+            contents: b"a2",
+        },
+    ];
+    let results: Vec<bool> = commit(dir.path(), &changes)
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(results, [true, true, true, false, true]);
+    assert_eq!(names(dir.path()), ["a.json", "b.json"]);
+    assert_eq!(fs::read(dir.path().join("a.json")).unwrap(), b"a2");
+    assert_eq!(fs::read(dir.path().join("b.json")).unwrap(), b"b");
+}
+
+#[test]
+fn commit_fails_only_the_change_that_cannot_be_made() {
+    use kerf_core::fsutil::{FileChange, commit};
+    let dir = tempfile::tempdir().unwrap();
+    // A directory where a file should go: its rename fails, the others land.
+    fs::create_dir(dir.path().join("blocked.json")).unwrap();
+    fs::write(dir.path().join("blocked.json").join("inside"), b"x").unwrap();
+    let changes = [
+        FileChange::Write {
+            name: "ok-1.json",
+            contents: b"1",
+        },
+        FileChange::Write {
+            name: "blocked.json",
+            contents: b"2",
+        },
+        FileChange::Write {
+            name: "ok-3.json",
+            contents: b"3",
+        },
+    ];
+    let results = commit(dir.path(), &changes);
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    let Err(e) = &results[1] else {
+        panic!("expected the blocked write to fail: {results:?}")
+    };
+    assert!(e.to_string().contains("blocked.json"), "{e}");
+    assert_eq!(
+        names(dir.path()),
+        ["blocked.json", "ok-1.json", "ok-3.json"]
+    );
+}
+
+#[test]
+fn commit_into_a_missing_directory_fails_every_write() {
+    use kerf_core::fsutil::{FileChange, commit};
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let changes = [
+        FileChange::Write {
+            name: "a.json",
+            contents: b"a",
+        },
+        FileChange::Write {
+            name: "b.json",
+            contents: b"b",
+        },
+    ];
+    for result in commit(&missing, &changes) {
+        assert_eq!(io_op(result.unwrap_err()), "create");
+    }
+}

@@ -22,9 +22,18 @@ struct Progress {
     error: Option<Arc<str>>,
 }
 
+/// The in-memory checkpoint and its sequence numbers.
+struct State {
+    checkpoint: Checkpoint,
+    /// Number of the latest mutation.
+    seq: u64,
+    /// Latest mutation somebody waits to see on disk; lazy mutations do not raise it.
+    wanted: u64,
+}
+
 struct Shared {
     path: PathBuf,
-    state: Mutex<(Checkpoint, u64)>,
+    state: Mutex<State>,
     wake: Notify,
     progress: watch::Sender<Progress>,
 }
@@ -82,7 +91,11 @@ impl CheckpointStore {
         let (progress, _) = watch::channel(Progress::default());
         let shared = Arc::new(Shared {
             path: path.to_owned(),
-            state: Mutex::new((cp, 0)),
+            state: Mutex::new(State {
+                checkpoint: cp,
+                seq: 0,
+                wanted: 0,
+            }),
             wake: Notify::new(),
             progress,
         });
@@ -96,16 +109,28 @@ impl CheckpointStore {
 
     /// Reads the in-memory checkpoint.
     pub fn read<T>(&self, f: impl FnOnce(&Checkpoint) -> T) -> T {
-        f(&self.lock().0)
+        f(&self.lock().checkpoint)
     }
 
-    /// Mutates the checkpoint in memory without waiting for durability and returns the
-    /// sequence number to pass to [`CheckpointStore::persisted`].
-    pub fn mutate<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> (T, u64) {
+    /// Mutates the checkpoint in memory only: the change reaches the disk with the next write
+    /// that someone waits for (or never, if the process stops first). For state whose loss
+    /// in a crash is harmless, such as a prepare that has started; waking the writer for it
+    /// would put a disk write nobody waits for in front of the ones callers do wait for.
+    pub fn mutate_lazily<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> T {
         let mut guard = self.lock();
-        let out = f(&mut guard.0);
-        guard.1 += 1;
-        let seq = guard.1;
+        let out = f(&mut guard.checkpoint);
+        guard.seq += 1;
+        out
+    }
+
+    /// Mutates the checkpoint in memory, wakes the writer, and returns the sequence number
+    /// to pass to [`CheckpointStore::persisted`].
+    fn mutate<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> (T, u64) {
+        let mut guard = self.lock();
+        let out = f(&mut guard.checkpoint);
+        guard.seq += 1;
+        let seq = guard.seq;
+        guard.wanted = seq;
         drop(guard);
         self.shared.wake.notify_one();
         (out, seq)
@@ -152,7 +177,7 @@ impl CheckpointStore {
         &self.shared.path
     }
 
-    fn lock(&self) -> MutexGuard<'_, (Checkpoint, u64)> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the checkpoint half-mutated in a way
         // that matters more than stopping would: keep serving.
         self.shared
@@ -169,7 +194,7 @@ async fn writer(shared: Arc<Shared>) {
         let notified = shared.wake.notified();
         let pending = {
             let guard = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
-            (guard.1 > written).then(|| (guard.0.clone(), guard.1))
+            (guard.wanted > written).then(|| (guard.checkpoint.clone(), guard.seq))
         };
         let Some((snapshot, seq)) = pending else {
             if Arc::strong_count(&shared) == 1 {
@@ -198,5 +223,64 @@ async fn writer(shared: Arc<Shared>) {
                 p.error = Some(message.into());
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)] // Test helpers may fail loudly.
+
+    use kerf_core::checkpoint::ClaimEntry;
+
+    use super::*;
+
+    fn on_disk(path: &Path) -> Checkpoint {
+        match checkpoint::load(path).unwrap() {
+            LoadOutcome::Loaded(cp) => cp,
+            other => panic!("expected a checkpoint, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lazy_mutation_reaches_the_disk_with_the_next_awaited_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        let (store, opened) = CheckpointStore::open(&path, "boot-1").await.unwrap();
+        assert_eq!(opened, Opened::Fresh);
+        store.mutate_lazily(|cp| {
+            cp.claims.insert("lazy".into(), ClaimEntry::default());
+        });
+        assert!(store.read(|cp| cp.claims.contains_key("lazy")));
+        store
+            .update(|cp| {
+                cp.claims.insert("awaited".into(), ClaimEntry::default());
+            })
+            .await
+            .unwrap();
+        let cp = on_disk(&path);
+        assert!(cp.claims.contains_key("lazy") && cp.claims.contains_key("awaited"));
+        assert_eq!(cp.boot_id, "boot-1");
+    }
+
+    #[tokio::test]
+    async fn concurrent_updates_are_all_durable_when_they_return() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        let (store, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
+        let updates = (0..32).map(|i| {
+            let store = store.clone();
+            async move {
+                store
+                    .update(|cp| {
+                        cp.claims
+                            .insert(format!("claim-{i}"), ClaimEntry::default());
+                    })
+                    .await
+            }
+        });
+        for result in futures::future::join_all(updates).await {
+            result.unwrap();
+        }
+        assert_eq!(on_disk(&path).claims.len(), 32);
     }
 }

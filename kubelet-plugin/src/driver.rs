@@ -1,9 +1,9 @@
 //! Prepare and unprepare: the plugin's answer to the kubelet's DRA calls, independent of the
 //! gRPC API version that carried them.
 //!
-//! A prepare costs one GET of the claim and two fsync'd writes: the CDI spec, then the
-//! checkpoint entry as PrepareCompleted (concurrent prepares share that write through group
-//! commit). PrepareStarted is recorded in memory first — it reserves the devices against
+//! A prepare costs one GET of the claim and two durable writes: the CDI spec, then the
+//! checkpoint entry as PrepareCompleted. Concurrent prepares share both through group commit
+//! ([`crate::spec_writer`], [`crate::checkpoint_store`]). PrepareStarted is recorded in memory first — it reserves the devices against
 //! concurrent prepares — and reaches the disk only if a checkpoint write happens to carry it:
 //! the one side effect before completion is the spec file, which a crash cannot lose track of
 //! (start-up removes specs no checkpoint entry owns, and the kubelet retries the prepare).
@@ -25,6 +25,7 @@ use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
 use crate::claims::ClaimSource;
 use crate::metrics::Metrics;
+use crate::spec_writer::SpecWriter;
 use crate::{Error, Result};
 
 /// A claim as the kubelet names it.
@@ -83,12 +84,14 @@ pub struct Driver {
     inventory: Arc<Inventory>,
     claims: Arc<dyn ClaimSource>,
     checkpoint: CheckpointStore,
+    specs: SpecWriter,
     locks: ClaimLocks,
     metrics: Metrics,
 }
 
 impl Driver {
-    /// Builds the engine over an opened checkpoint.
+    /// Builds the engine over an opened checkpoint and starts its CDI spec writer; must be
+    /// called inside a Tokio runtime.
     pub fn new(
         config: DriverConfig,
         inventory: Arc<Inventory>,
@@ -96,11 +99,13 @@ impl Driver {
         checkpoint: CheckpointStore,
         metrics: Metrics,
     ) -> Self {
+        let specs = SpecWriter::start(config.cdi_dir.clone());
         let driver = Driver {
             config,
             inventory,
             claims,
             checkpoint,
+            specs,
             locks: ClaimLocks::default(),
             metrics,
         };
@@ -115,20 +120,43 @@ impl Driver {
 
     /// Prepares a batch of claims concurrently. Every claim gets an answer: its devices, or
     /// an error message naming what is wrong with it.
+    ///
+    /// Each claim runs as its own task: a batch spreads over the runtime's worker threads,
+    /// and a prepare runs to its end (success or rollback) even when the kubelet gives up on
+    /// the call, instead of stopping at whatever await point the cancellation found it.
     pub async fn prepare(
-        &self,
+        self: &Arc<Self>,
         claims: &[ClaimRef],
     ) -> Vec<(String, Result<Vec<PreparedDeviceResult>, String>)> {
-        join_all(claims.iter().map(|claim| async move {
-            let started = Instant::now();
-            let result = self.prepare_claim(claim).await;
-            self.metrics.record_prepare(outcome(&result), started.elapsed());
-            if let Err(e) = &result {
-                tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, error = %e, "prepare failed");
-            }
-            (claim.uid.clone(), result.map_err(|e| e.to_string()))
-        }))
-        .await
+        let tasks = claims.iter().map(|claim| {
+            let driver = Arc::clone(self);
+            let claim = claim.clone();
+            tokio::spawn(async move { driver.prepare_and_record(&claim).await })
+        });
+        join_all(tasks)
+            .await
+            .into_iter()
+            .zip(claims)
+            .map(|(joined, claim)| {
+                let result =
+                    joined.unwrap_or_else(|e| Err(format!("prepare of the claim failed: {e}")));
+                (claim.uid.clone(), result)
+            })
+            .collect()
+    }
+
+    async fn prepare_and_record(
+        &self,
+        claim: &ClaimRef,
+    ) -> Result<Vec<PreparedDeviceResult>, String> {
+        let started = Instant::now();
+        let result = self.prepare_claim(claim).await;
+        self.metrics
+            .record_prepare(outcome(&result), started.elapsed());
+        if let Err(e) = &result {
+            tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, error = %e, "prepare failed");
+        }
+        result.map_err(|e| e.to_string())
     }
 
     /// Unprepares a batch of claims concurrently; unknown claims succeed.
@@ -214,9 +242,12 @@ impl Driver {
                 })
                 .collect()
         });
-        for (claim, devices) in &completed {
-            self.write_cdi_spec(claim, devices).await?;
-        }
+        futures::future::try_join_all(
+            completed
+                .iter()
+                .map(|(claim, devices)| self.write_cdi_spec(claim, devices)),
+        )
+        .await?;
         let owned: Vec<String> = self
             .checkpoint
             .read(|cp| cp.claims.keys().cloned().collect());
@@ -325,7 +356,7 @@ impl Driver {
     /// here loses nothing); a side effect that start-up could not find again would have to
     /// wait for it.
     fn record_started(&self, claim: &ClaimRef, devices: Vec<DeviceRecord>) -> Result<()> {
-        let (conflict, _) = self.checkpoint.mutate(|cp| {
+        let conflict = self.checkpoint.mutate_lazily(|cp| {
             let conflict = devices.iter().find_map(|wanted| {
                 cp.claims
                     .iter()
@@ -407,16 +438,14 @@ impl Driver {
             common: &self.config.common_edits,
         };
         let generated = cdi::generate(&request, &self.config.device_nodes)?;
-        let dir = self.config.cdi_dir.clone();
-        let uid = claim.uid.clone();
-        blocking(move || cdi::write_spec(&dir, &generated.spec, &uid).map(|_| ())).await
+        let name = cdi::transient_spec_file_name(&self.config.cdi_kind, &claim.uid)?;
+        let contents = cdi::encode_spec(&generated.spec)?;
+        self.specs.write(name, contents).await
     }
 
     async fn remove_cdi_spec(&self, uid: &str) -> Result<()> {
-        let dir = self.config.cdi_dir.clone();
-        let kind = self.config.cdi_kind.clone();
-        let uid = uid.to_owned();
-        blocking(move || cdi::remove_spec(&dir, &kind, &uid).map(|_| ())).await
+        let name = cdi::transient_spec_file_name(&self.config.cdi_kind, uid)?;
+        self.specs.remove(name).await.map(|_| ())
     }
 
     fn update_prepared_gauge(&self) {

@@ -19,5 +19,6 @@ pub mod http;
 pub mod metrics;
 pub mod plugin;
 pub mod publish;
+pub mod spec_writer;
 
 pub use error::{Error, Result};
