@@ -228,6 +228,48 @@ pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
     Ok(s)
 }
 
+/// The samples of `prepare-parallel`, one per round (singles: several per round).
+#[derive(Default)]
+struct ParallelRuns {
+    single: Vec<Duration>,
+    separate: Vec<Duration>,
+    batched: Vec<Duration>,
+    floor: Vec<Duration>,
+    grouped_floor: Vec<Duration>,
+}
+
+impl ParallelRuns {
+    /// Each round: both floors, the single-claim baseline, the claims as concurrent calls,
+    /// and as one batched call; everything is unprepared again before the next step.
+    async fn measure(
+        kubelet: &Kubelet,
+        floor: &ParallelFloor,
+        claims: &[ClaimName],
+        singles: &[ClaimName],
+        rounds: usize,
+    ) -> Result<Self> {
+        let mut runs = ParallelRuns::default();
+        for _ in 0..rounds {
+            runs.floor.push(floor.once(kubelet).await?);
+            runs.grouped_floor.push(floor.grouped_once(kubelet).await?);
+            for claim in singles {
+                let one = std::slice::from_ref(claim);
+                runs.single.push(timed(kubelet.prepare(one)).await?);
+                kubelet.unprepare(one).await?;
+            }
+            let concurrent = claims
+                .iter()
+                .map(|c| kubelet.prepare(std::slice::from_ref(c)));
+            runs.separate
+                .push(timed(async { try_join_all(concurrent).await.map(|_| ()) }).await?);
+            kubelet.unprepare(claims).await?;
+            runs.batched.push(timed(kubelet.prepare(claims)).await?);
+            kubelet.unprepare(claims).await?;
+        }
+        Ok(runs)
+    }
+}
+
 /// The `prepare-parallel` benchmark.
 ///
 /// # Errors
@@ -239,44 +281,17 @@ pub async fn prepare_parallel(options: &BenchOptions) -> Result<Summary> {
     let floor = ParallelFloor::new(&dir.path().join("floor"), &sizes, width)?;
     let claims = node.add_claims(SERIES_PARALLEL, width)?;
     let singles = node.add_claims(SERIES_SINGLE, SINGLES_PER_ROUND)?;
-    let mut single = Vec::new();
-    let mut separate = Vec::new();
-    let mut batched = Vec::new();
-    let mut floors = Vec::new();
-    let mut grouped_floors = Vec::new();
-    for _ in 0..options.parallel_rounds {
-        floors.push(floor.once(&kubelet).await?);
-        grouped_floors.push(floor.grouped_once(&kubelet).await?);
-        for claim in &singles {
-            let one = std::slice::from_ref(claim);
-            single.push(timed(kubelet.prepare(one)).await?);
-            kubelet.unprepare(one).await?;
-        }
-        separate.push(
-            timed(async {
-                try_join_all(
-                    claims
-                        .iter()
-                        .map(|c| kubelet.prepare(std::slice::from_ref(c))),
-                )
-                .await
-                .map(|_| ())
-            })
-            .await?,
-        );
-        kubelet.unprepare(&claims).await?;
-        batched.push(timed(kubelet.prepare(&claims)).await?);
-        kubelet.unprepare(&claims).await?;
-    }
+    let runs =
+        ParallelRuns::measure(&kubelet, &floor, &claims, &singles, options.parallel_rounds).await?;
     node.stop().await?;
     drop(dir);
 
     let (single, separate, batched, floor, grouped) = (
-        Samples::new(single),
-        Samples::new(separate),
-        Samples::new(batched),
-        Samples::new(floors),
-        Samples::new(grouped_floors),
+        Samples::new(runs.single),
+        Samples::new(runs.separate),
+        Samples::new(runs.batched),
+        Samples::new(runs.floor),
+        Samples::new(runs.grouped_floor),
     );
     let one = single.p50();
     let separate_ratio = separate.p50().as_secs_f64() / one.as_secs_f64().max(f64::MIN_POSITIVE);
