@@ -1,6 +1,6 @@
 //! Benchmarks of kerf-core's share of the prepare hot path: CDI spec generation and
-//! encoding, checkpoint encoding, and the atomic write against its floor (one plain
-//! fsync'd write of the same bytes).
+//! encoding (the reference path and the reusable encoder), checkpoint encoding, and the
+//! atomic write against its floor (one plain fsync'd write of the same bytes).
 //!
 //! File benchmarks write under Cargo's target tmpdir rather than `/tmp`, which is often a
 //! tmpfs where fsync costs nothing.
@@ -85,6 +85,18 @@ fn cdi_generate_and_encode(bencher: Bencher, n: u32) {
         let generated = cdi::generate(black_box(&request(&devices, &common)), &policy)?;
         cdi::encode_spec(&generated.spec)
     });
+}
+
+/// The same claims through a [`cdi::SpecEncoder`] built once, as the plugin holds one.
+#[divan::bench(args = [1, 8])]
+fn cdi_encoder(bencher: Bencher, n: u32) {
+    let (devices, common) = (devices(n), common());
+    let encoder = match cdi::SpecEncoder::new(KIND, &common, &DeviceNodePolicy::real()) {
+        Ok(encoder) => encoder,
+        Err(e) => panic!("cannot build the spec encoder: {e}"),
+    };
+    let request = request(&devices, &common);
+    bencher.bench_local(|| encoder.encode(black_box(&request.claim())));
 }
 
 fn checkpoint_with(claims: u32) -> Checkpoint {

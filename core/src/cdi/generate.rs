@@ -47,6 +47,9 @@ use crate::slice::{Sharing, SliceLimits};
 pub const COMMON_DEVICE_NODES: [&str; 3] =
     ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
 
+/// What the names of per-device variables start with, before the device's [`env_key`].
+const DEVICE_VAR_PREFIX: &str = "KERF_DEVICE_";
+
 /// Options of the read-only bind mounts of driver files.
 pub const READ_ONLY_BIND: [&str; 4] = ["ro", "nosuid", "nodev", "bind"];
 
@@ -154,6 +157,32 @@ pub struct GeneratedSpec {
     pub device_ids: Vec<String>,
 }
 
+/// The claim-specific fields of a [`ClaimSpecRequest`]: what differs from one claim of a
+/// node to the next. [`super::SpecEncoder::encode`] takes this.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimSpec<'a> {
+    /// UID of the ResourceClaim.
+    pub claim_uid: &'a str,
+    /// Namespace of the ResourceClaim.
+    pub claim_namespace: &'a str,
+    /// Name of the ResourceClaim.
+    pub claim_name: &'a str,
+    /// The claim's devices, in allocation order.
+    pub devices: &'a [PreparedDevice],
+}
+
+impl<'a> ClaimSpecRequest<'a> {
+    /// The claim-specific fields of the request.
+    pub fn claim(&self) -> ClaimSpec<'a> {
+        ClaimSpec {
+            claim_uid: self.claim_uid,
+            claim_namespace: self.claim_namespace,
+            claim_name: self.claim_name,
+            devices: self.devices,
+        }
+    }
+}
+
 /// Builds the CDI spec of one claim; see the module docs for the environment it sets.
 ///
 /// The result is deterministic (an idempotent re-prepare rewrites the same bytes), written at
@@ -168,62 +197,104 @@ pub fn generate(
     request: &ClaimSpecRequest<'_>,
     policy: &DeviceNodePolicy,
 ) -> Result<GeneratedSpec> {
-    if request.devices.is_empty() {
-        return Err(Error::InvalidCdiSpec(format!(
-            "claim {} has no devices to prepare",
-            request.claim_uid
-        )));
-    }
+    let claim = request.claim();
+    check_has_devices(&claim)?;
     let host_path = host_path_override(policy)?;
-    let cdi_names: Vec<String> = request
-        .devices
-        .iter()
-        .map(|d| claim_device_name(request.claim_uid, &d.name))
-        .collect();
-    check_unique_env_keys(&cdi_names)?;
-
-    let devices = request
-        .devices
-        .iter()
-        .zip(&cdi_names)
-        .map(|(device, cdi_name)| Device {
-            name: cdi_name.clone(),
-            annotations: BTreeMap::new(),
-            container_edits: device_edits(device, cdi_name, host_path),
-        })
-        .collect();
+    let ClaimPart {
+        devices,
+        mut env,
+        device_ids,
+    } = claim_part(request.kind, &claim, host_path)?;
+    env.extend(request.common.env.iter().cloned());
     let mut spec = Spec {
         cdi_version: CdiVersion::V0_3_0,
         kind: request.kind.to_owned(),
         annotations: BTreeMap::new(),
         devices,
-        container_edits: claim_edits(request, host_path),
+        container_edits: ContainerEdits {
+            env,
+            device_nodes: common_device_nodes(request.common, host_path),
+            mounts: request.common.mounts.clone(),
+            ..ContainerEdits::default()
+        },
     };
     spec.cdi_version = spec.minimum_version();
     spec.validate()?;
+    Ok(GeneratedSpec { spec, device_ids })
+}
+
+/// What a spec holds for one claim besides the node-wide [`CommonEdits`].
+pub(super) struct ClaimPart {
+    /// One CDI device per prepared device, in input order.
+    pub(super) devices: Vec<Device>,
+    /// The claim-level env, without the common env.
+    pub(super) env: Vec<String>,
+    /// The qualified id of each device, in input order.
+    pub(super) device_ids: Vec<String>,
+}
+
+/// Fails for a claim without devices, before anything else is looked at.
+pub(super) fn check_has_devices(claim: &ClaimSpec<'_>) -> Result<()> {
+    if claim.devices.is_empty() {
+        return Err(Error::InvalidCdiSpec(format!(
+            "claim {} has no devices to prepare",
+            claim.claim_uid
+        )));
+    }
+    Ok(())
+}
+
+/// The claim-specific devices and env. Device names are only checked for collisions here;
+/// the spec they end up in is validated by the caller.
+pub(super) fn claim_part(
+    kind: &str,
+    claim: &ClaimSpec<'_>,
+    host_path: Option<&str>,
+) -> Result<ClaimPart> {
+    let cdi_names: Vec<String> = claim
+        .devices
+        .iter()
+        .map(|d| claim_device_name(claim.claim_uid, &d.name))
+        .collect();
+    let keys: Vec<String> = cdi_names.iter().map(|n| env_key(n)).collect();
+    check_unique_env_keys(&cdi_names, &keys)?;
     let device_ids = cdi_names
         .iter()
-        .map(|name| qualified_name(request.kind, name))
+        .map(|name| qualified_name(kind, name))
         .collect();
-    Ok(GeneratedSpec { spec, device_ids })
+    let devices = claim
+        .devices
+        .iter()
+        .zip(cdi_names)
+        .zip(&keys)
+        .map(|((device, cdi_name), key)| Device {
+            container_edits: device_edits(device, key, host_path),
+            name: cdi_name,
+            annotations: BTreeMap::new(),
+        })
+        .collect();
+    Ok(ClaimPart {
+        devices,
+        env: claim_env(claim),
+        device_ids,
+    })
 }
 
 /// The env-safe key of a CDI device name: ASCII letters and digits upper-cased, every other
 /// character `_`. E.g. `7f3c-gpu-0` → `7F3C_GPU_0`.
 pub fn env_key(cdi_device_name: &str) -> String {
-    cdi_device_name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    let mut key = String::with_capacity(cdi_device_name.len());
+    key.extend(cdi_device_name.chars().map(|c| {
+        if c.is_ascii_alphanumeric() {
+            c.to_ascii_uppercase()
+        } else {
+            '_'
+        }
+    }));
+    key
 }
 
-fn host_path_override(policy: &DeviceNodePolicy) -> Result<Option<&str>> {
+pub(super) fn host_path_override(policy: &DeviceNodePolicy) -> Result<Option<&str>> {
     policy
         .host_path_override
         .as_deref()
@@ -238,9 +309,13 @@ fn host_path_override(policy: &DeviceNodePolicy) -> Result<Option<&str>> {
         .transpose()
 }
 
-fn check_unique_env_keys(cdi_names: &[String]) -> Result<()> {
-    let mut keys: Vec<(String, &str)> =
-        cdi_names.iter().map(|n| (env_key(n), n.as_str())).collect();
+/// `keys[i]` is the [`env_key`] of `cdi_names[i]`.
+fn check_unique_env_keys(cdi_names: &[String], keys: &[String]) -> Result<()> {
+    let mut keys: Vec<(&str, &str)> = keys
+        .iter()
+        .zip(cdi_names)
+        .map(|(key, name)| (key.as_str(), name.as_str()))
+        .collect();
     keys.sort_unstable();
     match keys.windows(2).find(|w| w[0].0 == w[1].0) {
         Some(w) if w[0].1 == w[1].1 => Err(Error::InvalidCdiSpec(format!(
@@ -263,31 +338,50 @@ fn node(path: String, host_path: Option<&str>) -> DeviceNode {
     }
 }
 
-fn device_edits(
-    device: &PreparedDevice,
-    cdi_name: &str,
-    host_path: Option<&str>,
-) -> ContainerEdits {
-    let mut nodes = vec![node(format!("/dev/nvidia{}", device.gpu_minor), host_path)];
+/// `parts` concatenated, then the decimal `n`, in one allocation.
+fn with_number(parts: &[&str], n: impl std::fmt::Display) -> String {
+    // u64::MAX has 20 digits.
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum::<usize>() + 20);
+    for part in parts {
+        out.push_str(part);
+    }
+    let _ = write!(out, "{n}");
+    out
+}
+
+/// The edits of one device; `key` is the [`env_key`] of its CDI device name.
+///
+/// Strings are concatenated rather than `format!`ted: this runs for every device of every
+/// claim, and the formatting machinery was a measurable share of it.
+fn device_edits(device: &PreparedDevice, key: &str, host_path: Option<&str>) -> ContainerEdits {
+    let mut nodes = Vec::with_capacity(if device.mig.is_some() { 3 } else { 1 });
+    nodes.push(node(
+        with_number(&["/dev/nvidia"], device.gpu_minor),
+        host_path,
+    ));
     if let Some(caps) = device.mig {
         for minor in [caps.gi_cap_minor, caps.ci_cap_minor] {
             nodes.push(node(
-                format!("/dev/nvidia-caps/nvidia-cap{minor}"),
+                with_number(&["/dev/nvidia-caps/nvidia-cap"], minor),
                 host_path,
             ));
         }
     }
-    let prefix = format!("KERF_DEVICE_{}", env_key(cdi_name));
-    let mut env = vec![
-        format!("{prefix}_NAME={}", device.name),
-        format!("{prefix}_UUID={}", device.uuid),
-        format!("{prefix}_SHARING={}", device.sharing),
-    ];
+    let mut env = Vec::with_capacity(5);
+    env.push([DEVICE_VAR_PREFIX, key, "_NAME=", &device.name].concat());
+    env.push([DEVICE_VAR_PREFIX, key, "_UUID=", &device.uuid].concat());
+    env.push([DEVICE_VAR_PREFIX, key, "_SHARING=", device.sharing.as_str()].concat());
     if let Some(bytes) = device.limits.memory_bytes {
-        env.push(format!("{prefix}_MEMORY_BYTES={bytes}"));
+        env.push(with_number(
+            &[DEVICE_VAR_PREFIX, key, "_MEMORY_BYTES="],
+            bytes,
+        ));
     }
     if let Some(percent) = device.limits.compute_percent {
-        env.push(format!("{prefix}_COMPUTE_PERCENT={percent}"));
+        env.push(with_number(
+            &[DEVICE_VAR_PREFIX, key, "_COMPUTE_PERCENT="],
+            percent,
+        ));
     }
     ContainerEdits {
         env,
@@ -296,27 +390,33 @@ fn device_edits(
     }
 }
 
-fn claim_edits(request: &ClaimSpecRequest<'_>, host_path: Option<&str>) -> ContainerEdits {
-    let devices = request.devices;
-    let mut env = vec![
-        "NVIDIA_VISIBLE_DEVICES=void".to_owned(),
-        format!("KERF_CLAIM_UID={}", request.claim_uid),
-        format!("KERF_CLAIM_NAMESPACE={}", request.claim_namespace),
-        format!("KERF_CLAIM_NAME={}", request.claim_name),
-        format!(
-            "KERF_DEVICES={}",
-            join(devices.iter().map(|d| d.name.as_str()))
-        ),
-        format!(
-            "KERF_DEVICE_UUIDS={}",
-            join(devices.iter().map(|d| d.uuid.as_str()))
-        ),
-    ];
-    env.extend(slice_summary_env(devices));
-    env.extend(mps_env(devices));
-    env.extend(request.common.env.iter().cloned());
-    let device_nodes = request
-        .common
+/// The claim-level env: identity, device lists, slice summary and MPS limits.
+fn claim_env(claim: &ClaimSpec<'_>) -> Vec<String> {
+    let devices = claim.devices;
+    let mut env = Vec::with_capacity(11);
+    env.push("NVIDIA_VISIBLE_DEVICES=void".to_owned());
+    env.push(["KERF_CLAIM_UID=", claim.claim_uid].concat());
+    env.push(["KERF_CLAIM_NAMESPACE=", claim.claim_namespace].concat());
+    env.push(["KERF_CLAIM_NAME=", claim.claim_name].concat());
+    env.push(join(
+        "KERF_DEVICES=",
+        devices.iter().map(|d| d.name.as_str()),
+    ));
+    env.push(join(
+        "KERF_DEVICE_UUIDS=",
+        devices.iter().map(|d| d.uuid.as_str()),
+    ));
+    slice_summary_env(devices, &mut env);
+    mps_env(devices, &mut env);
+    env
+}
+
+/// The common device nodes, backed by `host_path` when the policy overrides it.
+pub(super) fn common_device_nodes(
+    common: &CommonEdits,
+    host_path: Option<&str>,
+) -> Vec<DeviceNode> {
+    common
         .device_nodes
         .iter()
         .map(|n| match host_path {
@@ -326,65 +426,64 @@ fn claim_edits(request: &ClaimSpecRequest<'_>, host_path: Option<&str>) -> Conta
             },
             None => n.clone(),
         })
-        .collect();
-    ContainerEdits {
-        env,
-        device_nodes,
-        mounts: request.common.mounts.clone(),
-        ..ContainerEdits::default()
-    }
+        .collect()
 }
 
 /// `KERF_SHARING` and `KERF_SLICE_*` when every device of the claim has the same slice.
-fn slice_summary_env(devices: &[PreparedDevice]) -> Vec<String> {
+fn slice_summary_env(devices: &[PreparedDevice], env: &mut Vec<String>) {
     let Some(first) = devices.first() else {
-        return Vec::new();
+        return;
     };
     if devices
         .iter()
         .any(|d| d.limits != first.limits || d.sharing != first.sharing)
     {
-        return Vec::new();
+        return;
     }
-    let mut env = vec![format!("KERF_SHARING={}", first.sharing)];
+    env.push(["KERF_SHARING=", first.sharing.as_str()].concat());
     if let Some(bytes) = first.limits.memory_bytes {
-        env.push(format!("KERF_SLICE_MEMORY_BYTES={bytes}"));
+        env.push(with_number(&["KERF_SLICE_MEMORY_BYTES="], bytes));
     }
     if let Some(percent) = first.limits.compute_percent {
-        env.push(format!("KERF_SLICE_COMPUTE_PERCENT={percent}"));
+        env.push(with_number(&["KERF_SLICE_COMPUTE_PERCENT="], percent));
     }
-    env
 }
 
 /// The CUDA MPS client limits of the claim.
-fn mps_env(devices: &[PreparedDevice]) -> Vec<String> {
-    let mut env = Vec::new();
+fn mps_env(devices: &[PreparedDevice], env: &mut Vec<String>) {
     if let Some(percent) = devices
         .iter()
         .filter_map(|d| d.limits.compute_percent)
         .min()
     {
-        env.push(format!("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}"));
+        env.push(with_number(
+            &["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="],
+            percent,
+        ));
+    }
+    if devices.iter().all(|d| d.limits.memory_bytes.is_none()) {
+        return;
     }
     let mut by_ordinal: Vec<&PreparedDevice> = devices.iter().collect();
     by_ordinal.sort_by_key(|d| (d.gpu_minor, d.mig.map(|m| (m.gi_cap_minor, m.ci_cap_minor))));
-    let mut limits = String::new();
+    let mut limits = String::from("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=");
+    let mut sep = "";
     for (ordinal, device) in by_ordinal.iter().enumerate() {
         if let Some(bytes) = device.limits.memory_bytes {
-            let sep = if limits.is_empty() { "" } else { "," };
             // Round down so the limit never exceeds the slice; MPS takes whole MiB here.
             let mib = (bytes >> 20).max(1);
             let _ = write!(limits, "{sep}{ordinal}={mib}M");
+            sep = ",";
         }
     }
-    if !limits.is_empty() {
-        env.push(format!("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={limits}"));
-    }
-    env
+    env.push(limits);
 }
 
-fn join<'a>(items: impl Iterator<Item = &'a str>) -> String {
-    let mut out = String::new();
+/// `prefix` followed by `items`, comma-separated.
+fn join<'a>(prefix: &str, items: impl Iterator<Item = &'a str> + Clone) -> String {
+    let len = items.clone().map(|item| item.len() + 1).sum::<usize>();
+    let mut out = String::with_capacity(prefix.len() + len);
+    out.push_str(prefix);
     for (i, item) in items.enumerate() {
         if i > 0 {
             out.push(',');

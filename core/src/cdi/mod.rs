@@ -7,6 +7,7 @@
 //! - [`generate`]: the transient spec of one claim.
 //! - [`write_spec`] / [`remove_spec`]: atomic, durable spec files under e.g. `/var/run/cdi`.
 
+mod encoder;
 mod generate;
 mod spec;
 mod validate;
@@ -17,9 +18,10 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+pub use encoder::{EncodedSpec, SpecEncoder};
 pub use generate::{
-    COMMON_DEVICE_NODES, ClaimSpecRequest, CommonEdits, DeviceNodePolicy, GeneratedSpec, MigCaps,
-    PreparedDevice, READ_ONLY_BIND, env_key, generate,
+    COMMON_DEVICE_NODES, ClaimSpec, ClaimSpecRequest, CommonEdits, DeviceNodePolicy, GeneratedSpec,
+    MigCaps, PreparedDevice, READ_ONLY_BIND, env_key, generate,
 };
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec};
 pub use validate::{parse_kind, validate_device_name, validate_env, validate_kind};
