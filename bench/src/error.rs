@@ -38,6 +38,16 @@ pub enum Error {
         /// Its file system type.
         fs_type: String,
     },
+    /// The directory meant to stand for a node's `/var/run/cdi` is not on a tmpfs.
+    #[error(
+        "{path} is on a {fs_type} file system; the node layout keeps CDI specs on a tmpfs, as /var/run/cdi is on a node: choose a tmpfs directory (--node-cdi-dir)"
+    )]
+    NotOnTmpfs {
+        /// The directory.
+        path: PathBuf,
+        /// Its file system type.
+        fs_type: String,
+    },
     /// The plugin failed to start or stop.
     #[error("kubelet plugin: {0}")]
     Plugin(#[from] kerf_kubelet_plugin::Error),
@@ -83,6 +93,7 @@ impl Error {
             Error::InvalidOption { .. } => "invalid_option",
             Error::Io { .. } => "io",
             Error::NotOnDisk { .. } => "not_on_disk",
+            Error::NotOnTmpfs { .. } => "not_on_tmpfs",
             Error::Plugin(e) => e.reason(),
             Error::Core(e) => e.reason(),
             Error::Api(e) => e.reason(),

@@ -8,7 +8,9 @@
 //! - `prepare`: one claim at a time over the plugin's Unix socket, against an empty round
 //!   trip plus the same durable writes.
 //! - `prepare-parallel`: 64 claims at once, as 64 calls and as one batched call, against one
-//!   single-claim prepare.
+//!   single-claim prepare, with every file on disk.
+//! - `prepare-parallel-node`: the same with the CDI specs on a tmpfs, as `/var/run/cdi` is on
+//!   a node (the checkpoint stays on disk).
 //! - `allocate`: the controller's allocator on 1,000 nodes × 8 H100 with 20,000 seeded
 //!   claims, against one scan of every GPU.
 //! - `packing`: BinPack, Spread and a kube-scheduler-like first-fit until the first claim
@@ -38,12 +40,14 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 pub use error::{Error, Result};
+pub use prepare::SpecLayout;
 pub use summary::{Summary, Target};
 
 /// The benchmarks, in the order `all` runs them.
-pub const NAMES: [&str; 5] = [
+pub const NAMES: [&str; 6] = [
     "prepare",
     "prepare-parallel",
+    "prepare-parallel-node",
     "allocate",
     "packing",
     "footprint",
@@ -56,6 +60,9 @@ pub struct BenchOptions {
     /// disk (not tmpfs), and short enough for Unix socket paths (about 80 bytes).
     /// Default: `target/kerf-bench`, relative to the current directory.
     pub work_dir: PathBuf,
+    /// Parent of the tmpfs directory that stands for a node's `/var/run/cdi` in
+    /// `prepare-parallel-node`; must be on a tmpfs.
+    pub node_cdi_dir: PathBuf,
     /// Claims of `prepare` (default 2,000).
     pub prepare_claims: usize,
     /// Claims prepared at once by `prepare-parallel` (default 64).
@@ -90,6 +97,7 @@ impl Default for BenchOptions {
     fn default() -> Self {
         BenchOptions {
             work_dir: PathBuf::from("target/kerf-bench"),
+            node_cdi_dir: PathBuf::from("/dev/shm"),
             prepare_claims: 2_000,
             parallel_claims: 64,
             parallel_rounds: 20,
@@ -167,7 +175,12 @@ pub fn run_each(
     for name in names {
         let summary = match name {
             "prepare" => runtime.block_on(prepare::prepare(options))?,
-            "prepare-parallel" => runtime.block_on(prepare::prepare_parallel(options))?,
+            "prepare-parallel" => {
+                runtime.block_on(prepare::prepare_parallel(options, SpecLayout::Disk))?
+            }
+            "prepare-parallel-node" => {
+                runtime.block_on(prepare::prepare_parallel(options, SpecLayout::Node))?
+            }
             "allocate" => alloc::allocate(options)?,
             "packing" => alloc::packing(options)?,
             "footprint" => footprint::footprint(options, &runtime)?,

@@ -165,7 +165,19 @@ impl BenchNode {
     /// # Errors
     /// The files cannot be laid out or the plugin does not start.
     pub async fn start(root: &Path) -> Result<Self> {
-        let config = plugin_config(root);
+        Self::start_with_cdi_dir(root, None).await
+    }
+
+    /// As [`BenchNode::start`], with the CDI specs in `cdi_dir` when given rather than under
+    /// `root` (a node keeps them in `/var/run/cdi`, a tmpfs, and its checkpoint on disk).
+    ///
+    /// # Errors
+    /// As [`BenchNode::start`].
+    pub async fn start_with_cdi_dir(root: &Path, cdi_dir: Option<&Path>) -> Result<Self> {
+        let mut config = plugin_config(root);
+        if let Some(dir) = cdi_dir {
+            dir.clone_into(&mut config.cdi_dir);
+        }
         let boot_id = root.join("boot_id");
         std::fs::write(&boot_id, "kerf-bench-boot\n")
             .map_err(|e| Error::io("write", &boot_id, e))?;

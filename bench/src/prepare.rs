@@ -1,7 +1,7 @@
 //! `prepare` and `prepare-parallel`: real `NodePrepareResources` calls over the plugin's
 //! Unix socket, against a floor measured in the same run on the same socket and disk.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::future::try_join_all;
@@ -26,9 +26,29 @@ const SERIES_SERIAL: u64 = 2;
 const SERIES_PARALLEL: u64 = 3;
 const SERIES_SINGLE: u64 = 4;
 
+/// A started benchmark node and the directories it lives in (removed on drop).
+struct Setup {
+    dir: tempfile::TempDir,
+    /// The CDI directory's own temporary parent in the node layout.
+    spec_dir: Option<tempfile::TempDir>,
+    fs_type: String,
+    node: BenchNode,
+    kubelet: Kubelet,
+}
+
+impl Setup {
+    /// Where floor spec files go: next to the plugin's CDI specs, on the same file system.
+    fn floor_spec_dir(&self) -> PathBuf {
+        self.spec_dir
+            .as_ref()
+            .map_or_else(|| self.dir.path().join("floor"), |d| d.path().join("floor"))
+    }
+}
+
 /// Makes a fresh node directory under the work directory after checking that it is on a
-/// disk, and starts the plugin there.
-async fn start_node(work_dir: &Path) -> Result<(tempfile::TempDir, String, BenchNode, Kubelet)> {
+/// disk, and starts the plugin there; with `node_cdi_dir`, the CDI specs go to a fresh
+/// directory under it instead, which must be a tmpfs (the node layout).
+async fn start_node(work_dir: &Path, node_cdi_dir: Option<&Path>) -> Result<Setup> {
     std::fs::create_dir_all(work_dir).map_err(|e| Error::io("create", work_dir, e))?;
     let fs_type = sys::fs_type(work_dir)?;
     if sys::is_memory_fs(&fs_type) {
@@ -37,13 +57,36 @@ async fn start_node(work_dir: &Path) -> Result<(tempfile::TempDir, String, Bench
             fs_type,
         });
     }
+    let spec_dir = node_cdi_dir.map(tmpfs_dir).transpose()?;
     let dir = tempfile::Builder::new()
         .prefix("node-")
         .tempdir_in(work_dir)
         .map_err(|e| Error::io("create", work_dir, e))?;
-    let node = BenchNode::start(dir.path()).await?;
+    let cdi_dir = spec_dir.as_ref().map(|d| d.path().join("cdi"));
+    let node = BenchNode::start_with_cdi_dir(dir.path(), cdi_dir.as_deref()).await?;
     let kubelet = Kubelet::connect(&node.config).await?;
-    Ok((dir, fs_type, node, kubelet))
+    Ok(Setup {
+        dir,
+        spec_dir,
+        fs_type,
+        node,
+        kubelet,
+    })
+}
+
+/// A fresh directory under `parent`, which must be on a tmpfs.
+fn tmpfs_dir(parent: &Path) -> Result<tempfile::TempDir> {
+    let fs_type = sys::fs_type(parent)?;
+    if !sys::is_memory_fs(&fs_type) {
+        return Err(Error::NotOnTmpfs {
+            path: parent.to_owned(),
+            fs_type,
+        });
+    }
+    tempfile::Builder::new()
+        .prefix("kerf-bench-cdi-")
+        .tempdir_in(parent)
+        .map_err(|e| Error::io("create", parent, e))
 }
 
 /// Prepares and unprepares claims to warm up; returns the sizes of the files one prepare
@@ -93,14 +136,14 @@ struct ParallelFloor {
 }
 
 impl ParallelFloor {
-    fn new(dir: &Path, sizes: &[usize], width: usize) -> Result<Self> {
+    fn new(spec_dir: &Path, checkpoint_dir: &Path, sizes: &[usize], width: usize) -> Result<Self> {
         let spec = sizes.get(1).copied().unwrap_or_default();
         let checkpoint = sizes.first().copied().unwrap_or_default();
         let specs = (0..width)
-            .map(|i| FloorWrites::new(dir, &format!("spec-{i}"), &[spec]))
+            .map(|i| FloorWrites::new(spec_dir, &format!("spec-{i}"), &[spec]))
             .collect::<Result<_>>()?;
         let checkpoint = FloorWrites::new(
-            &dir.join("checkpoint"),
+            checkpoint_dir,
             "checkpoint",
             &[checkpoint; CHECKPOINT_WRITES_PER_PREPARE],
         )?;
@@ -149,7 +192,13 @@ async fn timed<F: Future<Output = Result<()>>>(f: F) -> Result<Duration> {
 /// # Errors
 /// The node cannot be set up or a call fails.
 pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
-    let (dir, fs_type, node, kubelet) = start_node(&options.work_dir).await?;
+    let Setup {
+        dir,
+        fs_type,
+        node,
+        kubelet,
+        ..
+    } = start_node(&options.work_dir, None).await?;
     let sizes = warm_up(&node, &kubelet).await?;
     let floor = FloorWrites::new(&dir.path().join("floor"), "prepare", &sizes)?;
     let claims = node.add_claims(SERIES_SERIAL, options.prepare_claims)?;
@@ -270,21 +319,50 @@ impl ParallelRuns {
     }
 }
 
-/// The `prepare-parallel` benchmark.
+/// Where `prepare-parallel` keeps the plugin's CDI specs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecLayout {
+    /// Under the work directory, on disk with the checkpoint: the strictest case.
+    Disk,
+    /// On a tmpfs, as `/var/run/cdi` is on a node; the checkpoint stays on disk.
+    Node,
+}
+
+/// The `prepare-parallel` benchmark (`prepare-parallel-node` with [`SpecLayout::Node`]).
 ///
 /// # Errors
 /// The node cannot be set up or a call fails.
-pub async fn prepare_parallel(options: &BenchOptions) -> Result<Summary> {
-    let (dir, fs_type, node, kubelet) = start_node(&options.work_dir).await?;
-    let sizes = warm_up(&node, &kubelet).await?;
+pub async fn prepare_parallel(options: &BenchOptions, layout: SpecLayout) -> Result<Summary> {
+    let node_cdi_dir = (layout == SpecLayout::Node).then_some(options.node_cdi_dir.as_path());
+    let setup = start_node(&options.work_dir, node_cdi_dir).await?;
+    let sizes = warm_up(&setup.node, &setup.kubelet).await?;
     let width = options.parallel_claims;
-    let floor = ParallelFloor::new(&dir.path().join("floor"), &sizes, width)?;
-    let claims = node.add_claims(SERIES_PARALLEL, width)?;
-    let singles = node.add_claims(SERIES_SINGLE, SINGLES_PER_ROUND)?;
-    let runs =
-        ParallelRuns::measure(&kubelet, &floor, &claims, &singles, options.parallel_rounds).await?;
+    let floor = ParallelFloor::new(
+        &setup.floor_spec_dir(),
+        &setup.dir.path().join("floor-checkpoint"),
+        &sizes,
+        width,
+    )?;
+    let claims = setup.node.add_claims(SERIES_PARALLEL, width)?;
+    let singles = setup.node.add_claims(SERIES_SINGLE, SINGLES_PER_ROUND)?;
+    let runs = ParallelRuns::measure(
+        &setup.kubelet,
+        &floor,
+        &claims,
+        &singles,
+        options.parallel_rounds,
+    )
+    .await?;
+    let spec_fs = sys::fs_type(&setup.node.config.cdi_dir)?;
+    let Setup {
+        dir,
+        spec_dir,
+        fs_type,
+        node,
+        ..
+    } = setup;
     node.stop().await?;
-    drop(dir);
+    drop((dir, spec_dir));
 
     let (single, separate, batched, floor, grouped) = (
         Samples::new(runs.single),
@@ -296,9 +374,12 @@ pub async fn prepare_parallel(options: &BenchOptions) -> Result<Summary> {
     let one = single.p50();
     let separate_ratio = separate.p50().as_secs_f64() / one.as_secs_f64().max(f64::MIN_POSITIVE);
     let batched_ratio = batched.p50().as_secs_f64() / one.as_secs_f64().max(f64::MIN_POSITIVE);
-    let mut s = Summary::new("prepare-parallel");
+    let mut s = Summary::new(match layout {
+        SpecLayout::Disk => "prepare-parallel",
+        SpecLayout::Node => "prepare-parallel-node",
+    });
     s.detail(format!(
-        "{} rounds of {width} claims prepared at once (as {width} concurrent calls, and as one batched call), on {fs_type}; baseline: one single-claim prepare, {SINGLES_PER_ROUND} per round",
+        "{} rounds of {width} claims prepared at once (as {width} concurrent calls, and as one batched call); CDI specs on {spec_fs}, checkpoint on {fs_type}; baseline: one single-claim prepare, {SINGLES_PER_ROUND} per round",
         options.parallel_rounds
     ));
     s.detail(format!(
@@ -334,6 +415,7 @@ pub async fn prepare_parallel(options: &BenchOptions) -> Result<Summary> {
     s.figure("claims", width)
         .figure("rounds", options.parallel_rounds)
         .figure("fs", &fs_type)
+        .figure("cdi_fs", &spec_fs)
         .figure("one_p50_ms", ms(one))
         .figure("separate_p50_ms", ms(separate.p50()))
         .figure("separate_max_ms", ms(separate.max()))

@@ -31,19 +31,24 @@ enum Command {
     /// controller (and a stand-in for kube-scheduler), prepare them through the real kubelet
     /// plugin's socket, print what each claim got, and clean up.
     Demo(DemoArgs),
-    /// Run kerf's benchmarks (build with --release): prepare, prepare-parallel, allocate,
+    /// Run kerf's benchmarks (build with --release): prepare, prepare-parallel(-node), allocate,
     /// packing, footprint, or all. Each prints its figures and one `bench NAME key=value …` line.
     Bench(BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
-    /// Benchmark to run: prepare, prepare-parallel, allocate, packing, footprint or all.
+    /// Benchmark to run: prepare, prepare-parallel, prepare-parallel-node, allocate, packing,
+    /// footprint or all.
     name: String,
     /// Directory for the plugin's files and sockets in the prepare benchmarks; must be on a
     /// disk, not tmpfs, and short enough for Unix socket paths.
     #[arg(long, env = "KERF_BENCH_WORK_DIR", default_value = "target/kerf-bench")]
     work_dir: PathBuf,
+    /// Parent of the directory that stands for a node's /var/run/cdi in
+    /// `prepare-parallel-node`; must be on a tmpfs.
+    #[arg(long, env = "KERF_BENCH_NODE_CDI_DIR", default_value = "/dev/shm")]
+    node_cdi_dir: PathBuf,
     /// Claims prepared one at a time by `prepare`.
     #[arg(long, env = "KERF_BENCH_PREPARE_CLAIMS", default_value_t = 2_000)]
     prepare_claims: usize,
@@ -76,6 +81,7 @@ impl BenchArgs {
     fn options(&self) -> kerf_bench::BenchOptions {
         let flags: Vec<std::ffi::OsString> = [
             ("--work-dir", self.work_dir.display().to_string()),
+            ("--node-cdi-dir", self.node_cdi_dir.display().to_string()),
             ("--prepare-claims", self.prepare_claims.to_string()),
             ("--parallel-claims", self.parallel_claims.to_string()),
             ("--parallel-rounds", self.parallel_rounds.to_string()),
@@ -96,6 +102,7 @@ impl BenchArgs {
             });
         kerf_bench::BenchOptions {
             work_dir: self.work_dir.clone(),
+            node_cdi_dir: self.node_cdi_dir.clone(),
             prepare_claims: self.prepare_claims,
             parallel_claims: self.parallel_claims,
             parallel_rounds: self.parallel_rounds,
