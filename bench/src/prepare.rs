@@ -363,7 +363,25 @@ pub async fn prepare_parallel(options: &BenchOptions, layout: SpecLayout) -> Res
     } = setup;
     node.stop().await?;
     drop((dir, spec_dir));
+    Ok(parallel_summary(
+        runs,
+        layout,
+        width,
+        options.parallel_rounds,
+        &fs_type,
+        &spec_fs,
+    ))
+}
 
+/// The figures and targets of `prepare-parallel(-node)`.
+fn parallel_summary(
+    runs: ParallelRuns,
+    layout: SpecLayout,
+    width: usize,
+    rounds: usize,
+    fs_type: &str,
+    spec_fs: &str,
+) -> Summary {
     let (single, separate, batched, floor, grouped) = (
         Samples::new(runs.single),
         Samples::new(runs.separate),
@@ -379,8 +397,7 @@ pub async fn prepare_parallel(options: &BenchOptions, layout: SpecLayout) -> Res
         SpecLayout::Node => "prepare-parallel-node",
     });
     s.detail(format!(
-        "{} rounds of {width} claims prepared at once (as {width} concurrent calls, and as one batched call); CDI specs on {spec_fs}, checkpoint on {fs_type}; baseline: one single-claim prepare, {SINGLES_PER_ROUND} per round",
-        options.parallel_rounds
+        "{rounds} rounds of {width} claims prepared at once (as {width} concurrent calls, and as one batched call); CDI specs on {spec_fs}, checkpoint on {fs_type}; baseline: one single-claim prepare, {SINGLES_PER_ROUND} per round"
     ));
     s.detail(format!(
         "one claim          p50 {} ms  p99 {} ms",
@@ -413,9 +430,9 @@ pub async fn prepare_parallel(options: &BenchOptions, layout: SpecLayout) -> Res
         ratio(batched.p50(), grouped.p50())
     ));
     s.figure("claims", width)
-        .figure("rounds", options.parallel_rounds)
-        .figure("fs", &fs_type)
-        .figure("cdi_fs", &spec_fs)
+        .figure("rounds", rounds)
+        .figure("fs", fs_type)
+        .figure("cdi_fs", spec_fs)
         .figure("one_p50_ms", ms(one))
         .figure("separate_p50_ms", ms(separate.p50()))
         .figure("separate_max_ms", ms(separate.max()))
@@ -449,5 +466,5 @@ pub async fn prepare_parallel(options: &BenchOptions, layout: SpecLayout) -> Res
         batched_ratio <= 4.0,
         format!("{batched_ratio:.2} x"),
     );
-    Ok(s)
+    s
 }
