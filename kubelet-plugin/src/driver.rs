@@ -16,7 +16,7 @@ use std::time::Instant;
 use futures::future::join_all;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::AllocatedDevice;
-use kerf_core::cdi::{self, ClaimSpecRequest, CommonEdits, DeviceNodePolicy, PreparedDevice};
+use kerf_core::cdi::{self, ClaimSpec, CommonEdits, DeviceNodePolicy, PreparedDevice, SpecEncoder};
 use kerf_core::checkpoint::{ClaimEntry, ClaimState, DeviceRecord};
 use kerf_core::inventory::{DeviceRef, Inventory};
 use kerf_core::names;
@@ -84,6 +84,7 @@ pub struct Driver {
     inventory: Arc<Inventory>,
     claims: Arc<dyn ClaimSource>,
     checkpoint: CheckpointStore,
+    encoder: SpecEncoder,
     specs: SpecWriter,
     locks: ClaimLocks,
     metrics: Metrics,
@@ -92,25 +93,32 @@ pub struct Driver {
 impl Driver {
     /// Builds the engine over an opened checkpoint and starts its CDI spec writer; must be
     /// called inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// The CDI kind or the common container edits of `config` cannot make a valid spec.
     pub fn new(
         config: DriverConfig,
         inventory: Arc<Inventory>,
         claims: Arc<dyn ClaimSource>,
         checkpoint: CheckpointStore,
         metrics: Metrics,
-    ) -> Self {
+    ) -> Result<Self> {
+        // The node-wide part of every spec is checked and encoded once, here.
+        let encoder =
+            SpecEncoder::new(&config.cdi_kind, &config.common_edits, &config.device_nodes)?;
         let specs = SpecWriter::start(config.cdi_dir.clone());
         let driver = Driver {
             config,
             inventory,
             claims,
             checkpoint,
+            encoder,
             specs,
             locks: ClaimLocks::default(),
             metrics,
         };
         driver.update_prepared_gauge();
-        driver
+        Ok(driver)
     }
 
     /// The configuration.
@@ -429,18 +437,14 @@ impl Driver {
     async fn write_cdi_spec(&self, claim: &ClaimRef, devices: &[DeviceRecord]) -> Result<()> {
         let prepared: Vec<PreparedDevice> =
             devices.iter().map(DeviceRecord::prepared_device).collect();
-        let request = ClaimSpecRequest {
-            kind: &self.config.cdi_kind,
+        let encoded = self.encoder.encode(&ClaimSpec {
             claim_uid: &claim.uid,
             claim_namespace: &claim.namespace,
             claim_name: &claim.name,
             devices: &prepared,
-            common: &self.config.common_edits,
-        };
-        let generated = cdi::generate(&request, &self.config.device_nodes)?;
+        })?;
         let name = cdi::transient_spec_file_name(&self.config.cdi_kind, &claim.uid)?;
-        let contents = cdi::encode_spec(&generated.spec)?;
-        self.specs.write(name, contents).await
+        self.specs.write(name, encoded.bytes).await
     }
 
     async fn remove_cdi_spec(&self, uid: &str) -> Result<()> {

@@ -161,7 +161,7 @@ pub async fn start(
         connections.claims,
         checkpoint,
         metrics.clone(),
-    ));
+    )?);
     let restored = driver.restore_cdi_specs().await?;
     tracing::info!(
         prepared = driver.prepared_claims(),
