@@ -35,7 +35,9 @@ pub struct Args {
     #[arg(long, env = "KERF_PLUGIN_DIR")]
     pub plugin_dir: Option<PathBuf>,
 
-    /// Directory for the per-claim CDI spec files; the container runtime must read it.
+    /// Directory for the per-claim CDI spec files; the container runtime must read it. Best on
+    /// a tmpfs, as /var/run is on most nodes: on a disk, concurrent prepares make their specs
+    /// durable together with one syncfs, which also flushes other dirty data there.
     #[arg(long, env = "KERF_CDI_DIR", default_value = "/var/run/cdi")]
     pub cdi_dir: PathBuf,
 
