@@ -6,7 +6,7 @@
 //! - [`fsutil`]: atomic, durable file writes.
 //! - [`cdi`]: the CDI spec model, its version rules and the per-claim spec generator.
 //! - [`driver_root`]: discovery of driver libraries and binaries to mount into containers.
-//! - [`slice`]: slice limits and sharing strategies of a prepared device.
+//! - [`slice`](mod@slice): slice limits and sharing strategies of a prepared device.
 //! - [`checkpoint`]: the kubelet plugin's versioned, tolerant checkpoint format.
 //! - [`alloc`]: the controller's allocator: free-capacity index and pod placement.
 

@@ -5,6 +5,8 @@
 //! - [`Spec::minimum_version`]: the lowest `cdiVersion` the fields allow; kerf writes that.
 //! - [`Spec::validate`]: the naming and content rules loaders enforce.
 //! - [`generate`]: the transient spec of one claim.
+//! - [`SpecEncoder`]: the same spec's bytes, with the node-wide edits checked and encoded
+//!   once rather than per claim (the prepare path uses it).
 //! - [`write_spec`] / [`remove_spec`]: atomic, durable spec files under e.g. `/var/run/cdi`.
 
 mod encoder;
