@@ -336,7 +336,7 @@ fn claim_error(claim: &ClaimName, message: &str) -> Error {
 
 /// Connects to a Unix socket as the kubelet does.
 async fn dial(path: &Path) -> Result<Channel> {
-    kerf_proto::client::dial_unix(path)
+    kerf_proto::dial::dial_unix(path, kerf_proto::dial::Authority::Localhost)
         .await
         .map_err(|source| Error::Dial {
             path: path.to_owned(),

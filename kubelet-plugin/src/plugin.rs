@@ -230,7 +230,7 @@ fn spawn_dra_server(
 ) -> Result<Task> {
     let dra = DraService::new(Arc::clone(driver), metrics.clone());
     let mut socket = BoundSocket::bind(&config.dra_socket)?;
-    let incoming = socket.incoming()?;
+    let incoming = socket.incoming_any_authority("dra")?;
     let token = shutdown.clone();
     let task = tokio::spawn(async move {
         let _socket = socket;
@@ -257,7 +257,7 @@ fn spawn_registration_server(
         metrics.clone(),
     );
     let mut socket = BoundSocket::bind(&config.registration_socket)?;
-    let incoming = socket.incoming()?;
+    let incoming = socket.incoming_any_authority("registration")?;
     let token = shutdown.clone();
     let task = tokio::spawn(async move {
         let _socket = socket;

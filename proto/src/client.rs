@@ -1,29 +1,8 @@
 //! The kubelet's side of the plugin sockets, as far as every caller needs it alike: dialling
 //! a Unix socket and judging a plugin's registration answer.
 
-use std::path::{Path, PathBuf};
-
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
-
 use crate::pluginregistration::PluginInfo;
 use crate::service_names::DRA_PLUGIN_TYPE;
-
-/// Connects a gRPC channel to the Unix socket at `path`, as the kubelet dials `unix:<path>`.
-///
-/// # Errors
-/// The socket does not accept the connection.
-pub async fn dial_unix(path: &Path) -> Result<Channel, tonic::transport::Error> {
-    let socket: PathBuf = path.to_owned();
-    // The URI is required by tonic but never resolved: the connector ignores it.
-    Endpoint::from_static("http://kubelet.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
-        }))
-        .await
-}
 
 /// Judges a DRA plugin's `GetInfo` answer as the kubelet does: the type must be `DRAPlugin`,
 /// the endpoint an absolute path, and one of the plugin's `supported_versions` known; the

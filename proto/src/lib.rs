@@ -3,9 +3,11 @@
 //! - [`dra::v1`] and [`dra::v1beta1`]: `DRAPlugin` (NodePrepareResources / NodeUnprepareResources).
 //! - [`pluginregistration`]: the kubelet plugin registration service.
 //! - [`health::v1alpha1`]: `DRAResourceHealth` (KEP-4680).
-//! - [`client`]: dialling the Unix sockets and judging a registration, as the kubelet does.
+//! - [`client`]: judging a registration, as the kubelet does.
+//! - [`dial`]: dialling the Unix sockets with the `:authority` of the client imitated.
 
 pub mod client;
+pub mod dial;
 
 /// The `gRPC service names` kerf advertises, as kubelet reads them from `supported_versions`.
 pub mod service_names {

@@ -52,7 +52,7 @@ pub enum KubeletError {
 /// # Errors
 /// The socket cannot be dialled.
 pub async fn dial(path: &Path) -> Result<Channel, KubeletError> {
-    kerf_proto::client::dial_unix(path)
+    kerf_proto::dial::dial_unix(path, kerf_proto::dial::Authority::Localhost)
         .await
         .map_err(|e| KubeletError::Dial(path.to_owned(), e))
 }

@@ -52,7 +52,7 @@ pub struct Registered {
 /// # Errors
 /// The socket does not accept the connection.
 pub async fn dial(path: &Path) -> Result<Channel> {
-    kerf_proto::client::dial_unix(path)
+    kerf_proto::dial::dial_unix(path, kerf_proto::dial::Authority::Localhost)
         .await
         .map_err(|e| Error::Kubelet(format!("dial {}: {e}", path.display())))
 }

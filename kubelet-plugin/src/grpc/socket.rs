@@ -2,8 +2,12 @@
 
 use std::path::{Path, PathBuf};
 
-use tokio::net::UnixListener;
+use std::sync::Arc;
+
+use kerf_h2_authority::{AuthorityLog, LenientAuthority};
+use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::{Stream, StreamExt as _};
 
 use crate::{Error, Result};
 
@@ -48,16 +52,25 @@ impl BoundSocket {
         &self.path
     }
 
-    /// The incoming connections, for tonic's `serve_with_incoming*`. The socket file stays
-    /// until this value is dropped.
+    /// The incoming connections, for tonic's `serve_with_incoming*`, each behind a
+    /// [`LenientAuthority`] so that requests are answered whatever `:authority` the client
+    /// sends (the kubelet's plugin watcher sends the socket path, which h2 alone refuses).
+    /// `name` names the socket in the log line that reports each new authority form. The
+    /// socket file stays until this value is dropped.
     ///
     /// # Errors
     /// The stream was already taken.
-    pub fn incoming(&mut self) -> Result<UnixListenerStream> {
-        self.listener
-            .take()
-            .map(UnixListenerStream::new)
-            .ok_or_else(|| Error::Config(format!("socket {} already serving", self.path.display())))
+    pub fn incoming_any_authority(
+        &mut self,
+        name: &str,
+    ) -> Result<impl Stream<Item = std::io::Result<LenientAuthority<UnixStream>>> + use<>> {
+        let listener = self.listener.take().ok_or_else(|| {
+            Error::Config(format!("socket {} already serving", self.path.display()))
+        })?;
+        let log = AuthorityLog::new(name);
+        Ok(UnixListenerStream::new(listener).map(move |accepted| {
+            accepted.map(|stream| LenientAuthority::new(stream, Arc::clone(&log)))
+        }))
     }
 }
 
