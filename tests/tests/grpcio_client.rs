@@ -41,7 +41,6 @@ use kerf_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse, registration_server,
 };
 use kerf_proto::service_names;
-use kerf_tests::kubelet::Claim;
 use prost::Message as _;
 use serde_json::{Value, json};
 
@@ -227,12 +226,12 @@ fn dra_method(method: &str) -> String {
     format!("/{}/{method}", v1::dra_plugin_server::SERVICE_NAME)
 }
 
+/// Claims are named as the kubelet names them on the wire, so this test depends on no
+/// helper's claim type.
+type Claim = v1::Claim;
+
 fn v1_claims(claim: &Claim) -> Vec<v1::Claim> {
-    vec![v1::Claim {
-        namespace: claim.namespace.clone(),
-        uid: claim.uid.clone(),
-        name: claim.name.clone(),
-    }]
+    vec![claim.clone()]
 }
 
 /// The calls of one configuration: three on each connection, so that the second and third
@@ -355,7 +354,12 @@ fn configurations(node: &TestNode) -> Vec<Configuration> {
     let (registration, dra) = (config.registration_socket, config.dra_socket);
     let configuration = |n: u32, name, authority| {
         let device = format!("gpu-{n}");
-        let claim = node.device_claim(&format!("grpcio-{n}"), &uid(n), &device);
+        let stored = node.device_claim(&format!("grpcio-{n}"), &uid(n), &device);
+        let claim = Claim {
+            namespace: stored.namespace,
+            uid: stored.uid,
+            name: stored.name,
+        };
         let calls = calls(&claim, &device);
         Configuration {
             name,
