@@ -3,11 +3,16 @@
 //! - [`dra::v1`] and [`dra::v1beta1`]: `DRAPlugin` (NodePrepareResources / NodeUnprepareResources).
 //! - [`pluginregistration`]: the kubelet plugin registration service.
 //! - [`health::v1alpha1`]: `DRAResourceHealth` (KEP-4680).
-//! - [`client`]: judging a registration, as the kubelet does.
+//! - [`client`]: the kubelet's side of the plugin sockets (registration, batched prepare
+//!   and unprepare by the kubelet's rules), one client for every caller.
+//! - [`device`]: [`PreparedDevice`], the prepared device both sides exchange.
 //! - [`dial`]: dialling the Unix sockets with the `:authority` of the client imitated.
 
 pub mod client;
+pub mod device;
 pub mod dial;
+
+pub use device::PreparedDevice;
 
 /// The `gRPC service names` kerf advertises, as kubelet reads them from `supported_versions`.
 pub mod service_names {
