@@ -16,10 +16,11 @@ use std::time::Instant;
 use futures::future::join_all;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::AllocatedDevice;
-use kerf_core::cdi::{self, ClaimSpec, CommonEdits, DeviceNodePolicy, PreparedDevice, SpecEncoder};
+use kerf_core::cdi::{self, ClaimSpec, CommonEdits, DeviceNodePolicy, SpecEncoder};
 use kerf_core::checkpoint::{ClaimEntry, ClaimState, DeviceRecord};
 use kerf_core::inventory::{DeviceRef, Inventory};
 use kerf_core::names;
+use kerf_proto::PreparedDevice;
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
@@ -37,21 +38,6 @@ pub struct ClaimRef {
     pub uid: String,
     /// Name of the ResourceClaim.
     pub name: String,
-}
-
-/// One prepared device as the kubelet wants it back.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedDeviceResult {
-    /// Requests of the claim this device serves (subrequest suffixes stripped).
-    pub request_names: Vec<String>,
-    /// Pool of the device (the node name).
-    pub pool_name: String,
-    /// Device name within the pool.
-    pub device_name: String,
-    /// Fully qualified CDI device IDs to inject.
-    pub cdi_device_ids: Vec<String>,
-    /// Share ID of a consumable-capacity allocation, when any.
-    pub share_id: Option<String>,
 }
 
 /// Settings of the prepare path, fixed at start-up.
@@ -135,7 +121,7 @@ impl Driver {
     pub async fn prepare(
         self: &Arc<Self>,
         claims: &[ClaimRef],
-    ) -> Vec<(String, Result<Vec<PreparedDeviceResult>, String>)> {
+    ) -> Vec<(String, Result<Vec<PreparedDevice>, String>)> {
         let tasks = claims.iter().map(|claim| {
             let driver = Arc::clone(self);
             let claim = claim.clone();
@@ -153,10 +139,7 @@ impl Driver {
             .collect()
     }
 
-    async fn prepare_and_record(
-        &self,
-        claim: &ClaimRef,
-    ) -> Result<Vec<PreparedDeviceResult>, String> {
+    async fn prepare_and_record(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
         let started = Instant::now();
         let result = self.prepare_claim(claim).await;
         self.metrics
@@ -186,7 +169,7 @@ impl Driver {
     ///
     /// # Errors
     /// Any reason the claim cannot be prepared; nothing is left behind for it.
-    pub async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDeviceResult>> {
+    pub async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
         validate_claim_ref(claim)?;
         let _guard = self.locks.lock(&claim.uid).await;
         if let Some(entry) = self.completed_entry(claim)? {
@@ -435,7 +418,7 @@ impl Driver {
     }
 
     async fn write_cdi_spec(&self, claim: &ClaimRef, devices: &[DeviceRecord]) -> Result<()> {
-        let prepared: Vec<PreparedDevice> =
+        let prepared: Vec<cdi::PreparedDevice> =
             devices.iter().map(DeviceRecord::prepared_device).collect();
         let encoded = self.encoder.encode(&ClaimSpec {
             claim_uid: &claim.uid,
@@ -533,10 +516,10 @@ fn device_record(
     }
 }
 
-fn results_of(devices: &[DeviceRecord]) -> Vec<PreparedDeviceResult> {
+fn results_of(devices: &[DeviceRecord]) -> Vec<PreparedDevice> {
     devices
         .iter()
-        .map(|d| PreparedDeviceResult {
+        .map(|d| PreparedDevice {
             request_names: d.request_names.clone(),
             pool_name: d.pool_name.clone(),
             device_name: d.device_name.clone(),

@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
+use kerf_proto::PreparedDevice;
 use kerf_proto::dra::{v1, v1beta1};
 use tonic::{Request, Response, Status};
 
-use crate::driver::{ClaimRef, Driver, PreparedDeviceResult};
+use crate::driver::{ClaimRef, Driver};
 use crate::metrics::Metrics;
 
 /// The DRA service; clone it into both API versions' servers.
@@ -34,7 +35,7 @@ impl DraService {
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> Vec<(String, Result<Vec<PreparedDeviceResult>, String>)> {
+    ) -> Vec<(String, Result<Vec<PreparedDevice>, String>)> {
         self.driver.prepare(&claims).await
     }
 
@@ -44,9 +45,9 @@ impl DraService {
 }
 
 /// Implements one API version's `DRAPlugin` on top of [`DraService`]: the versions differ
-/// only in their generated types (and in how a device is converted).
+/// only in their generated types (a [`PreparedDevice`] converts into either's `Device`).
 macro_rules! dra_plugin {
-    ($version:ident, $label:literal, $service:ty, $device:path) => {
+    ($version:ident, $label:literal, $service:ty) => {
         #[tonic::async_trait]
         impl $version::dra_plugin_server::DraPlugin for $service {
             async fn node_prepare_resources(
@@ -69,7 +70,7 @@ macro_rules! dra_plugin {
                     .map(|(uid, result)| {
                         let answer = match result {
                             Ok(devices) => $version::NodePrepareResourceResponse {
-                                devices: devices.into_iter().map($device).collect(),
+                                devices: devices.into_iter().map(Into::into).collect(),
                                 error: String::new(),
                             },
                             Err(error) => $version::NodePrepareResourceResponse {
@@ -121,7 +122,7 @@ impl AsRef<DraService> for DraService {
     }
 }
 
-dra_plugin!(v1, "v1", DraService, v1_device);
+dra_plugin!(v1, "v1", DraService);
 
 /// The v1beta1 face of [`DraService`]: the same messages without `share_id`.
 #[derive(Clone)]
@@ -133,23 +134,4 @@ impl AsRef<DraService> for V1beta1 {
     }
 }
 
-dra_plugin!(v1beta1, "v1beta1", V1beta1, v1beta1_device);
-
-fn v1_device(d: PreparedDeviceResult) -> v1::Device {
-    v1::Device {
-        request_names: d.request_names,
-        pool_name: d.pool_name,
-        device_name: d.device_name,
-        cdi_device_ids: d.cdi_device_ids,
-        share_id: d.share_id,
-    }
-}
-
-fn v1beta1_device(d: PreparedDeviceResult) -> v1beta1::Device {
-    v1beta1::Device {
-        request_names: d.request_names,
-        pool_name: d.pool_name,
-        device_name: d.device_name,
-        cdi_device_ids: d.cdi_device_ids,
-    }
-}
+dra_plugin!(v1beta1, "v1beta1", V1beta1);
