@@ -1,5 +1,5 @@
-//! A fake kubelet that behaves like the DRA manager of kubelet 1.34–1.37, built on the wire
-//! client in [`crate::kubelet`] (the project's own protos, nothing else).
+//! A fake kubelet that behaves like the DRA manager of kubelet 1.34–1.37, built on the
+//! kubelet-side client in [`kerf_proto::client`] (the project's own protos, nothing else).
 //!
 //! What it does, as the real one does (reference/dra-api.md §2 and §6):
 //! - watches the plugin registry directory for `*-reg.sock` files (polling; the kubelet uses
@@ -7,6 +7,11 @@
 //!   `supported_versions` it knows, `NotifyRegistrationStatus`. A socket that is replaced (a
 //!   restarted plugin binds a new one) is registered again; one that disappears is
 //!   deregistered;
+//! - sends the `:authority` the kubelet sends: registration calls carry the registration
+//!   socket's path (the plugin watcher's `dial` in kubernetes
+//!   `pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go` dials the bare
+//!   path with grpc-go and no `WithAuthority`), DRA calls `localhost` (the DRA plugin client
+//!   in `pkg/kubelet/cm/dra/plugin` dials `unix:<endpoint>`);
 //! - prepares a pod's claims with one batched `NodePrepareResources` call per driver,
 //!   skipping claims already prepared for another pod, and unprepares a pod's claims with one
 //!   batched `NodeUnprepareResources` call per driver once no other pod references them;
@@ -27,9 +32,28 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::kubelet::{
-    self, Claim, Device, DraVersion, KNOWN_SERVICES, KubeletError, RegisteredPlugin,
+use kerf_proto::client::{
+    Claim, ClientError, DraVersion, KNOWN_SERVICES, KubeletClient, PreparedDevice, RegisteredPlugin,
 };
+
+/// Why the fake kubelet failed a pod or a wait.
+#[derive(Debug, thiserror::Error)]
+pub enum KubeletError {
+    /// A call to a plugin failed by the kubelet's rules, or a claim was not prepared.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// No plugin of this driver is registered.
+    #[error("driver {0} is not registered")]
+    NotRegistered(String),
+    /// Fewer registration decisions than awaited were made in time.
+    #[error("no registration decision number {count} within {timeout:?}")]
+    NoRegistration {
+        /// The decision awaited (1-based).
+        count: usize,
+        /// How long it was awaited.
+        timeout: Duration,
+    },
+}
 
 /// How a failed pod is retried.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,13 +96,20 @@ pub struct KubeletConfig {
     pub known_services: Vec<String>,
     /// How often the registry directory is scanned.
     pub poll_interval: Duration,
-    /// Limit of one gRPC call (the kubelet's is 45 s).
+    /// Limit of one DRA call (the kubelet's is 45 s).
     pub call_timeout: Duration,
     /// Retries of a failed pod.
     pub retry: RetryPolicy,
 }
 
 impl KubeletConfig {
+    /// The kubelet-side client of this configuration.
+    fn client(&self) -> KubeletClient {
+        KubeletClient::new()
+            .knowing(&self.known_services)
+            .call_timeout(Some(self.call_timeout))
+    }
+
     /// A 1.34+ kubelet (v1 and v1beta1) watching `registry_dir` every 20 ms, with the
     /// kubelet's 45 s call timeout and the default retries.
     pub fn new(registry_dir: impl Into<PathBuf>) -> Self {
@@ -86,7 +117,7 @@ impl KubeletConfig {
             registry_dir: registry_dir.into(),
             known_services: KNOWN_SERVICES.iter().map(|s| (*s).to_owned()).collect(),
             poll_interval: Duration::from_millis(20),
-            call_timeout: Duration::from_secs(45),
+            call_timeout: kerf_proto::client::KUBELET_CALL_TIMEOUT,
             retry: RetryPolicy::default(),
         }
     }
@@ -139,7 +170,7 @@ impl Pod {
 }
 
 /// The devices of a prepared pod, by claim UID.
-pub type PreparedPod = BTreeMap<String, Vec<Device>>;
+pub type PreparedPod = BTreeMap<String, Vec<PreparedDevice>>;
 
 /// The CDI device IDs of a prepared pod's claims, in claim UID order: what the kubelet
 /// passes to the runtime in CRI's `CDIDevices`.
@@ -197,11 +228,12 @@ struct ClaimInfo {
     driver: String,
     pods: BTreeSet<String>,
     /// `Some` once prepared.
-    devices: Option<Vec<Device>>,
+    devices: Option<Vec<PreparedDevice>>,
 }
 
 struct Shared {
     config: KubeletConfig,
+    client: KubeletClient,
     /// Registered plugins by driver name, with the socket they registered through.
     plugins: Mutex<HashMap<String, (PathBuf, Arc<RegisteredPlugin>)>>,
     registrations: Mutex<Vec<Registration>>,
@@ -233,6 +265,7 @@ impl FakeKubelet {
     pub fn start(config: KubeletConfig) -> Self {
         let (registration_count, _) = watch::channel(0);
         let shared = Arc::new(Shared {
+            client: config.client(),
             config,
             plugins: Mutex::new(HashMap::new()),
             registrations: Mutex::new(Vec::new()),
@@ -253,22 +286,23 @@ impl FakeKubelet {
     /// `count`-th (1-based).
     ///
     /// # Errors
-    /// [`KubeletError::Timeout`] when that does not happen within `timeout`.
+    /// [`KubeletError::NoRegistration`] when that does not happen within `timeout`.
     pub async fn wait_for_registration(
         &self,
         count: usize,
         timeout: Duration,
     ) -> Result<Registration, KubeletError> {
+        let missing = || KubeletError::NoRegistration { count, timeout };
         let mut rx = self.shared.registration_count.subscribe();
         tokio::time::timeout(timeout, rx.wait_for(|n| *n >= count))
             .await
-            .map_err(|_| KubeletError::Timeout(timeout))?
-            .map_err(|_| KubeletError::Registration("registry watcher stopped".into()))?;
+            .map_err(|_| missing())?
+            .map_err(|_| missing())?;
         let registrations = lock(&self.shared.registrations);
         registrations
             .get(count.saturating_sub(1))
             .cloned()
-            .ok_or_else(|| KubeletError::Registration("registration log shrank".into()))
+            .ok_or_else(missing)
     }
 
     /// The plugin registered for `driver`, if any.
@@ -404,7 +438,11 @@ impl FakeKubelet {
         batches
     }
 
-    fn record_prepared(&self, pod: &Pod, prepared: HashMap<String, Vec<Device>>) -> PreparedPod {
+    fn record_prepared(
+        &self,
+        pod: &Pod,
+        prepared: HashMap<String, Vec<PreparedDevice>>,
+    ) -> PreparedPod {
         let mut claims = lock(&self.shared.claims);
         for (uid, devices) in prepared {
             if let Some(info) = claims.get_mut(&uid) {
@@ -425,7 +463,7 @@ impl FakeKubelet {
     async fn prepare_batches(
         &self,
         batches: BTreeMap<String, Vec<Claim>>,
-    ) -> Result<HashMap<String, Vec<Device>>, KubeletError> {
+    ) -> Result<HashMap<String, Vec<PreparedDevice>>, KubeletError> {
         let mut prepared = HashMap::new();
         for (driver, claims) in batches {
             let result = self.prepare_batch(&driver, &claims).await;
@@ -444,19 +482,10 @@ impl FakeKubelet {
         &self,
         driver: &str,
         claims: &[Claim],
-    ) -> Result<HashMap<String, Vec<Device>>, KubeletError> {
+    ) -> Result<HashMap<String, Vec<PreparedDevice>>, KubeletError> {
         let plugin = self.registered(driver)?;
-        let timeout = self.shared.config.call_timeout;
-        let answers = tokio::time::timeout(timeout, plugin.prepare(claims))
-            .await
-            .map_err(|_| KubeletError::Timeout(timeout))??;
-        answers
-            .into_iter()
-            .map(|(uid, answer)| match answer {
-                Ok(devices) => Ok((uid, devices)),
-                Err(error) => Err(KubeletError::ClaimFailed { uid, error }),
-            })
-            .collect()
+        let answer = plugin.prepare_response(claims).await?;
+        Ok(answer.all_prepared()?)
     }
 
     async fn unprepare_batches(
@@ -473,13 +502,8 @@ impl FakeKubelet {
 
     async fn unprepare_batch(&self, driver: &str, claims: &[Claim]) -> Result<(), KubeletError> {
         let plugin = self.registered(driver)?;
-        let timeout = self.shared.config.call_timeout;
-        let answers = tokio::time::timeout(timeout, plugin.unprepare(claims))
-            .await
-            .map_err(|_| KubeletError::Timeout(timeout))??;
-        answers.into_iter().try_for_each(|(uid, answer)| {
-            answer.map_err(|error| KubeletError::ClaimFailed { uid, error })
-        })
+        let answer = plugin.unprepare_response(claims).await?;
+        Ok(answer.all_unprepared()?)
     }
 
     fn registered(&self, driver: &str) -> Result<Arc<RegisteredPlugin>, KubeletError> {
@@ -557,13 +581,7 @@ impl Shared {
     /// Registers the plugin behind `socket`. Returns false when the socket did not answer
     /// (e.g. bound but not listening yet), so that the next scan tries again.
     async fn register(&self, socket: &Path) -> bool {
-        let known: Vec<&str> = self
-            .config
-            .known_services
-            .iter()
-            .map(String::as_str)
-            .collect();
-        let outcome = kubelet::register(socket, &known).await;
+        let outcome = self.client.register(socket).await;
         let (driver, result) = match outcome {
             Ok(plugin) => {
                 let driver = plugin.info.name.clone();
@@ -571,7 +589,7 @@ impl Shared {
                 lock(&self.plugins).insert(driver.clone(), (socket.to_owned(), Arc::new(plugin)));
                 (driver, Ok(version))
             }
-            Err(KubeletError::Registration(reason)) => (String::new(), Err(reason)),
+            Err(ClientError::RegistrationRefused(reason)) => (String::new(), Err(reason)),
             Err(_) => return false,
         };
         lock(&self.registrations).push(Registration {

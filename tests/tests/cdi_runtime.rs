@@ -21,8 +21,8 @@ use std::time::Duration;
 use common::{DRIVER_FILES, GIB, TestNode, uid};
 use kerf_core::cdi::env_key;
 use kerf_kubelet_plugin::plugin::RunningPlugin;
+use kerf_proto::client::Claim;
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod, PreparedPod};
-use kerf_tests::kubelet::Claim;
 use kerf_tests::podman::{ContainerRun, Podman};
 
 const BUSYBOX_CANDIDATES: [&str; 2] = ["/bin/busybox", "/usr/bin/busybox"];

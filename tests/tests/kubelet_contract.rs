@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{DRIVER, GIB, NODE, TestNode, cdi_spec_file, eventually, uid};
+use kerf_proto::client::{Claim, ClientError, DraVersion};
 use kerf_proto::dra::v1;
 use kerf_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use kerf_proto::pluginregistration::{
@@ -25,9 +26,8 @@ use kerf_proto::pluginregistration::{
 };
 use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_kubelet::{
-    Call, FakeKubelet, KubeletConfig, Method, Pod, PreparedPod, RetryPolicy, cdi_ids,
+    Call, FakeKubelet, KubeletConfig, KubeletError, Method, Pod, PreparedPod, RetryPolicy, cdi_ids,
 };
-use kerf_tests::kubelet::{Claim, DraVersion, KubeletError};
 use serde_json::Value;
 
 const REGISTERED_IN: Duration = Duration::from_secs(10);
@@ -403,7 +403,7 @@ async fn a_claim_that_keeps_failing_fails_the_pod_after_bounded_retries() {
     let pod = pod("pod-1", &[&good, &bad]);
     let error = kubelet.prepare_pod(&pod).await.unwrap_err();
     assert!(
-        matches!(&error, KubeletError::ClaimFailed { uid, error } if *uid == bad.uid && error.contains("gpu-99")),
+        matches!(&error, KubeletError::Client(ClientError::ClaimFailed { uid, error }) if *uid == bad.uid && error.contains("gpu-99")),
         "{error}"
     );
     assert_eq!(kubelet.calls().len(), 3);
@@ -611,8 +611,9 @@ async fn a_plugin_killed_in_the_middle_of_a_batch_restarts_and_the_kubelet_retri
 /// A plugin that answers by script, to show the fake kubelet applies the kubelet's rules.
 mod scripted {
     use super::*;
+    use kerf_h2_authority::{AuthorityLog, LenientAuthority};
     use std::path::Path;
-    use tokio::net::UnixListener;
+    use tokio::net::{UnixListener, UnixStream};
 
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Answer {
@@ -725,13 +726,21 @@ mod scripted {
         }
     }
 
+    /// The connections to the socket at `path`, answered whatever `:authority` the client
+    /// sends, as a plugin written in Go answers them (the kubelet sends the registration
+    /// socket's path, which h2 alone refuses).
     fn incoming(
         path: &Path,
-    ) -> impl futures::Stream<Item = std::io::Result<tokio::net::UnixStream>> + use<> {
+    ) -> impl futures::Stream<Item = std::io::Result<LenientAuthority<UnixStream>>> + use<> {
         let listener = UnixListener::bind(path).unwrap();
-        futures::stream::unfold(listener, |listener| async move {
-            let accepted = listener.accept().await.map(|(stream, _)| stream);
-            Some((accepted, listener))
+        let log = AuthorityLog::new(path.display().to_string());
+        futures::stream::unfold(listener, move |listener| {
+            let log = Arc::clone(&log);
+            async move {
+                let accepted = listener.accept().await;
+                let lenient = accepted.map(|(stream, _)| LenientAuthority::new(stream, log));
+                Some((lenient, listener))
+            }
         })
     }
 
@@ -829,4 +838,48 @@ async fn a_plugin_without_a_known_version_is_refused_and_told_so() {
     assert_eq!(statuses.len(), 1);
     assert!(!statuses[0].plugin_registered);
     assert!(statuses[0].error.contains("v2.DRAPlugin"));
+}
+
+/// The plugin answers the kubelet-side client whatever `:authority` it sends on either
+/// socket: every form of [`Authority::all_forms`] on the registration socket, with every
+/// form on the DRA socket, registers and prepares.
+#[tokio::test]
+async fn the_plugin_answers_every_authority_form_on_both_sockets() {
+    use kerf_proto::client::KubeletClient;
+    use kerf_proto::dial::Authority;
+
+    let node = TestNode::new("h100-sxm-80gb");
+    let plugin = node.start_plugin().await;
+    let socket = node.config().registration_socket;
+    let mut n = 0;
+    for registration in Authority::all_forms() {
+        for dra in Authority::all_forms() {
+            n += 1;
+            let forms = format!("registration {registration:?}, DRA {dra:?}");
+            let claim = node.device_claim(&format!("authority-{n}"), &uid(n), "gpu-0");
+            let kubelet = KubeletClient::new()
+                .registration_authority(registration.clone())
+                .dra_authority(dra)
+                .register(&socket)
+                .await
+                .unwrap_or_else(|e| panic!("{forms}: {e}"));
+            assert_eq!(kubelet.version, DraVersion::V1, "{forms}");
+            let claims = std::slice::from_ref(&claim);
+            let prepared = kubelet
+                .prepare_response(claims)
+                .await
+                .unwrap_or_else(|e| panic!("{forms}: {e}"))
+                .all_prepared()
+                .unwrap_or_else(|e| panic!("{forms}: {e}"));
+            assert_eq!(prepared[&claim.uid][0].device_name, "gpu-0", "{forms}");
+            kubelet
+                .unprepare_response(claims)
+                .await
+                .and_then(|answer| answer.all_unprepared())
+                .unwrap_or_else(|e| panic!("{forms}: {e}"));
+        }
+    }
+    assert_eq!(n, 25);
+    assert!(node.cdi_files().is_empty(), "{:?}", node.cdi_files());
+    plugin.shutdown().await.unwrap();
 }

@@ -16,8 +16,8 @@ use std::time::Duration;
 use kerf_kubelet_plugin::claims::KubeClaims;
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_proto::client::{Claim, DraVersion, KNOWN_SERVICES, KubeletClient, RegisteredPlugin};
 use kerf_tests::fake_api::FakeApi;
-use kerf_tests::kubelet::{self, Claim, DraVersion, KNOWN_SERVICES, RegisteredPlugin};
 use serde_json::{Value, json};
 
 const DRIVER: &str = "gpu.kerf.dev";
@@ -80,7 +80,9 @@ impl Node {
     }
 
     async fn kubelet(&self, known: &[&str]) -> RegisteredPlugin {
-        kubelet::register(&self.config().registration_socket, known)
+        KubeletClient::new()
+            .knowing(known)
+            .register(&self.config().registration_socket)
             .await
             .unwrap()
     }

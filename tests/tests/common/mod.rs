@@ -22,9 +22,9 @@ use kerf_core::slice::Sharing;
 use kerf_kubelet_plugin::claims::KubeClaims;
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_proto::client::Claim;
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::fake_kubelet::{KubeletConfig, RetryPolicy};
-use kerf_tests::kubelet::Claim;
 use serde_json::{Value, json};
 
 pub const DRIVER: &str = "gpu.kerf.dev";
