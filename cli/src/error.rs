@@ -28,9 +28,13 @@ pub enum Error {
     /// Building Kubernetes objects failed.
     #[error(transparent)]
     Api(#[from] kerf_api::Error),
-    /// The kubelet stand-in could not talk to the plugin.
+    /// The kubelet stand-in could not talk to the plugin, or the plugin's answer breaks the
+    /// kubelet's rules.
     #[error("kubelet: {0}")]
-    Kubelet(String),
+    Kubelet(#[from] kerf_proto::client::ClientError),
+    /// The plugin could not unprepare some claims (every failure, in order).
+    #[error("NodeUnprepareResources failed: {0}")]
+    Unprepare(String),
     /// A container runtime step failed.
     #[error("containers: {0}")]
     Containers(String),
@@ -54,7 +58,7 @@ impl Error {
             Error::Plugin(_) => "plugin",
             Error::Core(_) => "core",
             Error::Api(_) => "api",
-            Error::Kubelet(_) => "kubelet",
+            Error::Kubelet(_) | Error::Unprepare(_) => "kubelet",
             Error::Containers(_) => "containers",
             Error::Json { .. } => "json",
         }

@@ -8,7 +8,7 @@
 //!    real controller allocator and, for Scheduler classes, by a simple stand-in for
 //!    kube-scheduler ([`allocate`], [`scheduler`]).
 //! 3. The kubelet's side: registration and one `NodePrepareResources` per pod over the
-//!    plugin's socket ([`kubelet`]); optionally one busybox container per claim with its CDI
+//!    plugin's socket ([`kerf_proto::client`]); optionally one busybox container per claim with its CDI
 //!    devices ([`containers`]); then `NodeUnprepareResources` for every pod and shutdown.
 //!
 //! [`run`] returns the [`Summary`] and writes it to `<output-dir>/summary.json`.
@@ -17,7 +17,6 @@ pub mod allocate;
 pub mod claim_store;
 pub mod classes;
 pub mod containers;
-pub mod kubelet;
 pub mod manifests;
 pub mod node;
 pub mod report;
@@ -35,12 +34,12 @@ use kerf_core::cdi;
 use kerf_kubelet_plugin::config::Discovery;
 use kerf_kubelet_plugin::driver::DriverConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections};
+use kerf_proto::client::{Claim, ClaimResult, KubeletClient, RegisteredPlugin};
 
 use crate::error::{Error, Result};
 use allocate::{ClaimOutcome, PodOutcome};
 use claim_store::MemoryClaims;
 use containers::ContainerRun;
-use kubelet::{ClaimRef, PreparedDevice, Registered};
 use manifests::ManifestSource;
 use node::Layout;
 pub use report::{ClaimReport, DeviceReport, PodReport, Summary};
@@ -197,7 +196,7 @@ fn check_config(config: &DemoConfig) -> Result<()> {
 /// What happened on the node.
 #[derive(Debug, Default)]
 struct NodeRun {
-    prepared: HashMap<String, Result<Vec<PreparedDevice>, String>>,
+    prepared: HashMap<String, ClaimResult>,
     specs: HashMap<String, (PathBuf, serde_json::Value)>,
     containers: HashMap<String, ContainerRun>,
     containers_error: Option<String>,
@@ -216,7 +215,9 @@ impl NodeVisit<'_> {
     /// Registers, prepares every runnable pod, snapshots the CDI specs, runs containers,
     /// and unprepares every pod again, even when something in between failed.
     async fn run(&self, runtime: Option<Result<containers::Runtime>>) -> Result<NodeRun> {
-        let kubelet = kubelet::register(&self.layout.registration_socket).await?;
+        let kubelet = KubeletClient::new()
+            .register(&self.layout.registration_socket)
+            .await?;
         let mut run = NodeRun::default();
         let prepared = self.prepare_all(&kubelet, &mut run).await;
         self.snapshot_specs(&mut run);
@@ -232,7 +233,7 @@ impl NodeVisit<'_> {
     }
 
     /// The pods that can run, with their claims as the kubelet names them.
-    fn runnable_pods(&self) -> Vec<Vec<ClaimRef>> {
+    fn runnable_pods(&self) -> Vec<Vec<Claim>> {
         self.workload
             .pods
             .iter()
@@ -244,18 +245,14 @@ impl NodeVisit<'_> {
                     .filter_map(|c| c.claim.as_ref().ok())
                     .map(|&i| {
                         let claim = &self.workload.claims[i];
-                        ClaimRef {
-                            namespace: claim.namespace.clone(),
-                            name: claim.name.clone(),
-                            uid: claim.uid().to_owned(),
-                        }
+                        Claim::new(&claim.namespace, &claim.name, claim.uid())
                     })
                     .collect()
             })
             .collect()
     }
 
-    async fn prepare_all(&self, kubelet: &Registered, run: &mut NodeRun) -> Result<()> {
+    async fn prepare_all(&self, kubelet: &RegisteredPlugin, run: &mut NodeRun) -> Result<()> {
         for claims in self.runnable_pods() {
             if claims.is_empty() {
                 continue;
@@ -326,12 +323,12 @@ impl NodeVisit<'_> {
 
     /// One `NodeUnprepareResources` per pod, last pod first; a claim shared with a pod not
     /// yet torn down stays prepared until that pod goes, as in the kubelet.
-    async fn unprepare_all(&self, kubelet: &Registered) -> Result<()> {
+    async fn unprepare_all(&self, kubelet: &RegisteredPlugin) -> Result<()> {
         let mut pods = self.runnable_pods();
         let mut failures = Vec::new();
         while let Some(claims) = pods.pop() {
-            let still_used = |c: &ClaimRef| pods.iter().flatten().any(|o| o.uid == c.uid);
-            let batch: Vec<ClaimRef> = claims.into_iter().filter(|c| !still_used(c)).collect();
+            let still_used = |c: &Claim| pods.iter().flatten().any(|o| o.uid == c.uid);
+            let batch: Vec<Claim> = claims.into_iter().filter(|c| !still_used(c)).collect();
             if batch.is_empty() {
                 continue;
             }
@@ -347,10 +344,7 @@ impl NodeVisit<'_> {
         if failures.is_empty() {
             Ok(())
         } else {
-            Err(Error::Kubelet(format!(
-                "NodeUnprepareResources failed: {}",
-                failures.join("; ")
-            )))
+            Err(Error::Unprepare(failures.join("; ")))
         }
     }
 }
