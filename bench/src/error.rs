@@ -57,19 +57,11 @@ pub enum Error {
     /// kerf-api refused something the benchmark built.
     #[error("kerf-api: {0}")]
     Api(#[from] kerf_api::Error),
-    /// Dialling one of the plugin's sockets failed.
-    #[error("dial {path}: {source}")]
-    Dial {
-        /// The socket.
-        path: PathBuf,
-        /// The underlying error.
-        #[source]
-        source: tonic::transport::Error,
-    },
-    /// A gRPC call failed as a whole.
-    #[error("gRPC call failed: {0}")]
-    Rpc(#[from] tonic::Status),
-    /// The plugin answered a claim with an error, or left a claim out.
+    /// The kubelet-side client failed: a socket, a call, or an answer the kubelet's rules
+    /// refuse.
+    #[error("kubelet: {0}")]
+    Kubelet(#[from] kerf_proto::client::ClientError),
+    /// The plugin answered a claim with an error, or prepared it without devices.
     #[error("claim {uid}: {message}")]
     Claim {
         /// The claim's UID.
@@ -97,8 +89,7 @@ impl Error {
             Error::Plugin(e) => e.reason(),
             Error::Core(e) => e.reason(),
             Error::Api(e) => e.reason(),
-            Error::Dial { .. } => "dial",
-            Error::Rpc(_) => "rpc",
+            Error::Kubelet(e) => e.reason(),
             Error::Claim { .. } => "claim",
             Error::Child(_) => "child",
             Error::Workload(_) => "workload",

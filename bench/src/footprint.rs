@@ -15,8 +15,9 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use kerf_core::alloc::{Policy, place_where};
+use kerf_proto::client::Claim;
 
-use crate::node::{BenchNode, ClaimName, Kubelet, PROFILE, plugin_config};
+use crate::node::{BenchNode, Kubelet, PROFILE, numbered_claim, plugin_config};
 use crate::stats::mib;
 use crate::summary::Summary;
 use crate::workload::{self, Mix, Workload};
@@ -179,17 +180,13 @@ fn report(
     s
 }
 
-fn cycle_claims() -> Vec<ClaimName> {
+fn cycle_claims() -> Vec<Claim> {
     (0..CYCLE_CLAIMS)
-        .map(|n| ClaimName::numbered(SERIES_FOOTPRINT, n as u64))
+        .map(|n| numbered_claim(SERIES_FOOTPRINT, n as u64))
         .collect()
 }
 
-async fn cycles(
-    kubelet: &Kubelet,
-    claims: &[ClaimName],
-    range: std::ops::Range<usize>,
-) -> Result<()> {
+async fn cycles(kubelet: &Kubelet, claims: &[Claim], range: std::ops::Range<usize>) -> Result<()> {
     for i in range {
         let one = std::slice::from_ref(&claims[i % claims.len()]);
         kubelet.prepare(one).await?;

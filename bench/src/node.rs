@@ -1,6 +1,6 @@
 //! A node for the prepare benchmarks: the real kubelet plugin on its real Unix sockets, with
 //! a mock H100 inventory, a fake driver root, claims served from memory (no API latency),
-//! and a kubelet-side gRPC client.
+//! and the kubelet-side client of [`kerf_proto::client`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,11 +15,7 @@ use kerf_kubelet_plugin::claims::{ClaimSource, MemoryClaims};
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::driver::DriverConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
-use kerf_proto::dra::v1;
-use kerf_proto::dra::v1::dra_plugin_client::DraPluginClient;
-use kerf_proto::pluginregistration::InfoRequest;
-use kerf_proto::pluginregistration::registration_client::RegistrationClient;
-use tonic::transport::Channel;
+use kerf_proto::client::{Claim, KubeletClient, RegisteredPlugin};
 
 use crate::{Error, Result};
 
@@ -79,31 +75,11 @@ pub fn make_driver_root(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A claim as the kubelet names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimName {
-    /// Name.
-    pub name: String,
-    /// UID.
-    pub uid: String,
-}
-
-impl ClaimName {
-    /// Benchmark claim number `n` of series `series` (series keep claim sets apart).
-    pub fn numbered(series: u64, n: u64) -> Self {
-        ClaimName {
-            name: format!("claim-{series}-{n}"),
-            uid: crate::workload::claim_uid((series << 40) | n),
-        }
-    }
-
-    fn to_v1(&self) -> v1::Claim {
-        v1::Claim {
-            namespace: NAMESPACE.into(),
-            uid: self.uid.clone(),
-            name: self.name.clone(),
-        }
-    }
+/// Benchmark claim number `n` of series `series` (series keep claim sets apart), as the
+/// kubelet names it.
+pub fn numbered_claim(series: u64, n: u64) -> Claim {
+    let uid = crate::workload::claim_uid((series << 40) | n);
+    Claim::new(NAMESPACE, &format!("claim-{series}-{n}"), &uid)
 }
 
 /// A ResourceClaim allocated as kerf's controller writes it: one 10Gi, 10 % MPS slice of
@@ -111,7 +87,7 @@ impl ClaimName {
 ///
 /// # Errors
 /// `gpu` is not a GPU of the inventory, or kerf-api refuses the allocation.
-pub fn slice_claim(claim: &ClaimName, inventory: &Inventory, gpu: usize) -> Result<ResourceClaim> {
+pub fn slice_claim(claim: &Claim, inventory: &Inventory, gpu: usize) -> Result<ResourceClaim> {
     let info = inventory
         .gpus
         .get(gpu)
@@ -202,11 +178,11 @@ impl BenchNode {
     ///
     /// # Errors
     /// As [`slice_claim`].
-    pub fn add_claims(&self, series: u64, count: usize) -> Result<Vec<ClaimName>> {
+    pub fn add_claims(&self, series: u64, count: usize) -> Result<Vec<Claim>> {
         let gpus = self.inventory.gpus.len().max(1);
         (0..count)
             .map(|n| {
-                let claim = ClaimName::numbered(series, n as u64);
+                let claim = numbered_claim(series, n as u64);
                 self.claims
                     .insert(slice_claim(&claim, &self.inventory, n % gpus)?);
                 Ok(claim)
@@ -218,7 +194,7 @@ impl BenchNode {
     ///
     /// # Errors
     /// The UID makes no valid file name.
-    pub fn spec_path(&self, claim: &ClaimName) -> Result<PathBuf> {
+    pub fn spec_path(&self, claim: &Claim) -> Result<PathBuf> {
         let kind = DriverConfig::cdi_kind_for(DRIVER);
         let name = kerf_core::cdi::transient_spec_file_name(&kind, &claim.uid)?;
         Ok(self.config.cdi_dir.join(name))
@@ -233,44 +209,36 @@ impl BenchNode {
     }
 }
 
-/// The kubelet's side of the plugin's sockets.
+/// The kubelet's side of the plugin's sockets, with the benchmarks' rule on top of the
+/// kubelet's: every claim must be prepared with at least one device.
 #[derive(Clone)]
 pub struct Kubelet {
-    dra: DraPluginClient<Channel>,
-    registration: RegistrationClient<Channel>,
+    plugin: RegisteredPlugin,
 }
 
 impl Kubelet {
-    /// Connects to both sockets of the plugin configured by `config`.
+    /// Registers the plugin configured by `config` as the kubelet does, without a limit on
+    /// the calls' time (a timer per call would be measured too).
     ///
     /// # Errors
-    /// A socket cannot be dialled.
+    /// A socket cannot be dialled, a call fails, or the registration is refused.
     pub async fn connect(config: &PluginConfig) -> Result<Self> {
-        Ok(Kubelet {
-            dra: DraPluginClient::new(dial(&config.dra_socket).await?),
-            registration: RegistrationClient::new(dial(&config.registration_socket).await?),
-        })
+        let client = KubeletClient::new().call_timeout(None);
+        let plugin = client.register(&config.registration_socket).await?;
+        Ok(Kubelet { plugin })
     }
 
     /// One `NodePrepareResources` call for `claims`.
     ///
     /// # Errors
-    /// The call fails, or a claim is missing from the answer or has an error.
-    pub async fn prepare(&self, claims: &[ClaimName]) -> Result<()> {
-        let request = v1::NodePrepareResourcesRequest {
-            claims: claims.iter().map(ClaimName::to_v1).collect(),
-        };
-        let answer = self
-            .dra
-            .clone()
-            .node_prepare_resources(request)
-            .await?
-            .into_inner();
-        for claim in claims {
-            match answer.claims.get(&claim.uid) {
-                Some(r) if r.error.is_empty() && !r.devices.is_empty() => {}
-                Some(r) => return Err(claim_error(claim, &r.error)),
-                None => return Err(claim_error(claim, "no answer")),
+    /// The call fails or breaks the kubelet's rules, or a claim has an error or no device.
+    pub async fn prepare(&self, claims: &[Claim]) -> Result<()> {
+        let answer = self.plugin.prepare_response(claims).await?;
+        for (uid, outcome) in answer.outcomes() {
+            match outcome {
+                Ok(0) => return Err(claim_error(uid, "prepared without devices")),
+                Ok(_) => {}
+                Err(error) => return Err(claim_error(uid, error)),
             }
         }
         Ok(())
@@ -279,24 +247,10 @@ impl Kubelet {
     /// One `NodeUnprepareResources` call for `claims`.
     ///
     /// # Errors
-    /// The call fails, or a claim is missing from the answer or has an error.
-    pub async fn unprepare(&self, claims: &[ClaimName]) -> Result<()> {
-        let request = v1::NodeUnprepareResourcesRequest {
-            claims: claims.iter().map(ClaimName::to_v1).collect(),
-        };
-        let answer = self
-            .dra
-            .clone()
-            .node_unprepare_resources(request)
-            .await?
-            .into_inner();
-        for claim in claims {
-            match answer.claims.get(&claim.uid) {
-                Some(r) if r.error.is_empty() => {}
-                Some(r) => return Err(claim_error(claim, &r.error)),
-                None => return Err(claim_error(claim, "no answer")),
-            }
-        }
+    /// The call fails or breaks the kubelet's rules, or a claim has an error.
+    pub async fn unprepare(&self, claims: &[Claim]) -> Result<()> {
+        let answer = self.plugin.unprepare_response(claims).await?;
+        answer.all_unprepared()?;
         Ok(())
     }
 
@@ -306,40 +260,14 @@ impl Kubelet {
     /// # Errors
     /// The call fails.
     pub async fn empty_prepare(&self) -> Result<()> {
-        self.dra
-            .clone()
-            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: Vec::new() })
-            .await?;
-        Ok(())
-    }
-
-    /// `GetInfo` on the registration socket.
-    ///
-    /// # Errors
-    /// The call fails.
-    pub async fn get_info(&self) -> Result<()> {
-        self.registration.clone().get_info(InfoRequest {}).await?;
+        self.plugin.prepare_response(&[]).await?;
         Ok(())
     }
 }
 
-fn claim_error(claim: &ClaimName, message: &str) -> Error {
+fn claim_error(uid: &str, message: &str) -> Error {
     Error::Claim {
-        uid: claim.uid.clone(),
-        message: if message.is_empty() {
-            "prepared without devices".to_owned()
-        } else {
-            message.to_owned()
-        },
+        uid: uid.to_owned(),
+        message: message.to_owned(),
     }
-}
-
-/// Connects to a Unix socket as the kubelet does.
-async fn dial(path: &Path) -> Result<Channel> {
-    kerf_proto::dial::dial_unix(path, kerf_proto::dial::Authority::Localhost)
-        .await
-        .map_err(|source| Error::Dial {
-            path: path.to_owned(),
-            source,
-        })
 }

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use futures::future::try_join_all;
 
 use crate::floor::FloorWrites;
-use crate::node::{BenchNode, ClaimName, Kubelet};
+use kerf_proto::client::Claim;
+
+use crate::node::{BenchNode, Kubelet};
 use crate::stats::{Samples, ms, ratio};
 use crate::summary::Summary;
 use crate::{BenchOptions, Error, Result, sys};
@@ -104,7 +106,7 @@ async fn warm_up(node: &BenchNode, kubelet: &Kubelet) -> Result<Vec<usize>> {
     Ok(sizes)
 }
 
-fn prepared_file_sizes(node: &BenchNode, claim: &ClaimName) -> Result<Vec<usize>> {
+fn prepared_file_sizes(node: &BenchNode, claim: &Claim) -> Result<Vec<usize>> {
     let size = |path: &Path| -> Result<usize> {
         let len = std::fs::metadata(path)
             .map_err(|e| Error::io("stat", path, e))?
@@ -293,8 +295,8 @@ impl ParallelRuns {
     async fn measure(
         kubelet: &Kubelet,
         floor: &ParallelFloor,
-        claims: &[ClaimName],
-        singles: &[ClaimName],
+        claims: &[Claim],
+        singles: &[Claim],
         rounds: usize,
     ) -> Result<Self> {
         let mut runs = ParallelRuns::default();
