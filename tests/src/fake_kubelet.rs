@@ -96,7 +96,7 @@ pub struct KubeletConfig {
     pub known_services: Vec<String>,
     /// How often the registry directory is scanned.
     pub poll_interval: Duration,
-    /// Limit of one DRA call (the kubelet's is 45 s).
+    /// Limit of one gRPC call (the kubelet's is 45 s for DRA calls).
     pub call_timeout: Duration,
     /// Retries of a failed pod.
     pub retry: RetryPolicy,
