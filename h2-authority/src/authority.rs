@@ -29,8 +29,10 @@ pub enum AuthorityForm {
     /// A file system path, e.g. the socket's (grpc-go dialled with a bare path and no
     /// `WithAuthority`, as the kubelet's plugin watcher does).
     SocketPath,
-    /// A percent-encoded path, e.g. `%2Frun%2Fx.sock` (grpc C-core, so Python grpcio,
-    /// since 1.57 for `unix:` targets).
+    /// A path with percent-encoded slashes: grpc C-core, so Python grpcio, since 1.57 for
+    /// `unix:` targets without `grpc.default_authority`. grpcio 1.85.1 sends the path
+    /// without its leading slash (`run%2Fkerf%2Fx.sock` for `unix:/run/kerf/x.sock`);
+    /// reports of earlier releases show `%2Frun%2Fkerf%2Fx.sock`. Both are this form.
     PercentEncodedPath,
     /// Anything else h2 refuses.
     Other,
@@ -44,9 +46,7 @@ impl AuthorityForm {
             Some([]) => AuthorityForm::Empty,
             Some(v) if h2_accepts(v) => AuthorityForm::Host,
             Some([b'/', ..]) => AuthorityForm::SocketPath,
-            Some(v) if v.len() >= 3 && v[..3].eq_ignore_ascii_case(b"%2f") => {
-                AuthorityForm::PercentEncodedPath
-            }
+            Some(v) if contains_percent_slash(v) => AuthorityForm::PercentEncodedPath,
             Some(_) => AuthorityForm::Other,
         }
     }
@@ -78,6 +78,11 @@ impl AuthorityForm {
             AuthorityForm::Other => 1 << 5,
         }
     }
+}
+
+/// Whether `value` holds a percent-encoded slash (`%2F` or `%2f`).
+fn contains_percent_slash(value: &[u8]) -> bool {
+    value.windows(3).any(|w| w.eq_ignore_ascii_case(b"%2f"))
 }
 
 /// The longest `:authority` value quoted in a log line.
@@ -184,7 +189,10 @@ mod tests {
                 Some(b"%2Fvar%2Flib%2Fkubelet%2Fplugins%2Fdra.sock"),
                 AuthorityForm::PercentEncodedPath,
             ),
-            (Some(b"%2fx"), AuthorityForm::PercentEncodedPath),
+            (
+                Some(b"var%2Flib%2Fkubelet%2Fplugins%2Fdra.sock"),
+                AuthorityForm::PercentEncodedPath,
+            ),
             (Some(b"a b"), AuthorityForm::Other),
         ];
         for (value, form) in cases {

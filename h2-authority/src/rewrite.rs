@@ -215,8 +215,8 @@ mod tests {
             panic!("expected a rewrite");
         };
         // First a literal with incremental indexing of static name 1, then dynamic index 62.
-        assert_eq!(first[0], 0x40 | 1);
-        assert_eq!(second, vec![0x80 | 62]);
+        assert_eq!(first[0], 0x40 | 0x01);
+        assert_eq!(second, vec![0x80 | 0x3e]);
         let mut server = Decoder::new();
         for b in [&first, &second] {
             assert_eq!(

@@ -18,8 +18,9 @@ pub enum Authority {
     /// `WithAuthority`, as the kubelet's plugin watcher does for registration sockets
     /// (`pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go`, `dial`).
     SocketPath,
-    /// The socket's path percent-encoded (`%2Fvar%2Flib%2F...`): grpc C-core, so Python
-    /// grpcio 1.57 and later, dialling `unix:<path>` without `grpc.default_authority`.
+    /// The socket's path percent-encoded as grpc C-core, so Python grpcio 1.57 and later,
+    /// sends it when dialling `unix:<path>` without `grpc.default_authority`: grpcio 1.85.1
+    /// drops the leading slash (`var%2Flib%2F...`), as captured on the wire.
     PercentEncodedPath,
     /// An empty value: grpc-go before 1.31 dialling a bare path (grpc/grpc-go#2628).
     Empty,
@@ -48,7 +49,9 @@ impl Authority {
         match self {
             Authority::Localhost => None,
             Authority::SocketPath => Some(SendAuthority::Value(path.to_vec())),
-            Authority::PercentEncodedPath => Some(SendAuthority::Value(percent_encode(path))),
+            Authority::PercentEncodedPath => Some(SendAuthority::Value(percent_encode(
+                path.strip_prefix(b"/").unwrap_or(path),
+            ))),
             Authority::Empty => Some(SendAuthority::Value(Vec::new())),
             Authority::Absent => Some(SendAuthority::Absent),
             Authority::Custom(value) => Some(SendAuthority::Value(value.clone())),
@@ -102,10 +105,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn percent_encoding_matches_grpc_core() {
+    fn percent_encoding_matches_grpcio_on_the_wire() {
+        // Captured from grpcio 1.85.1 dialling `unix:/tmp/kerf-capture/s/cap-unset.sock`.
         assert_eq!(
-            percent_encode(b"/var/lib/kubelet/plugins/gpu.kerf.dev/dra.sock"),
-            b"%2Fvar%2Flib%2Fkubelet%2Fplugins%2Fgpu.kerf.dev%2Fdra.sock".to_vec()
+            Authority::PercentEncodedPath.to_send(Path::new("/tmp/kerf-capture/s/cap-unset.sock")),
+            Some(SendAuthority::Value(
+                b"tmp%2Fkerf-capture%2Fs%2Fcap-unset.sock".to_vec()
+            ))
         );
+        assert_eq!(percent_encode(b"/a b"), b"%2Fa%20b".to_vec());
     }
 }
