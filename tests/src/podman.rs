@@ -189,7 +189,9 @@ fn run_with_timeout(mut command: Command, timeout: Duration) -> Result<String, P
     }
 }
 
-fn read_in_background(
+/// Reads a child's pipe to its end on a thread of its own, so that a child filling one pipe
+/// never blocks on it while the caller waits on the other.
+pub fn read_in_background(
     mut pipe: impl std::io::Read + Send + 'static,
 ) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {

@@ -41,6 +41,7 @@ use kerf_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse, registration_server,
 };
 use kerf_proto::service_names;
+use kerf_tests::podman::read_in_background;
 use prost::Message as _;
 use serde_json::{Value, json};
 
@@ -125,17 +126,6 @@ impl Python {
             panic!("{SCRIPT} printed no JSON ({e}): {stdout}; stderr: {stderr}")
         })
     }
-}
-
-fn read_in_background(
-    mut pipe: impl std::io::Read + Send + 'static,
-) -> std::thread::JoinHandle<String> {
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        // A read error leaves what was read so far, which is what a report needs.
-        let _ = pipe.read_to_end(&mut bytes);
-        String::from_utf8_lossy(&bytes).into_owned()
-    })
 }
 
 /// grpcio, or `None` after printing why the test is skipped. Under `CI=true` a missing
