@@ -630,6 +630,10 @@ mod scripted {
         pub endpoint: PathBuf,
         pub answers: Arc<Mutex<VecDeque<Answer>>>,
         pub statuses: Arc<Mutex<Vec<RegistrationStatus>>>,
+        /// The `:authority` forms the registration socket saw.
+        pub registration_log: Arc<AuthorityLog>,
+        /// The `:authority` forms the DRA socket saw.
+        pub dra_log: Arc<AuthorityLog>,
     }
 
     #[tonic::async_trait]
@@ -731,9 +735,10 @@ mod scripted {
     /// socket's path, which h2 alone refuses).
     fn incoming(
         path: &Path,
+        log: &Arc<AuthorityLog>,
     ) -> impl futures::Stream<Item = std::io::Result<LenientAuthority<UnixStream>>> + use<> {
         let listener = UnixListener::bind(path).unwrap();
-        let log = AuthorityLog::new(path.display().to_string());
+        let log = Arc::clone(log);
         futures::stream::unfold(listener, move |listener| {
             let log = Arc::clone(&log);
             async move {
@@ -746,14 +751,17 @@ mod scripted {
 
     /// Serves the plugin: DRA socket first, then the registration socket the kubelet sees.
     pub fn serve(plugin: &Plugin, registry_dir: &Path) {
-        let dra = incoming(&plugin.endpoint);
+        let dra = incoming(&plugin.endpoint, &plugin.dra_log);
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(v1::dra_plugin_server::DraPluginServer::new(plugin.clone()))
                 .serve_with_incoming(dra),
         );
         std::fs::create_dir_all(registry_dir).unwrap();
-        let registration = incoming(&registry_dir.join("scripted.example.com-reg.sock"));
+        let registration = incoming(
+            &registry_dir.join("scripted.example.com-reg.sock"),
+            &plugin.registration_log,
+        );
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(RegistrationServer::new(plugin.clone()))
@@ -772,6 +780,8 @@ fn scripted_plugin(
         endpoint: dir.join("dra.sock"),
         answers: Arc::new(Mutex::new(answers.iter().copied().collect())),
         statuses: Arc::new(Mutex::new(Vec::new())),
+        registration_log: kerf_h2_authority::AuthorityLog::new("registration"),
+        dra_log: kerf_h2_authority::AuthorityLog::new("dra"),
     };
     scripted::serve(&plugin, &dir.join("registry"));
     plugin
@@ -796,12 +806,20 @@ async fn the_kubelet_rules_void_bad_answers_and_retry_them() {
     let statuses = plugin.statuses.lock().unwrap().clone();
     assert_eq!(statuses.len(), 1);
     assert!(statuses[0].plugin_registered);
+    // As the real kubelet: the registration socket's path as :authority there, and
+    // (checked below, after the first prepare) `localhost` on the DRA socket.
+    let forms = |log: &kerf_h2_authority::AuthorityLog| {
+        use kerf_h2_authority::AuthorityForm::{Host, SocketPath};
+        (log.has_seen(SocketPath), log.has_seen(Host))
+    };
+    assert_eq!(forms(&plugin.registration_log), (true, false));
 
     let pod = Pod::new("pod-1")
         .with_claim("scripted.example.com", Claim::new("ns", "a", "uid-a"))
         .with_claim("scripted.example.com", Claim::new("ns", "b", "uid-b"));
     let prepared = kubelet.prepare_pod(&pod).await.unwrap();
     assert_eq!(prepared.len(), 2);
+    assert_eq!(forms(&plugin.dra_log), (false, true));
     let outcomes: Vec<String> = kubelet
         .calls()
         .iter()
