@@ -61,6 +61,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for LenientAuthority<S> {
                 let n = this.ready.len().min(buf.remaining());
                 buf.put_slice(&this.ready[..n]);
                 this.ready.advance(n);
+                if this.ready.is_empty() {
+                    // Let go of the read buffer it was split from, so that the next read
+                    // reuses that allocation instead of reserving a new one.
+                    this.ready = BytesMut::new();
+                }
                 return Poll::Ready(Ok(()));
             }
             if this.eof || buf.remaining() == 0 {
