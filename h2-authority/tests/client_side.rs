@@ -10,6 +10,14 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 
 const SOCKET: &[u8] = b"/var/lib/kubelet/plugins_registry/gpu.kerf.dev-reg.sock";
 
+/// A GetInfo request head, as a gRPC client sends it (body-less: only headers matter here).
+fn get_info() -> http::Request<()> {
+    http::Request::post("http://localhost/pluginregistration.Registration/GetInfo")
+        .header("content-type", "application/grpc")
+        .body(())
+        .unwrap()
+}
+
 /// Sends two requests from an h2 client over `io`; returns the responses' echoed authority,
 /// or the error text.
 async fn two_requests<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
@@ -20,12 +28,7 @@ async fn two_requests<T: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     let mut results = Vec::new();
     for _ in 0..2 {
         let mut client = client.clone().ready().await.unwrap();
-        let request =
-            http::Request::post("http://localhost/pluginregistration.Registration/GetInfo")
-                .header("content-type", "application/grpc")
-                .body(())
-                .unwrap();
-        let (response, _) = client.send_request(request, true).unwrap();
+        let (response, _) = client.send_request(get_info(), true).unwrap();
         results.push(match response.await {
             Ok(r) => Ok(r.headers()[support::SEEN].to_str().unwrap().to_owned()),
             Err(e) => Err(e.to_string()),
@@ -71,11 +74,7 @@ async fn two_unanswered_requests<T: AsyncRead + AsyncWrite + Unpin + Send + 'sta
     let mut pending = Vec::new();
     for _ in 0..2 {
         let mut client = client.clone().ready().await.unwrap();
-        let request =
-            http::Request::post("http://localhost/pluginregistration.Registration/GetInfo")
-                .body(())
-                .unwrap();
-        pending.push(client.send_request(request, true).unwrap());
+        pending.push(client.send_request(get_info(), true).unwrap());
     }
     std::future::pending::<()>().await;
 }
