@@ -45,6 +45,14 @@
 //! - Each [`AuthorityForm`] a socket sees is logged once, at info ([`AuthorityLog`]);
 //!   nothing is logged per request.
 //!
+//! # What it costs
+//!
+//! About 1 µs per request on the pass-through path, measured against the same h2
+//! conversation without the adapter in `benches/adapter.rs`; the header blocks are decoded
+//! into one reused buffer by the crate's own HPACK decoder (see `hpack.rs` for why not a
+//! decoder crate), so a block that passes unchanged allocates only for entries the client
+//! adds to its dynamic table.
+//!
 //! [`WithAuthority`] is the mirror image for clients: it makes every request of an HTTP/2
 //! client carry a chosen `:authority` (or none), re-encoding header blocks as grpc-go's
 //! encoder writes them, so tests and tools can speak exactly as the kubelet does.
@@ -53,6 +61,7 @@ mod authority;
 mod client;
 mod filter;
 mod frames;
+mod hpack;
 mod rewrite;
 mod server;
 

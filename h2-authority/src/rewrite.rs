@@ -2,9 +2,9 @@
 //! and encoding the result again.
 
 use httlib_hpack::Encoder;
-use loona_hpack::Decoder;
 
 use crate::filter::{BlockRewriter, Rewritten};
+use crate::hpack::{Decoder, HeaderList};
 
 /// The pseudo-header the adapters are about.
 pub(crate) const AUTHORITY: &[u8] = b":authority";
@@ -47,37 +47,38 @@ pub(crate) enum Encoding {
 
 /// A [`BlockRewriter`] for one connection.
 pub(crate) struct AuthorityRewriter<P> {
-    decoder: Decoder<'static>,
+    decoder: Decoder,
     encoder: Encoder<'static>,
     encoding: Encoding,
     /// Whether blocks are re-encoded now (always for [`Encoding::AlwaysIndexing`]).
     reencoding: bool,
     policy: P,
-    fields: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The last block's fields, kept to reuse the allocation.
+    fields: HeaderList,
 }
 
 impl<P: AuthorityPolicy> AuthorityRewriter<P> {
     /// A rewriter with fresh HPACK state, as at the start of a connection.
     pub fn new(policy: P, encoding: Encoding) -> Self {
-        let mut decoder = Decoder::new();
-        decoder.set_max_allowed_table_size(DEFAULT_TABLE_SIZE);
         let encoder_table = match encoding {
             Encoding::LazyWithoutIndexing => 0,
             Encoding::AlwaysIndexing => DEFAULT_TABLE_SIZE,
         };
         AuthorityRewriter {
-            decoder,
+            decoder: Decoder::new(DEFAULT_TABLE_SIZE),
             encoder: Encoder::with_dynamic_size(u32::try_from(encoder_table).unwrap_or(0)),
             encoding,
             reencoding: encoding == Encoding::AlwaysIndexing,
             policy,
-            fields: Vec::new(),
+            fields: HeaderList::default(),
         }
     }
 
-    fn encode(&mut self) -> Result<Vec<u8>, httlib_hpack::EncoderError> {
-        let mut block =
-            Vec::with_capacity(self.fields.iter().map(|(n, v)| n.len() + v.len() + 2).sum());
+    fn encode(
+        &mut self,
+        fields: Vec<(Vec<u8>, Vec<u8>)>,
+    ) -> Result<Vec<u8>, httlib_hpack::EncoderError> {
+        let mut block = Vec::with_capacity(fields.iter().map(|(n, v)| n.len() + v.len() + 2).sum());
         let flags = match self.encoding {
             Encoding::LazyWithoutIndexing => Encoder::BEST_FORMAT,
             Encoding::AlwaysIndexing => {
@@ -87,7 +88,7 @@ impl<P: AuthorityPolicy> AuthorityRewriter<P> {
                     | Encoder::HUFFMAN_VALUE
             }
         };
-        for (name, value) in self.fields.drain(..) {
+        for (name, value) in fields {
             self.encoder.encode((name, value, flags), &mut block)?;
         }
         Ok(block)
@@ -96,21 +97,23 @@ impl<P: AuthorityPolicy> AuthorityRewriter<P> {
 
 impl<P: AuthorityPolicy> BlockRewriter for AuthorityRewriter<P> {
     fn rewrite(&mut self, block: &[u8]) -> Rewritten {
-        self.fields.clear();
-        let fields = &mut self.fields;
-        let decoded = self.decoder.decode_with_cb(block, |name, value| {
-            fields.push((name.into_owned(), value.into_owned()));
-        });
-        if decoded.is_err() {
+        if self.decoder.decode(block, &mut self.fields).is_err() {
             return Rewritten::Undecodable;
         }
-        let position = self.fields.iter().position(|(name, _)| name == AUTHORITY);
-        let current = position.map(|i| self.fields[i].1.as_slice());
-        let decision = self.policy.decide(current);
+        let position = self.fields.position(AUTHORITY);
+        let decision = self
+            .policy
+            .decide(position.and_then(|i| self.fields.value(i)));
         if decision == Decision::Keep && !self.reencoding {
             return Rewritten::Unchanged;
         }
-        apply(&mut self.fields, position, decision);
+        // Only blocks that change are copied out of the reused list.
+        let mut fields: Vec<(Vec<u8>, Vec<u8>)> = self
+            .fields
+            .iter()
+            .map(|(name, value)| (name.to_vec(), value.to_vec()))
+            .collect();
+        apply(&mut fields, position, decision);
         let mut prefix = Vec::new();
         if !self.reencoding {
             // The receiver's table still holds what the client indexed; empty it, so that
@@ -124,7 +127,7 @@ impl<P: AuthorityPolicy> BlockRewriter for AuthorityRewriter<P> {
             }
             self.reencoding = true;
         }
-        match self.encode() {
+        match self.encode(fields) {
             Ok(encoded) if prefix.is_empty() => Rewritten::Replaced(encoded),
             Ok(encoded) => {
                 prefix.extend_from_slice(&encoded);
@@ -217,7 +220,7 @@ mod tests {
         // First a literal with incremental indexing of static name 1, then dynamic index 62.
         assert_eq!(first[0], 0x40 | 0x01);
         assert_eq!(second, vec![0x80 | 0x3e]);
-        let mut server = Decoder::new();
+        let mut server = loona_hpack::Decoder::new();
         for b in [&first, &second] {
             assert_eq!(
                 server.decode(b).unwrap(),
