@@ -14,6 +14,7 @@
 
 pub mod allocation;
 pub mod claim;
+pub mod controller_claims;
 pub mod crd;
 pub mod error;
 pub mod gpuclass;

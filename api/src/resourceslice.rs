@@ -206,6 +206,12 @@ pub fn device_capacity<'a>(device: &'a Device, driver: &str, name: &str) -> Opti
         .map(|c| &c.value)
 }
 
+/// The `memory` capacity of a published device of `driver`, in bytes.
+pub fn device_memory_bytes(device: &Device, driver: &str) -> Option<u64> {
+    device_capacity(device, driver, capacities::MEMORY)
+        .and_then(|q| crate::quantity::quantity_bytes(q).ok())
+}
+
 /// Writes `major[.minor[.patch]]` as semver `major.minor.patch` without leading zeros
 /// (`570.124.06` → `570.124.6`, `12.8` → `12.8.0`); `None` when it is not such a version.
 pub fn semver(version: &str) -> Option<String> {

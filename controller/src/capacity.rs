@@ -22,7 +22,9 @@ use kerf_api::params::{GpuSliceAllocation, OpaqueConfig, decode_opaque};
 use kerf_api::quantity::quantity_bytes;
 use kerf_api::resourceslice::capacities;
 
-use crate::selector::{DeviceSelector, device_memory_bytes};
+use kerf_api::resourceslice::device_memory_bytes;
+
+use crate::selector::DeviceSelector;
 
 /// One device of the driver's current ResourceSlices.
 #[derive(Debug, Clone, Copy)]

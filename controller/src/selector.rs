@@ -12,9 +12,9 @@ use std::fmt::Write as _;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use kerf_api::params::{Allocator, GpuClassParameters};
-use kerf_api::quantity::{format_bytes, quantity_bytes};
+use kerf_api::quantity::format_bytes;
 use kerf_api::resourceslice::{
-    TYPE_GPU, TYPE_MIG, attributes, capacities, device_attribute, device_capacity,
+    TYPE_GPU, TYPE_MIG, attributes, capacities, device_attribute, device_memory_bytes,
 };
 use kerf_core::inventory::ComputeCapability;
 
@@ -239,11 +239,6 @@ fn string_attribute<'a>(device: &'a Device, driver: &str, name: &str) -> Option<
         }) => Some(value),
         _ => None,
     }
-}
-
-/// The `memory` capacity of a published device, in bytes.
-pub fn device_memory_bytes(device: &Device, driver: &str) -> Option<u64> {
-    device_capacity(device, driver, capacities::MEMORY).and_then(|q| quantity_bytes(q).ok())
 }
 
 /// Compares a published semver (`major.minor.patch[-pre][+build]`) with a release version; a

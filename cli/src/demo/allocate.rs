@@ -11,8 +11,7 @@ use k8s_openapi::api::resource::v1::{
     ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kerf_api::Allocator;
-use kerf_controller::claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
+use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER, is_controller_claim};
 use kerf_core::alloc::{self, Index, PodRequest};
 use serde::{Deserialize, Serialize};
 
@@ -160,12 +159,7 @@ impl PodAllocation<'_> {
     /// As the controller decides it: a request uses a Controller class of this driver.
     fn is_controller_claim(&self, index: usize) -> bool {
         self.claim(index)
-            .and_then(|c| c.spec.devices.as_ref())
-            .and_then(|d| d.requests.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r.exactly.as_ref())
-            .any(|r| self.classes.allocator(&r.device_class_name) == Some(Allocator::Controller))
+            .is_some_and(|c| is_controller_claim(c, |class| self.classes.params(class)))
     }
 
     /// Places the controller claims together, all or nothing, as the controller does.
@@ -313,15 +307,7 @@ fn explain_unused(
             continue;
         }
         let Some(object) = &claim.claim else { continue };
-        let is_controller = object
-            .spec
-            .devices
-            .as_ref()
-            .and_then(|d| d.requests.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r.exactly.as_ref())
-            .any(|r| classes.allocator(&r.device_class_name) == Some(Allocator::Controller));
+        let is_controller = is_controller_claim(object, |class| classes.params(class));
         let invalid = is_controller
             .then(|| kerf_api::claim_request(object, |class| classes.params(class), driver).err())
             .flatten();

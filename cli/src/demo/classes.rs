@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::DeviceClass;
-use kerf_api::{Allocator, GpuClassParameters};
-use kerf_controller::claims::context::class_parameters;
+use kerf_api::controller_claims::class_parameters;
+use kerf_api::GpuClassParameters;
 use serde::{Deserialize, Serialize};
 
 use super::manifests::Manifests;
@@ -54,11 +54,6 @@ impl Classes {
         self.device_classes
             .get(name)
             .and_then(|class| class_parameters(class, &self.driver))
-    }
-
-    /// The allocator of DeviceClass `name`, when it carries kerf parameters.
-    pub fn allocator(&self, name: &str) -> Option<Allocator> {
-        self.params(name).map(|p| p.allocator)
     }
 }
 

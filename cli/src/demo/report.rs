@@ -154,7 +154,7 @@ pub fn describe_devices(devices: &[Device], driver: &str) -> Vec<String> {
                     .and_then(|a| a.string.clone())
                     .unwrap_or_default()
             };
-            let memory = kerf_controller::selector::device_memory_bytes(device, driver)
+            let memory = kerf_api::resourceslice::device_memory_bytes(device, driver)
                 .map(format_bytes)
                 .unwrap_or_default();
             let mut text = format!(

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
-use kerf_api::{Allocator, GpuClassParameters, OpaqueConfig};
+use kerf_api::GpuClassParameters;
+use kerf_api::controller_claims::class_parameters;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -150,18 +151,7 @@ impl ClaimsContext {
 
     /// True when a request of the claim uses a controller class of this driver.
     pub fn is_controller_claim(&self, claim: &ResourceClaim) -> bool {
-        claim
-            .spec
-            .devices
-            .as_ref()
-            .and_then(|d| d.requests.as_ref())
-            .into_iter()
-            .flatten()
-            .filter_map(|r| r.exactly.as_ref())
-            .any(|r| {
-                self.class_params(&r.device_class_name)
-                    .is_some_and(|p| p.allocator == Allocator::Controller)
-            })
+        kerf_api::controller_claims::is_controller_claim(claim, |class| self.class_params(class))
     }
 
     /// The cached claim `name` in `namespace`.
@@ -256,23 +246,4 @@ impl ClaimsContext {
     pub fn take_rejection(&self, uid: &str) -> bool {
         lock(&self.self_cleared).insert(uid.to_owned())
     }
-}
-
-/// The kerf class parameters a DeviceClass carries for `driver`, if any (the last wins).
-pub fn class_parameters(class: &DeviceClass, driver: &str) -> Option<GpuClassParameters> {
-    class
-        .spec
-        .config
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|c| c.opaque.as_ref())
-        .filter(|o| o.driver == driver)
-        .filter_map(|o| {
-            match kerf_api::decode_opaque(&o.parameters.0, "spec.config[].opaque.parameters") {
-                Ok(OpaqueConfig::Class(params)) => Some(params),
-                _ => None,
-            }
-        })
-        .next_back()
 }

@@ -23,12 +23,7 @@ pub mod write;
 pub use context::{ClaimSettings, ClaimsContext};
 pub use reconcile::{error_policy, reconcile, run};
 
-/// The finalizer that keeps a claim until the controller has deallocated it.
-pub const FINALIZER: &str = "gpu.kerf.dev/allocation";
-
-/// Annotation naming the node the controller allocated a claim on: how a later reconcile
-/// tells "the scheduler cleared our allocation" from "never allocated".
-pub const ALLOCATED_NODE_ANNOTATION: &str = "gpu.kerf.dev/allocated-node";
+pub use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
 
 /// Type of the pod condition that says whether the pod's controller claims are allocated.
 pub const CONDITION_TYPE: &str = "gpu.kerf.dev/GpuAllocation";

@@ -1,0 +1,132 @@
+//! What makes a claim kerf-controller's rather than kube-scheduler's, and the names the
+//! controller marks its claims and pods with. kerf-controller, its admission webhook and
+//! `kerf demo` all decide through these functions, so they cannot disagree.
+
+use k8s_openapi::api::resource::v1::{DeviceClaim, DeviceClass, ResourceClaim};
+
+use crate::params::{Allocator, GpuClassParameters, OpaqueConfig, decode_opaque};
+
+/// The finalizer that keeps a claim until the controller has deallocated it.
+pub const FINALIZER: &str = "gpu.kerf.dev/allocation";
+
+/// Annotation naming the node the controller allocated a claim on: how a later reconcile
+/// tells "the scheduler cleared our allocation" from "never allocated".
+pub const ALLOCATED_NODE_ANNOTATION: &str = "gpu.kerf.dev/allocated-node";
+
+/// The kerf class parameters a DeviceClass carries for `driver`, if any (the last of its
+/// configs wins, as for every opaque config). Configs that do not decode are skipped: the
+/// GpuClass reconciler reports them, and such a class then counts as a Scheduler class.
+pub fn class_parameters(class: &DeviceClass, driver: &str) -> Option<GpuClassParameters> {
+    class
+        .spec
+        .config
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| c.opaque.as_ref())
+        .filter(|o| o.driver == driver)
+        .filter_map(
+            |o| match decode_opaque(&o.parameters.0, "spec.config[].opaque.parameters") {
+                Ok(OpaqueConfig::Class(params)) => Some(params),
+                _ => None,
+            },
+        )
+        .next_back()
+}
+
+/// True when a request of `devices` (a claim's or a claim template's `spec.devices`) asks for
+/// a class whose parameters (looked up by DeviceClass name with `class_params`) name the
+/// Controller allocator. Only `exactly` requests count: `firstAvailable` lists are for the
+/// scheduler to choose from.
+pub fn requests_controller_class(
+    devices: Option<&DeviceClaim>,
+    class_params: impl Fn(&str) -> Option<GpuClassParameters>,
+) -> bool {
+    devices
+        .and_then(|d| d.requests.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.exactly.as_ref())
+        .any(|r| {
+            class_params(&r.device_class_name).is_some_and(|p| p.allocator == Allocator::Controller)
+        })
+}
+
+/// True when kerf-controller allocates `claim` (see [`requests_controller_class`]).
+pub fn is_controller_claim(
+    claim: &ResourceClaim,
+    class_params: impl Fn(&str) -> Option<GpuClassParameters>,
+) -> bool {
+    requests_controller_class(claim.spec.devices.as_ref(), class_params)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::resource::v1::{
+        DeviceClassConfiguration, DeviceClassSpec, DeviceRequest, ExactDeviceRequest,
+        OpaqueDeviceConfiguration, ResourceClaimSpec,
+    };
+    use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+    use serde_json::json;
+
+    use super::*;
+
+    fn class(driver: &str, allocator: &str) -> DeviceClass {
+        DeviceClass {
+            spec: DeviceClassSpec {
+                config: Some(vec![DeviceClassConfiguration {
+                    opaque: Some(OpaqueDeviceConfiguration {
+                        driver: driver.to_owned(),
+                        parameters: RawExtension(json!({
+                            "apiVersion": crate::API_VERSION,
+                            "kind": "GpuClassParameters",
+                            "allocator": allocator,
+                        })),
+                    }),
+                }]),
+                ..DeviceClassSpec::default()
+            },
+            ..DeviceClass::default()
+        }
+    }
+
+    fn claim(class: &str) -> ResourceClaim {
+        ResourceClaim {
+            spec: ResourceClaimSpec {
+                devices: Some(DeviceClaim {
+                    requests: Some(vec![DeviceRequest {
+                        name: "gpu".to_owned(),
+                        exactly: Some(ExactDeviceRequest {
+                            device_class_name: class.to_owned(),
+                            ..ExactDeviceRequest::default()
+                        }),
+                        ..DeviceRequest::default()
+                    }]),
+                    ..DeviceClaim::default()
+                }),
+            },
+            ..ResourceClaim::default()
+        }
+    }
+
+    #[test]
+    fn a_claim_is_the_controllers_when_a_request_uses_a_controller_class() {
+        let controller = class("gpu.kerf.dev", "Controller");
+        let scheduler = class("gpu.kerf.dev", "Scheduler");
+        let other_driver = class("gpu.example.com", "Controller");
+        let lookup = |name: &str| {
+            let class = match name {
+                "slice" => &controller,
+                "whole" => &scheduler,
+                "other" => &other_driver,
+                _ => return None,
+            };
+            class_parameters(class, "gpu.kerf.dev")
+        };
+        assert!(is_controller_claim(&claim("slice"), lookup));
+        assert!(!is_controller_claim(&claim("whole"), lookup));
+        assert!(!is_controller_claim(&claim("other"), lookup));
+        assert!(!is_controller_claim(&claim("missing"), lookup));
+        assert!(!is_controller_claim(&ResourceClaim::default(), lookup));
+    }
+}
