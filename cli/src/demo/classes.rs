@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::DeviceClass;
-use kerf_api::controller_claims::class_parameters;
 use kerf_api::GpuClassParameters;
+use kerf_api::controller_claims::class_parameters;
 use serde::{Deserialize, Serialize};
 
 use super::manifests::Manifests;

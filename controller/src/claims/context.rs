@@ -1,7 +1,6 @@
 //! What the claim reconciler needs besides the shared [`Context`].
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -12,7 +11,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::consumers;
-use super::index::CapacityIndex;
+use super::ledger::{Books, Ledger, WriteGuard};
 use crate::context::Context;
 use crate::error::{Error, Result};
 
@@ -48,19 +47,11 @@ pub struct ClaimsContext {
     pub pods: Store<Pod>,
     /// Every node.
     pub nodes: Store<Node>,
-    /// Free capacity per GPU.
-    pub capacity: Mutex<CapacityIndex>,
-    /// Nodes the scheduler rejected, per pod UID, until when.
-    pub unsuitable: Mutex<HashMap<String, HashMap<String, Instant>>>,
-    /// Claims whose missing allocation is our own doing although they carry the node
-    /// annotation: an allocation being written or rolled back, a deallocation not finished.
-    /// Such a claim was not rejected by the scheduler.
-    pub self_cleared: Mutex<HashSet<String>>,
+    /// Free capacity, writes in flight, rejections, claims waiting for capacity.
+    ledger: Ledger,
     /// Reconciles other claims (those that must yield a device to the scheduler, those
     /// waiting for capacity).
     pub trigger: UnboundedSender<ObjectRef<ResourceClaim>>,
-    /// Claims that did not fit, to try again as soon as the controller frees capacity.
-    pub waiting: Mutex<HashSet<ObjectRef<ResourceClaim>>>,
     /// Timing.
     pub settings: ClaimSettings,
 }
@@ -74,11 +65,6 @@ impl std::fmt::Debug for ClaimsContext {
             .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The guarded maps stay meaningful whatever panicked while the lock was held.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl ClaimsContext {
@@ -96,11 +82,8 @@ impl ClaimsContext {
             claims,
             pods,
             nodes,
-            capacity: Mutex::new(CapacityIndex::default()),
-            unsuitable: Mutex::new(HashMap::new()),
-            self_cleared: Mutex::new(HashSet::new()),
+            ledger: Ledger::default(),
             trigger,
-            waiting: Mutex::new(HashSet::new()),
             settings,
         }
     }
@@ -125,18 +108,17 @@ impl ClaimsContext {
         &self.base.config.driver_name
     }
 
-    /// The capacity index, brought up to date with the stores.
-    pub fn capacity(&self) -> MutexGuard<'_, CapacityIndex> {
-        let mut capacity = lock(&self.capacity);
+    /// The bookkeeping, locked, with the capacity index brought up to date with the stores.
+    pub(crate) fn books(&self) -> Books<'_> {
         let slices = self.base.caches.slices.state();
         let claims = self.claims.state();
-        capacity.sync(&slices, &claims, self.driver(), Instant::now());
-        capacity
+        self.ledger.synced(&slices, &claims, self.driver())
     }
 
-    /// The capacity index as it is, without syncing.
-    pub fn capacity_unsynced(&self) -> MutexGuard<'_, CapacityIndex> {
-        lock(&self.capacity)
+    /// Marks claims `uids` as being written until the guard is dropped; `None` when another
+    /// reconcile is writing one of them.
+    pub(crate) fn begin_write(&self, uids: Vec<String>) -> Option<WriteGuard<'_>> {
+        self.ledger.begin(uids)
     }
 
     /// The kerf class parameters of DeviceClass `name`, when it carries them.
@@ -185,54 +167,25 @@ impl ClaimsContext {
         pods
     }
 
-    /// Marks `node` unsuitable for `pod_uid` for [`ClaimSettings::unsuitable_for`]; expired
-    /// marks of every pod (deleted pods included) are dropped on the way.
+    /// Marks `node` unsuitable for pod `pod_uid` for [`ClaimSettings::unsuitable_for`].
     pub fn mark_unsuitable(&self, pod_uid: &str, node: &str) {
-        let now = Instant::now();
-        let mut map = lock(&self.unsuitable);
-        map.retain(|_, nodes| {
-            nodes.retain(|_, until| *until > now);
-            !nodes.is_empty()
-        });
-        map.entry(pod_uid.to_owned())
-            .or_default()
-            .insert(node.to_owned(), now + self.settings.unsuitable_for);
+        let until = Instant::now() + self.settings.unsuitable_for;
+        self.ledger.mark_unsuitable(pod_uid, node, until);
     }
 
-    /// Nodes currently unsuitable for `pod_uid`.
+    /// Nodes currently unsuitable for pod `pod_uid`.
     pub fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
-        let now = Instant::now();
-        let mut map = lock(&self.unsuitable);
-        let Some(nodes) = map.get_mut(pod_uid) else {
-            return Vec::new();
-        };
-        nodes.retain(|_, until| *until > now);
-        let out = nodes.keys().cloned().collect();
-        if nodes.is_empty() {
-            map.remove(pod_uid);
-        }
-        out
-    }
-
-    /// Records that claim `uid` lacks its allocation because of us (see `self_cleared`).
-    pub fn set_self_cleared(&self, uid: &str, cleared: bool) {
-        let mut set = lock(&self.self_cleared);
-        if cleared {
-            set.insert(uid.to_owned());
-        } else {
-            set.remove(uid);
-        }
+        self.ledger.unsuitable_nodes(pod_uid)
     }
 
     /// Remembers that `claim` waits for capacity.
     pub fn wait_for_capacity(&self, claim: &ResourceClaim) {
-        lock(&self.waiting).insert(ObjectRef::from_obj(claim));
+        self.ledger.wait_for_capacity(ObjectRef::from_obj(claim));
     }
 
     /// Capacity was freed: every waiting claim is reconciled again.
     pub fn capacity_freed(&self) {
-        let waiting: Vec<_> = lock(&self.waiting).drain().collect();
-        for claim in waiting {
+        for claim in self.ledger.take_waiting() {
             if self.trigger.send(claim).is_err() {
                 // The controller is stopping; nothing will be reconciled any more.
                 return;
@@ -241,9 +194,8 @@ impl ClaimsContext {
     }
 
     /// For an annotated claim without allocation: true (once) when the missing allocation is
-    /// not our doing, i.e. someone else cleared it. From then on it counts as ours, so that
-    /// the rejection is acted on once.
+    /// not the controller's doing, i.e. the scheduler cleared it.
     pub fn take_rejection(&self, uid: &str) -> bool {
-        lock(&self.self_cleared).insert(uid.to_owned())
+        self.ledger.take_rejection(uid)
     }
 }

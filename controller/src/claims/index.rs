@@ -13,9 +13,6 @@
 //! the scheduler's assume cache rule; like it, it relies on resourceVersions of one resource
 //! growing as integers, which every etcd-backed API server guarantees. An assumption the
 //! cache never confirms expires after [`ASSUME_TTL`].
-//!
-//! The index also records which claims a reconcile is writing right now ([`CapacityIndex::begin`]),
-//! so that concurrent reconciles of a pod's claims do not race each other's writes.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -48,7 +45,6 @@ pub struct CapacityIndex {
     pool_versions: HashMap<String, String>,
     claims: HashMap<String, Source>,
     refs: HashMap<String, ObjectRef<ResourceClaim>>,
-    in_flight: HashSet<String>,
 }
 
 /// A resourceVersion as the integer etcd makes it; `None` when it is not one.
@@ -129,28 +125,6 @@ impl CapacityIndex {
             },
             None => false,
         }
-    }
-
-    /// Marks claims as being written by one reconcile. Returns false, marking nothing, when
-    /// another reconcile is writing one of them.
-    pub fn begin(&mut self, uids: &[String]) -> bool {
-        if uids.iter().any(|uid| self.in_flight.contains(uid)) {
-            return false;
-        }
-        self.in_flight.extend(uids.iter().cloned());
-        true
-    }
-
-    /// Ends what [`CapacityIndex::begin`] started.
-    pub fn end(&mut self, uids: &[String]) {
-        for uid in uids {
-            self.in_flight.remove(uid);
-        }
-    }
-
-    /// True when a reconcile is writing claim `uid`.
-    pub fn in_flight(&self, uid: &str) -> bool {
-        self.in_flight.contains(uid)
     }
 
     /// The claims (but `except`) that hold or share device `device` of `node`.
@@ -354,16 +328,5 @@ mod tests {
         index.forget("u1");
         index.sync(&[], &[claim("5", Some("gpu-0"))], DRIVER, now);
         assert_eq!(held(&index), ["gpu-0"]);
-    }
-
-    #[test]
-    fn claims_are_written_by_one_reconcile_at_a_time() {
-        let mut index = CapacityIndex::default();
-        let both = ["a".to_owned(), "b".to_owned()];
-        assert!(index.begin(&both));
-        assert!(!index.begin(&["b".to_owned(), "c".to_owned()]));
-        assert!(!index.in_flight("c"), "a refused begin marks nothing");
-        index.end(&both);
-        assert!(index.begin(&["b".to_owned()]));
     }
 }

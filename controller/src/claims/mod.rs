@@ -12,16 +12,33 @@
 //! cleared), and deallocates claims that are deleted or that no live pod uses any more. Why a
 //! pod's claims are not allocated is said in Events and in the pod condition
 //! [`CONDITION_TYPE`].
+//!
+//! Where things are: the decision tree is [`reconcile()`] (`reconcile.rs`); a pod's claims are
+//! allocated together in `allocate.rs`, placed in `placement.rs` and written (or rolled back,
+//! or deallocated) in `commit.rs`; yielding to the scheduler is `yielding.rs`; Events and the
+//! pod condition are worded in `report.rs`; the watches are wired in `watch.rs`. All
+//! bookkeeping — capacity assumed for writes in flight, which claims are being written,
+//! allocations the controller cleared itself, rejected nodes, claims waiting for capacity —
+//! is one private ledger (`ledger.rs`) whose write guard undoes itself when dropped.
 
+mod allocate;
+mod commit;
 pub mod consumers;
 pub mod context;
 pub mod index;
+mod ledger;
 pub mod nodes;
+mod placement;
 pub mod reconcile;
+mod report;
+mod state;
+mod watch;
 pub mod write;
+mod yielding;
 
 pub use context::{ClaimSettings, ClaimsContext};
-pub use reconcile::{error_policy, reconcile, run};
+pub use reconcile::{error_policy, reconcile};
+pub use watch::run;
 
 pub use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
 

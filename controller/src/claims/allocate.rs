@@ -1,0 +1,144 @@
+//! Allocating a pod's controller claims together: which claims, their request, the
+//! placement, the writes, and what to do when they do not fit next to claims already placed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_core::alloc::PodRequest;
+use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
+
+use super::commit::{deallocate, write_placement};
+use super::context::ClaimsContext;
+use super::placement::{Placing, place_and_begin};
+use super::reconcile::note_rejection;
+use super::report::{describe, publish, report_allocated, report_invalid, report_unplaceable};
+use super::state::{allocated_on, allocation_of, annotated_node, is_reserved};
+use super::{consumers, reasons};
+use crate::error::Result;
+
+/// Places every unallocated controller claim of `pod` on one node and writes the
+/// allocations; all or nothing.
+pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<Action> {
+    let started = Instant::now();
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let pod_claims = consumers::pod_claims(pod);
+    if !pod_claims.pending_templates.is_empty() {
+        return Ok(Action::requeue(ctx.settings.pending_retry));
+    }
+    let mut claims = Vec::new();
+    for name in &pod_claims.names {
+        match ctx.claim(&namespace, name) {
+            Some(claim) => claims.push(claim),
+            None => return Ok(Action::requeue(ctx.settings.pending_retry)),
+        }
+    }
+    let (placed, todo): (Vec<_>, Vec<_>) = claims
+        .into_iter()
+        .filter(|c| ctx.is_controller_claim(c) && c.metadata.deletion_timestamp.is_none())
+        .partition(|c| allocation_of(c).is_some());
+    if todo.is_empty() {
+        if let Some(node) = placed.iter().find_map(|c| allocated_on(c, ctx.driver())) {
+            report_allocated(ctx, pod, placed.len(), &node).await;
+        }
+        return Ok(Action::await_change());
+    }
+    for claim in &todo {
+        // A claim of the pod the scheduler rejected: its node must not be chosen again.
+        note_rejection(claim, &[pod], ctx).await;
+    }
+    let mut pinned: Vec<String> = placed
+        .iter()
+        .filter_map(|c| allocated_on(c, ctx.driver()))
+        .collect();
+    pinned.sort();
+    pinned.dedup();
+    let request = match pod_request(&todo, ctx) {
+        Ok(request) => request,
+        Err((claim, error)) => {
+            ctx.base
+                .metrics
+                .record_allocation(Err("invalid_parameters"), started.elapsed());
+            report_invalid(ctx, pod, &claim, &error).await;
+            return Ok(Action::await_change());
+        }
+    };
+    let (placement, mut writing) = match place_and_begin(pod, &request, &todo, &pinned, ctx) {
+        Placing::Placed(placement, writing) => (placement, writing),
+        Placing::Busy => return Ok(Action::requeue(ctx.settings.pending_retry)),
+        Placing::NoFit(no_fit) => {
+            if !pinned.is_empty() && release_pinned(&placed, ctx).await? {
+                // The pod's claims are placed again together once the released ones are back.
+                return Ok(Action::requeue(ctx.settings.pending_retry));
+            }
+            ctx.base
+                .metrics
+                .record_allocation(Err(no_fit.reason), started.elapsed());
+            report_unplaceable(ctx, pod, &todo, &no_fit.message).await;
+            return Ok(Action::requeue(ctx.settings.unplaceable_retry));
+        }
+    };
+    let result = write_placement(&todo, &placement, &mut writing, ctx).await;
+    drop(writing);
+    match result {
+        Ok(()) => {
+            ctx.base
+                .metrics
+                .record_allocation(Ok(()), started.elapsed());
+            for (claim, placed) in todo.iter().zip(&placement.claims) {
+                let note = describe(&placement.node, placed);
+                publish(ctx, claim, EventType::Normal, reasons::ALLOCATED, note).await;
+            }
+            let count = placed.len() + todo.len();
+            report_allocated(ctx, pod, count, &placement.node).await;
+            Ok(Action::await_change())
+        }
+        Err(error) => {
+            ctx.base
+                .metrics
+                .record_allocation(Err(error.reason()), started.elapsed());
+            Err(error)
+        }
+    }
+}
+
+fn pod_request(
+    claims: &[Arc<ResourceClaim>],
+    ctx: &ClaimsContext,
+) -> Result<PodRequest, (Arc<ResourceClaim>, kerf_api::Error)> {
+    let mut request = PodRequest::default();
+    for claim in claims {
+        let part = kerf_api::allocation::claim_request(
+            claim,
+            |class| ctx.class_params(class),
+            ctx.driver(),
+        )
+        .map_err(|e| (Arc::clone(claim), e))?;
+        request.claims.push(part);
+    }
+    Ok(request)
+}
+
+/// The pod's remaining claims fit nowhere next to its allocated ones: deallocate those (when
+/// they are all ours and unreserved) so that all are placed again together. Returns whether
+/// it did.
+async fn release_pinned(placed: &[Arc<ResourceClaim>], ctx: &ClaimsContext) -> Result<bool> {
+    let releasable = placed
+        .iter()
+        .all(|c| annotated_node(c).is_some() && !is_reserved(c));
+    if !releasable {
+        return Ok(false);
+    }
+    for claim in placed {
+        deallocate(
+            claim,
+            ctx,
+            false,
+            "the pod's other claims do not fit on its node; placing all of them again",
+        )
+        .await?;
+    }
+    Ok(true)
+}

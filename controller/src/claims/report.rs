@@ -1,0 +1,178 @@
+//! What the controller says about a pod's claims: Events on claims and pods, and the pod
+//! condition, in words an admin can act on.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_core::alloc::{ClaimPlacement, Unplaceable};
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource as _, ResourceExt as _};
+
+use super::context::ClaimsContext;
+use super::reasons;
+use super::write::{self, PodCondition};
+
+/// The allocator's sentence, prefixed with the failing claim's name (its message names only
+/// the request) and followed by the nodes that were not considered and why.
+pub(super) fn explain(
+    unplaceable: &Unplaceable,
+    rejections: &BTreeMap<String, String>,
+    claims: &[Arc<ResourceClaim>],
+) -> String {
+    let claim = unplaceable.claim().and_then(|key| {
+        claims
+            .iter()
+            .find(|c| c.metadata.uid.as_deref() == Some(key))
+    });
+    let unplaceable = match claim {
+        Some(claim) => format!("claim {}: {unplaceable}", claim.name_any()),
+        None => unplaceable.to_string(),
+    };
+    if rejections.is_empty() {
+        return unplaceable;
+    }
+    let skipped: Vec<String> = rejections
+        .iter()
+        .take(5)
+        .map(|(node, why)| format!("{node} {why}"))
+        .collect();
+    let more = rejections.len().saturating_sub(5);
+    let tail = if more > 0 {
+        format!(" and {more} more")
+    } else {
+        String::new()
+    };
+    format!(
+        "{unplaceable} (nodes not considered: {}{tail})",
+        skipped.join("; ")
+    )
+}
+
+pub(super) fn describe(node: &str, placed: &ClaimPlacement) -> String {
+    let devices: Vec<String> = placed
+        .devices
+        .iter()
+        .map(|d| match d.slice {
+            Some(size) => format!(
+                "{} ({} MiB, {}% compute)",
+                d.device,
+                size.memory_bytes / (1024 * 1024),
+                size.compute_percent
+            ),
+            None => format!("{} (whole GPU)", d.device),
+        })
+        .collect();
+    format!("allocated on node {node}: {}", devices.join(", "))
+}
+
+/// The pod's `count` controller claims are allocated on `node`: condition True.
+pub(super) async fn report_allocated(ctx: &ClaimsContext, pod: &Pod, count: usize, node: &str) {
+    let message = format!(
+        "{count} claim{} allocated on node {node}",
+        if count == 1 { "" } else { "s" }
+    );
+    let condition = PodCondition {
+        allocated: true,
+        reason: reasons::ALLOCATED,
+        message,
+    };
+    set_condition(ctx, pod, &condition).await;
+}
+
+/// Nothing fits: a Warning Event on every claim still waiting and on the pod, and the pod
+/// condition False with the same words.
+pub(super) async fn report_unplaceable(
+    ctx: &ClaimsContext,
+    pod: &Pod,
+    claims: &[Arc<ResourceClaim>],
+    message: &str,
+) {
+    for claim in claims {
+        ctx.wait_for_capacity(claim);
+        publish(
+            ctx,
+            claim,
+            EventType::Warning,
+            reasons::UNPLACEABLE,
+            message.to_owned(),
+        )
+        .await;
+    }
+    publish_on(
+        ctx,
+        &pod.object_ref(&()),
+        EventType::Warning,
+        reasons::UNPLACEABLE,
+        message.to_owned(),
+    )
+    .await;
+    let condition = PodCondition {
+        allocated: false,
+        reason: reasons::UNPLACEABLE,
+        message: message.to_owned(),
+    };
+    set_condition(ctx, pod, &condition).await;
+}
+
+/// A claim's parameters are invalid: a Warning Event on it naming the field, and the pod
+/// condition False. Retrying cannot help until the claim changes.
+pub(super) async fn report_invalid(
+    ctx: &ClaimsContext,
+    pod: &Pod,
+    claim: &ResourceClaim,
+    error: &kerf_api::Error,
+) {
+    let note = format!("claim {}: {error}", claim.name_any());
+    publish(
+        ctx,
+        claim,
+        EventType::Warning,
+        reasons::INVALID_PARAMETERS,
+        error.to_string(),
+    )
+    .await;
+    let condition = PodCondition {
+        allocated: false,
+        reason: reasons::INVALID_PARAMETERS,
+        message: note,
+    };
+    set_condition(ctx, pod, &condition).await;
+}
+
+/// Conditions are best effort, like Events: a pod that is gone or a failed write only logs.
+async fn set_condition(ctx: &ClaimsContext, pod: &Pod, condition: &PodCondition) {
+    if let Err(error) = write::set_pod_condition(&ctx.base.client, pod, condition).await {
+        tracing::warn!(pod = %pod.name_any(), %error, "could not set the pod condition");
+    }
+}
+
+pub(super) async fn publish(
+    ctx: &ClaimsContext,
+    claim: &ResourceClaim,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    publish_on(ctx, &claim.object_ref(&()), type_, reason, note).await;
+}
+
+async fn publish_on(
+    ctx: &ClaimsContext,
+    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+    type_: EventType,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "Allocate".to_owned(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.base.recorder.publish(&event, regarding).await {
+        tracing::warn!(object = ?regarding.name, error = %e, "could not publish event");
+    }
+}

@@ -1,0 +1,171 @@
+//! Wiring the reconciler to the watches: one watch per kind feeds a store and the reconcile
+//! queue.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt as _, stream};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::runtime::controller::{
+    Config as ApplierConfig, ReconcileReason, ReconcileRequest, trigger_self, trigger_with,
+};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt as _, applier, watcher};
+use kube::{Api, ResourceExt as _};
+use tokio_util::sync::CancellationToken;
+
+use super::consumers;
+use super::context::{ClaimSettings, ClaimsContext};
+use super::reconcile::{CONTROLLER, error_policy, reconcile};
+use crate::context::Context;
+use crate::error::Result;
+
+/// How long a stopping controller lets running reconciles finish.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+type Request = std::result::Result<ReconcileRequest<ResourceClaim>, watcher::Error>;
+
+/// Runs the claim controller until `shutdown`.
+///
+/// One watch per kind feeds both a store and the reconcile queue, and the store is written
+/// before the event is queued, so a reconcile never sees a pod or claim older than the event
+/// that triggered it: claims trigger themselves; pods trigger the claims they use (creation,
+/// scheduling, deletion); an allocation by someone else triggers the controller claims that
+/// must yield its devices; and every claim is reconciled again each resync period.
+///
+/// # Errors
+/// Never returns an error today; the signature fits [`crate::ControllerTask`].
+pub async fn run(
+    base: Arc<Context>,
+    shutdown: CancellationToken,
+    settings: ClaimSettings,
+) -> Result<()> {
+    let client = base.client.clone();
+    let resync_period = base.config.resync_period;
+    let (claims, claim_writer) = reflector::store();
+    let claim_requests = trigger_self(
+        reflector::reflector(
+            claim_writer,
+            watcher(
+                Api::<ResourceClaim>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff()
+            .modify(|claim: &mut ResourceClaim| claim.managed_fields_mut().clear()),
+        )
+        .applied_objects(),
+        (),
+    );
+    let (pods, pod_writer) = reflector::store();
+    let pod_requests = trigger_with(
+        reflector::reflector(
+            pod_writer,
+            watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+                .default_backoff()
+                .modify(|pod: &mut Pod| pod.managed_fields_mut().clear()),
+        )
+        .touched_objects(),
+        pod_claim_refs,
+    );
+    let (nodes, node_writer) = reflector::store();
+    let node_watch = reflector::reflector(
+        node_writer,
+        watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+            .default_backoff()
+            .modify(|node: &mut Node| node.managed_fields_mut().clear()),
+    )
+    .for_each(|_| std::future::ready(()));
+    let (trigger, triggered) = tokio::sync::mpsc::unbounded_channel();
+    let ctx = Arc::new(ClaimsContext::new(
+        base,
+        claims.clone(),
+        pods,
+        nodes,
+        trigger,
+        settings,
+    ));
+    let yield_requests = stream::unfold(triggered, |mut triggered| async move {
+        let claim = triggered.recv().await?;
+        Some((Ok(claim.into()), triggered))
+    });
+    let queue = stream::select_all([
+        claim_requests.boxed(),
+        pod_requests.boxed(),
+        yield_requests.boxed(),
+        resync_requests(claims.clone(), resync_period).boxed(),
+    ])
+    .filter_map(|request: Request| {
+        std::future::ready(match request {
+            Ok(request) => Some(Ok::<_, Infallible>(request)),
+            Err(error) => {
+                tracing::warn!(controller = CONTROLLER, %error, "watch failed; retrying");
+                None
+            }
+        })
+    })
+    .take_until(shutdown.clone().cancelled_owned());
+    let reconciles = applier(
+        |claim, ctx| Box::pin(reconcile(claim, ctx)),
+        error_policy,
+        ctx,
+        claims,
+        queue,
+        ApplierConfig::default(),
+    )
+    .for_each(|result| {
+        if let Err(error) = result {
+            tracing::debug!(controller = CONTROLLER, %error, "reconcile not done");
+        }
+        std::future::ready(())
+    });
+    tokio::pin!(reconciles);
+    tokio::select! {
+        () = &mut reconciles => {}
+        () = node_watch => {}
+        () = shutdown.cancelled() => {
+            // The queue has ended: running reconciles finish, then the applier stops.
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut reconciles).await.is_err() {
+                tracing::warn!(controller = CONTROLLER, "reconciles did not finish in time");
+            }
+        }
+    }
+    // The watches only end with the process; what matters is that the controller stopped.
+    shutdown.cancelled().await;
+    Ok(())
+}
+
+/// Every cached claim, once per `period`: a safety net for missed events.
+fn resync_requests(
+    claims: reflector::Store<ResourceClaim>,
+    period: Duration,
+) -> impl futures::Stream<Item = Request> + Send + 'static {
+    let start = tokio::time::Instant::now() + period;
+    stream::unfold(
+        tokio::time::interval_at(start, period.max(Duration::from_millis(1))),
+        |mut interval| async move {
+            interval.tick().await;
+            Some(((), interval))
+        },
+    )
+    .flat_map(move |()| {
+        stream::iter(claims.state().into_iter().map(|claim| {
+            Ok(ReconcileRequest {
+                obj_ref: ObjectRef::from_obj(claim.as_ref()),
+                reason: ReconcileReason::BulkReconcile,
+            })
+        }))
+    })
+}
+
+/// Pod changes trigger the pod's claims.
+#[allow(clippy::needless_pass_by_value)] // the signature is kube-runtime's
+fn pod_claim_refs(pod: Pod) -> Vec<ObjectRef<ResourceClaim>> {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    consumers::pod_claims(&pod)
+        .names
+        .into_iter()
+        .map(|name| ObjectRef::new(&name).within(&namespace))
+        .collect()
+}
