@@ -9,6 +9,12 @@ use crate::params::{Allocator, GpuClassParameters, OpaqueConfig, decode_opaque};
 /// The finalizer that keeps a claim until the controller has deallocated it.
 pub const FINALIZER: &str = "gpu.kerf.dev/allocation";
 
+/// The scheduling gate kerf's admission webhook puts on pods that use a Controller-class claim
+/// (directly or through a claim template). kube-scheduler does not try a gated pod, so it
+/// cannot run its PostFilter over allocations kerf-controller has not finished; the controller
+/// removes the gate once it has allocated every controller claim of the pod.
+pub const SCHEDULING_GATE: &str = "gpu.kerf.dev/allocation";
+
 /// Annotation naming the node the controller allocated a claim on: how a later reconcile
 /// tells "the scheduler cleared our allocation" from "never allocated".
 pub const ALLOCATED_NODE_ANNOTATION: &str = "gpu.kerf.dev/allocated-node";

@@ -1,6 +1,7 @@
 //! Command-line flags of `kerf-controller`; every flag is also an environment variable.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser};
@@ -10,6 +11,7 @@ use crate::context::{BackoffConfig, ControllerConfig, FIELD_MANAGER};
 use crate::error::{Error, Result};
 use crate::leader::LeaseConfig;
 use crate::run::Config;
+use crate::webhook::{Certificates, SelfSigned, WebhookConfig};
 
 /// kerf controller: reconciles GpuClasses into DeviceClasses and allocates GPU slices to
 /// ResourceClaims of Controller classes. Replicas elect a leader through a Lease; only the
@@ -74,6 +76,46 @@ pub struct Args {
     /// freed).
     #[arg(long, env = "KERF_UNPLACEABLE_RETRY", default_value = "30s", value_parser = humantime::parse_duration)]
     pub unplaceable_retry: Duration,
+
+    /// Serve the mutating admission webhook that puts the scheduling gate
+    /// `gpu.kerf.dev/allocation` on pods with Controller-class claims (every replica serves it).
+    #[arg(long, env = "KERF_WEBHOOK", default_value_t = true, action = ArgAction::Set)]
+    pub webhook: bool,
+
+    /// HTTPS address of the admission webhook.
+    #[arg(long, env = "KERF_WEBHOOK_ADDRESS", default_value = "0.0.0.0:9443")]
+    pub webhook_address: SocketAddr,
+
+    /// The Service in front of the webhook; the self-made certificate is for
+    /// `<service>.<namespace>.svc`.
+    #[arg(long, env = "KERF_WEBHOOK_SERVICE", default_value = "kerf-webhook")]
+    pub webhook_service: String,
+
+    /// Namespace of the webhook's Service.
+    #[arg(long, env = "KERF_WEBHOOK_NAMESPACE", default_value = "kerf-system")]
+    pub webhook_namespace: String,
+
+    /// The MutatingWebhookConfiguration whose caBundle the controller keeps (self-made
+    /// certificates only).
+    #[arg(
+        long,
+        env = "KERF_WEBHOOK_CONFIGURATION",
+        default_value = "kerf-scheduling-gate"
+    )]
+    pub webhook_configuration: String,
+
+    /// Directory with `tls.crt` and `tls.key` (e.g. a cert-manager Secret), reloaded when they
+    /// change; then the controller makes no certificate and leaves caBundle alone.
+    #[arg(long, env = "KERF_WEBHOOK_CERT_DIR")]
+    pub webhook_cert_dir: Option<PathBuf>,
+
+    /// Validity of each self-made webhook certificate (and its CA).
+    #[arg(long, env = "KERF_WEBHOOK_CERT_VALIDITY", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub webhook_cert_validity: Duration,
+
+    /// How long before its expiry a self-made webhook certificate is replaced.
+    #[arg(long, env = "KERF_WEBHOOK_RENEW_BEFORE", default_value = "8h", value_parser = humantime::parse_duration)]
+    pub webhook_renew_before: Duration,
 
     /// Log format.
     #[arg(long, env = "KERF_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -149,6 +191,48 @@ impl Args {
     }
 }
 
+impl Args {
+    /// The admission webhook's configuration; `None` when `--webhook false`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the flag at fault: an empty service, namespace or
+    /// configuration name, or a renewal not shorter than the validity.
+    pub fn webhook_config(&self) -> Result<Option<WebhookConfig>> {
+        if !self.webhook {
+            return Ok(None);
+        }
+        let certificates = if let Some(dir) = &self.webhook_cert_dir {
+            Certificates::files(dir)
+        } else {
+            for (flag, value) in [
+                ("--webhook-service", &self.webhook_service),
+                ("--webhook-namespace", &self.webhook_namespace),
+                ("--webhook-configuration", &self.webhook_configuration),
+            ] {
+                if value.is_empty() {
+                    return Err(Error::Config(format!("{flag} must not be empty")));
+                }
+            }
+            let settings = SelfSigned {
+                service: self.webhook_service.clone(),
+                namespace: self.webhook_namespace.clone(),
+                webhook_configuration: self.webhook_configuration.clone(),
+                validity: self.webhook_cert_validity,
+                renew_before: self.webhook_renew_before,
+            };
+            settings.validate()?;
+            Certificates::SelfSigned(settings)
+        };
+        Ok(Some(WebhookConfig {
+            address: self.webhook_address,
+            driver_name: self.driver_name.clone(),
+            field_manager: FIELD_MANAGER.to_owned(),
+            certificates,
+        }))
+    }
+}
+
 fn parse_address(value: &str) -> Result<Option<SocketAddr>> {
     kerf_ops::parse_listen_address("--metrics-address", value).map_err(Error::Config)
 }
@@ -210,6 +294,31 @@ mod tests {
             let err = parse(args).into_config(Some("h".to_owned())).unwrap_err();
             assert!(err.to_string().contains(flag), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn webhook_flags_build_its_configuration() {
+        let webhook = parse(&[]).webhook_config().unwrap().unwrap();
+        assert_eq!(webhook.address, "0.0.0.0:9443".parse().unwrap());
+        let Certificates::SelfSigned(settings) = webhook.certificates else {
+            panic!("self-signed by default");
+        };
+        assert_eq!(settings.service, "kerf-webhook");
+        assert_eq!(settings.webhook_configuration, "kerf-scheduling-gate");
+        assert!(settings.renew_before < settings.validity);
+        let files = parse(&["--webhook-cert-dir", "/certs"])
+            .webhook_config()
+            .unwrap()
+            .unwrap();
+        assert_eq!(files.certificates, Certificates::files("/certs"));
+        assert_eq!(
+            parse(&["--webhook", "false"]).webhook_config().unwrap(),
+            None
+        );
+        let err = parse(&["--webhook-renew-before", "48h"])
+            .webhook_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--webhook-renew-before"), "{err}");
     }
 
     #[test]

@@ -110,7 +110,7 @@ impl Caches {
 
 /// A reflector for `api`: its store and a stream of "something changed" ticks (watch errors
 /// are logged and retried with back-off).
-fn cache<K>(
+pub(crate) fn cache<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: &'static str,

@@ -56,6 +56,20 @@ pub enum Error {
     /// The metrics/health HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
+    /// The admission webhook's listener could not be bound or failed.
+    #[error("admission webhook server: {0}")]
+    Webhook(#[source] std::io::Error),
+    /// A TLS key or certificate of the admission webhook could not be made or loaded.
+    #[error("webhook TLS: {0}")]
+    Tls(String),
+    /// A certificate or key file of the admission webhook (cert-manager mode) is unusable.
+    #[error("webhook certificate file {}: {message}", path.display())]
+    CertFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
 }
 
 impl Error {
@@ -73,6 +87,9 @@ impl Error {
             Error::LeadershipLost(_) => "leadership_lost",
             Error::ControllerStopped { .. } => "controller_stopped",
             Error::Http(_) => "http",
+            Error::Webhook(_) => "webhook",
+            Error::Tls(_) => "tls",
+            Error::CertFile { .. } => "cert_file",
         }
     }
 

@@ -5,6 +5,7 @@
 //! - [`run()`]: the process — metrics/health HTTP ([`http`]), leader election ([`leader`]) and
 //!   the controllers that run while this replica leads ([`run::controllers`]).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
+//! - [`webhook`]: the mutating admission webhook that gates pods with controller claims.
 //! - [`context`]: what every reconciler gets ([`Context`]); [`cache`]: the watch-fed caches;
 //!   [`metrics`]: Prometheus metrics; [`args`]: the command-line flags.
 
@@ -21,9 +22,13 @@ pub mod leader;
 pub mod metrics;
 pub mod run;
 pub mod selector;
+pub mod webhook;
 
 pub use context::{BackoffConfig, Context, ControllerConfig, FIELD_MANAGER};
 pub use error::{Error, Result};
 pub use leader::{LeaderElector, LeaseConfig};
 pub use metrics::Metrics;
-pub use run::{Config, ControllerTask, controllers, run, run_controllers};
+pub use run::{
+    Config, ControllerTask, controllers, run, run_controllers, run_controllers_and_webhook,
+    run_with_webhook,
+};

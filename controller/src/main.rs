@@ -16,6 +16,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     kerf_ops::logging::init(args.log_format, &args.log_filter)?;
+    let webhook = args.webhook_config()?;
     let config = args.into_config(host_name())?;
     let client = kube::Client::try_default()
         .await
@@ -27,7 +28,7 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("shutting down");
         token.cancel();
     });
-    kerf_controller::run(config, client, shutdown).await?;
+    kerf_controller::run_with_webhook(config, webhook, client, shutdown).await?;
     Ok(())
 }
 

@@ -14,6 +14,7 @@
 //! | `allocations_total` | counter | `result`, `reason` |
 //! | `allocation_duration_seconds` | histogram | – |
 //! | `leader` | gauge | – |
+//! | `admissions_total` | counter | `outcome` (`gated`/`not_gated`/`error`) |
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;
@@ -52,6 +53,12 @@ struct ClassLabels {
     class: String,
 }
 
+/// Labels of an admission review's outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AdmissionLabels {
+    outcome: &'static str,
+}
+
 /// Labels of an allocation outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -84,6 +91,7 @@ pub struct Metrics {
     allocations: Family<OutcomeLabels, Counter>,
     allocation_duration: Histogram,
     leader: Gauge,
+    admissions: Family<AdmissionLabels, Counter>,
     /// Classes that have per-class series: a `Family` cannot list its label sets.
     classes: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -101,6 +109,7 @@ impl Metrics {
             allocations: Family::default(),
             allocation_duration: latency_histogram(),
             leader: Gauge::default(),
+            admissions: Family::default(),
             classes: Arc::default(),
         };
         metrics.register(registry.sub_registry_with_prefix(PREFIX));
@@ -152,6 +161,11 @@ impl Metrics {
             "leader",
             "1 while this replica holds the leader lease, 0 otherwise",
             self.leader.clone(),
+        );
+        registry.register(
+            "admissions",
+            "Pods reviewed by the admission webhook, by outcome (gated, not_gated, error)",
+            self.admissions.clone(),
         );
     }
 
@@ -237,6 +251,13 @@ impl Metrics {
             .get_or_create(&OutcomeLabels { result, reason })
             .inc();
         self.allocation_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one admission review with `outcome` (`gated`, `not_gated` or `error`).
+    pub fn record_admission(&self, outcome: &'static str) {
+        self.admissions
+            .get_or_create(&AdmissionLabels { outcome })
+            .inc();
     }
 
     /// Sets whether this replica is the leader.
@@ -338,5 +359,22 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("kerf_controller_leader 1"), "{text}");
+    }
+
+    #[test]
+    fn admissions_are_counted_by_outcome() {
+        let (registry, metrics) = setup();
+        metrics.record_admission("gated");
+        metrics.record_admission("gated");
+        metrics.record_admission("error");
+        let text = encoded(&registry);
+        assert!(
+            text.contains(r#"kerf_controller_admissions_total{outcome="gated"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kerf_controller_admissions_total{outcome="error"} 1"#),
+            "{text}"
+        );
     }
 }

@@ -26,6 +26,7 @@ use crate::gpuclass;
 use crate::http::{self, Health};
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
+use crate::webhook::{self, WebhookConfig};
 
 /// Everything `kerf-controller` is configured with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +99,21 @@ pub async fn run(config: Config, client: Client, shutdown: CancellationToken) ->
     run_controllers(config, client, shutdown, controllers()).await
 }
 
+/// Runs `kerf-controller` with [`controllers`] and, when `webhook` is given, the admission
+/// webhook on every replica, until `shutdown` is cancelled.
+///
+/// # Errors
+///
+/// See [`run_controllers_and_webhook`].
+pub async fn run_with_webhook(
+    config: Config,
+    webhook: Option<WebhookConfig>,
+    client: Client,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    run_controllers_and_webhook(config, webhook, client, shutdown, controllers()).await
+}
+
 /// Serves metrics and health, takes part in the leader election and, while leading, runs
 /// `controllers`, until `shutdown` is cancelled (then the Lease is released).
 ///
@@ -114,8 +130,35 @@ pub async fn run_controllers(
     shutdown: CancellationToken,
     controllers: Vec<ControllerTask>,
 ) -> Result<()> {
+    run_controllers_and_webhook(config, None, client, shutdown, controllers).await
+}
+
+/// [`run_controllers`] plus, when `webhook` is given, the admission webhook
+/// ([`webhook::run`]), which serves on every replica, leader or standby. A webhook that fails
+/// is logged and does not stop the controllers: the API server admits pods unchanged while it
+/// is away (`failurePolicy: Ignore`).
+///
+/// # Errors
+///
+/// As [`run_controllers`].
+pub async fn run_controllers_and_webhook(
+    config: Config,
+    webhook: Option<WebhookConfig>,
+    client: Client,
+    shutdown: CancellationToken,
+    controllers: Vec<ControllerTask>,
+) -> Result<()> {
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    let webhook_shutdown = CancellationToken::new();
+    let webhook_task = webhook.map(|webhook| {
+        let (client, metrics, stop) = (client.clone(), metrics.clone(), webhook_shutdown.clone());
+        tokio::spawn(async move {
+            if let Err(error) = webhook::run(webhook, client, metrics, stop).await {
+                tracing::error!(%error, "admission webhook stopped; pods are admitted without the scheduling gate");
+            }
+        })
+    });
     let health = Health::new();
     let http_shutdown = CancellationToken::new();
     let http = match config.metrics_address {
@@ -147,6 +190,10 @@ pub async fn run_controllers(
         Some(lease) => elect_and_lead(lease, term, &shutdown).await,
     };
     http_shutdown.cancel();
+    webhook_shutdown.cancel();
+    if let Some(task) = webhook_task {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
     if let Some(http) = http {
         match http.await {
             Ok(Err(error)) => tracing::warn!(%error, "HTTP server failed"),

@@ -1,0 +1,316 @@
+//! The mutating admission webhook that holds pods with Controller-class claims behind the
+//! scheduling gate [`SCHEDULING_GATE`] until kerf-controller has allocated their claims.
+//!
+//! - [`decide`]: the pure decision and its JSONPatch;
+//! - [`review`]: AdmissionReview v1 in, AdmissionReview v1 out;
+//! - [`server`]: HTTPS (rustls, hyper) with a certificate swapped without a restart;
+//! - [`tls`]: a self-made CA and serving certificate, or PEM files (cert-manager);
+//! - [`ca_bundle`]: keeps this replica's CA in the MutatingWebhookConfiguration;
+//! - [`lookup`]: the watch caches the decisions read, on every replica.
+//!
+//! The webhook is registered with `failurePolicy: Ignore`: whenever it cannot answer, pods are
+//! admitted unchanged, as before the webhook existed.
+
+pub mod ca_bundle;
+pub mod decide;
+pub mod lookup;
+pub mod review;
+pub mod server;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use kube::{Api, Client};
+use tokio_util::sync::CancellationToken;
+
+pub use decide::{ClaimLookup, Decision, Skip, decide};
+pub use kerf_api::controller_claims::SCHEDULING_GATE;
+pub use lookup::WebhookCaches;
+pub use tls::CertResolver;
+
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+
+/// How often the self-signed mode checks that its CA is still in the webhook configuration
+/// (someone may have re-applied it), and the longest wait between two retries.
+const BUNDLE_RECHECK: Duration = Duration::from_secs(60);
+/// How often the cert-manager mode looks at the certificate files.
+const FILE_POLL: Duration = Duration::from_secs(10);
+
+/// Everything the webhook is configured with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookConfig {
+    /// Where to listen for HTTPS.
+    pub address: SocketAddr,
+    /// The DRA driver whose classes count.
+    pub driver_name: String,
+    /// The field manager of the caBundle patch.
+    pub field_manager: String,
+    /// Where the serving certificate comes from.
+    pub certificates: Certificates,
+}
+
+/// Where the serving certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Certificates {
+    /// Made by the controller, signed by a CA of its own, rotated before expiry; the CA goes
+    /// into the MutatingWebhookConfiguration's `caBundle`.
+    SelfSigned(SelfSigned),
+    /// `tls.crt` and `tls.key` in a directory (a Secret cert-manager writes and whose CA its
+    /// CA injector puts into the `caBundle`), read again when they change.
+    Files {
+        /// The directory.
+        dir: PathBuf,
+        /// How often to look for changes.
+        poll: Duration,
+    },
+}
+
+impl Certificates {
+    /// Files in `dir`, polled every 10 s.
+    pub fn files(dir: impl Into<PathBuf>) -> Self {
+        Certificates::Files {
+            dir: dir.into(),
+            poll: FILE_POLL,
+        }
+    }
+}
+
+/// The self-signed mode's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SelfSigned {
+    /// The Service in front of the webhook: the certificate is for `<service>.<namespace>.svc`.
+    pub service: String,
+    /// The Service's namespace.
+    pub namespace: String,
+    /// The MutatingWebhookConfiguration whose `caBundle` to keep.
+    pub webhook_configuration: String,
+    /// How long each certificate is valid.
+    pub validity: Duration,
+    /// How long before expiry a new certificate replaces it.
+    pub renew_before: Duration,
+}
+
+impl SelfSigned {
+    /// Checks that the certificate is renewed before it expires.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] when `renew_before` is not shorter than `validity`.
+    pub fn validate(&self) -> Result<()> {
+        if self.validity.is_zero() || self.renew_before >= self.validity {
+            return Err(Error::Config(format!(
+                "need 0 < --webhook-renew-before ({:?}) < --webhook-cert-validity ({:?})",
+                self.renew_before, self.validity
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Serves the webhook until `shutdown` is cancelled: starts the caches, makes or loads the
+/// certificate, binds `config.address`, and keeps the certificate fresh.
+///
+/// # Errors
+///
+/// - [`Error::Tls`] / [`Error::CertFile`] when no first certificate can be had;
+/// - [`Error::Webhook`] when the address cannot be bound or accepting fails for good;
+/// - [`Error::ControllerStopped`] when the caches stop before their first list.
+pub async fn run(
+    config: WebhookConfig,
+    client: Client,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let (caches, fill) = WebhookCaches::start(&client, &config.driver_name);
+    let fill = tokio::spawn(fill);
+    let result = run_with(
+        config,
+        client,
+        Arc::new(caches.clone()),
+        metrics,
+        shutdown,
+        async { caches.wait_ready().await },
+    )
+    .await;
+    fill.abort();
+    result
+}
+
+/// [`run`] with the lookups given: serves once `ready` completes.
+///
+/// # Errors
+///
+/// As [`run`].
+pub async fn run_with<L>(
+    config: WebhookConfig,
+    client: Client,
+    lookup: Arc<L>,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+    ready: impl Future<Output = Result<()>>,
+) -> Result<()>
+where
+    L: ClaimLookup + Send + Sync + 'static,
+{
+    let (resolver, keeper) = match &config.certificates {
+        Certificates::SelfSigned(settings) => {
+            settings.validate()?;
+            let names = tls::service_names(&settings.service, &settings.namespace);
+            let issued = tls::issue(&names, settings.validity)?;
+            let resolver = CertResolver::new(issued.key.clone());
+            let api = Api::<MutatingWebhookConfiguration>::all(client);
+            let keeper = keep_self_signed(
+                api,
+                settings.clone(),
+                config.field_manager.clone(),
+                resolver.clone(),
+                issued,
+                shutdown.clone(),
+            );
+            (resolver, futures::future::Either::Left(keeper))
+        }
+        Certificates::Files { dir, poll } => {
+            let (cert, key) = tls::file_paths(dir);
+            let resolver = CertResolver::new(tls::load_files(&cert, &key)?);
+            let keeper = keep_files(cert, key, *poll, resolver.clone(), shutdown.clone());
+            (resolver, futures::future::Either::Right(keeper))
+        }
+    };
+    let keeper = tokio::spawn(keeper);
+    tokio::select! {
+        () = shutdown.cancelled() => {
+            keeper.abort();
+            return Ok(());
+        }
+        ready = ready => ready?,
+    }
+    let listener = tokio::net::TcpListener::bind(config.address)
+        .await
+        .map_err(Error::Webhook)?;
+    tracing::info!(address = %config.address, "admission webhook serving");
+    let result = server::serve(
+        listener,
+        tls::server_config(resolver)?,
+        lookup,
+        metrics,
+        shutdown,
+    )
+    .await;
+    keeper.abort();
+    result
+}
+
+/// Self-signed mode: keeps `current`'s CA in the bundle and, `renew_before` ahead of its
+/// expiry, issues a new CA and certificate, adds the CA to the bundle and only then serves
+/// the new certificate (the API server must trust it first). If the bundle cannot be written
+/// until the old certificate expires, the new one is served anyway.
+async fn keep_self_signed(
+    api: Api<MutatingWebhookConfiguration>,
+    settings: SelfSigned,
+    field_manager: String,
+    resolver: Arc<CertResolver>,
+    mut current: tls::Issued,
+    shutdown: CancellationToken,
+) {
+    let names = tls::service_names(&settings.service, &settings.namespace);
+    let retry = (settings.validity / 10).clamp(Duration::from_millis(50), BUNDLE_RECHECK);
+    let mut pending: Option<tls::Issued> = None;
+    loop {
+        let candidate = pending.as_ref().unwrap_or(&current);
+        let written = ca_bundle::ensure_ca(
+            &api,
+            &settings.webhook_configuration,
+            &candidate.ca_pem,
+            &field_manager,
+        )
+        .await;
+        let bundle_ok = match written {
+            Ok(wrote) => {
+                if wrote {
+                    tracing::info!(configuration = %settings.webhook_configuration, "webhook: CA added to caBundle");
+                }
+                true
+            }
+            Err(error) => {
+                tracing::warn!(%error, configuration = %settings.webhook_configuration, "webhook: cannot update caBundle");
+                false
+            }
+        };
+        if let Some(next) = pending.take() {
+            if bundle_ok || SystemTime::now() >= current.not_after {
+                resolver.swap(next.key.clone());
+                tracing::info!(not_after = ?next.not_after, "webhook: serving a new certificate");
+                current = next;
+            } else {
+                pending = Some(next);
+            }
+        }
+        let renew_at = current
+            .not_after
+            .checked_sub(settings.renew_before)
+            .unwrap_or(current.not_after);
+        let until_renewal = renew_at
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        let wait = if bundle_ok && pending.is_none() {
+            until_renewal.min(BUNDLE_RECHECK)
+        } else {
+            retry
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(wait) => {}
+        }
+        if pending.is_none() && SystemTime::now() >= renew_at {
+            match tls::issue(&names, settings.validity) {
+                Ok(next) => pending = Some(next),
+                Err(error) => tracing::error!(%error, "webhook: cannot issue a new certificate"),
+            }
+        }
+    }
+}
+
+/// Cert-manager mode: reloads the files when their modification time or size changes; a
+/// reload that fails keeps the certificate served so far.
+async fn keep_files(
+    cert: PathBuf,
+    key: PathBuf,
+    poll: Duration,
+    resolver: Arc<CertResolver>,
+    shutdown: CancellationToken,
+) {
+    let stamp = |cert: &PathBuf, key: &PathBuf| {
+        let one = |p: &PathBuf| {
+            std::fs::metadata(p)
+                .ok()
+                .map(|m| (m.modified().ok(), m.len()))
+        };
+        (one(cert), one(key))
+    };
+    let mut seen = stamp(&cert, &key);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(poll) => {}
+        }
+        let now = stamp(&cert, &key);
+        if now == seen {
+            continue;
+        }
+        match tls::load_files(&cert, &key) {
+            Ok(loaded) => {
+                resolver.swap(loaded);
+                seen = now;
+                tracing::info!(path = %cert.display(), "webhook: certificate files reloaded");
+            }
+            Err(error) => {
+                tracing::warn!(%error, "webhook: cannot reload the certificate files; keeping the old ones");
+            }
+        }
+    }
+}
