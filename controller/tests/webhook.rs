@@ -1,0 +1,403 @@
+//! The admission webhook over real HTTPS, against the in-memory API server.
+//!
+//! The test client checks the answer the way the API server does, as read upstream in
+//! kubernetes/kubernetes:
+//! - `VerifyAdmissionResponse` in
+//!   `staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/request/admissionreview.go`:
+//!   the answer is an `admission.k8s.io/v1` `AdmissionReview` whose `response.uid` is the
+//!   request's, and `patch` and `patchType` come together;
+//! - `callAttrMutatingHook` in
+//!   `staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/mutating/dispatcher.go`: a
+//!   non-empty patch is decoded as an RFC 6902 JSONPatch (`jsonpatch.DecodePatch`) and, for
+//!   `patchType: JSONPatch`, applied to the JSON of the object;
+//! - `AdmissionResponse.Patch` is a `[]byte` in `staging/src/k8s.io/api/admission/v1/types.go`,
+//!   so the JSON carries it base64-encoded.
+//!
+//! The fake API server (`kerf_tests::fake_api::FakeApi`) has no admission chain of its own;
+//! the test posts AdmissionReviews itself, as the dispatcher would.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "helpers outside #[test] functions fail the test the same way"
+)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use http::{Request, header};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use kerf_api::controller_claims::SCHEDULING_GATE;
+use kerf_controller::Metrics;
+use kerf_controller::webhook::{self, Certificates, SelfSigned, WebhookConfig};
+use kerf_tests::fake_api::FakeApi;
+use prometheus_client::registry::Registry;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const DRIVER: &str = "gpu.kerf.dev";
+const CONFIGURATION: &str = "kerf-scheduling-gate";
+const HOST: &str = "kerf-webhook.kerf-system.svc";
+const DEADLINE: Duration = Duration::from_secs(15);
+
+fn class(fake: &FakeApi, name: &str, allocator: &str) {
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"config": [{"opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClassParameters",
+            "allocator": allocator}}}]},
+    }));
+}
+
+fn devices(class: &str) -> Value {
+    json!({"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]})
+}
+
+fn cluster() -> FakeApi {
+    let fake = FakeApi::new();
+    class(&fake, "slices", "Controller");
+    class(&fake, "whole", "Scheduler");
+    for (name, class) in [("slice-claim", "slices"), ("whole-claim", "whole")] {
+        fake.insert(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"devices": devices(class)},
+        }));
+        fake.insert(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": format!("{name}-template"), "namespace": "default"},
+            "spec": {"spec": {"devices": devices(class)}},
+        }));
+    }
+    fake.insert(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": CONFIGURATION},
+        "webhooks": [{
+            "name": "scheduling-gate.gpu.kerf.dev",
+            "clientConfig": {"service": {"name": "kerf-webhook", "namespace": "kerf-system", "path": "/mutate"}},
+            "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Ignore",
+        }],
+    }));
+    fake
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts the webhook (self-signed mode) on a free port; returns the port and the registry.
+fn start(
+    fake: &FakeApi,
+    validity: Duration,
+    renew_before: Duration,
+    stop: &CancellationToken,
+) -> (u16, Registry) {
+    let port = free_port();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let config = WebhookConfig {
+        address: ([127, 0, 0, 1], port).into(),
+        driver_name: DRIVER.to_owned(),
+        field_manager: "kerf-controller".to_owned(),
+        certificates: Certificates::SelfSigned(SelfSigned {
+            service: "kerf-webhook".to_owned(),
+            namespace: "kerf-system".to_owned(),
+            webhook_configuration: CONFIGURATION.to_owned(),
+            validity,
+            renew_before,
+        }),
+    };
+    tokio::spawn(webhook::run(config, fake.client(), metrics, stop.clone()));
+    (port, registry)
+}
+
+async fn eventually<T, F: Future<Output = Option<T>>>(
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The caBundle of the configuration's webhook, decoded, if set.
+fn ca_bundle(fake: &FakeApi) -> Option<String> {
+    let config = fake.get(&format!(
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION}"
+    ))?;
+    let encoded = config["webhooks"][0]["clientConfig"]["caBundle"].as_str()?;
+    Some(String::from_utf8(STANDARD.decode(encoded).unwrap()).unwrap())
+}
+
+/// POSTs `body` over HTTPS, trusting only the CAs in `bundle`; returns the HTTP status, the
+/// JSON answer and the certificate the server presented.
+async fn post(
+    port: u16,
+    bundle: &str,
+    body: &Value,
+) -> Result<(u16, Value, CertificateDer<'static>), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(bundle.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(HOST).unwrap().to_owned(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let served = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let request = Request::post("/mutate?timeout=5s")
+        .header(header::HOST, HOST)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    Ok((status, serde_json::from_slice(&bytes).unwrap(), served))
+}
+
+fn review(uid: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "p", "namespace": "default", "operation": "CREATE",
+            "userInfo": {"username": "tester"},
+            "object": {"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": "p", "namespace": "default"}, "spec": spec},
+            "oldObject": null, "dryRun": false,
+            "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+        },
+    })
+}
+
+/// Checks the answer as `VerifyAdmissionResponse` does and applies its patch as
+/// `callAttrMutatingHook` does; returns the pod spec after admission.
+fn admitted_spec(request: &Value, answer: &Value) -> Value {
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1", "{answer}");
+    assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
+    let response = &answer["response"];
+    assert_eq!(response["uid"], request["request"]["uid"], "{answer}");
+    assert_eq!(response["allowed"], true, "{answer}");
+    let mut pod = request["request"]["object"].clone();
+    match (response.get("patch"), response.get("patchType")) {
+        (None, None) => {}
+        (Some(patch), Some(kind)) => {
+            assert_eq!(kind, "JSONPatch");
+            let bytes = STANDARD
+                .decode(patch.as_str().expect("patch is a base64 string"))
+                .unwrap();
+            let patch: json_patch::Patch = serde_json::from_slice(&bytes).unwrap();
+            json_patch::patch(&mut pod, &patch).unwrap();
+        }
+        _ => panic!("patch and patchType must come together: {answer}"),
+    }
+    pod["spec"].take()
+}
+
+fn has_gate(spec: &Value) -> bool {
+    spec["schedulingGates"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|g| g["name"] == SCHEDULING_GATE))
+}
+
+fn claims(refs: Value) -> Value {
+    json!({"containers": [{"name": "c", "image": "busybox"}], "resourceClaims": refs})
+}
+
+#[tokio::test]
+async fn reviews_over_https_gate_only_pods_with_controller_claims() {
+    let fake = cluster();
+    let stop = CancellationToken::new();
+    let (port, registry) = start(
+        &fake,
+        Duration::from_secs(3600),
+        Duration::from_secs(600),
+        &stop,
+    );
+    let bundle = eventually("the caBundle", || std::future::ready(ca_bundle(&fake))).await;
+    let patches = fake.requests();
+    let patch = patches
+        .iter()
+        .find(|r| r.verb == "patch" && r.path.ends_with(CONFIGURATION))
+        .expect("a caBundle patch");
+    assert!(
+        patch.query.contains("fieldManager=kerf-controller"),
+        "{patch:?}"
+    );
+
+    let cases = [
+        (
+            "controller claim",
+            claims(json!([{"name": "g", "resourceClaimName": "slice-claim"}])),
+            true,
+        ),
+        (
+            "controller template",
+            claims(json!([{"name": "g", "resourceClaimTemplateName": "slice-claim-template"}])),
+            true,
+        ),
+        (
+            "scheduler claim",
+            claims(json!([{"name": "g", "resourceClaimName": "whole-claim"}])),
+            false,
+        ),
+        (
+            "scheduler template",
+            claims(json!([{"name": "g", "resourceClaimTemplateName": "whole-claim-template"}])),
+            false,
+        ),
+        (
+            "missing claim",
+            claims(json!([{"name": "g", "resourceClaimName": "nope"}])),
+            false,
+        ),
+        (
+            "no claims",
+            json!({"containers": [{"name": "c", "image": "busybox"}]}),
+            false,
+        ),
+    ];
+    for (i, (what, spec, gated)) in cases.into_iter().enumerate() {
+        let request = review(&format!("uid-{i}"), spec);
+        // The caches fill in the background: the server answers once they are ready.
+        let (status, answer, _) = eventually("the webhook to answer", || async {
+            post(port, &bundle, &request).await.ok()
+        })
+        .await;
+        assert_eq!(status, 200, "{what}: {answer}");
+        let spec = admitted_spec(&request, &answer);
+        assert_eq!(has_gate(&spec), gated, "{what}: {spec}");
+    }
+
+    // A pod with other gates gets kerf's appended; one with kerf's gate or a node is left alone.
+    let mut spec = claims(json!([{"name": "g", "resourceClaimName": "slice-claim"}]));
+    spec["schedulingGates"] = json!([{"name": "other"}]);
+    let request = review("uid-append", spec);
+    let (_, answer, _) = post(port, &bundle, &request).await.unwrap();
+    assert_eq!(
+        admitted_spec(&request, &answer)["schedulingGates"],
+        json!([{"name": "other"}, {"name": SCHEDULING_GATE}])
+    );
+    for (field, value) in [
+        ("schedulingGates", json!([{"name": SCHEDULING_GATE}])),
+        ("nodeName", json!("node-1")),
+    ] {
+        let mut spec = claims(json!([{"name": "g", "resourceClaimName": "slice-claim"}]));
+        spec[field] = value;
+        let request = review("uid-left-alone", spec.clone());
+        let (_, answer, _) = post(port, &bundle, &request).await.unwrap();
+        assert!(
+            answer["response"].get("patch").is_none(),
+            "{field}: {answer}"
+        );
+        assert_eq!(admitted_spec(&request, &answer), spec);
+    }
+
+    // A body that is not a review gets 400 and a Status, never a dropped connection.
+    let (status, answer, _) = post(port, &bundle, &json!({"kind": "Pod"})).await.unwrap();
+    assert_eq!(status, 400);
+    assert_eq!(answer["kind"], "Status");
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    assert!(
+        text.contains(r#"kerf_controller_admissions_total{outcome="gated"} 3"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"kerf_controller_admissions_total{outcome="error"} 1"#),
+        "{text}"
+    );
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn the_certificate_is_rotated_into_the_ca_bundle_without_a_restart() {
+    let fake = cluster();
+    let stop = CancellationToken::new();
+    // Renewed 1.5 s after issue.
+    let (port, _registry) = start(
+        &fake,
+        Duration::from_secs(4),
+        Duration::from_millis(2500),
+        &stop,
+    );
+    let first_bundle = eventually("the caBundle", || std::future::ready(ca_bundle(&fake))).await;
+    let request = review(
+        "uid-rotation",
+        claims(json!([{"name": "g", "resourceClaimName": "slice-claim"}])),
+    );
+    let (_, _, first_cert) = eventually("the webhook to answer", || async {
+        post(port, &first_bundle, &request).await.ok()
+    })
+    .await;
+
+    // A new CA joins the bundle (first), the old one stays, and the new certificate is served.
+    let (bundle, answer, served) = eventually("a rotated certificate", || async {
+        let bundle = ca_bundle(&fake)?;
+        let (_, answer, served) = post(port, &bundle, &request).await.ok()?;
+        (served != first_cert).then_some((bundle, answer, served))
+    })
+    .await;
+    assert!(has_gate(&admitted_spec(&request, &answer)));
+    let cas: Vec<_> = CertificateDer::pem_slice_iter(bundle.as_bytes()).collect();
+    assert!(cas.len() >= 2, "{bundle}");
+    assert!(
+        bundle.ends_with(&first_bundle) || bundle.contains(first_bundle.trim()),
+        "{bundle}"
+    );
+    // Only the new CA verifies the new certificate: a client with the old bundle alone fails.
+    let new_ca = CertificateDer::pem_slice_iter(bundle.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap();
+    assert_ne!(new_ca.as_ref(), first_cert.as_ref());
+    let old_only = post(port, &first_bundle, &request).await;
+    assert!(
+        old_only.is_err(),
+        "the old CA must not verify the new certificate"
+    );
+    let _ = served;
+    stop.cancel();
+}
