@@ -78,24 +78,18 @@ pub fn decide(pod: &Pod, namespace: &str, lookup: &impl ClaimLookup) -> Decision
     let mut unknown = None;
     for pod_claim in spec.resource_claims.as_deref().unwrap_or_default() {
         let controller = if let Some(name) = pod_claim.resource_claim_name.as_deref() {
-            match lookup.claim(namespace, name) {
-                Some(claim) => is_controller_claim(&claim, params),
-                None => {
-                    unknown.get_or_insert_with(|| format!("ResourceClaim {namespace}/{name}"));
-                    false
-                }
+            let claim = lookup.claim(namespace, name);
+            if claim.is_none() {
+                unknown.get_or_insert_with(|| format!("ResourceClaim {namespace}/{name}"));
             }
+            claim.is_some_and(|c| is_controller_claim(&c, params))
         } else if let Some(name) = pod_claim.resource_claim_template_name.as_deref() {
-            match lookup.template(namespace, name) {
-                Some(template) => {
-                    requests_controller_class(template.spec.spec.devices.as_ref(), params)
-                }
-                None => {
-                    unknown
-                        .get_or_insert_with(|| format!("ResourceClaimTemplate {namespace}/{name}"));
-                    false
-                }
+            let template = lookup.template(namespace, name);
+            if template.is_none() {
+                unknown.get_or_insert_with(|| format!("ResourceClaimTemplate {namespace}/{name}"));
             }
+            template
+                .is_some_and(|t| requests_controller_class(t.spec.spec.devices.as_ref(), params))
         } else {
             false
         };
