@@ -5,3 +5,4 @@ pub mod fake_api;
 pub mod fake_kubelet;
 pub mod kubelet;
 pub mod podman;
+pub mod scheduler;
