@@ -764,3 +764,55 @@ async fn spawned_in_the_background_it_binds_pods() {
         }
     }
 }
+
+#[tokio::test]
+async fn write_conflicts_are_retried_then_unreserved_and_the_pod_tried_again() {
+    let fake = cluster(&["node-0"]);
+    claim(&fake, "c0", WHOLE);
+    pod(&fake, "p0", &["c0"], json!({}));
+    let status = format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/c0/status");
+    let mut scheduler = stand_in(&fake);
+    let mut rng = SeededRng::new(0);
+
+    // One conflict: bindClaim reads the claim again and succeeds.
+    scheduler.schedule_one(&mut rng).await.unwrap();
+    fake.fail_next("PUT", &status, 409, 1);
+    assert_eq!(
+        scheduler.flush_prebinds().await,
+        vec![bound("p0", "node-0")]
+    );
+    assert_eq!(devices_of(&get_claim(&fake, "c0")).len(), 1);
+
+    // Conflicts on every attempt (retry.DefaultRetry: 5): PreBind fails, nothing is
+    // reserved, and the pod is a candidate again in a later cycle.
+    claim(&fake, "c1", WHOLE);
+    pod(&fake, "p1", &["c1"], json!({}));
+    let status1 = format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/c1/status");
+    assert_eq!(
+        scheduler.schedule_one(&mut rng).await.unwrap(),
+        reserved("p1", "node-0")
+    );
+    fake.fail_next("PUT", &status1, 409, 5);
+    let outcomes = scheduler.flush_prebinds().await;
+    assert!(
+        matches!(&outcomes[..], [BindOutcome::Failed { reason, .. }] if reason.contains("add allocation and reservation to claim default/c1")),
+        "{outcomes:?}"
+    );
+    let c1 = get_claim(&fake, "c1");
+    assert!(devices_of(&c1).is_empty());
+    assert!(reserved_uids(&c1).is_empty());
+    // The finalizer from the first attempt stays, as upstream leaves it ("if we were
+    // interrupted in the past, it might already be set").
+    assert_eq!(
+        c1.metadata.finalizers,
+        Some(vec![BUILTIN_FINALIZER.to_owned()])
+    );
+    assert_eq!(
+        scheduler.schedule_one(&mut rng).await.unwrap(),
+        reserved("p1", "node-0")
+    );
+    assert_eq!(
+        scheduler.flush_prebinds().await,
+        vec![bound("p1", "node-0")]
+    );
+}
