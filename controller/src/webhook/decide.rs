@@ -176,10 +176,12 @@ mod tests {
         maps
     }
 
+    #[allow(clippy::needless_pass_by_value)] // callers pass json!() literals
     fn pod(spec: Value) -> Pod {
         from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
     }
 
+    #[allow(clippy::needless_pass_by_value)] // callers pass json!() literals
     fn claims(refs: Value) -> Pod {
         pod(json!({"containers": [], "resourceClaims": refs}))
     }
