@@ -19,6 +19,7 @@ pub mod crd;
 pub mod error;
 pub mod gpuclass;
 pub mod inventory_view;
+pub mod node_selection;
 pub mod params;
 pub mod quantity;
 pub mod resourceslice;

@@ -43,6 +43,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kerf_api::node_selection;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
@@ -294,50 +295,11 @@ fn allocated_devices(allocation: &AllocationResult) -> impl Iterator<Item = Devi
         .map(|r| (r.driver.clone(), r.pool.clone(), r.device.clone()))
 }
 
-/// Whether a node selector requirement holds for `value` (`None`: the key is absent).
-fn requirement_matches(requirement: &NodeSelectorRequirement, value: Option<&str>) -> bool {
-    let values = requirement.values.as_deref().unwrap_or_default();
-    match requirement.operator.as_str() {
-        "In" => value.is_some_and(|v| values.iter().any(|x| x == v)),
-        "NotIn" => value.is_none_or(|v| values.iter().all(|x| x != v)),
-        "Exists" => value.is_some(),
-        "DoesNotExist" => value.is_none(),
-        "Gt" | "Lt" => {
-            let (Some(v), Some(bound)) = (
-                value.and_then(|v| v.parse::<i64>().ok()),
-                values.first().and_then(|b| b.parse::<i64>().ok()),
-            ) else {
-                return false;
-            };
-            if requirement.operator == "Gt" {
-                v > bound
-            } else {
-                v < bound
-            }
-        }
-        _ => false,
-    }
-}
-
 /// Whether `selector` selects `node` (`v1helper.NodeSelectorRequirementsAsSelector` and
 /// `MatchNodeSelectorTerms`: terms are ORed, requirements of a term ANDed; `matchFields`
 /// supports `metadata.name`).
 pub fn node_selector_matches(selector: &NodeSelector, node: &Node) -> bool {
-    let labels = node.labels();
-    let name = node.name_any();
-    selector.node_selector_terms.iter().any(|term| {
-        let expressions = term.match_expressions.as_deref().unwrap_or_default();
-        let fields = term.match_fields.as_deref().unwrap_or_default();
-        if expressions.is_empty() && fields.is_empty() {
-            return false;
-        }
-        expressions
-            .iter()
-            .all(|r| requirement_matches(r, labels.get(&r.key).map(String::as_str)))
-            && fields.iter().all(|r| {
-                requirement_matches(r, (r.key == "metadata.name").then_some(name.as_str()))
-            })
-    })
+    node_selection::node_selector_matches(selector, node.labels(), &node.name_any())
 }
 
 /// The node filters the stand-in runs before DynamicResources' Filter (upstream plugins
@@ -354,26 +316,7 @@ fn node_fits(pod: &Pod, node: &Node) -> bool {
     let taints = node_spec
         .and_then(|s| s.taints.as_deref())
         .unwrap_or_default();
-    let tolerated = |taint: &k8s_openapi::api::core::v1::Taint| {
-        tolerations.iter().any(|t| {
-            let key_ok = t
-                .key
-                .as_deref()
-                .is_none_or(|k| k.is_empty() || k == taint.key);
-            let effect_ok = t
-                .effect
-                .as_deref()
-                .is_none_or(|e| e.is_empty() || e == taint.effect);
-            let value_ok = t.operator.as_deref() == Some("Exists")
-                || t.value.as_deref().unwrap_or_default()
-                    == taint.value.as_deref().unwrap_or_default();
-            key_ok && effect_ok && value_ok
-        })
-    };
-    if taints
-        .iter()
-        .any(|t| (t.effect == "NoSchedule" || t.effect == "NoExecute") && !tolerated(t))
-    {
+    if node_selection::untolerated_blocking_taint(taints, tolerations).is_some() {
         return false;
     }
     let labels = node.labels();
