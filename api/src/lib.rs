@@ -9,6 +9,7 @@
 //! - [`quantity`]: byte quantities (`40Gi`) parsed exactly.
 //! - [`inventory_view`](mod@inventory_view): [`node_gpus_from_slices`], the controller's
 //!   inventory read back from kerf's ResourceSlices.
+//! - [`ownership`]: which of kube-scheduler and kerf-controller may allocate each device.
 //! - [`allocation`]: claims for the controller's allocator: [`claim_request`], [`device_uses`],
 //!   [`allocation_status`].
 
@@ -20,6 +21,7 @@ pub mod error;
 pub mod gpuclass;
 pub mod inventory_view;
 pub mod node_selection;
+pub mod ownership;
 pub mod params;
 pub mod quantity;
 pub mod resourceslice;

@@ -172,7 +172,9 @@ impl DeviceSelector {
 
 /// The CEL expression of a class's DeviceClass.
 ///
-/// Scheduler classes get [`DeviceSelector::cel`]. Controller classes get a selector that no
+/// Scheduler classes get [`DeviceSelector::cel`] and the ownership guard
+/// ([`kerf_api::ownership::scheduler_guard_cel`]): kube-scheduler allocates only devices the
+/// ownership record gives it. Controller classes get a selector that no
 /// published device matches (`type == "slice"`), so kube-scheduler leaves their claims
 /// unallocated until kerf's controller writes the allocation; the controller reads the GPU
 /// selector from the class parameters instead.
@@ -187,7 +189,11 @@ pub fn class_cel(
 ) -> kerf_api::Result<String> {
     let selector = DeviceSelector::new(params, path)?;
     Ok(match params.allocator {
-        Allocator::Scheduler => selector.cel(driver),
+        Allocator::Scheduler => format!(
+            "{} && {}",
+            selector.cel(driver),
+            kerf_api::ownership::scheduler_guard_cel(driver)
+        ),
         Allocator::Controller => controller_cel(driver),
     })
 }
@@ -341,7 +347,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             cel,
-            r#"device.driver == "gpu.kerf.dev" && device.attributes["gpu.kerf.dev"].type == "gpu" && device.attributes["gpu.kerf.dev"].productName in ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"] && device.capacity["gpu.kerf.dev"].memory.compareTo(quantity("40Gi")) >= 0 && device.attributes["gpu.kerf.dev"].cudaComputeCapability.compareTo(semver("8.0.0")) >= 0"#
+            r#"device.driver == "gpu.kerf.dev" && device.attributes["gpu.kerf.dev"].type == "gpu" && device.attributes["gpu.kerf.dev"].productName in ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"] && device.capacity["gpu.kerf.dev"].memory.compareTo(quantity("40Gi")) >= 0 && device.attributes["gpu.kerf.dev"].cudaComputeCapability.compareTo(semver("8.0.0")) >= 0 && "allocator" in device.attributes["gpu.kerf.dev"] && device.attributes["gpu.kerf.dev"].allocator == "scheduler""#
         );
     }
 
@@ -354,7 +360,7 @@ mod tests {
         let cel = class_cel(&params(Allocator::Scheduler, selector), DRIVER, "spec").unwrap();
         assert_eq!(
             cel,
-            r#"device.driver == "gpu.kerf.dev" && device.attributes["gpu.kerf.dev"].type == "mig" && device.attributes["gpu.kerf.dev"].profile == "1g.10gb""#
+            r#"device.driver == "gpu.kerf.dev" && device.attributes["gpu.kerf.dev"].type == "mig" && device.attributes["gpu.kerf.dev"].profile == "1g.10gb" && "allocator" in device.attributes["gpu.kerf.dev"] && device.attributes["gpu.kerf.dev"].allocator == "scheduler""#
         );
     }
 
@@ -384,7 +390,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             cel,
-            r#"device.driver == "x.example.com" && device.attributes["x.example.com"].type == "gpu""#
+            r#"device.driver == "x.example.com" && device.attributes["x.example.com"].type == "gpu" && "allocator" in device.attributes["x.example.com"] && device.attributes["x.example.com"].allocator == "scheduler""#
         );
     }
 

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kerf_api::ownership;
 use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_tests::fake_api::FakeApi;
@@ -47,10 +48,19 @@ fn node(fake: &FakeApi, name: &str, taints: Value) {
     }));
 }
 
-/// Publishes the node's 8 × H100 as the kubelet plugin would.
+/// Publishes the node's 8 × H100 as the kubelet plugin would, every device recorded as the
+/// scheduler's.
 fn slices(fake: &FakeApi, node: &str) {
     let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
-    let specs = kerf_api::resource_slices(&inventory, DRIVER, node).unwrap();
+    let mut specs = kerf_api::resource_slices(&inventory, DRIVER, node).unwrap();
+    let record = ownership::Record(
+        specs
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .map(|d| (d.name.clone(), ownership::Owner::Scheduler))
+            .collect(),
+    );
+    ownership::publish_owners(&mut specs, &record);
     for (i, spec) in specs.into_iter().enumerate() {
         fake.insert_resource(&ResourceSlice {
             metadata: ObjectMeta {
