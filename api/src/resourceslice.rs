@@ -4,6 +4,10 @@
 //! Attribute names without a domain are in the driver's domain, so CEL reads them as
 //! `device.attributes["gpu.kerf.dev"].productName`; the two standard PCI attributes carry the
 //! `resource.kubernetes.io/` prefix.
+//!
+//! [`resource_slices`] builds every attribute but one: the kubelet plugin adds
+//! [`attributes::ALLOCATOR`] afterwards from its Node's ownership record
+//! ([`crate::ownership::publish_owners`]), so the attribute count check leaves room for it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -72,9 +76,15 @@ pub mod attributes {
     /// Standard attribute: PCI address in extended BDF notation, `0000:1b:00.0` (string).
     /// Whole GPUs only: it identifies a PCI device, which a MIG device is not.
     pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+    /// Who may allocate the device, `scheduler` or `controller` (string); absent while the
+    /// Node's ownership record does not name the device. Not set by
+    /// [`resource_slices`](super::resource_slices): the kubelet plugin sets it from the Node
+    /// annotation `gpu.kerf.dev/allocators` that kerf-controller writes
+    /// ([`crate::ownership`]).
+    pub const ALLOCATOR: &str = crate::ownership::ATTRIBUTE;
 
     /// Every attribute name kerf may publish.
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 20] = [
         TYPE,
         UUID,
         PRODUCT_NAME,
@@ -94,8 +104,14 @@ pub mod attributes {
         PLACEMENT_SIZE,
         PCIE_ROOT,
         PCI_BUS_ID,
+        ALLOCATOR,
     ];
 }
+
+/// Attributes the kubelet plugin adds to each device after [`resource_slices`] built it:
+/// [`attributes::ALLOCATOR`]. The count check reserves room for them, so setting the owner
+/// can never push a device over [`MAX_ATTRIBUTES_AND_CAPACITIES`].
+const ATTRIBUTES_ADDED_LATER: usize = 1;
 
 /// Names of the capacities kerf publishes.
 pub mod capacities {
@@ -125,7 +141,8 @@ pub const TYPE_MIG: &str = "mig";
 ///
 /// [`Error::InvalidResourceSlice`] when the driver or node name is invalid, two devices have
 /// the same name, a version cannot be written as semver, the PCI bus ID is not in BDF form, or
-/// a device breaks an API limit (name length, value length, attribute count).
+/// a device breaks an API limit (name length, value length, attribute count; the count
+/// includes the `allocator` attribute the kubelet plugin adds later).
 pub fn resource_slices(
     inventory: &Inventory,
     driver: &str,
@@ -458,12 +475,13 @@ fn check_names_and_count(
             format!("{bad:?} is not a valid attribute or capacity name"),
         ));
     }
-    let total = attributes.len() + capacity.len();
+    // + the allocator attribute, added after building (see ATTRIBUTES_ADDED_LATER).
+    let total = attributes.len() + capacity.len() + ATTRIBUTES_ADDED_LATER;
     if total > MAX_ATTRIBUTES_AND_CAPACITIES {
         return Err(Error::slice(
             at,
             format!(
-                "{total} attributes and capacities; the API allows at most {MAX_ATTRIBUTES_AND_CAPACITIES}"
+                "{total} attributes and capacities (with the allocator attribute added later); the API allows at most {MAX_ATTRIBUTES_AND_CAPACITIES}"
             ),
         ));
     }

@@ -114,7 +114,12 @@ fn assert_within_limits(slices: &[ResourceSliceSpec]) {
             );
             let attributes = device.attributes.as_ref().expect("attributes");
             let capacity = device.capacity.as_ref().expect("capacity");
-            assert!(attributes.len() + capacity.len() <= MAX_ATTRIBUTES_AND_CAPACITIES);
+            // Room is left for the allocator attribute the kubelet plugin adds.
+            assert!(
+                attributes.len() + capacity.len() + ATTRIBUTES_ADDED_LATER
+                    <= MAX_ATTRIBUTES_AND_CAPACITIES
+            );
+            assert!(!attributes.contains_key(attributes::ALLOCATOR));
             for (name, value) in attributes {
                 assert!(is_qualified_name(name), "{name}");
                 let set = [
@@ -388,6 +393,46 @@ fn bad_driver_or_node_names_are_refused() {
     assert!(resource_slices(&inventory, &format!("{}.example.com", "d".repeat(60)), NODE).is_err());
     assert!(resource_slices(&inventory, DRIVER, "Node_1").is_err());
     assert!(resource_slices(&inventory, DRIVER, "").is_err());
+}
+
+#[test]
+fn the_count_check_leaves_room_for_the_allocator_attribute() {
+    let named = |count: usize| -> BTreeMap<String, DeviceAttribute> {
+        (0..count)
+            .map(|i| (format!("a{i}"), DeviceAttribute::default()))
+            .collect()
+    };
+    let capacity = BTreeMap::new();
+    let fits = MAX_ATTRIBUTES_AND_CAPACITIES - 1;
+    assert!(check_names_and_count("devices[0]", &named(fits), &capacity).is_ok());
+    let err = check_names_and_count("devices[0]", &named(fits + 1), &capacity)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("allocator"), "{err}");
+
+    // With the allocator set, every device of every profile is within the API's limit.
+    for profile in ["h100-sxm-80gb", "a100-40gb-mig", "l4"] {
+        let inventory = kerf_core::mock::from_spec(profile).expect("mock profile");
+        let mut specs = slices(&inventory);
+        let record = crate::ownership::Record(
+            all_devices(&specs)
+                .iter()
+                .map(|d| (d.name.clone(), crate::ownership::Owner::Scheduler))
+                .collect(),
+        );
+        crate::ownership::publish_owners(&mut specs, &record);
+        for device in all_devices(&specs) {
+            let attributes = device.attributes.as_ref().map_or(0, BTreeMap::len);
+            let capacity = device.capacity.as_ref().map_or(0, BTreeMap::len);
+            assert!(attributes + capacity <= MAX_ATTRIBUTES_AND_CAPACITIES);
+            assert!(
+                device
+                    .attributes
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key(attributes::ALLOCATOR))
+            );
+        }
+    }
 }
 
 #[test]
