@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{
     Device, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
 };
+use kerf_api::ownership;
 use kerf_api::params::{GpuSliceAllocation, OpaqueConfig};
 use kerf_api::quantity::quantity_bytes;
 use kerf_api::resourceslice::{
@@ -37,6 +38,9 @@ pub struct PublishedDevice {
     pub minor: Option<i64>,
     /// The `memory` capacity in bytes.
     pub memory_bytes: Option<u64>,
+    /// The `allocator` attribute: which allocator owns the device (`scheduler` or
+    /// `controller`), absent while the node's ownership record does not name it.
+    pub owner: Option<String>,
 }
 
 /// The slices of `driver`, grouped by pool name.
@@ -88,6 +92,8 @@ pub fn published_devices(slices: &[ResourceSlice], driver: &str) -> Vec<Publishe
                 minor: device_attribute(device, driver, attributes::MINOR).and_then(|a| a.int),
                 memory_bytes: device_capacity(device, driver, capacities::MEMORY)
                     .and_then(|q| quantity_bytes(q).ok()),
+                owner: device_attribute(device, driver, ownership::ATTRIBUTE)
+                    .and_then(|a| a.string.clone()),
             });
         }
     }
@@ -163,22 +169,10 @@ pub fn pool_problems(slices: &[ResourceSlice], driver: &str) -> Vec<String> {
 }
 
 /// Everything wrong with one published device: its name, the attributes its type must have
-/// and their value types, its capacities, and no attribute kerf does not document.
+/// and their value types, its capacities, the ownership attribute's value when it is there,
+/// and no attribute kerf does not document.
 pub fn device_problems(device: &Device, driver: &str) -> Vec<String> {
-    let mut problems = Vec::new();
-    let domain_prefix = format!("{driver}/");
-    for name in device.attributes.iter().flat_map(|a| a.keys()) {
-        let short = name.strip_prefix(&domain_prefix).unwrap_or(name);
-        if !attributes::ALL.contains(&short) {
-            problems.push(format!("attribute {name:?} is not one kerf documents"));
-        }
-    }
-    for name in device.capacity.iter().flat_map(|c| c.keys()) {
-        let short = name.strip_prefix(&domain_prefix).unwrap_or(name);
-        if !capacities::ALL.contains(&short) {
-            problems.push(format!("capacity {name:?} is not one kerf documents"));
-        }
-    }
+    let mut problems = name_problems(device, driver);
     let attribute = |name: &str| device_attribute(device, driver, name);
     let string = |name: &str, problems: &mut Vec<String>| -> Option<String> {
         match attribute(name).and_then(|a| a.string.clone()) {
@@ -260,6 +254,35 @@ pub fn device_problems(device: &Device, driver: &str) -> Vec<String> {
         .and_then(|q| q.0.parse::<u64>().ok());
     if multiprocessors.is_none_or(|n| n == 0) {
         problems.push("capacity multiprocessors is not a positive integer".to_owned());
+    }
+    problems
+}
+
+/// The attributes and capacities of `device` that kerf does not document, and an ownership
+/// attribute (absent until kerf's controller records the device's owner, see
+/// api/src/ownership.rs) whose value is not an owner.
+fn name_problems(device: &Device, driver: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let domain_prefix = format!("{driver}/");
+    for name in device.attributes.iter().flat_map(|a| a.keys()) {
+        let short = name.strip_prefix(&domain_prefix).unwrap_or(name);
+        if !attributes::ALL.contains(&short) && short != ownership::ATTRIBUTE {
+            problems.push(format!("attribute {name:?} is not one kerf documents"));
+        }
+    }
+    if let Some(attribute) = device_attribute(device, driver, ownership::ATTRIBUTE)
+        && ownership::published_owner(device, driver).is_none()
+    {
+        problems.push(format!(
+            "attribute {:?} is {attribute:?}, not the string \"scheduler\" or \"controller\"",
+            ownership::ATTRIBUTE
+        ));
+    }
+    for name in device.capacity.iter().flat_map(|c| c.keys()) {
+        let short = name.strip_prefix(&domain_prefix).unwrap_or(name);
+        if !capacities::ALL.contains(&short) {
+            problems.push(format!("capacity {name:?} is not one kerf documents"));
+        }
     }
     problems
 }
@@ -524,6 +547,29 @@ mod tests {
             "{problems}"
         );
         assert!(problems.contains("multiprocessors"), "{problems}");
+    }
+
+    #[test]
+    fn the_ownership_attribute_is_known_and_checked() {
+        let mut all = slices("h100-sxm-80gb", "node-a", 1);
+        ownership::set_published_owner(first_device(&mut all), Some(ownership::Owner::Scheduler));
+        assert_eq!(pool_problems(&all, DRIVER), Vec::<String>::new());
+        let devices = published_devices(&all, DRIVER);
+        assert_eq!(devices[0].owner.as_deref(), Some("scheduler"));
+        assert_eq!(devices[1].owner, None);
+
+        first_device(&mut all)
+            .attributes
+            .as_mut()
+            .unwrap()
+            .get_mut(ownership::ATTRIBUTE)
+            .unwrap()
+            .string = Some("kubelet".to_owned());
+        let problems = device_problems(first_device(&mut all), DRIVER).join("\n");
+        assert!(
+            problems.contains("attribute \"allocator\" is") && problems.contains("kubelet"),
+            "{problems}"
+        );
     }
 
     #[test]

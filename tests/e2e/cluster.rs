@@ -7,7 +7,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, anyhow};
+use anyhow::{Context as _, Result, anyhow, bail};
 use futures::FutureExt as _;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod};
@@ -18,9 +18,10 @@ use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::checks::{self, PublishedDevice};
+use super::checks::{self, ContainerReport, PublishedDevice};
 use super::manifests;
 use super::settings::Settings;
+use super::sharing::Burst;
 use super::wait::{self, Outcome, Poll};
 
 /// Tests share the cluster's GPUs: one at a time, so one test's allocations cannot change
@@ -370,12 +371,118 @@ impl TestEnv {
         .await
     }
 
+    /// Waits until every pod of `names` is Running, at most `timeout`; a pod that ends (or
+    /// fails) ends the wait with its description. Returns the pods in the order of `names`.
+    pub async fn wait_all_running(&self, names: &[String], timeout: Duration) -> Result<Vec<Pod>> {
+        let pods = self.api::<Pod>();
+        wait::fail_fast(
+            format_args!("{} pods to be Running", names.len()),
+            timeout,
+            || async {
+                let listed = pods.list(&ListParams::default()).await?.items;
+                let mut running = Vec::new();
+                let mut waiting = Vec::new();
+                for name in names {
+                    let Some(pod) = listed.iter().find(|p| p.name_any() == *name) else {
+                        waiting.push(format!("pod {name}: not found"));
+                        continue;
+                    };
+                    match pod.status.as_ref().and_then(|s| s.phase.as_deref()) {
+                        Some("Running") => running.push(pod.clone()),
+                        Some("Succeeded" | "Failed") => {
+                            return Err(Outcome::Stop(anyhow!(
+                                "pod {name} ended: {}",
+                                describe_pod(pod)
+                            )));
+                        }
+                        _ => waiting.push(describe_pod(pod)),
+                    }
+                }
+                Ok(if waiting.is_empty() {
+                    Poll::Ready(running)
+                } else {
+                    Poll::Pending(format!(
+                        "{}/{} Running; not yet:\n{}",
+                        running.len(),
+                        names.len(),
+                        waiting.join("\n")
+                    ))
+                })
+            },
+        )
+        .await
+    }
+
+    /// Deletes pod `name` and waits until it is gone: the kubelet has stopped its container
+    /// and unprepared its claims.
+    pub async fn delete_pod(&self, name: &str) -> Result<()> {
+        let pods = self.api::<Pod>();
+        pods.delete(name, &DeleteParams::default())
+            .await
+            .with_context(|| format!("deleting pod {name}"))?;
+        self.wait_gone(&pods, name).await
+    }
+
     /// The logs of pod `name`'s container.
     pub async fn logs(&self, name: &str) -> Result<String> {
         self.api::<Pod>()
             .logs(name, &LogParams::default())
             .await
             .with_context(|| format!("reading the logs of pod {name}"))
+    }
+
+    /// What pod `name`'s container reported, once its report is complete: a Running
+    /// container may not have printed all of it yet.
+    pub async fn wait_report(&self, name: &str) -> Result<ContainerReport> {
+        wait::until(
+            format_args!("pod {name}'s container to print its whole report"),
+            self.settings.timeout,
+            || async {
+                let logs = self.logs(name).await?;
+                Ok(match ContainerReport::parse(&logs) {
+                    Ok(report) => Poll::Ready(report),
+                    Err(error) => Poll::Pending(format!("{error:#}")),
+                })
+            },
+        )
+        .await
+    }
+
+    /// Fails unless DeviceClasses of all `names` exist (classes the test does not make, such
+    /// as the defaults kerf's deployment installs).
+    pub async fn require_device_classes(&self, names: &[&str]) -> Result<()> {
+        let classes: Api<DeviceClass> = Api::all(self.client.clone());
+        for name in names {
+            if classes.get_opt(name).await?.is_none() {
+                bail!(
+                    "no DeviceClass {name}: the test uses the default GpuClasses of deploy/base/gpuclasses.yaml"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The first node (by name) whose idle kerf GPUs fit `burst`.
+    pub async fn node_fitting(&self, burst: &Burst) -> Result<String> {
+        let claims = self.all_claims().await?;
+        let published = self.published().await?;
+        let nodes = burst.fitting_nodes(&claims, &self.settings.driver, &published);
+        match nodes.into_iter().next() {
+            Some(node) => Ok(node),
+            None => bail!(
+                "no node's idle kerf GPUs fit {burst:?} (8 × H100 80GB do: deploy/overlays/mock); kerf allocations:\n{}",
+                self.kerf_allocations().await?.join("\n")
+            ),
+        }
+    }
+
+    /// Every ResourceClaim in the cluster, in all namespaces.
+    pub async fn all_claims(&self) -> Result<Vec<ResourceClaim>> {
+        Ok(Api::<ResourceClaim>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .context("listing the cluster's ResourceClaims")?
+            .items)
     }
 
     /// The Events about object `kind`/`name` in the test's namespace, oldest first.
@@ -408,9 +515,7 @@ impl TestEnv {
     /// Every claim in the cluster with a result of kerf's driver, one line each: what else
     /// holds kerf GPUs (for messages about where allocations landed).
     pub async fn kerf_allocations(&self) -> Result<Vec<String>> {
-        let claims = Api::<ResourceClaim>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await?;
+        let claims = self.all_claims().await?;
         Ok(claims
             .iter()
             .filter(|c| !checks::allocation_results(c, &self.settings.driver).is_empty())

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use anyhow::Result;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, Namespace, Pod, PodResourceClaim, PodSchedulingGate,
+    Affinity, Capabilities, Container, Namespace, NodeAffinity, NodeSelector,
+    NodeSelectorRequirement, NodeSelectorTerm, Pod, PodResourceClaim, PodSchedulingGate,
     PodSecurityContext, PodSpec, PodTemplateSpec, ResourceClaim as ContainerClaim,
     ResourceRequirements, SeccompProfile, SecurityContext, Toleration,
 };
@@ -311,6 +312,29 @@ pub fn pod_spec(
     }
 }
 
+/// `spec` restricted to node `node` by a required node affinity on `metadata.name`, which
+/// kube-scheduler and kerf's controller both honour (unlike `nodeName`, it leaves the
+/// scheduling to them).
+pub fn pin_to_node(mut spec: PodSpec, node: &str) -> PodSpec {
+    spec.affinity = Some(Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_fields: Some(vec![NodeSelectorRequirement {
+                        key: "metadata.name".to_owned(),
+                        operator: "In".to_owned(),
+                        values: Some(vec![node.to_owned()]),
+                    }]),
+                    match_expressions: None,
+                }],
+            }),
+            preferred_during_scheduling_ignored_during_execution: None,
+        }),
+        ..Affinity::default()
+    });
+    spec
+}
+
 /// A pod; with `hold` it carries [`HOLD_GATE`], so kube-scheduler leaves it alone until the
 /// gate is removed.
 pub fn pod(name: &str, mut spec: PodSpec, hold: bool) -> Pod {
@@ -484,6 +508,22 @@ mod tests {
             Some("c")
         );
         assert!(script(Script::ReportAndExit).ends_with("exit 0"));
+
+        let pinned = pin_to_node(spec.clone(), "node-a");
+        let required = pinned
+            .affinity
+            .unwrap()
+            .node_affinity
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .unwrap();
+        let labels = BTreeMap::new();
+        assert!(kerf_api::node_selection::node_selector_matches(
+            &required, &labels, "node-a"
+        ));
+        assert!(!kerf_api::node_selection::node_selector_matches(
+            &required, &labels, "node-b"
+        ));
 
         let deployment = deployment("binpack", 3, spec);
         let deployment_spec = deployment.spec.unwrap();

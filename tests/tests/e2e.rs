@@ -6,32 +6,52 @@
 //! The suite finds kerf through its ResourceSlices and GpuClasses, never its pods, so it works
 //! whether kerf was deployed by `deploy/overlays/mock` or started as processes on the nodes.
 //! The helpers live in tests/e2e/ and carry unit tests that run without a cluster.
+//!
+//! # Reading a Scheduler-class claim's allocation
+//!
+//! Only while a pod uses it. kube-controller-manager's resourceclaim controller deallocates a
+//! claim kube-scheduler allocated as soon as its last consumer is gone: kubernetes/kubernetes
+//! `pkg/controller/resourceclaim/controller.go`, `(*Controller).syncClaim`, drops every
+//! `status.reservedFor` pod that is gone or done (`isPodDone`: phase Succeeded or Failed) and,
+//! when none is left (`len(valid) == 0`), sets `claim.Status.Allocation = nil` on a claim with
+//! the builtin finalizer `resource.kubernetes.io/delete-protection` (which kube-scheduler adds
+//! when it allocates), then removes that finalizer. So the tests run such pods with
+//! [`Script::ReportAndSleep`], read the claim once the pod is Running and its report is
+//! complete, and delete the pod afterwards. Claims kerf's controller allocated carry its own
+//! finalizer instead, and kerf's controller deallocates them.
 
 #[path = "../e2e/checks.rs"]
 mod checks;
 #[path = "../e2e/cluster.rs"]
 mod cluster;
+#[path = "../e2e/expect.rs"]
+mod expect;
 #[path = "../e2e/manifests.rs"]
 mod manifests;
 #[path = "../e2e/settings.rs"]
 mod settings;
+#[path = "../e2e/sharing.rs"]
+mod sharing;
 #[path = "../e2e/wait.rs"]
 mod wait;
 
-use std::collections::BTreeSet;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::Api;
+use kerf_api::ownership::Owner;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
 use checks::{ContainerReport, PublishedDevice};
 use cluster::{PodState, TestEnv, e2e};
-use manifests::{CLAIM_REF, PodClaim, Script};
+use expect::{controller_node, pod_node, single_result};
+use manifests::{PodClaim, Script};
+use sharing::Burst;
 use wait::Poll;
 
 /// Memory of each test slice.
@@ -43,102 +63,23 @@ const SLICE_MPS_MEMORY_LIMIT: &str = "0=10240M";
 /// How long a "nothing happens" observation lasts after the controller has spoken.
 const SETTLE: Duration = Duration::from_secs(5);
 
-/// The node a pod is bound to.
-fn pod_node(pod: &Pod) -> Option<&str> {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .filter(|n| !n.is_empty())
-}
-
-/// Checks the claim-level env and device nodes kerf's CDI spec gives a container of `claim`
-/// whose one device is `gpu`.
-fn expect_claim_devices(
-    report: &ContainerReport,
-    claim: &ResourceClaim,
-    gpu: &PublishedDevice,
-) -> Result<()> {
-    report.expect_env("NVIDIA_VISIBLE_DEVICES", "void")?;
-    report.expect_env(
-        "KERF_CLAIM_UID",
-        claim.metadata.uid.as_deref().unwrap_or_default(),
-    )?;
-    report.expect_env(
-        "KERF_CLAIM_NAME",
-        claim.metadata.name.as_deref().unwrap_or_default(),
-    )?;
-    report.expect_env(
-        "KERF_CLAIM_NAMESPACE",
-        claim.metadata.namespace.as_deref().unwrap_or_default(),
-    )?;
-    report.expect_env("KERF_DEVICES", &gpu.name)?;
-    report.expect_env("KERF_DEVICE_UUIDS", &gpu.uuid)?;
-    let minor = gpu
-        .minor
-        .with_context(|| format!("published device {} has no minor attribute", gpu.name))?;
-    let expected = format!("/dev/nvidia{minor}");
-    ensure!(
-        report.gpu_nodes() == [expected.as_str()],
-        "the container should see exactly its GPU's node {expected}; it sees {:?}",
-        report.device_nodes
-    );
-    ensure!(
-        report.device_nodes.contains("/dev/nvidiactl"),
-        "the container lacks /dev/nvidiactl; it sees {:?}",
-        report.device_nodes
-    );
-    Ok(())
-}
-
-/// The one allocation result of kerf's driver on `claim`, as (pool, device).
-fn single_result(claim: &ResourceClaim, driver: &str) -> Result<(String, String)> {
-    let results = checks::allocation_results(claim, driver);
-    match results.as_slice() {
-        [result] => {
-            ensure!(
-                result.request == CLAIM_REF,
-                "the result is for request {:?}, expected {CLAIM_REF:?}",
-                result.request
-            );
-            Ok((result.pool.clone(), result.device.clone()))
-        }
-        _ => bail!(
-            "expected one allocation result of {driver}, got {}: {}",
-            results.len(),
-            checks::describe_claim(claim)
-        ),
-    }
-}
-
-/// Fails unless kerf's controller (not kube-scheduler) allocated `claim`, and returns the node.
-fn controller_node(claim: &ResourceClaim) -> Result<String> {
-    ensure!(
-        checks::has_allocation_finalizer(claim),
-        "the claim lacks kerf's finalizer {}: {}",
-        checks::ALLOCATION_FINALIZER,
-        checks::describe_claim(claim)
-    );
-    let node = checks::allocated_node(claim).with_context(|| {
-        format!(
-            "the claim lacks kerf's annotation {}: {}",
-            checks::ALLOCATED_NODE_ANNOTATION,
-            checks::describe_claim(claim)
-        )
-    })?;
-    Ok(node.to_owned())
-}
-
-/// The name of the claim the pod's template claim [`CLAIM_REF`] generated.
-fn generated_claim(pod: &Pod) -> Result<String> {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.resource_claim_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .find(|s| s.name == CLAIM_REF)
-        .and_then(|s| s.resource_claim_name.clone())
-        .with_context(|| format!("pod {:?} records no generated claim", pod.metadata.name))
-}
+/// The default Scheduler class deploy/base installs: whole GPUs.
+const DEFAULT_WHOLE_CLASS: &str = "gpu.kerf.dev";
+/// The default Controller class deploy/base installs: slices, BinPack, MPS.
+const DEFAULT_SLICE_CLASS: &str = "slice.gpu.kerf.dev";
+/// The mixed burst: 4 whole GPUs and 14 slices of [`BURST_SLICE_MEMORY`] / 20 %. Four such
+/// slices fit an H100 80GB (81559Mi; four 20Gi slices would not), so the burst fills exactly
+/// 8 × H100: 4 GPUs of slices and 4 whole.
+const BURST: Burst = Burst {
+    whole: 4,
+    slices: 14,
+    slice_bytes: 19 << 30,
+    slice_compute: 20,
+};
+/// [`BURST`]'s slice memory as a quantity.
+const BURST_SLICE_MEMORY: &str = "19Gi";
+/// How soon after the first create every pod of the burst must be Running.
+const BURST_RUNNING_WITHIN: Duration = Duration::from_secs(30);
 
 /// Every node whose kerf pool is complete publishes the documented devices.
 ///
@@ -194,7 +135,12 @@ async fn resource_slices_describe_every_plugin_node() -> Result<()> {
 }
 
 /// A whole GPU from a Scheduler class: kube-scheduler allocates it, the kubelet plugin
-/// prepares it, and the container sees exactly that GPU's device node and kerf's env.
+/// prepares it, and the container sees exactly that GPU's device node and kerf's env. Once
+/// the pod is gone, kube-controller-manager deallocates the claim; kerf's controller never
+/// marks it.
+///
+/// The allocation is read while the pod runs (see "Reading a Scheduler-class claim's
+/// allocation" at the top of this file).
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn scheduler_class_whole_gpu_reaches_the_container() -> Result<()> {
@@ -204,33 +150,29 @@ async fn scheduler_class_whole_gpu_reaches_the_container() -> Result<()> {
             .gpu_class("whole", manifests::scheduler_class_spec())
             .await?;
         let spec = manifests::claim_spec(&class, &driver, None, &[]);
-        env.create(&manifests::resource_claim("whole", spec)).await?;
+        env.create(&manifests::resource_claim("whole", spec))
+            .await?;
         let pod_spec = manifests::pod_spec(
             &env.settings,
             PodClaim::Claim("whole"),
-            Script::ReportAndExit,
+            Script::ReportAndSleep,
             "Never",
         );
         env.create(&manifests::pod("whole", pod_spec, false))
             .await?;
 
-        let pod = env.wait_pod("whole", PodState::Succeeded).await?;
+        let pod = env.wait_pod("whole", PodState::Running).await?;
+        let report = env.wait_report("whole").await?;
         let claim = env.claim("whole").await?;
         let (pool, device) = single_result(&claim, &driver)?;
         ensure!(
-            !checks::has_allocation_finalizer(&claim) && checks::allocated_node(&claim).is_none(),
-            "a Scheduler-class claim must be left to kube-scheduler, but kerf's controller marked it: {}",
-            checks::describe_claim(&claim)
-        );
-        ensure!(
             pod_node(&pod) == Some(pool.as_str()),
-            "the pod ran on {:?} but its GPU is in pool {pool}",
+            "the pod runs on {:?} but its GPU is in pool {pool}",
             pod_node(&pod)
         );
         let gpu = env.published_device(&pool, &device).await?;
-        ensure!(gpu.kind == "gpu", "{device} is a {:?}, not a whole GPU", gpu.kind);
-        let report = ContainerReport::parse(&env.logs("whole").await?)?;
-        expect_claim_devices(&report, &claim, &gpu)?;
+        expect::whole_by_scheduler(&claim, &driver, &gpu)?;
+        expect::claim_devices(&report, &claim, &gpu)?;
         ensure!(
             !report.env.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
                 && !report.env.contains_key("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
@@ -238,6 +180,16 @@ async fn scheduler_class_whole_gpu_reaches_the_container() -> Result<()> {
             report.env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"),
             report.env.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
         );
+
+        env.delete_pod("whole").await?;
+        let claim = env
+            .wait_claim(
+                "whole",
+                "deallocated by kube-controller-manager once its pod is gone",
+                expect::is_released,
+            )
+            .await?;
+        expect::left_to_the_scheduler(&claim)?;
         Ok(())
     })
     .await
@@ -300,20 +252,8 @@ async fn controller_slice_is_allocated_before_scheduling() -> Result<()> {
             pinned == [node.clone()],
             "the allocation's nodeSelector pins {pinned:?}, expected [{node}]"
         );
-        let slice = checks::slice_allocation(&claim, &driver)?;
         let gpu = env.published_device(&node, &device).await?;
-        match slice.devices.as_slice() {
-            [d] => ensure!(
-                d.pool == node
-                    && d.device == device
-                    && d.gpu_uuid == gpu.uuid
-                    && d.memory_bytes == Some(SLICE_BYTES)
-                    && d.compute_percent == Some(25),
-                "the allocation's slice {d:?} is not {SLICE_MEMORY}/25% of {node}/{device} ({})",
-                gpu.uuid
-            ),
-            other => bail!("expected one slice in the allocation, got {other:?}"),
-        }
+        expect::one_slice(&claim, &driver, &gpu, SLICE_BYTES, 25)?;
         env.wait_event("ResourceClaim", "slice", "Allocated")
             .await?;
 
@@ -331,7 +271,7 @@ async fn controller_slice_is_allocated_before_scheduling() -> Result<()> {
             pod_node(&pod)
         );
         let report = ContainerReport::parse(&env.logs("slice").await?)?;
-        expect_claim_devices(&report, &claim, &gpu)?;
+        expect::claim_devices(&report, &claim, &gpu)?;
         report.expect_env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25")?;
         report.expect_env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", SLICE_MPS_MEMORY_LIMIT)?;
         report.expect_env("KERF_SLICE_MEMORY_BYTES", &SLICE_BYTES.to_string())?;
@@ -510,9 +450,14 @@ async fn invalid_parameters_are_reported_and_not_allocated() -> Result<()> {
 /// The node's CDI specs cannot be read from here, so their removal is shown indirectly: the
 /// pods are only gone after the kubelet's NodeUnprepareResources succeeded (the kubelet does
 /// not finish terminating a pod before that, and kerf's unprepare removes the claim's spec),
-/// and a new whole-GPU claim pinned by UUID to each freed GPU is then allocated by
-/// kube-scheduler (which counts every allocated device as in use) and prepared by the kubelet
-/// plugin (which refuses a GPU other prepared claims still hold), and its pod runs.
+/// and then every idle GPU of the freed GPUs' nodes, the freed ones among them, is allocated
+/// whole by kube-scheduler (which counts every allocated device as in use) to a pod pinned to
+/// that node and prepared by the kubelet plugin (which refuses a GPU other prepared claims
+/// still hold), and each pod runs and sees its GPU.
+///
+/// Why every idle GPU and not a claim pinned by UUID to each freed one: kerf's controller
+/// lends idle GPUs to kube-scheduler by how many pending pods want, not by which GPU their
+/// claims select, so a pinned claim could wait for a GPU that is never lent.
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn deleting_pods_deallocates_controller_claims() -> Result<()> {
@@ -540,7 +485,7 @@ async fn deleting_pods_deallocates_controller_claims() -> Result<()> {
         }
         env.wait_pod("direct", PodState::Running).await?;
         let templated_pod = env.wait_pod("templated", PodState::Running).await?;
-        let generated = generated_claim(&templated_pod)?;
+        let generated = expect::generated_claim(&templated_pod)?;
 
         let mut freed = BTreeSet::new();
         for name in ["direct", generated.as_str()] {
@@ -569,33 +514,176 @@ async fn deleting_pods_deallocates_controller_claims() -> Result<()> {
         env.wait_gone(&env.api::<ResourceClaim>(), &generated)
             .await?;
 
-        for (i, (node, device)) in freed.iter().enumerate() {
-            let gpu = env.published_device(node, device).await?;
-            let name = format!("reuse-{i}");
-            let selector = manifests::uuid_selector(&driver, &gpu.uuid);
-            let spec = manifests::claim_spec(&whole, &driver, None, &[selector]);
-            env.create(&manifests::resource_claim(&name, spec)).await?;
-            let pod_spec = manifests::pod_spec(
-                &env.settings,
-                PodClaim::Claim(&name),
-                Script::ReportAndExit,
-                "Never",
-            );
-            env.create(&manifests::pod(&name, pod_spec, false)).await?;
-            let pod = env.wait_pod(&name, PodState::Succeeded).await?;
+        let claims = env.all_claims().await?;
+        let published = env.published().await?;
+        let mut reuse = Vec::new();
+        let nodes: BTreeSet<&str> = freed.iter().map(|(node, _)| node.as_str()).collect();
+        for node in nodes {
+            let idle = sharing::idle_gpus(node, &claims, &driver, &published);
+            for (_, device) in freed.iter().filter(|(n, _)| n == node) {
+                ensure!(
+                    idle.contains(device),
+                    "the freed GPU {node}/{device} is still held; kerf allocations:\n{}",
+                    env.kerf_allocations().await?.join("\n")
+                );
+            }
+            for _ in &idle {
+                let name = format!("reuse-{}", reuse.len());
+                let spec = manifests::claim_spec(&whole, &driver, None, &[]);
+                env.create(&manifests::resource_claim(&name, spec)).await?;
+                let pod_spec = manifests::pod_spec(
+                    &env.settings,
+                    PodClaim::Claim(&name),
+                    Script::ReportAndSleep,
+                    "Never",
+                );
+                let pod_spec = manifests::pin_to_node(pod_spec, node);
+                env.create(&manifests::pod(&name, pod_spec, false)).await?;
+                reuse.push(name);
+            }
+        }
+        let mut taken = BTreeSet::new();
+        for pod in env.wait_all_running(&reuse, env.settings.timeout).await? {
+            // Read while the pod runs: kube-scheduler allocated these claims.
+            let name = pod.name_any();
+            let report = env.wait_report(&name).await?;
             let claim = env.claim(&name).await?;
-            let got = single_result(&claim, &driver)?;
-            ensure!(
-                got == (node.clone(), device.clone()),
-                "the claim pinned to {node}/{device} got {got:?}"
-            );
+            let (node, device) = single_result(&claim, &driver)?;
             ensure!(
                 pod_node(&pod) == Some(node.as_str()),
-                "pod {name} ran on {:?}, not {node}",
+                "pod {name} runs on {:?}, its GPU is in pool {node}",
                 pod_node(&pod)
             );
-            let report = ContainerReport::parse(&env.logs(&name).await?)?;
-            expect_claim_devices(&report, &claim, &gpu)?;
+            let gpu = env.published_device(&node, &device).await?;
+            expect::claim_devices(&report, &claim, &gpu)?;
+            taken.insert((node, device));
+        }
+        ensure!(
+            freed.is_subset(&taken),
+            "every idle GPU was asked for whole, but the freed {freed:?} are not all among those taken, {taken:?}"
+        );
+        Ok(())
+    })
+    .await
+}
+
+/// A mixed burst on one node, created at once with no waits, as two Deployments scaled up
+/// together would: [`BURST`]'s 4 pods with a whole GPU each of the default Scheduler class
+/// `gpu.kerf.dev` and 14 pods with a 19Gi / 20 % slice each of the default Controller class
+/// `slice.gpu.kerf.dev`, each pod's claim made from a ResourceClaimTemplate. They fill 8 ×
+/// H100 80GB exactly, so kerf's controller must give kube-scheduler as many idle GPUs as its
+/// pods need and keep enough for the slices.
+///
+/// Every pod is Running within [`BURST_RUNNING_WITHIN`] of the first create. Read while they
+/// run: each whole-GPU claim was allocated by kube-scheduler a device published as the
+/// scheduler's, each slice claim by kerf's controller a 19Gi / 20 % slice of a device
+/// published as the controller's, all on the node; and across every claim in the cluster no
+/// device is held whole by one claim and in any way by another, and no GPU's slices add up to
+/// more than its memory or 100 % compute.
+///
+/// Needs a node whose idle GPUs fit the burst (8 × H100 80GB: `deploy/overlays/mock`) and the
+/// test image on the node already (the first pull can take longer than the bound). Everything
+/// the test made lives in its namespace, which the suite's guard deletes also when the test
+/// fails or panics.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn mixed_burst_runs_without_sharing_a_device() -> Result<()> {
+    e2e("burst", |env: TestEnv| async move {
+        let driver = env.settings.driver.clone();
+        env.require_device_classes(&[DEFAULT_WHOLE_CLASS, DEFAULT_SLICE_CLASS])
+            .await?;
+        let node = env.node_fitting(&BURST).await?;
+        eprintln!("[burst] on node {node}");
+
+        let whole_spec = manifests::claim_spec(DEFAULT_WHOLE_CLASS, &driver, None, &[]);
+        env.create(&manifests::claim_template("whole", whole_spec))
+            .await?;
+        let params = manifests::slice_parameters(BURST_SLICE_MEMORY, BURST.slice_compute)?;
+        let slice_spec = manifests::claim_spec(DEFAULT_SLICE_CLASS, &driver, Some(params), &[]);
+        env.create(&manifests::claim_template("slice", slice_spec))
+            .await?;
+        let whole: Vec<String> = (0..BURST.whole).map(|i| format!("whole-{i}")).collect();
+        let slices: Vec<String> = (0..BURST.slices).map(|i| format!("slice-{i}")).collect();
+        let pods: Vec<Pod> = whole
+            .iter()
+            .map(|name| (name, "whole"))
+            .chain(slices.iter().map(|name| (name, "slice")))
+            .map(|(name, template)| {
+                let spec = manifests::pod_spec(
+                    &env.settings,
+                    PodClaim::Template(template),
+                    Script::ReportAndSleep,
+                    "Never",
+                );
+                manifests::pod(name, manifests::pin_to_node(spec, &node), false)
+            })
+            .collect();
+        let started = Instant::now();
+        futures::future::try_join_all(pods.iter().map(|pod| env.create(pod))).await?;
+        let names: Vec<String> = whole.iter().chain(&slices).cloned().collect();
+        let running = env
+            .wait_all_running(
+                &names,
+                BURST_RUNNING_WITHIN.saturating_sub(started.elapsed()),
+            )
+            .await?;
+        eprintln!(
+            "[burst] {} pods Running after {:?}",
+            running.len(),
+            started.elapsed()
+        );
+
+        // Read while every pod runs (kube-scheduler's claims are deallocated once their pods
+        // are done).
+        let claims: BTreeMap<String, ResourceClaim> = env
+            .api::<ResourceClaim>()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .map(|c| (c.name_any(), c))
+            .collect();
+        let published = env.published().await?;
+        for pod in &running {
+            let name = pod.name_any();
+            let check = || -> Result<()> {
+                ensure!(
+                    pod_node(pod) == Some(node.as_str()),
+                    "the pod runs on {:?}, not {node}",
+                    pod_node(pod)
+                );
+                let claim_name = expect::generated_claim(pod)?;
+                let claim = claims
+                    .get(&claim_name)
+                    .with_context(|| format!("its claim {claim_name} is not listed"))?;
+                let (pool, device) = single_result(claim, &driver)?;
+                let gpu = published
+                    .iter()
+                    .find(|d| d.node == pool && d.name == device)
+                    .with_context(|| format!("no device {device} in kerf's pool {pool}"))?;
+                ensure!(
+                    pool == node,
+                    "its claim is allocated in pool {pool}, not {node}"
+                );
+                if whole.contains(&name) {
+                    expect::whole_by_scheduler(claim, &driver, gpu)?;
+                    expect::owned_by(gpu, Owner::Scheduler)
+                } else {
+                    let at = controller_node(claim)?;
+                    ensure!(at == node, "its slice was allocated on {at}, not {node}");
+                    expect::one_slice(claim, &driver, gpu, BURST.slice_bytes, BURST.slice_compute)?;
+                    expect::owned_by(gpu, Owner::Controller)
+                }
+            };
+            check().with_context(|| format!("pod {name}"))?;
+        }
+        let problems = sharing::sharing_problems(&env.all_claims().await?, &driver, &published);
+        if !problems.is_empty() {
+            bail!(
+                "kerf GPUs are shared where they must not be:\n{}\nkerf allocations:\n{}",
+                problems.join("\n"),
+                env.kerf_allocations().await?.join("\n")
+            );
         }
         Ok(())
     })
