@@ -31,7 +31,8 @@ const CONTROL_DEVICE_NODES: [&str; 3] =
 pub struct Connections {
     /// Where claims are read from.
     pub claims: Arc<dyn ClaimSource>,
-    /// Client used to publish ResourceSlices; `None` disables publishing.
+    /// Client used to publish ResourceSlices and to watch the Node's ownership record (the
+    /// devices' `allocator` attribute); `None` disables publishing.
     pub publisher: Option<kube::Client>,
 }
 

@@ -20,6 +20,14 @@
 //! the driver's connection drops; [`Publisher::run`] therefore watches this node's slices of
 //! this driver and publishes again, after a short debounce, when one disappears or is changed
 //! by someone else. A periodic resync catches anything the watch missed.
+//!
+//! Every device carries the `allocator` attribute from its Node's ownership record
+//! ([`kerf_api::ownership`]): the annotation [`RECORD_ANNOTATION`] that kerf-controller writes.
+//! The record is read with the Node the first publish fetches for the owner reference, and
+//! [`Publisher::run`] watches this node's Node object (only that one) and publishes again,
+//! after the same debounce, when the record changes. A device the record does not name is
+//! published without the attribute. A malformed record is warned about once per bad value and
+//! ignored: the publisher keeps the last good record.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -30,6 +38,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kerf_api::ownership::{RECORD_ANNOTATION, Record};
 use kerf_core::inventory::Inventory;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
@@ -56,6 +65,11 @@ pub const DEFAULT_RETRY_BACKOFF: (Duration, Duration) =
 
 /// How often [`Publisher::run`] tries to delete the slices at shutdown before giving up.
 const SHUTDOWN_DELETE_ATTEMPTS: u32 = 3;
+
+/// One item of a kube-runtime watch.
+type WatchItem<K> = std::result::Result<Event<K>, watcher::Error>;
+/// A kube-runtime watch that retries errors with backoff.
+type WatchStream<K> = BoxStream<'static, WatchItem<K>>;
 
 /// Publishes one node's GPUs as ResourceSlices of one driver.
 pub struct Publisher {
@@ -93,6 +107,10 @@ struct PublishState {
     /// Highest generation this publisher wrote, so a pool wiped by the kubelet comes back at
     /// a generation above anything consumers may still cache.
     last_generation: i64,
+    /// The last good ownership record of the Node: the `allocator` attribute of each device.
+    record: Record,
+    /// The malformed record value warned about last, so a bad value is warned about once.
+    bad_record: Option<String>,
 }
 
 /// What one publish did.
@@ -190,8 +208,9 @@ impl Publisher {
     }
 
     async fn publish_once(&self, inventory: &Inventory) -> Result<Outcome> {
-        let desired = self.desired_slices(inventory)?;
+        // The Node first: the first read of it also takes its ownership record.
         let owner = self.node_owner().await?;
+        let desired = self.desired_slices(inventory)?;
         let existing = self.list_slices().await?;
         let current_max = max_generation(&existing, &desired);
         let unchanged = self.is_published(&existing, &desired, current_max);
@@ -231,7 +250,8 @@ impl Publisher {
     }
 
     fn desired_slices(&self, inventory: &Inventory) -> Result<Vec<Desired>> {
-        let specs = kerf_api::resource_slices(inventory, &self.driver, &self.node_name)?;
+        let mut specs = kerf_api::resource_slices(inventory, &self.driver, &self.node_name)?;
+        kerf_api::ownership::publish_owners(&mut specs, &self.state().record);
         Ok(specs
             .into_iter()
             .enumerate()
@@ -320,14 +340,17 @@ impl Publisher {
     }
 
     /// The Node as owner reference, so the garbage collector removes the slices with the
-    /// node. Publishing must not depend on it: without permission to read nodes, or before the
-    /// Node object exists, the slices go out without an owner (warned about once).
+    /// node; the first successful read also takes the Node's ownership record, so the first
+    /// publish already carries it. Publishing must not depend on it: without permission to
+    /// read nodes, or before the Node object exists, the slices go out without an owner
+    /// (warned about once).
     async fn node_owner(&self) -> Result<Option<OwnerReference>> {
         if let Some(owner) = self.state().owner.clone() {
             return Ok(Some(owner));
         }
         match self.nodes.get(&self.node_name).await {
             Ok(node) => {
+                self.observe_record(&node);
                 let owner = node.metadata.uid.map(|uid| OwnerReference {
                     api_version: "v1".to_owned(),
                     kind: "Node".to_owned(),
@@ -375,9 +398,10 @@ impl Publisher {
     }
 
     /// Publishes `inventory` and keeps it published until `shutdown`: republishes after a
-    /// short debounce when a slice disappears or is changed by someone else, checks again every
-    /// `resync`, and retries failures with exponential backoff. At shutdown it deletes this
-    /// node's slices of this driver and returns.
+    /// short debounce when a slice disappears or is changed by someone else, or when the
+    /// Node's ownership record changes; checks again every `resync`, and retries failures
+    /// with exponential backoff. At shutdown it deletes this node's slices of this driver and
+    /// returns.
     ///
     /// # Errors
     ///
@@ -389,14 +413,15 @@ impl Publisher {
         resync: Duration,
         shutdown: CancellationToken,
     ) -> Result<()> {
-        let mut watch = self.watch_stream();
+        let mut slice_watch = self.slice_watch();
+        let mut node_watch = self.node_watch();
         let mut backoff = Backoff::new(self.retry_backoff);
         let mut next_publish = Some(Instant::now());
         let mut next_resync = Instant::now() + resync;
         let mut init_seen = HashSet::new();
         loop {
             let publish_at = next_publish.unwrap_or(next_resync);
-            tokio::select! {
+            let republish = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 () = tokio::time::sleep_until(publish_at) => {
@@ -405,44 +430,147 @@ impl Publisher {
                         () = shutdown.cancelled() => break,
                         result = self.publish(&inventory) => result,
                     };
-                    match result {
-                        Ok(()) => {
-                            backoff.reset();
-                            next_publish = None;
-                            next_resync = Instant::now() + resync;
-                        }
-                        Err(err) => {
-                            let delay = backoff.next_delay();
-                            tracing::warn!(error = %err, retry_in = ?delay, "publishing ResourceSlices failed");
-                            next_publish = Some(Instant::now() + delay);
-                        }
+                    next_publish = Self::after_publish(result, &mut backoff);
+                    if next_publish.is_none() {
+                        next_resync = Instant::now() + resync;
                     }
+                    false
                 }
-                event = watch.next() => match event {
-                    Some(Ok(event)) => {
-                        if let Some(why) = self.republish_reason(&event, &mut init_seen) {
-                            tracing::info!(reason = why, "ResourceSlices changed behind the plugin's back; publishing again");
-                            next_publish.get_or_insert_with(|| Instant::now() + self.debounce);
-                        }
-                    }
-                    Some(Err(err)) => tracing::warn!(error = %err, "watching ResourceSlices failed; retrying"),
-                    None => {
-                        tracing::warn!("ResourceSlice watch ended; starting it again");
-                        watch = self.watch_stream();
-                    }
-                },
+                event = slice_watch.next() => {
+                    self.on_slice_event(event, &mut init_seen, &mut slice_watch)
+                }
+                event = node_watch.next() => self.on_node_event(event, &mut node_watch),
+            };
+            if republish {
+                next_publish.get_or_insert_with(|| Instant::now() + self.debounce);
             }
         }
         self.delete_at_shutdown().await
     }
 
-    fn watch_stream(
-        &self,
-    ) -> BoxStream<'static, std::result::Result<Event<ResourceSlice>, watcher::Error>> {
+    /// When to publish next after a publish with `result`: not before the resync after a
+    /// success, after the next backoff delay after a failure.
+    fn after_publish(result: Result<()>, backoff: &mut Backoff) -> Option<Instant> {
+        match result {
+            Ok(()) => {
+                backoff.reset();
+                None
+            }
+            Err(err) => {
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %err, retry_in = ?delay, "publishing ResourceSlices failed");
+                Some(Instant::now() + delay)
+            }
+        }
+    }
+
+    /// This node's slices of this driver, watched; the watch retries errors with backoff.
+    fn slice_watch(&self) -> WatchStream<ResourceSlice> {
         let config = watcher::Config::default().fields(&self.field_selector());
         watcher::watcher(self.slices.clone(), config)
             .default_backoff()
             .boxed()
+    }
+
+    /// This node's Node object only (`metadata.name=<node>`), watched for its ownership
+    /// record; the watch retries errors with backoff.
+    fn node_watch(&self) -> WatchStream<Node> {
+        let config =
+            watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
+        watcher::watcher(self.nodes.clone(), config)
+            .default_backoff()
+            .boxed()
+    }
+
+    /// Handles one item of the slice watch (starting it again when it ended); `true` when the
+    /// slices must be published again.
+    fn on_slice_event(
+        &self,
+        event: Option<WatchItem<ResourceSlice>>,
+        init_seen: &mut HashSet<String>,
+        watch: &mut WatchStream<ResourceSlice>,
+    ) -> bool {
+        match event {
+            Some(Ok(event)) => {
+                let why = self.republish_reason(&event, init_seen);
+                if let Some(why) = why {
+                    tracing::info!(
+                        reason = why,
+                        "ResourceSlices changed behind the plugin's back; publishing again"
+                    );
+                }
+                why.is_some()
+            }
+            Some(Err(err)) => {
+                tracing::warn!(error = %err, "watching ResourceSlices failed; retrying");
+                false
+            }
+            None => {
+                tracing::warn!("ResourceSlice watch ended; starting it again");
+                *watch = self.slice_watch();
+                false
+            }
+        }
+    }
+
+    /// Handles one item of the Node watch (starting it again when it ended); `true` when the
+    /// ownership record changed and the slices must be published again.
+    fn on_node_event(&self, event: Option<WatchItem<Node>>, watch: &mut WatchStream<Node>) -> bool {
+        match event {
+            Some(Ok(Event::Apply(node) | Event::InitApply(node))) => {
+                let changed = self.observe_record(&node);
+                if changed {
+                    tracing::info!(
+                        node = %self.node_name,
+                        "the Node's ownership record changed; publishing again"
+                    );
+                }
+                changed
+            }
+            Some(Ok(Event::Init | Event::InitDone | Event::Delete(_))) => false,
+            Some(Err(err)) => {
+                tracing::warn!(error = %err, "watching the Node failed; retrying");
+                false
+            }
+            None => {
+                tracing::warn!("Node watch ended; starting it again");
+                *watch = self.node_watch();
+                false
+            }
+        }
+    }
+
+    /// Takes the ownership record of `node`; `true` when it differs from the record held.
+    /// A malformed record is warned about (once per distinct bad value in a row) and the last
+    /// good record is kept.
+    fn observe_record(&self, node: &Node) -> bool {
+        let annotations = node.metadata.annotations.as_ref();
+        let parsed = Record::from_annotations(annotations);
+        let mut state = self.state();
+        match parsed {
+            Ok(record) => {
+                state.bad_record = None;
+                let changed = state.record != record;
+                state.record = record;
+                changed
+            }
+            Err(err) => {
+                let value = annotations
+                    .and_then(|a| a.get(RECORD_ANNOTATION))
+                    .cloned()
+                    .unwrap_or_default();
+                if state.bad_record.as_ref() != Some(&value) {
+                    tracing::warn!(
+                        node = %self.node_name,
+                        annotation = RECORD_ANNOTATION,
+                        error = %err,
+                        "malformed ownership record on the Node; keeping the last good record"
+                    );
+                    state.bad_record = Some(value);
+                }
+                false
+            }
+        }
     }
 
     /// Why a watch event calls for publishing again, if it does.

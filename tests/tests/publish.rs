@@ -4,10 +4,13 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-use std::sync::Arc;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use kerf_api::ownership::{Owner, RECORD_ANNOTATION, published_owner};
 use kerf_core::inventory::Inventory;
 use kerf_kubelet_plugin::metrics::Metrics;
 use kerf_kubelet_plugin::publish::{CONTENT_HASH_ANNOTATION, Publisher};
@@ -15,7 +18,10 @@ use kerf_tests::fake_api::{FakeApi, describe_requests};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 const DRIVER: &str = "gpu.kerf.dev";
 const NODE: &str = "node-a";
@@ -516,4 +522,271 @@ async fn a_periodic_resync_repairs_what_the_watch_missed() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The allocator attribute, from the Node's ownership record (gpu.kerf.dev/allocators).
+
+/// Sets (`Some`) or removes (`None`) the Node's ownership record, as kerf-controller does.
+async fn set_record(s: &Setup, value: Option<&str>) {
+    let nodes: Api<Node> = Api::all(s.fake.client());
+    let patch = json!({ "metadata": { "annotations": { RECORD_ANNOTATION: value } } });
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
+/// The published owner of each device of this node, in device order.
+fn owners(s: &Setup) -> Vec<(String, Option<Owner>)> {
+    s.slices()
+        .iter()
+        .flat_map(|slice| slice.spec.devices.iter().flatten())
+        .map(|d| (d.name.clone(), published_owner(d, DRIVER)))
+        .collect()
+}
+
+fn owner_of(s: &Setup, device: &str) -> Option<Owner> {
+    owners(s)
+        .into_iter()
+        .find(|(name, _)| name == device)
+        .and_then(|(_, owner)| owner)
+}
+
+/// Starts [`Publisher::run`] and waits until its first publish is out.
+async fn start_run(
+    s: &Setup,
+) -> (
+    CancellationToken,
+    JoinHandle<kerf_kubelet_plugin::Result<()>>,
+) {
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(s.publisher().run(
+        Arc::new(h100()),
+        Duration::from_secs(3600),
+        shutdown.clone(),
+    ));
+    eventually("the slice is published", || s.slices().len() == 1).await;
+    (shutdown, task)
+}
+
+async fn stop_run(shutdown: &CancellationToken, task: JoinHandle<kerf_kubelet_plugin::Result<()>>) {
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+}
+
+/// Log lines captured by a subscriber installed for the current thread (a `#[tokio::test]`
+/// runs every task on it).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Captures warnings until the returned guard is dropped.
+    fn capture_warnings(&self) -> impl Sized {
+        let logs = self.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(LevelFilter::WARN)
+            .with_ansi(false)
+            .with_writer(move || logs.clone())
+            .finish()
+            .set_default()
+    }
+
+    fn lines_containing(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|line| line.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn the_nodes_record_is_published_as_the_allocator_attribute() {
+    let s = setup();
+    set_record(&s, Some(r#"{"gpu-0":"controller","gpu-1":"scheduler"}"#)).await;
+
+    // The first publish reads the record with the Node it fetches for the owner reference.
+    s.publisher().publish(&h100()).await.unwrap();
+    assert_eq!(owner_of(&s, "gpu-0"), Some(Owner::Controller));
+    assert_eq!(owner_of(&s, "gpu-1"), Some(Owner::Scheduler));
+    assert_eq!(generations(&s.slices()), [1]);
+    let slices = s.slices();
+    let device = &slices[0].spec.devices.as_ref().unwrap()[0];
+    assert_eq!(
+        device.attributes.as_ref().unwrap()["allocator"]
+            .string
+            .as_deref(),
+        Some("controller"),
+        "an unqualified attribute in the driver's domain"
+    );
+
+    // The same record again: nothing to write.
+    s.publisher().publish(&h100()).await.unwrap();
+    assert_eq!(generations(&s.slices()), [1]);
+}
+
+#[tokio::test]
+async fn a_device_the_record_does_not_name_has_no_allocator_attribute() {
+    let s = setup();
+    set_record(&s, Some(r#"{"gpu-0":"controller","gpu-9":"scheduler"}"#)).await;
+    s.publisher().publish(&h100()).await.unwrap();
+    let published = owners(&s);
+    assert_eq!(published.len(), 8);
+    assert_eq!(published[0], ("gpu-0".to_owned(), Some(Owner::Controller)));
+    assert!(
+        published[1..].iter().all(|(_, owner)| owner.is_none()),
+        "{published:?}"
+    );
+    for device in s.slices()[0].spec.devices.iter().flatten().skip(1) {
+        assert!(
+            !device
+                .attributes
+                .as_ref()
+                .unwrap()
+                .contains_key("allocator"),
+            "{}",
+            device.name
+        );
+    }
+
+    // Without any record, no device has the attribute.
+    let bare = setup();
+    bare.publisher().publish(&h100()).await.unwrap();
+    assert!(owners_all_none(&bare), "{:?}", owners(&bare));
+}
+
+fn owners_all_none(s: &Setup) -> bool {
+    owners(s).iter().all(|(_, owner)| owner.is_none())
+}
+
+#[tokio::test]
+async fn a_changed_record_is_published_again_promptly() {
+    let s = setup();
+    set_record(&s, Some(r#"{"gpu-0":"controller","gpu-1":"controller"}"#)).await;
+    let (shutdown, task) = start_run(&s).await;
+    assert_eq!(owner_of(&s, "gpu-0"), Some(Owner::Controller));
+    assert_eq!(generations(&s.slices()), [1]);
+
+    // The plugin watches its own Node only.
+    let requests = s.fake.requests();
+    assert!(
+        requests.iter().any(|r| r.matches("watch", "/api/v1/nodes")
+            && r.query.contains("fieldSelector=metadata.name%3Dnode-a")),
+        "{}",
+        describe_requests(&requests)
+    );
+
+    let changed_at = tokio::time::Instant::now();
+    set_record(&s, Some(r#"{"gpu-0":"scheduler"}"#)).await;
+    eventually("the changed record is published", || {
+        owner_of(&s, "gpu-0") == Some(Owner::Scheduler)
+    })
+    .await;
+    let took = changed_at.elapsed();
+    assert!(took < Duration::from_millis(500), "took {took:?}");
+    assert_eq!(generations(&s.slices()), [2], "a new pool generation");
+    assert_eq!(owner_of(&s, "gpu-1"), None, "gpu-1 left the record");
+
+    // Other changes of the Node publish nothing; the record's removal does.
+    let nodes: Api<Node> = Api::all(s.fake.client());
+    let labels = json!({ "metadata": { "labels": { "example.com/rack": "r1" } } });
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(labels))
+        .await
+        .unwrap();
+    set_record(&s, None).await;
+    eventually("the removed record is published", || owners_all_none(&s)).await;
+    assert_eq!(generations(&s.slices()), [3]);
+
+    stop_run(&shutdown, task).await;
+}
+
+#[tokio::test]
+async fn a_malformed_record_keeps_the_last_good_one() {
+    let logs = Logs::default();
+    let _guard = logs.capture_warnings();
+    let s = setup();
+    set_record(&s, Some(r#"{"gpu-0":"controller"}"#)).await;
+    let (shutdown, task) = start_run(&s).await;
+    assert_eq!(owner_of(&s, "gpu-0"), Some(Owner::Controller));
+
+    let warnings = || logs.lines_containing("malformed ownership record");
+    set_record(&s, Some(r#"{"gpu-0":"kubelet"}"#)).await;
+    eventually("the bad record is warned about", || warnings().len() == 1).await;
+    let warning = warnings().remove(0);
+    assert!(
+        warning.contains(RECORD_ANNOTATION) && warning.contains("unknown variant"),
+        "{warning}"
+    );
+
+    // The same bad value again (any other change of the Node) is not warned about again; a
+    // different bad value is. Watch events arrive in order, so once the second warning is
+    // out, the label change before it was seen too.
+    let nodes: Api<Node> = Api::all(s.fake.client());
+    let labels = json!({ "metadata": { "labels": { "example.com/rack": "r1" } } });
+    nodes
+        .patch(NODE, &PatchParams::default(), &Patch::Merge(labels))
+        .await
+        .unwrap();
+    set_record(&s, Some("not json")).await;
+    eventually("the second bad value is warned about", || {
+        warnings().len() >= 2
+    })
+    .await;
+    assert_eq!(warnings().len(), 2, "{:?}", warnings());
+
+    // Well past the debounce: still the last good record, at the same generation.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(owner_of(&s, "gpu-0"), Some(Owner::Controller));
+    assert_eq!(generations(&s.slices()), [1]);
+
+    // A good record again is published (one new generation: nothing was published between).
+    set_record(&s, Some(r#"{"gpu-0":"scheduler"}"#)).await;
+    eventually("the good record is published", || {
+        owner_of(&s, "gpu-0") == Some(Owner::Scheduler)
+    })
+    .await;
+    assert_eq!(generations(&s.slices()), [2]);
+
+    stop_run(&shutdown, task).await;
+}
+
+#[tokio::test]
+async fn the_node_watch_recovers_from_errors() {
+    let s = setup();
+    // The first list of the Node watch fails; the watch retries it.
+    s.fake.fail_next("list", "/api/v1/nodes", 500, 1);
+    let (shutdown, task) = start_run(&s).await;
+
+    set_record(&s, Some(r#"{"gpu-3":"controller"}"#)).await;
+    eventually("the record is published", || {
+        owner_of(&s, "gpu-3") == Some(Owner::Controller)
+    })
+    .await;
+
+    // The API server ends every watch: the watch resumes and sees the next change.
+    s.fake.close_watches();
+    set_record(&s, Some(r#"{"gpu-3":"scheduler"}"#)).await;
+    eventually("the record is published after the watch ended", || {
+        owner_of(&s, "gpu-3") == Some(Owner::Scheduler)
+    })
+    .await;
+
+    stop_run(&shutdown, task).await;
 }
