@@ -1,0 +1,566 @@
+//! A whole kerf cluster in one process, for stress tests and benchmarks.
+//!
+//! [`Sim`] puts together:
+//! - [`FakeApi`], the in-memory API server, with Ready nodes of mock GPU inventories
+//!   ([`cluster::NodeSpec`], mixed by [`cluster::mixed_nodes`]);
+//! - one **real** kubelet-plugin ResourceSlice publisher per node
+//!   ([`kerf_kubelet_plugin::publish::Publisher`] over the node's `kerf_core::mock` inventory),
+//!   which also publishes each device's `allocator` attribute from the node's ownership record;
+//! - the **real** kerf-controller ([`kerf_controller::run`], leader election off): the GpuClass
+//!   reconciler turns kerf's installed GpuClasses ([`cluster::gpu_classes`]) into DeviceClasses,
+//!   the claim controller allocates Controller-class claims and keeps the ownership records;
+//! - the kube-scheduler stand-in ([`SchedulerStandIn`]), driven step by step with a seeded RNG
+//!   ([`Sim::step`]) or in the background ([`Sim::spawn_scheduler`]), and its resourceclaim
+//!   controller pass ([`Sim::run_claim_controller`]);
+//! - admission emulation ([`admission`]): each pod the sim creates passes through kerf's
+//!   webhook decision first, and is stored with the scheduling gate when it decides so.
+//!
+//! What is seeded: the workload ([`workload::Workload`]) and every choice of the stand-in. What
+//! is not: kerf-controller and the publishers run as Tokio tasks on their own watches, so
+//! *when* they act relative to the steps depends on the machine. A failing seed reproduces the
+//! same sequence of requests, not necessarily the same interleaving.
+//!
+//! [`check::Checker`] reads the API state at any point and reports broken invariants (a
+//! device in two exclusive allocations, an over-committed GPU, a bound pod without its
+//! devices) and the ownership moves it saw.
+
+pub mod admission;
+pub mod check;
+pub mod cluster;
+pub mod workload;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kerf_controller::webhook::{Decision, Skip};
+use kerf_controller::{BackoffConfig, ControllerConfig};
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt as _};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::fake_api::FakeApi;
+use crate::scheduler::{
+    BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, SpawnConfig, StandInConfig,
+    StandInHandle, StepReport,
+};
+use cluster::{DeviceInfo, NodeSpec};
+use workload::{PINNED_LABEL, PodPlan};
+
+/// The DRA driver of the sim.
+pub const DRIVER: &str = "gpu.kerf.dev";
+/// The namespace of the sim's pods and claims.
+pub const NAMESPACE: &str = "default";
+/// How long [`Sim::start`] waits for DeviceClasses and ResourceSlices.
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// What went wrong setting up or driving the sim.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The cluster could not be set up as configured.
+    #[error("sim setup: {0}")]
+    Setup(String),
+    /// An API call of the sim itself failed.
+    #[error("sim API call {what}: {source}")]
+    Api {
+        /// The call.
+        what: String,
+        /// The error.
+        source: kube::Error,
+    },
+}
+
+fn api_error(what: impl Into<String>) -> impl FnOnce(kube::Error) -> SimError {
+    let what = what.into();
+    move |source| SimError::Api { what, source }
+}
+
+/// How the sim is built.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// The nodes.
+    pub nodes: Vec<NodeSpec>,
+    /// Seed of the stand-in's choices.
+    pub seed: u64,
+    /// kerf-controller's configuration (see [`SimConfig::fast_controller`]).
+    pub controller: ControllerConfig,
+    /// The stand-in's configuration.
+    pub stand_in: StandInConfig,
+    /// The publishers' debounce between noticing a change and publishing again.
+    pub publisher_debounce: Duration,
+    /// Whether pods pass through kerf's admission decision (the webhook); off only to show
+    /// what goes wrong without it.
+    pub admission: bool,
+}
+
+impl SimConfig {
+    /// `nodes`, seed `seed`, [`SimConfig::fast_controller`], the stand-in's defaults, a 10 ms
+    /// publisher debounce and admission on.
+    pub fn new(nodes: Vec<NodeSpec>, seed: u64) -> Self {
+        SimConfig {
+            nodes,
+            seed,
+            controller: Self::fast_controller(),
+            stand_in: StandInConfig::default(),
+            publisher_debounce: Duration::from_millis(10),
+            admission: true,
+        }
+    }
+
+    /// kerf-controller's defaults with every wait cut to what a simulation of seconds needs:
+    /// back-off 20 ms to 500 ms, rejected nodes avoided for 1 s, unplaceable claims retried
+    /// after 100 ms, pods with missing claims after 50 ms.
+    pub fn fast_controller() -> ControllerConfig {
+        let mut config = ControllerConfig::new(DRIVER);
+        config.backoff = BackoffConfig {
+            base: Duration::from_millis(20),
+            max: Duration::from_millis(500),
+        };
+        config.claims.unsuitable_for = Duration::from_secs(1);
+        config.claims.unplaceable_retry = Duration::from_millis(100);
+        config.claims.pending_retry = Duration::from_millis(50);
+        config
+    }
+}
+
+/// Counts of what the sim did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimStats {
+    /// Pods created.
+    pub created: u64,
+    /// Of those, created with kerf's scheduling gate.
+    pub gated: u64,
+    /// Pods deleted.
+    pub deleted: u64,
+    /// Stand-in steps.
+    pub steps: u64,
+    /// Pods the stand-in bound.
+    pub bound: u64,
+    /// PreBinds or binds that failed (the pod was retried).
+    pub bind_failures: u64,
+    /// Scheduling cycles that found no node.
+    pub unschedulable: u64,
+    /// Scheduling cycles aborted by an error.
+    pub cycle_errors: u64,
+}
+
+/// The first time each pod (`namespace/name`) was seen with `spec.nodeName`, from a watch.
+#[derive(Debug, Clone, Default)]
+pub struct BindTimes(Arc<Mutex<HashMap<String, Instant>>>);
+
+impl BindTimes {
+    /// When pod `namespace/name` was first seen bound.
+    pub fn get(&self, pod: &str) -> Option<Instant> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(pod)
+            .copied()
+    }
+
+    /// How many pods were seen bound.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// True when no pod was seen bound.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn record(&self, pod: &Pod) {
+        if check::pod_node(pod).is_some() {
+            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(key)
+                .or_insert_with(Instant::now);
+        }
+    }
+}
+
+/// True for pods the sim created with `spec.nodeName` (they skip the scheduler).
+pub fn is_pinned(pod: &Pod) -> bool {
+    pod.labels().get(PINNED_LABEL).is_some_and(|v| v == "true")
+}
+
+/// The simulated cluster (see the module documentation).
+pub struct Sim {
+    fake: FakeApi,
+    client: Client,
+    config: SimConfig,
+    devices: Vec<DeviceInfo>,
+    stand_in: Option<SchedulerStandIn>,
+    rng: SeededRng,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+    /// Creation time of every pod the sim created, and whether it was created on a node.
+    created_at: HashMap<String, (Instant, bool)>,
+    bind_times: BindTimes,
+    /// Counts of what the sim did.
+    pub stats: SimStats,
+    /// The invariant checker, fed by [`Sim::observe`].
+    pub checker: check::Checker,
+}
+
+impl std::fmt::Debug for Sim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sim")
+            .field("nodes", &self.config.nodes.len())
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sim {
+    /// Builds the cluster and starts publishers and kerf-controller; returns once every
+    /// DeviceClass exists and every node has published its slices. Must run in a Tokio
+    /// runtime.
+    ///
+    /// # Errors
+    /// [`SimError::Setup`] for a bad node spec or manifest, or when the cluster is not ready
+    /// within 20 s.
+    pub async fn start(config: SimConfig) -> Result<Sim, SimError> {
+        let fake = FakeApi::new();
+        let client = fake.client();
+        let devices = cluster::devices(&config.nodes)?;
+        for node in &config.nodes {
+            fake.insert(node.node_object());
+        }
+        let classes = cluster::gpu_classes()?;
+        for class in &classes {
+            fake.insert(class.clone());
+        }
+        let shutdown = CancellationToken::new();
+        let mut tasks = Vec::new();
+        for node in &config.nodes {
+            tasks.push(spawn_publisher(&client, node, &config, shutdown.clone())?);
+        }
+        tasks.push(spawn_controller(&client, &config, shutdown.clone()));
+        let bind_times = BindTimes::default();
+        tasks.push(spawn_bind_watch(
+            &client,
+            bind_times.clone(),
+            shutdown.clone(),
+        ));
+        let stand_in =
+            SchedulerStandIn::with_config(client.clone(), DRIVER, config.stand_in.clone());
+        let sim = Sim {
+            checker: check::Checker::new(DRIVER, &devices),
+            fake,
+            client,
+            rng: SeededRng::new(config.seed),
+            config,
+            devices,
+            stand_in: Some(stand_in),
+            shutdown,
+            tasks,
+            created_at: HashMap::new(),
+            bind_times,
+            stats: SimStats::default(),
+        };
+        sim.wait_ready(classes.len()).await?;
+        Ok(sim)
+    }
+
+    async fn wait_ready(&self, classes: usize) -> Result<(), SimError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let have_classes = self.fake.list_resources::<DeviceClass>(None).len();
+            let slices = self.fake.list_resources::<ResourceSlice>(None);
+            let published = self
+                .config
+                .nodes
+                .iter()
+                .filter(|n| {
+                    slices
+                        .iter()
+                        .any(|s| s.spec.node_name.as_deref() == Some(&n.name))
+                })
+                .count();
+            if have_classes >= classes && published == self.config.nodes.len() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(SimError::Setup(format!(
+                    "not ready after {READY_TIMEOUT:?}: {have_classes} of {classes} DeviceClasses, {published} of {} nodes published",
+                    self.config.nodes.len()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The in-memory API server.
+    pub fn fake(&self) -> &FakeApi {
+        &self.fake
+    }
+
+    /// Every published device.
+    pub fn devices(&self) -> &[DeviceInfo] {
+        &self.devices
+    }
+
+    /// The first time each pod was seen bound.
+    pub fn bind_times(&self) -> &BindTimes {
+        &self.bind_times
+    }
+
+    /// When the sim created pod `name` (in [`NAMESPACE`]).
+    pub fn created_at(&self, name: &str) -> Option<Instant> {
+        self.created_at.get(name).map(|(at, _)| *at)
+    }
+
+    /// For every pod the sim created without `spec.nodeName` and saw bound (deleted ones
+    /// included): the time from its creation to its binding.
+    pub fn bind_latencies(&self) -> Vec<Duration> {
+        self.created_at
+            .iter()
+            .filter(|(_, (_, pinned))| !pinned)
+            .filter_map(|(name, (created, _))| {
+                let bound = self.bind_times.get(&format!("{NAMESPACE}/{name}"))?;
+                Some(bound.saturating_duration_since(*created))
+            })
+            .collect()
+    }
+
+    /// Creates the plan's claim, then its pod, after admission (see [`admission`]). Returns
+    /// the admission decision.
+    ///
+    /// # Errors
+    /// A failed create or a bug in the plan ([`SimError`]).
+    pub async fn create(&mut self, plan: &PodPlan) -> Result<Decision, SimError> {
+        let claim: ResourceClaim =
+            from_json(plan.shape.claim(&plan.claim_name(), NAMESPACE, DRIVER))?;
+        Api::<ResourceClaim>::namespaced(self.client.clone(), NAMESPACE)
+            .create(&PostParams::default(), &claim)
+            .await
+            .map_err(api_error(format!("create claim {}", plan.claim_name())))?;
+        let mut pod = plan.pod(NAMESPACE);
+        let decision = if self.config.admission {
+            admission::admit(&self.fake, DRIVER, NAMESPACE, &mut pod)?
+        } else {
+            Decision::Skip(Skip::NoControllerClaim)
+        };
+        let pod: Pod = from_json(pod)?;
+        Api::<Pod>::namespaced(self.client.clone(), NAMESPACE)
+            .create(&PostParams::default(), &pod)
+            .await
+            .map_err(api_error(format!("create pod {}", plan.name)))?;
+        self.created_at
+            .insert(plan.name.clone(), (Instant::now(), plan.node.is_some()));
+        self.stats.created += 1;
+        if matches!(decision, Decision::Gate(_)) {
+            self.stats.gated += 1;
+        }
+        Ok(decision)
+    }
+
+    /// Deletes the plan's pod, then its claim (as the garbage collector deletes a pod's
+    /// generated claim after the pod). A pod or claim already gone is fine.
+    ///
+    /// # Errors
+    /// A failed delete other than 404.
+    pub async fn delete(&mut self, plan: &PodPlan) -> Result<(), SimError> {
+        let params = DeleteParams::default();
+        let pods = Api::<Pod>::namespaced(self.client.clone(), NAMESPACE);
+        match pods.delete(&plan.name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => return Err(api_error(format!("delete pod {}", plan.name))(e)),
+        }
+        let claims = Api::<ResourceClaim>::namespaced(self.client.clone(), NAMESPACE);
+        match claims.delete(&plan.claim_name(), &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => return Err(api_error(format!("delete claim {}", plan.claim_name()))(e)),
+        }
+        self.stats.deleted += 1;
+        Ok(())
+    }
+
+    /// One stand-in step ([`SchedulerStandIn::step`]) with the sim's RNG.
+    ///
+    /// # Errors
+    /// [`SimError::Setup`] while the stand-in runs in the background; a failed snapshot read.
+    pub async fn step(&mut self) -> Result<StepReport, SimError> {
+        let stand_in = self
+            .stand_in
+            .as_mut()
+            .ok_or_else(|| SimError::Setup("the stand-in runs in the background".to_owned()))?;
+        let report = stand_in
+            .step(&mut self.rng)
+            .await
+            .map_err(api_error("stand-in snapshot"))?;
+        self.stats.steps += 1;
+        for outcome in &report.bound {
+            match outcome {
+                BindOutcome::Bound { .. } => self.stats.bound += 1,
+                BindOutcome::Failed { .. } => self.stats.bind_failures += 1,
+            }
+        }
+        match report.cycle {
+            CycleOutcome::Unschedulable { .. } => self.stats.unschedulable += 1,
+            CycleOutcome::Error { .. } => self.stats.cycle_errors += 1,
+            CycleOutcome::Idle | CycleOutcome::Reserved { .. } => {}
+        }
+        Ok(report)
+    }
+
+    /// One pass of the stand-in's resourceclaim controller.
+    ///
+    /// # Errors
+    /// As [`Sim::step`].
+    pub async fn run_claim_controller(&self) -> Result<Vec<String>, SimError> {
+        let stand_in = self
+            .stand_in
+            .as_ref()
+            .ok_or_else(|| SimError::Setup("the stand-in runs in the background".to_owned()))?;
+        stand_in
+            .run_claim_controller_once()
+            .await
+            .map_err(api_error("resourceclaim controller"))
+    }
+
+    /// Runs the stand-in in the background ([`SchedulerStandIn::spawn`]) until
+    /// [`Sim::stop_scheduler`]; [`Sim::step`] is unavailable meanwhile.
+    ///
+    /// # Errors
+    /// [`SimError::Setup`] when it already runs in the background.
+    pub fn spawn_scheduler(&mut self, config: SpawnConfig) -> Result<StandInHandle, SimError> {
+        let stand_in = self.stand_in.take().ok_or_else(|| {
+            SimError::Setup("the stand-in already runs in the background".to_owned())
+        })?;
+        Ok(stand_in.spawn(config))
+    }
+
+    /// Stops the background stand-in and takes it back; returns its log.
+    ///
+    /// # Errors
+    /// [`SimError::Setup`] when its task failed.
+    pub async fn stop_scheduler(&mut self, handle: StandInHandle) -> Result<Vec<String>, SimError> {
+        let (stand_in, log) = handle
+            .stop()
+            .await
+            .map_err(|e| SimError::Setup(format!("stand-in task: {e}")))?;
+        self.stand_in = Some(stand_in);
+        Ok(log)
+    }
+
+    /// Checks every invariant on the current state ([`check::Checker::observe`]).
+    pub fn observe(&mut self) -> check::Observation {
+        self.checker.observe(&self.fake)
+    }
+
+    /// The sim's pods that are not done yet (`namespace/name`): a pod is done when it is
+    /// bound to a node and each of its claims is allocated there.
+    pub fn not_done(&self) -> Vec<String> {
+        let claims: HashMap<String, ResourceClaim> = self
+            .fake
+            .list_resources::<ResourceClaim>(Some(NAMESPACE))
+            .into_iter()
+            .map(|c| (c.name_any(), c))
+            .collect();
+        self.fake
+            .list_resources::<Pod>(Some(NAMESPACE))
+            .into_iter()
+            .filter(|pod| {
+                let Some(node) = check::pod_node(pod) else {
+                    return true;
+                };
+                !check::pod_claims(pod).iter().all(|name| {
+                    claims.get(name).is_some_and(|c| {
+                        let held = kerf_api::device_uses(c, DRIVER);
+                        !held.is_empty() && held.iter().all(|u| u.node == node)
+                    })
+                })
+            })
+            .map(|pod| format!("{NAMESPACE}/{}", pod.name_any()))
+            .collect()
+    }
+
+    /// Stops kerf-controller, the publishers and the watches.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        for task in self.tasks {
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+    }
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, SimError> {
+    serde_json::from_value(value).map_err(|e| SimError::Setup(format!("object: {e}")))
+}
+
+fn spawn_publisher(
+    client: &Client,
+    node: &NodeSpec,
+    config: &SimConfig,
+    shutdown: CancellationToken,
+) -> Result<JoinHandle<()>, SimError> {
+    let inventory = Arc::new(node.inventory()?);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = kerf_kubelet_plugin::metrics::Metrics::new(&mut registry);
+    let publisher = kerf_kubelet_plugin::publish::Publisher::new(
+        client.clone(),
+        DRIVER.to_owned(),
+        node.name.clone(),
+        metrics,
+    )
+    .with_debounce(config.publisher_debounce)
+    .with_retry_backoff(Duration::from_millis(10), Duration::from_millis(200));
+    let name = node.name.clone();
+    Ok(tokio::spawn(async move {
+        if let Err(error) = publisher
+            .run(inventory, Duration::from_secs(60), shutdown)
+            .await
+        {
+            eprintln!("sim: publisher of {name} stopped: {error}");
+        }
+    }))
+}
+
+fn spawn_controller(
+    client: &Client,
+    config: &SimConfig,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    let config = kerf_controller::Config {
+        controller: config.controller.clone(),
+        leader_election: None,
+        metrics_address: None,
+    };
+    let client = client.clone();
+    tokio::spawn(async move {
+        if let Err(error) = kerf_controller::run(config, client, shutdown).await {
+            eprintln!("sim: kerf-controller stopped: {error}");
+        }
+    })
+}
+
+fn spawn_bind_watch(
+    client: &Client,
+    times: BindTimes,
+    shutdown: CancellationToken,
+) -> JoinHandle<()> {
+    let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default());
+    tokio::spawn(async move {
+        let mut pods = std::pin::pin!(pods);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                event = pods.next() => match event {
+                    Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => times.record(&pod),
+                    Some(_) => {}
+                    None => return,
+                },
+            }
+        }
+    })
+}
