@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{ArgAction, Parser};
 
 use crate::claims::ClaimSettings;
+use crate::claims::ownership::OwnershipTiming;
 use crate::context::{BackoffConfig, ControllerConfig, FIELD_MANAGER};
 use crate::error::{Error, Result};
 use crate::leader::LeaseConfig;
@@ -67,10 +68,30 @@ pub struct Args {
     #[arg(long, env = "KERF_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
     pub backoff_max: Duration,
 
-    /// How long a node stays unsuitable for a pod after the scheduler cleared the allocation
-    /// the controller made there.
-    #[arg(long, env = "KERF_UNSUITABLE_NODE_PERIOD", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub unsuitable_node_period: Duration,
+    /// How long a node is avoided for a pod after the scheduler first cleared an allocation
+    /// the controller made there; each further rejection of the same node for the same pod
+    /// doubles it.
+    #[arg(long, env = "KERF_REJECTION_BACKOFF", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub rejection_backoff: Duration,
+
+    /// Longest time a node is avoided for a pod after repeated rejections.
+    #[arg(long, env = "KERF_REJECTION_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub rejection_backoff_max: Duration,
+
+    /// How long after it observed a device republished as its own the controller waits before
+    /// placing on it: allocations kube-scheduler decided earlier (between its Reserve and
+    /// PreBind) land within it.
+    #[arg(long, env = "KERF_OWNERSHIP_SETTLE_PERIOD", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub ownership_settle_period: Duration,
+
+    /// How long an idle device lent to kube-scheduler stays its own when no pod needs it and
+    /// no controller claim waits.
+    #[arg(long, env = "KERF_OWNERSHIP_LINGER", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub ownership_linger: Duration,
+
+    /// How often device ownership is decided again.
+    #[arg(long, env = "KERF_OWNERSHIP_TICK", default_value = "500ms", value_parser = humantime::parse_duration)]
+    pub ownership_tick: Duration,
 
     /// When to try again to place a pod's claims after nothing fitted (sooner when capacity is
     /// freed).
@@ -180,8 +201,14 @@ impl Args {
                 },
                 instance: identity,
                 claims: ClaimSettings {
-                    unsuitable_for: self.unsuitable_node_period,
+                    rejection_backoff: self.rejection_backoff,
+                    rejection_backoff_max: self.rejection_backoff_max,
                     unplaceable_retry: self.unplaceable_retry,
+                    ownership: OwnershipTiming {
+                        settle: self.ownership_settle_period,
+                        linger: self.ownership_linger,
+                    },
+                    ownership_tick: self.ownership_tick,
                     ..ClaimSettings::default()
                 },
             },

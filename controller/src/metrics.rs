@@ -15,6 +15,12 @@
 //! | `allocation_duration_seconds` | histogram | – |
 //! | `leader` | gauge | – |
 //! | `admissions_total` | counter | `outcome` (`gated`/`not_gated`/`error`) |
+//! | `ownership_moves_total` | counter | `to` (`scheduler`/`controller`) |
+//! | `ownership_devices` | gauge | `owner` (`scheduler`/`controller`/`settling`) |
+//!
+//! One series has no `kerf_controller_` prefix, because it counts what kerf as a whole must
+//! never do: `kerf_allocation_conflicts_total` (counter, `allocator` of the other claim:
+//! `scheduler`/`controller`), a device found in two exclusive allocations.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;
@@ -59,6 +65,24 @@ struct AdmissionLabels {
     outcome: &'static str,
 }
 
+/// Labels of an ownership series.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OwnerLabels {
+    owner: &'static str,
+}
+
+/// Labels of an ownership move.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MoveLabels {
+    to: &'static str,
+}
+
+/// Labels of an allocation conflict.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConflictLabels {
+    allocator: &'static str,
+}
+
 /// Labels of an allocation outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -92,6 +116,9 @@ pub struct Metrics {
     allocation_duration: Histogram,
     leader: Gauge,
     admissions: Family<AdmissionLabels, Counter>,
+    ownership_moves: Family<MoveLabels, Counter>,
+    ownership_devices: Family<OwnerLabels, Gauge>,
+    conflicts: Family<ConflictLabels, Counter>,
     /// Classes that have per-class series: a `Family` cannot list its label sets.
     classes: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -110,8 +137,16 @@ impl Metrics {
             allocation_duration: latency_histogram(),
             leader: Gauge::default(),
             admissions: Family::default(),
+            ownership_moves: Family::default(),
+            ownership_devices: Family::default(),
+            conflicts: Family::default(),
             classes: Arc::default(),
         };
+        registry.register(
+            "kerf_allocation_conflicts",
+            "Devices found in two exclusive allocations, by the allocator of the other claim",
+            metrics.conflicts.clone(),
+        );
         metrics.register(registry.sub_registry_with_prefix(PREFIX));
         metrics
     }
@@ -167,6 +202,41 @@ impl Metrics {
             "Pods reviewed by the admission webhook, by outcome (gated, not_gated, error)",
             self.admissions.clone(),
         );
+        registry.register(
+            "ownership_moves",
+            "Devices given to a new owner, by the new owner",
+            self.ownership_moves.clone(),
+        );
+        registry.register(
+            "ownership_devices",
+            "Devices by owner; settling: taken by the controller, fence not passed yet",
+            self.ownership_devices.clone(),
+        );
+    }
+
+    /// Counts a device given to `to` (`scheduler` or `controller`).
+    pub fn record_ownership_move(&self, to: &'static str) {
+        self.ownership_moves.get_or_create(&MoveLabels { to }).inc();
+    }
+
+    /// Sets how many devices each owner has (`settling`: the controller's, fence not passed).
+    pub fn set_ownership_devices(&self, scheduler: usize, controller: usize, settling: usize) {
+        for (owner, count) in [
+            ("scheduler", scheduler),
+            ("controller", controller),
+            ("settling", settling),
+        ] {
+            self.ownership_devices
+                .get_or_create(&OwnerLabels { owner })
+                .set(saturating_i64(u64::try_from(count).unwrap_or(u64::MAX)));
+        }
+    }
+
+    /// Counts a device found in two exclusive allocations; `allocator` made the other one.
+    pub fn record_allocation_conflict(&self, allocator: &'static str) {
+        self.conflicts
+            .get_or_create(&ConflictLabels { allocator })
+            .inc();
     }
 
     /// Records the outcome and duration of one reconcile of `controller`; `result` carries the

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kerf_api::ownership;
 use kerf_api::params::{Allocator, GpuSelector, OpaqueConfig, Placement, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing, decode_opaque};
 use kerf_controller::claims::{self, ALLOCATED_NODE_ANNOTATION, CONDITION_TYPE, FINALIZER};
@@ -188,9 +189,40 @@ fn pod(fake: &FakeApi, name: &str, claims: &[Uses<'_>], spec: Value) {
 
 fn settings() -> claims::ClaimSettings {
     claims::ClaimSettings {
-        unsuitable_for: Duration::from_secs(60),
+        rejection_backoff: Duration::from_secs(60),
         unplaceable_retry: Duration::from_millis(200),
         pending_retry: Duration::from_millis(100),
+        ownership: claims::ownership::OwnershipTiming {
+            settle: Duration::from_millis(50),
+            linger: Duration::from_secs(1),
+        },
+        ownership_tick: Duration::from_millis(20),
+        ..claims::ClaimSettings::default()
+    }
+}
+
+/// What each node's kubelet plugin does with the ownership record kerf-controller writes on
+/// its Node (`kubelet-plugin/src/publish.rs`): publish every device with the `allocator`
+/// attribute the record names. Polls instead of watching; a few milliseconds of delay is
+/// what the real plugin's debounce adds too.
+async fn mirror_ownership_records(fake: FakeApi, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        for node in fake.list_resources::<k8s_openapi::api::core::v1::Node>(None) {
+            let record = ownership::Record::from_annotations(node.metadata.annotations.as_ref())
+                .expect("the controller writes valid records");
+            let name = node.metadata.name.clone().unwrap_or_default();
+            for slice in fake.list_resources::<ResourceSlice>(None) {
+                if slice.spec.node_name.as_deref() != Some(name.as_str()) {
+                    continue;
+                }
+                let mut updated = slice.clone();
+                ownership::publish_owners(std::slice::from_mut(&mut updated.spec), &record);
+                if updated.spec != slice.spec {
+                    fake.insert_resource(&updated);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -221,6 +253,7 @@ impl Controller {
         let task = ControllerTask::new("resourceclaim", move |ctx, stop| {
             claims::run(ctx, stop, settings)
         });
+        tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
         let task = tokio::spawn(run_controllers(
             config,
             fake.client(),

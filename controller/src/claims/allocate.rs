@@ -73,6 +73,14 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<A
                 // The pod's claims are placed again together once the released ones are back.
                 return Ok(Action::requeue(ctx.settings.pending_retry));
             }
+            if ctx.capacity_settling() {
+                // Devices are passing their ownership fence (at start-up, or taken back from
+                // the scheduler): not a verdict yet. Their passing triggers the claims again.
+                for claim in &todo {
+                    ctx.wait_for_capacity(claim);
+                }
+                return Ok(Action::requeue(ctx.settings.pending_retry));
+            }
             ctx.base
                 .metrics
                 .record_allocation(Err(no_fit.reason), started.elapsed());

@@ -18,20 +18,30 @@ use crate::error::{Error, Result};
 /// Timing of the claim reconciler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimSettings {
-    /// How long a node the scheduler rejected stays unsuitable for that pod.
-    pub unsuitable_for: Duration,
+    /// How long a node the scheduler rejected is avoided for that pod the first time; it
+    /// doubles with each further rejection of the same node for the same pod.
+    pub rejection_backoff: Duration,
+    /// Longest time a rejected node is avoided.
+    pub rejection_backoff_max: Duration,
     /// When to try again after nothing fitted.
     pub unplaceable_retry: Duration,
     /// When to look again at a pod whose claims do not all exist yet.
     pub pending_retry: Duration,
+    /// Fences and lingering of ownership moves.
+    pub ownership: super::ownership::OwnershipTiming,
+    /// How often ownership is decided again.
+    pub ownership_tick: Duration,
 }
 
 impl Default for ClaimSettings {
     fn default() -> Self {
         ClaimSettings {
-            unsuitable_for: Duration::from_secs(300),
+            rejection_backoff: Duration::from_secs(5),
+            rejection_backoff_max: Duration::from_secs(300),
             unplaceable_retry: Duration::from_secs(30),
             pending_retry: Duration::from_secs(2),
+            ownership: super::ownership::OwnershipTiming::default(),
+            ownership_tick: Duration::from_millis(500),
         }
     }
 }
@@ -167,15 +177,29 @@ impl ClaimsContext {
         pods
     }
 
-    /// Marks `node` unsuitable for pod `pod_uid` for [`ClaimSettings::unsuitable_for`].
+    /// Marks `node` unsuitable for pod `pod_uid`: for [`ClaimSettings::rejection_backoff`]
+    /// the first time, twice as long on each repeat, at most
+    /// [`ClaimSettings::rejection_backoff_max`].
     pub fn mark_unsuitable(&self, pod_uid: &str, node: &str) {
-        let until = Instant::now() + self.settings.unsuitable_for;
-        self.ledger.mark_unsuitable(pod_uid, node, until);
+        let (base, max) = (
+            self.settings.rejection_backoff,
+            self.settings.rejection_backoff_max,
+        );
+        self.ledger
+            .mark_unsuitable(pod_uid, node, Instant::now(), |repeats| {
+                base.saturating_mul(1 << repeats.min(16)).min(max)
+            });
     }
 
     /// Nodes currently unsuitable for pod `pod_uid`.
     pub fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
         self.ledger.unsuitable_nodes(pod_uid)
+    }
+
+    /// True when devices the controller took over are still behind their ownership fence:
+    /// placements that fail now may fit once they pass.
+    pub fn capacity_settling(&self) -> bool {
+        self.ledger.settling()
     }
 
     /// Remembers that `claim` waits for capacity.

@@ -23,6 +23,8 @@ use kerf_core::alloc::{DeviceUse, Index};
 use kube::ResourceExt as _;
 use kube::runtime::reflector::ObjectRef;
 
+use super::ownership::OwnershipBook;
+
 /// How long an assumed allocation waits for the watch to show it before it is dropped.
 pub const ASSUME_TTL: Duration = Duration::from_secs(60);
 
@@ -58,15 +60,18 @@ impl CapacityIndex {
         &self.index
     }
 
-    /// Brings the index up to date with the stores' current contents.
+    /// Brings the index up to date with the stores' current contents. Only the whole GPUs
+    /// `book` lets the controller place on are placement candidates; the usage of every
+    /// device is kept whoever owns it.
     pub fn sync(
         &mut self,
         slices: &[Arc<ResourceSlice>],
         claims: &[Arc<ResourceClaim>],
         driver: &str,
+        book: &OwnershipBook,
         now: Instant,
     ) {
-        self.sync_pools(slices, driver);
+        self.sync_pools(slices, driver, book);
         self.sync_claims(claims, driver, now);
     }
 
@@ -139,7 +144,28 @@ impl CapacityIndex {
         refs
     }
 
-    fn sync_pools(&mut self, slices: &[Arc<ResourceSlice>], driver: &str) {
+    /// Who uses `device` of `node`: (the controller, someone else). Allocations the
+    /// controller is writing are its own; `is_ours` tells for cached claims.
+    pub fn holder_kinds(
+        &self,
+        node: &str,
+        device: &str,
+        is_ours: impl Fn(&ObjectRef<ResourceClaim>) -> bool,
+    ) -> (bool, bool) {
+        let (mut ours, mut others) = (false, false);
+        for uid in self.index.claims_using(node, device) {
+            let mine = match (self.claims.get(uid), self.refs.get(uid)) {
+                (Some(Source::Assumed { .. }), _) => true,
+                (_, Some(claim)) => is_ours(claim),
+                (_, None) => false,
+            };
+            ours |= mine;
+            others |= !mine;
+        }
+        (ours, others)
+    }
+
+    fn sync_pools(&mut self, slices: &[Arc<ResourceSlice>], driver: &str, book: &OwnershipBook) {
         let mut by_pool: BTreeMap<&str, Vec<&Arc<ResourceSlice>>> = BTreeMap::new();
         for slice in slices.iter().filter(|s| s.spec.driver == driver) {
             by_pool
@@ -158,13 +184,16 @@ impl CapacityIndex {
             self.index.remove_node(&pool);
         }
         for (pool, pool_slices) in by_pool {
-            let fingerprint = fingerprint(&pool_slices);
+            let fingerprint = format!("{}#{}", fingerprint(&pool_slices), book.epoch(pool));
             if self.pool_versions.get(pool) == Some(&fingerprint) {
                 continue;
             }
             let owned: Vec<ResourceSlice> = pool_slices.iter().map(|s| (***s).clone()).collect();
             match kerf_api::inventory_view::node_gpus_from_slices(&owned, driver).remove(pool) {
-                Some(node) => self.index.upsert_node(node),
+                Some(mut node) => {
+                    node.gpus.retain(|gpu| book.usable(pool, &gpu.device));
+                    self.index.upsert_node(node);
+                }
                 None => {
                     self.index.remove_node(pool);
                 }
@@ -284,20 +313,50 @@ mod tests {
         let now = Instant::now();
         let mut index = CapacityIndex::default();
         // The cache shows an old allocation on gpu-0; we re-place the claim on gpu-1.
-        index.sync(&[], &[claim("5", Some("gpu-0"))], DRIVER, now);
+        index.sync(
+            &[],
+            &[claim("5", Some("gpu-0"))],
+            DRIVER,
+            &OwnershipBook::default(),
+            now,
+        );
         assert_eq!(held(&index), ["gpu-0"]);
         index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
         assert!(index.is_stale(&claim("5", Some("gpu-0"))));
-        index.sync(&[], &[claim("5", Some("gpu-0"))], DRIVER, now);
+        index.sync(
+            &[],
+            &[claim("5", Some("gpu-0"))],
+            DRIVER,
+            &OwnershipBook::default(),
+            now,
+        );
         assert_eq!(held(&index), ["gpu-1"], "pending: the cache cannot win");
         index.confirm("u1", vec![DeviceUse::whole("n1", "gpu-1")], "9", now);
-        index.sync(&[], &[claim("7", None)], DRIVER, now);
+        index.sync(
+            &[],
+            &[claim("7", None)],
+            DRIVER,
+            &OwnershipBook::default(),
+            now,
+        );
         assert_eq!(held(&index), ["gpu-1"], "older than our write");
         assert!(index.is_stale(&claim("7", None)));
-        index.sync(&[], &[claim("9", Some("gpu-1"))], DRIVER, now);
+        index.sync(
+            &[],
+            &[claim("9", Some("gpu-1"))],
+            DRIVER,
+            &OwnershipBook::default(),
+            now,
+        );
         assert_eq!(held(&index), ["gpu-1"]);
         assert!(!index.is_stale(&claim("9", Some("gpu-1"))));
-        index.sync(&[], &[claim("11", None)], DRIVER, now);
+        index.sync(
+            &[],
+            &[claim("11", None)],
+            DRIVER,
+            &OwnershipBook::default(),
+            now,
+        );
         assert!(held(&index).is_empty(), "a newer cached version wins");
     }
 
@@ -306,12 +365,24 @@ mod tests {
         let now = Instant::now();
         let mut index = CapacityIndex::default();
         index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
-        index.sync(&[], &[], DRIVER, now);
+        index.sync(&[], &[], DRIVER, &OwnershipBook::default(), now);
         assert_eq!(held(&index), ["gpu-1"], "the claim may not be cached yet");
-        index.sync(&[], &[claim("3", None)], DRIVER, now + ASSUME_TTL);
+        index.sync(
+            &[],
+            &[claim("3", None)],
+            DRIVER,
+            &OwnershipBook::default(),
+            now + ASSUME_TTL,
+        );
         assert!(held(&index).is_empty());
         index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
-        index.sync(&[], &[], DRIVER, now + ASSUME_TTL);
+        index.sync(
+            &[],
+            &[],
+            DRIVER,
+            &OwnershipBook::default(),
+            now + ASSUME_TTL,
+        );
         assert!(held(&index).is_empty(), "gone from the cache and expired");
     }
 
@@ -319,14 +390,26 @@ mod tests {
     fn forgetting_returns_to_the_cache_and_holders_name_other_claims() {
         let now = Instant::now();
         let mut index = CapacityIndex::default();
-        index.sync(&[], &[claim("5", Some("gpu-0"))], DRIVER, now);
+        index.sync(
+            &[],
+            &[claim("5", Some("gpu-0"))],
+            DRIVER,
+            &OwnershipBook::default(),
+            now,
+        );
         let holders = index.holders("n1", "gpu-0", "other");
         assert_eq!(holders.len(), 1);
         assert_eq!(holders[0].name, "c");
         assert!(index.holders("n1", "gpu-0", "u1").is_empty());
         index.assume("u1", vec![DeviceUse::whole("n1", "gpu-3")], now);
         index.forget("u1");
-        index.sync(&[], &[claim("5", Some("gpu-0"))], DRIVER, now);
+        index.sync(
+            &[],
+            &[claim("5", Some("gpu-0"))],
+            DRIVER,
+            &OwnershipBook::default(),
+            now,
+        );
         assert_eq!(held(&index), ["gpu-0"]);
     }
 }

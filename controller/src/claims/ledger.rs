@@ -11,13 +11,25 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_core::alloc::{DeviceUse, Index};
 use kube::runtime::reflector::ObjectRef;
 
 use super::index::CapacityIndex;
+use super::ownership::OwnershipBook;
+
+/// A node the scheduler rejected for a pod.
+#[derive(Debug, Clone, Copy)]
+struct Rejection {
+    /// Avoided until then.
+    until: Instant,
+    /// A rejection before then is a repeat.
+    forget_at: Instant,
+    /// Earlier rejections counted.
+    repeats: u32,
+}
 
 /// The bookkeeping of one claim controller.
 #[derive(Debug, Default)]
@@ -33,10 +45,12 @@ struct State {
     /// Claims whose missing allocation is ours although they carry the node annotation: a
     /// write sequence that stopped halfway, or a rejection already acted on.
     self_cleared: HashSet<String>,
-    /// Nodes the scheduler rejected, per pod UID, until when.
-    unsuitable: HashMap<String, HashMap<String, Instant>>,
+    /// Nodes the scheduler rejected, per pod UID.
+    unsuitable: HashMap<String, HashMap<String, Rejection>>,
     /// Claims that did not fit, to try again when the controller frees capacity.
     waiting: HashSet<ObjectRef<ResourceClaim>>,
+    /// The owner of every device and the controller's fences.
+    ownership: OwnershipBook,
 }
 
 impl Ledger {
@@ -53,7 +67,12 @@ impl Ledger {
         driver: &str,
     ) -> Books<'_> {
         let mut state = self.lock();
-        state.capacity.sync(slices, claims, driver, Instant::now());
+        let State {
+            capacity,
+            ownership,
+            ..
+        } = &mut *state;
+        capacity.sync(slices, claims, driver, ownership, Instant::now());
         Books {
             ledger: self,
             state,
@@ -77,35 +96,52 @@ impl Ledger {
         !state.in_flight.contains(uid) && state.self_cleared.insert(uid.to_owned())
     }
 
-    /// Marks `node` unsuitable for pod `pod_uid` until `until`; expired marks of every pod
-    /// (deleted pods included) are dropped on the way.
-    pub fn mark_unsuitable(&self, pod_uid: &str, node: &str, until: Instant) {
-        let now = Instant::now();
+    /// Marks `node` unsuitable for pod `pod_uid` from `now` for `period(repeats)`, where
+    /// `repeats` counts the earlier rejections of the node for the pod still remembered.
+    /// Marks are remembered for twice their period, so that a quick repeat counts; expired
+    /// ones of every pod (deleted pods included) are dropped on the way.
+    pub fn mark_unsuitable(
+        &self,
+        pod_uid: &str,
+        node: &str,
+        now: Instant,
+        period: impl Fn(u32) -> Duration,
+    ) {
         let mut state = self.lock();
         state.unsuitable.retain(|_, nodes| {
-            nodes.retain(|_, until| *until > now);
+            nodes.retain(|_, mark| mark.forget_at > now);
             !nodes.is_empty()
         });
-        state
-            .unsuitable
-            .entry(pod_uid.to_owned())
-            .or_default()
-            .insert(node.to_owned(), until);
+        let nodes = state.unsuitable.entry(pod_uid.to_owned()).or_default();
+        let repeats = nodes.get(node).map_or(0, |mark| mark.repeats + 1);
+        let period = period(repeats);
+        nodes.insert(
+            node.to_owned(),
+            Rejection {
+                until: now + period,
+                forget_at: now + period * 2,
+                repeats,
+            },
+        );
     }
 
     /// Nodes currently unsuitable for pod `pod_uid`.
     pub fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
         let now = Instant::now();
-        let mut state = self.lock();
-        let Some(nodes) = state.unsuitable.get_mut(pod_uid) else {
-            return Vec::new();
-        };
-        nodes.retain(|_, until| *until > now);
-        let out = nodes.keys().cloned().collect();
-        if nodes.is_empty() {
-            state.unsuitable.remove(pod_uid);
-        }
-        out
+        let state = self.lock();
+        state
+            .unsuitable
+            .get(pod_uid)
+            .into_iter()
+            .flatten()
+            .filter(|(_, mark)| mark.until > now)
+            .map(|(node, _)| node.clone())
+            .collect()
+    }
+
+    /// True when devices taken over by the controller wait for their fence.
+    pub fn settling(&self) -> bool {
+        self.lock().ownership.settling()
     }
 
     /// Remembers that `claim` waits for capacity.
@@ -144,6 +180,21 @@ impl<'a> Books<'a> {
     /// See [`CapacityIndex::holders`].
     pub fn holders(&self, node: &str, device: &str, except: &str) -> Vec<ObjectRef<ResourceClaim>> {
         self.state.capacity.holders(node, device, except)
+    }
+
+    /// The capacity index and the ownership book, to advance the book by a tick.
+    pub fn ownership(&mut self) -> (&CapacityIndex, &mut OwnershipBook) {
+        let State {
+            capacity,
+            ownership,
+            ..
+        } = &mut *self.state;
+        (capacity, ownership)
+    }
+
+    /// True when a controller claim waits for capacity.
+    pub fn controller_waiting(&self) -> bool {
+        !self.state.waiting.is_empty()
     }
 
     /// Records allocations about to be written (see [`CapacityIndex::assume`]).
@@ -256,12 +307,27 @@ mod tests {
     }
 
     #[test]
-    fn unsuitable_marks_expire() {
+    fn rejections_back_off_and_grow_on_repeats() {
         let ledger = Ledger::default();
         let now = Instant::now();
-        ledger.mark_unsuitable("pod", "node1", now + std::time::Duration::from_secs(60));
-        ledger.mark_unsuitable("pod", "node2", now);
+        let period = |repeats: u32| Duration::from_secs(5) * 2u32.pow(repeats);
+        ledger.mark_unsuitable("pod", "node1", now, period);
+        ledger.mark_unsuitable(
+            "pod",
+            "node2",
+            now.checked_sub(Duration::from_secs(6)).unwrap(),
+            period,
+        );
         assert_eq!(ledger.unsuitable_nodes("pod"), vec!["node1".to_owned()]);
         assert!(ledger.unsuitable_nodes("other").is_empty());
+        let state = ledger.lock();
+        let node2 = state.unsuitable["pod"]["node2"];
+        assert_eq!(node2.repeats, 0);
+        drop(state);
+        ledger.mark_unsuitable("pod", "node2", now, period);
+        let state = ledger.lock();
+        let node2 = state.unsuitable["pod"]["node2"];
+        assert_eq!(node2.repeats, 1, "a repeat within twice the period counts");
+        assert_eq!(node2.until, now + Duration::from_secs(10));
     }
 }

@@ -28,6 +28,7 @@ pub mod context;
 pub mod index;
 mod ledger;
 pub mod nodes;
+pub mod ownership;
 mod placement;
 pub mod reconcile;
 mod report;

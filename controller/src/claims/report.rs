@@ -158,7 +158,7 @@ pub(super) async fn publish(
     publish_on(ctx, &claim.object_ref(&()), type_, reason, note).await;
 }
 
-async fn publish_on(
+pub(super) async fn publish_on(
     ctx: &ClaimsContext,
     regarding: &k8s_openapi::api::core::v1::ObjectReference,
     type_: EventType,

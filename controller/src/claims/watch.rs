@@ -16,9 +16,9 @@ use kube::runtime::{WatchStreamExt as _, applier, watcher};
 use kube::{Api, ResourceExt as _};
 use tokio_util::sync::CancellationToken;
 
-use super::consumers;
 use super::context::{ClaimSettings, ClaimsContext};
 use super::reconcile::{CONTROLLER, error_policy, reconcile};
+use super::{consumers, ownership};
 use crate::context::Context;
 use crate::error::Result;
 
@@ -33,7 +33,8 @@ type Request = std::result::Result<ReconcileRequest<ResourceClaim>, watcher::Err
 /// before the event is queued, so a reconcile never sees a pod or claim older than the event
 /// that triggered it: claims trigger themselves; pods trigger the claims they use (creation,
 /// scheduling, deletion); an allocation by someone else triggers the controller claims that
-/// must yield its devices; and every claim is reconciled again each resync period.
+/// must yield its devices; and every claim is reconciled again each resync period. Ownership
+/// of the devices is decided next to it, every [`ClaimSettings::ownership_tick`].
 ///
 /// # Errors
 /// Never returns an error today; the signature fits [`crate::ControllerTask`].
@@ -86,6 +87,7 @@ pub async fn run(
         trigger,
         settings,
     ));
+    let ownership = ownership::run(Arc::clone(&ctx), shutdown.clone());
     let yield_requests = stream::unfold(triggered, |mut triggered| async move {
         let claim = triggered.recv().await?;
         Some((Ok(claim.into()), triggered))
@@ -121,16 +123,19 @@ pub async fn run(
         std::future::ready(())
     });
     tokio::pin!(reconciles);
-    tokio::select! {
-        () = &mut reconciles => {}
-        () = node_watch => {}
-        () = shutdown.cancelled() => {
-            // The queue has ended: running reconciles finish, then the applier stops.
-            if tokio::time::timeout(SHUTDOWN_GRACE, &mut reconciles).await.is_err() {
-                tracing::warn!(controller = CONTROLLER, "reconciles did not finish in time");
+    let controller = async {
+        tokio::select! {
+            () = &mut reconciles => {}
+            () = node_watch => {}
+            () = shutdown.cancelled() => {
+                // The queue has ended: running reconciles finish, then the applier stops.
+                if tokio::time::timeout(SHUTDOWN_GRACE, &mut reconciles).await.is_err() {
+                    tracing::warn!(controller = CONTROLLER, "reconciles did not finish in time");
+                }
             }
         }
-    }
+    };
+    tokio::join!(controller, ownership);
     // The watches only end with the process; what matters is that the controller stopped.
     shutdown.cancelled().await;
     Ok(())
