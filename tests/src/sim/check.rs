@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_api::ownership::{Owner, Record};
 use kerf_core::alloc::UseKind;
 use kube::ResourceExt as _;
@@ -181,6 +181,32 @@ impl Checker {
         self.moves += moves;
         moves
     }
+}
+
+/// The owner each published device carries in its `allocator` attribute now (`None`: none),
+/// from the slices of each pool's highest generation.
+pub fn published_owners(fake: &FakeApi, driver: &str) -> HashMap<DeviceKey, Option<Owner>> {
+    let slices: Vec<ResourceSlice> = fake.list_resources(None);
+    let mut newest: HashMap<&str, i64> = HashMap::new();
+    for slice in slices.iter().filter(|s| s.spec.driver == driver) {
+        let generation = newest
+            .entry(slice.spec.pool.name.as_str())
+            .or_insert(i64::MIN);
+        *generation = (*generation).max(slice.spec.pool.generation);
+    }
+    slices
+        .iter()
+        .filter(|s| s.spec.driver == driver)
+        .filter(|s| newest.get(s.spec.pool.name.as_str()) == Some(&s.spec.pool.generation))
+        .flat_map(|s| {
+            s.spec.devices.iter().flatten().map(|d| {
+                (
+                    (s.spec.pool.name.clone(), d.name.clone()),
+                    kerf_api::ownership::published_owner(d, driver),
+                )
+            })
+        })
+        .collect()
 }
 
 /// The pod's claim names (`resourceClaimName`, or the generated name from its status).

@@ -38,7 +38,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kerf_controller::webhook::{Decision, Skip};
 use kerf_controller::{BackoffConfig, ControllerConfig};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt as _};
 use tokio::task::JoinHandle;
@@ -65,6 +65,9 @@ pub enum SimError {
     /// The cluster could not be set up as configured.
     #[error("sim setup: {0}")]
     Setup(String),
+    /// Something the sim waited for did not happen in time.
+    #[error("sim: no {0}")]
+    Timeout(String),
     /// An API call of the sim itself failed.
     #[error("sim API call {what}: {source}")]
     Api {
@@ -113,17 +116,26 @@ impl SimConfig {
     }
 
     /// kerf-controller's defaults with every wait cut to what a simulation of seconds needs:
-    /// back-off 20 ms to 500 ms, rejected nodes avoided for 1 s, unplaceable claims retried
-    /// after 100 ms, pods with missing claims after 50 ms.
+    /// back-off 20 ms to 500 ms, rejected nodes avoided for 200 ms at first (at most 2 s),
+    /// unplaceable claims retried after 100 ms, pods with missing claims after 50 ms,
+    /// ownership decided every 25 ms, a device reclaimed from the scheduler placed on 300 ms
+    /// after its republished slice is seen (the settle period: well above the stand-in's
+    /// Reserve-to-PreBind time in the sim, a few tens of milliseconds, as kerf's 10 s default
+    /// is above kube-scheduler's), and an idle lent device returned after 500 ms.
     pub fn fast_controller() -> ControllerConfig {
         let mut config = ControllerConfig::new(DRIVER);
         config.backoff = BackoffConfig {
             base: Duration::from_millis(20),
             max: Duration::from_millis(500),
         };
-        config.claims.unsuitable_for = Duration::from_secs(1);
-        config.claims.unplaceable_retry = Duration::from_millis(100);
-        config.claims.pending_retry = Duration::from_millis(50);
+        let claims = &mut config.claims;
+        claims.rejection_backoff = Duration::from_millis(200);
+        claims.rejection_backoff_max = Duration::from_secs(2);
+        claims.unplaceable_retry = Duration::from_millis(100);
+        claims.pending_retry = Duration::from_millis(50);
+        claims.ownership.settle = Duration::from_millis(300);
+        claims.ownership.linger = Duration::from_millis(500);
+        claims.ownership_tick = Duration::from_millis(25);
         config
     }
 }
@@ -451,6 +463,43 @@ impl Sim {
             .map_err(|e| SimError::Setup(format!("stand-in task: {e}")))?;
         self.stand_in = Some(stand_in);
         Ok(log)
+    }
+
+    /// Sets label `key` of every node to `value` (a merge patch, as `kubectl label
+    /// --overwrite` does), e.g. [`kerf_api::ownership::NODE_LABEL`] to pin the owner.
+    ///
+    /// # Errors
+    /// A failed patch.
+    pub async fn label_nodes(&self, key: &str, value: &str) -> Result<(), SimError> {
+        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone());
+        let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
+        for node in &self.config.nodes {
+            nodes
+                .patch(&node.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map_err(api_error(format!("label node {}", node.name)))?;
+        }
+        Ok(())
+    }
+
+    /// Polls `done` every millisecond until it holds, for at most `timeout`.
+    ///
+    /// # Errors
+    /// [`SimError::Timeout`] naming `what` when it does not hold in time.
+    pub async fn wait_for(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut done: impl FnMut(&Sim) -> bool,
+    ) -> Result<(), SimError> {
+        let deadline = Instant::now() + timeout;
+        while !done(self) {
+            if Instant::now() > deadline {
+                return Err(SimError::Timeout(format!("{what} within {timeout:?}")));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ok(())
     }
 
     /// Checks every invariant on the current state ([`check::Checker::observe`]).
