@@ -9,6 +9,7 @@
 
 use std::fmt::Debug;
 use std::future::Future;
+use std::sync::Arc;
 
 use futures::{Stream, StreamExt as _, stream};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -30,6 +31,8 @@ pub struct Caches {
     /// Every DeviceClass of the cluster.
     pub device_classes: Store<DeviceClass>,
     changes: watch::Receiver<u64>,
+    /// One waiter at a time on the stores' readiness; see [`Caches::wait_ready`].
+    ready_waiters: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Debug for Caches {
@@ -74,6 +77,7 @@ impl Caches {
                 claims,
                 device_classes,
                 changes,
+                ready_waiters: Arc::default(),
             },
             driver,
         )
@@ -89,6 +93,10 @@ impl Caches {
             name: "caches",
             message: "the caches stopped before their first list completed".to_owned(),
         };
+        // kube-runtime 5's `Store::wait_until_ready` keeps the waker of one waiter only
+        // (`DelayedInit` polls a futures oneshot receiver), so a second concurrent waiter can
+        // make the first sleep for ever: waiters queue on a fair lock instead.
+        let _one_at_a_time = self.ready_waiters.lock().await;
         self.slices.wait_until_ready().await.map_err(stopped)?;
         self.claims.wait_until_ready().await.map_err(stopped)?;
         self.device_classes

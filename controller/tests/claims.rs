@@ -1076,3 +1076,49 @@ async fn a_claim_changed_while_it_is_being_marked_is_not_overwritten() {
     assert_eq!(finalizers(&claim), [FINALIZER]);
     controller.stop().await;
 }
+
+#[tokio::test]
+async fn the_scheduling_gate_is_removed_once_every_controller_claim_is_allocated() {
+    let fake = cluster();
+    claim(&fake, "a", SLICES, 1, Some(slice_params("10Gi", 10)));
+    claim(&fake, "b", SLICES, 1, Some(slice_params("10Gi", 10)));
+    let gates = json!({"schedulingGates": [
+        {"name": "example.com/other"},
+        {"name": kerf_api::controller_claims::SCHEDULING_GATE},
+    ]});
+    pod(&fake, "p", &[Uses::Claim("a"), Uses::Claim("b")], gates);
+    let controller = Controller::start(&fake);
+
+    let a = allocated(&fake, "a").await;
+    let b = allocated(&fake, "b").await;
+    assert_eq!(node_of(&a), node_of(&b));
+    let pod = eventually("the kerf gate removed", || async {
+        let pod = fake.get(&format!("{PODS}/p"))?;
+        let gates = pod["spec"]["schedulingGates"].as_array()?.clone();
+        (gates.len() == 1).then_some(pod)
+    })
+    .await;
+    assert_eq!(
+        pod["spec"]["schedulingGates"],
+        json!([{"name": "example.com/other"}]),
+        "only kerf's gate is removed"
+    );
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_pod_created_with_a_node_name_is_allocated_on_that_node() {
+    let fake = cluster();
+    claim(&fake, "pinned", SLICES, 1, Some(slice_params("10Gi", 10)));
+    pod(
+        &fake,
+        "p",
+        &[Uses::Claim("pinned")],
+        json!({"nodeName": "node-2"}),
+    );
+    let controller = Controller::start(&fake);
+
+    let claim = allocated(&fake, "pinned").await;
+    assert_eq!(node_of(&claim), "node-2");
+    controller.stop().await;
+}

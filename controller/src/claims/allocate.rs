@@ -12,6 +12,7 @@ use kube::runtime::events::EventType;
 
 use super::commit::{deallocate, write_placement};
 use super::context::ClaimsContext;
+use super::gate;
 use super::placement::{Placing, place_and_begin};
 use super::reconcile::note_rejection;
 use super::report::{describe, publish, report_allocated, report_invalid, report_unplaceable};
@@ -19,8 +20,9 @@ use super::state::{allocated_on, allocation_of, annotated_node, is_reserved};
 use super::{consumers, reasons};
 use crate::error::Result;
 
-/// Places every unallocated controller claim of `pod` on one node and writes the
-/// allocations; all or nothing.
+/// Places every unallocated controller claim of `pod` on one node (its `spec.nodeName` when it
+/// was created with one) and writes the allocations, all or nothing; then releases the pod's
+/// scheduling gate.
 pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<Action> {
     let started = Instant::now();
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
@@ -43,6 +45,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<A
         if let Some(node) = placed.iter().find_map(|c| allocated_on(c, ctx.driver())) {
             report_allocated(ctx, pod, placed.len(), &node).await;
         }
+        gate::release(pod, ctx).await?;
         return Ok(Action::await_change());
     }
     for claim in &todo {
@@ -53,6 +56,8 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<A
         .iter()
         .filter_map(|c| allocated_on(c, ctx.driver()))
         .collect();
+    // A pod created with spec.nodeName runs there whatever kerf decides.
+    pinned.extend(consumers::assigned_node(pod).map(str::to_owned));
     pinned.sort();
     pinned.dedup();
     let request = match pod_request(&todo, ctx) {
@@ -101,6 +106,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<A
             }
             let count = placed.len() + todo.len();
             report_allocated(ctx, pod, count, &placement.node).await;
+            gate::release(pod, ctx).await?;
             Ok(Action::await_change())
         }
         Err(error) => {

@@ -64,10 +64,27 @@ pub fn is_live(pod: &Pod) -> bool {
 
 /// A pod the scheduler has not yet bound to a node.
 pub fn is_unscheduled(pod: &Pod) -> bool {
+    assigned_node(pod).is_none()
+}
+
+/// The node a pod is bound to (by the scheduler, or at creation).
+pub fn assigned_node(pod: &Pod) -> Option<&str> {
     pod.spec
         .as_ref()
         .and_then(|s| s.node_name.as_deref())
-        .is_none_or(str::is_empty)
+        .filter(|n| !n.is_empty())
+}
+
+/// A pod whose claims the controller should still allocate: not bound yet, or created with
+/// `spec.nodeName` and not started (the kubelet waits for the claims' allocations;
+/// kube-controller-manager's resourceclaim controller then reserves them for the pod).
+pub fn awaits_allocation(pod: &Pod) -> bool {
+    let pending = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_none_or(|phase| phase == "Pending");
+    is_unscheduled(pod) || pending
 }
 
 #[cfg(test)]

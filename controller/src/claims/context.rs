@@ -64,6 +64,8 @@ pub struct ClaimsContext {
     pub trigger: UnboundedSender<ObjectRef<ResourceClaim>>,
     /// Timing.
     pub settings: ClaimSettings,
+    /// One waiter at a time on the stores' readiness (see [`crate::cache::Caches::wait_ready`]).
+    ready_waiters: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for ClaimsContext {
@@ -95,6 +97,7 @@ impl ClaimsContext {
             ledger: Ledger::default(),
             trigger,
             settings,
+            ready_waiters: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -107,6 +110,7 @@ impl ClaimsContext {
             name: "resourceclaim",
             message: "a watch stopped before its first list completed".to_owned(),
         };
+        let _one_at_a_time = self.ready_waiters.lock().await;
         self.claims.wait_until_ready().await.map_err(stopped)?;
         self.pods.wait_until_ready().await.map_err(stopped)?;
         self.nodes.wait_until_ready().await.map_err(stopped)?;

@@ -25,6 +25,7 @@ mod allocate;
 mod commit;
 pub mod consumers;
 pub mod context;
+mod gate;
 pub mod index;
 mod ledger;
 pub mod nodes;

@@ -13,11 +13,13 @@
 //!    claims are allocated too.
 //! 6. Unallocated but annotated with our node: unless the missing allocation is our own doing,
 //!    the scheduler rejected the node — avoid it for the pod; then drop the annotation.
-//! 7. Unallocated with an unscheduled consumer pod: place every unallocated controller claim of
-//!    the pod on one node (the node of its already allocated ones, if any; when they do not
-//!    fit there, the allocated ones are released and all are placed again together) and write
-//!    them all or none. Nothing fits: Warning Events and the pod condition say why, and the
-//!    claims are tried again after a while or as soon as the controller frees capacity.
+//! 7. Unallocated with a consumer pod that awaits allocation (unbound, or created with
+//!    `spec.nodeName` and not started): place every unallocated controller claim of the pod on
+//!    one node — its `spec.nodeName` if set, else the node of its already allocated claims, if
+//!    any (when they do not fit there, those are released and all are placed again together)
+//!    — and write them all or none, then remove the pod's scheduling gate. Nothing fits:
+//!    Warning Events and the pod condition say why, and the claims are tried again after a
+//!    while or as soon as the controller frees capacity.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -128,8 +130,9 @@ async fn reconcile_allocated(claim: &ResourceClaim, ctx: &ClaimsContext) -> Resu
         deallocate(claim, ctx, false, &why).await?;
         return Ok(Action::await_change());
     }
-    if consumers::is_unscheduled(pod) {
-        // The pod's other claims may still need their allocation on this node.
+    if consumers::awaits_allocation(pod) {
+        // The pod's other claims may still need their allocation on this node, and its gate
+        // its release.
         return allocate_for_pod(pod, ctx).await;
     }
     Ok(Action::await_change())
@@ -162,7 +165,7 @@ async fn reconcile_unallocated(
         return Ok(Action::await_change());
     }
     match consumers.first() {
-        Some(pod) if consumers::is_unscheduled(pod) => allocate_for_pod(pod, ctx).await,
+        Some(pod) if consumers::awaits_allocation(pod) => allocate_for_pod(pod, ctx).await,
         Some(_) => Ok(Action::await_change()),
         None => {
             // Idle: a finalizer left from an allocation that was never written.

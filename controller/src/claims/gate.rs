@@ -1,0 +1,80 @@
+//! Releasing a pod to kube-scheduler: once every controller claim of the pod is allocated,
+//! the scheduling gate kerf's admission webhook put on it is removed, and the scheduler only
+//! has to bind the pod where the allocations' node selectors point.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt as _;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+
+use super::context::ClaimsContext;
+use crate::error::{Error, Result};
+use kerf_api::controller_claims::SCHEDULING_GATE;
+
+/// Where the pod's kerf gate is in `spec.schedulingGates`, if it has one.
+pub(super) fn gate_index(pod: &Pod) -> Option<usize> {
+    pod.spec
+        .as_ref()?
+        .scheduling_gates
+        .as_ref()?
+        .iter()
+        .position(|gate| gate.name == SCHEDULING_GATE)
+}
+
+/// Removes the kerf gate from `pod` (nothing to do without one). A JSON patch that tests the
+/// gate's position first, so a concurrent change of the gates fails the write instead of
+/// removing someone else's gate; the pod's next event brings it back.
+///
+/// # Errors
+/// [`Error::Kube`] when the write fails for another reason than the pod being gone or its
+/// gates having changed meanwhile.
+pub(super) async fn release(pod: &Pod, ctx: &ClaimsContext) -> Result<()> {
+    let Some(index) = gate_index(pod) else {
+        return Ok(());
+    };
+    let namespace = pod.namespace().unwrap_or_default();
+    let api: Api<Pod> = Api::namespaced(ctx.base.client.clone(), &namespace);
+    let path = format!("/spec/schedulingGates/{index}");
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": format!("{path}/name"), "value": SCHEDULING_GATE},
+        {"op": "remove", "path": path},
+    ]))
+    .map_err(|e| Error::serialize("scheduling gate patch", e))?;
+    let params = PatchParams {
+        field_manager: Some(ctx.base.config.field_manager.clone()),
+        ..PatchParams::default()
+    };
+    match api
+        .patch(&pod.name_any(), &params, &Patch::Json::<()>(patch))
+        .await
+    {
+        Ok(_) => {
+            tracing::debug!(pod = %pod.name_any(), %namespace, "scheduling gate removed");
+            Ok(())
+        }
+        // Gone, or the gates changed under us (the test op failed): nothing to release now.
+        Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409 | 422) => Ok(()),
+        Err(source) => Err(Error::Kube(source)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_only_kerfs_gate() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [], "schedulingGates": [
+                {"name": "example.com/other"}, {"name": SCHEDULING_GATE}
+            ]}
+        }))
+        .unwrap();
+        assert_eq!(gate_index(&pod), Some(1));
+        let ungated: Pod =
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": {"containers": []}}))
+                .unwrap();
+        assert_eq!(gate_index(&ungated), None);
+    }
+}
