@@ -1122,3 +1122,54 @@ async fn a_pod_created_with_a_node_name_is_allocated_on_that_node() {
     assert_eq!(node_of(&claim), "node-2");
     controller.stop().await;
 }
+
+#[tokio::test]
+async fn a_device_in_two_exclusive_allocations_is_reported_on_both_claims_and_pods() {
+    let fake = cluster();
+    claim(&fake, "mine", SLICES, 1, None);
+    pod(&fake, "p", &[Uses::Claim("mine")], json!({}));
+    let controller = Controller::start(&fake);
+    let before = allocated(&fake, "mine").await;
+    let (node, gpu) = devices(&before)[0].clone();
+    // The pod has the claim reserved (it may be prepared already): the controller must not
+    // take the allocation away, only report.
+    let mut reserved = get_claim(&fake, "mine").unwrap();
+    let pod_uid = fake.get(&format!("{PODS}/p")).unwrap()["metadata"]["uid"].clone();
+    reserved["status"]["reservedFor"] = json!([{"resource": "pods", "name": "p", "uid": pod_uid}]);
+    fake.insert(reserved);
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "theirs", "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": WHOLE}}]}},
+        "status": {"allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": gpu}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        }},
+    }));
+
+    let on_mine = event(&fake, "mine", "AllocationConflict").await;
+    assert_eq!(on_mine["type"], "Warning");
+    let note = on_mine["note"].as_str().unwrap();
+    assert!(
+        note.contains(&format!(
+            "device {node}/{gpu} is also allocated to claim default/theirs (by kube-scheduler)"
+        )),
+        "{note}"
+    );
+    let on_theirs = event(&fake, "theirs", "AllocationConflict").await;
+    assert!(
+        on_theirs["note"]
+            .as_str()
+            .unwrap()
+            .contains("default/mine (by kerf-controller)"),
+        "{on_theirs}"
+    );
+    event(&fake, "p", "AllocationConflict").await;
+    assert_eq!(
+        devices(&get_claim(&fake, "mine").unwrap()),
+        [(node, gpu)],
+        "a reserved claim keeps its allocation"
+    );
+    controller.stop().await;
+}

@@ -11,6 +11,7 @@
 //! [`book`].
 
 mod book;
+mod conflicts;
 mod demand;
 mod guard;
 
@@ -42,6 +43,7 @@ pub const SCHEDULER_TOOK_DEVICE: &str = "AllocatorGuardMissing";
 pub(super) struct Warned {
     node_labels: HashSet<(String, String)>,
     device_classes: HashSet<(String, String)>,
+    conflicts: HashSet<(String, String)>,
 }
 
 /// Advances ownership every tick until `shutdown`.
@@ -76,6 +78,7 @@ pub(super) async fn tick(ctx: &ClaimsContext, warned: &mut Warned) {
     let needs = demand::pending_needs(ctx);
     let outcome = advance(ctx, &devices, &policies, &needs);
     report(ctx, &outcome).await;
+    conflicts::report(ctx, &outcome.conflicts, &mut warned.conflicts).await;
     guard::warn_unguarded_classes(ctx, &mut warned.device_classes).await;
     write_records(ctx, &outcome.records, &policies).await;
 }
@@ -137,6 +140,7 @@ struct Outcome {
     /// Claims holding a device kube-scheduler took from the controller, per device.
     intruders: HashMap<(String, String), Vec<ObjectRef<ResourceClaim>>>,
     records: BTreeMap<String, Record>,
+    conflicts: Vec<conflicts::Conflict>,
 }
 
 fn advance(
@@ -157,12 +161,20 @@ fn advance(
     let (capacity, book) = books.ownership();
     let mut facts: BTreeMap<(String, String), DeviceFacts> = BTreeMap::new();
     let mut idle: BTreeMap<String, IdleGpus> = BTreeMap::new();
+    let mut conflicts = Vec::new();
     for (node, published) in devices {
         let Some((policy, record)) = policies.get(node) else {
             continue;
         };
         for device in published {
             let (ours, others) = capacity.holder_kinds(node, &device.name, is_ours);
+            if conflicts::is_conflict(&capacity.index().gpu_usage(node, &device.name)) {
+                conflicts.push(conflicts::Conflict {
+                    node: node.clone(),
+                    device: device.name.clone(),
+                    holders: capacity.holders(node, &device.name, ""),
+                });
+            }
             let fact = DeviceFacts {
                 mig: device.mig,
                 published: device.owner,
@@ -191,7 +203,10 @@ fn advance(
             }
         }
     }
-    let mut outcome = Outcome::default();
+    let mut outcome = Outcome {
+        conflicts,
+        ..Outcome::default()
+    };
     for ((node, device), fact) in &facts {
         let Some((policy, _)) = policies.get(node) else {
             continue;
