@@ -571,6 +571,21 @@ async fn nothing_fits_is_explained_and_nothing_is_written_to_the_claim() {
     controller.stop().await;
 }
 
+/// A claim `name` of the scheduler class that kube-scheduler allocated `gpu` of `node` to
+/// (whole, no finalizer of kerf's).
+fn scheduler_allocated(fake: &FakeApi, name: &str, node: &str, gpu: &str) {
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": WHOLE}}]}},
+        "status": {"allocation": {
+            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": gpu}]},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
+        }},
+    }));
+}
+
 #[tokio::test]
 async fn a_claim_yields_a_gpu_the_scheduler_allocated_and_is_placed_again() {
     let fake = cluster();
@@ -581,16 +596,7 @@ async fn a_claim_yields_a_gpu_the_scheduler_allocated_and_is_placed_again() {
     let (node, gpu) = devices(&before)[0].clone();
 
     // The scheduler, not yet seeing our allocation, gives the same GPU to another claim.
-    fake.insert(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "theirs", "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": WHOLE}}]}},
-        "status": {"allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": gpu}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-        }},
-    }));
+    scheduler_allocated(&fake, "theirs", &node, &gpu);
 
     let yielded = event(&fake, "mine", "Deallocated").await;
     let note = yielded["note"].as_str().unwrap();
@@ -1137,16 +1143,7 @@ async fn a_device_in_two_exclusive_allocations_is_reported_on_both_claims_and_po
     let pod_uid = fake.get(&format!("{PODS}/p")).unwrap()["metadata"]["uid"].clone();
     reserved["status"]["reservedFor"] = json!([{"resource": "pods", "name": "p", "uid": pod_uid}]);
     fake.insert(reserved);
-    fake.insert(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": "theirs", "namespace": NS},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": WHOLE}}]}},
-        "status": {"allocation": {
-            "devices": {"results": [{"request": "gpu", "driver": DRIVER, "pool": node, "device": gpu}]},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]},
-        }},
-    }));
+    scheduler_allocated(&fake, "theirs", &node, &gpu);
 
     let on_mine = event(&fake, "mine", "AllocationConflict").await;
     assert_eq!(on_mine["type"], "Warning");
