@@ -7,7 +7,9 @@
 //! - **no over-commit**: the slices on one GPU add up to at most its memory and to at most
 //!   100 % of its compute;
 //! - **bound pods hold their devices**: a pod the scheduler bound has every claim allocated,
-//!   and an allocated claim of a pod with a node names only devices of that node.
+//!   and an allocated claim of a pod with a node names only devices of that node;
+//! - **the controller allocates only its own devices**: a device held by a claim
+//!   kerf-controller allocated is recorded as the controller's in its node's ownership record.
 //!
 //! How a claim holds a device is read with [`kerf_api::device_uses`], the reading both
 //! allocators' bookkeeping is built on: a `GpuSliceAllocation` entry with memory or compute is
@@ -17,12 +19,14 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kerf_api::controller_claims::FINALIZER;
 use kerf_api::ownership::{Owner, Record};
 use kerf_core::alloc::UseKind;
 use kube::ResourceExt as _;
 
 use super::cluster::DeviceInfo;
 use crate::fake_api::FakeApi;
+use crate::scheduler::BUILTIN_FINALIZER;
 
 /// One device: (node, device name).
 pub type DeviceKey = (String, String);
@@ -55,7 +59,8 @@ pub struct Checker {
     pub violations: u64,
 }
 
-fn claim_key(claim: &ResourceClaim) -> String {
+/// `namespace/name` of a claim.
+pub fn claim_key(claim: &ResourceClaim) -> String {
     format!(
         "{}/{}",
         claim.namespace().unwrap_or_default(),
@@ -92,14 +97,16 @@ impl Checker {
 
     /// Observes the fake's current state: checks every invariant and counts ownership moves.
     pub fn observe(&mut self, fake: &FakeApi) -> Observation {
+        let before = fake.resource_version();
+        let nodes: Vec<Node> = fake.list_resources(None);
         let claims: Vec<ResourceClaim> = fake.list_resources(None);
         let pods: Vec<Pod> = fake.list_resources(None);
-        let nodes: Vec<Node> = fake.list_resources(None);
         let mut observation = Observation {
             moves: self.track_owners(&nodes),
             ..Observation::default()
         };
         self.check_devices(&claims, &mut observation);
+        self.check_controller_owns(&claims, before, &mut observation);
         check_pods(&claims, &pods, &self.driver, &mut observation);
         self.violations += observation.violations.len() as u64;
         observation
@@ -120,45 +127,46 @@ impl Checker {
         }
         observation.devices_in_use = uses.len();
         for ((node, device), holders) in &uses {
-            let name = format!("{node}/{device}");
-            if let Some((whole, _)) = holders.iter().find(|(_, k)| *k == UseKind::Whole)
-                && holders.len() > 1
-            {
-                let others: Vec<&str> = holders
-                    .iter()
-                    .map(|(c, _)| c.as_str())
-                    .filter(|c| c != whole)
-                    .collect();
-                observation.violations.push(format!(
-                    "device {name}: held whole by {whole} and also allocated to {}",
-                    others.join(", ")
-                ));
+            let info = self.devices.get(&(node.clone(), device.clone()));
+            if let Some(violation) = device_violation(node, device, holders, info) {
+                observation.violations.push(violation);
+            }
+        }
+    }
+
+    /// A device kerf-controller has allocated is recorded as the controller's: it lends only
+    /// idle devices and places only on devices recorded as its own. Checked for claims not
+    /// written since `before`, the resourceVersion read before the nodes were, so the claim
+    /// held its allocation when the records were read.
+    fn check_controller_owns(
+        &self,
+        claims: &[ResourceClaim],
+        before: u64,
+        observation: &mut Observation,
+    ) {
+        for claim in claims {
+            let unchanged = claim
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|rv| rv.parse::<u64>().ok())
+                .is_some_and(|rv| rv <= before);
+            let by_controller = claim.finalizers().iter().any(|f| f == FINALIZER)
+                && !claim.finalizers().iter().any(|f| f == BUILTIN_FINALIZER);
+            if !unchanged || !by_controller {
                 continue;
             }
-            let (memory, compute) =
-                holders
-                    .iter()
-                    .fold((0u64, 0u32), |(m, c), (_, kind)| match kind {
-                        UseKind::Slice {
-                            memory_bytes,
-                            compute_percent,
-                        } => (m + memory_bytes, c + u32::from(*compute_percent)),
-                        UseKind::Whole => (m, c),
-                    });
-            let Some(info) = self.devices.get(&(node.clone(), device.clone())) else {
-                observation
-                    .violations
-                    .push(format!("device {name}: allocated but never published"));
-                continue;
-            };
-            if memory > info.memory_bytes || compute > 100 {
-                let claims: Vec<&str> = holders.iter().map(|(c, _)| c.as_str()).collect();
-                observation.violations.push(format!(
-                    "device {name}: slices over-commit it: {} of {} memory, {compute}% compute ({})",
-                    gib(memory),
-                    gib(info.memory_bytes),
-                    claims.join(", ")
-                ));
+            for held in kerf_api::device_uses(claim, &self.driver) {
+                let owner = self.owners.get(&(held.node.clone(), held.device.clone()));
+                if owner != Some(&Owner::Controller) {
+                    observation.violations.push(format!(
+                        "device {}/{}: allocated by kerf-controller to {} but recorded as {}",
+                        held.node,
+                        held.device,
+                        claim_key(claim),
+                        owner.map_or("nobody's".to_owned(), |o| format!("the {o}'s"))
+                    ));
+                }
             }
         }
     }
@@ -181,6 +189,52 @@ impl Checker {
         self.moves += moves;
         moves
     }
+}
+
+/// What is wrong with one device whose allocations are `holders` (claim, how it holds the
+/// device), if anything: held whole by one claim and named by another, slices beyond its
+/// memory or 100 % compute, or never published (`info` is `None`).
+pub fn device_violation(
+    node: &str,
+    device: &str,
+    holders: &[(String, UseKind)],
+    info: Option<&DeviceInfo>,
+) -> Option<String> {
+    let name = format!("{node}/{device}");
+    if let Some((whole, _)) = holders.iter().find(|(_, k)| *k == UseKind::Whole)
+        && holders.len() > 1
+    {
+        let others: Vec<&str> = holders
+            .iter()
+            .map(|(c, _)| c.as_str())
+            .filter(|c| c != whole)
+            .collect();
+        return Some(format!(
+            "device {name}: held whole by {whole} and also allocated to {}",
+            others.join(", ")
+        ));
+    }
+    let Some(info) = info else {
+        return Some(format!("device {name}: allocated but never published"));
+    };
+    let (memory, compute) = holders
+        .iter()
+        .fold((0u64, 0u32), |(m, c), (_, kind)| match kind {
+            UseKind::Slice {
+                memory_bytes,
+                compute_percent,
+            } => (m + memory_bytes, c + u32::from(*compute_percent)),
+            UseKind::Whole => (m, c),
+        });
+    (memory > info.memory_bytes || compute > 100).then(|| {
+        let claims: Vec<&str> = holders.iter().map(|(c, _)| c.as_str()).collect();
+        format!(
+            "device {name}: slices over-commit it: {} of {} memory, {compute}% compute ({})",
+            gib(memory),
+            gib(info.memory_bytes),
+            claims.join(", ")
+        )
+    })
 }
 
 /// The owner each published device carries in its `allocator` attribute now (`None`: none),

@@ -22,24 +22,25 @@
 //!
 //! [`check::Checker`] reads the API state at any point and reports broken invariants (a
 //! device in two exclusive allocations, an over-committed GPU, a bound pod without its
-//! devices) and the ownership moves it saw.
+//! devices) and the ownership moves it saw; [`monitor`] checks the devices of every state
+//! each claim passes through, from a watch, so that a double allocation undone within
+//! milliseconds is caught too.
 
 pub mod admission;
 pub mod check;
 pub mod cluster;
+pub mod monitor;
+mod tasks;
 pub mod workload;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kerf_controller::webhook::{Decision, Skip};
 use kerf_controller::{BackoffConfig, ControllerConfig};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt as _};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -50,14 +51,17 @@ use crate::scheduler::{
     StandInHandle, StepReport,
 };
 use cluster::{DeviceInfo, NodeSpec};
+pub use tasks::BindTimes;
+use tasks::{spawn_bind_watch, spawn_controller, spawn_publisher};
 use workload::{PINNED_LABEL, PodPlan};
 
 /// The DRA driver of the sim.
 pub const DRIVER: &str = "gpu.kerf.dev";
 /// The namespace of the sim's pods and claims.
 pub const NAMESPACE: &str = "default";
-/// How long [`Sim::start`] waits for DeviceClasses and ResourceSlices.
-const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long [`Sim::start`] waits for DeviceClasses and ResourceSlices (both take a few
+/// milliseconds when kerf-controller and the publishers work).
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What went wrong setting up or driving the sim.
 #[derive(Debug, thiserror::Error)]
@@ -161,42 +165,6 @@ pub struct SimStats {
     pub cycle_errors: u64,
 }
 
-/// The first time each pod (`namespace/name`) was seen with `spec.nodeName`, from a watch.
-#[derive(Debug, Clone, Default)]
-pub struct BindTimes(Arc<Mutex<HashMap<String, Instant>>>);
-
-impl BindTimes {
-    /// When pod `namespace/name` was first seen bound.
-    pub fn get(&self, pod: &str) -> Option<Instant> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(pod)
-            .copied()
-    }
-
-    /// How many pods were seen bound.
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
-    }
-
-    /// True when no pod was seen bound.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    fn record(&self, pod: &Pod) {
-        if check::pod_node(pod).is_some() {
-            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
-            self.0
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(key)
-                .or_insert_with(Instant::now);
-        }
-    }
-}
-
 /// True for pods the sim created with `spec.nodeName` (they skip the scheduler).
 pub fn is_pinned(pod: &Pod) -> bool {
     pod.labels().get(PINNED_LABEL).is_some_and(|v| v == "true")
@@ -219,6 +187,8 @@ pub struct Sim {
     pub stats: SimStats,
     /// The invariant checker, fed by [`Sim::observe`].
     pub checker: check::Checker,
+    /// The watch of every claim state ([`monitor`]), drained by [`Sim::observe`].
+    pub monitor: monitor::ClaimMonitor,
 }
 
 impl std::fmt::Debug for Sim {
@@ -251,6 +221,8 @@ impl Sim {
         }
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
+        let (monitor, task) = monitor::spawn(&client, DRIVER, &devices, shutdown.clone());
+        tasks.push(task);
         for node in &config.nodes {
             tasks.push(spawn_publisher(&client, node, &config, shutdown.clone())?);
         }
@@ -265,6 +237,7 @@ impl Sim {
             SchedulerStandIn::with_config(client.clone(), DRIVER, config.stand_in.clone());
         let sim = Sim {
             checker: check::Checker::new(DRIVER, &devices),
+            monitor,
             fake,
             client,
             rng: SeededRng::new(config.seed),
@@ -301,7 +274,7 @@ impl Sim {
             }
             if Instant::now() > deadline {
                 return Err(SimError::Setup(format!(
-                    "not ready after {READY_TIMEOUT:?}: {have_classes} of {classes} DeviceClasses, {published} of {} nodes published",
+                    "not ready after {READY_TIMEOUT:?}: kerf-controller made {have_classes} of the {classes} DeviceClasses of kerf's GpuClasses, {published} of {} nodes published their slices",
                     self.config.nodes.len()
                 )));
             }
@@ -502,9 +475,21 @@ impl Sim {
         Ok(())
     }
 
-    /// Checks every invariant on the current state ([`check::Checker::observe`]).
+    /// Checks every invariant on the current state ([`check::Checker::observe`]) and adds
+    /// what [`monitor`] found in the claim states since the last call (states the poll may
+    /// have missed; the monitor trails the API by the watch's delivery time).
     pub fn observe(&mut self) -> check::Observation {
-        self.checker.observe(&self.fake)
+        let mut observation = self.checker.observe(&self.fake);
+        let missed = self.monitor.take_violations();
+        self.checker.violations += missed.len() as u64;
+        for violation in missed {
+            if !observation.violations.contains(&violation) {
+                observation
+                    .violations
+                    .push(format!("{violation} (seen by the claim watch)"));
+            }
+        }
+        observation
     }
 
     /// The sim's pods that are not done yet (`namespace/name`): a pod is done when it is
@@ -545,71 +530,4 @@ impl Sim {
 
 fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, SimError> {
     serde_json::from_value(value).map_err(|e| SimError::Setup(format!("object: {e}")))
-}
-
-fn spawn_publisher(
-    client: &Client,
-    node: &NodeSpec,
-    config: &SimConfig,
-    shutdown: CancellationToken,
-) -> Result<JoinHandle<()>, SimError> {
-    let inventory = Arc::new(node.inventory()?);
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = kerf_kubelet_plugin::metrics::Metrics::new(&mut registry);
-    let publisher = kerf_kubelet_plugin::publish::Publisher::new(
-        client.clone(),
-        DRIVER.to_owned(),
-        node.name.clone(),
-        metrics,
-    )
-    .with_debounce(config.publisher_debounce)
-    .with_retry_backoff(Duration::from_millis(10), Duration::from_millis(200));
-    let name = node.name.clone();
-    Ok(tokio::spawn(async move {
-        if let Err(error) = publisher
-            .run(inventory, Duration::from_secs(60), shutdown)
-            .await
-        {
-            eprintln!("sim: publisher of {name} stopped: {error}");
-        }
-    }))
-}
-
-fn spawn_controller(
-    client: &Client,
-    config: &SimConfig,
-    shutdown: CancellationToken,
-) -> JoinHandle<()> {
-    let config = kerf_controller::Config {
-        controller: config.controller.clone(),
-        leader_election: None,
-        metrics_address: None,
-    };
-    let client = client.clone();
-    tokio::spawn(async move {
-        if let Err(error) = kerf_controller::run(config, client, shutdown).await {
-            eprintln!("sim: kerf-controller stopped: {error}");
-        }
-    })
-}
-
-fn spawn_bind_watch(
-    client: &Client,
-    times: BindTimes,
-    shutdown: CancellationToken,
-) -> JoinHandle<()> {
-    let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default());
-    tokio::spawn(async move {
-        let mut pods = std::pin::pin!(pods);
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                event = pods.next() => match event {
-                    Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => times.record(&pod),
-                    Some(_) => {}
-                    None => return,
-                },
-            }
-        }
-    })
 }

@@ -279,6 +279,24 @@ impl Workload {
         self.delete_random()
     }
 
+    /// Creates until the live set is full: plans random shapes and keeps those that fit,
+    /// until `misses` plans in a row did not.
+    pub fn fill(&mut self, misses: usize) -> Vec<PodPlan> {
+        let mut created = Vec::new();
+        let mut missed = 0;
+        while missed < misses {
+            let plan = self.plan();
+            if self.fits(&plan.shape) {
+                self.live.insert(plan.name.clone(), plan.clone());
+                created.push(plan);
+                missed = 0;
+            } else {
+                missed += 1;
+            }
+        }
+        created
+    }
+
     /// A delete of a random live pod; `None` when nothing is live.
     pub fn delete_random(&mut self) -> Option<Action> {
         if self.live.is_empty() {
