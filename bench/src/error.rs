@@ -75,6 +75,9 @@ pub enum Error {
     /// The workload did not allow the measurement (e.g. nothing could be placed).
     #[error("workload: {0}")]
     Workload(String),
+    /// The simulated cluster of `scheduling` failed.
+    #[error("{0}")]
+    Sim(#[from] kerf_tests::sim::SimError),
 }
 
 impl Error {
@@ -93,6 +96,7 @@ impl Error {
             Error::Claim { .. } => "claim",
             Error::Child(_) => "child",
             Error::Workload(_) => "workload",
+            Error::Sim(_) => "sim",
         }
     }
 

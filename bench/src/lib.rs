@@ -16,6 +16,9 @@
 //! - `packing`: BinPack, Spread and a kube-scheduler-like first-fit until the first claim
 //!   that does not fit.
 //! - `footprint`: resident memory of the plugin and of the controller's index.
+//! - `scheduling`: pods/s through the kube-scheduler stand-in on a simulated cluster,
+//!   Controller-class pods (gated, allocated by kerf-controller, bound by the stand-in)
+//!   against Scheduler-class pods the stand-in allocates itself.
 //!
 //! Wiring into a CLI: call [`run`] (or [`run_each`] to print as each finishes) from outside
 //! any Tokio runtime, with [`BenchOptions`]; set [`BenchOptions::reexec`] to the command
@@ -31,6 +34,7 @@ pub mod footprint;
 pub mod node;
 pub mod prepare;
 pub mod rng;
+pub mod scheduling;
 pub mod stats;
 pub mod summary;
 pub mod sys;
@@ -44,13 +48,14 @@ pub use prepare::SpecLayout;
 pub use summary::{Summary, Target};
 
 /// The benchmarks, in the order `all` runs them.
-pub const NAMES: [&str; 6] = [
+pub const NAMES: [&str; 7] = [
     "prepare",
     "prepare-parallel",
     "prepare-parallel-node",
     "allocate",
     "packing",
     "footprint",
+    "scheduling",
 ];
 
 /// What the benchmarks run on and how much.
@@ -79,6 +84,10 @@ pub struct BenchOptions {
     pub footprint_cycles: usize,
     /// Allocated claims in the index footprint (default 10,000).
     pub footprint_claims: usize,
+    /// Simulated nodes of 8 mock H100 for `scheduling` (default 8).
+    pub scheduling_nodes: usize,
+    /// Pods per phase and round of `scheduling` (default 64; at most 8 per node).
+    pub scheduling_pods: usize,
     /// How to start this program again so that it reaches [`run`] with a given name; `None`
     /// measures the footprint in this process.
     pub reexec: Option<Reexec>,
@@ -106,6 +115,8 @@ impl Default for BenchOptions {
             seed: 1,
             footprint_cycles: 1_000,
             footprint_claims: 10_000,
+            scheduling_nodes: 8,
+            scheduling_pods: 64,
             reexec: None,
         }
     }
@@ -121,14 +132,25 @@ impl BenchOptions {
             ("allocate_claims", self.allocate_claims),
             ("footprint_cycles", self.footprint_cycles),
             ("footprint_claims", self.footprint_claims),
+            ("scheduling_nodes", self.scheduling_nodes),
+            ("scheduling_pods", self.scheduling_pods),
         ];
-        match positive.iter().find(|(_, v)| *v == 0) {
-            Some((option, _)) => Err(Error::InvalidOption {
+        if let Some((option, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(Error::InvalidOption {
                 option,
                 reason: "must be at least 1".into(),
-            }),
-            None => Ok(()),
+            });
         }
+        if self.scheduling_pods > 8 * self.scheduling_nodes {
+            return Err(Error::InvalidOption {
+                option: "scheduling_pods",
+                reason: format!(
+                    "{} whole-GPU pods do not fit {} nodes of 8 GPUs",
+                    self.scheduling_pods, self.scheduling_nodes
+                ),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -184,6 +206,7 @@ pub fn run_each(
             "allocate" => alloc::allocate(options)?,
             "packing" => alloc::packing(options)?,
             "footprint" => footprint::footprint(options, &runtime)?,
+            "scheduling" => runtime.block_on(scheduling::scheduling(options))?,
             footprint::PLUGIN_CHILD => return footprint::plugin_child(&runtime),
             footprint::INDEX_CHILD => return footprint::index_child(options),
             other => return Err(Error::UnknownBenchmark(other.to_owned())),
@@ -212,6 +235,36 @@ mod tests {
             run("prepare", &zero),
             Err(Error::InvalidOption {
                 option: "prepare_claims",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_small_scheduling_run_reports_both_rates() {
+        let options = BenchOptions {
+            scheduling_nodes: 1,
+            scheduling_pods: 4,
+            ..BenchOptions::default()
+        };
+        let summaries = run("scheduling", &options).unwrap();
+        let line = summaries[0].to_string();
+        for key in [
+            "controller_per_s=",
+            "direct_per_s=",
+            "ratio=",
+            "ratio_target=",
+        ] {
+            assert!(line.contains(key), "{key} missing from {line}");
+        }
+        let too_many = BenchOptions {
+            scheduling_pods: 9,
+            ..options
+        };
+        assert!(matches!(
+            run("scheduling", &too_many),
+            Err(Error::InvalidOption {
+                option: "scheduling_pods",
                 ..
             })
         ));

@@ -2,7 +2,8 @@
 //!
 //! Options are `--key value` for the fields of [`kerf_bench::BenchOptions`]
 //! (`--work-dir`, `--prepare-claims`, `--parallel-claims`, `--parallel-rounds`, `--nodes`,
-//! `--allocate-claims`, `--seed`, `--footprint-cycles`, `--footprint-claims`).
+//! `--allocate-claims`, `--seed`, `--footprint-cycles`, `--footprint-claims`,
+//! `--scheduling-nodes`, `--scheduling-pods`).
 
 use std::process::ExitCode;
 
@@ -24,7 +25,7 @@ fn main() -> ExitCode {
         Err(message) => {
             eprintln!("kerf-bench: {message}");
             eprintln!(
-                "usage: kerf-bench NAME|all [--work-dir DIR] [--prepare-claims N] [--parallel-claims N] [--parallel-rounds N] [--nodes N] [--allocate-claims N] [--seed N] [--footprint-cycles N] [--footprint-claims N]"
+                "usage: kerf-bench NAME|all [--work-dir DIR] [--prepare-claims N] [--parallel-claims N] [--parallel-rounds N] [--nodes N] [--allocate-claims N] [--seed N] [--footprint-cycles N] [--footprint-claims N] [--scheduling-nodes N] [--scheduling-pods N]"
             );
             eprintln!("names: {}", kerf_bench::NAMES.join(", "));
             ExitCode::from(2)
@@ -67,6 +68,8 @@ fn parse(args: &[String]) -> Result<(String, BenchOptions), String> {
             "seed" => options.seed = value.parse().map_err(|e| format!("--seed {value}: {e}"))?,
             "footprint-cycles" => options.footprint_cycles = number()?,
             "footprint-claims" => options.footprint_claims = number()?,
+            "scheduling-nodes" => options.scheduling_nodes = number()?,
+            "scheduling-pods" => options.scheduling_pods = number()?,
             other => return Err(format!("unknown option --{other}")),
         }
     }

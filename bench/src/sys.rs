@@ -1,6 +1,7 @@
-//! What the benchmarks read from /proc: resident memory and file system types.
+//! What the benchmarks read from /proc: resident memory, CPU time and file system types.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::{Error, Result};
 
@@ -33,6 +34,36 @@ pub fn parse_vm_rss(status: &str) -> Option<u64> {
         Some("kB") | None => value.checked_mul(1024),
         Some(_) => None,
     }
+}
+
+/// CPU time (user + system, every thread) this process has used so far, from
+/// `/proc/self/stat`.
+///
+/// # Errors
+/// The stat file cannot be read or parsed.
+pub fn cpu_time() -> Result<Duration> {
+    let path = Path::new("/proc/self/stat");
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io("read", path, e))?;
+    parse_cpu_time(&text).ok_or_else(|| {
+        Error::io(
+            "parse utime/stime",
+            path,
+            std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed stat line"),
+        )
+    })
+}
+
+/// `utime + stime` of a `/proc/<pid>/stat` line (fields 14 and 15, after the parenthesised
+/// command name, which may contain spaces), in clock ticks of `USER_HZ`, which the kernel
+/// fixes at 100 per second for this interface.
+pub fn parse_cpu_time(stat: &str) -> Option<Duration> {
+    const USER_HZ: u64 = 100;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    // Field 3 (state) is the first after the name: utime and stime are fields 14 and 15.
+    let mut fields = after_name.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 1000 / USER_HZ))
 }
 
 /// The type of the file system holding `path` (e.g. `ext4`, `tmpfs`), from the longest
@@ -101,6 +132,14 @@ mod tests {
         assert_eq!(parse_vm_rss(status), Some(5 << 20));
         assert_eq!(parse_vm_rss("Name:\tx\n"), None);
         assert_eq!(parse_vm_rss("VmRSS:\t 12 MB\n"), None);
+    }
+
+    #[test]
+    fn cpu_time_is_utime_plus_stime() {
+        let stat = "42 (kerf bench) S 1 42 42 0 -1 4194304 100 0 0 0 250 30 0 0 20 0 9 0 1 2 3";
+        assert_eq!(parse_cpu_time(stat), Some(Duration::from_millis(2800)));
+        assert_eq!(parse_cpu_time("garbage"), None);
+        assert!(cpu_time().is_ok());
     }
 
     #[test]

@@ -32,14 +32,14 @@ enum Command {
     /// plugin's socket, print what each claim got, and clean up.
     Demo(DemoArgs),
     /// Run kerf's benchmarks (build with --release): prepare, prepare-parallel(-node), allocate,
-    /// packing, footprint, or all. Each prints its figures and one `bench NAME key=value …` line.
+    /// packing, footprint, scheduling, or all. Each prints its figures and one `bench NAME key=value …` line.
     Bench(BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
     /// Benchmark to run: prepare, prepare-parallel, prepare-parallel-node, allocate, packing,
-    /// footprint or all.
+    /// footprint, scheduling or all.
     name: String,
     /// Directory for the plugin's files and sockets in the prepare benchmarks; must be on a
     /// disk, not tmpfs, and short enough for Unix socket paths.
@@ -73,6 +73,12 @@ struct BenchArgs {
     /// Allocated claims in the index footprint.
     #[arg(long, env = "KERF_BENCH_FOOTPRINT_CLAIMS", default_value_t = 10_000)]
     footprint_claims: usize,
+    /// Simulated nodes of 8 mock H100 for `scheduling`.
+    #[arg(long, env = "KERF_BENCH_SCHEDULING_NODES", default_value_t = 8)]
+    scheduling_nodes: usize,
+    /// Pods per phase and round of `scheduling` (at most 8 per node).
+    #[arg(long, env = "KERF_BENCH_SCHEDULING_PODS", default_value_t = 64)]
+    scheduling_pods: usize,
 }
 
 impl BenchArgs {
@@ -90,6 +96,8 @@ impl BenchArgs {
             ("--seed", self.seed.to_string()),
             ("--footprint-cycles", self.footprint_cycles.to_string()),
             ("--footprint-claims", self.footprint_claims.to_string()),
+            ("--scheduling-nodes", self.scheduling_nodes.to_string()),
+            ("--scheduling-pods", self.scheduling_pods.to_string()),
         ]
         .into_iter()
         .flat_map(|(flag, value)| [flag.into(), value.into()])
@@ -111,6 +119,8 @@ impl BenchArgs {
             seed: self.seed,
             footprint_cycles: self.footprint_cycles,
             footprint_claims: self.footprint_claims,
+            scheduling_nodes: self.scheduling_nodes,
+            scheduling_pods: self.scheduling_pods,
             reexec,
         }
     }

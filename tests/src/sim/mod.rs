@@ -51,8 +51,8 @@ use crate::scheduler::{
     StandInHandle, StepReport,
 };
 use cluster::{DeviceInfo, NodeSpec};
-pub use tasks::BindTimes;
-use tasks::{spawn_bind_watch, spawn_controller, spawn_publisher};
+pub use tasks::PodWatch;
+use tasks::{spawn_controller, spawn_pod_watch, spawn_publisher};
 use workload::{PINNED_LABEL, PodPlan};
 
 /// The DRA driver of the sim.
@@ -182,7 +182,7 @@ pub struct Sim {
     tasks: Vec<JoinHandle<()>>,
     /// Creation time of every pod the sim created, and whether it was created on a node.
     created_at: HashMap<String, (Instant, bool)>,
-    bind_times: BindTimes,
+    pods: PodWatch,
     /// Counts of what the sim did.
     pub stats: SimStats,
     /// The invariant checker, fed by [`Sim::observe`].
@@ -227,12 +227,8 @@ impl Sim {
             tasks.push(spawn_publisher(&client, node, &config, shutdown.clone())?);
         }
         tasks.push(spawn_controller(&client, &config, shutdown.clone()));
-        let bind_times = BindTimes::default();
-        tasks.push(spawn_bind_watch(
-            &client,
-            bind_times.clone(),
-            shutdown.clone(),
-        ));
+        let pods = PodWatch::default();
+        tasks.push(spawn_pod_watch(&client, pods.clone(), shutdown.clone()));
         let stand_in =
             SchedulerStandIn::with_config(client.clone(), DRIVER, config.stand_in.clone());
         let sim = Sim {
@@ -247,7 +243,7 @@ impl Sim {
             shutdown,
             tasks,
             created_at: HashMap::new(),
-            bind_times,
+            pods,
             stats: SimStats::default(),
         };
         sim.wait_ready(classes.len()).await?;
@@ -282,6 +278,11 @@ impl Sim {
         }
     }
 
+    /// How the sim was built.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
     /// The in-memory API server.
     pub fn fake(&self) -> &FakeApi {
         &self.fake
@@ -292,9 +293,9 @@ impl Sim {
         &self.devices
     }
 
-    /// The first time each pod was seen bound.
-    pub fn bind_times(&self) -> &BindTimes {
-        &self.bind_times
+    /// The watch of the pods: when each was first seen bound, which wait for a scheduler.
+    pub fn pods(&self) -> &PodWatch {
+        &self.pods
     }
 
     /// When the sim created pod `name` (in [`NAMESPACE`]).
@@ -309,7 +310,7 @@ impl Sim {
             .iter()
             .filter(|(_, (_, pinned))| !pinned)
             .filter_map(|(name, (created, _))| {
-                let bound = self.bind_times.get(&format!("{NAMESPACE}/{name}"))?;
+                let bound = self.pods.bound_at(&format!("{NAMESPACE}/{name}"))?;
                 Some(bound.saturating_duration_since(*created))
             })
             .collect()
@@ -436,6 +437,40 @@ impl Sim {
             .map_err(|e| SimError::Setup(format!("stand-in task: {e}")))?;
         self.stand_in = Some(stand_in);
         Ok(log)
+    }
+
+    /// Runs the stand-in the way kube-scheduler's loop runs: a step whenever a pod waits for
+    /// a scheduler or a reservation waits for its PreBind, otherwise asleep until a pod
+    /// starts waiting (upstream: `ScheduleOne` blocks in the active queue's `Pop`,
+    /// `pkg/scheduler/backend/queue/scheduling_queue.go`). Returns once `done` holds.
+    ///
+    /// # Errors
+    /// [`SimError::Timeout`] naming `what` after `timeout`; as [`Sim::step`].
+    pub async fn schedule_until(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        mut done: impl FnMut(&Sim) -> bool,
+    ) -> Result<(), SimError> {
+        let deadline = Instant::now() + timeout;
+        while !done(self) {
+            if Instant::now() > deadline {
+                return Err(SimError::Timeout(format!("{what} within {timeout:?}")));
+            }
+            let reserved = self
+                .stand_in
+                .as_ref()
+                .is_some_and(|s| !s.pending_prebinds().is_empty());
+            if reserved || self.pods.waiting() > 0 {
+                self.step().await?;
+                tokio::task::yield_now().await;
+            } else {
+                let pods = self.pods.clone();
+                let _ =
+                    tokio::time::timeout(Duration::from_millis(5), pods.waiting_changed()).await;
+            }
+        }
+        Ok(())
     }
 
     /// Sets label `key` of every node to `value` (a merge patch, as `kubectl label

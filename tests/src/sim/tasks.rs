@@ -1,7 +1,7 @@
 //! The sim's background tasks: one kubelet-plugin publisher per node, kerf-controller, and a
-//! watch that notes when each pod is first seen bound.
+//! watch of the pods ([`PodWatch`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -9,20 +9,43 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt as _};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::cluster::NodeSpec;
 use super::{DRIVER, SimConfig, SimError, check};
 
-/// The first time each pod (`namespace/name`) was seen with `spec.nodeName`, from a watch.
+/// What a watch of every pod tells: when each pod was first seen bound, and which pods wait
+/// for a scheduler (kube-scheduler's active queue: no node, no scheduling gate, not deleted,
+/// not finished).
 #[derive(Debug, Clone, Default)]
-pub struct BindTimes(Arc<Mutex<HashMap<String, Instant>>>);
+pub struct PodWatch(Arc<PodWatchState>);
 
-impl BindTimes {
+#[derive(Debug, Default)]
+struct PodWatchState {
+    bound: Mutex<HashMap<String, Instant>>,
+    ungated: Mutex<HashMap<String, Instant>>,
+    waiting: Mutex<HashSet<String>>,
+    changed: Notify,
+}
+
+impl PodWatch {
     /// When pod `namespace/name` was first seen bound.
-    pub fn get(&self, pod: &str) -> Option<Instant> {
+    pub fn bound_at(&self, pod: &str) -> Option<Instant> {
         self.0
+            .bound
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(pod)
+            .copied()
+    }
+
+    /// When pod `namespace/name` was first seen without scheduling gates (for a pod created
+    /// with kerf's gate: when kerf-controller removed it).
+    pub fn ungated_at(&self, pod: &str) -> Option<Instant> {
+        self.0
+            .ungated
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(pod)
@@ -30,23 +53,64 @@ impl BindTimes {
     }
 
     /// How many pods were seen bound.
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    pub fn bound(&self) -> usize {
+        self.0
+            .bound
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
-    /// True when no pod was seen bound.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// How many pods wait for a scheduler now.
+    pub fn waiting(&self) -> usize {
+        self.0
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
     }
 
-    fn record(&self, pod: &Pod) {
-        if check::pod_node(pod).is_some() {
-            let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+    /// Returns once a pod started waiting for a scheduler since the last call (at once if
+    /// one did meanwhile).
+    pub async fn waiting_changed(&self) {
+        self.0.changed.notified().await;
+    }
+
+    fn record(&self, pod: &Pod, deleted: bool) {
+        let key = format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any());
+        if !deleted && check::pod_node(pod).is_some() {
             self.0
+                .bound
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .entry(key)
+                .entry(key.clone())
                 .or_insert_with(Instant::now);
+        }
+        if !deleted && !check::is_gated(pod) {
+            self.0
+                .ungated
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(key.clone())
+                .or_insert_with(Instant::now);
+        }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let waits = !deleted
+            && check::pod_node(pod).is_none()
+            && !check::is_gated(pod)
+            && pod.metadata.deletion_timestamp.is_none()
+            && !matches!(phase, Some("Succeeded" | "Failed"));
+        let mut waiting = self
+            .0
+            .waiting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if waits {
+            if waiting.insert(key) {
+                self.0.changed.notify_one();
+            }
+        } else {
+            waiting.remove(&key);
         }
     }
 }
@@ -97,9 +161,9 @@ pub(super) fn spawn_controller(
     })
 }
 
-pub(super) fn spawn_bind_watch(
+pub(super) fn spawn_pod_watch(
     client: &Client,
-    times: BindTimes,
+    times: PodWatch,
     shutdown: CancellationToken,
 ) -> JoinHandle<()> {
     let pods = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default());
@@ -109,7 +173,8 @@ pub(super) fn spawn_bind_watch(
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 event = pods.next() => match event {
-                    Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => times.record(&pod),
+                    Some(Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod))) => times.record(&pod, false),
+                    Some(Ok(watcher::Event::Delete(pod))) => times.record(&pod, true),
                     Some(_) => {}
                     None => return,
                 },
