@@ -4,7 +4,7 @@
 //! object and applies the JSONPatch of the answer (`staging/src/k8s.io/apiserver/pkg/
 //! admission/plugin/webhook/mutating/dispatcher.go`, `callAttrMutatingHook`: the patch is
 //! decoded with `jsonpatch.DecodePatch` and applied to the object being admitted). kerf's
-//! webhook decides with [`kerf_controller::webhook::decide`]; here the same function decides
+//! webhook decides with [`kerf_controller::webhook::decide()`]; here the same function decides
 //! and the patch is applied with `json-patch` before the pod is created, so the stored pod is
 //! what the API server would store.
 //!

@@ -6,12 +6,13 @@
 //! - one **real** kubelet-plugin ResourceSlice publisher per node
 //!   ([`kerf_kubelet_plugin::publish::Publisher`] over the node's `kerf_core::mock` inventory),
 //!   which also publishes each device's `allocator` attribute from the node's ownership record;
-//! - the **real** kerf-controller ([`kerf_controller::run`], leader election off): the GpuClass
+//! - the **real** kerf-controller ([`kerf_controller::run()`], leader election off): the GpuClass
 //!   reconciler turns kerf's installed GpuClasses ([`cluster::gpu_classes`]) into DeviceClasses,
 //!   the claim controller allocates Controller-class claims and keeps the ownership records;
 //! - the kube-scheduler stand-in ([`SchedulerStandIn`]), driven step by step with a seeded RNG
-//!   ([`Sim::step`]) or in the background ([`Sim::spawn_scheduler`]), and its resourceclaim
-//!   controller pass ([`Sim::run_claim_controller`]);
+//!   ([`Sim::step`]), as kube-scheduler's loop runs (a step whenever a pod waits:
+//!   [`Sim::schedule_until`]) or in the background ([`Sim::spawn_scheduler`]), and its
+//!   resourceclaim controller pass ([`Sim::run_claim_controller`]);
 //! - admission emulation ([`admission`]): each pod the sim creates passes through kerf's
 //!   webhook decision first, and is stored with the scheduling gate when it decides so.
 //!
@@ -22,9 +23,9 @@
 //!
 //! [`check::Checker`] reads the API state at any point and reports broken invariants (a
 //! device in two exclusive allocations, an over-committed GPU, a bound pod without its
-//! devices) and the ownership moves it saw; [`monitor`] checks the devices of every state
-//! each claim passes through, from a watch, so that a double allocation undone within
-//! milliseconds is caught too.
+//! devices, a device kerf-controller allocated but does not own) and the ownership moves it
+//! saw; [`monitor`] checks the devices of every state each claim passes through, from a
+//! watch, so that a double allocation undone within milliseconds is caught too.
 
 pub mod admission;
 pub mod check;
