@@ -356,7 +356,7 @@ fn is_pod_done(pod: &Pod) -> bool {
 
 /// The claim names a pod refers to, in `spec.resourceClaims` order; `None` for a template
 /// claim whose generated name is not in `status.resourceClaimStatuses` yet.
-fn pod_claim_names(pod: &Pod) -> Vec<(String, Option<String>)> {
+pub(crate) fn pod_claim_names(pod: &Pod) -> Vec<(String, Option<String>)> {
     let statuses = pod
         .status
         .as_ref()

@@ -263,35 +263,18 @@ pub fn published_owners(fake: &FakeApi, driver: &str) -> HashMap<DeviceKey, Opti
         .collect()
 }
 
-/// The pod's claim names (`resourceClaimName`, or the generated name from its status).
+/// The pod's claim names (`resourceClaimName`, or the generated name from its status), as the
+/// scheduler stand-in resolves them.
 pub fn pod_claims(pod: &Pod) -> Vec<String> {
-    let statuses = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.resource_claim_statuses.as_deref())
-        .unwrap_or_default();
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.resource_claims.as_deref())
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|c| {
-            c.resource_claim_name.clone().or_else(|| {
-                statuses
-                    .iter()
-                    .find(|s| s.name == c.name)
-                    .and_then(|s| s.resource_claim_name.clone())
-            })
-        })
+    crate::scheduler::pod_claim_names(pod)
+        .into_iter()
+        .filter_map(|(_, name)| name)
         .collect()
 }
 
 /// The node a pod is bound to, if any.
 pub fn pod_node(pod: &Pod) -> Option<&str> {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.node_name.as_deref())
-        .filter(|n| !n.is_empty())
+    kerf_controller::claims::consumers::assigned_node(pod)
 }
 
 /// True when the pod still carries any scheduling gate.
