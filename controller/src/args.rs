@@ -60,6 +60,11 @@ pub struct Args {
     #[arg(long, env = "KERF_RESYNC_PERIOD", default_value = "10m", value_parser = humantime::parse_duration)]
     pub resync_period: Duration,
 
+    /// Shortest time between two refreshes of the GpuClass statuses after claim or slice
+    /// changes (their free memory and device counts lag at most this much).
+    #[arg(long, env = "KERF_CLASS_STATUS_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub class_status_interval: Duration,
+
     /// Retry delay after an object's first failed reconcile; it doubles with each further failure.
     #[arg(long, env = "KERF_BACKOFF_BASE", default_value = "1s", value_parser = humantime::parse_duration)]
     pub backoff_base: Duration,
@@ -195,6 +200,7 @@ impl Args {
                 driver_name: self.driver_name,
                 field_manager: FIELD_MANAGER.to_owned(),
                 resync_period: self.resync_period,
+                class_status_interval: self.class_status_interval,
                 backoff: BackoffConfig {
                     base: self.backoff_base,
                     max: self.backoff_max,

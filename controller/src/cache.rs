@@ -10,6 +10,7 @@
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt as _, stream};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -106,14 +107,29 @@ impl Caches {
     }
 
     /// A stream that yields after the caches changed: an object was added, modified or deleted,
-    /// or a (re)list completed. Changes that happen while the subscriber is busy are coalesced
-    /// into one item. Ends when the caches stop.
-    pub fn changes(&self) -> impl Stream<Item = ()> + Send + 'static {
-        stream::unfold(self.changes.clone(), |mut changes| async move {
-            changes.changed().await.ok()?;
-            Some(((), changes))
-        })
+    /// or a (re)list completed. It yields at most once per `min_interval`: changes that happen
+    /// while the subscriber is busy or within the interval are coalesced into one item, so a
+    /// burst of claim writes costs its subscriber one pass per interval, not one per write.
+    /// The first change after a quiet interval is passed on at once. Ends when the caches stop.
+    pub fn changes(&self, min_interval: Duration) -> impl Stream<Item = ()> + Send + 'static {
+        throttled(self.changes.clone(), min_interval)
     }
+}
+
+/// One item per change of `changes`, at most one per `min_interval` (see [`Caches::changes`]).
+fn throttled(
+    changes: watch::Receiver<u64>,
+    min_interval: Duration,
+) -> impl Stream<Item = ()> + Send + 'static {
+    let start = (changes, None::<tokio::time::Instant>);
+    stream::unfold(start, move |(mut changes, last)| async move {
+        if let Some(last) = last {
+            tokio::time::sleep_until(last + min_interval).await;
+        }
+        // A change during the sleep is still unseen, so this returns at once for it.
+        changes.changed().await.ok()?;
+        Some(((), (changes, Some(tokio::time::Instant::now()))))
+    })
 }
 
 /// A reflector for `api`: its store and a stream of "something changed" ticks (watch errors
@@ -147,4 +163,44 @@ where
         })
     });
     (store, events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::FutureExt as _;
+    use std::time::Instant;
+
+    #[tokio::test]
+    async fn changes_are_coalesced_to_one_item_per_interval() {
+        let interval = Duration::from_millis(200);
+        let (notify, changes) = watch::channel(0u64);
+        let mut stream = Box::pin(throttled(changes, interval));
+        assert!(stream.next().now_or_never().is_none(), "no change, no item");
+
+        notify.send_modify(|n| *n += 1);
+        let first = Instant::now();
+        assert_eq!(
+            stream.next().await,
+            Some(()),
+            "the first change passes at once"
+        );
+
+        for _ in 0..5 {
+            notify.send_modify(|n| *n += 1);
+        }
+        assert_eq!(stream.next().await, Some(()));
+        assert!(
+            first.elapsed() >= interval,
+            "a burst waits for the interval: {:?}",
+            first.elapsed()
+        );
+        assert!(
+            stream.next().now_or_never().is_none(),
+            "five changes within the interval make one item"
+        );
+
+        drop(notify);
+        assert_eq!(stream.next().await, None, "ends when the caches stop");
+    }
 }

@@ -24,6 +24,9 @@ pub struct ControllerConfig {
     pub field_manager: String,
     /// How often every object is reconciled even without a change.
     pub resync_period: Duration,
+    /// Shortest time between two refreshes of every GpuClass status after cache changes: the
+    /// free capacity a status shows may lag this much behind the claims.
+    pub class_status_interval: Duration,
     /// Retry delays after a failed reconcile.
     pub backoff: BackoffConfig,
     /// Identity of this replica in Events (`reportingInstance`), usually the pod name.
@@ -39,6 +42,7 @@ impl ControllerConfig {
             driver_name: driver_name.into(),
             field_manager: FIELD_MANAGER.to_owned(),
             resync_period: Duration::from_secs(600),
+            class_status_interval: Duration::from_secs(1),
             backoff: BackoffConfig::default(),
             instance: None,
             claims: crate::claims::ClaimSettings::default(),

@@ -17,7 +17,8 @@
 //!
 //! Triggers: GpuClass changes; any change of the caches (slices, claims, DeviceClasses), which
 //! re-evaluates every class — classes are few and a reconcile reads only memory, and the cache
-//! notifications coalesce bursts; and a periodic resync.
+//! notifications coalesce bursts to at most one pass per `class_status_interval`, because
+//! counting capacity decodes every allocated claim; and a periodic resync.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -78,7 +79,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
         Api::<GpuClass>::all(ctx.client.clone()),
         watcher::Config::default(),
     )
-    .reconcile_all_on(ctx.caches.changes())
+    .reconcile_all_on(ctx.caches.changes(ctx.config.class_status_interval))
     .graceful_shutdown_on(async move { shutdown.cancelled().await });
     let classes = controller.store();
     let metrics = ctx.metrics.clone();
