@@ -455,6 +455,17 @@ impl FakeApi {
         Some(state.commit_delete(&self.inner.events, key, old))
     }
 
+    /// Calls `read` with the store as it is at one resourceVersion: what a watch-fed cache
+    /// (an informer) holds once it has caught up, without a list's encoding and decoding.
+    /// The lock is held during `read`, so keep it short and do not call this `FakeApi` in it.
+    pub fn read_store<R>(&self, read: impl FnOnce(&StoreView<'_>) -> R) -> R {
+        let state = self.state();
+        read(&StoreView {
+            objects: &state.objects,
+            rv: state.rv,
+        })
+    }
+
     /// The current (latest) resourceVersion.
     pub fn resource_version(&self) -> u64 {
         self.state().rv
@@ -568,6 +579,13 @@ impl FakeApi {
                 Err(err) => error_response(&err),
             };
         }
+        if verb == "list" {
+            // Lists are the largest responses: written straight from the store.
+            return match self.state().list_bytes(&request) {
+                Ok(bytes) => bytes_response(200, bytes),
+                Err(err) => error_response(&err),
+            };
+        }
         match self.dispatch(verb, &request) {
             Ok((code, value)) => json_response(code, &value),
             Err(err) => error_response(&err),
@@ -611,7 +629,6 @@ impl FakeApi {
         let mut state = self.state();
         match verb {
             "get" => state.get(request).map(|v| (200, v)),
-            "list" => state.list(request).map(|v| (200, v)),
             "create" => state.create(events, request).map(|v| (201, v)),
             "update" => state.replace(events, request).map(|v| (200, v)),
             "patch" => state.patch(events, request),
@@ -1335,15 +1352,25 @@ impl State {
         self.existing(&request.object_key()?)
     }
 
-    fn list(&self, request: &ApiRequest) -> ApiResult<Value> {
+    /// The list document of a collection read as JSON bytes, serialized from the stored objects
+    /// without copying them first: a list of a busy collection is the most expensive read,
+    /// and the lock is held meanwhile.
+    fn list_bytes(&self, request: &ApiRequest) -> ApiResult<Vec<u8>> {
         let filter = Filter::new(&request.parsed, &request.query)?;
-        let items: Vec<Value> = self
-            .objects
-            .iter()
-            .filter(|(k, v)| filter.matches(k, v))
-            .map(|(_, v)| v.clone())
-            .collect();
-        Ok(self.list_document(&request.parsed, items))
+        let path = &request.parsed;
+        let document = ListDocument {
+            api_version: path.api_version(),
+            kind: format!("{}List", self.kind_of(&path.prefix, &path.resource)),
+            metadata: ListMeta {
+                resource_version: self.rv.to_string(),
+            },
+            items: ListedItems {
+                objects: &self.objects,
+                filter: &filter,
+            },
+        };
+        serde_json::to_vec(&document)
+            .map_err(|e| ApiError::new(500, format!("cannot serialize the list: {e}")))
     }
 
     fn list_document(&self, path: &ParsedPath, items: Vec<Value>) -> Value {
@@ -1827,7 +1854,83 @@ fn watch_body(watch: WatchStream) -> FakeBody {
 }
 
 fn json_response(code: u16, value: &Value) -> Response<FakeBody> {
-    let mut response = Response::new(Full::new(Bytes::from(value.to_string())).boxed_unsync());
+    bytes_response(code, value.to_string().into_bytes())
+}
+
+/// The store at one resourceVersion, read in place ([`FakeApi::read_store`]).
+#[derive(Debug)]
+pub struct StoreView<'a> {
+    objects: &'a BTreeMap<ObjKey, Value>,
+    rv: u64,
+}
+
+impl StoreView<'_> {
+    /// The resourceVersion the view is at.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
+
+    /// The objects of the collection at `collection_path` (as for [`FakeApi::list`], without
+    /// selectors), in namespace and name order. An unparsable path yields nothing.
+    pub fn objects(&self, collection_path: &str) -> impl Iterator<Item = &Value> {
+        let parsed = ParsedPath::parse(collection_path).ok();
+        let start = parsed.as_ref().map(|p| ObjKey {
+            prefix: p.prefix.clone(),
+            resource: p.resource.clone(),
+            namespace: p.namespace.clone().unwrap_or_default(),
+            name: String::new(),
+        });
+        let range = match &start {
+            Some(start) => self.objects.range(start.clone()..),
+            None => self.objects.range(..),
+        };
+        range
+            .take_while(move |(key, _)| {
+                parsed.as_ref().is_some_and(|p| {
+                    key.prefix == p.prefix
+                        && key.resource == p.resource
+                        && p.namespace.as_ref().is_none_or(|ns| *ns == key.namespace)
+                })
+            })
+            .map(|(_, value)| value)
+    }
+}
+
+/// A list response as [`State::list_bytes`] writes it.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListDocument<'a> {
+    api_version: String,
+    kind: String,
+    metadata: ListMeta,
+    items: ListedItems<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListMeta {
+    resource_version: String,
+}
+
+/// The stored objects a filter selects, serialized in key order as they are iterated.
+struct ListedItems<'a> {
+    objects: &'a BTreeMap<ObjKey, Value>,
+    filter: &'a Filter,
+}
+
+impl serde::Serialize for ListedItems<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(
+            self.objects
+                .iter()
+                .filter(|(k, v)| self.filter.matches(k, v))
+                .map(|(_, v)| v),
+        )
+    }
+}
+
+fn bytes_response(code: u16, bytes: Vec<u8>) -> Response<FakeBody> {
+    let mut response = Response::new(Full::new(Bytes::from(bytes)).boxed_unsync());
     *response.status_mut() =
         StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     response.headers_mut().insert(
