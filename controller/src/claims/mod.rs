@@ -11,7 +11,9 @@
 //! not-yet-reserved controller claim), remembers nodes the scheduler rejected (an allocation it
 //! cleared), and deallocates claims that are deleted or that no live pod uses any more. Why a
 //! pod's claims are not allocated is said in Events and in the pod condition
-//! [`CONDITION_TYPE`].
+//! [`CONDITION_TYPE`] (False); the condition turns True once they are allocated, but a pod
+//! allocated at the first attempt gets none: the removed gate and the claims' `Allocated`
+//! Events say it, without a pod status write in the middle of the scheduling path.
 //!
 //! Where things are: the decision tree is [`reconcile()`] (`reconcile.rs`); a pod's claims are
 //! allocated together in `allocate.rs`, placed in `placement.rs` and written (or rolled back,
@@ -44,7 +46,8 @@ pub use watch::run;
 
 pub use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
 
-/// Type of the pod condition that says whether the pod's controller claims are allocated.
+/// Type of the pod condition that says why the pod's controller claims are not allocated (and,
+/// after such a wait, that they are).
 pub const CONDITION_TYPE: &str = "gpu.kerf.dev/GpuAllocation";
 
 /// Reasons of Events and of the pod condition.

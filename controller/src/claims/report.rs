@@ -67,8 +67,14 @@ pub(super) fn describe(node: &str, placed: &ClaimPlacement) -> String {
     format!("allocated on node {node}: {}", devices.join(", "))
 }
 
-/// The pod's `count` controller claims are allocated on `node`: condition True.
+/// The pod's `count` controller claims are allocated on `node`: condition True, written only
+/// over an earlier False one. On the happy path the removed scheduling gate and the claims'
+/// `Allocated` Events already say so, and a pod status write per pod would cost the API
+/// server and every pod watcher a write in the middle of the scheduling path.
 pub(super) async fn report_allocated(ctx: &ClaimsContext, pod: &Pod, count: usize, node: &str) {
+    if !write::has_condition(pod) {
+        return;
+    }
     let message = format!(
         "{count} claim{} allocated on node {node}",
         if count == 1 { "" } else { "s" }

@@ -143,6 +143,18 @@ pub struct PodCondition {
     pub message: String,
 }
 
+/// Whether the pod carries a `gpu.kerf.dev/GpuAllocation` condition.
+pub fn has_condition(pod: &Pod) -> bool {
+    pod_condition(pod).is_some()
+}
+
+fn pod_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition> {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_TYPE))
+}
+
 /// Sets the pod's `gpu.kerf.dev/GpuAllocation` condition when it differs from `condition`
 /// (a strategic merge patch of `pods/status`, which merges conditions by type). Returns
 /// whether it wrote.
@@ -155,11 +167,7 @@ pub async fn set_pod_condition(
     condition: &PodCondition,
 ) -> Result<bool> {
     let status = if condition.allocated { "True" } else { "False" };
-    let current = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_TYPE));
+    let current = pod_condition(pod);
     if current.is_some_and(|c| {
         c.status == status
             && c.reason.as_deref() == Some(condition.reason)
