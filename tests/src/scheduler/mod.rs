@@ -9,7 +9,9 @@
 //! (kubernetes/kubernetes; each method cites the file and function it imitates):
 //! - a cycle decides from a snapshot read at its start ([`SchedulerStandIn::schedule_one`]),
 //!   counting a device as in use when any claim's `status.allocation` names it, whoever wrote
-//!   it, plus its own in-flight allocations;
+//!   it, plus its own in-flight allocations; the snapshot is listed through the client or,
+//!   with [`SnapshotSource::Store`], read from the fake API server's store with only changed
+//!   objects decoded, as kube-scheduler's informer caches cost;
 //! - DeviceClass and request CEL selectors are evaluated by a real CEL interpreter
 //!   ([`cel`]); a CEL error aborts the pod's cycle;
 //! - Reserve only remembers the allocation; it becomes visible to others at PreBind
@@ -31,13 +33,16 @@
 //! [`crate::fake_api::FakeApi`] has no `pods/binding` subresource.
 
 pub mod cel;
+mod snapshot;
+
+pub use snapshot::{SnapshotSource, StoreCaches};
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, Pod};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClass,
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult,
     DeviceRequestAllocationResult, ResourceClaim, ResourceClaimConsumerReference,
     ResourceClaimStatus, ResourceSlice,
 };
@@ -51,6 +56,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use cel::CelCache;
+use snapshot::Snapshot;
 
 /// The built-in finalizer kube-scheduler adds to claims it allocates
 /// (`resourceapi.Finalizer`); the resourceclaim controller deallocates only such claims.
@@ -209,15 +215,6 @@ struct Reservation {
     at: Instant,
 }
 
-/// The objects a cycle decides from.
-struct Snapshot {
-    nodes: Vec<Node>,
-    slices: Vec<ResourceSlice>,
-    classes: HashMap<String, DeviceClass>,
-    claims: HashMap<String, ResourceClaim>,
-    pods: Vec<Pod>,
-}
-
 /// A device of a ResourceSlice: (driver, pool, device).
 type DeviceId = (String, String, String);
 
@@ -229,6 +226,7 @@ pub struct SchedulerStandIn {
     cel: CelCache,
     cycle: u64,
     pending: VecDeque<Reservation>,
+    source: SnapshotSource,
 }
 
 impl std::fmt::Debug for SchedulerStandIn {
@@ -395,7 +393,16 @@ impl SchedulerStandIn {
             cel: CelCache::default(),
             cycle: 0,
             pending: VecDeque::new(),
+            source: SnapshotSource::Api,
         }
+    }
+
+    /// Takes each cycle's snapshot from `source` instead of listing through the client
+    /// (see [`SnapshotSource`]); writes still go through the client.
+    #[must_use]
+    pub fn reading(mut self, source: SnapshotSource) -> Self {
+        self.source = source;
+        self
     }
 
     /// `namespace/name` of the pods reserved and waiting for PreBind, oldest first.
@@ -450,46 +457,6 @@ impl SchedulerStandIn {
         outcomes
     }
 
-    async fn snapshot(&self) -> Result<Snapshot, kube::Error> {
-        let lp = ListParams::default();
-        let mut nodes = Api::<Node>::all(self.client.clone()).list(&lp).await?.items;
-        nodes.sort_by_key(ResourceExt::name_any);
-        let mut slices = Api::<ResourceSlice>::all(self.client.clone())
-            .list(&lp)
-            .await?
-            .items;
-        slices.sort_by(|a, b| {
-            (&a.spec.driver, &a.spec.pool.name, a.name_any()).cmp(&(
-                &b.spec.driver,
-                &b.spec.pool.name,
-                b.name_any(),
-            ))
-        });
-        let classes = Api::<DeviceClass>::all(self.client.clone())
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .map(|c| (c.name_any(), c))
-            .collect();
-        let claims = Api::<ResourceClaim>::all(self.client.clone())
-            .list(&lp)
-            .await?
-            .items
-            .into_iter()
-            .map(|c| (claim_key(&c), c))
-            .collect();
-        let mut pods = Api::<Pod>::all(self.client.clone()).list(&lp).await?.items;
-        pods.sort_by_key(pod_key);
-        Ok(Snapshot {
-            nodes,
-            slices,
-            classes,
-            claims,
-            pods,
-        })
-    }
-
     /// One scheduling cycle (PreFilter, Filter, PostFilter, Reserve) for one pod picked by
     /// `rng` among those waiting for a scheduler ([`wants_scheduling`]) and not already
     /// reserved, decided from a snapshot of nodes, slices, classes, claims and pods read at
@@ -510,11 +477,12 @@ impl SchedulerStandIn {
     /// A failed read of the snapshot.
     pub async fn schedule_one(&mut self, rng: &mut SeededRng) -> Result<CycleOutcome, kube::Error> {
         self.cycle += 1;
-        let snapshot = self.snapshot().await?;
+        let snapshot = self.source.snapshot(&self.client).await?;
         let pending: HashSet<String> = self.pending.iter().map(|r| pod_key(&r.pod)).collect();
         let candidates: Vec<&Pod> = snapshot
             .pods
             .iter()
+            .map(AsRef::as_ref)
             .filter(|p| wants_scheduling(p) && !pending.contains(&pod_key(p)))
             .collect();
         if candidates.is_empty() {
@@ -560,7 +528,7 @@ impl SchedulerStandIn {
                     "resourceclaim \"{name}\" is reserved for the maximum number of consumers"
                 ));
             }
-            claims.push(claim.clone());
+            claims.push(ResourceClaim::clone(claim));
         }
         let mut to_allocate = Vec::new();
         for (index, claim) in claims.iter().enumerate() {
@@ -594,7 +562,7 @@ impl SchedulerStandIn {
         let mut in_use: HashSet<DeviceId> = snapshot
             .claims
             .values()
-            .filter_map(allocation_of)
+            .filter_map(|claim| allocation_of(claim))
             .flat_map(allocated_devices)
             .collect();
         for reservation in &self.pending {
@@ -712,6 +680,7 @@ impl SchedulerStandIn {
         let local: Vec<&ResourceSlice> = snapshot
             .slices
             .iter()
+            .map(AsRef::as_ref)
             .filter(|s| {
                 generations.get(&(s.spec.driver.clone(), s.spec.pool.name.clone()))
                     == Some(&s.spec.pool.generation)

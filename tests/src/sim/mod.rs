@@ -48,8 +48,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fake_api::FakeApi;
 use crate::scheduler::{
-    BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, SpawnConfig, StandInConfig,
-    StandInHandle, StepReport,
+    BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, SnapshotSource, SpawnConfig,
+    StandInConfig, StandInHandle, StepReport,
 };
 use cluster::{DeviceInfo, NodeSpec};
 pub use tasks::PodWatch;
@@ -231,7 +231,8 @@ impl Sim {
         let pods = PodWatch::default();
         tasks.push(spawn_pod_watch(&client, pods.clone(), shutdown.clone()));
         let stand_in =
-            SchedulerStandIn::with_config(client.clone(), DRIVER, config.stand_in.clone());
+            SchedulerStandIn::with_config(client.clone(), DRIVER, config.stand_in.clone())
+                .reading(SnapshotSource::store(fake.clone()));
         let sim = Sim {
             checker: check::Checker::new(DRIVER, &devices),
             monitor,
