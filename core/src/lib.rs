@@ -9,6 +9,7 @@
 //! - [`slice`](mod@slice): slice limits and sharing strategies of a prepared device.
 //! - [`checkpoint`]: the kubelet plugin's versioned, tolerant checkpoint format.
 //! - [`alloc`]: the controller's allocator: free-capacity index and pod placement.
+//! - [`mps`]: CUDA MPS daemon directories and client mounts, compute modes and time slices.
 
 pub mod alloc;
 pub mod cdi;
@@ -18,6 +19,7 @@ pub mod error;
 pub mod fsutil;
 pub mod inventory;
 pub mod mock;
+pub mod mps;
 pub mod names;
 pub mod slice;
 
