@@ -1,0 +1,369 @@
+//! Fake `nvidia-cuda-mps-control` and `nvidia-smi` for machines without a GPU: one program
+//! (`kerf-fake-gpu-tools`) that acts as either, chosen by the name it is run as, installed into
+//! an explicit mock driver root as `<root>/usr/bin/<tool>` symlinks ([`install`]).
+//!
+//! What they imitate (NVIDIA's MPS documentation; the pipe directory of a running daemon as
+//! NVIDIA's device plugin documents it: `control`, `control_privileged`, `log`,
+//! `nvidia-cuda-mps-control.pid`):
+//! - `nvidia-cuda-mps-control -d` starts a daemon in the background and returns once it runs;
+//!   the daemon takes `CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`) and
+//!   `CUDA_MPS_LOG_DIRECTORY` (default `/var/log/nvidia-mps`), creates both, listens on
+//!   `<pipe>/control`, writes its PID to `<pipe>/nvidia-cuda-mps-control.pid` and a line to
+//!   `<log>/control.log`. A second `-d` on the same pipe directory fails as the real one does.
+//! - `nvidia-cuda-mps-control` without arguments is the client: it sends each line of its
+//!   stdin to the daemon of its pipe directory; `quit` stops the daemon, which removes its PID
+//!   file and socket. Without a daemon it fails.
+//! - `nvidia-smi -i <uuid> -c <mode>` and `nvidia-smi compute-policy -i <uuid>
+//!   --set-timeslice <n>` succeed and print what they set; other arguments fail.
+//!
+//! Every run appends one JSON line to `<root>/kerf-fake-tools/calls.jsonl` ([`calls`]): the
+//! tool, its arguments, its `CUDA_*` environment and its stdin. A test makes the next daemon
+//! start fail by writing the message to `<root>/kerf-fake-tools/fail-mps-start`
+//! ([`fail_next_mps_start`]).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::{BufRead as _, BufReader, Read, Write as _};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// The tools this program can be.
+pub const TOOLS: [&str; 2] = ["nvidia-cuda-mps-control", "nvidia-smi"];
+/// The hidden argument the background daemon is started with.
+const DAEMON_ARG: &str = "--kerf-fake-daemon";
+/// Where the fake keeps its call log and switches, under the driver root.
+const STATE_DIR: &str = "kerf-fake-tools";
+/// How long `-d` waits for the daemon to write its PID file.
+const START_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One recorded run of a fake tool.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Call {
+    /// `nvidia-cuda-mps-control`, `nvidia-smi`, or `mps-daemon` for the background daemon.
+    pub tool: String,
+    /// Arguments after the program name.
+    pub args: Vec<String>,
+    /// The `CUDA_*` variables it ran with.
+    pub env: BTreeMap<String, String>,
+    /// What it read from stdin (the control client only).
+    pub stdin: String,
+    /// Its process ID.
+    pub pid: u32,
+}
+
+/// Links `<root>/usr/bin/<tool>` to `program` (the `kerf-fake-gpu-tools` binary) for every
+/// tool, creating the directories.
+///
+/// # Errors
+/// The directories or links cannot be created.
+pub fn install(root: &Path, program: &Path) -> std::io::Result<()> {
+    let bin = root.join("usr/bin");
+    std::fs::create_dir_all(&bin)?;
+    std::fs::create_dir_all(root.join(STATE_DIR))?;
+    for tool in TOOLS {
+        let link = bin.join(tool);
+        match std::fs::remove_file(&link) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        std::os::unix::fs::symlink(program, &link)?;
+    }
+    Ok(())
+}
+
+/// Every recorded call under the driver root `root`, oldest first.
+pub fn calls(root: &Path) -> Vec<Call> {
+    let Ok(text) = std::fs::read_to_string(root.join(STATE_DIR).join("calls.jsonl")) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}
+
+/// Makes the next daemon start under `root` fail with `message` on stderr.
+///
+/// # Errors
+/// The switch file cannot be written.
+pub fn fail_next_mps_start(root: &Path, message: &str) -> std::io::Result<()> {
+    std::fs::create_dir_all(root.join(STATE_DIR))?;
+    std::fs::write(root.join(STATE_DIR).join("fail-mps-start"), message)
+}
+
+/// Runs the tool named by `args[0]` (or by `args[1]` when run under its own name) and returns
+/// the exit code.
+pub fn run(args: Vec<OsString>, stdin: impl Read) -> i32 {
+    let mut args: Vec<String> = args
+        .into_iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let Some(program) = args.first().cloned() else {
+        eprintln!("kerf-fake-gpu-tools: no program name");
+        return 2;
+    };
+    let mut tool = base_name(&program);
+    if !TOOLS.contains(&tool.as_str()) && args.len() > 1 && TOOLS.contains(&args[1].as_str()) {
+        args.remove(0);
+        tool.clone_from(&args[0]);
+    }
+    let root = driver_root(&args[0]);
+    let rest = args[1..].to_vec();
+    match tool.as_str() {
+        "nvidia-cuda-mps-control" if rest.first().map(String::as_str) == Some(DAEMON_ARG) => {
+            daemon(&root)
+        }
+        "nvidia-cuda-mps-control" => mps_control(&root, &args[0], &rest, stdin),
+        "nvidia-smi" => {
+            record(&root, "nvidia-smi", &rest, "");
+            nvidia_smi(&rest)
+        }
+        other => {
+            eprintln!("kerf-fake-gpu-tools: run as one of {TOOLS:?} (a symlink), not {other:?}");
+            2
+        }
+    }
+}
+
+fn base_name(path: &str) -> String {
+    Path::new(path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// `<root>` of `<root>/usr/bin/<tool>` (or `<root>/bin/<tool>`); the program's directory
+/// otherwise.
+fn driver_root(program: &str) -> PathBuf {
+    let path = Path::new(program);
+    let dir = path.parent().unwrap_or(Path::new("."));
+    if dir.ends_with("usr/bin") {
+        dir.parent()
+            .and_then(Path::parent)
+            .unwrap_or(dir)
+            .to_path_buf()
+    } else if dir.ends_with("bin") {
+        dir.parent().unwrap_or(dir).to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+fn cuda_env() -> BTreeMap<String, String> {
+    std::env::vars()
+        .filter(|(k, _)| k.starts_with("CUDA_"))
+        .collect()
+}
+
+fn record(root: &Path, tool: &str, args: &[String], stdin: &str) {
+    let call = Call {
+        tool: tool.to_owned(),
+        args: args.to_vec(),
+        env: cuda_env(),
+        stdin: stdin.to_owned(),
+        pid: std::process::id(),
+    };
+    let Ok(mut line) = serde_json::to_string(&call) else {
+        return;
+    };
+    line.push('\n');
+    let dir = root.join(STATE_DIR);
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("calls.jsonl"))
+    {
+        // One write per line: appends of concurrent tools do not interleave.
+        let _ = file.write_all(line.as_bytes());
+    }
+}
+
+fn pipe_dir() -> PathBuf {
+    std::env::var_os("CUDA_MPS_PIPE_DIRECTORY")
+        .map_or_else(|| PathBuf::from("/tmp/nvidia-mps"), PathBuf::from)
+}
+
+fn log_dir() -> PathBuf {
+    std::env::var_os("CUDA_MPS_LOG_DIRECTORY")
+        .map_or_else(|| PathBuf::from("/var/log/nvidia-mps"), PathBuf::from)
+}
+
+fn pid_file(pipe: &Path) -> PathBuf {
+    pipe.join("nvidia-cuda-mps-control.pid")
+}
+
+fn running_pid(pipe: &Path) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(pid_file(pipe))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+}
+
+fn mps_control(root: &Path, program: &str, args: &[String], mut stdin: impl Read) -> i32 {
+    if args.iter().any(|a| a == "-d") {
+        record(root, "nvidia-cuda-mps-control", args, "");
+        return start_daemon(root, program);
+    }
+    let mut input = String::new();
+    let _ = stdin.read_to_string(&mut input);
+    record(root, "nvidia-cuda-mps-control", args, &input);
+    let socket = pipe_dir().join("control");
+    for command in input.lines().map(str::trim).filter(|c| !c.is_empty()) {
+        let reply = UnixStream::connect(&socket).and_then(|mut stream| {
+            stream.write_all(format!("{command}\n").as_bytes())?;
+            stream.shutdown(std::net::Shutdown::Write)?;
+            let mut reply = String::new();
+            stream.read_to_string(&mut reply)?;
+            Ok(reply)
+        });
+        match reply {
+            Ok(reply) => print!("{reply}"),
+            Err(error) => {
+                eprintln!(
+                    "Cannot find MPS control daemon process ({}: {error})",
+                    socket.display()
+                );
+                return 1;
+            }
+        }
+    }
+    0
+}
+
+fn start_daemon(root: &Path, program: &str) -> i32 {
+    let switch = root.join(STATE_DIR).join("fail-mps-start");
+    if let Ok(message) = std::fs::read_to_string(&switch) {
+        let _ = std::fs::remove_file(&switch);
+        eprintln!("{}", message.trim());
+        return 1;
+    }
+    let pipe = pipe_dir();
+    if running_pid(&pipe).is_some() {
+        eprintln!("An instance of this daemon is already running");
+        return 1;
+    }
+    let spawned = Command::new(program)
+        .arg(DAEMON_ARG)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        // Its own process group: the daemon outlives the caller, as `-d` does.
+        .process_group(0)
+        .spawn();
+    if let Err(error) = spawned {
+        eprintln!("cannot start the daemon: {error}");
+        return 1;
+    }
+    let deadline = Instant::now() + START_TIMEOUT;
+    while Instant::now() < deadline {
+        if running_pid(&pipe).is_some() {
+            return 0;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!("the daemon did not start within {START_TIMEOUT:?}");
+    1
+}
+
+fn daemon(root: &Path) -> i32 {
+    let (pipe, log) = (pipe_dir(), log_dir());
+    record(root, "mps-daemon", &[], "");
+    if std::fs::create_dir_all(&pipe).is_err() || std::fs::create_dir_all(&log).is_err() {
+        return 1;
+    }
+    let socket = pipe.join("control");
+    let _ = std::fs::remove_file(&socket);
+    let Ok(listener) = UnixListener::bind(&socket) else {
+        return 1;
+    };
+    let _ = std::fs::write(pid_file(&pipe), format!("{}\n", std::process::id()));
+    append_log(&log, "daemon started");
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let mut line = String::new();
+        let _ = BufReader::new(&stream).read_line(&mut line);
+        let command = line.trim();
+        append_log(&log, &format!("command {command}"));
+        if command == "quit" {
+            let _ = std::fs::remove_file(pid_file(&pipe));
+            let _ = std::fs::remove_file(&socket);
+            append_log(&log, "daemon stopped");
+            return 0;
+        }
+        let _ = writeln!(stream, "{}", reply_to(command));
+    }
+    0
+}
+
+fn reply_to(command: &str) -> &'static str {
+    match command.split_whitespace().next() {
+        Some("get_server_list") => "",
+        Some("get_default_active_thread_percentage") => "100.0",
+        _ => "ok",
+    }
+}
+
+fn append_log(dir: &Path, message: &str) {
+    if let Ok(mut file) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("control.log"))
+    {
+        let _ = writeln!(file, "[pid {}] {message}", std::process::id());
+    }
+}
+
+fn nvidia_smi(args: &[String]) -> i32 {
+    let words: Vec<&str> = args.iter().map(String::as_str).collect();
+    match words.as_slice() {
+        ["-i", uuid, "-c", mode] => {
+            println!("Compute mode for GPU {uuid} set to {mode}.");
+            0
+        }
+        ["compute-policy", "-i", uuid, "--set-timeslice", value] => {
+            println!("Set time slice of GPU {uuid} to {value}.");
+            0
+        }
+        _ => {
+            eprintln!("kerf-fake-gpu-tools: nvidia-smi {args:?} is not imitated");
+            2
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_driver_root_is_above_usr_bin() {
+        assert_eq!(driver_root("/r/usr/bin/nvidia-smi"), Path::new("/r"));
+        assert_eq!(driver_root("/r/bin/nvidia-smi"), Path::new("/r"));
+        assert_eq!(driver_root("/x/nvidia-smi"), Path::new("/x"));
+    }
+
+    #[test]
+    fn nvidia_smi_accepts_only_what_kerf_runs() {
+        let args = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(nvidia_smi(&args(&["-i", "GPU-1", "-c", "DEFAULT"])), 0);
+        assert_eq!(
+            nvidia_smi(&args(&[
+                "compute-policy",
+                "-i",
+                "GPU-1",
+                "--set-timeslice",
+                "2"
+            ])),
+            0
+        );
+        assert_eq!(nvidia_smi(&args(&["-q"])), 2);
+    }
+}
