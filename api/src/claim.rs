@@ -119,14 +119,14 @@ fn no_results_error(
 }
 
 /// A decoded config of this driver and where it came from.
-struct DriverConfig {
+struct DecodedConfig {
     /// Path of its `opaque.parameters`, for messages.
     path: String,
     requests: Vec<String>,
     config: OpaqueConfig,
 }
 
-impl DriverConfig {
+impl DecodedConfig {
     fn applies_to(&self, request: &str) -> bool {
         self.requests.is_empty()
             || self
@@ -141,7 +141,7 @@ fn driver_configs(
     claim: &str,
     configs: &[DeviceAllocationConfiguration],
     driver: &str,
-) -> Result<Vec<DriverConfig>> {
+) -> Result<Vec<DecodedConfig>> {
     let mut from_class = Vec::new();
     let mut from_claim = Vec::new();
     for (i, entry) in configs.iter().enumerate() {
@@ -164,7 +164,7 @@ fn driver_configs(
         };
         let path = format!("{base}.opaque.parameters");
         let config = decode_opaque(&opaque.parameters.0, &path)?;
-        bucket.push(DriverConfig {
+        bucket.push(DecodedConfig {
             path,
             requests: entry.requests.clone().unwrap_or_default(),
             config,
@@ -192,7 +192,7 @@ struct Memory {
 
 fn resolve_device(
     result: &DeviceRequestAllocationResult,
-    configs: &[DriverConfig],
+    configs: &[DecodedConfig],
 ) -> Result<AllocatedDevice> {
     let mut merged = Merged::default();
     for config in configs.iter().filter(|c| c.applies_to(&result.request)) {
@@ -223,7 +223,7 @@ fn resolve_device(
 
 fn merge<'a>(
     merged: &mut Merged<'a>,
-    config: &'a DriverConfig,
+    config: &'a DecodedConfig,
     result: &DeviceRequestAllocationResult,
 ) -> Result<()> {
     match &config.config {

@@ -11,10 +11,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::inventory::Inventory;
 use kerf_core::slice::Sharing;
-use kerf_kubelet_plugin::claims::{ClaimSource, MemoryClaims};
+use kerf_kubelet_plugin::claim_reader::{ClaimReader, MemoryClaimReader};
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
-use kerf_kubelet_plugin::driver::DriverConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_kubelet_plugin::preparer::PreparerConfig;
 use kerf_proto::client::{Claim, KubeletClient, RegisteredPlugin};
 
 use crate::{Error, Result};
@@ -131,7 +131,7 @@ pub struct BenchNode {
     /// The mock inventory.
     pub inventory: Inventory,
     /// The claims the plugin reads.
-    pub claims: Arc<MemoryClaims>,
+    pub claim_reader: Arc<MemoryClaimReader>,
     plugin: RunningPlugin,
 }
 
@@ -159,9 +159,9 @@ impl BenchNode {
             .map_err(|e| Error::io("write", &boot_id, e))?;
         make_driver_root(&config.driver_root)?;
         let inventory = plugin::discover(&config)?;
-        let claims = Arc::new(MemoryClaims::default());
+        let claim_reader = Arc::new(MemoryClaimReader::default());
         let connections = Connections {
-            claims: Arc::clone(&claims) as Arc<dyn ClaimSource>,
+            claim_reader: Arc::clone(&claim_reader) as Arc<dyn ClaimReader>,
             publisher: None,
         };
         let plugin = plugin::start(&config, inventory.clone(), connections).await?;
@@ -169,7 +169,7 @@ impl BenchNode {
             root: root.to_owned(),
             config,
             inventory,
-            claims,
+            claim_reader,
             plugin,
         })
     }
@@ -183,7 +183,7 @@ impl BenchNode {
         (0..count)
             .map(|n| {
                 let claim = numbered_claim(series, n as u64);
-                self.claims
+                self.claim_reader
                     .insert(slice_claim(&claim, &self.inventory, n % gpus)?);
                 Ok(claim)
             })
@@ -195,7 +195,7 @@ impl BenchNode {
     /// # Errors
     /// The UID makes no valid file name.
     pub fn spec_path(&self, claim: &Claim) -> Result<PathBuf> {
-        let kind = DriverConfig::cdi_kind_for(DRIVER);
+        let kind = PreparerConfig::cdi_kind_for(DRIVER);
         let name = kerf_core::cdi::transient_spec_file_name(&kind, &claim.uid)?;
         Ok(self.config.cdi_dir.join(name))
     }

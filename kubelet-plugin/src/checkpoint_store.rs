@@ -19,7 +19,15 @@ use crate::{Error, Result};
 struct Progress {
     durable: u64,
     failed: u64,
-    error: Option<Arc<str>>,
+    error: Option<WriteFailure>,
+}
+
+/// Why a checkpoint write failed: the disk refused it, or the task writing it panicked. The
+/// two get different errors so that metrics do not count a bug as a disk problem.
+#[derive(Debug, Clone)]
+enum WriteFailure {
+    Save(Arc<str>),
+    Panicked(Arc<str>),
 }
 
 /// The in-memory checkpoint and its sequence numbers.
@@ -75,7 +83,7 @@ impl CheckpointStore {
         let read_path = path.to_owned();
         let outcome = tokio::task::spawn_blocking(move || checkpoint::load(&read_path))
             .await
-            .map_err(|e| Error::Config(format!("checkpoint loader task failed: {e}")))??;
+            .map_err(|e| Error::internal("the checkpoint loader task", e))??;
         let (mut cp, opened) = match outcome {
             LoadOutcome::Missing => (Checkpoint::default(), Opened::Fresh),
             LoadOutcome::Loaded(cp) => {
@@ -155,16 +163,18 @@ impl CheckpointStore {
         let progress = rx
             .wait_for(|p| p.durable >= seq || p.failed >= seq)
             .await
-            .map_err(|_| Error::Config("checkpoint writer stopped".into()))?
+            .map_err(|_| Error::internal("the checkpoint writer", "it has stopped"))?
             .clone();
         if progress.durable >= seq {
             return Ok(());
         }
-        let reason = progress
-            .error
-            .as_deref()
-            .unwrap_or("unknown error")
-            .to_owned();
+        let reason = match progress.error {
+            Some(WriteFailure::Panicked(detail)) => {
+                return Err(Error::internal("the checkpoint write task", detail));
+            }
+            Some(WriteFailure::Save(reason)) => reason.to_string(),
+            None => "unknown error".to_owned(),
+        };
         Err(kerf_core::Error::Checkpoint {
             path: self.shared.path.clone(),
             reason,
@@ -208,8 +218,8 @@ async fn writer(shared: Arc<Shared>) {
         let result = tokio::task::spawn_blocking(move || checkpoint::save(&path, &snapshot)).await;
         let outcome = match result {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(e.to_string()),
-            Err(e) => Err(format!("checkpoint write task failed: {e}")),
+            Ok(Err(e)) => Err(WriteFailure::Save(e.to_string().into())),
+            Err(e) => Err(WriteFailure::Panicked(e.to_string().into())),
         };
         written = seq;
         shared.progress.send_modify(|p| match outcome {
@@ -217,10 +227,11 @@ async fn writer(shared: Arc<Shared>) {
                 p.durable = seq;
                 p.error = None;
             }
-            Err(message) => {
+            Err(failure) => {
+                let (WriteFailure::Save(message) | WriteFailure::Panicked(message)) = &failure;
                 tracing::error!(path = %shared.path.display(), error = %message, "checkpoint write failed");
                 p.failed = seq;
-                p.error = Some(message.into());
+                p.error = Some(failure);
             }
         });
     }

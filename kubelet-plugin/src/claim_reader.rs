@@ -1,4 +1,4 @@
-//! Where the plugin reads ResourceClaims from.
+//! The claim reader: where the plugin reads the ResourceClaims the kubelet names.
 
 use std::collections::BTreeMap;
 use std::sync::{PoisonError, RwLock};
@@ -10,8 +10,13 @@ use kube::core::Status;
 
 /// Reads one ResourceClaim. The kubelet sends only namespace, name and UID; the allocation
 /// comes from the API server.
-pub trait ClaimSource: Send + Sync + 'static {
+pub trait ClaimReader: Send + Sync + 'static {
     /// GETs the claim `namespace/name`.
+    ///
+    /// # Errors
+    /// The API server's answer; a claim that does not exist must be [`kube::Error::Api`] with
+    /// code 404, which the preparer reports as the claim not being found rather than as an
+    /// API failure.
     fn get<'a>(
         &'a self,
         namespace: &'a str,
@@ -22,18 +27,18 @@ pub trait ClaimSource: Send + Sync + 'static {
 /// Reads claims straight from the API server, one GET per claim and no client-side rate
 /// limit, so prepares never queue behind each other.
 #[derive(Clone)]
-pub struct KubeClaims {
+pub struct ApiClaimReader {
     client: kube::Client,
 }
 
-impl KubeClaims {
+impl ApiClaimReader {
     /// Reads through `client`.
     pub fn new(client: kube::Client) -> Self {
-        KubeClaims { client }
+        ApiClaimReader { client }
     }
 }
 
-impl ClaimSource for KubeClaims {
+impl ClaimReader for ApiClaimReader {
     fn get<'a>(
         &'a self,
         namespace: &'a str,
@@ -50,11 +55,11 @@ impl ClaimSource for KubeClaims {
 /// ResourceClaims held in memory, by `(namespace, name)`, for running the plugin without an
 /// API server (the demo, the benchmarks); a missing claim answers 404 as the API server does.
 #[derive(Debug, Default)]
-pub struct MemoryClaims {
+pub struct MemoryClaimReader {
     claims: RwLock<BTreeMap<(String, String), ResourceClaim>>,
 }
 
-impl MemoryClaims {
+impl MemoryClaimReader {
     /// Stores (or replaces) a claim under its namespace and name.
     pub fn insert(&self, claim: ResourceClaim) {
         let key = (
@@ -81,7 +86,7 @@ impl MemoryClaims {
     }
 }
 
-impl ClaimSource for MemoryClaims {
+impl ClaimReader for MemoryClaimReader {
     fn get<'a>(
         &'a self,
         namespace: &'a str,
@@ -109,7 +114,7 @@ mod tests {
 
     #[tokio::test]
     async fn serves_stored_claims_and_404_otherwise() {
-        let store = MemoryClaims::default();
+        let store = MemoryClaimReader::default();
         store.insert(ResourceClaim {
             metadata: ObjectMeta {
                 namespace: Some("ns".into()),

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use crate::prepare_error::PrepareError;
+
 /// Everything that can go wrong in the kubelet plugin.
 ///
 /// Each variant has a stable [`Error::reason`] used as a metric label.
@@ -42,9 +44,19 @@ pub enum Error {
     /// The configuration is unusable.
     #[error("invalid configuration: {0}")]
     Config(String),
-    /// A claim could not be prepared; the message names the field and value at fault.
-    #[error("{0}")]
-    Claim(String),
+    /// A claim cannot be prepared as the kubelet asked; the message names the field and value
+    /// at fault and reaches the user as the claim's error.
+    #[error(transparent)]
+    Prepare(#[from] PrepareError),
+    /// A failure inside the plugin rather than in its input or surroundings: a task panicked
+    /// or a writer task is gone. Counted apart so that it is not mistaken for a bad setting.
+    #[error("internal failure in {what}: {detail}")]
+    Internal {
+        /// The part of the plugin that failed, e.g. `the checkpoint writer`.
+        what: &'static str,
+        /// What happened to it, e.g. the panic message of its task.
+        detail: String,
+    },
     /// The metrics/health HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
@@ -62,8 +74,18 @@ impl Error {
             Error::Transport(_) => "transport",
             Error::Io { .. } => "io",
             Error::Config(_) => "config",
-            Error::Claim(_) => "claim",
+            Error::Prepare(e) => e.reason(),
+            Error::Internal { .. } => "internal",
             Error::Http(_) => "http",
+        }
+    }
+
+    /// Builds an [`Error::Internal`] for `what`, e.g. from the [`tokio::task::JoinError`] of
+    /// its task.
+    pub fn internal(what: &'static str, detail: impl std::fmt::Display) -> Self {
+        Error::Internal {
+            what,
+            detail: detail.to_string(),
         }
     }
 

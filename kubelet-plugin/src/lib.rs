@@ -4,21 +4,25 @@
 //! the kubelet's `NodePrepareResources` / `NodeUnprepareResources` calls by writing one CDI spec
 //! per claim and recording it in a durable checkpoint.
 //!
-//! The binary only parses [`args::Args`]; [`plugin::start`] does the rest.
+//! [`preparer::Preparer`] answers those calls, reading each claim through a
+//! [`claim_reader::ClaimReader`]. The binary only parses [`args::Args`]; [`plugin::start`] does
+//! the rest.
 
 pub mod args;
 pub mod checkpoint_store;
 pub mod claim_locks;
-pub mod claims;
+pub mod claim_reader;
 pub mod config;
 pub mod discovery;
-pub mod driver;
 pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
 pub mod plugin;
+pub mod prepare_error;
+pub mod preparer;
 pub mod publish;
 pub mod spec_writer;
 
 pub use error::{Error, Result};
+pub use prepare_error::PrepareError;

@@ -12,14 +12,14 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint_store::{CheckpointStore, Opened};
-use crate::claims::{ClaimSource, KubeClaims};
+use crate::claim_reader::{ApiClaimReader, ClaimReader};
 use crate::config::PluginConfig;
-use crate::driver::{Driver, DriverConfig};
 use crate::grpc::dra::DraService;
 use crate::grpc::registration::RegistrationService;
 use crate::grpc::socket::BoundSocket;
 use crate::http::Health;
 use crate::metrics::Metrics;
+use crate::preparer::{Preparer, PreparerConfig};
 use crate::publish::Publisher;
 use crate::{Error, Result, discovery};
 
@@ -30,7 +30,7 @@ const CONTROL_DEVICE_NODES: [&str; 3] =
 /// What the plugin talks to outside the node.
 pub struct Connections {
     /// Where claims are read from.
-    pub claims: Arc<dyn ClaimSource>,
+    pub claim_reader: Arc<dyn ClaimReader>,
     /// Client used to publish ResourceSlices and to watch the Node's ownership record (the
     /// devices' `allocator` attribute); `None` disables publishing.
     pub publisher: Option<kube::Client>,
@@ -40,7 +40,7 @@ impl Connections {
     /// Reads claims and publishes slices through one API client.
     pub fn kube(client: kube::Client, publish: bool) -> Self {
         Connections {
-            claims: Arc::new(KubeClaims::new(client.clone())),
+            claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
             publisher: publish.then_some(client),
         }
     }
@@ -51,15 +51,15 @@ impl Connections {
 pub struct RunningPlugin {
     shutdown: CancellationToken,
     tasks: Vec<Task>,
-    driver: Arc<Driver>,
+    preparer: Arc<Preparer>,
     registry: Arc<Registry>,
     health: Health,
 }
 
 impl RunningPlugin {
     /// The prepare/unprepare engine (for in-process callers such as the demo).
-    pub fn driver(&self) -> &Arc<Driver> {
-        &self.driver
+    pub fn preparer(&self) -> &Arc<Preparer> {
+        &self.preparer
     }
 
     /// The metrics registry.
@@ -96,9 +96,7 @@ impl RunningPlugin {
         while !pending.is_empty() {
             let ((name, joined), _, rest) = futures::future::select_all(pending).await;
             pending = rest;
-            let result = joined
-                .map_err(|e| Error::Config(format!("{name} task panicked: {e}")))
-                .and_then(|r| r);
+            let result = joined.map_err(|e| Error::internal(name, e)).and_then(|r| r);
             match result {
                 Ok(()) => tracing::info!(task = name, "stopped"),
                 Err(e) => {
@@ -156,23 +154,23 @@ pub async fn start(
     let checkpoint = open_checkpoint(config).await?;
     std::fs::create_dir_all(&config.cdi_dir)
         .map_err(|e| Error::io("create CDI directory", &config.cdi_dir, e))?;
-    let driver = Arc::new(Driver::new(
-        driver_config(config)?,
+    let preparer = Arc::new(Preparer::new(
+        preparer_config(config)?,
         Arc::clone(&inventory),
-        connections.claims,
+        connections.claim_reader,
         checkpoint,
         metrics.clone(),
     )?);
-    let restored = driver.restore_cdi_specs().await?;
+    let restored = preparer.restore_cdi_specs().await?;
     tracing::info!(
-        prepared = driver.prepared_claims(),
+        prepared = preparer.prepared_claims(),
         rewritten = restored.rewritten,
         orphans_removed = restored.orphans_removed,
         "checkpoint restored"
     );
 
     let mut tasks = vec![
-        spawn_dra_server(config, &driver, &metrics, &shutdown)?,
+        spawn_dra_server(config, &preparer, &metrics, &shutdown)?,
         spawn_registration_server(config, &health, &metrics, &shutdown)?,
     ];
     health.set_serving(true);
@@ -215,7 +213,7 @@ pub async fn start(
     Ok(RunningPlugin {
         shutdown,
         tasks,
-        driver,
+        preparer,
         registry,
         health,
     })
@@ -225,11 +223,11 @@ type Task = (&'static str, JoinHandle<Result<()>>);
 
 fn spawn_dra_server(
     config: &PluginConfig,
-    driver: &Arc<Driver>,
+    preparer: &Arc<Preparer>,
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Result<Task> {
-    let dra = DraService::new(Arc::clone(driver), metrics.clone());
+    let dra = DraService::new(Arc::clone(preparer), metrics.clone());
     let mut socket = BoundSocket::bind(&config.dra_socket)?;
     let incoming = socket.incoming_any_authority("dra")?;
     let token = shutdown.clone();
@@ -305,7 +303,7 @@ fn read_boot_id(path: &Path) -> String {
     }
 }
 
-fn driver_config(config: &PluginConfig) -> Result<DriverConfig> {
+fn preparer_config(config: &PluginConfig) -> Result<PreparerConfig> {
     let mock = config.discovery.is_mock();
     let files = driver_root::discover(&config.driver_root)?;
     let device_nodes = DeviceNodePolicy {
@@ -318,11 +316,11 @@ fn driver_config(config: &PluginConfig) -> Result<DriverConfig> {
         .filter(|path| mock || Path::new(path).exists())
         .map(|path| cdi::DeviceNode::at(*path))
         .collect();
-    Ok(DriverConfig {
+    Ok(PreparerConfig {
         driver_name: config.driver_name.clone(),
         node_name: config.node_name.clone(),
         cdi_dir: config.cdi_dir.clone(),
-        cdi_kind: DriverConfig::cdi_kind_for(&config.driver_name),
+        cdi_kind: PreparerConfig::cdi_kind_for(&config.driver_name),
         common_edits: CommonEdits {
             device_nodes: control_nodes,
             mounts: files.mounts(),

@@ -1,5 +1,5 @@
-//! Prepare and unprepare: the plugin's answer to the kubelet's DRA calls, independent of the
-//! gRPC API version that carried them.
+//! The preparer: the plugin's answer to the kubelet's prepare and unprepare calls,
+//! independent of the gRPC API version that carried them.
 //!
 //! A prepare costs one GET of the claim and two durable writes: the CDI spec, then the
 //! checkpoint entry as PrepareCompleted. Concurrent prepares share both through group commit
@@ -8,6 +8,10 @@
 //! the one side effect before completion is the spec file, which a crash cannot lose track of
 //! (start-up removes specs no checkpoint entry owns, and the kubelet retries the prepare).
 //! Claims prepare in parallel; two calls for the same claim serialise on a per-claim lock.
+//!
+//! Errors stay typed ([`Error`], with [`PrepareError`] for claims that cannot be prepared as
+//! asked) so that metrics get their reason label; the gRPC layer makes them the per-claim
+//! message.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -24,8 +28,9 @@ use kerf_proto::PreparedDevice;
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
-use crate::claims::ClaimSource;
+use crate::claim_reader::ClaimReader;
 use crate::metrics::Metrics;
+use crate::prepare_error::PrepareError;
 use crate::spec_writer::SpecWriter;
 use crate::{Error, Result};
 
@@ -42,7 +47,7 @@ pub struct ClaimRef {
 
 /// Settings of the prepare path, fixed at start-up.
 #[derive(Debug, Clone)]
-pub struct DriverConfig {
+pub struct PreparerConfig {
     /// The DRA driver name, e.g. `gpu.kerf.dev`.
     pub driver_name: String,
     /// This node's name: the pool name of every device the plugin publishes.
@@ -57,18 +62,18 @@ pub struct DriverConfig {
     pub device_nodes: DeviceNodePolicy,
 }
 
-impl DriverConfig {
+impl PreparerConfig {
     /// The CDI kind kerf uses for a driver name.
     pub fn cdi_kind_for(driver_name: &str) -> String {
         format!("k8s.{driver_name}/gpu")
     }
 }
 
-/// The prepare/unprepare engine.
-pub struct Driver {
-    config: DriverConfig,
+/// The prepare/unprepare engine: turns a claim the kubelet names into CDI devices, durably.
+pub struct Preparer {
+    config: PreparerConfig,
     inventory: Arc<Inventory>,
-    claims: Arc<dyn ClaimSource>,
+    claim_reader: Arc<dyn ClaimReader>,
     checkpoint: CheckpointStore,
     encoder: SpecEncoder,
     specs: SpecWriter,
@@ -76,16 +81,16 @@ pub struct Driver {
     metrics: Metrics,
 }
 
-impl Driver {
+impl Preparer {
     /// Builds the engine over an opened checkpoint and starts its CDI spec writer; must be
     /// called inside a Tokio runtime.
     ///
     /// # Errors
     /// The CDI kind or the common container edits of `config` cannot make a valid spec.
     pub fn new(
-        config: DriverConfig,
+        config: PreparerConfig,
         inventory: Arc<Inventory>,
-        claims: Arc<dyn ClaimSource>,
+        claim_reader: Arc<dyn ClaimReader>,
         checkpoint: CheckpointStore,
         metrics: Metrics,
     ) -> Result<Self> {
@@ -93,27 +98,27 @@ impl Driver {
         let encoder =
             SpecEncoder::new(&config.cdi_kind, &config.common_edits, &config.device_nodes)?;
         let specs = SpecWriter::start(config.cdi_dir.clone());
-        let driver = Driver {
+        let preparer = Preparer {
             config,
             inventory,
-            claims,
+            claim_reader,
             checkpoint,
             encoder,
             specs,
             locks: ClaimLocks::default(),
             metrics,
         };
-        driver.update_prepared_gauge();
-        Ok(driver)
+        preparer.update_prepared_gauge();
+        Ok(preparer)
     }
 
     /// The configuration.
-    pub fn config(&self) -> &DriverConfig {
+    pub fn config(&self) -> &PreparerConfig {
         &self.config
     }
 
-    /// Prepares a batch of claims concurrently. Every claim gets an answer: its devices, or
-    /// an error message naming what is wrong with it.
+    /// Prepares a batch of claims concurrently. Every claim gets an answer, by UID: its
+    /// devices, or the error that names what is wrong with it.
     ///
     /// Each claim runs as its own task: a batch spreads over the runtime's worker threads,
     /// and a prepare runs to its end (success or rollback) even when the kubelet gives up on
@@ -121,25 +126,32 @@ impl Driver {
     pub async fn prepare(
         self: &Arc<Self>,
         claims: &[ClaimRef],
-    ) -> Vec<(String, Result<Vec<PreparedDevice>, String>)> {
+    ) -> Vec<(String, Result<Vec<PreparedDevice>>)> {
+        let started = Instant::now();
         let tasks = claims.iter().map(|claim| {
-            let driver = Arc::clone(self);
+            let preparer = Arc::clone(self);
             let claim = claim.clone();
-            tokio::spawn(async move { driver.prepare_and_record(&claim).await })
+            tokio::spawn(async move { preparer.prepare_and_record(&claim).await })
         });
         join_all(tasks)
             .await
             .into_iter()
             .zip(claims)
             .map(|(joined, claim)| {
-                let result =
-                    joined.unwrap_or_else(|e| Err(format!("prepare of the claim failed: {e}")));
+                let result = joined.unwrap_or_else(|e| {
+                    // The task never got to count itself; it ran from the batch's start.
+                    let error = Error::internal("the prepare task", e);
+                    self.metrics
+                        .record_prepare(Err(error.reason()), started.elapsed());
+                    tracing::error!(claim.uid = %claim.uid, error = %error, "prepare failed");
+                    Err(error)
+                });
                 (claim.uid.clone(), result)
             })
             .collect()
     }
 
-    async fn prepare_and_record(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+    async fn prepare_and_record(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
         let started = Instant::now();
         let result = self.prepare_claim(claim).await;
         self.metrics
@@ -147,11 +159,12 @@ impl Driver {
         if let Err(e) = &result {
             tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, error = %e, "prepare failed");
         }
-        result.map_err(|e| e.to_string())
+        result
     }
 
-    /// Unprepares a batch of claims concurrently; unknown claims succeed.
-    pub async fn unprepare(&self, claims: &[ClaimRef]) -> Vec<(String, Result<(), String>)> {
+    /// Unprepares a batch of claims concurrently; unknown claims succeed. Every claim gets an
+    /// answer, by UID.
+    pub async fn unprepare(&self, claims: &[ClaimRef]) -> Vec<(String, Result<()>)> {
         join_all(claims.iter().map(|claim| async move {
             let started = Instant::now();
             let result = self.unprepare_claim(claim).await;
@@ -160,7 +173,7 @@ impl Driver {
             if let Err(e) = &result {
                 tracing::warn!(claim.uid = %claim.uid, error = %e, "unprepare failed");
             }
-            (claim.uid.clone(), result.map_err(|e| e.to_string()))
+            (claim.uid.clone(), result)
         }))
         .await
     }
@@ -168,7 +181,10 @@ impl Driver {
     /// Prepares one claim.
     ///
     /// # Errors
-    /// Any reason the claim cannot be prepared; nothing is left behind for it.
+    /// Any reason the claim cannot be prepared, nothing being left behind for it:
+    /// [`Error::Prepare`] when the claim itself is at fault (not found, not allocated to this
+    /// node, a device held by another claim, …); other variants when the API server, the CDI
+    /// directory or the checkpoint failed.
     pub async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
         validate_claim_ref(claim)?;
         let _guard = self.locks.lock(&claim.uid).await;
@@ -179,7 +195,8 @@ impl Driver {
             return Ok(results_of(&entry.devices));
         }
         let api_claim = self.fetch_claim(claim).await?;
-        let allocated = kerf_api::resolve_allocation(&api_claim, &self.config.driver_name)?;
+        let allocated = kerf_api::resolve_allocation(&api_claim, &self.config.driver_name)
+            .map_err(PrepareError::Allocation)?;
         let devices = self.plan_devices(claim, &allocated)?;
         self.record_started(claim, devices.clone())?;
         if let Err(e) = self.finish_prepare(claim, &devices).await {
@@ -213,7 +230,7 @@ impl Driver {
 
     /// Makes sure every completed claim's CDI spec exists, e.g. after a reboot emptied
     /// `/var/run/cdi` while the kubelet still runs containers with our CDI IDs; and removes
-    /// spec files of this driver that no checkpoint entry owns (left by a crash between the
+    /// spec files of kerf's CDI kind that no checkpoint entry owns (left by a crash between the
     /// spec write and the checkpoint update).
     ///
     /// # Errors
@@ -244,7 +261,10 @@ impl Driver {
             .read(|cp| cp.claims.keys().cloned().collect());
         let dir = self.config.cdi_dir.clone();
         let kind = self.config.cdi_kind.clone();
-        let removed = blocking(move || cdi::remove_orphan_specs(&dir, &kind, &owned)).await?;
+        let removed = blocking("the CDI spec clean-up task", move || {
+            cdi::remove_orphan_specs(&dir, &kind, &owned)
+        })
+        .await?;
         Ok(RestoreReport {
             rewritten: completed.len(),
             orphans_removed: removed,
@@ -264,32 +284,41 @@ impl Driver {
             return Ok(None);
         };
         if entry.namespace != claim.namespace || entry.name != claim.name {
-            return Err(Error::Claim(format!(
-                "claim.uid: {} is prepared for ResourceClaim {}/{}, not {}/{}",
-                claim.uid, entry.namespace, entry.name, claim.namespace, claim.name
-            )));
+            return Err(PrepareError::PreparedUnderOtherName {
+                uid: claim.uid.clone(),
+                prepared_namespace: entry.namespace,
+                prepared_name: entry.name,
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+            }
+            .into());
         }
         Ok((entry.state == ClaimState::PrepareCompleted).then_some(entry))
     }
 
     async fn fetch_claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
         let api_claim = self
-            .claims
+            .claim_reader
             .get(&claim.namespace, &claim.name)
             .await
             .map_err(|e| match e {
-                kube::Error::Api(status) if status.code == 404 => Error::Claim(format!(
-                    "ResourceClaim {}/{} not found",
-                    claim.namespace, claim.name
-                )),
+                kube::Error::Api(status) if status.code == 404 => {
+                    Error::from(PrepareError::ClaimNotFound {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                    })
+                }
                 other => Error::Kube(other),
             })?;
         let actual = api_claim.metadata.uid.as_deref().unwrap_or_default();
         if actual != claim.uid {
-            return Err(Error::Claim(format!(
-                "claim.uid: ResourceClaim {}/{} has UID {actual:?}, not {:?} (it was deleted and created again)",
-                claim.namespace, claim.name, claim.uid
-            )));
+            return Err(PrepareError::UidMismatch {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+                actual: actual.to_owned(),
+                expected: claim.uid.clone(),
+            }
+            .into());
         }
         Ok(api_claim)
     }
@@ -304,26 +333,31 @@ impl Driver {
         let mut records: Vec<DeviceRecord> = Vec::new();
         for (index, device) in allocated.iter().enumerate() {
             if device.pool != self.config.node_name {
-                return Err(Error::Claim(format!(
-                    "status.allocation.devices.results[{index}].pool: {:?} is not this node's pool {:?}",
-                    device.pool, self.config.node_name
-                )));
+                return Err(PrepareError::OtherNodePool {
+                    index,
+                    pool: device.pool.clone(),
+                    node: self.config.node_name.clone(),
+                }
+                .into());
             }
             let Some(found) = self.inventory.device(&device.device) else {
-                return Err(Error::Claim(format!(
-                    "status.allocation.devices.results[{index}].device: {:?} is not a device of node {:?}",
-                    device.device, self.config.node_name
-                )));
+                return Err(PrepareError::UnknownDevice {
+                    index,
+                    device: device.device.clone(),
+                    node: self.config.node_name.clone(),
+                }
+                .into());
             };
             if let Some(expected) = &device.expected_gpu_uuid
                 && found.gpu().uuid != *expected
             {
-                return Err(Error::Claim(format!(
-                    "status.allocation.devices.config: GpuSliceAllocation places device {:?} on GPU {expected}, but on node {:?} that device is GPU {}",
-                    device.device,
-                    self.config.node_name,
-                    found.gpu().uuid
-                )));
+                return Err(PrepareError::GpuMismatch {
+                    device: device.device.clone(),
+                    expected: expected.clone(),
+                    node: self.config.node_name.clone(),
+                    actual: found.gpu().uuid.clone(),
+                }
+                .into());
             }
             let request = parent_request(&device.request).to_owned();
             if let Some(existing) = records.iter_mut().find(|r| r.device_name == device.device) {
@@ -359,13 +393,11 @@ impl Driver {
                             .find(|held| {
                                 held.device_name == wanted.device_name && conflicts(held, wanted)
                             })
-                            .map(|_| {
-                                (
-                                    wanted.device_name.clone(),
-                                    uid.clone(),
-                                    entry.namespace.clone(),
-                                    entry.name.clone(),
-                                )
+                            .map(|_| PrepareError::DeviceHeld {
+                                device: wanted.device_name.clone(),
+                                holder_uid: uid.clone(),
+                                holder_namespace: entry.namespace.clone(),
+                                holder_name: entry.name.clone(),
                             })
                     })
             });
@@ -382,10 +414,8 @@ impl Driver {
             }
             conflict
         });
-        if let Some((device, uid, namespace, name)) = conflict {
-            return Err(Error::Claim(format!(
-                "device {device:?} is held exclusively by prepared claim {namespace}/{name} (uid {uid})"
-            )));
+        if let Some(held) = conflict {
+            return Err(held.into());
         }
         self.update_prepared_gauge();
         Ok(())
@@ -442,12 +472,12 @@ impl Driver {
     }
 }
 
-/// What [`Driver::restore_cdi_specs`] did.
+/// What [`Preparer::restore_cdi_specs`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RestoreReport {
     /// Specs of completed claims written again.
     pub rewritten: usize,
-    /// Spec files of this driver that no claim owned, removed.
+    /// Spec files of kerf's CDI kind that no claim owned, removed.
     pub orphans_removed: usize,
 }
 
@@ -529,12 +559,13 @@ fn results_of(devices: &[DeviceRecord]) -> Vec<PreparedDevice> {
         .collect()
 }
 
-/// Runs blocking file I/O (fsync) off the async workers.
+/// Runs blocking file I/O (fsync) off the async workers; `what` names the task if it panics.
 async fn blocking<T: Send + 'static>(
+    what: &'static str,
     f: impl FnOnce() -> kerf_core::Result<T> + Send + 'static,
 ) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Error::Config(format!("blocking file task failed: {e}")))?
+        .map_err(|e| Error::internal(what, e))?
         .map_err(Error::from)
 }

@@ -114,10 +114,10 @@ fn commit_group(dir: &Path, jobs: Vec<Job>) {
 }
 
 fn stopped(dir: &Path) -> Error {
-    Error::Config(format!(
-        "the CDI spec writer of {} has stopped",
-        dir.display()
-    ))
+    Error::internal(
+        "the CDI spec writer",
+        format_args!("it has stopped (directory {})", dir.display()),
+    )
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kerf_kubelet_plugin::claims::KubeClaims;
+use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_proto::client::{Claim, DraVersion, KNOWN_SERVICES, KubeletClient, RegisteredPlugin};
@@ -71,7 +71,7 @@ impl Node {
         let config = self.config();
         let inventory = plugin::discover(&config).unwrap();
         let connections = Connections {
-            claims: Arc::new(KubeClaims::new(self.api.client())),
+            claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
             publisher: None,
         };
         plugin::start(&config, inventory, connections)
@@ -672,7 +672,7 @@ async fn mig_devices_get_their_capability_nodes() {
     let device = mig.device_name(parent);
     node.add_claim(whole_gpu_claim("mig", UID_A, &device));
     let connections = Connections {
-        claims: Arc::new(KubeClaims::new(node.api.client())),
+        claim_reader: Arc::new(ApiClaimReader::new(node.api.client())),
         publisher: None,
     };
     let plugin = plugin::start(&config, inventory, connections)

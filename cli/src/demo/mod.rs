@@ -32,13 +32,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_api::resourceslice::{attributes, device_attribute};
 use kerf_core::cdi;
 use kerf_kubelet_plugin::config::Discovery;
-use kerf_kubelet_plugin::driver::DriverConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections};
+use kerf_kubelet_plugin::preparer::PreparerConfig;
 use kerf_proto::client::{Claim, ClaimResult, KubeletClient, RegisteredPlugin};
 
 use crate::error::{Error, Result};
 use allocate::{ClaimOutcome, PodOutcome};
-use claim_store::MemoryClaims;
+use claim_store::MemoryClaimReader;
 use containers::ContainerRun;
 use manifests::ManifestSource;
 use node::Layout;
@@ -122,7 +122,7 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
     let (claim_outcomes, pod_outcomes) =
         allocate::allocate_all(&mut workload, &classes, &scheduler_node, &mut index, &now);
 
-    let store = Arc::new(MemoryClaims::default());
+    let store = Arc::new(MemoryClaimReader::default());
     for claim in workload.claims.iter().filter_map(|c| c.claim.clone()) {
         store.insert(claim);
     }
@@ -134,7 +134,7 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         &plugin_config,
         inventory,
         Connections {
-            claims: store,
+            claim_reader: store,
             publisher: None,
         },
     )
@@ -267,7 +267,7 @@ impl NodeVisit<'_> {
     }
 
     fn snapshot_specs(&self, run: &mut NodeRun) {
-        let kind = DriverConfig::cdi_kind_for(self.driver);
+        let kind = PreparerConfig::cdi_kind_for(self.driver);
         for (uid, answer) in &run.prepared {
             if answer.is_err() {
                 continue;
@@ -357,7 +357,7 @@ fn check_clean(layout: &Layout, driver: &str) -> Result<()> {
             "the plugin left sockets behind after shutdown: {sockets:?}"
         )));
     }
-    let kind = DriverConfig::cdi_kind_for(driver);
+    let kind = PreparerConfig::cdi_kind_for(driver);
     let (vendor, class) = cdi::parse_kind(&kind)?;
     let prefix = format!("{vendor}-{class}_");
     let specs: Vec<PathBuf> = std::fs::read_dir(&layout.cdi_dir)

@@ -1,4 +1,7 @@
-//! `DRAPlugin` v1 and v1beta1 on one socket, both answered by the same [`Driver`].
+//! `DRAPlugin` v1 and v1beta1 on one socket, both answered by the same [`Preparer`].
+//!
+//! Here, and only here, a claim's typed error becomes the message of its per-claim answer:
+//! the kubelet reports it on the pod as it is.
 
 use std::sync::Arc;
 
@@ -6,20 +9,20 @@ use kerf_proto::PreparedDevice;
 use kerf_proto::dra::{v1, v1beta1};
 use tonic::{Request, Response, Status};
 
-use crate::driver::{ClaimRef, Driver};
 use crate::metrics::Metrics;
+use crate::preparer::{ClaimRef, Preparer};
 
 /// The DRA service; clone it into both API versions' servers.
 #[derive(Clone)]
 pub struct DraService {
-    driver: Arc<Driver>,
+    preparer: Arc<Preparer>,
     metrics: Metrics,
 }
 
 impl DraService {
-    /// Serves `driver`.
-    pub fn new(driver: Arc<Driver>, metrics: Metrics) -> Self {
-        DraService { driver, metrics }
+    /// Serves the claims `preparer` prepares.
+    pub fn new(preparer: Arc<Preparer>, metrics: Metrics) -> Self {
+        DraService { preparer, metrics }
     }
 
     /// The v1 gRPC server.
@@ -35,12 +38,12 @@ impl DraService {
     async fn prepare(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> Vec<(String, Result<Vec<PreparedDevice>, String>)> {
-        self.driver.prepare(&claims).await
+    ) -> Vec<(String, crate::Result<Vec<PreparedDevice>>)> {
+        self.preparer.prepare(&claims).await
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(String, Result<(), String>)> {
-        self.driver.unprepare(&claims).await
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> Vec<(String, crate::Result<()>)> {
+        self.preparer.unprepare(&claims).await
     }
 }
 
@@ -75,7 +78,7 @@ macro_rules! dra_plugin {
                             },
                             Err(error) => $version::NodePrepareResourceResponse {
                                 devices: Vec::new(),
-                                error,
+                                error: error.to_string(),
                             },
                         };
                         (uid, answer)
@@ -104,7 +107,7 @@ macro_rules! dra_plugin {
                 let claims = answers
                     .into_iter()
                     .map(|(uid, result)| {
-                        let error = result.err().unwrap_or_default();
+                        let error = result.err().map(|e| e.to_string()).unwrap_or_default();
                         (uid, $version::NodeUnprepareResourceResponse { error })
                     })
                     .collect();

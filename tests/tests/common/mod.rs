@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::inventory::{Inventory, MigDevice};
 use kerf_core::slice::Sharing;
-use kerf_kubelet_plugin::claims::KubeClaims;
+use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_proto::client::Claim;
@@ -134,7 +134,7 @@ impl TestNode {
     pub async fn start_plugin(&self) -> RunningPlugin {
         let config = self.config();
         let connections = Connections {
-            claims: Arc::new(KubeClaims::new(self.api.client())),
+            claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
             publisher: None,
         };
         plugin::start(&config, self.inventory(), connections)
