@@ -57,6 +57,15 @@ pub enum Error {
         /// What happened to it, e.g. the panic message of its task.
         detail: String,
     },
+    /// A GPU's CUDA MPS control daemon could not be started or stopped, or its compute mode
+    /// not set; `message` carries the tool's own words.
+    #[error("MPS control daemon for GPU {gpu}: {message}")]
+    Mps {
+        /// The GPU's UUID.
+        gpu: String,
+        /// What failed, with the tool's stderr.
+        message: String,
+    },
     /// The metrics/health HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
@@ -76,6 +85,7 @@ impl Error {
             Error::Config(_) => "config",
             Error::Prepare(e) => e.reason(),
             Error::Internal { .. } => "internal",
+            Error::Mps { .. } => "mps",
             Error::Http(_) => "http",
         }
     }

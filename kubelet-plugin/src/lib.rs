@@ -18,6 +18,7 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod metrics;
+pub mod mps_daemons;
 pub mod plugin;
 pub mod prepare_error;
 pub mod preparer;

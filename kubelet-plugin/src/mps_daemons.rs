@@ -1,0 +1,297 @@
+//! One CUDA MPS control daemon per shared GPU: started before the first MPS slice of a GPU is
+//! prepared, stopped after its last one is unprepared, adopted after a plugin restart.
+//!
+//! The daemon runs from the driver root (`<driver-root>/usr/bin/nvidia-cuda-mps-control -d`,
+//! or the fake of `kerf-fake-gpu-tools` in a mock driver root) with only its GPU visible and
+//! its files in [`MpsDirectories`] under the MPS root. It daemonizes, so the plugin is not
+//! its parent: whether it runs is read from its PID file and `/proc/<pid>/cmdline`, which is
+//! also how a restarted plugin adopts the daemons of GPUs that still have MPS claims. Before
+//! starting it the GPU is put in compute mode `EXCLUSIVE_PROCESS`; after stopping it, back in
+//! `DEFAULT`. A start that fails leaves nothing behind: no directory, no daemon, the compute
+//! mode restored.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use kerf_core::mps::{
+    CONTROL_PROGRAM, ComputeMode, MpsDirectories, QUIT_COMMAND, compute_mode_args,
+};
+use tokio::io::AsyncWriteExt as _;
+use tokio::process::Command;
+
+use crate::error::{Error, Result};
+
+/// `nvidia-smi`, looked up next to the control program.
+const SMI_PROGRAM: &str = "nvidia-smi";
+
+/// Where the daemons live and how they are run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsSettings {
+    /// Root of the per-GPU directories, `/var/run/kerf/mps` by default.
+    pub root: PathBuf,
+    /// The driver root whose `usr/bin` holds `nvidia-cuda-mps-control` and `nvidia-smi`.
+    pub driver_root: PathBuf,
+    /// How long a daemon may take to stop after `quit` before it is killed.
+    pub stop_timeout: Duration,
+}
+
+/// A daemon found running for a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunningDaemon {
+    /// Its process ID.
+    pub pid: u32,
+}
+
+/// Starts, finds and stops the control daemons (see the module documentation).
+#[derive(Debug, Clone)]
+pub struct MpsDaemons {
+    settings: MpsSettings,
+}
+
+impl MpsDaemons {
+    /// Daemons run with `settings`.
+    pub fn new(settings: MpsSettings) -> Self {
+        Self { settings }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &MpsSettings {
+        &self.settings
+    }
+
+    /// The directories of the daemon of `gpu_uuid`.
+    ///
+    /// # Errors
+    /// [`Error::Core`] when `gpu_uuid` is not a GPU UUID.
+    pub fn directories(&self, gpu_uuid: &str) -> Result<MpsDirectories> {
+        Ok(MpsDirectories::new(&self.settings.root, gpu_uuid)?)
+    }
+
+    fn program(&self, name: &str) -> PathBuf {
+        self.settings.driver_root.join("usr/bin").join(name)
+    }
+
+    /// The daemon of `dirs` when its PID file names a live `nvidia-cuda-mps-control`.
+    pub fn running(&self, dirs: &MpsDirectories) -> Option<RunningDaemon> {
+        let pid: u32 = std::fs::read_to_string(dirs.pid_file())
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        is_control_daemon(pid).then_some(RunningDaemon { pid })
+    }
+
+    /// Makes sure the daemon of `gpu_uuid` runs: adopts a running one, else sets the compute
+    /// mode and starts one. Returns its directories.
+    ///
+    /// # Errors
+    /// [`Error::Mps`] naming the GPU and the tool's own message when the compute mode cannot
+    /// be set or the daemon does not start; nothing is left behind then.
+    pub async fn ensure(&self, gpu_uuid: &str) -> Result<(MpsDirectories, RunningDaemon)> {
+        let dirs = self.directories(gpu_uuid)?;
+        if let Some(running) = self.running(&dirs) {
+            return Ok((dirs, running));
+        }
+        match self.start(&dirs).await {
+            Ok(running) => Ok((dirs, running)),
+            Err(error) => {
+                self.clean_up(&dirs).await;
+                Err(error)
+            }
+        }
+    }
+
+    async fn start(&self, dirs: &MpsDirectories) -> Result<RunningDaemon> {
+        let gpu = dirs.gpu_uuid();
+        for dir in [dirs.pipe(), dirs.log(), dirs.shm()] {
+            tokio::fs::create_dir_all(&dir)
+                .await
+                .map_err(|e| Error::io("create MPS directory", &dir, e))?;
+        }
+        self.smi(gpu, &compute_mode_args(gpu, ComputeMode::ExclusiveProcess))
+            .await?;
+        let output = self
+            .control(dirs)
+            .arg("-d")
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| mps_error(gpu, format!("cannot run {CONTROL_PROGRAM}: {e}")))?;
+        if !output.status.success() {
+            return Err(mps_error(
+                gpu,
+                format!(
+                    "{CONTROL_PROGRAM} -d failed ({}): {}",
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ),
+            ));
+        }
+        self.running(dirs).ok_or_else(|| {
+            mps_error(
+                gpu,
+                format!("{CONTROL_PROGRAM} -d returned but no daemon runs for its pipe directory"),
+            )
+        })
+    }
+
+    /// Stops the daemon of `gpu_uuid` (`quit`, then at most the stop timeout, then SIGKILL),
+    /// removes its directories and puts the GPU back in compute mode `DEFAULT`. A GPU without
+    /// a daemon only gets the clean-up.
+    ///
+    /// # Errors
+    /// [`Error::Core`] for an invalid UUID; [`Error::Mps`] when the daemon survives SIGKILL.
+    pub async fn stop(&self, gpu_uuid: &str) -> Result<()> {
+        let dirs = self.directories(gpu_uuid)?;
+        if let Some(running) = self.running(&dirs) {
+            self.quit(&dirs).await;
+            if !self.wait_gone(running.pid).await {
+                tracing::warn!(
+                    gpu = gpu_uuid,
+                    pid = running.pid,
+                    "MPS daemon ignored quit; killing it"
+                );
+                kill(running.pid);
+                if !self.wait_gone(running.pid).await {
+                    return Err(mps_error(
+                        gpu_uuid,
+                        format!("daemon {} survived SIGKILL", running.pid),
+                    ));
+                }
+            }
+        }
+        self.clean_up(&dirs).await;
+        Ok(())
+    }
+
+    /// GPUs with a daemon directory under the MPS root, running or not.
+    pub fn known_gpus(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.settings.root) else {
+            return Vec::new();
+        };
+        let mut gpus: Vec<String> = entries
+            .filter_map(std::result::Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|name| kerf_core::mps::gpu_uuid("mpsRoot", name).is_ok())
+            .collect();
+        gpus.sort();
+        gpus
+    }
+
+    async fn quit(&self, dirs: &MpsDirectories) {
+        let child = self
+            .control(dirs)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let Ok(mut child) = child else { return };
+        if let Some(mut stdin) = child.stdin.take() {
+            // A daemon that is already gone makes the client fail; the wait below decides.
+            let _ = stdin.write_all(QUIT_COMMAND.as_bytes()).await;
+        }
+        let _ = tokio::time::timeout(self.settings.stop_timeout, child.wait()).await;
+    }
+
+    async fn wait_gone(&self, pid: u32) -> bool {
+        let deadline = tokio::time::Instant::now() + self.settings.stop_timeout;
+        while tokio::time::Instant::now() < deadline {
+            if !is_control_daemon(pid) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        !is_control_daemon(pid)
+    }
+
+    async fn clean_up(&self, dirs: &MpsDirectories) {
+        if let Err(error) = tokio::fs::remove_dir_all(dirs.base()).await
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(gpu = dirs.gpu_uuid(), %error, "cannot remove MPS directories");
+        }
+        let gpu = dirs.gpu_uuid();
+        if let Err(error) = self
+            .smi(gpu, &compute_mode_args(gpu, ComputeMode::Default))
+            .await
+        {
+            tracing::warn!(gpu, %error, "cannot restore compute mode DEFAULT");
+        }
+    }
+
+    /// The control program with only this GPU, this pipe and this log directory.
+    fn control(&self, dirs: &MpsDirectories) -> Command {
+        let mut command = Command::new(self.program(CONTROL_PROGRAM));
+        command
+            .env_clear()
+            .envs(dirs.control_env())
+            .kill_on_drop(false);
+        command
+    }
+
+    async fn smi(&self, gpu: &str, args: &[String]) -> Result<()> {
+        let output = Command::new(self.program(SMI_PROGRAM))
+            .args(args)
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .map_err(|e| mps_error(gpu, format!("cannot run {SMI_PROGRAM}: {e}")))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(mps_error(
+                gpu,
+                format!(
+                    "{SMI_PROGRAM} {} failed ({}): {}",
+                    args.join(" "),
+                    output.status,
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ),
+            ))
+        }
+    }
+}
+
+fn mps_error(gpu: &str, message: String) -> Error {
+    Error::Mps {
+        gpu: gpu.to_owned(),
+        message,
+    }
+}
+
+/// Whether `pid` is a live process whose program is `nvidia-cuda-mps-control`: a PID file can
+/// outlive its daemon and the PID be reused.
+fn is_control_daemon(pid: u32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+    Path::new(std::ffi::OsStr::new(&*String::from_utf8_lossy(program)))
+        .file_name()
+        .is_some_and(|name| name == CONTROL_PROGRAM)
+        && !is_zombie(pid)
+}
+
+fn is_zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(|s| s == "Z"))
+        })
+        .unwrap_or(false)
+}
+
+fn kill(pid: u32) {
+    let Some(pid) = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw)
+    else {
+        return;
+    };
+    if let Err(error) = rustix::process::kill_process(pid, rustix::process::Signal::KILL) {
+        tracing::warn!(pid = pid.as_raw_nonzero().get(), %error, "cannot kill MPS daemon");
+    }
+}
