@@ -144,6 +144,7 @@ fn use_kind(
         return UseKind::Slice {
             memory_bytes: entry.memory_bytes.unwrap_or(0),
             compute_percent: entry.compute_percent.unwrap_or(0),
+            sharing: entry.sharing,
         };
     }
     if result.consumed_capacity.is_none() && share.is_none() {
@@ -155,9 +156,12 @@ fn use_kind(
         value.map_or(Some(0), amount)
     };
     match (consumed(CONSUMED_MEMORY), consumed(CONSUMED_COMPUTE)) {
+        // A scheduler share (consumable capacity) names no strategy in its result; it counts
+        // as unconstrained until the class's strategy travels with it.
         (Some(memory_bytes), Some(compute)) => UseKind::Slice {
             memory_bytes,
             compute_percent: u8::try_from(compute.min(100)).unwrap_or(100),
+            sharing: Sharing::Exclusive,
         },
         _ => UseKind::Whole,
     }

@@ -404,6 +404,7 @@ fn assert_no_overcommit(fake: &FakeApi) {
                 kerf_core::alloc::UseKind::Slice {
                     memory_bytes,
                     compute_percent,
+                    ..
                 } => {
                     let entry = sliced.entry(key).or_default();
                     entry.0 += memory_bytes;

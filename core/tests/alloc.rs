@@ -790,3 +790,92 @@ fn ties_go_to_the_lowest_node_name_whatever_the_insertion_order() {
         "n-000-b"
     );
 }
+
+fn shared(sharing: Sharing, memory_gi: u64, compute: u8) -> DeviceRequest {
+    let mut req = DeviceRequest::slices("s", 1, slice(memory_gi, compute));
+    req.sharing = sharing;
+    req
+}
+
+#[test]
+fn a_gpu_never_carries_mps_and_time_sliced_slices_together() {
+    // gpu-0 carries an MPS slice (from any writer), gpu-1 a time-sliced one.
+    let mut index = index(vec![nvlink_node("node-1", 2)]);
+    index.set_claim_usage(
+        "mps",
+        vec![DeviceUse::slice("node-1", "gpu-0", GI, 10).shared_by(Sharing::Mps)],
+    );
+    index.set_claim_usage(
+        "ts",
+        vec![DeviceUse::slice("node-1", "gpu-1", GI, 10).shared_by(Sharing::TimeSlicing)],
+    );
+    for (sharing, gpu) in [(Sharing::Mps, "gpu-0"), (Sharing::TimeSlicing, "gpu-1")] {
+        for policy in [Policy::BinPack, Policy::Spread] {
+            let req = with_policy(shared(sharing, 1, 1), policy);
+            let placement = place(&index, &pod("p", vec![req]), &["node-1"]).unwrap();
+            assert_eq!(
+                placement.claims[0].devices[0].device, gpu,
+                "{sharing:?} {policy:?}"
+            );
+        }
+    }
+    // Slices without a strategy go anywhere.
+    let plain = with_policy(shared(Sharing::Exclusive, 1, 1), Policy::Spread);
+    assert!(place(&index, &pod("p", vec![plain]), &["node-1"]).is_ok());
+
+    // With gpu-1 gone to MPS too, a time-sliced slice has nowhere to go, and says why.
+    index.set_claim_usage(
+        "ts",
+        vec![DeviceUse::slice("node-1", "gpu-1", GI, 10).shared_by(Sharing::Mps)],
+    );
+    let error = place(
+        &index,
+        &pod("p", vec![shared(Sharing::TimeSlicing, 1, 1)]),
+        &["node-1"],
+    )
+    .unwrap_err();
+    assert_eq!(error.reason(), "sharing_conflict");
+    assert!(
+        error.to_string().contains("2 carrying MPS slices"),
+        "{error}"
+    );
+    // Once the last MPS slice of a GPU is gone, it takes time-sliced slices again.
+    assert!(index.remove_claim("ts"));
+    let placement = place(
+        &index,
+        &pod("p", vec![shared(Sharing::TimeSlicing, 1, 1)]),
+        &["node-1"],
+    )
+    .unwrap();
+    assert_eq!(placement.claims[0].devices[0].device, "gpu-1");
+}
+
+#[test]
+fn two_claims_of_one_pod_never_mix_strategies_on_a_gpu() {
+    // Two claims of a pod may share a GPU through slices (BinPack stacks them), unless their
+    // strategies differ.
+    let index = index(vec![nvlink_node("node-1", 2)]);
+    let two_claims = |second: Sharing| PodRequest {
+        claims: vec![
+            ClaimRequest {
+                key: "a".to_owned(),
+                requests: vec![shared(Sharing::Mps, 1, 1)],
+            },
+            ClaimRequest {
+                key: "b".to_owned(),
+                requests: vec![shared(second, 1, 1)],
+            },
+        ],
+    };
+    let gpus = |placement: &Placement| -> Vec<String> {
+        placement
+            .claims
+            .iter()
+            .map(|c| c.devices[0].device.clone())
+            .collect()
+    };
+    let same = place(&index, &two_claims(Sharing::Mps), &["node-1"]).unwrap();
+    assert_eq!(gpus(&same)[0], gpus(&same)[1]);
+    let mixed = place(&index, &two_claims(Sharing::TimeSlicing), &["node-1"]).unwrap();
+    assert_ne!(gpus(&mixed)[0], gpus(&mixed)[1]);
+}

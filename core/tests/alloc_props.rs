@@ -183,6 +183,7 @@ fn assert_no_overcommit(nodes: &[NodeGpus], claims: &BTreeMap<String, Vec<Device
                 UseKind::Slice {
                     memory_bytes,
                     compute_percent,
+                    ..
                 } => {
                     sum.slices += 1;
                     sum.memory += memory_bytes;

@@ -36,6 +36,7 @@ impl Hold {
             UseKind::Slice {
                 memory_bytes,
                 compute_percent,
+                ..
             } => format!(
                 "{} holds {} bytes / {compute_percent}% of {}",
                 self.claim, memory_bytes, self.device
@@ -97,6 +98,7 @@ pub fn sharing_problems(
             if let UseKind::Slice {
                 memory_bytes,
                 compute_percent,
+                ..
             } = hold.kind
             {
                 memory = memory.saturating_add(memory_bytes);

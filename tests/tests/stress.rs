@@ -380,6 +380,7 @@ fn pinned_fits(sim: &Sim, plan: &PodPlan) -> bool {
                 UseKind::Slice {
                     memory_bytes,
                     compute_percent,
+                    ..
                 } => {
                     entry.1 += memory_bytes;
                     entry.2 += u32::from(compute_percent);

@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
+use crate::slice::Sharing;
+
 use super::hash::FastMap;
 use super::model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
 use super::place::Placement;
@@ -40,6 +42,10 @@ pub struct GpuUsage {
     pub slice_memory_bytes: u64,
     /// Compute percent reserved by the slices (may exceed 100 if others over-committed).
     pub slice_compute_percent: u32,
+    /// Slices shared through MPS.
+    pub mps_slices: u32,
+    /// Slices shared by time-slicing.
+    pub time_sliced_slices: u32,
 }
 
 impl GpuUsage {
@@ -56,6 +62,9 @@ struct RawUsage {
     slices: u32,
     memory: u128,
     compute: u64,
+    mps: u32,
+    time_sliced: u32,
+    unconstrained: u32,
     /// Keys of the claims using the device, one entry per use.
     holders: Vec<String>,
 }
@@ -67,6 +76,8 @@ impl RawUsage {
             slices: self.slices,
             slice_memory_bytes: u64::try_from(self.memory).unwrap_or(u64::MAX),
             slice_compute_percent: u32::try_from(self.compute).unwrap_or(u32::MAX),
+            mps_slices: self.mps,
+            time_sliced_slices: self.time_sliced,
         }
     }
 
@@ -76,10 +87,12 @@ impl RawUsage {
             UseKind::Slice {
                 memory_bytes,
                 compute_percent,
+                sharing,
             } => {
                 self.slices += 1;
                 self.memory += u128::from(memory_bytes);
                 self.compute += u64::from(compute_percent);
+                *self.strategy_count(sharing) += 1;
             }
         }
         self.holders.push(claim.to_owned());
@@ -91,10 +104,13 @@ impl RawUsage {
             UseKind::Slice {
                 memory_bytes,
                 compute_percent,
+                sharing,
             } => {
                 self.slices = self.slices.saturating_sub(1);
                 self.memory = self.memory.saturating_sub(u128::from(memory_bytes));
                 self.compute = self.compute.saturating_sub(u64::from(compute_percent));
+                let count = self.strategy_count(sharing);
+                *count = count.saturating_sub(1);
             }
         }
         if let Some(at) = self.holders.iter().position(|h| h == claim) {
@@ -104,6 +120,16 @@ impl RawUsage {
 
     fn is_empty(&self) -> bool {
         self.whole == 0 && self.slices == 0 && self.holders.is_empty()
+    }
+
+    /// The count of slices of a strategy that excludes another; exclusive-sharing slices
+    /// (accounting only) are counted with neither, in a scratch slot.
+    fn strategy_count(&mut self, sharing: Sharing) -> &mut u32 {
+        match sharing {
+            Sharing::Mps => &mut self.mps,
+            Sharing::TimeSlicing => &mut self.time_sliced,
+            Sharing::Exclusive => &mut self.unconstrained,
+        }
     }
 }
 
@@ -140,6 +166,10 @@ pub(super) struct GpuFree {
     pub(super) whole_held: bool,
     /// Used by no claim: a whole-GPU request fits.
     pub(super) idle: bool,
+    /// Carries MPS slices: a time-sliced slice does not fit.
+    pub(super) mps: bool,
+    /// Carries time-sliced slices: an MPS slice does not fit.
+    pub(super) time_sliced: bool,
 }
 
 /// Per-node figures that let placement skip nodes without looking at their GPUs.
@@ -190,6 +220,8 @@ impl GpuFree {
                 slices: usage.slices,
                 whole_held: true,
                 idle: false,
+                mps: usage.mps_slices > 0,
+                time_sliced: usage.time_sliced_slices > 0,
             };
         }
         let used_compute = u8::try_from(usage.slice_compute_percent.min(100)).unwrap_or(100);
@@ -199,6 +231,8 @@ impl GpuFree {
             slices: usage.slices,
             whole_held: false,
             idle: usage.slices == 0,
+            mps: usage.mps_slices > 0,
+            time_sliced: usage.time_sliced_slices > 0,
         }
     }
 }

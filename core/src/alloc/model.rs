@@ -1,6 +1,7 @@
 //! What the allocator allocates from (whole GPUs per node) and what holds them (device uses).
 
 use crate::inventory::{ComputeCapability, Inventory};
+use crate::slice::Sharing;
 
 /// The whole GPUs of one node that the controller may slice.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,6 +86,10 @@ pub enum UseKind {
         memory_bytes: u64,
         /// Reserved percent of the multiprocessors (0–100).
         compute_percent: u8,
+        /// How the GPU is shared with the other slices: one GPU never carries MPS and
+        /// time-sliced slices together (an MPS server owns the GPU in compute mode
+        /// `EXCLUSIVE_PROCESS`, time-slicing needs `DEFAULT`).
+        sharing: Sharing,
     },
 }
 
@@ -98,7 +103,8 @@ impl DeviceUse {
         }
     }
 
-    /// A slice use.
+    /// A slice use without a sharing strategy ([`Sharing::Exclusive`]: it constrains no other
+    /// slice's strategy); see [`DeviceUse::shared_by`].
     pub fn slice(
         node: impl Into<String>,
         device: impl Into<String>,
@@ -111,7 +117,17 @@ impl DeviceUse {
             kind: UseKind::Slice {
                 memory_bytes,
                 compute_percent,
+                sharing: Sharing::Exclusive,
             },
         }
+    }
+
+    /// The same use, a slice shared by `sharing` (a whole-device use is unchanged).
+    #[must_use]
+    pub fn shared_by(mut self, sharing: Sharing) -> Self {
+        if let UseKind::Slice { sharing: s, .. } = &mut self.kind {
+            *s = sharing;
+        }
+        self
     }
 }

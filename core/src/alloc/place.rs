@@ -70,6 +70,7 @@ impl ClaimPlacement {
                     Some(size) => UseKind::Slice {
                         memory_bytes: size.memory_bytes,
                         compute_percent: size.compute_percent,
+                        sharing: device.sharing,
                     },
                 },
             })
@@ -580,7 +581,8 @@ fn fit_after(req: &DeviceRequest, free: &GpuFree, total_memory: u64) -> Option<u
             let fits = !free.whole_held
                 && free.memory >= size.memory_bytes
                 && free.compute >= size.compute_percent
-                && req.max_slices_per_gpu.is_none_or(|max| free.slices < max);
+                && req.max_slices_per_gpu.is_none_or(|max| free.slices < max)
+                && !sharing_conflicts(req.sharing, free);
             fits.then(|| {
                 let left = free_permille(
                     free.memory - size.memory_bytes,
@@ -590,6 +592,15 @@ fn fit_after(req: &DeviceRequest, free: &GpuFree, total_memory: u64) -> Option<u
                 u32::try_from(left).unwrap_or(FULL_SCORE)
             })
         }
+    }
+}
+
+/// Whether a slice shared by `sharing` would put MPS and time-slicing on one GPU.
+fn sharing_conflicts(sharing: Sharing, free: &GpuFree) -> bool {
+    match sharing {
+        Sharing::Mps => free.time_sliced,
+        Sharing::TimeSlicing => free.mps,
+        Sharing::Exclusive => false,
     }
 }
 
@@ -717,6 +728,8 @@ fn take(flat: &Flat<'_>, node: &NodeEntry, scratch: &mut Scratch) -> u64 {
                 free.memory -= size.memory_bytes;
                 free.compute -= size.compute_percent;
                 free.slices += 1;
+                free.mps |= flat.req.sharing == Sharing::Mps;
+                free.time_sliced |= flat.req.sharing == Sharing::TimeSlicing;
             }
         }
         free.idle = false;
@@ -748,6 +761,7 @@ struct Diagnosis<'a> {
 struct Blockers {
     in_use: u32,
     max_slices: u32,
+    sharing: u32,
     memory: u32,
     compute: u32,
 }
@@ -935,6 +949,7 @@ fn failure<'n>(
             Some(_) if req.max_slices_per_gpu.is_some_and(|max| free.slices >= max) => {
                 blockers.max_slices += 1;
             }
+            Some(_) if sharing_conflicts(req.sharing, free) => blockers.sharing += 1,
             Some(size) if free.memory < size.memory_bytes => blockers.memory += 1,
             Some(size) if free.compute < size.compute_percent => blockers.compute += 1,
             _ => {
@@ -976,6 +991,7 @@ impl Blockers {
         let ranked = [
             (self.in_use, UnplaceableReason::InUse),
             (self.max_slices, UnplaceableReason::MaxSlices),
+            (self.sharing, UnplaceableReason::SharingConflict),
             (self.memory, UnplaceableReason::InsufficientMemory),
             (self.compute, UnplaceableReason::InsufficientCompute),
         ];
@@ -1047,6 +1063,13 @@ fn describe_blockers(diagnosis: &Diagnosis<'_>, req: &DeviceRequest) -> String {
     if b.max_slices > 0 {
         let max = req.max_slices_per_gpu.unwrap_or_default();
         parts.push(format!("{} at the limit of {max} slices", b.max_slices));
+    }
+    if b.sharing > 0 {
+        let other = match req.sharing {
+            Sharing::Mps => "time-sliced",
+            _ => "MPS",
+        };
+        parts.push(format!("{} carrying {other} slices", b.sharing));
     }
     if b.memory > 0 {
         parts.push(format!("{} with too little memory free", b.memory));

@@ -16,6 +16,9 @@ pub enum UnplaceableReason {
     InUse,
     /// GPUs that match already carry the most slices allowed.
     MaxSlices,
+    /// GPUs that match carry slices of the other sharing strategy (MPS and time-slicing never
+    /// share a GPU).
+    SharingConflict,
     /// GPUs that match have too little free memory.
     InsufficientMemory,
     /// GPUs that match have too little free compute.
@@ -33,6 +36,7 @@ impl UnplaceableReason {
             UnplaceableReason::Selector => "selector",
             UnplaceableReason::InUse => "in_use",
             UnplaceableReason::MaxSlices => "max_slices",
+            UnplaceableReason::SharingConflict => "sharing_conflict",
             UnplaceableReason::InsufficientMemory => "insufficient_memory",
             UnplaceableReason::InsufficientCompute => "insufficient_compute",
             UnplaceableReason::Topology => "topology",

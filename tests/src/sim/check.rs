@@ -223,6 +223,7 @@ pub fn device_violation(
             UseKind::Slice {
                 memory_bytes,
                 compute_percent,
+                ..
             } => (m + memory_bytes, c + u32::from(*compute_percent)),
             UseKind::Whole => (m, c),
         });
