@@ -29,7 +29,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::cdi::Mount;
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::names;
 
 /// The control program, looked up in the driver root's binary directories.
 pub const CONTROL_PROGRAM: &str = "nvidia-cuda-mps-control";
@@ -45,35 +46,6 @@ pub const CONTAINER_PIPE_ROOT: &str = "/run/kerf/mps";
 pub const CLIENT_MOUNT_OPTIONS: [&str; 4] = ["rw", "nosuid", "nodev", "bind"];
 /// Default root of the per-GPU directories on the node.
 pub const DEFAULT_MPS_ROOT: &str = "/var/run/kerf/mps";
-/// Longest GPU UUID accepted in a path (NVML UUIDs are 40 characters).
-pub const MAX_GPU_UUID_LEN: usize = 64;
-
-/// Validates a GPU UUID before it names a directory: `GPU-` followed by hexadecimal digits and
-/// dashes, at most [`MAX_GPU_UUID_LEN`] characters. MIG devices never get a daemon, so `MIG-`
-/// UUIDs are refused too.
-///
-/// # Errors
-/// [`Error::InvalidName`] naming `field` when the value breaks the rule.
-pub fn gpu_uuid<'a>(field: &'static str, value: &'a str) -> Result<&'a str> {
-    let invalid = |reason: &'static str| Error::InvalidName {
-        field,
-        value: value.to_owned(),
-        reason,
-    };
-    if value.len() > MAX_GPU_UUID_LEN {
-        return Err(invalid("is longer than 64 characters"));
-    }
-    let Some(rest) = value.strip_prefix("GPU-") else {
-        return Err(invalid("must start with \"GPU-\""));
-    };
-    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
-        return Err(invalid(
-            "may only contain hexadecimal digits and '-' after \"GPU-\"",
-        ));
-    }
-    Ok(value)
-}
-
 /// The directories of one GPU's control daemon under the MPS root:
 /// `<root>/<gpu-uuid>/{pipe,log,shm}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,9 +58,9 @@ impl MpsDirectories {
     /// The directories of the daemon of `gpu_uuid` under `mps_root`.
     ///
     /// # Errors
-    /// [`Error::InvalidName`] when `gpu_uuid` is not a GPU UUID ([`gpu_uuid`]).
+    /// [`crate::Error::InvalidName`] when `gpu_uuid` is not a GPU UUID ([`names::gpu_uuid`]).
     pub fn new(mps_root: &Path, gpu_uuid: &str) -> Result<Self> {
-        let uuid = self::gpu_uuid("gpuUUID", gpu_uuid)?;
+        let uuid = names::gpu_uuid("gpuUUID", gpu_uuid)?;
         Ok(Self {
             gpu_uuid: uuid.to_owned(),
             base: mps_root.join(uuid),

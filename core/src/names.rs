@@ -21,6 +21,8 @@ pub const MAX_DNS_LABEL_LEN: usize = 63;
 pub const MAX_DNS_SUBDOMAIN_LEN: usize = 253;
 /// Longest DRA driver name (Kubernetes limits `ResourceSlice.spec.driver` to 63 characters).
 pub const MAX_DRIVER_NAME_LEN: usize = 63;
+/// Longest GPU UUID accepted (NVML UUIDs are 40 characters).
+pub const MAX_GPU_UUID_LEN: usize = 64;
 
 /// Validates a claim UID: `[a-z0-9-]`, 1 to [`MAX_UID_LEN`] characters, not starting with `-`.
 ///
@@ -143,6 +145,33 @@ fn label_rule(label: &str) -> std::result::Result<(), &'static str> {
 }
 
 /// Rejects what could change the meaning of a path or a C string, with a precise reason.
+/// Validates the UUID of a whole GPU before it names a directory: `GPU-` followed by
+/// hexadecimal digits and dashes, at most [`MAX_GPU_UUID_LEN`] characters. `MIG-` UUIDs are
+/// refused: a MIG device never names a per-GPU directory.
+///
+/// # Errors
+/// [`Error::InvalidName`] naming `field` when the value breaks the rule.
+pub fn gpu_uuid<'a>(field: &'static str, value: &'a str) -> Result<&'a str> {
+    reject_path_hazards(field, value)?;
+    check_len(
+        field,
+        value,
+        MAX_GPU_UUID_LEN,
+        "is longer than 64 characters",
+    )?;
+    let Some(rest) = value.strip_prefix("GPU-") else {
+        return Err(invalid(field, value, "must start with \"GPU-\""));
+    };
+    if rest.is_empty() || !rest.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
+        return Err(invalid(
+            field,
+            value,
+            "may only contain hexadecimal digits and '-' after \"GPU-\"",
+        ));
+    }
+    Ok(value)
+}
+
 fn reject_path_hazards(field: &'static str, value: &str) -> Result<()> {
     let reason = if value.is_empty() {
         "must not be empty"

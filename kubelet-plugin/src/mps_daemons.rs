@@ -173,7 +173,7 @@ impl MpsDaemons {
         let mut gpus: Vec<String> = entries
             .filter_map(std::result::Result::ok)
             .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|name| kerf_core::mps::gpu_uuid("mpsRoot", name).is_ok())
+            .filter(|name| kerf_core::names::gpu_uuid("mpsRoot", name).is_ok())
             .collect();
         gpus.sort();
         gpus
