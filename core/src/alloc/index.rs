@@ -64,7 +64,6 @@ struct RawUsage {
     compute: u64,
     mps: u32,
     time_sliced: u32,
-    unconstrained: u32,
     /// Keys of the claims using the device, one entry per use.
     holders: Vec<String>,
 }
@@ -92,7 +91,9 @@ impl RawUsage {
                 self.slices += 1;
                 self.memory += u128::from(memory_bytes);
                 self.compute += u64::from(compute_percent);
-                *self.strategy_count(sharing) += 1;
+                if let Some(count) = self.strategy_count(sharing) {
+                    *count += 1;
+                }
             }
         }
         self.holders.push(claim.to_owned());
@@ -109,8 +110,9 @@ impl RawUsage {
                 self.slices = self.slices.saturating_sub(1);
                 self.memory = self.memory.saturating_sub(u128::from(memory_bytes));
                 self.compute = self.compute.saturating_sub(u64::from(compute_percent));
-                let count = self.strategy_count(sharing);
-                *count = count.saturating_sub(1);
+                if let Some(count) = self.strategy_count(sharing) {
+                    *count = count.saturating_sub(1);
+                }
             }
         }
         if let Some(at) = self.holders.iter().position(|h| h == claim) {
@@ -123,12 +125,12 @@ impl RawUsage {
     }
 
     /// The count of slices of a strategy that excludes another; exclusive-sharing slices
-    /// (accounting only) are counted with neither, in a scratch slot.
-    fn strategy_count(&mut self, sharing: Sharing) -> &mut u32 {
+    /// (accounting only) constrain nothing and are not counted.
+    fn strategy_count(&mut self, sharing: Sharing) -> Option<&mut u32> {
         match sharing {
-            Sharing::Mps => &mut self.mps,
-            Sharing::TimeSlicing => &mut self.time_sliced,
-            Sharing::Exclusive => &mut self.unconstrained,
+            Sharing::Mps => Some(&mut self.mps),
+            Sharing::TimeSlicing => Some(&mut self.time_sliced),
+            Sharing::Exclusive => None,
         }
     }
 }
