@@ -58,6 +58,27 @@ pub fn requests_controller_class(
         })
 }
 
+/// The DeviceClass names the requests of `devices` (a claim's or a claim template's
+/// `spec.devices`) use, request by request: an `exactly` request's class, then the classes of
+/// its `firstAvailable` subrequests. Names repeat when requests share a class.
+pub fn request_class_names(devices: Option<&DeviceClaim>) -> impl Iterator<Item = &str> {
+    devices
+        .and_then(|d| d.requests.as_ref())
+        .into_iter()
+        .flatten()
+        .flat_map(|r| {
+            r.exactly
+                .iter()
+                .map(|e| e.device_class_name.as_str())
+                .chain(
+                    r.first_available
+                        .iter()
+                        .flatten()
+                        .map(|s| s.device_class_name.as_str()),
+                )
+        })
+}
+
 /// True when kerf-controller allocates `claim` (see [`requests_controller_class`]).
 pub fn is_controller_claim(
     claim: &ResourceClaim,

@@ -458,23 +458,11 @@ fn claim_report(
     node_run: &mut NodeRun,
 ) -> ClaimReport {
     let uid = claim.claim.as_ref().map(|_| claim.uid().to_owned());
-    let classes = claim
-        .claim
-        .as_ref()
-        .and_then(|c| c.spec.devices.as_ref())
-        .and_then(|d| d.requests.as_ref())
-        .into_iter()
-        .flatten()
-        .flat_map(|r| {
-            let exactly = r.exactly.iter().map(|e| e.device_class_name.clone());
-            let subs = r
-                .first_available
-                .iter()
-                .flatten()
-                .map(|s| s.device_class_name.clone());
-            exactly.chain(subs).collect::<Vec<_>>()
-        })
-        .collect();
+    let classes = kerf_api::controller_claims::request_class_names(
+        claim.claim.as_ref().and_then(|c| c.spec.devices.as_ref()),
+    )
+    .map(str::to_owned)
+    .collect();
     let prepared = uid.as_deref().and_then(|u| node_run.prepared.get(u));
     let cdi_ids: BTreeMap<String, Vec<String>> = match prepared {
         Some(Ok(devices)) => devices

@@ -16,24 +16,12 @@ use super::super::context::ClaimsContext;
 /// Event reason on a DeviceClass without the ownership guard.
 pub const UNGUARDED_CLASS: &str = "AllocatorGuardMissing";
 
-/// The DeviceClass names a claim's requests use.
+/// The DeviceClass names a claim's requests use, sorted, each once.
 pub fn request_classes(claim: &ResourceClaim) -> Vec<String> {
-    let mut names: Vec<String> = claim
-        .spec
-        .devices
-        .as_ref()
-        .and_then(|d| d.requests.as_ref())
-        .into_iter()
-        .flatten()
-        .flat_map(|r| {
-            r.exactly.iter().map(|e| e.device_class_name.clone()).chain(
-                r.first_available
-                    .iter()
-                    .flatten()
-                    .map(|s| s.device_class_name.clone()),
-            )
-        })
-        .collect();
+    let mut names: Vec<String> =
+        kerf_api::controller_claims::request_class_names(claim.spec.devices.as_ref())
+            .map(str::to_owned)
+            .collect();
     names.sort();
     names.dedup();
     names
