@@ -298,6 +298,11 @@ mod tests {
         Arc::new(serde_json::from_value(value).unwrap())
     }
 
+    /// Syncs `index` with no slices, `claims` and an empty ownership book.
+    fn sync(index: &mut CapacityIndex, claims: &[Arc<ResourceClaim>], now: Instant) {
+        index.sync(&[], claims, DRIVER, &OwnershipBook::default(), now);
+    }
+
     fn held(index: &CapacityIndex) -> Vec<String> {
         index
             .index()
@@ -313,50 +318,20 @@ mod tests {
         let now = Instant::now();
         let mut index = CapacityIndex::default();
         // The cache shows an old allocation on gpu-0; we re-place the claim on gpu-1.
-        index.sync(
-            &[],
-            &[claim("5", Some("gpu-0"))],
-            DRIVER,
-            &OwnershipBook::default(),
-            now,
-        );
+        sync(&mut index, &[claim("5", Some("gpu-0"))], now);
         assert_eq!(held(&index), ["gpu-0"]);
         index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
         assert!(index.is_stale(&claim("5", Some("gpu-0"))));
-        index.sync(
-            &[],
-            &[claim("5", Some("gpu-0"))],
-            DRIVER,
-            &OwnershipBook::default(),
-            now,
-        );
+        sync(&mut index, &[claim("5", Some("gpu-0"))], now);
         assert_eq!(held(&index), ["gpu-1"], "pending: the cache cannot win");
         index.confirm("u1", vec![DeviceUse::whole("n1", "gpu-1")], "9", now);
-        index.sync(
-            &[],
-            &[claim("7", None)],
-            DRIVER,
-            &OwnershipBook::default(),
-            now,
-        );
+        sync(&mut index, &[claim("7", None)], now);
         assert_eq!(held(&index), ["gpu-1"], "older than our write");
         assert!(index.is_stale(&claim("7", None)));
-        index.sync(
-            &[],
-            &[claim("9", Some("gpu-1"))],
-            DRIVER,
-            &OwnershipBook::default(),
-            now,
-        );
+        sync(&mut index, &[claim("9", Some("gpu-1"))], now);
         assert_eq!(held(&index), ["gpu-1"]);
         assert!(!index.is_stale(&claim("9", Some("gpu-1"))));
-        index.sync(
-            &[],
-            &[claim("11", None)],
-            DRIVER,
-            &OwnershipBook::default(),
-            now,
-        );
+        sync(&mut index, &[claim("11", None)], now);
         assert!(held(&index).is_empty(), "a newer cached version wins");
     }
 
@@ -365,24 +340,12 @@ mod tests {
         let now = Instant::now();
         let mut index = CapacityIndex::default();
         index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
-        index.sync(&[], &[], DRIVER, &OwnershipBook::default(), now);
+        sync(&mut index, &[], now);
         assert_eq!(held(&index), ["gpu-1"], "the claim may not be cached yet");
-        index.sync(
-            &[],
-            &[claim("3", None)],
-            DRIVER,
-            &OwnershipBook::default(),
-            now + ASSUME_TTL,
-        );
+        sync(&mut index, &[claim("3", None)], now + ASSUME_TTL);
         assert!(held(&index).is_empty());
         index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
-        index.sync(
-            &[],
-            &[],
-            DRIVER,
-            &OwnershipBook::default(),
-            now + ASSUME_TTL,
-        );
+        sync(&mut index, &[], now + ASSUME_TTL);
         assert!(held(&index).is_empty(), "gone from the cache and expired");
     }
 
@@ -390,26 +353,14 @@ mod tests {
     fn forgetting_returns_to_the_cache_and_holders_name_other_claims() {
         let now = Instant::now();
         let mut index = CapacityIndex::default();
-        index.sync(
-            &[],
-            &[claim("5", Some("gpu-0"))],
-            DRIVER,
-            &OwnershipBook::default(),
-            now,
-        );
+        sync(&mut index, &[claim("5", Some("gpu-0"))], now);
         let holders = index.holders("n1", "gpu-0", "other");
         assert_eq!(holders.len(), 1);
         assert_eq!(holders[0].name, "c");
         assert!(index.holders("n1", "gpu-0", "u1").is_empty());
         index.assume("u1", vec![DeviceUse::whole("n1", "gpu-3")], now);
         index.forget("u1");
-        index.sync(
-            &[],
-            &[claim("5", Some("gpu-0"))],
-            DRIVER,
-            &OwnershipBook::default(),
-            now,
-        );
+        sync(&mut index, &[claim("5", Some("gpu-0"))], now);
         assert_eq!(held(&index), ["gpu-0"]);
     }
 }
