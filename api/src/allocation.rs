@@ -712,6 +712,7 @@ mod tests {
                 compute_percent: compute,
             },
             sharing: Sharing::Mps,
+            time_slice_interval: kerf_core::mps::TimeSliceInterval::Default,
             expected_gpu_uuid: Some(format!("GPU-{device}")),
         };
         assert_eq!(

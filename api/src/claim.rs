@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::resource::v1::{
     DeviceAllocationConfiguration, DeviceRequestAllocationResult, ResourceClaim,
 };
+use kerf_core::mps::TimeSliceInterval;
 use kerf_core::slice::{Sharing, SliceLimits};
 
 use crate::error::{Error, Result};
@@ -34,6 +35,9 @@ pub struct AllocatedDevice {
     pub limits: SliceLimits,
     /// How the device is shared.
     pub sharing: Sharing,
+    /// The time slice the GPU gets while it carries time-sliced slices (only meaningful for
+    /// [`Sharing::TimeSlicing`]).
+    pub time_slice_interval: TimeSliceInterval,
     /// The GPU UUID the allocator placed the slice on (from a `GpuSliceAllocation`), so the
     /// node can refuse to prepare it on a different GPU that took the same name.
     pub expected_gpu_uuid: Option<String>,
@@ -217,6 +221,7 @@ fn resolve_device(
         admin_access: result.admin_access.unwrap_or(false),
         limits,
         sharing,
+        time_slice_interval: TimeSliceInterval::Default,
         expected_gpu_uuid: merged.slice.map(|slice| slice.gpu_uuid.clone()),
     })
 }

@@ -64,6 +64,7 @@ fn whole_gpu_without_config() {
             admin_access: false,
             limits: SliceLimits::default(),
             sharing: Sharing::Exclusive,
+            time_slice_interval: TimeSliceInterval::Default,
             expected_gpu_uuid: None,
         }
     );
