@@ -2,6 +2,10 @@
 //! (`kerf-fake-gpu-tools`) that acts as either, chosen by the name it is run as, installed into
 //! an explicit mock driver root as `<root>/usr/bin/<tool>` symlinks ([`install`]).
 //!
+//! Used by kerf's tests, by the image (a mock driver root at `/opt/kerf/mock-driver` for the
+//! kubelet plugin's mock mode, `--mock-driver-root`) and by `kerf demo`. They never stand in
+//! for a real GPU: a mock driver root is only ever given to a plugin with a mock inventory.
+//!
 //! What they imitate (NVIDIA's MPS documentation; the pipe directory of a running daemon as
 //! NVIDIA's device plugin documents it: `control`, `control_privileged`, `log`,
 //! `nvidia-cuda-mps-control.pid`):
@@ -56,8 +60,15 @@ pub struct Call {
     pub pid: u32,
 }
 
-/// Links `<root>/usr/bin/<tool>` to `program` (the `kerf-fake-gpu-tools` binary) for every
-/// tool, creating the directories.
+/// Makes `root` a mock driver root: links `<root>/usr/bin/<tool>` to `program` for every tool
+/// of [`TOOLS`] (replacing what is there) and creates `<root>/kerf-fake-tools` for the call
+/// log, creating the directories. Give `root` to the kubelet plugin as `--mock-driver-root`.
+///
+/// `program` must be an executable that hands its arguments to [`run`] when it is run under a
+/// tool's name: the `kerf-fake-gpu-tools` binary, or a program of the caller's own (such as
+/// the `kerf` CLI) whose `main` does that. It is linked, not copied, so it must stay where it
+/// is for as long as the root is used; an absolute path keeps the links valid from any
+/// working directory.
 ///
 /// # Errors
 /// The directories or links cannot be created.

@@ -1,8 +1,9 @@
 //! `kerf-fake-gpu-tools`: fake `nvidia-cuda-mps-control` and `nvidia-smi` for machines without
-//! a GPU, chosen by the name the program runs as (see `kerf_tests::fake_gpu_tools`). Install
-//! it into a mock driver root with `kerf_tests::fake_gpu_tools::install`.
+//! a GPU, chosen by the name the program runs as (see the `kerf_fake_gpu_tools` library).
+//! Install it into a mock driver root with `kerf_fake_gpu_tools::install`, or as the image
+//! does, as `<root>/usr/bin/<tool>` links or copies.
 
 fn main() {
-    let code = kerf_tests::fake_gpu_tools::run(std::env::args_os().collect(), std::io::stdin());
+    let code = kerf_fake_gpu_tools::run(std::env::args_os().collect(), std::io::stdin());
     std::process::exit(code);
 }

@@ -1,5 +1,5 @@
 //! The fake `nvidia-cuda-mps-control` and `nvidia-smi` behave as the module documentation of
-//! `kerf_tests::fake_gpu_tools` says, run as real processes from a mock driver root.
+//! `kerf_fake_gpu_tools` says, run as real processes from a mock driver root.
 #![allow(
     clippy::unwrap_used,
     reason = "helpers outside #[test] functions fail the test the same way"
@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use kerf_tests::fake_gpu_tools::{calls, fail_next_mps_start, install};
+use kerf_fake_gpu_tools::{calls, fail_next_mps_start, install};
 
 const UUID: &str = "GPU-2f4e0e00-e140-bcbd-d4fd-278c95116d02";
 

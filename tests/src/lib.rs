@@ -4,9 +4,12 @@
 
 pub mod api_server;
 pub mod fake_api;
-pub mod fake_gpu_tools;
 pub mod fake_kubelet;
 pub mod kubelet;
 pub mod podman;
 pub mod scheduler;
 pub mod sim;
+
+/// The fake GPU tools, which live in their own crate (kerf-fake-gpu-tools) so that the image
+/// and the CLI can ship them; re-exported under their old path for the tests.
+pub use kerf_fake_gpu_tools as fake_gpu_tools;

@@ -1,6 +1,6 @@
 //! kerf's MPS daemon manager (`kerf_kubelet_plugin::mps_daemons`) over the fake
-//! `nvidia-cuda-mps-control` and `nvidia-smi` of `kerf-fake-gpu-tools` in a mock driver root:
-//! real processes, real PID files, real signals.
+//! `nvidia-cuda-mps-control` and `nvidia-smi` of `kerf-fake-gpu-tools` (built here as
+//! `kerf-test-gpu-tools`) in a mock driver root: real processes, real PID files, real signals.
 #![allow(
     clippy::unwrap_used,
     reason = "helpers outside #[test] functions fail the test the same way"
@@ -24,7 +24,7 @@ struct Node {
 fn node() -> Node {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("driver");
-    install(&root, Path::new(env!("CARGO_BIN_EXE_kerf-fake-gpu-tools"))).unwrap();
+    install(&root, Path::new(env!("CARGO_BIN_EXE_kerf-test-gpu-tools"))).unwrap();
     let daemons = MpsDaemons::new(MpsSettings {
         root: dir.path().join("mps"),
         driver_root: root.clone(),
