@@ -258,6 +258,7 @@ fn slice_config(
                     memory_bytes: (size.memory_bytes > 0).then_some(size.memory_bytes),
                     compute_percent: (size.compute_percent > 0).then_some(size.compute_percent),
                     sharing: device.sharing,
+                    time_slice_interval: None,
                 }
             })
             .collect(),
@@ -847,6 +848,7 @@ mod tests {
             }),
             sharing: Some(SharingConfig {
                 strategy: Sharing::TimeSlicing,
+                time_slice_interval: None,
             }),
         }
     }

@@ -61,6 +61,11 @@ pub const CONDITION_READY: &str = "Ready";
         "message": "selector.migProfile needs allocator Scheduler: MIG devices are allocated by kube-scheduler",
         "fieldPath": ".selector.migProfile",
     },
+    {
+        "rule": "!has(self.sharing) || !has(self.sharing.timeSliceInterval) || (has(self.sharing.strategy) && self.sharing.strategy == 'TimeSlicing')",
+        "message": "sharing.timeSliceInterval needs sharing.strategy TimeSlicing: only time-sliced GPUs have a time slice",
+        "fieldPath": ".sharing.timeSliceInterval",
+    },
 ]))]
 pub struct GpuClassSpec {
     /// Scheduler (default): whole GPUs and MIG devices allocated by kube-scheduler.
@@ -76,7 +81,7 @@ pub struct GpuClassSpec {
     /// Where slices are placed (Controller classes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
-    /// How devices are shared; recorded and passed to the node.
+    /// How devices are shared, and the time slice of time-sliced GPUs; passed to the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<SharingConfig>,
 }
@@ -109,8 +114,9 @@ pub struct GpuClassStatus {
 }
 
 impl GpuClassSpec {
-    /// Checks the values the CRD schema cannot (quantities, compute capability, MIG with the
-    /// Controller allocator); `path` is usually `spec`.
+    /// Checks every value: those the CRD schema cannot (quantities, compute capability) and
+    /// those its CEL rules check too (MIG with the Controller allocator, a time slice interval
+    /// without TimeSlicing); `path` is usually `spec`.
     ///
     /// # Errors
     ///

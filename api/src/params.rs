@@ -9,6 +9,7 @@
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kerf_core::inventory::ComputeCapability;
+use kerf_core::mps::TimeSliceInterval;
 use kerf_core::slice::{Sharing, SliceLimits};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
@@ -63,6 +64,17 @@ enum SharingSchema {
     #[schemars(rename = "MPS")]
     Mps,
     TimeSlicing,
+}
+
+/// Schema stand-in for [`TimeSliceInterval`], which lives in kerf-core (no schemars there).
+#[derive(JsonSchema)]
+#[schemars(rename = "TimeSliceInterval")]
+#[allow(dead_code)]
+enum TimeSliceIntervalSchema {
+    Default,
+    Short,
+    Medium,
+    Long,
 }
 
 /// Which GPUs a class selects. Every set field must match; an empty selector matches all.
@@ -141,6 +153,12 @@ pub struct SharingConfig {
     #[serde(default)]
     #[schemars(with = "SharingSchema")]
     pub strategy: Sharing,
+    /// How long each claim runs on a time-sliced GPU before the next one: Default (the
+    /// driver's), Short, Medium or Long (`nvidia-smi compute-policy --set-timeslice`). Only
+    /// with strategy TimeSlicing. A GPU keeps the interval of the first claim prepared on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<TimeSliceIntervalSchema>")]
+    pub time_slice_interval: Option<TimeSliceInterval>,
 }
 
 /// Topology constraint of a claim's request.
@@ -195,7 +213,7 @@ pub struct GpuClassParameters {
     /// Placement policy (Controller classes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
-    /// Sharing strategy passed to the node.
+    /// Sharing strategy and time slice interval passed to the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<SharingConfig>,
 }
@@ -239,6 +257,11 @@ pub struct SliceDevice {
     #[serde(default)]
     #[schemars(with = "SharingSchema")]
     pub sharing: Sharing,
+    /// The class's time slice, for a TimeSlicing device whose class names one. Absent in
+    /// allocations written before classes could name one, which get the driver's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<TimeSliceIntervalSchema>")]
+    pub time_slice_interval: Option<TimeSliceInterval>,
 }
 
 /// A decoded opaque configuration of one of kerf's kinds.
@@ -549,6 +572,47 @@ impl Slicing {
     }
 }
 
+impl SharingConfig {
+    /// The time slice for a device shared by `sharing` under this class: the class's interval
+    /// when the device is time-sliced, `None` otherwise (a claim may override the class's
+    /// strategy, and an interval means nothing to an MPS or exclusive device).
+    pub fn time_slice_interval_for(&self, sharing: Sharing) -> Option<TimeSliceInterval> {
+        self.time_slice_interval
+            .filter(|_| sharing == Sharing::TimeSlicing)
+    }
+
+    /// Checks that an interval comes with strategy TimeSlicing; `path` is where this object
+    /// sits, for the message.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] at `<path>.timeSliceInterval` when it is set with another
+    /// strategy.
+    pub fn validate(&self, path: &str) -> Result<()> {
+        check_interval_sharing(self.time_slice_interval, self.strategy, path, "strategy")
+    }
+}
+
+/// An interval set with a sharing other than TimeSlicing is refused rather than ignored: the
+/// writer meant the GPU to be time-sliced and would otherwise never learn it is not.
+fn check_interval_sharing(
+    interval: Option<TimeSliceInterval>,
+    sharing: Sharing,
+    path: &str,
+    sharing_field: &str,
+) -> Result<()> {
+    match interval {
+        Some(interval) if sharing != Sharing::TimeSlicing => Err(Error::config(
+            join(path, "timeSliceInterval"),
+            format!(
+                "{interval:?} applies to time-sliced GPUs only; {sharing_field} is {}, not TimeSlicing",
+                sharing.as_str()
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl GpuClassParameters {
     /// Checks every value; `path` is where this object sits, for the messages.
     ///
@@ -560,6 +624,9 @@ impl GpuClassParameters {
             .validate(self.allocator, &join(path, "selector"))?;
         if let Some(slicing) = &self.slicing {
             slicing.validate(&join(path, "slicing"))?;
+        }
+        if let Some(sharing) = &self.sharing {
+            sharing.validate(&join(path, "sharing"))?;
         }
         Ok(())
     }
@@ -589,7 +656,8 @@ impl GpuSliceAllocation {
     /// # Errors
     ///
     /// [`Error::InvalidConfig`] for an empty list, an empty pool, device or GPU UUID, zero memory,
-    /// a compute percent outside 1–100, or two entries for the same device and share.
+    /// a compute percent outside 1–100, a time slice interval on a device whose sharing is not
+    /// TimeSlicing, or two entries for the same device and share.
     pub fn validate(&self, path: &str) -> Result<()> {
         let devices = join(path, "devices");
         if self.devices.is_empty() {
@@ -667,7 +735,7 @@ impl SliceDevice {
         if let Some(compute) = self.compute_percent {
             check_percent(compute, &join(path, "computePercent"))?;
         }
-        Ok(())
+        check_interval_sharing(self.time_slice_interval, self.sharing, path, "sharing")
     }
 }
 

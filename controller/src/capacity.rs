@@ -328,6 +328,7 @@ mod tests {
                 memory_bytes: Some(10 * GIB),
                 compute_percent: Some(30),
                 sharing: kerf_core::slice::Sharing::Mps,
+                time_slice_interval: None,
             }],
         };
         let sliced = claim(json!({"devices": {
@@ -375,6 +376,7 @@ mod tests {
                 memory_bytes: Some(4 * GIB),
                 compute_percent: Some(25),
                 sharing: kerf_core::slice::Sharing::default(),
+                time_slice_interval: None,
             }],
         };
         let claims = vec![

@@ -310,6 +310,7 @@ async fn status_counts_devices_and_memory_from_slices_and_claims() {
             memory_bytes: Some(10 * GIB),
             compute_percent: Some(20),
             sharing: kerf_core::slice::Sharing::default(),
+            time_slice_interval: None,
         }],
     };
     allocated_claim(

@@ -327,6 +327,96 @@ fn class_parameter_errors_name_path_and_value() {
 }
 
 #[test]
+fn decodes_time_slice_intervals() {
+    for (name, interval) in [
+        ("Default", TimeSliceInterval::Default),
+        ("Short", TimeSliceInterval::Short),
+        ("Medium", TimeSliceInterval::Medium),
+        ("Long", TimeSliceInterval::Long),
+    ] {
+        let decoded = decode_opaque(
+            &class(json!({ "sharing": { "strategy": "TimeSlicing", "timeSliceInterval": name } })),
+            AT,
+        );
+        let Ok(OpaqueConfig::Class(params)) = decoded else {
+            panic!("{name}: {decoded:?}")
+        };
+        assert_eq!(
+            params.sharing,
+            Some(SharingConfig {
+                strategy: Sharing::TimeSlicing,
+                time_slice_interval: Some(interval),
+            })
+        );
+        let encoded = params.to_parameters().expect("encodes");
+        assert_eq!(encoded["sharing"]["timeSliceInterval"], name);
+    }
+    let Ok(OpaqueConfig::Class(without)) = decode_opaque(
+        &class(json!({ "sharing": { "strategy": "TimeSlicing" } })),
+        AT,
+    ) else {
+        panic!("a class without an interval should decode");
+    };
+    let sharing = without.sharing.expect("sharing");
+    assert_eq!(sharing.time_slice_interval, None);
+    assert!(
+        without.to_parameters().expect("encodes")["sharing"]
+            .get("timeSliceInterval")
+            .is_none(),
+        "an unset interval is left out"
+    );
+}
+
+#[test]
+fn bad_time_slice_intervals_name_path_and_value() {
+    assert_mentions(
+        &error(&class(
+            json!({ "sharing": { "strategy": "TimeSlicing", "timeSliceInterval": "Longest" } }),
+        )),
+        &[
+            &format!("{AT}.sharing.timeSliceInterval:"),
+            "Longest",
+            "Medium",
+        ],
+    );
+    for strategy in ["MPS", "Exclusive"] {
+        assert_eq!(
+            error(&class(
+                json!({ "sharing": { "strategy": strategy, "timeSliceInterval": "Long" } }),
+            )),
+            format!(
+                "{AT}.sharing.timeSliceInterval: Long applies to time-sliced GPUs only; strategy is {strategy}, not TimeSlicing"
+            )
+        );
+    }
+    // Without a strategy the class is Exclusive, so an interval alone is refused too.
+    assert_mentions(
+        &error(&class(
+            json!({ "sharing": { "timeSliceInterval": "Short" } }),
+        )),
+        &[
+            &format!("{AT}.sharing.timeSliceInterval:"),
+            "Short",
+            "Exclusive",
+        ],
+    );
+}
+
+#[test]
+fn the_class_interval_applies_to_time_sliced_devices_only() {
+    let sharing = SharingConfig {
+        strategy: Sharing::TimeSlicing,
+        time_slice_interval: Some(TimeSliceInterval::Medium),
+    };
+    assert_eq!(
+        sharing.time_slice_interval_for(Sharing::TimeSlicing),
+        Some(TimeSliceInterval::Medium)
+    );
+    assert_eq!(sharing.time_slice_interval_for(Sharing::Mps), None);
+    assert_eq!(sharing.time_slice_interval_for(Sharing::Exclusive), None);
+}
+
+#[test]
 fn mig_profile_is_fine_for_scheduler_classes() {
     assert!(
         decode_opaque(
@@ -368,6 +458,56 @@ fn decodes_slice_allocation() {
     assert_eq!(device.sharing, Sharing::Mps);
     assert!(allocation.find("node-1", "gpu-4", None).is_none());
     assert!(allocation.find("node-2", "gpu-3", None).is_none());
+}
+
+#[test]
+fn slice_devices_carry_an_optional_interval() {
+    // Written before classes could name an interval: no field at all.
+    let Ok(OpaqueConfig::Slice(old)) =
+        decode_opaque(&slice(json!({ "devices": [slice_device()] })), AT)
+    else {
+        panic!("an entry without timeSliceInterval should decode");
+    };
+    assert_eq!(old.devices[0].time_slice_interval, None);
+
+    let mut device = slice_device();
+    device["sharing"] = json!("TimeSlicing");
+    device["timeSliceInterval"] = json!("Long");
+    let decoded = decode_opaque(&slice(json!({ "devices": [device] })), AT);
+    let Ok(OpaqueConfig::Slice(allocation)) = decoded else {
+        panic!("{decoded:?}")
+    };
+    assert_eq!(
+        allocation.devices[0].time_slice_interval,
+        Some(TimeSliceInterval::Long)
+    );
+    let encoded = allocation.to_parameters().expect("encodes");
+    assert_eq!(encoded["devices"][0]["timeSliceInterval"], "Long");
+    assert_eq!(
+        decode_opaque(&encoded, AT).ok(),
+        Some(OpaqueConfig::Slice(allocation))
+    );
+    let encoded_old = old.to_parameters().expect("encodes");
+    assert!(encoded_old["devices"][0].get("timeSliceInterval").is_none());
+}
+
+#[test]
+fn slice_device_interval_errors_name_path_and_value() {
+    let mut unknown = slice_device();
+    unknown["sharing"] = json!("TimeSlicing");
+    unknown["timeSliceInterval"] = json!(3);
+    assert_mentions(
+        &error(&slice(json!({ "devices": [unknown] }))),
+        &[&format!("{AT}.devices[0].timeSliceInterval:"), "3"],
+    );
+    let mut mps = slice_device();
+    mps["timeSliceInterval"] = json!("Short");
+    assert_eq!(
+        error(&slice(json!({ "devices": [mps] }))),
+        format!(
+            "{AT}.devices[0].timeSliceInterval: Short applies to time-sliced GPUs only; sharing is MPS, not TimeSlicing"
+        )
+    );
 }
 
 #[test]
@@ -489,6 +629,15 @@ fn sharing_strategy() -> impl Strategy<Value = Sharing> {
     ]
 }
 
+fn interval() -> impl Strategy<Value = TimeSliceInterval> {
+    prop_oneof![
+        Just(TimeSliceInterval::Default),
+        Just(TimeSliceInterval::Short),
+        Just(TimeSliceInterval::Medium),
+        Just(TimeSliceInterval::Long)
+    ]
+}
+
 fn scope() -> impl Strategy<Value = TopologyScope> {
     prop_oneof![
         Just(TopologyScope::Any),
@@ -521,6 +670,7 @@ proptest! {
         memory in proptest::option::of(1u64..(1 << 40)),
         compute in proptest::option::of(1u8..=100),
         sharing in sharing_strategy(),
+        interval in proptest::option::of(interval()),
         minor in 0u32..64,
     ) {
         let allocation = GpuSliceAllocation {
@@ -532,6 +682,7 @@ proptest! {
                 memory_bytes: memory,
                 compute_percent: compute,
                 sharing,
+                time_slice_interval: interval.filter(|_| sharing == Sharing::TimeSlicing),
             }],
         };
         let encoded = allocation.to_parameters().expect("encodes");
