@@ -1,5 +1,5 @@
 //! What an allocated ResourceClaim gives this driver: the devices and, per device, the slice
-//! limits and sharing that its opaque configs resolve to.
+//! limits, sharing and time slice interval that its opaque configs resolve to.
 
 use std::collections::BTreeSet;
 
@@ -35,8 +35,8 @@ pub struct AllocatedDevice {
     pub limits: SliceLimits,
     /// How the device is shared.
     pub sharing: Sharing,
-    /// The time slice the GPU gets while it carries time-sliced slices (only meaningful for
-    /// [`Sharing::TimeSlicing`]).
+    /// The time slice the GPU gets while it carries time-sliced slices: the class's for
+    /// [`Sharing::TimeSlicing`], `Default` for any other sharing (see [`resolve_allocation`]).
     pub time_slice_interval: TimeSliceInterval,
     /// The GPU UUID the allocator placed the slice on (from a `GpuSliceAllocation`), so the
     /// node can refuse to prepare it on a different GPU that took the same name.
@@ -50,6 +50,12 @@ pub struct AllocatedDevice {
 /// claim configs, each in list order, later ones overriding earlier ones field by field. A
 /// `GpuSliceAllocation` entry naming the device gives its exact limits and sharing and wins.
 /// Configs of other drivers are not decoded.
+///
+/// The time slice interval of a device whose sharing resolves to TimeSlicing is the
+/// `GpuSliceAllocation` entry's when it names one (kerf's controller), else the last
+/// `sharing.timeSliceInterval` of the class configs (`GpuClassParameters`, copied by the
+/// scheduler from the DeviceClass), else [`TimeSliceInterval::Default`]. Any other sharing
+/// gets `Default`.
 ///
 /// # Errors
 ///
@@ -184,6 +190,7 @@ struct Merged<'a> {
     memory: Option<Memory>,
     compute: Option<u8>,
     sharing: Option<Sharing>,
+    time_slice_interval: Option<TimeSliceInterval>,
     granularity: Option<(u64, String)>,
     slice: Option<&'a SliceDevice>,
 }
@@ -213,6 +220,17 @@ fn resolve_device(
             merged.sharing.unwrap_or_default(),
         ),
     };
+    // A claim may override the class's TimeSlicing with another strategy; the class's
+    // interval then means nothing for this device.
+    let time_slice_interval = if sharing == Sharing::TimeSlicing {
+        merged
+            .slice
+            .and_then(|slice| slice.time_slice_interval)
+            .or(merged.time_slice_interval)
+            .unwrap_or_default()
+    } else {
+        TimeSliceInterval::Default
+    };
     Ok(AllocatedDevice {
         request: result.request.clone(),
         pool: result.pool.clone(),
@@ -221,7 +239,7 @@ fn resolve_device(
         admin_access: result.admin_access.unwrap_or(false),
         limits,
         sharing,
-        time_slice_interval: TimeSliceInterval::Default,
+        time_slice_interval,
         expected_gpu_uuid: merged.slice.map(|slice| slice.gpu_uuid.clone()),
     })
 }
@@ -235,6 +253,9 @@ fn merge<'a>(
         OpaqueConfig::Class(class) => {
             if let Some(sharing) = class.sharing {
                 merged.sharing = Some(sharing.strategy);
+                if sharing.time_slice_interval.is_some() {
+                    merged.time_slice_interval = sharing.time_slice_interval;
+                }
             }
             if let Some(granularity) = class.memory_granularity_bytes(&config.path)? {
                 merged.granularity =

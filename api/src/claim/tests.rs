@@ -345,6 +345,79 @@ fn slice_allocation_wins_for_its_device() {
     assert_eq!(devices[1].sharing, Sharing::TimeSlicing);
 }
 
+fn time_sliced_class(interval: &str) -> Value {
+    class_config(
+        &[],
+        json!({ "sharing": { "strategy": "TimeSlicing", "timeSliceInterval": interval } }),
+    )
+}
+
+#[test]
+fn scheduler_allocations_take_the_interval_from_the_class_config() {
+    let device = only(resolve(
+        &[result("gpu", DRIVER, "gpu-0")],
+        &[time_sliced_class("Long")],
+    ));
+    assert_eq!(device.sharing, Sharing::TimeSlicing);
+    assert_eq!(device.time_slice_interval, TimeSliceInterval::Long);
+
+    // Merged like sharing: a later class config without an interval keeps the earlier one's,
+    // one with an interval replaces it.
+    let interval = |configs: &[Value]| {
+        only(resolve(&[result("gpu", DRIVER, "gpu-0")], configs)).time_slice_interval
+    };
+    assert_eq!(
+        interval(&[
+            time_sliced_class("Short"),
+            class_config(&[], json!({ "sharing": { "strategy": "TimeSlicing" } })),
+        ]),
+        TimeSliceInterval::Short
+    );
+    assert_eq!(
+        interval(&[time_sliced_class("Short"), time_sliced_class("Medium")]),
+        TimeSliceInterval::Medium
+    );
+    assert_eq!(
+        interval(&[class_config(
+            &[],
+            json!({ "sharing": { "strategy": "TimeSlicing" } })
+        )]),
+        TimeSliceInterval::Default,
+        "a class without an interval leaves the driver's default"
+    );
+    assert_eq!(
+        interval(&[
+            time_sliced_class("Long"),
+            claim_config(&[], json!({ "sharing": "MPS" })),
+        ]),
+        TimeSliceInterval::Default,
+        "a claim that is not time-sliced has no use for the class's interval"
+    );
+}
+
+#[test]
+fn the_slice_allocation_interval_wins_over_the_class_config() {
+    let devices = resolve(
+        &[
+            result("gpu", DRIVER, "gpu-0"),
+            result("gpu", DRIVER, "gpu-1"),
+        ],
+        &[
+            time_sliced_class("Short"),
+            slice_config(&json!([
+                { "pool": "node-1", "device": "gpu-0", "gpuUUID": "GPU-0",
+                  "sharing": "TimeSlicing", "timeSliceInterval": "Long" },
+                { "pool": "node-1", "device": "gpu-1", "gpuUUID": "GPU-1",
+                  "sharing": "TimeSlicing" },
+            ])),
+        ],
+    )
+    .expect("resolves");
+    assert_eq!(devices[0].time_slice_interval, TimeSliceInterval::Long);
+    // An entry without one (written before classes could name one) falls back to the class.
+    assert_eq!(devices[1].time_slice_interval, TimeSliceInterval::Short);
+}
+
 #[test]
 fn slice_allocation_matches_pool_and_share() {
     let mut shared = result("gpu", DRIVER, "gpu-0");
