@@ -30,6 +30,7 @@ fn placement(devices: u32) -> ClaimPlacement {
                     compute_percent: 25,
                 }),
                 sharing: Sharing::Mps,
+                time_slice_interval: None,
             })
             .collect(),
     }

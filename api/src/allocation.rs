@@ -188,8 +188,9 @@ fn amount(value: &Quantity) -> Option<u64> {
 /// - `devices.config[]`: one `source: FromClaim` entry for every request of the placement with
 ///   an opaque `GpuSliceAllocation` of `driver` that lists every device, whole GPUs included
 ///   (without memory or compute), so the kubelet plugin checks the GPU UUID of each and gets
-///   the exact slice and sharing without re-deriving them from claim and class parameters.
-///   A slice's zero memory or compute is left unset (not limited).
+///   the exact slice, sharing and (for a TimeSlicing device whose class names one) time slice
+///   interval without re-deriving them from claim and class parameters. A slice's zero memory
+///   or compute is left unset (not limited).
 /// - `nodeSelector`: `matchFields metadata.name In [node]`, as the scheduler writes it.
 /// - `allocationTimestamp`: `now`. Required: without it a 1.36+ scheduler's attempt to reserve
 ///   the claim stamps the timestamp onto the immutable allocation and is rejected.
@@ -258,7 +259,10 @@ fn slice_config(
                     memory_bytes: (size.memory_bytes > 0).then_some(size.memory_bytes),
                     compute_percent: (size.compute_percent > 0).then_some(size.compute_percent),
                     sharing: device.sharing,
-                    time_slice_interval: None,
+                    // The node refuses an interval on a device that is not time-sliced.
+                    time_slice_interval: device
+                        .time_slice_interval
+                        .filter(|_| device.sharing == Sharing::TimeSlicing),
                 }
             })
             .collect(),
@@ -307,7 +311,8 @@ pub fn node_selector(node: &str) -> NodeSelector {
 /// `sharing`, `topology`. A slice when memory or compute is set: compute defaults to the
 /// class's `defaultCompute` when only memory is set; memory must be a multiple of the class's
 /// `memoryGranularity` when the class sets slicing. From the class: selector, `maxSlicesPerGpu`,
-/// placement policy, and sharing unless the claim sets it. Tolerations are ignored (the
+/// placement policy, sharing unless the claim sets it, and `sharing.timeSliceInterval` when
+/// the resulting sharing is TimeSlicing (claims cannot name one). Tolerations are ignored (the
 /// controller does not model device taints).
 ///
 /// # Errors
@@ -478,6 +483,10 @@ fn resolve_request(
     class.validate(&class_path)?;
     let merged = merge_claim_configs(name, configs)?;
     let slicing = class.slicing.as_ref();
+    let sharing = merged
+        .sharing
+        .or(class.sharing.map(|s| s.strategy))
+        .unwrap_or_default();
     let slice = match (merged.memory.as_ref(), merged.compute) {
         (None, None) => None,
         (memory, compute) => {
@@ -509,10 +518,10 @@ fn resolve_request(
         topology: merged.topology.unwrap_or_default().into(),
         policy: class.placement.map(|p| p.policy).unwrap_or_default().into(),
         max_slices_per_gpu: slicing.and_then(|s| s.max_slices_per_gpu),
-        sharing: merged
+        sharing,
+        time_slice_interval: class
             .sharing
-            .or(class.sharing.map(|s| s.strategy))
-            .unwrap_or_default(),
+            .and_then(|s| s.time_slice_interval_for(sharing)),
     })
 }
 
@@ -597,6 +606,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
     use kerf_core::alloc::{PlacedDevice, Policy};
     use kerf_core::inventory::ComputeCapability;
+    use kerf_core::mps::TimeSliceInterval;
     use kerf_core::slice::SliceLimits;
     use serde_json::{Value, json};
 
@@ -631,6 +641,7 @@ mod tests {
             gpu_uuid: format!("GPU-{device}"),
             slice,
             sharing: Sharing::Mps,
+            time_slice_interval: None,
         }
     }
 
@@ -713,7 +724,7 @@ mod tests {
                 compute_percent: compute,
             },
             sharing: Sharing::Mps,
-            time_slice_interval: kerf_core::mps::TimeSliceInterval::Default,
+            time_slice_interval: TimeSliceInterval::Default,
             expected_gpu_uuid: Some(format!("GPU-{device}")),
         };
         assert_eq!(
@@ -722,6 +733,64 @@ mod tests {
                 device("gpu-0", Some(20 * GI), Some(25)),
                 device("gpu-1", Some(20 * GI), None),
                 device("gpu-3", None, None),
+            ]
+        );
+    }
+
+    fn time_sliced_placement() -> ClaimPlacement {
+        let time_sliced = |device: &str, interval| PlacedDevice {
+            sharing: Sharing::TimeSlicing,
+            time_slice_interval: interval,
+            ..placed("a", device, Some(size(10, 0)))
+        };
+        ClaimPlacement {
+            key: "uid-1".into(),
+            devices: vec![
+                time_sliced("gpu-0", Some(TimeSliceInterval::Long)),
+                time_sliced("gpu-1", None),
+                // Not time-sliced: an interval here would make the node refuse the entry.
+                PlacedDevice {
+                    time_slice_interval: Some(TimeSliceInterval::Short),
+                    ..placed("a", "gpu-2", Some(size(10, 0)))
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn allocation_status_writes_the_interval_of_time_sliced_devices() {
+        let allocation =
+            allocation_status(&time_sliced_placement(), "node-7", DRIVER, time()).unwrap();
+        let value = serde_json::to_value(&allocation).unwrap();
+        let devices = &value["devices"]["config"][0]["opaque"]["parameters"]["devices"];
+        assert_eq!(
+            devices,
+            &json!([
+                { "pool": "node-7", "device": "gpu-0", "gpuUUID": "GPU-gpu-0",
+                  "memoryBytes": 10 * GI, "sharing": "TimeSlicing", "timeSliceInterval": "Long" },
+                { "pool": "node-7", "device": "gpu-1", "gpuUUID": "GPU-gpu-1",
+                  "memoryBytes": 10 * GI, "sharing": "TimeSlicing" },
+                { "pool": "node-7", "device": "gpu-2", "gpuUUID": "GPU-gpu-2",
+                  "memoryBytes": 10 * GI, "sharing": "MPS" },
+            ])
+        );
+    }
+
+    #[test]
+    fn the_kubelet_plugin_reads_back_the_interval_the_controller_writes() {
+        let allocation =
+            allocation_status(&time_sliced_placement(), "node-7", DRIVER, time()).unwrap();
+        let devices = resolve_allocation(&with_allocation(&allocation), DRIVER).unwrap();
+        let intervals: Vec<_> = devices
+            .iter()
+            .map(|d| (d.device.as_str(), d.sharing, d.time_slice_interval))
+            .collect();
+        assert_eq!(
+            intervals,
+            [
+                ("gpu-0", Sharing::TimeSlicing, TimeSliceInterval::Long),
+                ("gpu-1", Sharing::TimeSlicing, TimeSliceInterval::Default),
+                ("gpu-2", Sharing::Mps, TimeSliceInterval::Default),
             ]
         );
     }
@@ -848,7 +917,7 @@ mod tests {
             }),
             sharing: Some(SharingConfig {
                 strategy: Sharing::TimeSlicing,
-                time_slice_interval: None,
+                time_slice_interval: Some(TimeSliceInterval::Long),
             }),
         }
     }
@@ -927,7 +996,37 @@ mod tests {
                 policy: Policy::Spread,
                 max_slices_per_gpu: Some(7),
                 sharing: Sharing::TimeSlicing,
+                time_slice_interval: Some(TimeSliceInterval::Long),
             }]
+        );
+    }
+
+    #[test]
+    fn the_class_interval_follows_only_time_sliced_requests() {
+        let requests = json!([
+            request("a", "slices"),
+            request("b", "slices"),
+            request("c", "plain")
+        ]);
+        let configs = json!([
+            config(&["a"], &json!({ "sharing": "MPS" })),
+            config(&["c"], &json!({ "sharing": "TimeSlicing" })),
+        ]);
+        let claim = request_of(&requests, &configs).unwrap();
+        let intervals: Vec<_> = claim
+            .requests
+            .iter()
+            .map(|r| (r.name.as_str(), r.sharing, r.time_slice_interval))
+            .collect();
+        assert_eq!(
+            intervals,
+            [
+                // The claim overrides the class's TimeSlicing: no interval.
+                ("a", Sharing::Mps, None),
+                ("b", Sharing::TimeSlicing, Some(TimeSliceInterval::Long)),
+                // Time-sliced by the claim, but the class names no interval.
+                ("c", Sharing::TimeSlicing, None),
+            ]
         );
     }
 

@@ -98,6 +98,7 @@ fn request_strategy() -> impl Strategy<Value = DeviceRequest> {
                 },
                 max_slices_per_gpu: max_slices,
                 sharing: Sharing::default(),
+                time_slice_interval: None,
             }
         })
 }

@@ -14,6 +14,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use crate::mps::TimeSliceInterval;
 use crate::slice::Sharing;
 
 use super::index::{GpuFree, Index, NodeAggregates, NodeEntry, free_permille, per_mille};
@@ -55,6 +56,8 @@ pub struct PlacedDevice {
     pub slice: Option<SliceSize>,
     /// Sharing strategy of the request.
     pub sharing: Sharing,
+    /// Time slice of the request ([`DeviceRequest::time_slice_interval`]).
+    pub time_slice_interval: Option<TimeSliceInterval>,
 }
 
 impl ClaimPlacement {
@@ -516,6 +519,7 @@ impl<'p> Plan<'p> {
                             gpu_uuid: gpu.info.uuid.clone(),
                             slice: req.slice,
                             sharing: req.sharing,
+                            time_slice_interval: req.time_slice_interval,
                         })
                     }));
                 }
@@ -1161,6 +1165,47 @@ mod tests {
                 r.max_slices_per_gpu = max_slices;
                 r
             })
+    }
+
+    /// Claims that disagree on the interval still share a GPU (the node keeps the first
+    /// one's); each placed device carries its own request's.
+    #[test]
+    fn placed_devices_carry_their_request_interval() {
+        let mut index = Index::new();
+        index.upsert_node(node("n00".into(), 1));
+        for (key, interval) in [
+            ("a", Some(TimeSliceInterval::Long)),
+            ("b", Some(TimeSliceInterval::Short)),
+            ("c", None),
+        ] {
+            let mut request = DeviceRequest::slices(
+                "s",
+                1,
+                SliceSize {
+                    memory_bytes: 10 * GI,
+                    compute_percent: 0,
+                },
+            );
+            request.sharing = Sharing::TimeSlicing;
+            request.time_slice_interval = interval;
+            let pod = PodRequest {
+                claims: vec![ClaimRequest {
+                    key: key.into(),
+                    requests: vec![request],
+                }],
+            };
+            let placement = place(&index, &pod, &["n00"]).expect("fits");
+            let device = &placement.claims[0].devices[0];
+            assert_eq!(
+                (
+                    device.device.as_str(),
+                    device.sharing,
+                    device.time_slice_interval
+                ),
+                ("gpu-0", Sharing::TimeSlicing, interval)
+            );
+            index.apply(&placement);
+        }
     }
 
     proptest! {

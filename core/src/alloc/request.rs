@@ -2,6 +2,7 @@
 //! count, slice size, selector, topology and policy (already merged from claim and class).
 
 use crate::inventory::ComputeCapability;
+use crate::mps::TimeSliceInterval;
 use crate::slice::Sharing;
 
 use super::model::GpuInfo;
@@ -41,6 +42,10 @@ pub struct DeviceRequest {
     pub max_slices_per_gpu: Option<u32>,
     /// Sharing strategy, passed through to the placement.
     pub sharing: Sharing,
+    /// The class's time slice for [`Sharing::TimeSlicing`], passed through to the placement;
+    /// `None` leaves the GPU at the driver's default. It never affects where a request goes:
+    /// the node settles claims that disagree on one GPU.
+    pub time_slice_interval: Option<TimeSliceInterval>,
 }
 
 impl DeviceRequest {
@@ -55,6 +60,7 @@ impl DeviceRequest {
             policy: Policy::BinPack,
             max_slices_per_gpu: None,
             sharing: Sharing::Exclusive,
+            time_slice_interval: None,
         }
     }
 
