@@ -46,6 +46,10 @@ pub fn plugin_config(root: &Path) -> PluginConfig {
         resync_period: Duration::from_secs(3600),
         metrics_address: None,
         boot_id_file: root.join("boot_id"),
+        gpu_tools_root: None,
+        mps_root: root.join("mps"),
+        mps_stop_timeout: Duration::from_secs(10),
+        mps_check_interval: Duration::from_secs(5),
     }
 }
 
@@ -103,6 +107,7 @@ pub fn slice_claim(claim: &Claim, inventory: &Inventory, gpu: usize) -> Result<R
                 compute_percent: 10,
             }),
             sharing: Sharing::Mps,
+            time_slice_interval: None,
         }],
     };
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -163,6 +168,7 @@ impl BenchNode {
         let connections = Connections {
             claim_reader: Arc::clone(&claim_reader) as Arc<dyn ClaimReader>,
             publisher: None,
+            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
         };
         let plugin = plugin::start(&config, inventory.clone(), connections).await?;
         Ok(BenchNode {

@@ -40,6 +40,7 @@ fn devices(n: u32) -> Vec<PreparedDevice> {
                 compute_percent: Some(25),
             },
             sharing: Sharing::Mps,
+            mps: None,
         })
         .collect()
 }
@@ -123,6 +124,7 @@ fn checkpoint_with(claims: u32) -> Checkpoint {
                 mig: d.mig,
                 limits: d.limits,
                 sharing: d.sharing,
+                time_slice_interval: kerf_core::mps::TimeSliceInterval::Default,
             })
             .collect();
         let entry = ClaimEntry {

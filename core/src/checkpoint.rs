@@ -22,6 +22,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::cdi::{MigCaps, PreparedDevice};
 use crate::error::{Error, Result};
 use crate::fsutil;
+use crate::mps::TimeSliceInterval;
 use crate::slice::{Sharing, SliceLimits};
 
 /// The format version this build writes.
@@ -42,6 +43,9 @@ pub struct Checkpoint {
     /// this build does not know), by claim UID, kept verbatim with the reason, and written
     /// back unchanged. The UID alone is enough to unprepare them (remove the CDI spec).
     pub undecodable: BTreeMap<String, Undecodable>,
+    /// What the plugin set up on shared GPUs (MPS daemons, time slices), by GPU UUID, so that
+    /// a restarted plugin finds and undoes it even when no claim needs it any more.
+    pub gpu_sharing: BTreeMap<String, GpuSharingEntry>,
 }
 
 impl Default for Checkpoint {
@@ -51,7 +55,27 @@ impl Default for Checkpoint {
             boot_id: String::new(),
             claims: BTreeMap::new(),
             undecodable: BTreeMap::new(),
+            gpu_sharing: BTreeMap::new(),
         }
+    }
+}
+
+/// What the plugin set up on one shared GPU.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct GpuSharingEntry {
+    /// The MPS root under which the GPU's control daemon was started, while one may run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mps_root: Option<PathBuf>,
+    /// The time slice set on the GPU, while one is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_slice: Option<TimeSliceInterval>,
+}
+
+impl GpuSharingEntry {
+    /// True when nothing is set up on the GPU any more.
+    pub fn is_empty(&self) -> bool {
+        self.mps_root.is_none() && self.time_slice.is_none()
     }
 }
 
@@ -131,10 +155,22 @@ pub struct DeviceRecord {
     pub limits: SliceLimits,
     /// How the device is shared.
     pub sharing: Sharing,
+    /// The time slice a time-sliced device's GPU gets.
+    #[serde(skip_serializing_if = "is_default_interval")]
+    pub time_slice_interval: TimeSliceInterval,
+}
+
+#[allow(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's skip_serializing_if passes a reference"
+)]
+fn is_default_interval(interval: &TimeSliceInterval) -> bool {
+    *interval == TimeSliceInterval::Default
 }
 
 impl DeviceRecord {
-    /// The input of the CDI spec generator for this device.
+    /// The input of the CDI spec generator for this device, without an MPS daemon (the
+    /// plugin adds the one that serves it).
     pub fn prepared_device(&self) -> PreparedDevice {
         PreparedDevice {
             name: self.device_name.clone(),
@@ -143,6 +179,7 @@ impl DeviceRecord {
             mig: self.mig,
             limits: self.limits,
             sharing: self.sharing,
+            mps: None,
         }
     }
 }
@@ -191,6 +228,8 @@ struct RawCheckpoint {
     boot_id: String,
     #[serde(default)]
     claims: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    gpu_sharing: serde_json::Value,
 }
 
 #[derive(Serialize)]
@@ -199,6 +238,8 @@ struct EncodedCheckpoint<'a> {
     version: u32,
     boot_id: &'a str,
     claims: BTreeMap<&'a str, EncodedClaim<'a>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    gpu_sharing: &'a BTreeMap<String, GpuSharingEntry>,
 }
 
 #[derive(Serialize)]
@@ -228,6 +269,7 @@ pub fn encode(cp: &Checkpoint) -> Result<Vec<u8>> {
         version: CURRENT_VERSION,
         boot_id: &cp.boot_id,
         claims,
+        gpu_sharing: &cp.gpu_sharing,
     };
     serde_json::to_vec(&encoded).map_err(|source| Error::Json {
         what: "encode checkpoint",
@@ -257,6 +299,8 @@ pub fn decode(bytes: &[u8]) -> Result<Checkpoint> {
     let mut cp = Checkpoint {
         version: raw.version,
         boot_id: raw.boot_id,
+        // Lost set-up records cost little: start-up also finds daemons under the MPS root.
+        gpu_sharing: BTreeMap::deserialize(&raw.gpu_sharing).unwrap_or_default(),
         ..Checkpoint::default()
     };
     for (uid, value) in raw.claims {

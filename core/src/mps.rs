@@ -19,16 +19,25 @@
 //! - `nvidia-smi compute-policy -i <uuid> --set-timeslice <n>` takes 0 (default), 1 (short),
 //!   2 (medium) or 3 (long).
 //!
-//! One daemon serves one GPU. A process can talk to one MPS server only, so a container of a
-//! multi-GPU MPS claim gets every GPU's pipe directory mounted, each at its own path named in
-//! `KERF_DEVICE_<KEY>_MPS_PIPE_DIRECTORY`, and `CUDA_MPS_PIPE_DIRECTORY` names the first
-//! one: a launcher that runs one process per GPU sets each process's variable from those.
+//! One daemon serves one GPU, so a client process sees exactly one GPU through it, as device
+//! ordinal 0. Each MPS device of a claim therefore carries its whole client setup in its own
+//! CDI edits ([`MpsClient`]): its pipe directory mounted at `/run/kerf/mps/<gpu-uuid>`,
+//! `CUDA_MPS_PIPE_DIRECTORY` naming it, and the per-client limits of that device
+//! (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M`). A
+//! container given several MPS devices gets every pipe directory, each also named in
+//! `KERF_DEVICE_<KEY>_MPS_PIPE_DIRECTORY`; the unkeyed variables are those of the device the
+//! runtime applied last, all three from that one device, so they never mix two daemons. A
+//! launcher that runs one process per GPU sets each process's variables from the keyed ones.
+//!
+//! Shared memory: the daemons inherit the kubelet plugin's `/dev/shm`, so the plugin's
+//! container mounts the node-wide `<mps-root>/shm` there and every client mounts the same
+//! directory at `/dev/shm` (NVIDIA's device plugin does the same with one `ShmDir` per
+//! resource, `internal/plugin/mps.go` `updateReponse` in `NVIDIA/k8s-device-plugin`).
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cdi::Mount;
 use crate::error::Result;
 use crate::names;
 
@@ -38,19 +47,23 @@ pub const CONTROL_PROGRAM: &str = "nvidia-cuda-mps-control";
 pub const QUIT_COMMAND: &str = "quit\n";
 /// The file in the pipe directory that holds the running daemon's PID.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
-/// Where a client container sees the pipe directory of its (first) GPU.
-pub const CONTAINER_PIPE_DIRECTORY: &str = "/tmp/nvidia-mps";
-/// Where a client container sees the pipe directories of all its GPUs, one per GPU UUID.
+/// Where a client container sees the pipe directories of its GPUs, one per GPU UUID.
 pub const CONTAINER_PIPE_ROOT: &str = "/run/kerf/mps";
+/// Where a client container sees the shared-memory directory.
+pub const CONTAINER_SHM_DIRECTORY: &str = "/dev/shm";
+/// The node-wide shared-memory directory's name under the MPS root.
+pub const SHM_DIRECTORY_NAME: &str = "shm";
 /// Options of the client mounts: writable (clients create files there), no devices or setuid.
 pub const CLIENT_MOUNT_OPTIONS: [&str; 4] = ["rw", "nosuid", "nodev", "bind"];
 /// Default root of the per-GPU directories on the node.
 pub const DEFAULT_MPS_ROOT: &str = "/var/run/kerf/mps";
+
 /// The directories of one GPU's control daemon under the MPS root:
-/// `<root>/<gpu-uuid>/{pipe,log,shm}`.
+/// `<root>/<gpu-uuid>/{pipe,log}`, and the node-wide `<root>/shm`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsDirectories {
     gpu_uuid: String,
+    root: PathBuf,
     base: PathBuf,
 }
 
@@ -63,6 +76,7 @@ impl MpsDirectories {
         let uuid = names::gpu_uuid("gpuUUID", gpu_uuid)?;
         Ok(Self {
             gpu_uuid: uuid.to_owned(),
+            root: mps_root.to_owned(),
             base: mps_root.join(uuid),
         })
     }
@@ -87,9 +101,10 @@ impl MpsDirectories {
         self.base.join("log")
     }
 
-    /// The shared-memory directory the daemon and its clients use as `/dev/shm`.
+    /// The node-wide shared-memory directory, `<root>/shm`: the `/dev/shm` of the plugin
+    /// (and so of its daemons) and of every client.
     pub fn shm(&self) -> PathBuf {
-        self.base.join("shm")
+        self.root.join(SHM_DIRECTORY_NAME)
     }
 
     /// The daemon's PID file.
@@ -107,30 +122,27 @@ impl MpsDirectories {
         ]
     }
 
-    /// Where a client container sees this GPU's pipe directory besides
-    /// [`CONTAINER_PIPE_DIRECTORY`]: `/run/kerf/mps/<gpu-uuid>`.
-    pub fn container_pipe(&self) -> String {
-        format!("{CONTAINER_PIPE_ROOT}/{}", self.gpu_uuid)
-    }
-
-    /// The mounts a client of this daemon needs: the pipe directory at its per-GPU path and,
-    /// when `primary`, at [`CONTAINER_PIPE_DIRECTORY`] with the shared-memory directory at
-    /// `/dev/shm` (a container has one `/dev/shm`, so it is shared with its first GPU's
-    /// daemon).
-    pub fn client_mounts(&self, primary: bool) -> Vec<Mount> {
-        let mount = |host: PathBuf, container: String| Mount {
-            host_path: path_string(&host),
-            container_path: container,
-            options: CLIENT_MOUNT_OPTIONS.map(str::to_owned).to_vec(),
-            fs_type: None,
-        };
-        let mut mounts = vec![mount(self.pipe(), self.container_pipe())];
-        if primary {
-            mounts.push(mount(self.pipe(), CONTAINER_PIPE_DIRECTORY.to_owned()));
-            mounts.push(mount(self.shm(), "/dev/shm".to_owned()));
+    /// What a client container of this daemon is given.
+    pub fn client(&self) -> MpsClient {
+        MpsClient {
+            pipe_directory: path_string(&self.pipe()),
+            shm_directory: path_string(&self.shm()),
+            container_pipe_directory: format!("{CONTAINER_PIPE_ROOT}/{}", self.gpu_uuid),
         }
-        mounts
     }
+}
+
+/// What a container needs to be a client of one GPU's MPS control daemon: the host
+/// directories to mount and where the pipe directory appears (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MpsClient {
+    /// The daemon's pipe directory on the host.
+    pub pipe_directory: String,
+    /// The node-wide shared-memory directory on the host, mounted at `/dev/shm`.
+    pub shm_directory: String,
+    /// Where the container sees the pipe directory: `/run/kerf/mps/<gpu-uuid>`, the value of
+    /// `CUDA_MPS_PIPE_DIRECTORY`.
+    pub container_pipe_directory: String,
 }
 
 fn path_string(path: &Path) -> String {
@@ -218,7 +230,7 @@ mod tests {
             Path::new("/var/run/kerf/mps").join(UUID).join("pipe")
         );
         assert_eq!(dirs.log().file_name().unwrap(), "log");
-        assert_eq!(dirs.shm().file_name().unwrap(), "shm");
+        assert_eq!(dirs.shm(), Path::new("/var/run/kerf/mps/shm"));
         assert_eq!(dirs.pid_file().file_name().unwrap(), PID_FILE);
         let env = dirs.control_env();
         assert_eq!(env[0], ("CUDA_VISIBLE_DEVICES", UUID.to_owned()));
@@ -244,20 +256,15 @@ mod tests {
     }
 
     #[test]
-    fn only_the_first_gpu_gives_the_container_its_pipe_and_shm() {
+    fn a_client_gets_its_gpus_pipe_and_the_node_wide_shm() {
         let dirs = MpsDirectories::new(Path::new("/r"), UUID).unwrap();
-        let first = dirs.client_mounts(true);
-        let targets: Vec<&str> = first.iter().map(|m| m.container_path.as_str()).collect();
+        let client = dirs.client();
+        assert_eq!(client.pipe_directory, format!("/r/{UUID}/pipe"));
+        assert_eq!(client.shm_directory, "/r/shm");
         assert_eq!(
-            targets,
-            [
-                format!("/run/kerf/mps/{UUID}").as_str(),
-                CONTAINER_PIPE_DIRECTORY,
-                "/dev/shm"
-            ]
+            client.container_pipe_directory,
+            format!("/run/kerf/mps/{UUID}")
         );
-        assert!(first.iter().all(|m| m.options.contains(&"rw".to_owned())));
-        assert_eq!(dirs.client_mounts(false).len(), 1);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use kerf_core::cdi::{
     self, CdiVersion, ClaimSpec, ClaimSpecRequest, CommonEdits, DeviceNode, DeviceNodePolicy,
     MigCaps, Mount, PreparedDevice, SpecEncoder,
 };
+use kerf_core::mps::MpsClient;
 use kerf_core::slice::{Sharing, SliceLimits};
 use proptest::prelude::*;
 
@@ -496,21 +497,29 @@ fn arb_device() -> impl Strategy<Value = PreparedDevice> {
         proptest::option::of(any::<u64>()),
         proptest::option::of(1u8..=100),
         arb_sharing(),
+        proptest::option::of(("/[a-z0-9/._\"\\\\ é-]{1,20}", "/[a-z0-9/._-]{1,20}")),
     )
         .prop_map(
-            |(name, uuid, gpu_minor, mig, memory_bytes, compute_percent, sharing)| PreparedDevice {
-                name,
-                uuid,
-                gpu_minor,
-                mig: mig.map(|(gi_cap_minor, ci_cap_minor)| MigCaps {
-                    gi_cap_minor,
-                    ci_cap_minor,
-                }),
-                limits: SliceLimits {
-                    memory_bytes,
-                    compute_percent,
-                },
-                sharing,
+            |(name, uuid, gpu_minor, mig, memory_bytes, compute_percent, sharing, mps)| {
+                PreparedDevice {
+                    name,
+                    uuid,
+                    gpu_minor,
+                    mig: mig.map(|(gi_cap_minor, ci_cap_minor)| MigCaps {
+                        gi_cap_minor,
+                        ci_cap_minor,
+                    }),
+                    limits: SliceLimits {
+                        memory_bytes,
+                        compute_percent,
+                    },
+                    sharing,
+                    mps: mps.map(|(pipe_directory, container_pipe_directory)| MpsClient {
+                        shm_directory: format!("{pipe_directory}/shm"),
+                        pipe_directory,
+                        container_pipe_directory,
+                    }),
+                }
             },
         )
 }

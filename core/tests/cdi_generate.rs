@@ -230,6 +230,7 @@ fn memory_only_slice_and_tiny_limits() {
             compute_percent: None,
         },
         sharing: Sharing::TimeSlicing,
+        mps: None,
         ..whole_gpu(0)
     };
     let env = env_of(&common::generate(UID_LETTER, &[memory_only]));
@@ -438,4 +439,122 @@ fn orphan_specs_are_removed_and_others_kept() {
         cdi::remove_orphan_specs(&dir.path().join("missing"), KIND, &[]).unwrap(),
         0
     );
+}
+
+fn served(mut device: PreparedDevice, gpu: &str) -> PreparedDevice {
+    device.mps = Some(
+        kerf_core::mps::MpsDirectories::new(std::path::Path::new("/var/run/kerf/mps"), gpu)
+            .unwrap()
+            .client(),
+    );
+    device
+}
+
+const GPU_A: &str = "GPU-2f4e0e00-e140-bcbd-d4fd-278c95116d02";
+const GPU_B: &str = "GPU-7c1a0e00-e140-bcbd-d4fd-278c95116d03";
+
+#[test]
+fn an_mps_served_device_mounts_its_daemons_pipe_and_the_shared_memory() {
+    let g = common::generate(
+        UID_LETTER,
+        &[served(slice(1, 10 << 30, 30, Sharing::Mps), GPU_A)],
+    );
+    let device = &g.spec.devices[0].container_edits;
+    let mounts: Vec<(&str, &str)> = device
+        .mounts
+        .iter()
+        .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
+        .collect();
+    let pipe = format!("/run/kerf/mps/{GPU_A}");
+    assert_eq!(
+        mounts,
+        [
+            (
+                format!("/var/run/kerf/mps/{GPU_A}/pipe").as_str(),
+                pipe.as_str()
+            ),
+            ("/var/run/kerf/mps/shm", "/dev/shm"),
+        ]
+    );
+    assert!(
+        device
+            .mounts
+            .iter()
+            .all(|m| m.options.contains(&"rw".to_owned()))
+    );
+    let env = injected_env(&g.spec, &[0]);
+    let value = |name: &str| {
+        env.iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(value("CUDA_MPS_PIPE_DIRECTORY"), Some(pipe.as_str()));
+    assert_eq!(value("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), Some("30"));
+    assert_eq!(value("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"), Some("0=10240M"));
+    let key = cdi::env_key(&g.spec.devices[0].name);
+    assert_eq!(
+        value(&format!("KERF_DEVICE_{key}_MPS_PIPE_DIRECTORY")),
+        Some(pipe.as_str())
+    );
+    assert!(
+        !g.spec
+            .container_edits
+            .env
+            .iter()
+            .any(|e| e.starts_with("CUDA_MPS_")),
+        "a served device's limits are not claim-level: {:?}",
+        g.spec.container_edits.env
+    );
+}
+
+#[test]
+fn each_served_device_of_a_multi_gpu_claim_carries_its_own_pipe_and_limits() {
+    let g = common::generate(
+        UID_LETTER,
+        &[
+            served(slice(5, 4 << 30, 50, Sharing::Mps), GPU_A),
+            served(slice(2, 8 << 30, 25, Sharing::Mps), GPU_B),
+        ],
+    );
+    for (index, (gpu, mib, percent)) in [(GPU_A, "4096", "50"), (GPU_B, "8192", "25")]
+        .into_iter()
+        .enumerate()
+    {
+        let env: BTreeMap<String, String> = injected_env(&g.spec, &[index]).into_iter().collect();
+        assert_eq!(
+            env["CUDA_MPS_PIPE_DIRECTORY"],
+            format!("/run/kerf/mps/{gpu}")
+        );
+        assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], format!("0={mib}M"));
+        assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], percent);
+    }
+    // Both in one container: the device applied last sets all three, never a mix.
+    let both: BTreeMap<String, String> = injected_env(&g.spec, &[0, 1]).into_iter().collect();
+    assert_eq!(
+        both["CUDA_MPS_PIPE_DIRECTORY"],
+        format!("/run/kerf/mps/{GPU_B}")
+    );
+    assert_eq!(both["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=8192M");
+    assert_eq!(both["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+    let pipes = both
+        .iter()
+        .filter(|(k, _)| k.starts_with("KERF_DEVICE_") && k.ends_with("_MPS_PIPE_DIRECTORY"))
+        .count();
+    assert_eq!(pipes, 2, "every device's pipe stays reachable by its key");
+}
+
+#[test]
+fn unserved_devices_keep_the_claim_level_limits() {
+    let g = common::generate(
+        UID_LETTER,
+        &[
+            served(slice(5, 4 << 30, 50, Sharing::Mps), GPU_A),
+            slice(2, 8 << 30, 25, Sharing::TimeSlicing),
+        ],
+    );
+    let env = env_of(&g);
+    assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=8192M");
+    assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+    assert!(g.spec.devices[1].container_edits.mounts.is_empty());
 }

@@ -7,8 +7,10 @@ use std::fs;
 
 use kerf_core::cdi::MigCaps;
 use kerf_core::checkpoint::{
-    self, CURRENT_VERSION, Checkpoint, ClaimEntry, ClaimState, DeviceRecord, LoadOutcome,
+    self, CURRENT_VERSION, Checkpoint, ClaimEntry, ClaimState, DeviceRecord, GpuSharingEntry,
+    LoadOutcome,
 };
+use kerf_core::mps::TimeSliceInterval;
 use kerf_core::slice::{Sharing, SliceLimits};
 use proptest::prelude::*;
 use serde_json::json;
@@ -26,6 +28,7 @@ fn record(device: &str) -> DeviceRecord {
         mig: None,
         limits: SliceLimits::default(),
         sharing: Sharing::Exclusive,
+        time_slice_interval: TimeSliceInterval::Default,
     }
 }
 
@@ -118,6 +121,7 @@ fn arb_record() -> impl Strategy<Value = DeviceRecord> {
                         compute_percent,
                     },
                     sharing,
+                    time_slice_interval: TimeSliceInterval::Default,
                 }
             },
         )
@@ -394,4 +398,38 @@ fn device_record_feeds_the_spec_generator() {
         ("gpu-1-mig-1g-10gb-0", "GPU-1", 0)
     );
     assert_eq!((p.mig, p.limits, p.sharing), (d.mig, d.limits, d.sharing));
+}
+
+#[test]
+fn gpu_sharing_and_time_slices_round_trip_and_a_bad_record_is_dropped_alone() {
+    let mut cp = sample();
+    cp.gpu_sharing.insert(
+        "GPU-1".into(),
+        GpuSharingEntry {
+            mps_root: Some("/var/run/kerf/mps".into()),
+            time_slice: None,
+        },
+    );
+    cp.gpu_sharing.insert(
+        "GPU-2".into(),
+        GpuSharingEntry {
+            mps_root: None,
+            time_slice: Some(TimeSliceInterval::Long),
+        },
+    );
+    if let Some(entry) = cp.claims.get_mut("uid-1") {
+        entry.devices[0].sharing = Sharing::TimeSlicing;
+        entry.devices[0].time_slice_interval = TimeSliceInterval::Short;
+    }
+    let bytes = checkpoint::encode(&cp).unwrap();
+    assert_eq!(checkpoint::decode(&bytes).unwrap(), cp);
+
+    let mut value: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    value["gpuSharing"] = json!("not a map");
+    let decoded = checkpoint::decode(&serde_json::to_vec(&value).unwrap()).unwrap();
+    assert!(decoded.gpu_sharing.is_empty());
+    assert_eq!(
+        decoded.claims, cp.claims,
+        "claims survive a bad sharing record"
+    );
 }

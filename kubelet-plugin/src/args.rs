@@ -63,6 +63,25 @@ pub struct Args {
     #[arg(long, env = "KERF_MOCK_DEVICE_NODE", default_value = "/dev/null")]
     pub mock_device_node: PathBuf,
 
+    /// In mock mode, a directory whose usr/bin holds stand-ins for nvidia-smi and
+    /// nvidia-cuda-mps-control (kerf-fake-gpu-tools), so that MPS daemons and time slices run
+    /// without a GPU; without it mock mode does not enforce MPS or time-slicing.
+    #[arg(long, env = "KERF_MOCK_DRIVER_ROOT")]
+    pub mock_driver_root: Option<PathBuf>,
+
+    /// Root of the per-GPU MPS daemon directories (<root>/<gpu-uuid>/{pipe,log}) and of the
+    /// shared-memory directory <root>/shm, which must also be this container's /dev/shm.
+    #[arg(long, env = "KERF_MPS_ROOT", default_value = kerf_core::mps::DEFAULT_MPS_ROOT)]
+    pub mps_root: PathBuf,
+
+    /// How long an MPS daemon may take to stop after `quit` before it is killed.
+    #[arg(long, env = "KERF_MPS_STOP_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub mps_stop_timeout: Duration,
+
+    /// How often the MPS daemons of GPUs with MPS claims are checked and restarted if dead.
+    #[arg(long, env = "KERF_MPS_CHECK_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub mps_check_interval: Duration,
+
     /// Publish this node's GPUs as ResourceSlices (switch off for tests).
     #[arg(long, env = "KERF_PUBLISH_RESOURCES", default_value_t = true, action = ArgAction::Set)]
     pub publish_resources: bool,
@@ -107,6 +126,12 @@ impl Args {
             .checkpoint_file
             .unwrap_or_else(|| plugin_dir.join("checkpoint.json"));
         let metrics_address = parse_address(&self.metrics_address)?;
+        check_mps_root(&self.mps_root)?;
+        if self.mps_check_interval.is_zero() {
+            return Err(Error::Config(
+                "--mps-check-interval must be more than 0".into(),
+            ));
+        }
         let discovery = match (self.mock_gpus, self.mock_inventory) {
             (Some(spec), None) => Discovery::MockProfile(spec),
             (None, Some(path)) => Discovery::MockFile(path),
@@ -116,6 +141,16 @@ impl Args {
                     "--mock-gpus and --mock-inventory exclude each other".into(),
                 ));
             }
+        };
+        let gpu_tools_root = match (&discovery, self.mock_driver_root) {
+            (Discovery::Nvml, None) => Some(self.driver_root.clone()),
+            (Discovery::Nvml, Some(_)) => {
+                return Err(Error::Config(
+                    "--mock-driver-root needs a mock inventory (--mock-gpus or --mock-inventory)"
+                        .into(),
+                ));
+            }
+            (_, mock_root) => mock_root,
         };
         Ok(PluginConfig {
             registration_socket: self
@@ -127,6 +162,10 @@ impl Args {
             cdi_dir: self.cdi_dir,
             checkpoint_file,
             driver_root: self.driver_root,
+            gpu_tools_root,
+            mps_root: self.mps_root,
+            mps_stop_timeout: self.mps_stop_timeout,
+            mps_check_interval: self.mps_check_interval,
             discovery,
             mock_device_node: self.mock_device_node,
             publish_resources: self.publish_resources,
@@ -134,6 +173,18 @@ impl Args {
             metrics_address,
             boot_id_file: self.boot_id_file,
         })
+    }
+}
+
+/// The MPS root ends up in CDI specs (JSON) and in mounts: absolute and UTF-8.
+fn check_mps_root(root: &std::path::Path) -> Result<()> {
+    if root.is_absolute() && root.to_str().is_some() {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "--mps-root {}: must be an absolute UTF-8 path",
+            root.display()
+        )))
     }
 }
 
@@ -193,6 +244,47 @@ mod tests {
             "f.yaml",
         ]);
         assert!(err.is_err());
+    }
+
+    #[test]
+    fn gpu_tools_come_from_the_driver_root_or_an_explicit_mock_root() {
+        let real = parse(&["--node-name", "n", "--driver-root", "/run/nvidia/driver"])
+            .into_config()
+            .unwrap();
+        assert_eq!(
+            real.gpu_tools_root,
+            Some(PathBuf::from("/run/nvidia/driver"))
+        );
+        assert_eq!(real.mps_root, PathBuf::from("/var/run/kerf/mps"));
+        let mock = parse(&["--node-name", "n", "--mock-gpus", "l4"])
+            .into_config()
+            .unwrap();
+        assert_eq!(
+            mock.gpu_tools_root, None,
+            "mock mode enforces only when asked"
+        );
+        let faked = parse(&[
+            "--node-name",
+            "n",
+            "--mock-gpus",
+            "l4",
+            "--mock-driver-root",
+            "/opt/kerf/mock-driver",
+        ])
+        .into_config()
+        .unwrap();
+        assert_eq!(
+            faked.gpu_tools_root,
+            Some(PathBuf::from("/opt/kerf/mock-driver"))
+        );
+        let err = parse(&["--node-name", "n", "--mock-driver-root", "/x"])
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--mock-driver-root"), "{err}");
+        let err = parse(&["--node-name", "n", "--mps-root", "relative/mps"])
+            .into_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--mps-root relative/mps"), "{err}");
     }
 
     #[test]

@@ -39,6 +39,15 @@ pub struct PluginConfig {
     pub checkpoint_file: PathBuf,
     /// NVIDIA driver root on the host.
     pub driver_root: PathBuf,
+    /// Root whose `usr/bin` holds `nvidia-smi` and `nvidia-cuda-mps-control`: the driver root,
+    /// a mock driver root, or `None` when MPS and time-slicing are not enforced.
+    pub gpu_tools_root: Option<PathBuf>,
+    /// Root of the MPS daemons' directories.
+    pub mps_root: PathBuf,
+    /// Bound on an MPS daemon's stop before it is killed.
+    pub mps_stop_timeout: Duration,
+    /// Period of the MPS daemon liveness check.
+    pub mps_check_interval: Duration,
     /// Inventory source.
     pub discovery: Discovery,
     /// Host device backing every device node in mock mode.

@@ -66,6 +66,14 @@ pub enum Error {
         /// What failed, with the tool's stderr.
         message: String,
     },
+    /// A GPU's time slice could not be set; `message` carries `nvidia-smi`'s own words.
+    #[error("time slice of GPU {gpu}: {message}")]
+    TimeSlice {
+        /// The GPU's UUID.
+        gpu: String,
+        /// What failed, with the tool's stderr.
+        message: String,
+    },
     /// The metrics/health HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
@@ -86,6 +94,7 @@ impl Error {
             Error::Prepare(e) => e.reason(),
             Error::Internal { .. } => "internal",
             Error::Mps { .. } => "mps",
+            Error::TimeSlice { .. } => "time_slice",
             Error::Http(_) => "http",
         }
     }

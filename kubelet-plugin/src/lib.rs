@@ -10,11 +10,13 @@
 
 pub mod args;
 pub mod checkpoint_store;
+pub mod claim_events;
 pub mod claim_locks;
 pub mod claim_reader;
 pub mod config;
 pub mod discovery;
 pub mod error;
+pub mod gpu_sharing;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

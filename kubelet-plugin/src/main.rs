@@ -20,7 +20,8 @@ async fn main() -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
-    let connections = plugin::Connections::kube(client, config.publish_resources);
+    let connections =
+        plugin::Connections::kube(client, &config.node_name, config.publish_resources);
     let running = plugin::start(&config, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {

@@ -51,6 +51,13 @@ struct RequestLabels {
     api_version: &'static str,
 }
 
+/// Labels of the MPS daemon restart counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RestartLabels {
+    gpu: String,
+    result: &'static str,
+}
+
 /// Handles to all metrics of the kubelet plugin.
 ///
 /// Cloning is cheap and every clone records into the same series.
@@ -64,6 +71,7 @@ pub struct Metrics {
     prepared_claims: Gauge,
     publish: Family<OutcomeLabels, Counter>,
     registration_status: Gauge,
+    mps_daemon_restarts: Family<RestartLabels, Counter>,
 }
 
 /// Latency buckets from 100 µs to about 13 s: a prepare is sub-millisecond work when the claim
@@ -84,7 +92,15 @@ impl Metrics {
             prepared_claims: Gauge::default(),
             publish: Family::default(),
             registration_status: Gauge::default(),
+            mps_daemon_restarts: Family::default(),
         };
+        // Named without the plugin prefix: `kerf_mps_daemon_restarts_total` is the name admins
+        // alert on, and only the plugin runs MPS daemons.
+        registry.register(
+            "kerf_mps_daemon_restarts",
+            "MPS control daemons found dead and started again, by GPU and result (ok, or error when the restart failed)",
+            metrics.mps_daemon_restarts.clone(),
+        );
         metrics.register(registry.sub_registry_with_prefix(PREFIX));
         metrics
     }
@@ -130,6 +146,16 @@ impl Metrics {
             "1 when the kubelet has registered the plugin, 0 otherwise",
             self.registration_status.clone(),
         );
+    }
+
+    /// Counts a dead MPS daemon of `gpu` started again (`restarted`) or not.
+    pub fn record_mps_daemon_restart(&self, gpu: &str, restarted: bool) {
+        self.mps_daemon_restarts
+            .get_or_create(&RestartLabels {
+                gpu: gpu.to_owned(),
+                result: if restarted { OK } else { ERROR },
+            })
+            .inc();
     }
 
     /// Records the outcome and duration of preparing one claim; `result` carries the error's

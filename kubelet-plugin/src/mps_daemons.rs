@@ -15,7 +15,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use kerf_core::mps::{
-    CONTROL_PROGRAM, ComputeMode, MpsDirectories, QUIT_COMMAND, compute_mode_args,
+    CONTROL_PROGRAM, ComputeMode, MpsDirectories, QUIT_COMMAND, TimeSliceInterval,
+    compute_mode_args, timeslice_args,
 };
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
@@ -58,6 +59,31 @@ impl MpsDaemons {
     /// The settings.
     pub fn settings(&self) -> &MpsSettings {
         &self.settings
+    }
+
+    /// The same tools with daemons under another MPS root: for stopping the daemons a plugin
+    /// started before its root was changed.
+    #[must_use]
+    pub fn with_root(&self, root: PathBuf) -> Self {
+        Self {
+            settings: MpsSettings {
+                root,
+                ..self.settings.clone()
+            },
+        }
+    }
+
+    /// Sets the time slice of `gpu_uuid` (`nvidia-smi compute-policy --set-timeslice`).
+    ///
+    /// # Errors
+    /// [`Error::TimeSlice`] naming the GPU and `nvidia-smi`'s own message.
+    pub async fn set_time_slice(&self, gpu_uuid: &str, interval: TimeSliceInterval) -> Result<()> {
+        self.smi(gpu_uuid, &timeslice_args(gpu_uuid, interval))
+            .await
+            .map_err(|error| match error {
+                Error::Mps { gpu, message } => Error::TimeSlice { gpu, message },
+                other => other,
+            })
     }
 
     /// The directories of the daemon of `gpu_uuid`.
@@ -104,6 +130,18 @@ impl MpsDaemons {
 
     async fn start(&self, dirs: &MpsDirectories) -> Result<RunningDaemon> {
         let gpu = dirs.gpu_uuid();
+        // No live daemon owns the pipe directory (ensure checked): what a dead one left there
+        // (its PID file, naming a PID that may be a zombie or reused, and its sockets) would
+        // make the new one believe it already runs.
+        if let Err(error) = tokio::fs::remove_dir_all(dirs.pipe()).await
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(mps_error(
+                gpu,
+                format!("cannot clear the stale pipe directory: {error}"),
+            ));
+        }
+        // The shared-memory directory is the node's, kept when a daemon stops.
         for dir in [dirs.pipe(), dirs.log(), dirs.shm()] {
             tokio::fs::create_dir_all(&dir)
                 .await

@@ -12,13 +12,16 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint_store::{CheckpointStore, Opened};
+use crate::claim_events::{ClaimEvents, ClaimWarning, KubeClaimEvents};
 use crate::claim_reader::{ApiClaimReader, ClaimReader};
 use crate::config::PluginConfig;
+use crate::gpu_sharing::GpuSharing;
 use crate::grpc::dra::DraService;
 use crate::grpc::registration::RegistrationService;
 use crate::grpc::socket::BoundSocket;
 use crate::http::Health;
 use crate::metrics::Metrics;
+use crate::mps_daemons::{MpsDaemons, MpsSettings};
 use crate::preparer::{Preparer, PreparerConfig};
 use crate::publish::Publisher;
 use crate::{Error, Result, discovery};
@@ -34,13 +37,16 @@ pub struct Connections {
     /// Client used to publish ResourceSlices and to watch the Node's ownership record (the
     /// devices' `allocator` attribute); `None` disables publishing.
     pub publisher: Option<kube::Client>,
+    /// Where Warning Events about prepared claims go.
+    pub events: Arc<dyn ClaimEvents>,
 }
 
 impl Connections {
-    /// Reads claims and publishes slices through one API client.
-    pub fn kube(client: kube::Client, publish: bool) -> Self {
+    /// Reads claims, publishes slices and Events through one API client.
+    pub fn kube(client: kube::Client, node: &str, publish: bool) -> Self {
         Connections {
             claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
+            events: Arc::new(KubeClaimEvents::new(client.clone(), node)),
             publisher: publish.then_some(client),
         }
     }
@@ -159,8 +165,10 @@ pub async fn start(
         Arc::clone(&inventory),
         connections.claim_reader,
         checkpoint,
+        gpu_sharing(config)?,
         metrics.clone(),
     )?);
+    log_sharing_restore(&preparer.restore_sharing().await);
     let restored = preparer.restore_cdi_specs().await?;
     tracing::info!(
         prepared = preparer.prepared_claims(),
@@ -174,6 +182,19 @@ pub async fn start(
         spawn_registration_server(config, &health, &metrics, &shutdown)?,
     ];
     health.set_serving(true);
+
+    if preparer.sharing_enforced() {
+        let (preparer, metrics, events) = (
+            Arc::clone(&preparer),
+            metrics.clone(),
+            Arc::clone(&connections.events),
+        );
+        let (token, period) = (shutdown.clone(), config.mps_check_interval);
+        tasks.push((
+            "mps-daemon-check",
+            tokio::spawn(check_mps_daemons(preparer, metrics, events, period, token)),
+        ));
+    }
 
     if let Some(client) = connections.publisher {
         let publisher = Publisher::new(
@@ -220,6 +241,87 @@ pub async fn start(
 }
 
 type Task = (&'static str, JoinHandle<Result<()>>);
+
+/// The MPS daemons and time slices of the node, run with the configured GPU tools; not
+/// enforced in mock mode without a mock driver root.
+fn gpu_sharing(config: &PluginConfig) -> Result<GpuSharing> {
+    let Some(tools_root) = &config.gpu_tools_root else {
+        tracing::info!(
+            "mock mode without --mock-driver-root: MPS and time-slicing are not enforced, slices are accounting only"
+        );
+        return Ok(GpuSharing::new(None));
+    };
+    std::fs::create_dir_all(&config.mps_root)
+        .map_err(|e| Error::io("create MPS root", &config.mps_root, e))?;
+    Ok(GpuSharing::new(Some(MpsDaemons::new(MpsSettings {
+        root: config.mps_root.clone(),
+        driver_root: tools_root.clone(),
+        stop_timeout: config.mps_stop_timeout,
+    }))))
+}
+
+fn log_sharing_restore(report: &crate::gpu_sharing::SharingRestore) {
+    for error in &report.failures {
+        tracing::error!(%error, "start-up: GPU sharing set-up failed; the daemon check retries MPS daemons");
+    }
+    tracing::info!(
+        adopted = ?report.adopted,
+        started = ?report.started,
+        orphans_stopped = ?report.orphans_stopped,
+        time_slices_set = ?report.time_slices_set,
+        time_slices_restored = ?report.time_slices_restored,
+        "GPU sharing restored"
+    );
+}
+
+/// Every `period`, starts again the MPS daemons that died; each restart is logged, counted
+/// and reported as a Warning Event on the GPU's MPS claims, whose processes lost their server.
+async fn check_mps_daemons(
+    preparer: Arc<Preparer>,
+    metrics: Metrics,
+    events: Arc<dyn ClaimEvents>,
+    period: std::time::Duration,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            _ = ticks.tick() => {}
+        }
+        for restarted in preparer.check_mps_daemons().await {
+            metrics.record_mps_daemon_restart(&restarted.gpu, restarted.error.is_none());
+            let (reason, note) = match &restarted.error {
+                None => {
+                    tracing::warn!(gpu = %restarted.gpu, claims = restarted.claims.len(), "MPS daemon had died; started again");
+                    let note = format!(
+                        "the MPS control daemon of GPU {} had died and was started again; CUDA processes of this claim that were connected to it must be restarted",
+                        restarted.gpu
+                    );
+                    ("MpsDaemonRestarted", note)
+                }
+                Some(error) => {
+                    tracing::error!(gpu = %restarted.gpu, %error, "MPS daemon had died and cannot be started again; retrying");
+                    let note = format!(
+                        "the MPS control daemon of GPU {} died and cannot be started again: {error}",
+                        restarted.gpu
+                    );
+                    ("MpsDaemonRestartFailed", note)
+                }
+            };
+            for claim in restarted.claims {
+                events
+                    .warn(ClaimWarning {
+                        claim,
+                        reason,
+                        note: note.clone(),
+                    })
+                    .await;
+            }
+        }
+    }
+}
 
 fn spawn_dra_server(
     config: &PluginConfig,

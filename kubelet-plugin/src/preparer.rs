@@ -9,6 +9,11 @@
 //! (start-up removes specs no checkpoint entry owns, and the kubelet retries the prepare).
 //! Claims prepare in parallel; two calls for the same claim serialise on a per-claim lock.
 //!
+//! Slices shared by MPS or time-slicing are made real on their GPU ([`GpuSharing`]) after the
+//! claim is recorded and before its spec is written, so the IDs reach the kubelet only once
+//! the GPU's MPS daemon runs; the claim is removed before its GPUs are released, so a GPU
+//! loses its daemon only when no claim on it remains.
+//!
 //! Errors stay typed ([`Error`], with [`PrepareError`] for claims that cannot be prepared as
 //! asked) so that metrics get their reason label; the gRPC layer makes them the per-claim
 //! message.
@@ -29,6 +34,7 @@ use kerf_proto::PreparedDevice;
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
 use crate::claim_reader::ClaimReader;
+use crate::gpu_sharing::{GpuSharing, Restarted, SharingRestore};
 use crate::metrics::Metrics;
 use crate::prepare_error::PrepareError;
 use crate::spec_writer::SpecWriter;
@@ -78,12 +84,13 @@ pub struct Preparer {
     encoder: SpecEncoder,
     specs: SpecWriter,
     locks: ClaimLocks,
+    sharing: GpuSharing,
     metrics: Metrics,
 }
 
 impl Preparer {
     /// Builds the engine over an opened checkpoint and starts its CDI spec writer; must be
-    /// called inside a Tokio runtime.
+    /// called inside a Tokio runtime. `sharing` enforces MPS and time-sliced slices.
     ///
     /// # Errors
     /// The CDI kind or the common container edits of `config` cannot make a valid spec.
@@ -92,6 +99,7 @@ impl Preparer {
         inventory: Arc<Inventory>,
         claim_reader: Arc<dyn ClaimReader>,
         checkpoint: CheckpointStore,
+        sharing: GpuSharing,
         metrics: Metrics,
     ) -> Result<Self> {
         // The node-wide part of every spec is checked and encoded once, here.
@@ -106,6 +114,7 @@ impl Preparer {
             encoder,
             specs,
             locks: ClaimLocks::default(),
+            sharing,
             metrics,
         };
         preparer.update_prepared_gauge();
@@ -199,8 +208,13 @@ impl Preparer {
             .map_err(PrepareError::Allocation)?;
         let devices = self.plan_devices(claim, &allocated)?;
         self.record_started(claim, devices.clone())?;
-        if let Err(e) = self.finish_prepare(claim, &devices).await {
+        let prepared = match self.sharing.set_up(&devices, &self.checkpoint).await {
+            Ok(()) => self.finish_prepare(claim, &devices).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = prepared {
             self.forget_claim(claim).await;
+            self.sharing.release(&devices, &self.checkpoint).await;
             return Err(e);
         }
         Ok(results_of(&devices))
@@ -214,8 +228,10 @@ impl Preparer {
     pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<()> {
         names::claim_uid("claim.uid", &claim.uid)?;
         let _guard = self.locks.lock(&claim.uid).await;
-        let known = self.checkpoint.read(|cp| {
-            cp.claims.contains_key(&claim.uid) || cp.undecodable.contains_key(&claim.uid)
+        let (known, devices) = self.checkpoint.read(|cp| {
+            let devices = cp.claims.get(&claim.uid).map(|e| e.devices.clone());
+            let known = devices.is_some() || cp.undecodable.contains_key(&claim.uid);
+            (known, devices.unwrap_or_default())
         });
         if !known {
             return Ok(());
@@ -225,6 +241,7 @@ impl Preparer {
             .update(|cp| cp.remove_claim(&claim.uid))
             .await?;
         self.update_prepared_gauge();
+        self.sharing.release(&devices, &self.checkpoint).await;
         Ok(())
     }
 
@@ -269,6 +286,22 @@ impl Preparer {
             rewritten: completed.len(),
             orphans_removed: removed,
         })
+    }
+
+    /// Brings the GPUs' MPS daemons and time slices in line with the checkpoint at start-up:
+    /// adopts or restarts what prepared claims need, stops and restores the rest.
+    pub async fn restore_sharing(&self) -> SharingRestore {
+        self.sharing.restore(&self.checkpoint).await
+    }
+
+    /// Starts again the MPS daemons that died on GPUs that still have MPS claims.
+    pub async fn check_mps_daemons(&self) -> Vec<Restarted> {
+        self.sharing.check_daemons(&self.checkpoint).await
+    }
+
+    /// Whether MPS and time-slicing are enforced on the GPUs.
+    pub fn sharing_enforced(&self) -> bool {
+        self.sharing.is_enforced()
     }
 
     /// Number of claims in the checkpoint.
@@ -448,8 +481,15 @@ impl Preparer {
     }
 
     async fn write_cdi_spec(&self, claim: &ClaimRef, devices: &[DeviceRecord]) -> Result<()> {
-        let prepared: Vec<cdi::PreparedDevice> =
-            devices.iter().map(DeviceRecord::prepared_device).collect();
+        let clients = self.sharing.clients(devices)?;
+        let prepared: Vec<cdi::PreparedDevice> = devices
+            .iter()
+            .zip(clients)
+            .map(|(device, mps)| cdi::PreparedDevice {
+                mps,
+                ..device.prepared_device()
+            })
+            .collect();
         let encoded = self.encoder.encode(&ClaimSpec {
             claim_uid: &claim.uid,
             claim_namespace: &claim.namespace,
@@ -543,6 +583,7 @@ fn device_record(
         mig,
         limits: device.limits,
         sharing: device.sharing,
+        time_slice_interval: device.time_slice_interval,
     }
 }
 

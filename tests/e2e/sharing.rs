@@ -249,6 +249,7 @@ mod tests {
                         memory_bytes: Some(memory),
                         compute_percent: Some(compute),
                         sharing: kerf_core::slice::Sharing::Mps,
+                        time_slice_interval: None,
                     })
                     .collect(),
             }

@@ -64,6 +64,10 @@ impl Node {
             resync_period: Duration::from_secs(600),
             metrics_address: None,
             boot_id_file: self.root.join("boot_id"),
+            gpu_tools_root: None,
+            mps_root: self.root.join("mps"),
+            mps_stop_timeout: Duration::from_secs(10),
+            mps_check_interval: Duration::from_secs(5),
         }
     }
 
@@ -73,6 +77,7 @@ impl Node {
         let connections = Connections {
             claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
             publisher: None,
+            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
         };
         plugin::start(&config, inventory, connections)
             .await
@@ -674,6 +679,7 @@ async fn mig_devices_get_their_capability_nodes() {
     let connections = Connections {
         claim_reader: Arc::new(ApiClaimReader::new(node.api.client())),
         publisher: None,
+        events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
     };
     let plugin = plugin::start(&config, inventory, connections)
         .await

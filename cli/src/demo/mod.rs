@@ -136,6 +136,7 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         Connections {
             claim_reader: store,
             publisher: None,
+            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
         },
     )
     .await?;

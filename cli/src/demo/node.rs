@@ -115,6 +115,10 @@ pub fn plugin_config(
         resync_period: Duration::from_secs(600),
         metrics_address: None,
         boot_id_file: layout.boot_id_file.clone(),
+        gpu_tools_root: None,
+        mps_root: layout.boot_id_file.with_file_name("mps"),
+        mps_stop_timeout: Duration::from_secs(10),
+        mps_check_interval: Duration::from_secs(5),
     }
 }
 

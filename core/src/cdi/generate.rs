@@ -26,6 +26,15 @@
 //!   device's rank among the claim's devices ordered by GPU minor, which is the order CUDA
 //!   enumerates a container's GPUs in when they are all of one model).
 //!
+//! - Devices served by a kerf MPS daemon ([`PreparedDevice::mps`]) are the one exception:
+//!   a CUDA process talks to one MPS server, which shows it one GPU, so such a device's own
+//!   edits set `CUDA_MPS_PIPE_DIRECTORY` and that device's `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`
+//!   and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<MiB>M`, besides the keyed
+//!   `KERF_DEVICE_<KEY>_MPS_PIPE_DIRECTORY` and the mounts of its pipe directory and of the
+//!   shared-memory directory (see [`crate::mps`]). With several such devices in one container
+//!   the device applied last sets all three, so they always describe one daemon. The
+//!   claim-level MPS limits above then cover only the claim's other devices.
+//!
 //! A container that consumes two kerf claims therefore sees the unkeyed claim-level
 //! variables of whichever claim the runtime applied last; that is inherent in one
 //! process-wide variable such as `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, and the keyed
@@ -41,6 +50,7 @@ use super::spec::{ContainerEdits, Device, DeviceNode, Mount, Spec};
 use super::version::CdiVersion;
 use super::{claim_device_name, qualified_name};
 use crate::error::{Error, Result};
+use crate::mps::{CLIENT_MOUNT_OPTIONS, CONTAINER_SHM_DIRECTORY, MpsClient};
 use crate::slice::{Sharing, SliceLimits};
 
 /// Common device nodes every CUDA container needs, besides its GPUs' own nodes.
@@ -78,6 +88,8 @@ pub struct PreparedDevice {
     pub limits: SliceLimits,
     /// How the device is shared.
     pub sharing: Sharing,
+    /// The MPS daemon serving the device, when its slice is enforced by one.
+    pub mps: Option<MpsClient>,
 }
 
 /// Edits shared by every claim of the node: control device nodes, driver mounts, extra env.
@@ -383,11 +395,55 @@ fn device_edits(device: &PreparedDevice, key: &str, host_path: Option<&str>) -> 
             percent,
         ));
     }
+    let mounts = match &device.mps {
+        Some(client) => mps_client_edits(device, client, key, &mut env),
+        None => Vec::new(),
+    };
     ContainerEdits {
         env,
         device_nodes: nodes,
+        mounts,
         ..ContainerEdits::default()
     }
+}
+
+/// The mounts and env that make a container a client of the device's MPS daemon, with the
+/// device's limits as the per-client limits (the daemon shows the client its one GPU as
+/// ordinal 0); see [`crate::mps`] for why these unkeyed variables are per device.
+fn mps_client_edits(
+    device: &PreparedDevice,
+    client: &MpsClient,
+    key: &str,
+    env: &mut Vec<String>,
+) -> Vec<Mount> {
+    let pipe = client.container_pipe_directory.as_str();
+    env.push([DEVICE_VAR_PREFIX, key, "_MPS_PIPE_DIRECTORY=", pipe].concat());
+    env.push(["CUDA_MPS_PIPE_DIRECTORY=", pipe].concat());
+    if let Some(percent) = device.limits.compute_percent {
+        env.push(with_number(
+            &["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="],
+            percent,
+        ));
+    }
+    if let Some(bytes) = device.limits.memory_bytes {
+        env.push(with_number(&["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0="], pinned_mib(bytes)) + "M");
+    }
+    let mount = |host: &str, container: &str| Mount {
+        host_path: host.to_owned(),
+        container_path: container.to_owned(),
+        options: CLIENT_MOUNT_OPTIONS.map(str::to_owned).to_vec(),
+        fs_type: None,
+    };
+    vec![
+        mount(&client.pipe_directory, pipe),
+        mount(&client.shm_directory, CONTAINER_SHM_DIRECTORY),
+    ]
+}
+
+/// A memory limit in the whole MiB `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` takes, rounded down so
+/// that it never exceeds the slice (and at least 1).
+fn pinned_mib(bytes: u64) -> u64 {
+    (bytes >> 20).max(1)
 }
 
 /// The claim-level env: identity, device lists, slice summary and MPS limits.
@@ -449,30 +505,26 @@ fn slice_summary_env(devices: &[PreparedDevice], env: &mut Vec<String>) {
     }
 }
 
-/// The CUDA MPS client limits of the claim.
+/// The CUDA MPS client limits of the claim's devices that no kerf MPS daemon serves (those
+/// served by one carry their limits in their own edits).
 fn mps_env(devices: &[PreparedDevice], env: &mut Vec<String>) {
-    if let Some(percent) = devices
-        .iter()
-        .filter_map(|d| d.limits.compute_percent)
-        .min()
-    {
+    let unserved = || devices.iter().filter(|d| d.mps.is_none());
+    if let Some(percent) = unserved().filter_map(|d| d.limits.compute_percent).min() {
         env.push(with_number(
             &["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="],
             percent,
         ));
     }
-    if devices.iter().all(|d| d.limits.memory_bytes.is_none()) {
+    if unserved().all(|d| d.limits.memory_bytes.is_none()) {
         return;
     }
-    let mut by_ordinal: Vec<&PreparedDevice> = devices.iter().collect();
+    let mut by_ordinal: Vec<&PreparedDevice> = unserved().collect();
     by_ordinal.sort_by_key(|d| (d.gpu_minor, d.mig.map(|m| (m.gi_cap_minor, m.ci_cap_minor))));
     let mut limits = String::from("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=");
     let mut sep = "";
     for (ordinal, device) in by_ordinal.iter().enumerate() {
         if let Some(bytes) = device.limits.memory_bytes {
-            // Round down so the limit never exceeds the slice; MPS takes whole MiB here.
-            let mib = (bytes >> 20).max(1);
-            let _ = write!(limits, "{sep}{ordinal}={mib}M");
+            let _ = write!(limits, "{sep}{ordinal}={}M", pinned_mib(bytes));
             sep = ",";
         }
     }

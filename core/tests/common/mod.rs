@@ -24,6 +24,7 @@ pub fn whole_gpu(minor: u32) -> PreparedDevice {
         mig: None,
         limits: SliceLimits::default(),
         sharing: Sharing::Exclusive,
+        mps: None,
     }
 }
 
@@ -39,6 +40,7 @@ pub fn slice(
             compute_percent: Some(compute_percent),
         },
         sharing,
+        mps: None,
         ..whole_gpu(minor)
     }
 }
@@ -54,6 +56,7 @@ pub fn mig(parent_minor: u32, start: u32, gi_cap_minor: u32, ci_cap_minor: u32) 
         }),
         limits: SliceLimits::default(),
         sharing: Sharing::Exclusive,
+        mps: None,
     }
 }
 
@@ -102,6 +105,7 @@ pub fn device_sets() -> Vec<(&'static str, Vec<PreparedDevice>)> {
                     compute_percent: None,
                 },
                 sharing: Sharing::Mps,
+                mps: None,
                 ..whole_gpu(5)
             }],
         ),

@@ -21,7 +21,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = args.into_config()?;
     let inventory = plugin::discover(&config)?;
     let client = kube::Client::try_default().await?;
-    let connections = plugin::Connections::kube(client, config.publish_resources);
+    let connections =
+        plugin::Connections::kube(client, &config.node_name, config.publish_resources);
     let running = plugin::start(&config, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {

@@ -103,6 +103,10 @@ impl TestNode {
             resync_period: Duration::from_secs(600),
             metrics_address: None,
             boot_id_file: self.root.join("boot_id"),
+            gpu_tools_root: None,
+            mps_root: self.root.join("mps"),
+            mps_stop_timeout: Duration::from_secs(10),
+            mps_check_interval: Duration::from_secs(5),
         }
     }
 
@@ -136,6 +140,7 @@ impl TestNode {
         let connections = Connections {
             claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
             publisher: None,
+            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
         };
         plugin::start(&config, self.inventory(), connections)
             .await
@@ -235,6 +240,7 @@ impl TestNode {
                     compute_percent,
                 }),
                 sharing: Sharing::Mps,
+                time_slice_interval: None,
             }],
         };
         let allocation = kerf_api::allocation_status(

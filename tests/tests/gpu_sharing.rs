@@ -1,0 +1,630 @@
+//! The kubelet plugin enforcing slices on their GPUs, over the fake `nvidia-cuda-mps-control`
+//! and `nvidia-smi` of `kerf-fake-gpu-tools` in a mock driver root: one MPS daemon per GPU
+//! with MPS slices, started before the CDI IDs are returned and stopped after the last
+//! unprepare; none for exclusive or MIG devices; a failed start leaves nothing; restarts adopt
+//! running daemons and stop orphans; dead daemons are restarted and reported; time slices are
+//! set and restored.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "helpers outside #[test] functions fail the test the same way"
+)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{GIB, TestNode, eventually, uid};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
+use kerf_core::mps::TimeSliceInterval;
+use kerf_core::slice::Sharing;
+use kerf_kubelet_plugin::claim_events::MemoryClaimEvents;
+use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
+use kerf_kubelet_plugin::config::PluginConfig;
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_kubelet_plugin::preparer::ClaimRef;
+use kerf_proto::client::Claim;
+use kerf_tests::api_server::ApiServer;
+use kerf_tests::fake_gpu_tools::{Call, calls, fail_next_mps_start, install};
+use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
+use serde_json::Value;
+
+const TOOLS: &str = env!("CARGO_BIN_EXE_kerf-test-gpu-tools");
+const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
+const CONTROL: &str = "nvidia-cuda-mps-control";
+
+/// A mock node whose plugin runs the fake GPU tools.
+struct SharingNode {
+    node: TestNode,
+    events: Arc<MemoryClaimEvents>,
+}
+
+impl SharingNode {
+    fn new() -> Self {
+        Self::with_profile("h100-sxm-80gb:4")
+    }
+
+    fn with_profile(profile: &str) -> Self {
+        let node = TestNode::new(profile);
+        install(&node.root.join("tools"), Path::new(TOOLS)).unwrap();
+        SharingNode {
+            node,
+            events: Arc::default(),
+        }
+    }
+
+    fn tools_root(&self) -> PathBuf {
+        self.node.root.join("tools")
+    }
+
+    fn mps_root(&self) -> PathBuf {
+        self.node.root.join("mps")
+    }
+
+    fn config(&self) -> PluginConfig {
+        PluginConfig {
+            gpu_tools_root: Some(self.tools_root()),
+            mps_root: self.mps_root(),
+            mps_stop_timeout: Duration::from_secs(2),
+            mps_check_interval: Duration::from_millis(50),
+            ..self.node.config()
+        }
+    }
+
+    async fn start(&self) -> RunningPlugin {
+        let connections = Connections {
+            claim_reader: Arc::new(ApiClaimReader::new(self.node.api.client())),
+            publisher: None,
+            events: Arc::clone(&self.events) as _,
+        };
+        plugin::start(&self.config(), self.node.inventory(), connections)
+            .await
+            .unwrap()
+    }
+
+    fn gpu_uuid(&self, minor: u32) -> String {
+        self.node
+            .inventory()
+            .gpu_by_minor(minor)
+            .unwrap()
+            .uuid
+            .clone()
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        calls(&self.tools_root())
+    }
+
+    /// The `nvidia-cuda-mps-control -d` starts recorded for `gpu`.
+    fn starts(&self, gpu: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.tool == CONTROL && c.args == ["-d"])
+            .filter(|c| c.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some(gpu))
+            .collect()
+    }
+
+    fn pipe(&self, gpu: &str) -> PathBuf {
+        self.mps_root().join(gpu).join("pipe")
+    }
+
+    fn daemon_pid(&self, gpu: &str) -> Option<u32> {
+        let pid = std::fs::read_to_string(self.pipe(gpu).join("nvidia-cuda-mps-control.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+    }
+
+    /// A time-sliced (or other non-MPS) slice allocated as the controller writes it.
+    fn shared_claim(
+        &self,
+        name: &str,
+        claim_uid: &str,
+        minor: u32,
+        sharing: Sharing,
+        interval: TimeSliceInterval,
+    ) -> Claim {
+        let inventory = self.node.inventory();
+        let gpu = inventory.gpu_by_minor(minor).unwrap();
+        let placement = ClaimPlacement {
+            key: claim_uid.to_owned(),
+            devices: vec![PlacedDevice {
+                request: "gpu".to_owned(),
+                device: gpu.device_name(),
+                gpu_uuid: gpu.uuid.clone(),
+                slice: Some(SliceSize {
+                    memory_bytes: 8 * GIB,
+                    compute_percent: 25,
+                }),
+                sharing,
+                time_slice_interval: Some(interval),
+            }],
+        };
+        let allocation = kerf_api::allocation_status(
+            &placement,
+            common::NODE,
+            common::DRIVER,
+            Time(k8s_openapi::jiff::Timestamp::now()),
+        )
+        .unwrap();
+        self.node.add_claim(common::allocated_claim(
+            name,
+            claim_uid,
+            &serde_json::to_value(allocation).unwrap(),
+        ))
+    }
+}
+
+impl Drop for SharingNode {
+    /// Daemons are real processes outside the plugin: never leave one behind a test.
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.mps_root()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let gpu = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = self.daemon_pid(&gpu) {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    }
+}
+
+fn claim_ref(claim: &Claim) -> ClaimRef {
+    ClaimRef {
+        namespace: claim.namespace.clone(),
+        uid: claim.uid.clone(),
+        name: claim.name.clone(),
+    }
+}
+
+async fn prepare(plugin: &RunningPlugin, claims: &[&Claim]) -> Vec<Result<Value, String>> {
+    let refs: Vec<ClaimRef> = claims.iter().map(|c| claim_ref(c)).collect();
+    plugin
+        .preparer()
+        .prepare(&refs)
+        .await
+        .into_iter()
+        .map(|(_, result)| {
+            result
+                .map(|devices| {
+                    Value::Array(
+                        devices
+                            .iter()
+                            .map(|d| Value::from(d.cdi_device_ids.clone()))
+                            .collect(),
+                    )
+                })
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+async fn unprepare(plugin: &RunningPlugin, claim: &Claim) {
+    let results = plugin.preparer().unprepare(&[claim_ref(claim)]).await;
+    for (uid, result) in results {
+        assert!(result.is_ok(), "unprepare {uid}: {result:?}");
+    }
+}
+
+/// The container mounts of a claim's spec, as `(host, container)`.
+fn mounts(node: &TestNode, claim: &Claim) -> Vec<(String, String)> {
+    let spec = node.cdi_spec(&claim.uid);
+    spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|d| {
+            d["containerEdits"]["mounts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|m| {
+            (
+                m["hostPath"].as_str().unwrap().to_owned(),
+                m["containerPath"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn device_env(node: &TestNode, claim: &Claim) -> Vec<String> {
+    let spec = node.cdi_spec(&claim.uid);
+    spec["devices"][0]["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_daemon_per_gpu_for_all_its_slices_stopped_after_the_last_unprepare() {
+    let sharing = SharingNode::new();
+    let node = &sharing.node;
+    let plugin = sharing.start().await;
+    let (gpu0, gpu1) = (sharing.gpu_uuid(0), sharing.gpu_uuid(1));
+    let a = node.slice_claim("a", &uid(1), 0, 10 * GIB, 25);
+    let b = node.slice_claim("b", &uid(2), 0, 20 * GIB, 50);
+    let c = node.slice_claim("c", &uid(3), 1, 10 * GIB, 25);
+
+    // Two slices of GPU 0 prepared concurrently, then one of GPU 1.
+    let results = prepare(&plugin, &[&a, &b]).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    assert!(prepare(&plugin, &[&c]).await[0].is_ok());
+
+    let starts = sharing.starts(&gpu0);
+    assert_eq!(
+        starts.len(),
+        1,
+        "one daemon for both slices: {:#?}",
+        sharing.calls()
+    );
+    let env = &starts[0].env;
+    assert_eq!(
+        env["CUDA_MPS_PIPE_DIRECTORY"],
+        sharing.pipe(&gpu0).to_string_lossy()
+    );
+    assert_eq!(
+        env["CUDA_MPS_LOG_DIRECTORY"],
+        sharing.mps_root().join(&gpu0).join("log").to_string_lossy()
+    );
+    assert_eq!(sharing.starts(&gpu1).len(), 1);
+    let smi: Vec<Vec<String>> = sharing
+        .calls()
+        .into_iter()
+        .filter(|c| c.tool == "nvidia-smi")
+        .map(|c| c.args)
+        .collect();
+    assert!(
+        smi.contains(&vec![
+            "-i".into(),
+            gpu0.clone(),
+            "-c".into(),
+            "EXCLUSIVE_PROCESS".into()
+        ]),
+        "{smi:?}"
+    );
+    let (pid0, pid1) = (sharing.daemon_pid(&gpu0), sharing.daemon_pid(&gpu1));
+    assert!(pid0.is_some() && pid1.is_some() && pid0 != pid1);
+
+    // Both slices of GPU 0 see its pipe directory; the slice of GPU 1 sees another.
+    let pipe0 = format!("/run/kerf/mps/{gpu0}");
+    for claim in [&a, &b] {
+        assert!(
+            mounts(node, claim)
+                .contains(&(sharing.pipe(&gpu0).to_string_lossy().into(), pipe0.clone())),
+            "{:?}",
+            mounts(node, claim)
+        );
+        assert!(device_env(node, claim).contains(&format!("CUDA_MPS_PIPE_DIRECTORY={pipe0}")));
+    }
+    assert!(
+        device_env(node, &c).contains(&format!("CUDA_MPS_PIPE_DIRECTORY=/run/kerf/mps/{gpu1}"))
+    );
+    assert!(device_env(node, &a).contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M".to_owned()));
+    assert!(device_env(node, &b).contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50".to_owned()));
+    let checkpoint = node.checkpoint();
+    assert!(
+        checkpoint["gpuSharing"][&gpu0]["mpsRoot"].is_string(),
+        "the daemon is recorded durably: {checkpoint}"
+    );
+
+    // The first unprepare keeps GPU 0's daemon for the other slice; the last one stops it.
+    unprepare(&plugin, &a).await;
+    assert_eq!(sharing.daemon_pid(&gpu0), pid0);
+    unprepare(&plugin, &b).await;
+    assert_eq!(sharing.daemon_pid(&gpu0), None);
+    assert!(
+        !sharing.mps_root().join(&gpu0).exists(),
+        "its directories are gone"
+    );
+    let quits: Vec<Call> = sharing
+        .calls()
+        .into_iter()
+        .filter(|c| c.tool == CONTROL && c.stdin.contains("quit"))
+        .collect();
+    assert_eq!(quits.len(), 1, "stopped with quit: {quits:#?}");
+    assert_eq!(
+        quits[0].env["CUDA_MPS_PIPE_DIRECTORY"],
+        sharing.pipe(&gpu0).to_string_lossy()
+    );
+    let last_smi = sharing
+        .calls()
+        .into_iter()
+        .rev()
+        .find(|c| c.tool == "nvidia-smi" && c.args.contains(&gpu0))
+        .unwrap();
+    assert_eq!(last_smi.args, ["-i", gpu0.as_str(), "-c", "DEFAULT"]);
+    assert!(
+        sharing.daemon_pid(&gpu1).is_some(),
+        "GPU 1 keeps its daemon"
+    );
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusive_gpus_and_mig_devices_get_no_daemon_and_no_tool_call() {
+    let sharing = SharingNode::new();
+    let node = &sharing.node;
+    let plugin = sharing.start().await;
+    let whole = node.device_claim("whole", &uid(1), "gpu-2");
+    let results = prepare(&plugin, &[&whole]).await;
+    assert!(results[0].is_ok(), "{results:?}");
+    assert!(mounts(node, &whole).is_empty());
+    unprepare(&plugin, &whole).await;
+    plugin.shutdown().await.unwrap();
+
+    // A MIG device stays exclusive even when its class asks for MPS.
+    let mig_node = SharingNode::with_profile("a100-40gb-mig");
+    let plugin = mig_node.start().await;
+    let (_, parent, mig) = mig_node.node.whole_gpu_and_mig();
+    let claim = mig_node.node.add_claim(common::allocated_claim(
+        "mig",
+        &uid(2),
+        &serde_json::json!({"devices": {
+            "results": [{"request": "gpu", "driver": common::DRIVER, "pool": common::NODE, "device": mig.device_name(parent)}],
+            "config": [{"source": "FromClass", "opaque": {"driver": common::DRIVER, "parameters": {
+                "apiVersion": kerf_api::API_VERSION, "kind": "GpuClassParameters", "sharing": {"strategy": "MPS"}}}}]
+        }}),
+    ));
+    assert!(prepare(&plugin, &[&claim]).await[0].is_ok());
+    unprepare(&plugin, &claim).await;
+    plugin.shutdown().await.unwrap();
+
+    assert!(sharing.calls().is_empty(), "{:#?}", sharing.calls());
+    assert!(mig_node.calls().is_empty(), "{:#?}", mig_node.calls());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_fails_to_start_fails_the_prepare_and_leaves_nothing() {
+    let sharing = SharingNode::new();
+    let node = &sharing.node;
+    let plugin = sharing.start().await;
+    let gpu = sharing.gpu_uuid(0);
+    let claim = node.slice_claim("a", &uid(1), 0, 10 * GIB, 25);
+    fail_next_mps_start(
+        &sharing.tools_root(),
+        "cannot open /dev/nvidia0: no such device",
+    )
+    .unwrap();
+
+    let error = prepare(&plugin, &[&claim]).await.remove(0).unwrap_err();
+    assert!(error.contains(&gpu), "names the GPU: {error}");
+    assert!(
+        error.contains("cannot open /dev/nvidia0"),
+        "the daemon's own words: {error}"
+    );
+    assert!(
+        node.cdi_files().is_empty(),
+        "no spec: {:?}",
+        node.cdi_files()
+    );
+    assert!(node.checkpoint_claims().is_empty());
+    assert!(!sharing.mps_root().join(&gpu).exists(), "no MPS directory");
+    assert_eq!(sharing.daemon_pid(&gpu), None);
+    let last_smi = sharing
+        .calls()
+        .into_iter()
+        .rev()
+        .find(|c| c.tool == "nvidia-smi")
+        .unwrap();
+    assert_eq!(
+        last_smi.args.last().map(String::as_str),
+        Some("DEFAULT"),
+        "compute mode restored"
+    );
+
+    // The kubelet retries; this time the daemon starts.
+    assert!(prepare(&plugin, &[&claim]).await[0].is_ok());
+    assert!(sharing.daemon_pid(&gpu).is_some());
+    unprepare(&plugin, &claim).await;
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_daemon_is_restarted_counted_and_reported_on_its_claims() {
+    let sharing = SharingNode::new();
+    let node = &sharing.node;
+    let plugin = sharing.start().await;
+    let gpu = sharing.gpu_uuid(0);
+    let claims = [
+        node.slice_claim("a", &uid(1), 0, 10 * GIB, 25),
+        node.slice_claim("b", &uid(2), 0, 10 * GIB, 25),
+    ];
+    let refs: Vec<&Claim> = claims.iter().collect();
+    assert!(prepare(&plugin, &refs).await.iter().all(Result::is_ok));
+    let first = sharing.daemon_pid(&gpu).unwrap();
+
+    Command::new("kill")
+        .args(["-9", &first.to_string()])
+        .status()
+        .unwrap();
+    eventually("the daemon restarted", Duration::from_secs(10), || {
+        sharing.daemon_pid(&gpu).is_some_and(|pid| pid != first)
+    })
+    .await;
+    assert_eq!(sharing.starts(&gpu).len(), 2);
+    eventually(
+        "a Warning Event on each claim",
+        Duration::from_secs(5),
+        || sharing.events.warnings().len() >= 2,
+    )
+    .await;
+    let warnings = sharing.events.warnings();
+    let mut warned: Vec<&str> = warnings.iter().map(|w| w.claim.name.as_str()).collect();
+    warned.sort_unstable();
+    assert_eq!(warned, ["a", "b"]);
+    assert!(
+        warnings
+            .iter()
+            .all(|w| w.reason == "MpsDaemonRestarted" && w.note.contains(&gpu))
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, plugin.registry()).unwrap();
+    assert!(
+        text.contains(&format!(
+            "kerf_mps_daemon_restarts_total{{gpu=\"{gpu}\",result=\"ok\"}} 1"
+        )),
+        "{text}"
+    );
+    for claim in &claims {
+        unprepare(&plugin, claim).await;
+    }
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_slices_are_set_by_the_first_claim_and_restored_after_the_last() {
+    let sharing = SharingNode::new();
+    let plugin = sharing.start().await;
+    let gpu = sharing.gpu_uuid(2);
+    let a = sharing.shared_claim(
+        "a",
+        &uid(1),
+        2,
+        Sharing::TimeSlicing,
+        TimeSliceInterval::Long,
+    );
+    let b = sharing.shared_claim(
+        "b",
+        &uid(2),
+        2,
+        Sharing::TimeSlicing,
+        TimeSliceInterval::Short,
+    );
+    assert!(prepare(&plugin, &[&a]).await[0].is_ok());
+    assert!(prepare(&plugin, &[&b]).await[0].is_ok());
+    let policy = |sharing: &SharingNode| -> Vec<Vec<String>> {
+        sharing
+            .calls()
+            .into_iter()
+            .filter(|c| {
+                c.tool == "nvidia-smi"
+                    && c.args.first().map(String::as_str) == Some("compute-policy")
+            })
+            .map(|c| c.args)
+            .collect()
+    };
+    let set = |n: &str| -> Vec<String> {
+        ["compute-policy", "-i", gpu.as_str(), "--set-timeslice", n]
+            .map(str::to_owned)
+            .to_vec()
+    };
+    assert_eq!(policy(&sharing), [set("3")], "set once, by the first claim");
+    assert!(
+        mounts(&sharing.node, &a).is_empty(),
+        "no MPS for time-slicing"
+    );
+    assert!(sharing.starts(&gpu).is_empty());
+
+    unprepare(&plugin, &a).await;
+    assert_eq!(
+        policy(&sharing).len(),
+        1,
+        "kept while a time-sliced claim remains"
+    );
+    unprepare(&plugin, &b).await;
+    assert_eq!(
+        policy(&sharing),
+        [set("3"), set("0")],
+        "restored to the default"
+    );
+    plugin.shutdown().await.unwrap();
+}
+
+/// The plugin as its own process with the fake tools, so that it can be SIGKILLed.
+fn spawn_plugin(sharing: &SharingNode, kubeconfig: &Path, generation: u32) -> Child {
+    let log = sharing.node.root.join(format!("plugin-{generation}.log"));
+    let path = |p: PathBuf| p.to_string_lossy().into_owned();
+    Command::new(PLUGIN_BINARY)
+        .args(sharing.node.plugin_args())
+        .arg(format!("--mock-driver-root={}", path(sharing.tools_root())))
+        .arg(format!("--mps-root={}", path(sharing.mps_root())))
+        .arg("--mps-stop-timeout=2s")
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_killed_with_daemons_running_adopts_them_and_stops_orphans() {
+    let sharing = SharingNode::new();
+    let node = &sharing.node;
+    let server = ApiServer::start(node.api.clone()).await.unwrap();
+    let kubeconfig = node.root.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let (gpu0, gpu1) = (sharing.gpu_uuid(0), sharing.gpu_uuid(1));
+    let kept = node.slice_claim("kept", &uid(1), 0, 10 * GIB, 25);
+    let gone = node.slice_claim("gone", &uid(2), 1, 10 * GIB, 25);
+
+    let mut first = spawn_plugin(&sharing, &kubeconfig, 1);
+    let kubelet = FakeKubelet::start(node.kubelet_config());
+    kubelet
+        .wait_for_registration(1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let pod_kept = Pod::new("pod-kept").with_claim(common::DRIVER, kept.clone());
+    let pod_gone = Pod::new("pod-gone").with_claim(common::DRIVER, gone.clone());
+    kubelet.prepare_pod(&pod_kept).await.unwrap();
+    kubelet.prepare_pod(&pod_gone).await.unwrap();
+    let (pid0, pid1) = (
+        sharing.daemon_pid(&gpu0).unwrap(),
+        sharing.daemon_pid(&gpu1).unwrap(),
+    );
+
+    // SIGKILL, and meanwhile the claim of GPU 1 leaves the checkpoint (as if its unprepare
+    // had finished just before the kill but the daemon stop had not).
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let mut checkpoint = node.checkpoint();
+    checkpoint["claims"]
+        .as_object_mut()
+        .unwrap()
+        .remove(&gone.uid);
+    std::fs::write(
+        node.checkpoint_file(),
+        serde_json::to_vec(&checkpoint).unwrap(),
+    )
+    .unwrap();
+
+    let mut second = spawn_plugin(&sharing, &kubeconfig, 2);
+    kubelet
+        .wait_for_registration(2, Duration::from_secs(10))
+        .await
+        .unwrap();
+    eventually("the orphan stopped", Duration::from_secs(10), || {
+        sharing.daemon_pid(&gpu1).is_none()
+    })
+    .await;
+    assert_eq!(
+        sharing.daemon_pid(&gpu0),
+        Some(pid0),
+        "adopted, not restarted"
+    );
+    assert_eq!(sharing.starts(&gpu0).len(), 1, "no duplicate daemon");
+    assert!(!sharing.mps_root().join(&gpu1).exists());
+    assert_ne!(pid0, pid1);
+
+    kubelet.unprepare_pod(&pod_kept).await.unwrap();
+    eventually(
+        "the adopted daemon stopped",
+        Duration::from_secs(10),
+        || sharing.daemon_pid(&gpu0).is_none(),
+    )
+    .await;
+    second.kill().unwrap();
+    second.wait().unwrap();
+}
