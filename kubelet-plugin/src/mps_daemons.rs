@@ -26,6 +26,14 @@ use crate::error::{Error, Result};
 /// `nvidia-smi`, looked up next to the control program.
 const SMI_PROGRAM: &str = "nvidia-smi";
 
+/// Where a driver root keeps the driver's libraries (Debian-style multiarch and RPM-style
+/// layouts), relative to the root.
+const DRIVER_LIBRARY_DIRS: [&str; 3] = [
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib64",
+    "usr/lib/aarch64-linux-gnu",
+];
+
 /// Where the daemons live and how they are run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MpsSettings {
@@ -258,20 +266,37 @@ impl MpsDaemons {
         }
     }
 
-    /// The control program with only this GPU, this pipe and this log directory.
-    fn control(&self, dirs: &MpsDirectories) -> Command {
-        let mut command = Command::new(self.program(CONTROL_PROGRAM));
+    /// A driver tool with a clean environment except the driver root's library directories:
+    /// the tools (and the MPS server the daemon spawns) load the driver's libraries, which
+    /// are not on the plugin image's search path when the driver lives in a driver root
+    /// such as `/run/nvidia/driver`.
+    fn tool(&self, name: &str) -> Command {
+        let mut command = Command::new(self.program(name));
         command
             .env_clear()
-            .envs(dirs.control_env())
-            .kill_on_drop(false);
+            .env("LD_LIBRARY_PATH", self.library_path());
+        command
+    }
+
+    fn library_path(&self) -> std::ffi::OsString {
+        let dirs: Vec<PathBuf> = DRIVER_LIBRARY_DIRS
+            .iter()
+            .map(|dir| self.settings.driver_root.join(dir))
+            .collect();
+        std::env::join_paths(dirs).unwrap_or_default()
+    }
+
+    /// The control program with only this GPU, this pipe and this log directory.
+    fn control(&self, dirs: &MpsDirectories) -> Command {
+        let mut command = self.tool(CONTROL_PROGRAM);
+        command.envs(dirs.control_env()).kill_on_drop(false);
         command
     }
 
     async fn smi(&self, gpu: &str, args: &[String]) -> Result<()> {
-        let output = Command::new(self.program(SMI_PROGRAM))
+        let output = self
+            .tool(SMI_PROGRAM)
             .args(args)
-            .env_clear()
             .stdin(Stdio::null())
             .output()
             .await
@@ -331,5 +356,28 @@ fn kill(pid: u32) {
     };
     if let Err(error) = rustix::process::kill_process(pid, rustix::process::Signal::KILL) {
         tracing::warn!(pid = pid.as_raw_nonzero().get(), %error, "cannot kill MPS daemon");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_find_the_driver_roots_libraries() {
+        let daemons = MpsDaemons::new(MpsSettings {
+            root: PathBuf::from("/var/run/kerf/mps"),
+            driver_root: PathBuf::from("/run/nvidia/driver"),
+            stop_timeout: Duration::from_secs(1),
+        });
+        assert_eq!(
+            daemons.library_path(),
+            "/run/nvidia/driver/usr/lib/x86_64-linux-gnu:/run/nvidia/driver/usr/lib64:/run/nvidia/driver/usr/lib/aarch64-linux-gnu"
+        );
+        let command = daemons.tool(SMI_PROGRAM);
+        let std = command.as_std();
+        assert_eq!(std.get_program(), "/run/nvidia/driver/usr/bin/nvidia-smi");
+        let env: Vec<_> = std.get_envs().collect();
+        assert_eq!(env.len(), 1, "nothing of the plugin's environment: {env:?}");
     }
 }
