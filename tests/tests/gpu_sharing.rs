@@ -628,3 +628,51 @@ async fn a_plugin_killed_with_daemons_running_adopts_them_and_stops_orphans() {
     second.kill().unwrap();
     second.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slices_full_life_as_the_fake_tools_record_it() {
+    let sharing = SharingNode::new();
+    let plugin = sharing.start().await;
+    let gpu = sharing.gpu_uuid(3);
+    let claim = sharing.node.slice_claim("life", &uid(1), 3, 10 * GIB, 25);
+    assert!(prepare(&plugin, &[&claim]).await[0].is_ok());
+    unprepare(&plugin, &claim).await;
+    plugin.shutdown().await.unwrap();
+
+    let recorded = sharing.calls();
+    for call in &recorded {
+        println!(
+            "{} {:?} env={:?} stdin={:?}",
+            call.tool, call.args, call.env, call.stdin
+        );
+    }
+    let steps: Vec<(&str, Vec<&str>, &str)> = recorded
+        .iter()
+        .map(|c| {
+            (
+                c.tool.as_str(),
+                c.args.iter().map(String::as_str).collect(),
+                c.stdin.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (
+                "nvidia-smi",
+                vec!["-i", &gpu, "-c", "EXCLUSIVE_PROCESS"],
+                ""
+            ),
+            (CONTROL, vec!["-d"], ""),
+            ("mps-daemon", vec![], ""),
+            (CONTROL, vec![], "quit\n"),
+            ("nvidia-smi", vec!["-i", &gpu, "-c", "DEFAULT"], ""),
+        ]
+    );
+    let pipe = sharing.pipe(&gpu).to_string_lossy().into_owned();
+    for call in recorded.iter().filter(|c| c.tool != "nvidia-smi") {
+        assert_eq!(call.env["CUDA_VISIBLE_DEVICES"], gpu, "{call:?}");
+        assert_eq!(call.env["CUDA_MPS_PIPE_DIRECTORY"], pipe, "{call:?}");
+    }
+}
