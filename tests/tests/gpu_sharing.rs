@@ -676,3 +676,81 @@ async fn a_slices_full_life_as_the_fake_tools_record_it() {
         assert_eq!(call.env["CUDA_MPS_PIPE_DIRECTORY"], pipe, "{call:?}");
     }
 }
+
+/// A small deterministic generator, so that a failing seed can be replayed.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_prepares_and_unprepares_of_one_gpu_never_lose_or_duplicate_its_daemon() {
+    let mut restarts_across_seeds = 0;
+    for seed in 1..=4_u64 {
+        let sharing = SharingNode::new();
+        let plugin = Arc::new(sharing.start().await);
+        let gpu = sharing.gpu_uuid(0);
+        let claims: Vec<Claim> = (0..3)
+            .map(|i| {
+                sharing
+                    .node
+                    .slice_claim(&format!("c{i}"), &uid(i + 1), 0, 4 * GIB, 10)
+            })
+            .collect();
+        let mut rng = XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        // Each claim is prepared and unprepared a few times, all claims at once, with
+        // random pauses: the last unprepare of one round races the first prepare of the next.
+        let tasks = claims.iter().cloned().map(|claim| {
+            let plugin = Arc::clone(&plugin);
+            let pauses: Vec<u64> = (0..10).map(|_| rng.next() % 8).collect();
+            tokio::spawn(async move {
+                for pair in pauses.chunks(2) {
+                    tokio::time::sleep(Duration::from_millis(pair[0])).await;
+                    let prepared = prepare(&plugin, &[&claim]).await.remove(0);
+                    assert!(prepared.is_ok(), "{prepared:?}");
+                    tokio::time::sleep(Duration::from_millis(pair[1])).await;
+                    unprepare(&plugin, &claim).await;
+                }
+            })
+        });
+        for task in futures::future::join_all(tasks).await {
+            task.unwrap();
+        }
+        assert_eq!(
+            sharing.daemon_pid(&gpu),
+            None,
+            "seed {seed}: no claim left, no daemon"
+        );
+        let recorded = sharing.calls();
+        let starts = recorded.iter().filter(|c| c.tool == "mps-daemon").count();
+        let quits = recorded.iter().filter(|c| c.stdin.contains("quit")).count();
+        assert!(starts >= 1, "seed {seed}");
+        restarts_across_seeds += starts - 1;
+        assert_eq!(
+            starts, quits,
+            "seed {seed}: every daemon started was stopped once"
+        );
+
+        // One more claim after the storm gets a daemon again.
+        let last = sharing.node.slice_claim("last", &uid(99), 0, 4 * GIB, 10);
+        assert!(prepare(&plugin, &[&last]).await[0].is_ok());
+        assert!(sharing.daemon_pid(&gpu).is_some(), "seed {seed}");
+        unprepare(&plugin, &last).await;
+        Arc::try_unwrap(plugin)
+            .ok()
+            .unwrap()
+            .shutdown()
+            .await
+            .unwrap();
+    }
+    assert!(
+        restarts_across_seeds > 0,
+        "no seed let the GPU run out of claims mid-storm; the race was not exercised"
+    );
+}
