@@ -251,13 +251,24 @@ fn gpu_sharing(config: &PluginConfig) -> Result<GpuSharing> {
         );
         return Ok(GpuSharing::new(None));
     };
-    std::fs::create_dir_all(&config.mps_root)
-        .map_err(|e| Error::io("create MPS root", &config.mps_root, e))?;
+    create_shm_directory(&config.mps_root.join(kerf_core::mps::SHM_DIRECTORY_NAME))?;
     Ok(GpuSharing::new(Some(MpsDaemons::new(MpsSettings {
         root: config.mps_root.clone(),
         driver_root: tools_root.clone(),
         stop_timeout: config.mps_stop_timeout,
     }))))
+}
+
+/// The node-wide shared-memory directory of MPS, with `/dev/shm`'s mode (world-writable,
+/// sticky): MPS clients of any user create their segments there, and none may remove
+/// another's. A kubelet-created hostPath directory is 0755 root, which would lock out every
+/// client not running as root.
+fn create_shm_directory(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io("create MPS shared-memory directory", dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| Error::io("set the mode of the MPS shared-memory directory", dir, e))
 }
 
 fn log_sharing_restore(report: &crate::gpu_sharing::SharingRestore) {

@@ -312,6 +312,16 @@ async fn one_daemon_per_gpu_for_all_its_slices_stopped_after_the_last_unprepare(
     );
     assert!(device_env(node, &a).contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M".to_owned()));
     assert!(device_env(node, &b).contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50".to_owned()));
+    let shm_mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(sharing.mps_root().join("shm"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(
+        shm_mode & 0o7777,
+        0o1777,
+        "a /dev/shm for clients of any user"
+    );
     let checkpoint = node.checkpoint();
     assert!(
         checkpoint["gpuSharing"][&gpu0]["mpsRoot"].is_string(),
