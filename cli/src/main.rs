@@ -1,6 +1,12 @@
 //! `kerf`: kerf's command-line tool.
+//!
+//! Also a multi-call program: run under the name of one of the fake GPU tools
+//! ([`kerf_fake_gpu_tools::TOOLS`]: `nvidia-smi`, `nvidia-cuda-mps-control`), as the links of
+//! the mock driver root `kerf demo` installs, it is that fake tool. So the demo's plugin runs
+//! real MPS daemon processes without a second binary to ship or find.
 
-use std::path::PathBuf;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -85,7 +91,7 @@ impl BenchArgs {
     /// The options, and how to start this program again for the footprint's fresh processes
     /// (`kerf bench <same flags> <child name>`).
     fn options(&self) -> kerf_bench::BenchOptions {
-        let flags: Vec<std::ffi::OsString> = [
+        let flags: Vec<OsString> = [
             ("--work-dir", self.work_dir.display().to_string()),
             ("--node-cdi-dir", self.node_cdi_dir.display().to_string()),
             ("--prepare-claims", self.prepare_claims.to_string()),
@@ -187,7 +193,12 @@ struct DemoArgs {
 }
 
 fn main() -> ExitCode {
-    let result = match Cli::parse().command {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if runs_as_fake_tool(&args) {
+        // Before clap: the tools' arguments (`-d`, `-i <uuid> -c <mode>`) are not kerf's.
+        std::process::exit(kerf_fake_gpu_tools::run(args, std::io::stdin()));
+    }
+    let result = match Cli::parse_from(args).command {
         Command::Inventory(args) => inventory(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => run_demo(args),
         Command::Bench(args) => kerf_bench::run_each(&args.name, &args.options(), |summary| {
@@ -203,6 +214,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether the program was started under the file name of a fake GPU tool (argv\[0\]).
+fn runs_as_fake_tool(args: &[OsString]) -> bool {
+    args.first()
+        .and_then(|program| Path::new(program).file_name())
+        .is_some_and(|name| kerf_fake_gpu_tools::TOOLS.iter().any(|tool| name == *tool))
 }
 
 fn inventory(args: &InventoryArgs) -> anyhow::Result<()> {
@@ -251,6 +269,10 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
             .map_or(ManifestSource::Embedded("claims"), ManifestSource::Dir),
         run_containers: args.run_containers,
         busybox: args.busybox,
+        // This very program, which is the fake tools under their names (see main).
+        gpu_tools: Some(
+            std::env::current_exe().context("finding the kerf binary for the fake GPU tools")?,
+        ),
     };
     println!(
         "kerf demo — output directory: {}",
@@ -308,6 +330,13 @@ fn print_summary(summary: &demo::Summary, run_containers: bool) {
         "\nkerf-controller: kerf's real allocator. scheduler (emulated): the demo's stand-in for \
          kube-scheduler, first free matching device in ResourceSlice order."
     );
+    if let Some(root) = &summary.gpu_tools_root {
+        println!(
+            "MPS: one nvidia-cuda-mps-control daemon per GPU with MPS slices, the fake one of \
+             this kerf binary in the mock driver root {}.",
+            root.display()
+        );
+    }
     if let Some(runtime) = &summary.container_runtime {
         println!("\ncontainers ({runtime}):");
         print!("{}", report::render_containers(summary));
@@ -319,8 +348,13 @@ fn print_summary(summary: &demo::Summary, run_containers: bool) {
         }
         None => {}
     }
+    let daemons = if summary.gpu_tools_root.is_some() {
+        "MPS daemons stopped, "
+    } else {
+        ""
+    };
     println!(
-        "\nall claims unprepared, plugin stopped, sockets removed. Summary: {}",
+        "\nall claims unprepared, {daemons}plugin stopped, sockets removed. Summary: {}",
         summary.output_dir.join("summary.json").display()
     );
 }

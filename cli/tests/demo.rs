@@ -1,5 +1,6 @@
 //! `kerf demo` end to end: the real plugin on its sockets, the real controller allocator,
-//! the examples of the repository, and (with podman) real containers.
+//! the examples of the repository, MPS daemons of the `kerf` binary acting as the fake GPU
+//! tools, and (with podman) real containers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use kerf_cli::demo::allocate::AllocatedBy;
 use kerf_cli::demo::manifests::ManifestSource;
-use kerf_cli::demo::{self, ClaimReport, DemoConfig, Summary};
+use kerf_cli::demo::{self, ClaimReport, DemoConfig, MpsReport, Summary};
 
 const GI: u64 = 1 << 30;
 
@@ -23,6 +24,8 @@ fn config(output: &Path) -> DemoConfig {
     DemoConfig {
         classes: ManifestSource::Dir(examples("admin")),
         claims: ManifestSource::Dir(examples("claims")),
+        // The real binary: its main is the fake tools under their names, as `kerf demo` uses.
+        gpu_tools: Some(PathBuf::from(env!("CARGO_BIN_EXE_kerf"))),
         ..DemoConfig::new(output)
     }
 }
@@ -61,6 +64,29 @@ fn assert_clean(output: &Path) {
     assert!(sockets.is_empty(), "sockets left: {sockets:?}");
     let specs: Vec<_> = std::fs::read_dir(output.join("cdi")).unwrap().collect();
     assert!(specs.is_empty(), "CDI specs left: {specs:?}");
+    // Every GPU's daemon directory went with its daemon; only the node-wide shm stays.
+    let mps: Vec<String> = std::fs::read_dir(output.join("mps"))
+        .into_iter()
+        .flatten()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "shm")
+        .collect();
+    assert!(mps.is_empty(), "MPS directories left: {mps:?}");
+}
+
+/// Whether `pid` is still an MPS control daemon (its program name), not a reused PID.
+fn is_mps_daemon(pid: u32) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .is_ok_and(|cmdline| String::from_utf8_lossy(&cmdline).contains("nvidia-cuda-mps-control"))
+}
+
+/// The MPS daemon of the first device of claim `name`.
+fn mps_of<'a>(summary: &'a Summary, name: &str) -> &'a MpsReport {
+    let claim = claim(summary, name);
+    claim.devices[0]
+        .mps
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name} has no MPS daemon: {claim:#?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,6 +113,53 @@ async fn the_examples_on_a_mock_h100_node() {
     invalid_claim_names_the_field(&summary);
     nvlink_pair_and_missing_mig(&summary);
     deployment_claims_are_packed(&summary);
+    mps_slices_share_their_gpus_daemon(output.path(), &summary);
+}
+
+/// The MPS slices of one GPU name one daemon and pipe directory, those of another GPU
+/// another; whole GPUs none; and no daemon outlives the run.
+fn mps_slices_share_their_gpus_daemon(output: &Path, summary: &Summary) {
+    assert_eq!(
+        summary.gpu_tools_root.as_deref(),
+        Some(output.join("mock-driver").as_path())
+    );
+    let slice = mps_of(summary, "slice-10gi");
+    let shared = mps_of(summary, "shared-slice");
+    assert_eq!(
+        claim(summary, "slice-10gi").devices[0].device,
+        claim(summary, "shared-slice").devices[0].device
+    );
+    assert_eq!(slice, shared, "one daemon per GPU");
+    assert!(
+        slice.pipe_directory.starts_with(output.join("mps")),
+        "{slice:?}"
+    );
+    assert!(slice.pipe_directory.ends_with("pipe"), "{slice:?}");
+    assert!(
+        slice
+            .container_pipe_directory
+            .starts_with("/run/kerf/mps/GPU-"),
+        "{slice:?}"
+    );
+    let spec_env = spec_env(claim(summary, "slice-10gi"));
+    let pipe_env = format!("CUDA_MPS_PIPE_DIRECTORY={}", slice.container_pipe_directory);
+    assert!(spec_env.contains(&pipe_env), "{spec_env:?}");
+    let daemons: BTreeSet<u32> = summary
+        .claims
+        .iter()
+        .flat_map(|c| &c.devices)
+        .filter_map(|d| d.mps.as_ref())
+        .map(|m| {
+            m.daemon_pid
+                .expect("the daemon ran while its slices were prepared")
+        })
+        .collect();
+    // The slices are on two GPUs (see deployment_claims_are_packed): two daemons.
+    assert_eq!(daemons.len(), 2, "{daemons:?}");
+    assert!(claim(summary, "whole-gpu").devices[0].mps.is_none());
+    for pid in daemons {
+        assert!(!is_mps_daemon(pid), "daemon {pid} outlived the demo");
+    }
 }
 
 /// A whole GPU, placed by the scheduler stand-in, prepared with one CDI device.
@@ -328,6 +401,29 @@ async fn containers_see_their_cdi_devices() {
             .output
             .contains("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25"),
         "{}",
+        slice.output
+    );
+    // The container reaches its GPU's daemon: the pipe directory it is told about holds the
+    // daemon's socket and PID file.
+    let pipe = &mps_of(&summary, "slice-10gi").container_pipe_directory;
+    for expected in [
+        format!("CUDA_MPS_PIPE_DIRECTORY={pipe}"),
+        format!("ls -l {pipe}:"),
+        " control".to_owned(),
+        " nvidia-cuda-mps-control.pid".to_owned(),
+    ] {
+        assert!(
+            slice.output.contains(&expected),
+            "{expected}: {}",
+            slice.output
+        );
+    }
+    assert!(
+        slice
+            .output
+            .lines()
+            .any(|l| l.starts_with('s') && l.ends_with(" control")),
+        "control is a socket: {}",
         slice.output
     );
 }

@@ -15,10 +15,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// What each container prints: kerf's, CUDA's and NVIDIA's environment and the GPU device
-/// nodes.
-pub const PROBE_SCRIPT: &str =
-    "env | grep -E '^(KERF|CUDA|NVIDIA)_' | sort; ls -l /dev/nvidia* 2>&1 | sed 's/  */ /g'";
+/// What each container prints: kerf's, CUDA's and NVIDIA's environment, the GPU device
+/// nodes, and for an MPS slice what is in its MPS pipe directory (the daemon's `control`
+/// socket and PID file, the proof that the container reaches the GPU's daemon).
+pub const PROBE_SCRIPT: &str = "env | grep -E '^(KERF|CUDA|NVIDIA)_' | sort; \
+     ls -l /dev/nvidia* 2>&1 | sed 's/  */ /g'; \
+     if [ -n \"$CUDA_MPS_PIPE_DIRECTORY\" ]; then \
+     echo \"ls -l $CUDA_MPS_PIPE_DIRECTORY:\"; \
+     ls -l \"$CUDA_MPS_PIPE_DIRECTORY\" 2>&1 | sed '/^total /d; s/  */ /g'; fi";
 
 /// Where podman runs, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]

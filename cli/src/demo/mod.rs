@@ -10,6 +10,10 @@
 //! 3. The kubelet's side: registration and one `NodePrepareResources` per pod over the
 //!    plugin's socket ([`kerf_proto::client`]); optionally one busybox container per claim with its CDI
 //!    devices ([`containers`]); then `NodeUnprepareResources` for every pod and shutdown.
+//!    With [`DemoConfig::gpu_tools`] the plugin runs the fake GPU tools of a mock driver root
+//!    under the output directory, so each GPU with MPS slices gets a real (fake) MPS daemon
+//!    process, which the last unprepare of the GPU stops; any daemon still running after
+//!    shutdown is stopped and fails the run.
 //!
 //! [`run`] returns the [`Summary`] and writes it to `<output-dir>/summary.json`.
 
@@ -18,6 +22,7 @@ pub mod claim_store;
 pub mod classes;
 pub mod containers;
 pub mod manifests;
+pub mod mps;
 pub mod node;
 pub mod report;
 pub mod scheduler;
@@ -31,7 +36,8 @@ use k8s_openapi::api::resource::v1::Device;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_api::resourceslice::{attributes, device_attribute};
 use kerf_core::cdi;
-use kerf_kubelet_plugin::config::Discovery;
+use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
+use kerf_kubelet_plugin::mps_daemons::{MpsDaemons, MpsSettings};
 use kerf_kubelet_plugin::plugin::{self, Connections};
 use kerf_kubelet_plugin::preparer::PreparerConfig;
 use kerf_proto::client::{Claim, ClaimResult, KubeletClient, RegisteredPlugin};
@@ -42,7 +48,7 @@ use claim_store::MemoryClaimReader;
 use containers::ContainerRun;
 use manifests::ManifestSource;
 use node::Layout;
-pub use report::{ClaimReport, DeviceReport, PodReport, Summary};
+pub use report::{ClaimReport, DeviceReport, MpsReport, PodReport, Summary};
 use workload::Workload;
 
 /// The node name the demo uses unless told otherwise.
@@ -69,6 +75,12 @@ pub struct DemoConfig {
     pub run_containers: bool,
     /// A static busybox to use instead of `/bin/busybox`.
     pub busybox: Option<PathBuf>,
+    /// The program installed as the fake `nvidia-smi` and `nvidia-cuda-mps-control` of the
+    /// node's mock driver root ([`kerf_fake_gpu_tools::install`]): one that acts as those
+    /// tools when run under their names, such as the `kerf` binary. With it the plugin
+    /// enforces MPS slices with one (fake) MPS daemon per GPU; without it, as the plugin's
+    /// mock mode without `--mock-driver-root`, slices are accounting only.
+    pub gpu_tools: Option<PathBuf>,
 }
 
 impl DemoConfig {
@@ -83,6 +95,9 @@ impl DemoConfig {
             claims: ManifestSource::Embedded("claims"),
             run_containers: false,
             busybox: None,
+            // The running program is only known to be such a tool when it is `kerf` itself,
+            // which its main passes explicitly.
+            gpu_tools: None,
         }
     }
 }
@@ -103,8 +118,16 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
     let driver = config.driver_name.as_str();
     let layout = Layout::new(&config.output_dir, driver);
     layout.create()?;
-    let plugin_config =
-        node::plugin_config(&layout, driver, &config.node_name, config.discovery.clone());
+    if let Some(program) = &config.gpu_tools {
+        layout.install_gpu_tools(program)?;
+    }
+    let plugin_config = node::plugin_config(
+        &layout,
+        driver,
+        &config.node_name,
+        config.discovery.clone(),
+        config.gpu_tools.is_some(),
+    );
     let inventory = node::discover(&plugin_config)?;
     let slices = crate::inventory::resource_slices(&inventory, driver, &config.node_name)?;
     let devices = node::published_devices(&slices);
@@ -148,8 +171,11 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
     };
     let visited = visit.run(runtime).await;
     let stopped = running.shutdown().await;
+    // Whatever failed before: no daemon may outlive the demo.
+    let daemons_stopped = stop_leftover_daemons(&plugin_config).await;
     let node_run = visited?;
     stopped?;
+    daemons_stopped?;
     check_clean(&layout, driver)?;
 
     let summary = summarize(
@@ -199,6 +225,8 @@ fn check_config(config: &DemoConfig) -> Result<()> {
 struct NodeRun {
     prepared: HashMap<String, ClaimResult>,
     specs: HashMap<String, (PathBuf, serde_json::Value)>,
+    /// The PID of each MPS pipe directory's daemon while the claims were prepared.
+    mps_daemons: HashMap<PathBuf, Option<u32>>,
     containers: HashMap<String, ContainerRun>,
     containers_error: Option<String>,
     container_runtime: Option<String>,
@@ -281,6 +309,11 @@ impl NodeVisit<'_> {
                 .ok()
                 .and_then(|bytes| serde_json::from_slice(&bytes).ok());
             if let Some(spec) = spec {
+                // Read now: the daemon and its PID file go with the GPU's last unprepare.
+                for pipe in mps::pipe_mounts(&spec) {
+                    let pid = mps::daemon_pid(&pipe.host);
+                    run.mps_daemons.entry(pipe.host).or_insert(pid);
+                }
                 run.specs.insert(uid.clone(), (path, spec));
             }
         }
@@ -347,6 +380,43 @@ impl NodeVisit<'_> {
         } else {
             Err(Error::Unprepare(failures.join("; ")))
         }
+    }
+}
+
+/// Stops every MPS daemon still running under the demo's MPS root once the plugin has
+/// stopped. The plugin stops a GPU's daemon at the GPU's last unprepare and keeps running
+/// ones across its own restarts (on a node they outlive the plugin on purpose), so after the
+/// demo unprepared every claim none should be left; one that is, is stopped here (the
+/// daemons run in their own process groups, so nothing else would end them) and reported
+/// as an error.
+async fn stop_leftover_daemons(config: &PluginConfig) -> Result<()> {
+    let Some(tools_root) = &config.gpu_tools_root else {
+        return Ok(());
+    };
+    let daemons = MpsDaemons::new(MpsSettings {
+        root: config.mps_root.clone(),
+        driver_root: tools_root.clone(),
+        stop_timeout: config.mps_stop_timeout,
+    });
+    let mut left = Vec::new();
+    for gpu in daemons.known_gpus() {
+        let dirs = daemons.directories(&gpu)?;
+        let Some(daemon) = daemons.running(&dirs) else {
+            continue;
+        };
+        let stopped = match daemons.stop(&gpu).await {
+            Ok(()) => "stopped".to_owned(),
+            Err(e) => format!("cannot stop it: {e}"),
+        };
+        left.push(format!("GPU {gpu}: daemon {} ({stopped})", daemon.pid));
+    }
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "MPS daemons still ran after every claim was unprepared: {}",
+            left.join("; ")
+        )))
     }
 }
 
@@ -448,6 +518,10 @@ fn summarize(
         ignored: manifests.ignored.clone(),
         containers_error: node_run.containers_error.take(),
         container_runtime: node_run.container_runtime.take(),
+        gpu_tools_root: config
+            .gpu_tools
+            .as_ref()
+            .map(|_| layout.gpu_tools_root.clone()),
     }
 }
 
@@ -481,9 +555,23 @@ fn claim_report(
         .as_ref()
         .and_then(|c| kerf_api::resolve_allocation(c, driver).ok())
         .unwrap_or_default();
+    let spec = uid.as_deref().and_then(|u| node_run.specs.remove(u));
+    let pipes = spec
+        .as_ref()
+        .map(|(_, value)| mps::pipe_mounts(value))
+        .unwrap_or_default();
     let device_reports = allocated
         .iter()
         .map(|a| {
+            let mps = uid.as_deref().and_then(|u| {
+                let name = cdi::claim_device_name(u, &a.device);
+                let pipe = pipes.iter().find(|p| p.device == name)?;
+                Some(MpsReport {
+                    pipe_directory: pipe.host.clone(),
+                    container_pipe_directory: pipe.container.clone(),
+                    daemon_pid: node_run.mps_daemons.get(&pipe.host).copied().flatten(),
+                })
+            });
             let published = devices.iter().find(|d| d.name == a.device);
             let string = |name: &str| {
                 published
@@ -499,11 +587,11 @@ fn claim_report(
                 compute_percent: a.limits.compute_percent,
                 sharing: a.sharing.to_string(),
                 cdi_device_ids: cdi_ids.get(&a.device).cloned().unwrap_or_default(),
+                mps,
             }
         })
         .collect();
     let node = allocated.first().map(|a| a.pool.clone());
-    let spec = uid.as_deref().and_then(|u| node_run.specs.remove(u));
     ClaimReport {
         namespace: claim.namespace.clone(),
         name: claim.name.clone(),

@@ -32,6 +32,13 @@ pub struct Layout {
     pub boot_id_file: PathBuf,
     /// An empty driver root: mock GPUs have no driver libraries to mount.
     pub driver_root: PathBuf,
+    /// The mock driver root holding the fake GPU tools (`<root>/mock-driver`): apart from
+    /// [`Layout::driver_root`], so that containers never get the tools mounted as if they
+    /// were the driver's (they are links to the `kerf` binary).
+    pub gpu_tools_root: PathBuf,
+    /// The MPS root: per-GPU daemon directories and the node-wide shared memory
+    /// (`<root>/mps`).
+    pub mps_root: PathBuf,
     /// The machine-readable summary.
     pub summary_file: PathBuf,
     /// The claims as allocated, as YAML.
@@ -53,6 +60,8 @@ impl Layout {
             plugin_dir,
             boot_id_file: root.join("boot_id"),
             driver_root: root.join("driver-root"),
+            gpu_tools_root: root.join("mock-driver"),
+            mps_root: root.join("mps"),
             summary_file: root.join("summary.json"),
             claims_file: root.join("claims.yaml"),
         }
@@ -83,6 +92,16 @@ impl Layout {
             .map_err(|e| Error::io("write", &self.boot_id_file, e))
     }
 
+    /// Makes [`Layout::gpu_tools_root`] a mock driver root whose `nvidia-smi` and
+    /// `nvidia-cuda-mps-control` are links to `program`.
+    ///
+    /// # Errors
+    /// The directories or links cannot be created.
+    pub fn install_gpu_tools(&self, program: &Path) -> Result<()> {
+        kerf_fake_gpu_tools::install(&self.gpu_tools_root, program)
+            .map_err(|e| Error::io("install the fake GPU tools in", &self.gpu_tools_root, e))
+    }
+
     /// The sockets that still exist (none after a clean shutdown).
     pub fn leftover_sockets(&self) -> Vec<PathBuf> {
         [&self.registration_socket, &self.dra_socket]
@@ -94,12 +113,15 @@ impl Layout {
 }
 
 /// The plugin configuration of the demo node: mock discovery, sockets and files under the
-/// output directory, no ResourceSlice publishing, no metrics server.
+/// output directory, no ResourceSlice publishing, no metrics server. With `gpu_tools` the
+/// plugin runs the tools of [`Layout::gpu_tools_root`] (installed by
+/// [`Layout::install_gpu_tools`]) and so enforces slices; without, slices are accounting only.
 pub fn plugin_config(
     layout: &Layout,
     driver: &str,
     node: &str,
     discovery: Discovery,
+    gpu_tools: bool,
 ) -> PluginConfig {
     PluginConfig {
         driver_name: driver.to_owned(),
@@ -115,8 +137,8 @@ pub fn plugin_config(
         resync_period: Duration::from_secs(600),
         metrics_address: None,
         boot_id_file: layout.boot_id_file.clone(),
-        gpu_tools_root: None,
-        mps_root: layout.boot_id_file.with_file_name("mps"),
+        gpu_tools_root: gpu_tools.then(|| layout.gpu_tools_root.clone()),
+        mps_root: layout.mps_root.clone(),
         mps_stop_timeout: Duration::from_secs(10),
         mps_check_interval: Duration::from_secs(5),
     }

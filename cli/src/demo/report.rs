@@ -40,6 +40,10 @@ pub struct Summary {
     pub containers_error: Option<String>,
     /// The podman version used, when containers ran.
     pub container_runtime: Option<String>,
+    /// The mock driver root whose fake `nvidia-cuda-mps-control` ran the MPS daemons;
+    /// `None` when slices were accounting only.
+    #[serde(default)]
+    pub gpu_tools_root: Option<PathBuf>,
 }
 
 /// One claim.
@@ -98,6 +102,36 @@ pub struct DeviceReport {
     pub sharing: String,
     /// CDI device IDs returned by `NodePrepareResources`.
     pub cdi_device_ids: Vec<String>,
+    /// The MPS daemon of an MPS slice, as its CDI spec names it.
+    #[serde(default)]
+    pub mps: Option<MpsReport>,
+}
+
+/// The MPS daemon a slice is a client of, as seen while its claim was prepared (the
+/// directories go when the GPU's last slice is unprepared).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsReport {
+    /// The GPU's daemon pipe directory on the node, `<mps-root>/<gpu-uuid>/pipe`.
+    pub pipe_directory: PathBuf,
+    /// Where the container sees it: its `CUDA_MPS_PIPE_DIRECTORY`.
+    pub container_pipe_directory: String,
+    /// The daemon's PID from its PID file; `None` when no live daemon was found.
+    pub daemon_pid: Option<u32>,
+}
+
+impl MpsReport {
+    /// `MPS daemon pid 42: pipe directory /x/mps/GPU-…/pipe, mounted at /run/kerf/mps/GPU-…`.
+    pub fn text(&self) -> String {
+        let daemon = self
+            .daemon_pid
+            .map_or_else(|| "not running".to_owned(), |pid| format!("pid {pid}"));
+        format!(
+            "MPS daemon {daemon}: pipe directory {}, mounted at {}",
+            self.pipe_directory.display(),
+            self.container_pipe_directory
+        )
+    }
 }
 
 impl DeviceReport {
@@ -186,10 +220,10 @@ const HEADERS: [&str; 7] = [
 ];
 
 /// The claims table: one line per device (claim columns blank on a claim's further
-/// devices), `-` for an unallocated claim, and the reason under any claim that is not
-/// allocated or not prepared.
+/// devices), `-` for an unallocated claim, the MPS daemon under each MPS slice, and the
+/// reason under any claim that is not allocated or not prepared.
 pub fn render_table(summary: &Summary) -> String {
-    let mut rows: Vec<(Vec<String>, Option<String>)> = Vec::new();
+    let mut rows: Vec<(Vec<String>, Vec<String>)> = Vec::new();
     for claim in &summary.claims {
         let claim_cells = vec![
             format!("{}/{}", claim.namespace, claim.name),
@@ -206,7 +240,7 @@ pub fn render_table(summary: &Summary) -> String {
         if claim.devices.is_empty() {
             let mut cells = claim_cells;
             cells.extend(["-".to_owned(), "-".to_owned(), "-".to_owned()]);
-            rows.push((cells, claim.error.clone()));
+            rows.push((cells, claim.error.iter().cloned().collect()));
             continue;
         }
         for (i, device) in claim.devices.iter().enumerate() {
@@ -222,8 +256,11 @@ pub fn render_table(summary: &Summary) -> String {
             } else {
                 device.cdi_device_ids.join(" ")
             });
-            let last = i + 1 == claim.devices.len();
-            rows.push((cells, if last { claim.error.clone() } else { None }));
+            let mut notes: Vec<String> = device.mps.iter().map(MpsReport::text).collect();
+            if i + 1 == claim.devices.len() {
+                notes.extend(claim.error.iter().cloned());
+            }
+            rows.push((cells, notes));
         }
     }
     let mut widths: Vec<usize> = HEADERS.iter().map(|h| h.len()).collect();
@@ -235,10 +272,10 @@ pub fn render_table(summary: &Summary) -> String {
     let mut out = String::new();
     let header: Vec<String> = HEADERS.iter().map(|h| (*h).to_owned()).collect();
     push_row(&mut out, &header, &widths);
-    for (cells, error) in &rows {
+    for (cells, notes) in &rows {
         push_row(&mut out, cells, &widths);
-        if let Some(error) = error {
-            let _ = writeln!(out, "    ↳ {error}");
+        for note in notes {
+            let _ = writeln!(out, "    ↳ {note}");
         }
     }
     out
@@ -342,6 +379,7 @@ mod tests {
             compute_percent: compute,
             sharing: "Exclusive".into(),
             cdi_device_ids: vec!["k8s.gpu.kerf.dev/gpu=u-gpu-0".into()],
+            mps: None,
         }
     }
 
@@ -381,6 +419,14 @@ mod tests {
             cdi_spec: None,
             container: None,
         };
+        let mps_slice = DeviceReport {
+            mps: Some(MpsReport {
+                pipe_directory: PathBuf::from("/out/mps/GPU-1/pipe"),
+                container_pipe_directory: "/run/kerf/mps/GPU-1".into(),
+                daemon_pid: Some(42),
+            }),
+            ..device(Some(1 << 30), Some(10), None)
+        };
         let summary = Summary {
             node: "n".into(),
             driver: "gpu.kerf.dev".into(),
@@ -391,10 +437,7 @@ mod tests {
             claims: vec![
                 claim(
                     "ok",
-                    vec![
-                        device(None, None, None),
-                        device(Some(1 << 30), Some(10), None),
-                    ],
+                    vec![device(None, None, None), mps_slice.clone()],
                     None,
                 ),
                 claim("bad", vec![], Some("spec.x: unknown field")),
@@ -404,6 +447,7 @@ mod tests {
             ignored: vec![],
             containers_error: None,
             container_runtime: None,
+            gpu_tools_root: None,
         };
         let table = render_table(&summary);
         let lines: Vec<&str> = table.lines().collect();
@@ -415,7 +459,13 @@ mod tests {
             lines[2].trim_start().starts_with("gpu-0") && lines[2].contains("1Gi / 10%"),
             "{table}"
         );
-        assert!(lines[3].starts_with("default/bad"), "{table}");
-        assert_eq!(lines[4], "    ↳ spec.x: unknown field");
+        // An MPS slice names its daemon and pipe directory under its row.
+        assert_eq!(
+            lines[3],
+            "    ↳ MPS daemon pid 42: pipe directory /out/mps/GPU-1/pipe, mounted at \
+             /run/kerf/mps/GPU-1"
+        );
+        assert!(lines[4].starts_with("default/bad"), "{table}");
+        assert_eq!(lines[5], "    ↳ spec.x: unknown field");
     }
 }
