@@ -69,6 +69,15 @@ pub enum Error {
         /// The plugin's message.
         message: String,
     },
+    /// The fake GPU tools of the MPS cases cannot run: the program behind them does not act
+    /// as the tools, or their directories do not suit them.
+    #[error("fake GPU tools ({}): {message}", program.display())]
+    FakeGpuTools {
+        /// The program the tools link to.
+        program: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// A measurement child process misbehaved.
     #[error("measurement child: {0}")]
     Child(String),
@@ -94,6 +103,7 @@ impl Error {
             Error::Api(e) => e.reason(),
             Error::Kubelet(e) => e.reason(),
             Error::Claim { .. } => "claim",
+            Error::FakeGpuTools { .. } => "fake_gpu_tools",
             Error::Child(_) => "child",
             Error::Workload(_) => "workload",
             Error::Sim(_) => "sim",

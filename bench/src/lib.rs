@@ -31,6 +31,7 @@ pub mod error;
 pub mod firstfit;
 pub mod floor;
 pub mod footprint;
+pub mod gpu_tools;
 pub mod node;
 pub mod prepare;
 pub mod rng;

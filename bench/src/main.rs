@@ -4,12 +4,20 @@
 //! (`--work-dir`, `--prepare-claims`, `--parallel-claims`, `--parallel-rounds`, `--nodes`,
 //! `--allocate-claims`, `--seed`, `--footprint-cycles`, `--footprint-claims`,
 //! `--scheduling-nodes`, `--scheduling-pods`).
+//!
+//! Multi-call: run as `nvidia-smi` or `nvidia-cuda-mps-control` (argv\[0\]), it is the fake
+//! tool of `kerf-fake-gpu-tools`, which `prepare` links to it for its MPS cases.
 
 use std::process::ExitCode;
 
 use kerf_bench::{BenchOptions, Reexec};
 
 fn main() -> ExitCode {
+    // `prepare` runs this executable as the fake `nvidia-smi` and `nvidia-cuda-mps-control`
+    // (and as the daemon), under their names; those runs are not benchmark runs.
+    if let Some(code) = kerf_bench::gpu_tools::run_as_tool() {
+        std::process::exit(code);
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     match parse(&args) {
         Ok((name, options)) => {

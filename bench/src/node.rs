@@ -17,6 +17,7 @@ use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_kubelet_plugin::preparer::PreparerConfig;
 use kerf_proto::client::{Claim, KubeletClient, RegisteredPlugin};
 
+use crate::gpu_tools::FakeGpuTools;
 use crate::{Error, Result};
 
 /// The DRA driver name the benchmark plugin runs as.
@@ -49,7 +50,8 @@ pub fn plugin_config(root: &Path) -> PluginConfig {
         gpu_tools_root: None,
         mps_root: root.join("mps"),
         mps_stop_timeout: Duration::from_secs(10),
-        mps_check_interval: Duration::from_secs(5),
+        // As the resync: the periodic daemon check would run in the middle of measurements.
+        mps_check_interval: Duration::from_secs(3600),
     }
 }
 
@@ -87,7 +89,8 @@ pub fn numbered_claim(series: u64, n: u64) -> Claim {
 }
 
 /// A ResourceClaim allocated as kerf's controller writes it: one 10Gi, 10 % MPS slice of
-/// GPU `gpu` of `inventory`.
+/// GPU `gpu` of `inventory`. Whether the plugin starts an MPS daemon for it depends on its
+/// GPU tools ([`NodeLayout::gpu_tools`]).
 ///
 /// # Errors
 /// `gpu` is not a GPU of the inventory, or kerf-api refuses the allocation.
@@ -127,6 +130,16 @@ pub fn slice_claim(claim: &Claim, inventory: &Inventory, gpu: usize) -> Result<R
     })
 }
 
+/// Where a benchmark node keeps what does not live under its root.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NodeLayout<'a> {
+    /// The CDI specs' directory, instead of `<root>/cdi`.
+    pub cdi_dir: Option<&'a Path>,
+    /// GPU tools that make the plugin enforce MPS slices (start and adopt control daemons);
+    /// without them slices are accounting only, as in mock mode without a mock driver root.
+    pub gpu_tools: Option<&'a FakeGpuTools>,
+}
+
 /// The benchmark node: a running plugin and the claims it can read.
 pub struct BenchNode {
     /// Root of the node's files and sockets.
@@ -155,9 +168,28 @@ impl BenchNode {
     /// # Errors
     /// As [`BenchNode::start`].
     pub async fn start_with_cdi_dir(root: &Path, cdi_dir: Option<&Path>) -> Result<Self> {
+        Self::start_with(
+            root,
+            &NodeLayout {
+                cdi_dir,
+                gpu_tools: None,
+            },
+        )
+        .await
+    }
+
+    /// As [`BenchNode::start`], laid out as `layout` says.
+    ///
+    /// # Errors
+    /// As [`BenchNode::start`].
+    pub async fn start_with(root: &Path, layout: &NodeLayout<'_>) -> Result<Self> {
         let mut config = plugin_config(root);
-        if let Some(dir) = cdi_dir {
+        if let Some(dir) = layout.cdi_dir {
             dir.clone_into(&mut config.cdi_dir);
+        }
+        if let Some(tools) = layout.gpu_tools {
+            config.gpu_tools_root = Some(tools.root().to_owned());
+            config.mps_root = tools.mps_root();
         }
         let boot_id = root.join("boot_id");
         std::fs::write(&boot_id, "kerf-bench-boot\n")
