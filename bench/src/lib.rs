@@ -6,7 +6,10 @@
 //! met or missed, never asserted.
 //!
 //! - `prepare`: one claim at a time over the plugin's Unix socket, against an empty round
-//!   trip plus the same durable writes.
+//!   trip plus the same durable writes; then MPS slices on a node that enforces them with
+//!   fake GPU tools ([`gpu_tools`]): the first slice of a GPU (the prepare starts the GPU's
+//!   MPS control daemon) and later ones (it adopts the running daemon), against the same
+//!   floor.
 //! - `prepare-parallel`: 64 claims at once, as 64 calls and as one batched call, against one
 //!   single-claim prepare, with every file on disk.
 //! - `prepare-parallel-node`: the same with the CDI specs on a tmpfs, as `/var/run/cdi` is on
@@ -25,6 +28,12 @@
 //! that reaches [`run`] again (for `kerf bench NAME`: the current executable with the
 //! argument `bench`), so that `footprint` measures in fresh child processes. The hidden
 //! names those children are started with go through [`run`] like any other name.
+//!
+//! `prepare` links the fake `nvidia-smi` and `nvidia-cuda-mps-control` to the running
+//! executable, so a CLI that runs it must be multi-call: its `main` must hand over to
+//! `kerf_fake_gpu_tools::run` when argv\[0\] names one of those tools, as `kerf-bench` does
+//! with [`gpu_tools::run_as_tool`]. `KERF_BENCH_FAKE_GPU_TOOLS` ([`gpu_tools::PROGRAM_ENV`])
+//! names another program instead (e.g. `kerf-fake-gpu-tools`).
 
 pub mod alloc;
 pub mod error;

@@ -1,5 +1,12 @@
 //! `prepare` and `prepare-parallel`: real `NodePrepareResources` calls over the plugin's
 //! Unix socket, against a floor measured in the same run on the same socket and disk.
+//!
+//! `prepare` measures three cases, each interleaved with its own floor samples (an empty
+//! `NodePrepareResources` plus durable writes of the sizes that case's prepare writes):
+//! slices the plugin only accounts for (no GPU tools); the first MPS slice of a GPU on a node
+//! that enforces MPS with fake GPU tools, whose prepare runs `nvidia-smi` and
+//! `nvidia-cuda-mps-control -d` before it answers; and later MPS slices, whose prepare only
+//! adopts the running daemon.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -9,7 +16,8 @@ use futures::future::try_join_all;
 use crate::floor::FloorWrites;
 use kerf_proto::client::Claim;
 
-use crate::node::{BenchNode, Kubelet};
+use crate::gpu_tools::{self, FakeGpuTools};
+use crate::node::{BenchNode, Kubelet, NodeLayout};
 use crate::stats::{Samples, ms, ratio};
 use crate::summary::Summary;
 use crate::{BenchOptions, Error, Result, sys};
@@ -27,9 +35,19 @@ const SERIES_WARMUP: u64 = 1;
 const SERIES_SERIAL: u64 = 2;
 const SERIES_PARALLEL: u64 = 3;
 const SERIES_SINGLE: u64 = 4;
+const SERIES_MPS_WARMUP: u64 = 5;
+const SERIES_MPS_FIRST: u64 = 6;
+const SERIES_MPS_ANCHOR: u64 = 7;
+const SERIES_MPS_LATER_WARMUP: u64 = 8;
+const SERIES_MPS_LATER: u64 = 9;
+/// At most this many first-MPS-slice prepares (fewer when `prepare_claims` is smaller): each
+/// starts three processes and its round's unprepare stops them, tens of milliseconds a claim.
+const MPS_FIRST_MAX: usize = 200;
 
 /// A started benchmark node and the directories it lives in (removed on drop).
 struct Setup {
+    /// First, so that on drop its processes are killed before their directories go.
+    tools: Option<FakeGpuTools>,
     dir: tempfile::TempDir,
     /// The CDI directory's own temporary parent in the node layout.
     spec_dir: Option<tempfile::TempDir>,
@@ -49,8 +67,14 @@ impl Setup {
 
 /// Makes a fresh node directory under the work directory after checking that it is on a
 /// disk, and starts the plugin there; with `node_cdi_dir`, the CDI specs go to a fresh
-/// directory under it instead, which must be a tmpfs (the node layout).
-async fn start_node(work_dir: &Path, node_cdi_dir: Option<&Path>) -> Result<Setup> {
+/// directory under it instead, which must be a tmpfs (the node layout). With
+/// `gpu_tools_program`, the plugin enforces MPS slices with fake GPU tools linked to it,
+/// checked before the node is handed out.
+async fn start_node(
+    work_dir: &Path,
+    node_cdi_dir: Option<&Path>,
+    gpu_tools_program: Option<&Path>,
+) -> Result<Setup> {
     std::fs::create_dir_all(work_dir).map_err(|e| Error::io("create", work_dir, e))?;
     let fs_type = sys::fs_type(work_dir)?;
     if sys::is_memory_fs(&fs_type) {
@@ -65,9 +89,20 @@ async fn start_node(work_dir: &Path, node_cdi_dir: Option<&Path>) -> Result<Setu
         .tempdir_in(work_dir)
         .map_err(|e| Error::io("create", work_dir, e))?;
     let cdi_dir = spec_dir.as_ref().map(|d| d.path().join("cdi"));
-    let node = BenchNode::start_with_cdi_dir(dir.path(), cdi_dir.as_deref()).await?;
+    let tools = gpu_tools_program
+        .map(|program| FakeGpuTools::install(&dir.path().join("gpu-tools"), program))
+        .transpose()?;
+    let layout = NodeLayout {
+        cdi_dir: cdi_dir.as_deref(),
+        gpu_tools: tools.as_ref(),
+    };
+    let node = BenchNode::start_with(dir.path(), &layout).await?;
+    if let (Some(tools), Some(gpu)) = (&tools, node.inventory.gpus.first()) {
+        tools.check(&gpu.uuid).await?;
+    }
     let kubelet = Kubelet::connect(&node.config).await?;
     Ok(Setup {
+        tools,
         dir,
         spec_dir,
         fs_type,
@@ -189,18 +224,38 @@ async fn timed<F: Future<Output = Result<()>>>(f: F) -> Result<Duration> {
     Ok(started.elapsed())
 }
 
-/// The `prepare` benchmark.
+/// The `prepare` benchmark: slices the plugin only accounts for, then MPS slices on a node
+/// that enforces them, the first of a GPU and later ones, each against its floor.
 ///
 /// # Errors
-/// The node cannot be set up or a call fails.
+/// A node cannot be set up, the fake GPU tools cannot run, or a call fails.
 pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
+    let plain = plain_prepares(options).await?;
+    let mps = mps_prepares(options).await?;
+    Ok(prepare_summary(&plain, &mps))
+}
+
+/// What the accounting-only case measured.
+struct PlainRuns {
+    claims: usize,
+    fs_type: String,
+    sizes: Vec<usize>,
+    floor_writes: (usize, usize),
+    prepare: Samples,
+    unprepare: Samples,
+    floor: Samples,
+    rtt: Samples,
+}
+
+/// MPS slices as the plugin sees them without GPU tools: recorded, not enforced.
+async fn plain_prepares(options: &BenchOptions) -> Result<PlainRuns> {
     let Setup {
         dir,
         fs_type,
         node,
         kubelet,
         ..
-    } = start_node(&options.work_dir, None).await?;
+    } = start_node(&options.work_dir, None, None).await?;
     let sizes = warm_up(&node, &kubelet).await?;
     let floor = FloorWrites::new(&dir.path().join("floor"), "prepare", &sizes)?;
     let claims = node.add_claims(SERIES_SERIAL, options.prepare_claims)?;
@@ -218,13 +273,203 @@ pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
     }
     node.stop().await?;
     drop(dir);
+    Ok(PlainRuns {
+        claims: claims.len(),
+        fs_type,
+        sizes,
+        floor_writes: (floor.count(), floor.bytes()),
+        prepare: Samples::new(prepares),
+        unprepare: Samples::new(unprepares),
+        floor: Samples::new(floors),
+        rtt: Samples::new(round_trips),
+    })
+}
 
-    let (prepare, unprepare) = (Samples::new(prepares), Samples::new(unprepares));
-    let (floor_s, rtt) = (Samples::new(floors), Samples::new(round_trips));
+/// What the MPS cases measured.
+#[derive(Default)]
+struct MpsRuns {
+    program: PathBuf,
+    fs_type: String,
+    gpus: usize,
+    rounds: usize,
+    /// First MPS slice of a GPU: the prepare starts its daemon.
+    first: Vec<Duration>,
+    first_floor: Vec<Duration>,
+    first_sizes: Vec<usize>,
+    /// `nvidia-smi -c EXCLUSIVE_PROCESS` and `nvidia-cuda-mps-control -d` run directly.
+    tools: Vec<Duration>,
+    /// Unprepare of a GPU's last MPS slice: it stops the daemon.
+    stop: Vec<Duration>,
+    /// Later MPS slices: the prepare adopts the running daemon.
+    later: Vec<Duration>,
+    later_floor: Vec<Duration>,
+    later_sizes: Vec<usize>,
+    later_unprepare: Vec<Duration>,
+}
+
+/// The MPS cases on a node whose plugin runs the fake GPU tools. Every daemon is stopped by
+/// unpreparing its claims; one still running afterwards is killed and reported as an error,
+/// and on an error path dropping the tools kills what runs.
+async fn mps_prepares(options: &BenchOptions) -> Result<MpsRuns> {
+    let program = gpu_tools::program()?;
+    let setup = start_node(&options.work_dir, None, Some(&program)).await?;
+    let tools = setup
+        .tools
+        .as_ref()
+        .ok_or_else(|| Error::Workload("the MPS node has no GPU tools".into()))?;
+    let mut runs = MpsRuns {
+        program,
+        fs_type: setup.fs_type.clone(),
+        ..MpsRuns::default()
+    };
+    let floor_dir = setup.dir.path().join("floor");
+    runs.measure_first(&setup.node, &setup.kubelet, tools, &floor_dir, options)
+        .await?;
+    runs.measure_later(&setup.node, &setup.kubelet, tools, &floor_dir, options)
+        .await?;
+    let Setup {
+        tools, node, dir, ..
+    } = setup;
+    node.stop().await?;
+    let left = tools.as_ref().map_or(0, FakeGpuTools::wait_for_exit);
+    drop((tools, dir));
+    if left > 0 {
+        return Err(Error::Workload(format!(
+            "{left} fake GPU tool process(es) still ran after every MPS claim was unprepared (killed)"
+        )));
+    }
+    Ok(runs)
+}
+
+impl MpsRuns {
+    /// Rounds of one claim on each GPU, each the GPU's first MPS slice, then the round's
+    /// claims unprepared one by one, which stops the daemons for the next round. Each prepare
+    /// is followed by a floor sample and by the two programs run directly.
+    async fn measure_first(
+        &mut self,
+        node: &BenchNode,
+        kubelet: &Kubelet,
+        tools: &FakeGpuTools,
+        floor_dir: &Path,
+        options: &BenchOptions,
+    ) -> Result<()> {
+        let gpus: Vec<&str> = node
+            .inventory
+            .gpus
+            .iter()
+            .map(|g| g.uuid.as_str())
+            .collect();
+        if gpus.is_empty() {
+            return Err(Error::Workload("the mock inventory has no GPU".into()));
+        }
+        self.gpus = gpus.len();
+        // One round to warm up, which also gives the sizes of a first slice's files: the
+        // checkpoint then holds that claim alone (later ones of a round write a bigger one, so
+        // this floor is the lower one).
+        let warm = node.add_claims(SERIES_MPS_WARMUP, gpus.len())?;
+        for (i, claim) in warm.iter().enumerate() {
+            kubelet.prepare(std::slice::from_ref(claim)).await?;
+            if i == 0 {
+                self.first_sizes = prepared_file_sizes(node, claim)?;
+            }
+        }
+        kubelet.unprepare(&warm).await?;
+        let floor = FloorWrites::new(floor_dir, "mps-first", &self.first_sizes)?;
+        self.rounds = options
+            .prepare_claims
+            .min(MPS_FIRST_MAX)
+            .div_ceil(gpus.len());
+        let claims = node.add_claims(SERIES_MPS_FIRST, self.rounds * gpus.len())?;
+        let starts_before = tools.plugin_daemon_starts();
+        // add_claims puts claim n on GPU n % gpus, so each round has one claim per GPU.
+        for round in claims.chunks(gpus.len()) {
+            for (claim, gpu) in round.iter().zip(&gpus) {
+                self.first
+                    .push(timed(kubelet.prepare(std::slice::from_ref(claim))).await?);
+                self.first_floor.push(floor_once(kubelet, &floor).await?);
+                self.tools.push(tools.start_direct(gpu).await?);
+                tools.quit_direct(gpu).await?;
+            }
+            for claim in round {
+                self.stop
+                    .push(timed(kubelet.unprepare(std::slice::from_ref(claim))).await?);
+            }
+        }
+        // The case is only what it says if every measured prepare started a daemon.
+        let started = tools.plugin_daemon_starts() - starts_before;
+        if started != claims.len() {
+            return Err(Error::Workload(format!(
+                "{} first MPS slices started {started} daemons",
+                claims.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// One claim per GPU kept prepared, so that every daemon runs; then claims prepared and
+    /// unprepared one at a time, interleaved with the floor.
+    async fn measure_later(
+        &mut self,
+        node: &BenchNode,
+        kubelet: &Kubelet,
+        tools: &FakeGpuTools,
+        floor_dir: &Path,
+        options: &BenchOptions,
+    ) -> Result<()> {
+        let anchors = node.add_claims(SERIES_MPS_ANCHOR, self.gpus)?;
+        for claim in &anchors {
+            kubelet.prepare(std::slice::from_ref(claim)).await?;
+        }
+        let starts_before = tools.plugin_daemon_starts();
+        let warm = node.add_claims(SERIES_MPS_LATER_WARMUP, WARMUP)?;
+        for (i, claim) in warm.iter().enumerate() {
+            kubelet.prepare(std::slice::from_ref(claim)).await?;
+            if i == 0 {
+                // The checkpoint holds the anchors too, as in every measured prepare.
+                self.later_sizes = prepared_file_sizes(node, claim)?;
+            }
+            kubelet.unprepare(std::slice::from_ref(claim)).await?;
+        }
+        let floor = FloorWrites::new(floor_dir, "mps-later", &self.later_sizes)?;
+        let claims = node.add_claims(SERIES_MPS_LATER, options.prepare_claims)?;
+        for claim in &claims {
+            let one = std::slice::from_ref(claim);
+            self.later.push(timed(kubelet.prepare(one)).await?);
+            self.later_unprepare
+                .push(timed(kubelet.unprepare(one)).await?);
+            self.later_floor.push(floor_once(kubelet, &floor).await?);
+        }
+        let started = tools.plugin_daemon_starts() - starts_before;
+        kubelet.unprepare(&anchors).await?;
+        if started != 0 {
+            return Err(Error::Workload(format!(
+                "later MPS slices started {started} daemons instead of adopting the running ones"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `a / b`, for the targets; `b` of zero counts as the smallest positive time.
+fn ratio_of(a: Duration, b: Duration) -> f64 {
+    a.as_secs_f64() / b.as_secs_f64().max(f64::MIN_POSITIVE)
+}
+
+/// The figures and targets of `prepare`: the accounting-only case first, as before the MPS
+/// cases existed, then the MPS cases.
+fn prepare_summary(plain: &PlainRuns, mps: &MpsRuns) -> Summary {
+    let PlainRuns {
+        prepare,
+        unprepare,
+        floor: floor_s,
+        rtt,
+        fs_type,
+        ..
+    } = plain;
     let mut s = Summary::new("prepare");
     s.detail(format!(
-        "{} claims, one at a time, each a NodePrepareResources over the plugin's Unix socket (mock H100, 10Gi MPS slice), then NodeUnprepareResources; files on {fs_type}",
-        claims.len()
+        "{} claims, one at a time, each a NodePrepareResources over the plugin's Unix socket (mock H100, 10Gi MPS slice, accounting only: no GPU tools), then NodeUnprepareResources; files on {fs_type}",
+        plain.claims
     ));
     s.detail(format!(
         "prepare   p50 {} ms  p99 {} ms  max {} ms",
@@ -237,9 +482,9 @@ pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
         ms(floor_s.p50()),
         ms(floor_s.p99()),
         ms(floor_s.max()),
-        floor.count(),
-        floor.bytes(),
-        sizes
+        plain.floor_writes.0,
+        plain.floor_writes.1,
+        plain.sizes
     ));
     s.detail(format!(
         "unprepare p50 {} ms  p99 {} ms;  empty round trip p50 {} ms  p99 {} ms",
@@ -248,12 +493,11 @@ pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
         ms(rtt.p50()),
         ms(rtt.p99())
     ));
-    let ratio_p50 =
-        prepare.p50().as_secs_f64() / floor_s.p50().as_secs_f64().max(f64::MIN_POSITIVE);
-    let ratio_p99 =
-        prepare.p99().as_secs_f64() / floor_s.p99().as_secs_f64().max(f64::MIN_POSITIVE);
-    s.figure("claims", claims.len())
-        .figure("fs", &fs_type)
+    mps_details(&mut s, mps);
+    let ratio_p50 = ratio_of(prepare.p50(), floor_s.p50());
+    let ratio_p99 = ratio_of(prepare.p99(), floor_s.p99());
+    s.figure("claims", plain.claims)
+        .figure("fs", fs_type)
         .figure("p50_ms", ms(prepare.p50()))
         .figure("p99_ms", ms(prepare.p99()))
         .figure("max_ms", ms(prepare.max()))
@@ -264,6 +508,7 @@ pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
         .figure("unprepare_p50_ms", ms(unprepare.p50()))
         .figure("unprepare_p99_ms", ms(unprepare.p99()))
         .figure("rtt_p50_ms", ms(rtt.p50()));
+    mps_figures(&mut s, mps);
     s.target(
         "p99_target",
         "prepare p99 <= 2 ms",
@@ -276,7 +521,89 @@ pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
         ratio_p99 <= 1.5,
         format!("{ratio_p99:.2}; ratio_p50 {ratio_p50:.2}"),
     );
-    Ok(s)
+    s
+}
+
+/// The samples of one MPS case and of its floor.
+fn case(samples: &[Duration], floor: &[Duration]) -> (Samples, Samples) {
+    (Samples::new(samples.to_vec()), Samples::new(floor.to_vec()))
+}
+
+fn mps_details(s: &mut Summary, mps: &MpsRuns) {
+    let (first, first_floor) = case(&mps.first, &mps.first_floor);
+    let (later, later_floor) = case(&mps.later, &mps.later_floor);
+    let (tools, stop) = case(&mps.tools, &mps.stop);
+    let later_unprepare = Samples::new(mps.later_unprepare.clone());
+    s.detail(format!(
+        "MPS slices enforced: the plugin runs fake nvidia-smi and nvidia-cuda-mps-control ({}), {} mock H100; files on {}",
+        mps.program.display(),
+        mps.gpus,
+        mps.fs_type
+    ));
+    s.detail(format!(
+        "first MPS slice of a GPU  p50 {} ms  p99 {} ms  max {} ms  ({} rounds of one claim on each GPU; the prepare starts the GPU's daemon: nvidia-smi -c EXCLUSIVE_PROCESS, nvidia-cuda-mps-control -d, its PID file)",
+        ms(first.p50()),
+        ms(first.p99()),
+        ms(first.max()),
+        mps.rounds
+    ));
+    s.detail(format!(
+        "  floor   p50 {} ms  p99 {} ms  (empty NodePrepareResources + durable writes of {:?} bytes)  ratio_p50 {}  ratio_p99 {}",
+        ms(first_floor.p50()),
+        ms(first_floor.p99()),
+        mps.first_sizes,
+        ratio(first.p50(), first_floor.p50()),
+        ratio(first.p99(), first_floor.p99())
+    ));
+    s.detail(format!(
+        "  the two programs run directly  p50 {} ms  p99 {} ms  (nvidia-smi, then nvidia-cuda-mps-control -d until the daemon's PID file exists)",
+        ms(tools.p50()),
+        ms(tools.p99())
+    ));
+    s.detail(format!(
+        "  unprepare of the GPU's last slice (stops the daemon: quit, wait, nvidia-smi -c DEFAULT; not in the prepare figures)  p50 {} ms  p99 {} ms",
+        ms(stop.p50()),
+        ms(stop.p99())
+    ));
+    s.detail(format!(
+        "later MPS slices  p50 {} ms  p99 {} ms  max {} ms  ({} claims one at a time while every GPU's daemon runs; the prepare adopts it: PID file, /proc)",
+        ms(later.p50()),
+        ms(later.p99()),
+        ms(later.max()),
+        mps.later.len()
+    ));
+    s.detail(format!(
+        "  floor   p50 {} ms  p99 {} ms  (empty NodePrepareResources + durable writes of {:?} bytes)  ratio_p50 {}  ratio_p99 {};  unprepare p50 {} ms  p99 {} ms",
+        ms(later_floor.p50()),
+        ms(later_floor.p99()),
+        mps.later_sizes,
+        ratio(later.p50(), later_floor.p50()),
+        ratio(later.p99(), later_floor.p99()),
+        ms(later_unprepare.p50()),
+        ms(later_unprepare.p99())
+    ));
+}
+
+fn mps_figures(s: &mut Summary, mps: &MpsRuns) {
+    let (first, first_floor) = case(&mps.first, &mps.first_floor);
+    let (later, later_floor) = case(&mps.later, &mps.later_floor);
+    let (tools, stop) = case(&mps.tools, &mps.stop);
+    s.figure("mps_first_claims", mps.first.len())
+        .figure("mps_first_p50_ms", ms(first.p50()))
+        .figure("mps_first_p99_ms", ms(first.p99()))
+        .figure("mps_first_floor_p50_ms", ms(first_floor.p50()))
+        .figure("mps_first_floor_p99_ms", ms(first_floor.p99()))
+        .figure("mps_first_ratio_p50", ratio(first.p50(), first_floor.p50()))
+        .figure("mps_first_ratio_p99", ratio(first.p99(), first_floor.p99()))
+        .figure("mps_tools_p50_ms", ms(tools.p50()))
+        .figure("mps_stop_p50_ms", ms(stop.p50()))
+        .figure("mps_later_claims", mps.later.len())
+        .figure("mps_later_p50_ms", ms(later.p50()))
+        .figure("mps_later_p99_ms", ms(later.p99()))
+        .figure("mps_later_floor_p50_ms", ms(later_floor.p50()))
+        .figure("mps_later_floor_p99_ms", ms(later_floor.p99()))
+        .figure("mps_later_ratio_p50", ratio(later.p50(), later_floor.p50()))
+        .figure("mps_later_ratio_p99", ratio(later.p99(), later_floor.p99()));
 }
 
 /// The samples of `prepare-parallel`, one per round (singles: several per round).
@@ -336,7 +663,7 @@ pub enum SpecLayout {
 /// The node cannot be set up or a call fails.
 pub async fn prepare_parallel(options: &BenchOptions, layout: SpecLayout) -> Result<Summary> {
     let node_cdi_dir = (layout == SpecLayout::Node).then_some(options.node_cdi_dir.as_path());
-    let setup = start_node(&options.work_dir, node_cdi_dir).await?;
+    let setup = start_node(&options.work_dir, node_cdi_dir, None).await?;
     let sizes = warm_up(&setup.node, &setup.kubelet).await?;
     let width = options.parallel_claims;
     let floor = ParallelFloor::new(
