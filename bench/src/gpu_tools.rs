@@ -64,6 +64,24 @@ pub fn program() -> Result<PathBuf> {
     }
 }
 
+/// How long the two programs of a daemon start took, run directly
+/// ([`FakeGpuTools::start_direct`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DirectStart {
+    /// `nvidia-smi -i <uuid> -c EXCLUSIVE_PROCESS`, until it exited.
+    pub smi: Duration,
+    /// `nvidia-cuda-mps-control -d`, until it exited: the fake's returns once the daemon it
+    /// started wrote its PID file, which it looks for every 5 ms.
+    pub control: Duration,
+}
+
+impl DirectStart {
+    /// Both programs.
+    pub fn total(&self) -> Duration {
+        self.smi + self.control
+    }
+}
+
 /// The fake tools of one benchmark node, and the MPS root its daemons live under. Dropping it
 /// kills every process still running as one of its tools (see [`FakeGpuTools::kill_daemons`]),
 /// so that an error or a panic mid-benchmark leaves no daemon behind.
@@ -155,12 +173,12 @@ impl FakeGpuTools {
     /// Runs what the plugin runs to start the daemon of `gpu_uuid` (`nvidia-smi -i <uuid> -c
     /// EXCLUSIVE_PROCESS`, then `nvidia-cuda-mps-control -d`, which returns once the daemon
     /// wrote its PID file), with the same arguments and environment, outside the plugin and
-    /// in directories of its own; returns the time both took. Stop it with
+    /// in directories of its own; returns the time each took. Stop it with
     /// [`FakeGpuTools::quit_direct`].
     ///
     /// # Errors
     /// A program cannot be run or fails.
-    pub async fn start_direct(&self, gpu_uuid: &str) -> Result<Duration> {
+    pub async fn start_direct(&self, gpu_uuid: &str) -> Result<DirectStart> {
         let dirs = MpsDirectories::new(&self.direct_root(), gpu_uuid)?;
         for dir in [dirs.pipe(), dirs.log()] {
             std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
@@ -169,10 +187,14 @@ impl FakeGpuTools {
         let env = dirs.control_env();
         let started = Instant::now();
         let smi = self.run(&self.tool(SMI_PROGRAM), &smi_args, &[]).await?;
+        let smi_done = Instant::now();
         let control = self
             .run(&self.tool(CONTROL_PROGRAM), &["-d".to_owned()], &env)
             .await?;
-        let took = started.elapsed();
+        let times = DirectStart {
+            smi: smi_done - started,
+            control: smi_done.elapsed(),
+        };
         for (name, output) in [(SMI_PROGRAM, smi), (CONTROL_PROGRAM, control)] {
             if !output.status.success() {
                 return Err(self.error(format!(
@@ -182,7 +204,7 @@ impl FakeGpuTools {
                 )));
             }
         }
-        Ok(took)
+        Ok(times)
     }
 
     /// Stops the daemon [`FakeGpuTools::start_direct`] started for `gpu_uuid` (`quit` on the

@@ -298,6 +298,9 @@ struct MpsRuns {
     first_sizes: Vec<usize>,
     /// `nvidia-smi -c EXCLUSIVE_PROCESS` and `nvidia-cuda-mps-control -d` run directly.
     tools: Vec<Duration>,
+    /// Of those: `nvidia-smi`, and `nvidia-cuda-mps-control -d`.
+    smi: Vec<Duration>,
+    control: Vec<Duration>,
     /// Unprepare of a GPU's last MPS slice: it stops the daemon.
     stop: Vec<Duration>,
     /// Later MPS slices: the prepare adopts the running daemon.
@@ -387,7 +390,10 @@ impl MpsRuns {
                 self.first
                     .push(timed(kubelet.prepare(std::slice::from_ref(claim))).await?);
                 self.first_floor.push(floor_once(kubelet, &floor).await?);
-                self.tools.push(tools.start_direct(gpu).await?);
+                let direct = tools.start_direct(gpu).await?;
+                self.tools.push(direct.total());
+                self.smi.push(direct.smi);
+                self.control.push(direct.control);
                 tools.quit_direct(gpu).await?;
             }
             for claim in round {
@@ -555,10 +561,13 @@ fn mps_details(s: &mut Summary, mps: &MpsRuns) {
         ratio(first.p50(), first_floor.p50()),
         ratio(first.p99(), first_floor.p99())
     ));
+    let (smi, control) = case(&mps.smi, &mps.control);
     s.detail(format!(
-        "  the two programs run directly  p50 {} ms  p99 {} ms  (nvidia-smi, then nvidia-cuda-mps-control -d until the daemon's PID file exists)",
+        "  the two programs run directly  p50 {} ms  p99 {} ms  (nvidia-smi p50 {} ms, then nvidia-cuda-mps-control -d until the daemon's PID file exists p50 {} ms)",
         ms(tools.p50()),
-        ms(tools.p99())
+        ms(tools.p99()),
+        ms(smi.p50()),
+        ms(control.p50())
     ));
     s.detail(format!(
         "  unprepare of the GPU's last slice (stops the daemon: quit, wait, nvidia-smi -c DEFAULT; not in the prepare figures)  p50 {} ms  p99 {} ms",
@@ -596,6 +605,11 @@ fn mps_figures(s: &mut Summary, mps: &MpsRuns) {
         .figure("mps_first_ratio_p50", ratio(first.p50(), first_floor.p50()))
         .figure("mps_first_ratio_p99", ratio(first.p99(), first_floor.p99()))
         .figure("mps_tools_p50_ms", ms(tools.p50()))
+        .figure("mps_smi_p50_ms", ms(Samples::new(mps.smi.clone()).p50()))
+        .figure(
+            "mps_control_p50_ms",
+            ms(Samples::new(mps.control.clone()).p50()),
+        )
         .figure("mps_stop_p50_ms", ms(stop.p50()))
         .figure("mps_later_claims", mps.later.len())
         .figure("mps_later_p50_ms", ms(later.p50()))
