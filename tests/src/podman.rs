@@ -69,7 +69,38 @@ pub struct ContainerRun<'a> {
     pub timeout: Duration,
 }
 
+/// Where Debian's busybox-static and other distributions put a static busybox.
+pub const BUSYBOX_CANDIDATES: [&str; 2] = ["/bin/busybox", "/usr/bin/busybox"];
+
 impl Podman {
+    /// podman for the test named `test`, or `None` after printing why it is skipped. Under
+    /// `ci` (the caller passes whether `CI=true`) a runtime that cannot run is a failure: CI
+    /// must run these tests, not skip them.
+    ///
+    /// # Panics
+    /// Under `ci` when no container can be run here, with the reason.
+    #[allow(
+        clippy::panic,
+        reason = "test support: under CI a missing runtime must fail the calling test"
+    )]
+    pub fn for_test(test: &str, ci: bool) -> Option<Podman> {
+        let busybox = BUSYBOX_CANDIDATES
+            .iter()
+            .map(Path::new)
+            .find(|p| p.exists())
+            .unwrap_or(Path::new(BUSYBOX_CANDIDATES[0]));
+        match Podman::detect(busybox) {
+            Ok(podman) => Some(podman),
+            Err(reason) if ci => {
+                panic!("{test}: CI=true but no CDI runtime can run here: {reason}")
+            }
+            Err(reason) => {
+                eprintln!("SKIPPED {test}: {reason} (under CI=true this fails)");
+                None
+            }
+        }
+    }
+
     /// Checks that podman, runc, `unshare`, mount namespaces and a static busybox are
     /// usable; `busybox` is the busybox binary to copy into root file systems (Debian's
     /// busybox-static installs `/bin/busybox`).

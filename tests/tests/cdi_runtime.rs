@@ -15,7 +15,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use common::{DRIVER_FILES, GIB, TestNode, uid};
@@ -25,26 +24,9 @@ use kerf_proto::client::Claim;
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod, PreparedPod};
 use kerf_tests::podman::{ContainerRun, Podman};
 
-const BUSYBOX_CANDIDATES: [&str; 2] = ["/bin/busybox", "/usr/bin/busybox"];
-
-/// podman, or `None` after printing why the test is skipped. Under `CI=true` a missing
-/// runtime is a failure: the CI must run these tests, not skip them.
+/// podman, or `None` after printing why the test is skipped (a failure under `CI=true`).
 fn podman_or_skip(test: &str) -> Option<Podman> {
-    let busybox = BUSYBOX_CANDIDATES
-        .iter()
-        .map(Path::new)
-        .find(|p| p.exists())
-        .unwrap_or(Path::new(BUSYBOX_CANDIDATES[0]));
-    match Podman::detect(busybox) {
-        Ok(podman) => Some(podman),
-        Err(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("{test}: CI=true but no CDI runtime can run here: {reason}")
-        }
-        Err(reason) => {
-            eprintln!("SKIPPED {test}: {reason} (under CI=true this fails)");
-            None
-        }
-    }
+    Podman::for_test(test, std::env::var("CI").is_ok_and(|v| v == "true"))
 }
 
 /// A node with one claim of each kind, prepared by the plugin for one pod through the fake

@@ -19,110 +19,21 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt as _;
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{GIB, TestNode, uid};
+use common::mps::MpsNode;
+use common::{GIB, uid};
 use kerf_core::mps::{CONTAINER_PIPE_ROOT, PID_FILE, SHM_DIRECTORY_NAME};
-use kerf_kubelet_plugin::claim_events::MemoryClaimEvents;
-use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
-use kerf_kubelet_plugin::config::PluginConfig;
-use kerf_kubelet_plugin::plugin::{self, Connections};
 use kerf_proto::client::Claim;
-use kerf_tests::fake_gpu_tools::install;
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod, cdi_ids};
 use kerf_tests::podman::{ContainerRun, Podman};
 
-const TOOLS: &str = env!("CARGO_BIN_EXE_kerf-test-gpu-tools");
-const BUSYBOX_CANDIDATES: [&str; 2] = ["/bin/busybox", "/usr/bin/busybox"];
 /// The file the host writes into the node-wide shared-memory directory.
 const SHM_MARKER: &str = "kerf-host-marker";
 
-/// podman, or `None` after printing why the test is skipped. Under `CI=true` a missing
-/// runtime is a failure: the CI must run these tests, not skip them.
+/// podman, or `None` after printing why the test is skipped (a failure under `CI=true`).
 fn podman_or_skip(test: &str) -> Option<Podman> {
-    let busybox = BUSYBOX_CANDIDATES
-        .iter()
-        .map(Path::new)
-        .find(|p| p.exists())
-        .unwrap_or(Path::new(BUSYBOX_CANDIDATES[0]));
-    match Podman::detect(busybox) {
-        Ok(podman) => Some(podman),
-        Err(reason) if std::env::var("CI").is_ok_and(|v| v == "true") => {
-            panic!("{test}: CI=true but no CDI runtime can run here: {reason}")
-        }
-        Err(reason) => {
-            eprintln!("SKIPPED {test}: {reason} (under CI=true this fails)");
-            None
-        }
-    }
-}
-
-/// A mock node whose plugin enforces MPS with the fake tools.
-struct MpsNode {
-    node: TestNode,
-}
-
-impl MpsNode {
-    fn new() -> Self {
-        let node = TestNode::new("h100-sxm-80gb:2");
-        install(&node.root.join("tools"), Path::new(TOOLS)).unwrap();
-        MpsNode { node }
-    }
-
-    fn mps_root(&self) -> PathBuf {
-        self.node.root.join("mps")
-    }
-
-    fn config(&self) -> PluginConfig {
-        PluginConfig {
-            gpu_tools_root: Some(self.node.root.join("tools")),
-            mps_root: self.mps_root(),
-            mps_stop_timeout: Duration::from_secs(2),
-            ..self.node.config()
-        }
-    }
-
-    fn gpu_uuid(&self, minor: u32) -> String {
-        self.node
-            .inventory()
-            .gpu_by_minor(minor)
-            .unwrap()
-            .uuid
-            .clone()
-    }
-
-    fn pipe(&self, gpu: &str) -> PathBuf {
-        self.mps_root().join(gpu).join("pipe")
-    }
-
-    /// The PID of the live daemon of `gpu`, from its PID file.
-    fn daemon_pid(&self, gpu: &str) -> Option<u32> {
-        let pid = std::fs::read_to_string(self.pipe(gpu).join(PID_FILE))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
-    }
-}
-
-impl Drop for MpsNode {
-    /// Daemons are real processes outside the plugin: never leave one behind a test, even a
-    /// failed one.
-    fn drop(&mut self) {
-        let Ok(entries) = std::fs::read_dir(self.mps_root()) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let gpu = entry.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = self.daemon_pid(&gpu) {
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            }
-        }
-    }
+    Podman::for_test(test, std::env::var("CI").is_ok_and(|v| v == "true"))
 }
 
 /// Runs in the container. Writes `/dev/shm/<name>` so that the host can see it arrived in
@@ -163,7 +74,7 @@ async fn slices_of_one_gpu_reach_one_daemon_from_their_containers() {
     let Some(podman) = podman_or_skip(test) else {
         return;
     };
-    let mps = MpsNode::new();
+    let mps = MpsNode::with_profile("h100-sxm-80gb:2");
     let node = &mps.node;
     let (gpu0, gpu1) = (mps.gpu_uuid(0), mps.gpu_uuid(1));
     let claims: Vec<(Claim, &str)> = vec![
@@ -171,14 +82,7 @@ async fn slices_of_one_gpu_reach_one_daemon_from_their_containers() {
         (node.slice_claim("b", &uid(2), 0, 20 * GIB, 50), &gpu0),
         (node.slice_claim("c", &uid(3), 1, 10 * GIB, 25), &gpu1),
     ];
-    let connections = Connections {
-        claim_reader: Arc::new(ApiClaimReader::new(node.api.client())),
-        publisher: None,
-        events: Arc::new(MemoryClaimEvents::default()),
-    };
-    let plugin = plugin::start(&mps.config(), node.inventory(), connections)
-        .await
-        .unwrap();
+    let plugin = mps.start().await;
     let kubelet = FakeKubelet::start(node.kubelet_config());
     kubelet
         .wait_for_registration(1, Duration::from_secs(10))

@@ -18,163 +18,59 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::mps::{CONTROL, MpsNode};
 use common::{GIB, TestNode, eventually, uid};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::mps::TimeSliceInterval;
 use kerf_core::slice::Sharing;
-use kerf_kubelet_plugin::claim_events::MemoryClaimEvents;
-use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
-use kerf_kubelet_plugin::config::PluginConfig;
-use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_kubelet_plugin::plugin::RunningPlugin;
 use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_proto::client::Claim;
 use kerf_tests::api_server::ApiServer;
-use kerf_tests::fake_gpu_tools::{Call, calls, fail_next_mps_start, install};
+use kerf_tests::fake_gpu_tools::{Call, fail_next_mps_start};
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
 use serde_json::Value;
 
-const TOOLS: &str = env!("CARGO_BIN_EXE_kerf-test-gpu-tools");
 const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
-const CONTROL: &str = "nvidia-cuda-mps-control";
 
-/// A mock node whose plugin runs the fake GPU tools.
-struct SharingNode {
-    node: TestNode,
-    events: Arc<MemoryClaimEvents>,
-}
-
-impl SharingNode {
-    fn new() -> Self {
-        Self::with_profile("h100-sxm-80gb:4")
-    }
-
-    fn with_profile(profile: &str) -> Self {
-        let node = TestNode::new(profile);
-        install(&node.root.join("tools"), Path::new(TOOLS)).unwrap();
-        SharingNode {
-            node,
-            events: Arc::default(),
-        }
-    }
-
-    fn tools_root(&self) -> PathBuf {
-        self.node.root.join("tools")
-    }
-
-    fn mps_root(&self) -> PathBuf {
-        self.node.root.join("mps")
-    }
-
-    fn config(&self) -> PluginConfig {
-        PluginConfig {
-            gpu_tools_root: Some(self.tools_root()),
-            mps_root: self.mps_root(),
-            mps_stop_timeout: Duration::from_secs(2),
-            mps_check_interval: Duration::from_millis(50),
-            ..self.node.config()
-        }
-    }
-
-    async fn start(&self) -> RunningPlugin {
-        let connections = Connections {
-            claim_reader: Arc::new(ApiClaimReader::new(self.node.api.client())),
-            publisher: None,
-            events: Arc::clone(&self.events) as _,
-        };
-        plugin::start(&self.config(), self.node.inventory(), connections)
-            .await
-            .unwrap()
-    }
-
-    fn gpu_uuid(&self, minor: u32) -> String {
-        self.node
-            .inventory()
-            .gpu_by_minor(minor)
-            .unwrap()
-            .uuid
-            .clone()
-    }
-
-    fn calls(&self) -> Vec<Call> {
-        calls(&self.tools_root())
-    }
-
-    /// The `nvidia-cuda-mps-control -d` starts recorded for `gpu`.
-    fn starts(&self, gpu: &str) -> Vec<Call> {
-        self.calls()
-            .into_iter()
-            .filter(|c| c.tool == CONTROL && c.args == ["-d"])
-            .filter(|c| c.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some(gpu))
-            .collect()
-    }
-
-    fn pipe(&self, gpu: &str) -> PathBuf {
-        self.mps_root().join(gpu).join("pipe")
-    }
-
-    fn daemon_pid(&self, gpu: &str) -> Option<u32> {
-        let pid = std::fs::read_to_string(self.pipe(gpu).join("nvidia-cuda-mps-control.pid"))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
-    }
-
-    /// A time-sliced (or other non-MPS) slice allocated as the controller writes it.
-    fn shared_claim(
-        &self,
-        name: &str,
-        claim_uid: &str,
-        minor: u32,
-        sharing: Sharing,
-        interval: TimeSliceInterval,
-    ) -> Claim {
-        let inventory = self.node.inventory();
-        let gpu = inventory.gpu_by_minor(minor).unwrap();
-        let placement = ClaimPlacement {
-            key: claim_uid.to_owned(),
-            devices: vec![PlacedDevice {
-                request: "gpu".to_owned(),
-                device: gpu.device_name(),
-                gpu_uuid: gpu.uuid.clone(),
-                slice: Some(SliceSize {
-                    memory_bytes: 8 * GIB,
-                    compute_percent: 25,
-                }),
-                sharing,
-                time_slice_interval: Some(interval),
-            }],
-        };
-        let allocation = kerf_api::allocation_status(
-            &placement,
-            common::NODE,
-            common::DRIVER,
-            Time(k8s_openapi::jiff::Timestamp::now()),
-        )
-        .unwrap();
-        self.node.add_claim(common::allocated_claim(
-            name,
-            claim_uid,
-            &serde_json::to_value(allocation).unwrap(),
-        ))
-    }
-}
-
-impl Drop for SharingNode {
-    /// Daemons are real processes outside the plugin: never leave one behind a test.
-    fn drop(&mut self) {
-        let Ok(entries) = std::fs::read_dir(self.mps_root()) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let gpu = entry.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = self.daemon_pid(&gpu) {
-                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            }
-        }
-    }
+/// A time-sliced (or other non-MPS) slice allocated as the controller writes it.
+fn shared_claim(
+    on: &MpsNode,
+    name: &str,
+    claim_uid: &str,
+    minor: u32,
+    sharing: Sharing,
+    interval: TimeSliceInterval,
+) -> Claim {
+    let inventory = on.node.inventory();
+    let gpu = inventory.gpu_by_minor(minor).unwrap();
+    let placement = ClaimPlacement {
+        key: claim_uid.to_owned(),
+        devices: vec![PlacedDevice {
+            request: "gpu".to_owned(),
+            device: gpu.device_name(),
+            gpu_uuid: gpu.uuid.clone(),
+            slice: Some(SliceSize {
+                memory_bytes: 8 * GIB,
+                compute_percent: 25,
+            }),
+            sharing,
+            time_slice_interval: Some(interval),
+        }],
+    };
+    let allocation = kerf_api::allocation_status(
+        &placement,
+        common::NODE,
+        common::DRIVER,
+        Time(k8s_openapi::jiff::Timestamp::now()),
+    )
+    .unwrap();
+    on.node.add_claim(common::allocated_claim(
+        name,
+        claim_uid,
+        &serde_json::to_value(allocation).unwrap(),
+    ))
 }
 
 fn claim_ref(claim: &Claim) -> ClaimRef {
@@ -248,7 +144,7 @@ fn device_env(node: &TestNode, claim: &Claim) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_daemon_per_gpu_for_all_its_slices_stopped_after_the_last_unprepare() {
-    let sharing = SharingNode::new();
+    let sharing = MpsNode::new();
     let node = &sharing.node;
     let plugin = sharing.start().await;
     let (gpu0, gpu1) = (sharing.gpu_uuid(0), sharing.gpu_uuid(1));
@@ -363,7 +259,7 @@ async fn one_daemon_per_gpu_for_all_its_slices_stopped_after_the_last_unprepare(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exclusive_gpus_and_mig_devices_get_no_daemon_and_no_tool_call() {
-    let sharing = SharingNode::new();
+    let sharing = MpsNode::new();
     let node = &sharing.node;
     let plugin = sharing.start().await;
     let whole = node.device_claim("whole", &uid(1), "gpu-2");
@@ -374,7 +270,7 @@ async fn exclusive_gpus_and_mig_devices_get_no_daemon_and_no_tool_call() {
     plugin.shutdown().await.unwrap();
 
     // A MIG device stays exclusive even when its class asks for MPS.
-    let mig_node = SharingNode::with_profile("a100-40gb-mig");
+    let mig_node = MpsNode::with_profile("a100-40gb-mig");
     let plugin = mig_node.start().await;
     let (_, parent, mig) = mig_node.node.whole_gpu_and_mig();
     let claim = mig_node.node.add_claim(common::allocated_claim(
@@ -396,7 +292,7 @@ async fn exclusive_gpus_and_mig_devices_get_no_daemon_and_no_tool_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_that_fails_to_start_fails_the_prepare_and_leaves_nothing() {
-    let sharing = SharingNode::new();
+    let sharing = MpsNode::new();
     let node = &sharing.node;
     let plugin = sharing.start().await;
     let gpu = sharing.gpu_uuid(0);
@@ -442,7 +338,7 @@ async fn a_daemon_that_fails_to_start_fails_the_prepare_and_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_daemon_is_restarted_counted_and_reported_on_its_claims() {
-    let sharing = SharingNode::new();
+    let sharing = MpsNode::new();
     let node = &sharing.node;
     let plugin = sharing.start().await;
     let gpu = sharing.gpu_uuid(0);
@@ -494,17 +390,19 @@ async fn a_dead_daemon_is_restarted_counted_and_reported_on_its_claims() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn time_slices_are_set_by_the_first_claim_and_restored_after_the_last() {
-    let sharing = SharingNode::new();
+    let sharing = MpsNode::new();
     let plugin = sharing.start().await;
     let gpu = sharing.gpu_uuid(2);
-    let a = sharing.shared_claim(
+    let a = shared_claim(
+        &sharing,
         "a",
         &uid(1),
         2,
         Sharing::TimeSlicing,
         TimeSliceInterval::Long,
     );
-    let b = sharing.shared_claim(
+    let b = shared_claim(
+        &sharing,
         "b",
         &uid(2),
         2,
@@ -513,7 +411,7 @@ async fn time_slices_are_set_by_the_first_claim_and_restored_after_the_last() {
     );
     assert!(prepare(&plugin, &[&a]).await[0].is_ok());
     assert!(prepare(&plugin, &[&b]).await[0].is_ok());
-    let policy = |sharing: &SharingNode| -> Vec<Vec<String>> {
+    let policy = |sharing: &MpsNode| -> Vec<Vec<String>> {
         sharing
             .calls()
             .into_iter()
@@ -552,7 +450,7 @@ async fn time_slices_are_set_by_the_first_claim_and_restored_after_the_last() {
 }
 
 /// The plugin as its own process with the fake tools, so that it can be SIGKILLed.
-fn spawn_plugin(sharing: &SharingNode, kubeconfig: &Path, generation: u32) -> Child {
+fn spawn_plugin(sharing: &MpsNode, kubeconfig: &Path, generation: u32) -> Child {
     let log = sharing.node.root.join(format!("plugin-{generation}.log"));
     let path = |p: PathBuf| p.to_string_lossy().into_owned();
     Command::new(PLUGIN_BINARY)
@@ -571,7 +469,7 @@ fn spawn_plugin(sharing: &SharingNode, kubeconfig: &Path, generation: u32) -> Ch
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_killed_with_daemons_running_adopts_them_and_stops_orphans() {
-    let sharing = SharingNode::new();
+    let sharing = MpsNode::new();
     let node = &sharing.node;
     let server = ApiServer::start(node.api.clone()).await.unwrap();
     let kubeconfig = node.root.join("kubeconfig");
@@ -641,7 +539,7 @@ async fn a_plugin_killed_with_daemons_running_adopts_them_and_stops_orphans() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slices_full_life_as_the_fake_tools_record_it() {
-    let sharing = SharingNode::new();
+    let sharing = MpsNode::new();
     let plugin = sharing.start().await;
     let gpu = sharing.gpu_uuid(3);
     let claim = sharing.node.slice_claim("life", &uid(1), 3, 10 * GIB, 25);
@@ -703,7 +601,7 @@ impl XorShift {
 async fn concurrent_prepares_and_unprepares_of_one_gpu_never_lose_or_duplicate_its_daemon() {
     let mut restarts_across_seeds = 0;
     for seed in 1..=4_u64 {
-        let sharing = SharingNode::new();
+        let sharing = MpsNode::new();
         let plugin = Arc::new(sharing.start().await);
         let gpu = sharing.gpu_uuid(0);
         let claims: Vec<Claim> = (0..3)

@@ -10,6 +10,8 @@
     reason = "shared by several test crates, each using a part; a failing helper fails its test"
 )]
 
+pub mod mps;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;

@@ -1,0 +1,124 @@
+//! A node whose kubelet plugin enforces MPS and time-slicing with the fake GPU tools, and
+//! the ways to look at what the tools did: for the plugin's sharing tests and the podman MPS
+//! test.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kerf_core::mps::PID_FILE;
+use kerf_kubelet_plugin::claim_events::MemoryClaimEvents;
+use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
+use kerf_kubelet_plugin::config::PluginConfig;
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_tests::fake_gpu_tools::{Call, calls, install};
+
+use super::TestNode;
+
+/// The fake tools, as this package builds them.
+pub const TOOLS: &str = env!("CARGO_BIN_EXE_kerf-test-gpu-tools");
+/// The MPS control program's name.
+pub const CONTROL: &str = "nvidia-cuda-mps-control";
+
+/// A mock node whose plugin runs the fake GPU tools of `kerf-fake-gpu-tools` (built here
+/// as `kerf-test-gpu-tools`) in a mock driver root, so that MPS and time slices are enforced.
+pub struct MpsNode {
+    pub node: TestNode,
+    /// The Warning Events the plugin published.
+    pub events: Arc<MemoryClaimEvents>,
+}
+
+impl MpsNode {
+    pub fn new() -> Self {
+        Self::with_profile("h100-sxm-80gb:4")
+    }
+
+    pub fn with_profile(profile: &str) -> Self {
+        let node = TestNode::new(profile);
+        install(&node.root.join("tools"), Path::new(TOOLS)).unwrap();
+        MpsNode {
+            node,
+            events: Arc::default(),
+        }
+    }
+
+    pub fn tools_root(&self) -> PathBuf {
+        self.node.root.join("tools")
+    }
+
+    pub fn mps_root(&self) -> PathBuf {
+        self.node.root.join("mps")
+    }
+
+    pub fn config(&self) -> PluginConfig {
+        PluginConfig {
+            gpu_tools_root: Some(self.tools_root()),
+            mps_root: self.mps_root(),
+            mps_stop_timeout: Duration::from_secs(2),
+            mps_check_interval: Duration::from_millis(50),
+            ..self.node.config()
+        }
+    }
+
+    pub async fn start(&self) -> RunningPlugin {
+        let connections = Connections {
+            claim_reader: Arc::new(ApiClaimReader::new(self.node.api.client())),
+            publisher: None,
+            events: Arc::clone(&self.events) as _,
+        };
+        plugin::start(&self.config(), self.node.inventory(), connections)
+            .await
+            .unwrap()
+    }
+
+    pub fn gpu_uuid(&self, minor: u32) -> String {
+        self.node
+            .inventory()
+            .gpu_by_minor(minor)
+            .unwrap()
+            .uuid
+            .clone()
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        calls(&self.tools_root())
+    }
+
+    /// The `nvidia-cuda-mps-control -d` starts recorded for `gpu`.
+    pub fn starts(&self, gpu: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.tool == CONTROL && c.args == ["-d"])
+            .filter(|c| c.env.get("CUDA_VISIBLE_DEVICES").map(String::as_str) == Some(gpu))
+            .collect()
+    }
+
+    pub fn pipe(&self, gpu: &str) -> PathBuf {
+        self.mps_root().join(gpu).join("pipe")
+    }
+
+    pub fn daemon_pid(&self, gpu: &str) -> Option<u32> {
+        let pid = std::fs::read_to_string(self.pipe(gpu).join(PID_FILE))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
+    }
+}
+
+impl Drop for MpsNode {
+    /// Daemons are real processes outside the plugin: never leave one behind a test.
+    fn drop(&mut self) {
+        let Ok(entries) = std::fs::read_dir(self.mps_root()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let gpu = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = self.daemon_pid(&gpu) {
+                let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            }
+        }
+    }
+}
