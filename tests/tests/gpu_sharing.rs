@@ -142,6 +142,15 @@ fn device_env(node: &TestNode, claim: &Claim) -> Vec<String> {
         .collect()
 }
 
+fn assert_shm_is_for_every_user(sharing: &MpsNode) {
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(sharing.mps_root().join("shm"))
+            .unwrap()
+            .permissions(),
+    );
+    assert_eq!(mode & 0o7777, 0o1777, "a /dev/shm for clients of any user");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_daemon_per_gpu_for_all_its_slices_stopped_after_the_last_unprepare() {
     let sharing = MpsNode::new();
@@ -208,16 +217,7 @@ async fn one_daemon_per_gpu_for_all_its_slices_stopped_after_the_last_unprepare(
     );
     assert!(device_env(node, &a).contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M".to_owned()));
     assert!(device_env(node, &b).contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50".to_owned()));
-    let shm_mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(sharing.mps_root().join("shm"))
-            .unwrap()
-            .permissions(),
-    );
-    assert_eq!(
-        shm_mode & 0o7777,
-        0o1777,
-        "a /dev/shm for clients of any user"
-    );
+    assert_shm_is_for_every_user(&sharing);
     let checkpoint = node.checkpoint();
     assert!(
         checkpoint["gpuSharing"][&gpu0]["mpsRoot"].is_string(),
