@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::mps_daemons::MpsSettings;
+
 /// Where the GPU inventory comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Discovery {
@@ -19,6 +21,18 @@ impl Discovery {
     /// True for either mock mode.
     pub fn is_mock(&self) -> bool {
         !matches!(self, Discovery::Nvml)
+    }
+}
+
+impl PluginConfig {
+    /// How the MPS daemons run, or `None` when MPS and time-slicing are not enforced (mock
+    /// mode without a mock driver root).
+    pub fn mps_settings(&self) -> Option<MpsSettings> {
+        self.gpu_tools_root.as_ref().map(|tools_root| MpsSettings {
+            root: self.mps_root.clone(),
+            driver_root: tools_root.clone(),
+            stop_timeout: self.mps_stop_timeout,
+        })
     }
 }
 

@@ -379,10 +379,6 @@ fn mps_claims(cp: &Checkpoint, gpu: &str) -> Vec<ClaimRef> {
     cp.claims
         .iter()
         .filter(|(_, e)| e.devices.iter().any(|d| mps_gpu(d) == Some(gpu)))
-        .map(|(uid, e)| ClaimRef {
-            namespace: e.namespace.clone(),
-            uid: uid.clone(),
-            name: e.name.clone(),
-        })
+        .map(|(uid, e)| ClaimRef::of_entry(uid, e))
         .collect()
 }

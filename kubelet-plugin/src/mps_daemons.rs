@@ -15,7 +15,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use kerf_core::mps::{
-    CONTROL_PROGRAM, ComputeMode, MpsDirectories, QUIT_COMMAND, TimeSliceInterval,
+    CONTROL_PROGRAM, ComputeMode, MpsDirectories, PID_FILE, QUIT_COMMAND, TimeSliceInterval,
     compute_mode_args, timeslice_args,
 };
 use tokio::io::AsyncWriteExt as _;
@@ -108,12 +108,7 @@ impl MpsDaemons {
 
     /// The daemon of `dirs` when its PID file names a live `nvidia-cuda-mps-control`.
     pub fn running(&self, dirs: &MpsDirectories) -> Option<RunningDaemon> {
-        let pid: u32 = std::fs::read_to_string(dirs.pid_file())
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        is_control_daemon(pid).then_some(RunningDaemon { pid })
+        daemon_in(&dirs.pipe())
     }
 
     /// Makes sure the daemon of `gpu_uuid` runs: adopts a running one, else sets the compute
@@ -322,6 +317,17 @@ fn mps_error(gpu: &str, message: String) -> Error {
         gpu: gpu.to_owned(),
         message,
     }
+}
+
+/// The daemon whose pipe directory is `pipe`, when its PID file names a live
+/// `nvidia-cuda-mps-control` (not a zombie, not a reused PID).
+pub fn daemon_in(pipe: &Path) -> Option<RunningDaemon> {
+    let pid: u32 = std::fs::read_to_string(pipe.join(PID_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    is_control_daemon(pid).then_some(RunningDaemon { pid })
 }
 
 /// Whether `pid` is a live process whose program is `nvidia-cuda-mps-control`: a PID file can

@@ -21,7 +21,7 @@ use crate::grpc::registration::RegistrationService;
 use crate::grpc::socket::BoundSocket;
 use crate::http::Health;
 use crate::metrics::Metrics;
-use crate::mps_daemons::{MpsDaemons, MpsSettings};
+use crate::mps_daemons::MpsDaemons;
 use crate::preparer::{Preparer, PreparerConfig};
 use crate::publish::Publisher;
 use crate::{Error, Result, discovery};
@@ -245,18 +245,14 @@ type Task = (&'static str, JoinHandle<Result<()>>);
 /// The MPS daemons and time slices of the node, run with the configured GPU tools; not
 /// enforced in mock mode without a mock driver root.
 fn gpu_sharing(config: &PluginConfig) -> Result<GpuSharing> {
-    let Some(tools_root) = &config.gpu_tools_root else {
+    let Some(settings) = config.mps_settings() else {
         tracing::info!(
             "mock mode without --mock-driver-root: MPS and time-slicing are not enforced, slices are accounting only"
         );
         return Ok(GpuSharing::new(None));
     };
     create_shm_directory(&config.mps_root.join(kerf_core::mps::SHM_DIRECTORY_NAME))?;
-    Ok(GpuSharing::new(Some(MpsDaemons::new(MpsSettings {
-        root: config.mps_root.clone(),
-        driver_root: tools_root.clone(),
-        stop_timeout: config.mps_stop_timeout,
-    }))))
+    Ok(GpuSharing::new(Some(MpsDaemons::new(settings))))
 }
 
 /// The node-wide shared-memory directory of MPS, with `/dev/shm`'s mode (world-writable,

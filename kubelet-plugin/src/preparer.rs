@@ -51,6 +51,17 @@ pub struct ClaimRef {
     pub name: String,
 }
 
+impl ClaimRef {
+    /// The claim of a checkpoint entry, keyed by `uid`.
+    pub fn of_entry(uid: &str, entry: &ClaimEntry) -> Self {
+        ClaimRef {
+            namespace: entry.namespace.clone(),
+            uid: uid.to_owned(),
+            name: entry.name.clone(),
+        }
+    }
+}
+
 /// Settings of the prepare path, fixed at start-up.
 #[derive(Debug, Clone)]
 pub struct PreparerConfig {
@@ -257,14 +268,7 @@ impl Preparer {
             cp.claims
                 .iter()
                 .filter(|(_, e)| e.state == ClaimState::PrepareCompleted)
-                .map(|(uid, e)| {
-                    let claim = ClaimRef {
-                        namespace: e.namespace.clone(),
-                        uid: uid.clone(),
-                        name: e.name.clone(),
-                    };
-                    (claim, e.devices.clone())
-                })
+                .map(|(uid, e)| (ClaimRef::of_entry(uid, e), e.devices.clone()))
                 .collect()
         });
         futures::future::try_join_all(

@@ -37,7 +37,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_api::resourceslice::{attributes, device_attribute};
 use kerf_core::cdi;
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
-use kerf_kubelet_plugin::mps_daemons::{MpsDaemons, MpsSettings};
+use kerf_kubelet_plugin::mps_daemons::{self, MpsDaemons};
 use kerf_kubelet_plugin::plugin::{self, Connections};
 use kerf_kubelet_plugin::preparer::PreparerConfig;
 use kerf_proto::client::{Claim, ClaimResult, KubeletClient, RegisteredPlugin};
@@ -311,7 +311,7 @@ impl NodeVisit<'_> {
             if let Some(spec) = spec {
                 // Read now: the daemon and its PID file go with the GPU's last unprepare.
                 for pipe in mps::pipe_mounts(&spec) {
-                    let pid = mps::daemon_pid(&pipe.host);
+                    let pid = mps_daemons::daemon_in(&pipe.host).map(|d| d.pid);
                     run.mps_daemons.entry(pipe.host).or_insert(pid);
                 }
                 run.specs.insert(uid.clone(), (path, spec));
@@ -390,14 +390,10 @@ impl NodeVisit<'_> {
 /// daemons run in their own process groups, so nothing else would end them) and reported
 /// as an error.
 async fn stop_leftover_daemons(config: &PluginConfig) -> Result<()> {
-    let Some(tools_root) = &config.gpu_tools_root else {
+    let Some(settings) = config.mps_settings() else {
         return Ok(());
     };
-    let daemons = MpsDaemons::new(MpsSettings {
-        root: config.mps_root.clone(),
-        driver_root: tools_root.clone(),
-        stop_timeout: config.mps_stop_timeout,
-    });
+    let daemons = MpsDaemons::new(settings);
     let mut left = Vec::new();
     for gpu in daemons.known_gpus() {
         let dirs = daemons.directories(&gpu)?;

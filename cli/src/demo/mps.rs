@@ -1,11 +1,11 @@
 //! The MPS daemons the demo's slices are clients of, read back from what the plugin wrote:
 //! each MPS device of a claim's CDI spec mounts its GPU's pipe directory at
-//! `/run/kerf/mps/<gpu-uuid>` ([`kerf_core::mps`]), and the daemon's PID file is in that
-//! directory while the claim is prepared.
+//! `/run/kerf/mps/<gpu-uuid>` ([`kerf_core::mps`]); whether a daemon runs there is the
+//! plugin's own check, [`kerf_kubelet_plugin::mps_daemons::daemon_in`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use kerf_core::mps::{CONTAINER_PIPE_ROOT, PID_FILE};
+use kerf_core::mps::CONTAINER_PIPE_ROOT;
 use serde_json::Value;
 
 /// One MPS pipe directory mounted by a CDI device of a spec.
@@ -47,16 +47,6 @@ pub fn pipe_mounts(spec: &Value) -> Vec<PipeMount> {
     found
 }
 
-/// The PID in the PID file of the daemon of `pipe`, when that process is alive.
-pub fn daemon_pid(pipe: &Path) -> Option<u32> {
-    let pid: u32 = std::fs::read_to_string(pipe.join(PID_FILE))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Path::new(&format!("/proc/{pid}")).exists().then_some(pid)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,16 +69,5 @@ mod tests {
             }]
         );
         assert!(pipe_mounts(&serde_json::json!({})).is_empty());
-    }
-
-    #[test]
-    fn a_missing_or_dead_pid_file_is_no_daemon() {
-        let dir = tempfile::tempdir().unwrap();
-        assert_eq!(daemon_pid(dir.path()), None);
-        let write = |text: &str| std::fs::write(dir.path().join(PID_FILE), text).unwrap();
-        write(&format!("{}\n", std::process::id()));
-        assert_eq!(daemon_pid(dir.path()), Some(std::process::id()));
-        write("not a pid\n");
-        assert_eq!(daemon_pid(dir.path()), None);
     }
 }
