@@ -6,6 +6,8 @@
 //! - [`resourceslice`]: [`resource_slices`], the node's inventory as ResourceSlices.
 //! - [`gpuclass`]: the GpuClass custom resource.
 //! - [`crd`]: the generated CRD manifests (written to `crds/` by the `crdgen` binary).
+//! - [`features`]: probes of the optional API fields the server keeps (device taints, extended
+//!   resource names).
 //! - [`quantity`]: byte quantities (`40Gi`) parsed exactly.
 //! - [`inventory_view`](mod@inventory_view): [`node_gpus_from_slices`], the controller's
 //!   inventory read back from kerf's ResourceSlices.
@@ -17,6 +19,7 @@ pub mod allocation;
 pub mod claim;
 pub mod controller_claims;
 pub mod crd;
+pub mod features;
 pub mod error;
 pub mod gpuclass;
 pub mod inventory_view;

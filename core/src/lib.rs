@@ -10,6 +10,7 @@
 //! - [`checkpoint`]: the kubelet plugin's versioned, tolerant checkpoint format.
 //! - [`alloc`]: the controller's allocator: free-capacity index and pod placement.
 //! - [`mps`]: CUDA MPS daemon directories and client mounts, compute modes and time slices.
+//! - [`health`]: device faults, device health and the taints unhealthy devices get.
 
 pub mod alloc;
 pub mod cdi;
@@ -17,6 +18,7 @@ pub mod checkpoint;
 pub mod driver_root;
 pub mod error;
 pub mod fsutil;
+pub mod health;
 pub mod inventory;
 pub mod mock;
 pub mod mps;

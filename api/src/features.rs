@@ -1,0 +1,226 @@
+//! Which optional `resource.k8s.io/v1` fields the API server keeps.
+//!
+//! Fields of alpha features are in the v1 schema of every 1.34+ API server, but a server
+//! whose feature gate is off drops them on write (its `dropDisabledFields`), so neither the
+//! OpenAPI document nor discovery tells whether a feature works. kerf asks the server itself:
+//! a dry-run create (`dryRun=All`, nothing is stored) of a probe object that sets the field,
+//! and a look at whether the answer still carries it. The objects and the checks are here; the
+//! binaries make the call once at start-up and degrade with one log line.
+
+use std::fmt;
+
+use k8s_openapi::api::resource::v1::{
+    CELDeviceSelector, Device, DeviceClass, DeviceClassSpec, DeviceSelector, DeviceTaint,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+/// `metadata.generateName` of every probe object; the server never stores them.
+pub const PROBE_NAME_PREFIX: &str = "kerf-feature-probe-";
+
+/// An optional API feature kerf uses, named by its Kubernetes feature gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ApiFeature {
+    /// `DRADeviceTaints`: `spec.devices[].taints` of ResourceSlices (beta, on, in 1.36).
+    DeviceTaints,
+    /// `DRAExtendedResource`: `spec.extendedResourceName` of DeviceClasses (beta, on, in 1.36).
+    ExtendedResource,
+}
+
+impl ApiFeature {
+    /// The feature gate's name.
+    pub fn gate(self) -> &'static str {
+        match self {
+            ApiFeature::DeviceTaints => "DRADeviceTaints",
+            ApiFeature::ExtendedResource => "DRAExtendedResource",
+        }
+    }
+
+    /// The field the feature adds, as a path.
+    pub fn field(self) -> &'static str {
+        match self {
+            ApiFeature::DeviceTaints => "ResourceSlice spec.devices[].taints",
+            ApiFeature::ExtendedResource => "DeviceClass spec.extendedResourceName",
+        }
+    }
+
+    /// What kerf does without the feature, for the one log line at start-up.
+    pub fn without(self) -> &'static str {
+        match self {
+            ApiFeature::DeviceTaints => {
+                "unhealthy devices are not tainted; their health still reaches the kubelet"
+            }
+            ApiFeature::ExtendedResource => {
+                "GpuClasses' extendedResourceName is not written; pods must use ResourceClaims"
+            }
+        }
+    }
+}
+
+impl fmt::Display for ApiFeature {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.gate())
+    }
+}
+
+/// What the probe of one feature found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Probed {
+    /// The server kept the field: the feature is on.
+    Served,
+    /// The server dropped the field: the feature is off or the server predates it.
+    Dropped,
+    /// The probe call failed (no permission, server error); the message says why. Callers
+    /// treat the feature as off.
+    Failed(String),
+}
+
+impl Probed {
+    /// Whether the feature can be used.
+    pub fn is_served(&self) -> bool {
+        matches!(self, Probed::Served)
+    }
+
+    /// The start-up log line for `feature`, `None` when it is served.
+    pub fn degraded_message(&self, feature: ApiFeature) -> Option<String> {
+        match self {
+            Probed::Served => None,
+            Probed::Dropped => Some(format!(
+                "the API server drops {} (feature gate {} off, or Kubernetes before 1.36): {}",
+                feature.field(),
+                feature.gate(),
+                feature.without()
+            )),
+            Probed::Failed(why) => Some(format!(
+                "cannot tell whether the API server serves {} ({why}); assuming feature gate {} is off: {}",
+                feature.field(),
+                feature.gate(),
+                feature.without()
+            )),
+        }
+    }
+}
+
+/// A ResourceSlice for `driver` on `node` with one tainted device, to create with
+/// `dryRun=All`.
+pub fn device_taints_probe(driver: &str, node: &str) -> ResourceSlice {
+    ResourceSlice {
+        metadata: probe_metadata(),
+        spec: ResourceSliceSpec {
+            driver: driver.to_owned(),
+            node_name: Some(node.to_owned()),
+            pool: ResourcePool {
+                name: format!("{PROBE_NAME_PREFIX}{node}"),
+                generation: 0,
+                resource_slice_count: 1,
+            },
+            devices: Some(vec![Device {
+                name: "probe".to_owned(),
+                taints: Some(vec![DeviceTaint {
+                    key: format!("{driver}/probe"),
+                    value: Some("probe".to_owned()),
+                    effect: "NoSchedule".to_owned(),
+                    time_added: None,
+                }]),
+                ..Device::default()
+            }]),
+            ..ResourceSliceSpec::default()
+        },
+    }
+}
+
+/// Whether the server's answer to [`device_taints_probe`] kept the taint.
+pub fn kept_device_taints(answer: &ResourceSlice) -> Probed {
+    let kept = answer
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .any(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()));
+    if kept {
+        Probed::Served
+    } else {
+        Probed::Dropped
+    }
+}
+
+/// A DeviceClass of `driver` with an extended resource name, to create with `dryRun=All`.
+pub fn extended_resource_probe(driver: &str) -> DeviceClass {
+    DeviceClass {
+        metadata: probe_metadata(),
+        spec: DeviceClassSpec {
+            extended_resource_name: Some(format!("{driver}/kerf-feature-probe")),
+            selectors: Some(vec![DeviceSelector {
+                cel: Some(CELDeviceSelector {
+                    expression: format!("device.driver == {driver:?}"),
+                }),
+            }]),
+            ..DeviceClassSpec::default()
+        },
+    }
+}
+
+/// Whether the server's answer to [`extended_resource_probe`] kept the name.
+pub fn kept_extended_resource(answer: &DeviceClass) -> Probed {
+    if answer
+        .spec
+        .extended_resource_name
+        .as_deref()
+        .is_some_and(|n| !n.is_empty())
+    {
+        Probed::Served
+    } else {
+        Probed::Dropped
+    }
+}
+
+fn probe_metadata() -> ObjectMeta {
+    ObjectMeta {
+        generate_name: Some(PROBE_NAME_PREFIX.to_owned()),
+        ..ObjectMeta::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_probe_answer_without_the_field_is_dropped() {
+        let slice = device_taints_probe("gpu.kerf.dev", "node-a");
+        assert_eq!(kept_device_taints(&slice), Probed::Served);
+        let mut dropped = slice.clone();
+        for device in dropped.spec.devices.iter_mut().flatten() {
+            device.taints = None;
+        }
+        assert_eq!(kept_device_taints(&dropped), Probed::Dropped);
+
+        let class = extended_resource_probe("gpu.kerf.dev");
+        assert_eq!(kept_extended_resource(&class), Probed::Served);
+        let mut dropped = class.clone();
+        dropped.spec.extended_resource_name = None;
+        assert_eq!(kept_extended_resource(&dropped), Probed::Dropped);
+    }
+
+    #[test]
+    fn the_degraded_line_names_the_gate_and_the_consequence() {
+        assert_eq!(
+            Probed::Served.degraded_message(ApiFeature::DeviceTaints),
+            None
+        );
+        let line = Probed::Dropped
+            .degraded_message(ApiFeature::DeviceTaints)
+            .expect("a line");
+        assert!(
+            line.contains("DRADeviceTaints") && line.contains("not tainted"),
+            "{line}"
+        );
+        let line = Probed::Failed("403 Forbidden".into())
+            .degraded_message(ApiFeature::ExtendedResource)
+            .expect("a line");
+        assert!(
+            line.contains("403 Forbidden") && line.contains("DRAExtendedResource"),
+            "{line}"
+        );
+    }
+}
