@@ -18,7 +18,14 @@
 //!   are atomic); there is no conflict detection between managers and no `managedFields`;
 //! - strategic merge patches are treated as JSON merge patches;
 //! - field selectors accept any dotted field path; list pagination returns everything at once;
-//! - `dryRun` is rejected with 400 rather than simulated.
+//! - `dryRun=All` is simulated for CREATE only (the answer is what would be stored, nothing
+//!   is); on other verbs it is rejected with 400.
+//!
+//! [`FakeApi::drop_field`] makes the fake behave like an API server whose feature gate for a
+//! field is off: kube-apiserver's registry strategies call `dropDisabledFields` (e.g.
+//! kubernetes/kubernetes `pkg/registry/resource/resourceslice/strategy.go`,
+//! `dropDisabledFields`, which clears `devices[].taints` unless `DRADeviceTaints` is on) on
+//! every create and update, so the write succeeds and the field is silently gone.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::convert::Infallible;
@@ -159,6 +166,8 @@ struct State {
     requests: Vec<RecordedRequest>,
     faults: Vec<Fault>,
     delays: Vec<Delay>,
+    /// Fields removed from every write, per resource (plural).
+    dropped_fields: Vec<(String, String)>,
 }
 
 /// An API error, rendered as a `Status` object.
@@ -288,6 +297,7 @@ impl FakeApi {
             requests: Vec::new(),
             faults: Vec::new(),
             delays: Vec::new(),
+            dropped_fields: Vec::new(),
         };
         Self {
             inner: Arc::new(Inner {
@@ -321,6 +331,16 @@ impl FakeApi {
         } else {
             state.status_subresources.remove(resource);
         }
+    }
+
+    /// Drops `path` from every object of `resource` (plural, e.g. `resourceslices`) written
+    /// from now on, as an API server with that field's feature gate off does. `path` is
+    /// dotted, and a segment ending in `[]` means every element of that list, e.g.
+    /// `spec.devices[].taints`.
+    pub fn drop_field(&self, resource: &str, path: &str) {
+        self.state()
+            .dropped_fields
+            .push((resource.to_owned(), path.to_owned()));
     }
 
     /// Stores `obj` (creating or replacing it) as a test fixture, and returns it as stored,
@@ -622,11 +642,16 @@ impl FakeApi {
     }
 
     fn dispatch(&self, verb: &str, request: &ApiRequest) -> ApiResult<(u16, Value)> {
-        if request.query.get("dryRun").is_some() {
-            return Err(ApiError::bad_request("dryRun is not supported by FakeApi"));
-        }
         let events = &self.inner.events;
         let mut state = self.state();
+        if let Some(dry_run) = request.query.get("dryRun") {
+            return match (verb, dry_run) {
+                ("create", "All") => state.dry_run_create(request).map(|v| (201, v)),
+                _ => Err(ApiError::bad_request(format!(
+                    "dryRun={dry_run} on {verb} is not supported by FakeApi"
+                ))),
+            };
+        }
         match verb {
             "get" => state.get(request).map(|v| (200, v)),
             "create" => state.create(events, request).map(|v| (201, v)),
@@ -1182,6 +1207,34 @@ fn set_generation(old: &Value, new: &mut Value) {
     metadata_mut(new).insert("generation".to_owned(), json!(generation));
 }
 
+/// Removes the field at `segments` (see [`FakeApi::drop_field`]) from `value`.
+fn drop_path(value: &mut Value, segments: &[&str]) {
+    let Some((first, rest)) = segments.split_first() else {
+        return;
+    };
+    let (name, each) = match first.strip_suffix("[]") {
+        Some(name) => (name, true),
+        None => (*first, false),
+    };
+    let Some(map) = value.as_object_mut() else {
+        return;
+    };
+    if rest.is_empty() && !each {
+        map.remove(name);
+        return;
+    }
+    let Some(child) = map.get_mut(name) else {
+        return;
+    };
+    if each {
+        for element in child.as_array_mut().into_iter().flatten() {
+            drop_path(element, rest);
+        }
+    } else {
+        drop_path(child, rest);
+    }
+}
+
 fn now_timestamp() -> Value {
     let now =
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
@@ -1291,6 +1344,7 @@ impl State {
         {
             return self.commit_delete(events, key, obj);
         }
+        self.drop_disabled_fields(&key, &mut obj);
         self.rv += 1;
         metadata_mut(&mut obj).insert("resourceVersion".to_owned(), json!(self.rv.to_string()));
         let kind = if old.is_some() {
@@ -1402,6 +1456,31 @@ impl State {
             return Err(err);
         }
         Ok(self.create_object(events, key, obj))
+    }
+
+    /// What [`State::create`] would store, without storing it.
+    fn dry_run_create(&mut self, request: &ApiRequest) -> ApiResult<Value> {
+        if request.parsed.name.is_some() {
+            return Err(ApiError::new(405, "create needs a collection path"));
+        }
+        let mut obj = request.object_body()?;
+        let name = self.name_for_create(&obj)?;
+        let key = Self::key_in_collection(&request.parsed, &mut obj, name)?;
+        self.fill_type_meta(&key, &mut obj);
+        self.init_metadata(&mut obj);
+        self.drop_disabled_fields(&key, &mut obj);
+        Ok(obj)
+    }
+
+    fn drop_disabled_fields(&self, key: &ObjKey, obj: &mut Value) {
+        for (_, path) in self
+            .dropped_fields
+            .iter()
+            .filter(|(r, _)| *r == key.resource)
+        {
+            let segments: Vec<&str> = path.split('.').collect();
+            drop_path(obj, &segments);
+        }
     }
 
     fn create_object(
@@ -2122,6 +2201,39 @@ mod tests {
         );
         assert_eq!(fake.count("get", "/api/v1/namespaces/ns/configmaps/a"), 2);
         assert_eq!(fake.count("DELETE", "/api/v1/namespaces/ns/configmaps"), 2);
+    }
+
+    #[tokio::test]
+    async fn dry_run_creates_store_nothing_and_dropped_fields_vanish_like_a_gate_that_is_off() {
+        use k8s_openapi::api::resource::v1::ResourceSlice;
+        let fake = FakeApi::new();
+        let api: Api<ResourceSlice> = Api::all(fake.client());
+        let probe = kerf_api::features::device_taints_probe("gpu.kerf.dev", "n1");
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let answer = api.create(&dry, &probe).await.unwrap();
+        assert!(answer.metadata.name.is_some());
+        assert_eq!(
+            kerf_api::features::kept_device_taints(&answer),
+            kerf_api::features::Probed::Served
+        );
+        assert!(
+            fake.list("/apis/resource.k8s.io/v1/resourceslices")
+                .is_empty()
+        );
+
+        fake.drop_field("resourceslices", "spec.devices[].taints");
+        let answer = api.create(&dry, &probe).await.unwrap();
+        assert_eq!(
+            kerf_api::features::kept_device_taints(&answer),
+            kerf_api::features::Probed::Dropped
+        );
+        let stored = api.create(&PostParams::default(), &probe).await.unwrap();
+        let devices = stored.spec.devices.unwrap();
+        assert_eq!(devices[0].name, "probe");
+        assert!(devices[0].taints.is_none());
     }
 
     #[tokio::test]
