@@ -78,6 +78,7 @@ mod tests {
             [
                 "Allocator",
                 "DeviceClass",
+                "Extended resource",
                 "Devices",
                 "Free memory",
                 "Ready",
@@ -110,6 +111,15 @@ mod tests {
                 .as_str()
                 .unwrap_or_default()
                 .contains("migProfile")
+        );
+        let name = &spec["properties"]["extendedResourceName"];
+        assert_eq!(name["maxLength"], 308);
+        assert!(name["pattern"].as_str().is_some_and(|p| p.contains('/')));
+        assert!(
+            spec["x-kubernetes-validations"][2]["rule"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("kubernetes.io/")
         );
         let conditions =
             &schema["openAPIV3Schema"]["properties"]["status"]["properties"]["conditions"];

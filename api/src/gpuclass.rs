@@ -14,6 +14,21 @@ use crate::params::{
 /// The condition type that says whether the class is usable.
 pub const CONDITION_READY: &str = "Ready";
 
+/// The condition type that says whether `spec.extendedResourceName` reached the DeviceClass;
+/// present only on classes that set the name.
+pub const CONDITION_EXTENDED_RESOURCE: &str = "ExtendedResource";
+
+/// Longest extended resource name: kube-apiserver checks `requests.<name>` as a qualified name
+/// (`IsExtendedResourceName`), whose prefix is a DNS subdomain of at most 253 characters and
+/// whose name part has at most 63, so the prefix of the name itself has at most 244.
+pub const MAX_EXTENDED_RESOURCE_NAME_LEN: usize = 244 + 1 + 63;
+
+/// The prefix kube-apiserver reserves for resource quota keys; names may not start with it.
+const QUOTA_REQUESTS_PREFIX: &str = "requests.";
+
+/// The domain of Kubernetes' own resources; extended resource names may not contain it.
+const NATIVE_RESOURCE_DOMAIN: &str = "kubernetes.io/";
+
 /// `GpuClass.spec`: which GPUs, which allocator, and how they are sliced, placed and shared.
 // Several printcolumns share `type_ = "string"`, which clippy takes for duplicated attributes.
 #[allow(clippy::duplicated_attributes)]
@@ -32,6 +47,12 @@ pub const CONDITION_READY: &str = "Ready";
         name = "DeviceClass",
         type_ = "string",
         json_path = ".status.deviceClassName"
+    ),
+    printcolumn(
+        name = "Extended resource",
+        type_ = "string",
+        json_path = ".spec.extendedResourceName",
+        priority = 1
     ),
     printcolumn(
         name = "Devices",
@@ -66,6 +87,11 @@ pub const CONDITION_READY: &str = "Ready";
         "message": "sharing.timeSliceInterval needs sharing.strategy TimeSlicing: only time-sliced GPUs have a time slice",
         "fieldPath": ".sharing.timeSliceInterval",
     },
+    {
+        "rule": "!has(self.extendedResourceName) || (!self.extendedResourceName.contains('kubernetes.io/') && !self.extendedResourceName.startsWith('requests.'))",
+        "message": "extendedResourceName must not be in the kubernetes.io/ domain nor start with requests. (Kubernetes' IsExtendedResourceName)",
+        "fieldPath": ".extendedResourceName",
+    },
 ]))]
 pub struct GpuClassSpec {
     /// Scheduler (default): whole GPUs and MIG devices allocated by kube-scheduler.
@@ -84,6 +110,20 @@ pub struct GpuClassSpec {
     /// How devices are shared, and the time slice of time-sliced GPUs; passed to the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<SharingConfig>,
+    /// The extended resource name by which pods may ask for this class's devices without a
+    /// ResourceClaim (`resources.limits: {gpu.kerf.dev/gpu: 1}`), written into the
+    /// DeviceClass's `spec.extendedResourceName` (Kubernetes 1.36+, feature DRAExtendedResource).
+    /// Scheduler classes only: kube-scheduler allocates such requests itself, so a Controller
+    /// class reports condition ExtendedResource=False instead. Format: `<domain>/<name>`,
+    /// not in the kubernetes.io domain; unique among the cluster's DeviceClasses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 3, max = 308),
+        regex(
+            pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]$"
+        )
+    )]
+    pub extended_resource_name: Option<String>,
 }
 
 /// `GpuClass.status`, written by the controller.
@@ -122,13 +162,65 @@ impl GpuClassSpec {
     ///
     /// [`crate::Error::InvalidConfig`] naming the first bad field and its value.
     pub fn validate(&self, path: &str) -> Result<()> {
-        self.parameters().validate(path)
+        self.parameters().validate(path)?;
+        if let Some(name) = &self.extended_resource_name {
+            validate_extended_resource_name(name, &format!("{path}.extendedResourceName"))?;
+        }
+        Ok(())
     }
 
     /// The class settings as the opaque `GpuClassParameters` the DeviceClass carries.
     pub fn parameters(&self) -> GpuClassParameters {
         GpuClassParameters::from(self)
     }
+}
+
+/// Checks `name` as kube-apiserver checks a DeviceClass's `spec.extendedResourceName`
+/// (kubernetes/kubernetes `pkg/apis/resource/validation/validation.go`, `validateDeviceClassSpec`,
+/// which calls `IsExtendedResourceName` of `pkg/apis/core/v1/helper/helpers.go`): the name has
+/// a `/` and is not in the `kubernetes.io/` domain, does not start with `requests.`, and
+/// `requests.<name>` is a qualified name — a DNS-subdomain prefix of at most 253 characters,
+/// `/`, and a name of at most 63 alphanumerics, `-`, `_` and `.` that starts and ends
+/// alphanumeric.
+///
+/// # Errors
+///
+/// [`crate::Error::InvalidConfig`] at `path`, naming the value and the rule it breaks.
+pub fn validate_extended_resource_name(name: &str, path: &str) -> Result<()> {
+    let invalid = |why: &str| {
+        Err(crate::Error::config(
+            path,
+            format!("{name:?} is not a valid extended resource name: {why}"),
+        ))
+    };
+    let Some((domain, local)) = name.split_once('/') else {
+        return invalid("it needs a domain prefix, e.g. gpu.kerf.dev/gpu");
+    };
+    if name.contains(NATIVE_RESOURCE_DOMAIN) {
+        return invalid("the kubernetes.io domain is reserved for Kubernetes' own resources");
+    }
+    if name.starts_with(QUOTA_REQUESTS_PREFIX) {
+        return invalid("the prefix requests. is reserved for resource quota");
+    }
+    let quota_domain = format!("{QUOTA_REQUESTS_PREFIX}{domain}");
+    if !crate::resourceslice::is_dns_subdomain(&quota_domain) {
+        return invalid(
+            "the prefix must be a DNS subdomain (lower-case alphanumerics, '-' and '.') of at most 244 characters",
+        );
+    }
+    let local_ok = !local.is_empty()
+        && local.len() <= 63
+        && local
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && local.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && local.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if !local_ok {
+        return invalid(
+            "the part after '/' must be 1-63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
+        );
+    }
+    Ok(())
 }
 
 impl From<&GpuClassSpec> for GpuClassParameters {
@@ -146,6 +238,62 @@ impl From<&GpuClassSpec> for GpuClassParameters {
 impl GpuClassStatus {
     /// The Ready condition, when there is one.
     pub fn ready(&self) -> Option<&Condition> {
-        self.conditions.iter().find(|c| c.type_ == CONDITION_READY)
+        self.condition(CONDITION_READY)
+    }
+
+    /// The condition of type `type_`, when there is one.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn extended_resource_names_follow_kubernetes_rules() {
+        for good in [
+            "gpu.kerf.dev/gpu",
+            "gpu.kerf.dev/slice-10gi",
+            "example.com/A_b.c",
+            "a/b",
+        ] {
+            validate_extended_resource_name(good, "spec.extendedResourceName").unwrap();
+        }
+        for (bad, why) in [
+            ("gpu", "domain prefix"),
+            ("kubernetes.io/gpu", "kubernetes.io"),
+            ("gpu.kubernetes.io/gpu", "kubernetes.io"),
+            ("requests.gpu.kerf.dev/gpu", "requests."),
+            ("Gpu.kerf.dev/gpu", "DNS subdomain"),
+            ("gpu.kerf.dev/", "after '/'"),
+            ("gpu.kerf.dev/-gpu", "after '/'"),
+            ("gpu.kerf.dev/a/b", "after '/'"),
+        ] {
+            let error = validate_extended_resource_name(bad, "spec.extendedResourceName")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.starts_with("spec.extendedResourceName: ") && error.contains(why),
+                "{bad}: {error}"
+            );
+            assert!(error.contains(&format!("{bad:?}")), "{error}");
+        }
+        let long = format!("{}.dev/gpu", "a".repeat(245 - 4));
+        assert!(validate_extended_resource_name(&long, "x").is_err());
+        let fits = format!("{}.dev/{}", "a".repeat(240), "g".repeat(63));
+        assert_eq!(fits.len(), MAX_EXTENDED_RESOURCE_NAME_LEN);
+        validate_extended_resource_name(&fits, "x").unwrap();
+    }
+
+    #[test]
+    fn the_spec_check_covers_the_name() {
+        let spec = GpuClassSpec {
+            extended_resource_name: Some("nvidia".to_owned()),
+            ..GpuClassSpec::default()
+        };
+        let error = spec.validate("spec").unwrap_err().to_string();
+        assert!(error.contains("spec.extendedResourceName"), "{error}");
     }
 }

@@ -142,6 +142,7 @@ pub fn controller_class_spec(min_memory: Option<&str>) -> GpuClassSpec {
             policy: PlacementPolicy::BinPack,
         }),
         sharing: None,
+        extended_resource_name: None,
     }
 }
 
