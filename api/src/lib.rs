@@ -19,6 +19,7 @@ pub mod allocation;
 pub mod claim;
 pub mod controller_claims;
 pub mod crd;
+pub mod device_status;
 pub mod features;
 pub mod error;
 pub mod gpuclass;
