@@ -40,6 +40,10 @@ use crate::prepare_error::PrepareError;
 use crate::spec_writer::SpecWriter;
 use crate::{Error, Result};
 
+pub mod device_status;
+
+use device_status::DeviceStatusWriter;
+
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClaimRef {
@@ -97,6 +101,7 @@ pub struct Preparer {
     locks: ClaimLocks,
     sharing: GpuSharing,
     metrics: Metrics,
+    device_status: Option<DeviceStatusWriter>,
 }
 
 impl Preparer {
@@ -127,9 +132,18 @@ impl Preparer {
             locks: ClaimLocks::default(),
             sharing,
             metrics,
+            device_status: None,
         };
         preparer.update_prepared_gauge();
         Ok(preparer)
+    }
+
+    /// Makes prepares and unprepares report each claim's devices in its `status.devices`
+    /// through `writer`, in the background (see [`device_status`]).
+    #[must_use]
+    pub fn with_device_status(mut self, writer: DeviceStatusWriter) -> Self {
+        self.device_status = Some(writer);
+        self
     }
 
     /// The configuration.
@@ -212,6 +226,7 @@ impl Preparer {
             // Idempotent repeat: the spec is rewritten because /var/run/cdi is a tmpfs that a
             // reboot empties, while the kubelet still holds the IDs we returned before.
             self.write_cdi_spec(claim, &entry.devices).await?;
+            self.report_prepared(claim, &entry.devices);
             return Ok(results_of(&entry.devices));
         }
         let api_claim = self.fetch_claim(claim).await?;
@@ -228,6 +243,7 @@ impl Preparer {
             self.sharing.release(&devices, &self.checkpoint).await;
             return Err(e);
         }
+        self.report_prepared(claim, &devices);
         Ok(results_of(&devices))
     }
 
@@ -253,7 +269,18 @@ impl Preparer {
             .await?;
         self.update_prepared_gauge();
         self.sharing.release(&devices, &self.checkpoint).await;
+        if let Some(writer) = &self.device_status {
+            writer.withdraw(claim);
+        }
         Ok(())
+    }
+
+    /// Hands a prepared claim's devices to the status writer, which only queues them.
+    fn report_prepared(&self, claim: &ClaimRef, devices: &[DeviceRecord]) {
+        if let Some(writer) = &self.device_status {
+            let facts = device_status::prepared_facts(&self.inventory, &self.sharing, devices);
+            writer.publish(claim, facts);
+        }
     }
 
     /// Makes sure every completed claim's CDI spec exists, e.g. after a reboot emptied
