@@ -10,6 +10,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::RwLock;
 
 use crate::cache::Caches;
+use crate::features::ApiSupport;
 use crate::metrics::Metrics;
 
 /// Field manager of every object and status the controller writes with server-side apply.
@@ -138,6 +139,9 @@ pub struct Context {
     pub diagnostics: Arc<RwLock<Diagnostics>>,
     /// Per-object failure counts.
     pub backoff: ObjectBackoff,
+    /// What the API server serves of the optional fields the controller writes, as probed
+    /// when the term started.
+    pub api_support: ApiSupport,
 }
 
 impl std::fmt::Debug for Context {
@@ -145,12 +149,15 @@ impl std::fmt::Debug for Context {
         f.debug_struct("Context")
             .field("config", &self.config)
             .field("caches", &self.caches)
+            .field("api_support", &self.api_support)
             .finish_non_exhaustive()
     }
 }
 
 impl Context {
-    /// A context whose Events are reported as `config.field_manager` / `config.instance`.
+    /// A context whose Events are reported as `config.field_manager` / `config.instance`, and
+    /// which assumes every optional API field is served ([`ApiSupport::all_served`]) until
+    /// [`Context::with_api_support`] says otherwise.
     pub fn new(client: Client, config: ControllerConfig, metrics: Metrics, caches: Caches) -> Self {
         let recorder = Recorder::new(
             client.clone(),
@@ -167,7 +174,15 @@ impl Context {
             caches,
             diagnostics: Arc::default(),
             backoff: ObjectBackoff::default(),
+            api_support: ApiSupport::all_served(),
         }
+    }
+
+    /// The context with what the API server was found to serve ([`crate::features::probe`]).
+    #[must_use]
+    pub fn with_api_support(mut self, api_support: ApiSupport) -> Self {
+        self.api_support = api_support;
+        self
     }
 
     /// Records that `object` was just reconciled.

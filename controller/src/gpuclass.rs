@@ -7,9 +7,13 @@
 //! 2. refuses to take over a DeviceClass of the same name that it does not control
 //!    (`DeviceClassConflict`): an admin's hand-written class is never overwritten;
 //! 3. applies the DeviceClass (server-side apply, field manager `kerf-controller`, owner
-//!    reference with `controller: true`) unless the cached one is already as desired;
+//!    reference with `controller: true`) unless the cached one is already as desired, with
+//!    `spec.extendedResourceName` where [`extended_resource::decide`] says so — only for
+//!    Scheduler classes and only when the API server keeps the field (the start-up probe in
+//!    [`Context::api_support`]), so a 1.34/1.35 server that drops it causes no apply loop;
 //! 4. counts the matching devices of kerf's ResourceSlices and their total and free memory
-//!    from the caches, and applies the status through the status subresource — only when it
+//!    from the caches, and applies the status (conditions `Ready` and, for classes that name an
+//!    extended resource, `ExtendedResource`) through the status subresource — only when it
 //!    changed, so the frequent claim-driven reconciles cost no writes.
 //!
 //! Deletion needs no finalizer: the DeviceClass is owned by the GpuClass and the garbage
@@ -27,7 +31,9 @@ use futures::StreamExt as _;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kerf_api::gpuclass::CONDITION_READY;
+use kerf_api::gpuclass::{
+    CONDITION_EXTENDED_RESOURCE, CONDITION_READY, validate_extended_resource_name,
+};
 use kerf_api::quantity::bytes_quantity;
 use kerf_api::{API_VERSION, GpuClass, GpuClassStatus};
 use kube::api::{Patch, PatchParams};
@@ -45,6 +51,7 @@ use crate::capacity::{
 use crate::context::Context;
 use crate::deviceclass::{device_class, is_controlled_by, needs_apply};
 use crate::error::{Error, Result};
+use crate::extended_resource::{self, Verdict};
 use crate::selector::DeviceSelector;
 
 /// Name of this controller in metrics and logs.
@@ -141,10 +148,16 @@ fn backoff_key(class: &GpuClass) -> String {
 }
 
 /// The Ready condition's content before timestamps.
-struct Readiness {
-    ready: bool,
-    reason: &'static str,
-    message: String,
+type Readiness = Verdict;
+
+/// The spec checks of [`GpuClassSpec::validate`](kerf_api::GpuClassSpec::validate), giving the
+/// selector the status is counted with.
+fn checked_selector(class: &GpuClass) -> Result<DeviceSelector> {
+    let selector = DeviceSelector::new(&class.spec.parameters(), "spec")?;
+    if let Some(name) = &class.spec.extended_resource_name {
+        validate_extended_resource_name(name, "spec.extendedResourceName")?;
+    }
+    Ok(selector)
 }
 
 async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
@@ -154,15 +167,15 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
     }
     let name = class.name_any();
     let driver = ctx.config.driver_name.as_str();
-    let selector = match DeviceSelector::new(&class.spec.parameters(), "spec") {
+    let selector = match checked_selector(class) {
         Ok(selector) => selector,
         Err(error) => {
             let readiness = Readiness {
-                ready: false,
+                ok: false,
                 reason: reasons::INVALID_SPEC,
                 message: error.to_string(),
             };
-            write_status(class, ctx, None, None, readiness).await?;
+            write_status(class, ctx, None, None, readiness, None).await?;
             return Ok(Action::await_change());
         }
     };
@@ -172,17 +185,25 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
         && !is_controlled_by(existing, class)
     {
         let readiness = Readiness {
-            ready: false,
+            ok: false,
             reason: reasons::DEVICE_CLASS_CONFLICT,
             message: format!(
                 "DeviceClass {name} exists and is not controlled by this GpuClass; delete or rename it to let the controller manage it"
             ),
         };
-        write_status(class, ctx, None, None, readiness).await?;
+        write_status(class, ctx, None, None, readiness, None).await?;
         return Ok(Action::requeue(ctx.config.resync_period));
     }
 
-    let desired = device_class(class, driver, &ctx.config.field_manager)?;
+    let extended = extended_resource::decide(
+        &name,
+        &class.spec,
+        &ctx.api_support.extended_resource,
+        existing.as_deref(),
+        &ctx.caches.device_classes.state(),
+    );
+    let mut desired = device_class(class, driver, &ctx.config.field_manager)?;
+    desired.spec.extended_resource_name = extended.name;
     if needs_apply(existing.as_deref(), &desired) {
         Api::<DeviceClass>::all(ctx.client.clone())
             .patch(
@@ -202,14 +223,22 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
     let free_compute = free_compute_gpus(&selector, &devices, &claims, driver);
     ctx.metrics.set_class_free_compute(&name, free_compute);
     let readiness = capacity_readiness(&name, &capacity);
-    write_status(class, ctx, Some(&name), Some(&capacity), readiness).await?;
+    write_status(
+        class,
+        ctx,
+        Some(&name),
+        Some(&capacity),
+        readiness,
+        extended.verdict,
+    )
+    .await?;
     Ok(Action::requeue(ctx.config.resync_period))
 }
 
 fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Readiness {
     if capacity.matching_devices == 0 {
         Readiness {
-            ready: false,
+            ok: false,
             reason: reasons::NO_MATCHING_DEVICES,
             message: format!(
                 "DeviceClass {device_class} is in place, but no published device matches the class selector"
@@ -217,7 +246,7 @@ fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Readiness
         }
     } else {
         Readiness {
-            ready: true,
+            ok: true,
             reason: reasons::DEVICE_CLASS_APPLIED,
             message: format!(
                 "DeviceClass {device_class} selects {} device{}",
@@ -232,18 +261,31 @@ fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Readiness
     }
 }
 
-/// Applies the status when it differs from the current one, and publishes an Event when the
-/// Ready condition changes.
+/// Applies the status when it differs from the current one, and publishes an Event when a
+/// condition's status or reason changes.
 async fn write_status(
     class: &GpuClass,
     ctx: &Context,
     device_class: Option<&str>,
     capacity: Option<&ClassCapacity>,
     readiness: Readiness,
+    extended: Option<Verdict>,
 ) -> Result<()> {
     let current = class.status.as_ref();
+    let generation = class.metadata.generation;
     let previous = current.and_then(GpuClassStatus::ready);
-    let condition = ready_condition(&readiness, class.metadata.generation, previous);
+    let condition = ready_condition(&readiness, generation, previous);
+    let previous_extended = current.and_then(|s| s.condition(CONDITION_EXTENDED_RESOURCE));
+    let extended_condition = extended.as_ref().map(|verdict| {
+        condition_of(
+            CONDITION_EXTENDED_RESOURCE,
+            verdict,
+            generation,
+            previous_extended,
+        )
+    });
+    let mut conditions = vec![condition.clone()];
+    conditions.extend(extended_condition.clone());
     let status = GpuClassStatus {
         device_class_name: device_class
             .map(str::to_owned)
@@ -251,8 +293,8 @@ async fn write_status(
         matching_devices: capacity.map(|c| i64::try_from(c.matching_devices).unwrap_or(i64::MAX)),
         total_memory: capacity.map(|c| bytes_quantity(c.total_memory_bytes)),
         free_memory: capacity.map(|c| bytes_quantity(c.free_memory_bytes)),
-        observed_generation: class.metadata.generation,
-        conditions: vec![condition.clone()],
+        observed_generation: generation,
+        conditions,
     };
     if current == Some(&status) {
         return Ok(());
@@ -270,12 +312,19 @@ async fn write_status(
             &Patch::Apply(&patch),
         )
         .await?;
-    let changed =
-        previous.is_none_or(|p| p.status != condition.status || p.reason != condition.reason);
-    if changed {
+    if changed(previous, &condition) {
         publish_event(class, ctx, &readiness).await;
     }
+    if let (Some(verdict), Some(new)) = (&extended, &extended_condition)
+        && changed(previous_extended, new)
+    {
+        publish_event(class, ctx, verdict).await;
+    }
     Ok(())
+}
+
+fn changed(previous: Option<&Condition>, new: &Condition) -> bool {
+    previous.is_none_or(|p| p.status != new.status || p.reason != new.reason)
 }
 
 /// The Ready condition; its transition time moves only when its status does.
@@ -284,13 +333,23 @@ fn ready_condition(
     generation: Option<i64>,
     previous: Option<&Condition>,
 ) -> Condition {
-    let status = if readiness.ready { "True" } else { "False" };
+    condition_of(CONDITION_READY, readiness, generation, previous)
+}
+
+/// A condition of `type_`; its transition time moves only when its status does.
+fn condition_of(
+    type_: &str,
+    readiness: &Verdict,
+    generation: Option<i64>,
+    previous: Option<&Condition>,
+) -> Condition {
+    let status = if readiness.ok { "True" } else { "False" };
     let last_transition_time = previous.filter(|p| p.status == status).map_or_else(
         || Time(Timestamp::now()),
         |p| p.last_transition_time.clone(),
     );
     Condition {
-        type_: CONDITION_READY.to_owned(),
+        type_: type_.to_owned(),
         status: status.to_owned(),
         reason: readiness.reason.to_owned(),
         message: readiness.message.clone(),
@@ -302,7 +361,7 @@ fn ready_condition(
 /// Events are best effort: a class whose Event cannot be written is still reconciled.
 async fn publish_event(class: &GpuClass, ctx: &Context, readiness: &Readiness) {
     let event = Event {
-        type_: if readiness.ready {
+        type_: if readiness.ok {
             EventType::Normal
         } else {
             EventType::Warning
@@ -321,9 +380,9 @@ async fn publish_event(class: &GpuClass, ctx: &Context, readiness: &Readiness) {
 mod tests {
     use super::*;
 
-    fn readiness(ready: bool, reason: &'static str) -> Readiness {
+    fn readiness(ok: bool, reason: &'static str) -> Readiness {
         Readiness {
-            ready,
+            ok,
             reason,
             message: "m".to_owned(),
         }
@@ -358,7 +417,7 @@ mod tests {
     #[test]
     fn no_devices_is_not_ready() {
         let none = capacity_readiness("fast", &ClassCapacity::default());
-        assert!(!none.ready);
+        assert!(!none.ok);
         assert_eq!(none.reason, reasons::NO_MATCHING_DEVICES);
         let some = capacity_readiness(
             "fast",
@@ -368,7 +427,7 @@ mod tests {
                 free_memory_bytes: 1,
             },
         );
-        assert!(some.ready);
+        assert!(some.ok);
         assert_eq!(some.message, "DeviceClass fast selects 1 device");
     }
 }

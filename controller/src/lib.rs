@@ -1,7 +1,9 @@
 //! kerf-controller: kerf's control-plane controller.
 //!
 //! - [`gpuclass`]: reconciles each GpuClass into an owned DeviceClass ([`deviceclass`], with
-//!   the CEL of [`selector`]) and reports what it matches ([`capacity`]).
+//!   the CEL of [`selector`] and the extended resource name of [`extended_resource`]) and
+//!   reports what it matches ([`capacity`]); [`features`]: what the API server serves of the
+//!   optional fields, probed once per leadership term.
 //! - [`run()`]: the process — metrics/health HTTP ([`http`]), leader election ([`leader`]) and
 //!   the controllers that run while this replica leads ([`run::controllers`]).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
@@ -16,6 +18,8 @@ pub mod claims;
 pub mod context;
 pub mod deviceclass;
 pub mod error;
+pub mod extended_resource;
+pub mod features;
 pub mod gpuclass;
 pub mod http;
 pub mod leader;

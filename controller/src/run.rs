@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::Caches;
 use crate::context::{Context, ControllerConfig};
 use crate::error::{Error, Result};
+use crate::features;
 use crate::gpuclass;
 use crate::http::{self, Health};
 use crate::leader::{LeaderElector, LeaseConfig};
@@ -266,13 +267,24 @@ impl Term<'_> {
     }
 
     async fn run_controllers(self, stop: &CancellationToken) -> Result<()> {
+        // Once per term, and a term is once per process (losing the Lease exits): one log
+        // line per feature the server lacks, and the answer as a value for the reconcilers.
+        let api_support = features::probe(
+            &self.client,
+            &self.config.driver_name,
+            &self.config.field_manager,
+        )
+        .await;
         let (caches, fill_caches) = Caches::start(&self.client, &self.config.driver_name);
-        let ctx = Arc::new(Context::new(
-            self.client,
-            self.config.clone(),
-            self.metrics.clone(),
-            caches,
-        ));
+        let ctx = Arc::new(
+            Context::new(
+                self.client,
+                self.config.clone(),
+                self.metrics.clone(),
+                caches,
+            )
+            .with_api_support(api_support),
+        );
         let caches_task = tokio::spawn(fill_caches);
         let mut running: FuturesUnordered<_> = self
             .controllers

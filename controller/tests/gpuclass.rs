@@ -637,3 +637,6 @@ async fn run_controllers_reports_a_controller_that_stops_on_its_own() {
     assert_eq!(error.reason(), "controller_stopped");
     assert!(error.to_string().contains("quitter"), "{error}");
 }
+
+#[path = "gpuclass/extended_resource.rs"]
+mod extended_resource;
