@@ -20,6 +20,8 @@ use kerf_core::inventory::{DeviceRef, Inventory};
 use crate::error::{Error, Result};
 use crate::quantity::bytes_quantity;
 
+pub mod taints;
+
 /// Most devices one ResourceSlice may hold (without taints, counters or list attributes).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 /// Most attributes and capacities one device may have, combined.
@@ -148,13 +150,38 @@ pub fn resource_slices(
     driver: &str,
     node_name: &str,
 ) -> Result<Vec<ResourceSliceSpec>> {
+    resource_slices_chunked(inventory, driver, node_name, MAX_DEVICES_PER_SLICE)
+}
+
+/// [`resource_slices`] with at most `max_devices` devices per slice: the kubelet plugin
+/// passes [`taints::MAX_DEVICES_PER_SLICE_WITH_TAINTS`] whenever it may publish device taints,
+/// so that a taint appearing on a device never changes how the pool is cut into slices.
+///
+/// # Errors
+///
+/// As [`resource_slices`]; also [`Error::InvalidResourceSlice`] when `max_devices` is 0 or
+/// above [`MAX_DEVICES_PER_SLICE`].
+pub fn resource_slices_chunked(
+    inventory: &Inventory,
+    driver: &str,
+    node_name: &str,
+    max_devices: usize,
+) -> Result<Vec<ResourceSliceSpec>> {
+    if max_devices == 0 || max_devices > MAX_DEVICES_PER_SLICE {
+        return Err(Error::slice(
+            "spec.devices",
+            format!(
+                "{max_devices} devices per slice; must be between 1 and {MAX_DEVICES_PER_SLICE}"
+            ),
+        ));
+    }
     check_driver_name(driver)?;
     check_node_name(node_name)?;
     let devices = published_devices(inventory)?;
     let mut chunks: Vec<Vec<Device>> = Vec::new();
     for device in devices {
         match chunks.last_mut() {
-            Some(chunk) if chunk.len() < MAX_DEVICES_PER_SLICE => chunk.push(device),
+            Some(chunk) if chunk.len() < max_devices => chunk.push(device),
             _ => chunks.push(vec![device]),
         }
     }

@@ -302,6 +302,28 @@ fn two_hundred_gpus_split_into_two_slices() {
 }
 
 #[test]
+fn slices_that_may_carry_taints_hold_at_most_64_devices() {
+    let gpus = inventory((0..130).map(gpu).collect());
+    let published = resource_slices_chunked(
+        &gpus,
+        DRIVER,
+        NODE,
+        taints::MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+    )
+    .unwrap();
+    let counts: Vec<usize> = published
+        .iter()
+        .map(|s| s.devices.as_deref().unwrap_or_default().len())
+        .collect();
+    assert_eq!(counts, [64, 64, 2]);
+    assert!(published.iter().all(|s| s.pool.resource_slice_count == 3));
+    for bad in [0, MAX_DEVICES_PER_SLICE + 1] {
+        let err = resource_slices_chunked(&gpus, DRIVER, NODE, bad).unwrap_err();
+        assert!(err.to_string().contains(&bad.to_string()), "{err}");
+    }
+}
+
+#[test]
 fn exactly_128_devices_fit_one_slice() {
     let published = slices(&inventory((0..128).map(gpu).collect()));
     assert_eq!(published.len(), 1);
