@@ -26,6 +26,12 @@ mod checks;
 mod cluster;
 #[path = "../e2e/expect.rs"]
 mod expect;
+#[path = "../e2e/extended.rs"]
+mod extended;
+#[path = "../e2e/health.rs"]
+mod health;
+#[path = "../e2e/issue13.rs"]
+mod issue13;
 #[path = "../e2e/manifests.rs"]
 mod manifests;
 #[path = "../e2e/settings.rs"]
@@ -688,4 +694,37 @@ async fn mixed_burst_runs_without_sharing_a_device() -> Result<()> {
         Ok(())
     })
     .await
+}
+
+/// A pod that asks for a kerf GPU by extended resource name, with no ResourceClaim: a GpuClass
+/// with a unique `extendedResourceName` gets a DeviceClass that carries it; the unmodified pod
+/// (`resources.limits: {<name>: 1}`) runs with one whole GPU that kube-scheduler allocated from
+/// kerf's devices into the claim it made at binding — annotated
+/// `resource.kubernetes.io/extended-resource-claim`, owned by the pod, named in
+/// `pod.status.extendedResourceClaimStatus` — and its container sees that GPU and kerf's env.
+/// The claim goes with the pod.
+///
+/// Skips (passes with a SKIPPED line) where the API server drops DeviceClass
+/// `extendedResourceName` (DRAExtendedResource off: 1.34/1.35 by default), probed as kerf's
+/// controller probes it.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn extended_resource_pod_gets_a_kerf_gpu() -> Result<()> {
+    e2e("extended", issue13::extended_resource_pod).await
+}
+
+/// A device's health flip as the pod and the ResourceSlice show it: a pod with a whole GPU
+/// runs; the suite gives that GPU a non-fatal XID 61 through the node annotation
+/// `gpu.kerf.dev/mock-faults` that kerf's plugin reads in mock mode; the kubelet then reports
+/// the claim's device Unhealthy in `allocatedResourcesStatus` (`claim:gpu`) and, where the API
+/// server keeps device taints, the device carries `gpu.kerf.dev/unhealthy=xid-61:NoSchedule`;
+/// once the annotation is removed the device is Healthy again, the taint is gone, and the pod
+/// was never evicted. The annotation is removed also when the test fails.
+///
+/// Skips (passes with a SKIPPED line) when the kubelet reports no health for the claim within
+/// a minute (ResourceHealthStatus off: 1.34/1.35 by default).
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn health_flip_visible_in_pod_status() -> Result<()> {
+    e2e("health", issue13::health_flip).await
 }
