@@ -93,6 +93,7 @@ fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, policy: Placem
             }),
             placement: controller.then_some(Placement { policy }),
             sharing: None,
+            extended_resource_name: None,
         },
     );
     class.metadata.uid = Some(format!("uid-{name}"));

@@ -89,6 +89,7 @@ fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, selector: GpuS
                 policy: PlacementPolicy::BinPack,
             }),
             sharing: None,
+            extended_resource_name: None,
         },
     );
     class.metadata.uid = Some(format!("uid-{name}"));
