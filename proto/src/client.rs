@@ -18,6 +18,7 @@
 //!   kubelet's limit is [`KUBELET_CALL_TIMEOUT`]).
 
 mod error;
+mod health;
 mod response;
 
 use std::collections::HashMap;
@@ -28,6 +29,7 @@ use std::time::Duration;
 use tonic::transport::Channel;
 
 pub use self::error::ClientError;
+pub use self::health::HealthStream;
 pub use self::response::{ClaimResult, PrepareResponse, UnprepareResponse};
 pub use crate::device::PreparedDevice;
 use crate::dial::{Authority, dial_unix};

@@ -4,7 +4,7 @@
 //! - [`pluginregistration`]: the kubelet plugin registration service.
 //! - [`health::v1alpha1`]: `DRAResourceHealth` (KEP-4680).
 //! - [`client`]: the kubelet's side of the plugin sockets (registration, batched prepare
-//!   and unprepare by the kubelet's rules), one client for every caller.
+//!   and unprepare by the kubelet's rules, the health stream), one client for every caller.
 //! - [`device`]: [`PreparedDevice`], the prepared device both sides exchange.
 //! - [`dial`]: dialling the Unix sockets with the `:authority` of the client imitated.
 
