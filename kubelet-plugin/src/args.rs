@@ -7,7 +7,9 @@ use std::time::Duration;
 use clap::{ArgAction, Parser};
 
 use crate::config::{Discovery, PluginConfig};
+use crate::health::{HealthConfig, resend_interval_for};
 use crate::{Error, Result};
+use kerf_core::health::{TaintEffect, TaintPolicy};
 use kerf_ops::logging::LogFormat;
 
 /// kerf kubelet plugin: registers with the kubelet, publishes this node's GPUs as
@@ -58,6 +60,37 @@ pub struct Args {
     /// Use a mock inventory from a YAML file instead of NVML.
     #[arg(long, env = "KERF_MOCK_INVENTORY")]
     pub mock_inventory: Option<PathBuf>,
+
+    /// Mock mode: a YAML file of GPU faults (device name or UUID -> list of faults), re-read
+    /// when it changes; a missing file means every GPU is healthy.
+    #[arg(long, env = "KERF_MOCK_FAULT_FILE")]
+    pub mock_fault_file: Option<PathBuf>,
+
+    /// Health check timeout sent to the kubelet: a device without an update for this long is
+    /// shown as Unknown. The full health list is sent again every third of it.
+    #[arg(long, env = "KERF_HEALTH_CHECK_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub health_check_timeout: Duration,
+
+    /// How often NVML is asked for lost GPUs, uncorrected ECC counts and throttling.
+    #[arg(long, env = "KERF_NVML_HEALTH_POLL_INTERVAL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub nvml_health_poll_interval: Duration,
+
+    /// XIDs to ignore besides the application XIDs 13, 31, 43, 45, 68 and 109 (comma-separated).
+    #[arg(long, env = "KERF_ADDITIONAL_XIDS_TO_IGNORE", value_delimiter = ',')]
+    pub additional_xids_to_ignore: Vec<u64>,
+
+    /// Taint effect of a device with a non-fatal fault: None, NoSchedule or NoExecute.
+    #[arg(
+        long,
+        env = "KERF_UNHEALTHY_TAINT_EFFECT",
+        default_value = "NoSchedule"
+    )]
+    pub unhealthy_taint_effect: TaintEffect,
+
+    /// Taint effect of a device with a fatal fault (GPU lost, uncorrected ECC, fatal XIDs):
+    /// None, NoSchedule or NoExecute.
+    #[arg(long, env = "KERF_FATAL_TAINT_EFFECT", default_value = "NoExecute")]
+    pub fatal_taint_effect: TaintEffect,
 
     /// In mock mode, the host character device every GPU device node is backed by.
     #[arg(long, env = "KERF_MOCK_DEVICE_NODE", default_value = "/dev/null")]
@@ -112,6 +145,45 @@ pub struct Args {
 }
 
 impl Args {
+    /// The health settings of the flags.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for a health check timeout under one second, a zero poll interval,
+    /// or a mock fault file without a mock inventory.
+    pub fn health_config(&self) -> Result<HealthConfig> {
+        if self.health_check_timeout < Duration::from_secs(1) {
+            return Err(Error::Config(format!(
+                "--health-check-timeout {:?}: must be at least 1s (the kubelet counts whole seconds)",
+                self.health_check_timeout
+            )));
+        }
+        if self.nvml_health_poll_interval.is_zero() {
+            return Err(Error::Config(
+                "--nvml-health-poll-interval must be more than 0".into(),
+            ));
+        }
+        let mock = self.mock_gpus.is_some() || self.mock_inventory.is_some();
+        if let (Some(path), false) = (&self.mock_fault_file, mock) {
+            return Err(Error::Config(format!(
+                "--mock-fault-file {}: needs a mock inventory (--mock-gpus or --mock-inventory)",
+                path.display()
+            )));
+        }
+        Ok(HealthConfig {
+            check_timeout: self.health_check_timeout,
+            resend_interval: resend_interval_for(self.health_check_timeout),
+            nvml_poll_interval: self.nvml_health_poll_interval,
+            extra_ignored_xids: self.additional_xids_to_ignore.clone(),
+            mock_fault_file: self.mock_fault_file.clone(),
+            mock_annotation: mock,
+            taint_policy: TaintPolicy {
+                unhealthy: self.unhealthy_taint_effect,
+                fatal: self.fatal_taint_effect,
+            },
+            ..HealthConfig::defaults(mock)
+        })
+    }
+
     /// Resolves defaults that depend on other flags and checks the values.
     ///
     /// # Errors
@@ -220,6 +292,55 @@ mod tests {
         );
         assert_eq!(config.discovery, Discovery::Nvml);
         assert!(config.publish_resources);
+    }
+
+    #[test]
+    fn health_flags_become_the_health_config() {
+        let health = parse(&["--node-name", "n"]).health_config().unwrap();
+        assert_eq!(health.check_timeout, Duration::from_secs(30));
+        assert_eq!(health.resend_interval, Duration::from_secs(10));
+        assert_eq!(health.taint_policy, TaintPolicy::default());
+        assert!(!health.mock_annotation);
+        let health = parse(&[
+            "--node-name",
+            "n",
+            "--mock-gpus",
+            "l4",
+            "--mock-fault-file",
+            "/tmp/faults.yaml",
+            "--health-check-timeout",
+            "6s",
+            "--additional-xids-to-ignore",
+            "94,95",
+            "--unhealthy-taint-effect",
+            "None",
+            "--fatal-taint-effect",
+            "NoSchedule",
+        ])
+        .health_config()
+        .unwrap();
+        assert_eq!(health.resend_interval, Duration::from_secs(2));
+        assert_eq!(health.extra_ignored_xids, [94, 95]);
+        assert!(health.mock_annotation);
+        assert_eq!(
+            health.taint_policy,
+            TaintPolicy {
+                unhealthy: TaintEffect::None,
+                fatal: TaintEffect::NoSchedule
+            }
+        );
+        let err = parse(&["--node-name", "n", "--mock-fault-file", "/f"])
+            .health_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--mock-fault-file"), "{err}");
+        let err = parse(&["--node-name", "n", "--health-check-timeout", "500ms"])
+            .health_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("--health-check-timeout"), "{err}");
+        assert!(
+            Args::try_parse_from(["x", "--node-name", "n", "--fatal-taint-effect", "Evict"])
+                .is_err()
+        );
     }
 
     #[test]

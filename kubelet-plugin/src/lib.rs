@@ -18,6 +18,7 @@ pub mod discovery;
 pub mod error;
 pub mod gpu_sharing;
 pub mod grpc;
+pub mod health;
 pub mod http;
 pub mod metrics;
 pub mod mps_daemons;

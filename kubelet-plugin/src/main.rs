@@ -15,6 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     kerf_ops::logging::init(args.log_format, &args.log_filter)?;
+    let health = args.health_config()?;
     let config = args.into_config()?;
     let inventory = plugin::discover(&config)?;
     let client = kube::Client::try_default()
@@ -22,7 +23,7 @@ async fn main() -> anyhow::Result<()> {
         .context("connecting to the Kubernetes API")?;
     let connections =
         plugin::Connections::kube(client, &config.node_name, config.publish_resources);
-    let running = plugin::start(&config, inventory, connections).await?;
+    let running = plugin::start_with_health(&config, &health, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {
         kerf_ops::signal::terminated().await;

@@ -72,6 +72,22 @@ pub struct Metrics {
     publish: Family<OutcomeLabels, Counter>,
     registration_status: Gauge,
     mps_daemon_restarts: Family<RestartLabels, Counter>,
+    device_health: Family<HealthLabels, Gauge>,
+    faults: Family<FaultLabels, Counter>,
+}
+
+/// Labels of the device health gauge: `healthy`, `unhealthy` or `unknown`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HealthLabels {
+    status: &'static str,
+}
+
+/// Labels of the fault counter: the fault's class (`xid`, `fatal_xid`, `ecc_uncorrected`,
+/// `gpu_lost`, `thermal_throttle`, `power_throttle`, `unmonitored`), never the XID number or
+/// the GPU, so the label set stays small.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FaultLabels {
+    reason: &'static str,
 }
 
 /// Latency buckets from 100 µs to about 13 s: a prepare is sub-millisecond work when the claim
@@ -93,6 +109,8 @@ impl Metrics {
             publish: Family::default(),
             registration_status: Gauge::default(),
             mps_daemon_restarts: Family::default(),
+            device_health: Family::default(),
+            faults: Family::default(),
         };
         // Named without the plugin prefix: `kerf_mps_daemon_restarts_total` is the name admins
         // alert on, and only the plugin runs MPS daemons.
@@ -146,6 +164,16 @@ impl Metrics {
             "1 when the kubelet has registered the plugin, 0 otherwise",
             self.registration_status.clone(),
         );
+        registry.register(
+            "devices_by_health",
+            "Published devices by the health the kubelet is told (healthy, unhealthy, unknown)",
+            self.device_health.clone(),
+        );
+        registry.register(
+            "device_faults",
+            "GPU faults seen (each fault once when it appears), by class",
+            self.faults.clone(),
+        );
     }
 
     /// Counts a dead MPS daemon of `gpu` started again (`restarted`) or not.
@@ -195,6 +223,24 @@ impl Metrics {
         self.publish
             .get_or_create(&OutcomeLabels::from_result(result))
             .inc();
+    }
+
+    /// Sets how many published devices are healthy, unhealthy and unknown.
+    pub fn set_device_health(&self, healthy: i64, unhealthy: i64, unknown: i64) {
+        for (status, n) in [
+            ("healthy", healthy),
+            ("unhealthy", unhealthy),
+            ("unknown", unknown),
+        ] {
+            self.device_health
+                .get_or_create(&HealthLabels { status })
+                .set(n);
+        }
+    }
+
+    /// Counts one fault that appeared, by its class (see the fault counter's labels).
+    pub fn record_fault(&self, reason: &'static str) {
+        self.faults.get_or_create(&FaultLabels { reason }).inc();
     }
 
     /// Sets whether the kubelet has registered the plugin.

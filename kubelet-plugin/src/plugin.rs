@@ -3,8 +3,11 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kerf_api::features::{self, ApiFeature, Probed};
 use kerf_core::cdi::{self, CommonEdits, DeviceNodePolicy};
 use kerf_core::driver_root;
+use kerf_core::health::XidPolicy;
 use kerf_core::inventory::Inventory;
 use kerf_proto::pluginregistration::registration_server::RegistrationServer;
 use prometheus_client::registry::Registry;
@@ -17,8 +20,11 @@ use crate::claim_reader::{ApiClaimReader, ClaimReader};
 use crate::config::PluginConfig;
 use crate::gpu_sharing::GpuSharing;
 use crate::grpc::dra::DraService;
+use crate::grpc::health::HealthService;
 use crate::grpc::registration::RegistrationService;
 use crate::grpc::socket::BoundSocket;
+use crate::health::mock::NodeAnnotationSource;
+use crate::health::{HealthConfig, HealthMonitor};
 use crate::http::Health;
 use crate::metrics::Metrics;
 use crate::mps_daemons::MpsDaemons;
@@ -60,6 +66,8 @@ pub struct RunningPlugin {
     preparer: Arc<Preparer>,
     registry: Arc<Registry>,
     health: Health,
+    device_health: HealthMonitor,
+    device_taints: Option<Probed>,
 }
 
 impl RunningPlugin {
@@ -76,6 +84,17 @@ impl RunningPlugin {
     /// Health flags as served on /readyz.
     pub fn health(&self) -> &Health {
         &self.health
+    }
+
+    /// The monitor of the devices' health (for in-process callers such as the demo).
+    pub fn device_health(&self) -> &HealthMonitor {
+        &self.device_health
+    }
+
+    /// What the start-up probe found about device taints; `None` when the plugin does not
+    /// publish ResourceSlices.
+    pub fn device_taints(&self) -> Option<&Probed> {
+        self.device_taints.as_ref()
     }
 
     /// A token that stops the plugin when cancelled.
@@ -141,12 +160,27 @@ pub fn discover(config: &PluginConfig) -> Result<Inventory> {
     Ok(inventory)
 }
 
+/// Starts every part of the plugin with the default health settings
+/// ([`HealthConfig::defaults`]) and returns once the sockets serve.
+///
+/// # Errors
+/// As [`start_with_health`].
+pub async fn start(
+    config: &PluginConfig,
+    inventory: Inventory,
+    connections: Connections,
+) -> Result<RunningPlugin> {
+    let health = HealthConfig::defaults(config.discovery.is_mock());
+    start_with_health(config, &health, inventory, connections).await
+}
+
 /// Starts every part of the plugin and returns once the sockets serve.
 ///
 /// # Errors
 /// The checkpoint, CDI directory, sockets or HTTP address cannot be set up.
-pub async fn start(
+pub async fn start_with_health(
     config: &PluginConfig,
+    health_config: &HealthConfig,
     inventory: Inventory,
     connections: Connections,
 ) -> Result<RunningPlugin> {
@@ -177,10 +211,19 @@ pub async fn start(
         "checkpoint restored"
     );
 
-    let mut tasks = vec![
-        spawn_dra_server(config, &preparer, &metrics, &shutdown)?,
-        spawn_registration_server(config, &health, &metrics, &shutdown)?,
-    ];
+    let device_health = HealthMonitor::new(Arc::clone(&inventory), metrics.clone());
+    let mut tasks = spawn_health_sources(config, health_config, &device_health, &shutdown);
+    let health_service = health_service(config, health_config, &device_health, &shutdown);
+    tasks.push(spawn_dra_server(
+        config,
+        &preparer,
+        health_service,
+        &metrics,
+        &shutdown,
+    )?);
+    tasks.push(spawn_registration_server(
+        config, &health, &metrics, &shutdown,
+    )?);
     health.set_serving(true);
 
     if preparer.sharing_enforced() {
@@ -196,22 +239,23 @@ pub async fn start(
         ));
     }
 
-    if let Some(client) = connections.publisher {
-        let publisher = Publisher::new(
-            client,
-            config.driver_name.clone(),
-            config.node_name.clone(),
-            metrics.clone(),
-        );
-        let inventory = Arc::clone(&inventory);
-        let token = shutdown.clone();
-        let resync = config.resync_period;
-        tasks.push((
-            "publisher",
-            tokio::spawn(async move { publisher.run(inventory, resync, token).await }),
-        ));
-    }
-
+    let device_taints = match connections.publisher {
+        Some(client) => {
+            let (task, probed) = spawn_publisher(
+                config,
+                health_config,
+                client,
+                &inventory,
+                &device_health,
+                &metrics,
+                &shutdown,
+            )
+            .await;
+            tasks.push(task);
+            Some(probed)
+        }
+        None => None,
+    };
     if let Some(address) = config.metrics_address {
         let listener = tokio::net::TcpListener::bind(address)
             .await
@@ -237,7 +281,111 @@ pub async fn start(
         preparer,
         registry,
         health,
+        device_health,
+        device_taints,
     })
+}
+
+fn health_service(
+    config: &PluginConfig,
+    health_config: &HealthConfig,
+    monitor: &HealthMonitor,
+    shutdown: &CancellationToken,
+) -> HealthService {
+    HealthService::new(
+        monitor.subscribe(),
+        Arc::clone(monitor.inventory()),
+        config.node_name.clone(),
+        health_config.check_timeout,
+        health_config.resend_interval,
+        shutdown.clone(),
+    )
+}
+
+/// Probes device taints, then starts the publisher: with taints when the API server keeps
+/// them (else one log line says what is lost), and in mock mode with the Node annotation as a
+/// fault source.
+async fn spawn_publisher(
+    config: &PluginConfig,
+    health_config: &HealthConfig,
+    client: kube::Client,
+    inventory: &Arc<Inventory>,
+    device_health: &HealthMonitor,
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> (Task, Probed) {
+    let probed = probe_device_taints(&client, &config.driver_name, &config.node_name).await;
+    let mut publisher = Publisher::new(
+        client,
+        config.driver_name.clone(),
+        config.node_name.clone(),
+        metrics.clone(),
+    );
+    match probed.degraded_message(ApiFeature::DeviceTaints) {
+        None => {
+            tracing::info!("the API server keeps device taints: unhealthy devices are tainted");
+            publisher =
+                publisher.with_device_taints(device_health.subscribe(), health_config.taint_policy);
+        }
+        Some(line) => tracing::warn!("{line}"),
+    }
+    if health_config.mock_annotation {
+        publisher =
+            publisher.with_mock_fault_annotation(NodeAnnotationSource::new(device_health.clone()));
+    }
+    let inventory = Arc::clone(inventory);
+    let token = shutdown.clone();
+    let resync = config.resync_period;
+    let task = tokio::spawn(async move { publisher.run(inventory, resync, token).await });
+    (("publisher", task), probed)
+}
+
+/// Asks the API server whether it keeps device taints: a dry-run create of a slice with a
+/// tainted device ([`features::device_taints_probe`]), once at start-up.
+async fn probe_device_taints(client: &kube::Client, driver: &str, node: &str) -> Probed {
+    let slices: kube::Api<ResourceSlice> = kube::Api::all(client.clone());
+    let params = kube::api::PostParams {
+        dry_run: true,
+        field_manager: Some(crate::publish::FIELD_MANAGER.to_owned()),
+    };
+    match slices
+        .create(&params, &features::device_taints_probe(driver, node))
+        .await
+    {
+        Ok(answer) => features::kept_device_taints(&answer),
+        Err(e) => Probed::Failed(e.to_string()),
+    }
+}
+
+/// The tasks that observe device health: NVML on a real node; in mock mode the fault file,
+/// if one is given (the Node annotation is read by the publisher's Node watch).
+fn spawn_health_sources(
+    config: &PluginConfig,
+    health: &HealthConfig,
+    monitor: &HealthMonitor,
+    shutdown: &CancellationToken,
+) -> Vec<Task> {
+    let mut tasks = Vec::new();
+    if !config.discovery.is_mock() {
+        let policy = XidPolicy::ignoring(health.extra_ignored_xids.iter().copied());
+        let task = discovery::nvml_health::watch_nvml(
+            monitor.clone(),
+            policy,
+            health.nvml_poll_interval,
+            shutdown.clone(),
+        );
+        tasks.push(("nvml-health", tokio::spawn(task)));
+    } else if let Some(path) = &health.mock_fault_file {
+        tracing::info!(path = %path.display(), "mock device health from the fault file");
+        let task = crate::health::mock::watch_fault_file(
+            path.clone(),
+            monitor.clone(),
+            health.mock_fault_file_poll,
+            shutdown.clone(),
+        );
+        tasks.push(("mock-fault-file", tokio::spawn(task)));
+    }
+    tasks
 }
 
 type Task = (&'static str, JoinHandle<Result<()>>);
@@ -333,6 +481,7 @@ async fn check_mps_daemons(
 fn spawn_dra_server(
     config: &PluginConfig,
     preparer: &Arc<Preparer>,
+    health: HealthService,
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Result<Task> {
@@ -345,6 +494,7 @@ fn spawn_dra_server(
         tonic::transport::Server::builder()
             .add_service(dra.v1())
             .add_service(dra.v1beta1())
+            .add_service(health.server())
             .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
             .await
             .map_err(Error::from)

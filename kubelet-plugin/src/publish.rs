@@ -28,6 +28,13 @@
 //! after the same debounce, when the record changes. A device the record does not name is
 //! published without the attribute. A malformed record is warned about once per bad value and
 //! ignored: the publisher keeps the last good record.
+//!
+//! With [`Publisher::with_device_taints`] an unhealthy device carries the taint
+//! `<driver>/unhealthy` ([`kerf_api::resourceslice::taints`]) and the publisher publishes again
+//! whenever the health changes; the pool is then cut at 64 devices per slice, the API's limit
+//! for slices with taints, whether or not any device is tainted, so a taint never re-chunks
+//! the pool. In mock mode [`Publisher::with_mock_fault_annotation`] hands each version of the
+//! watched Node to the mock fault annotation source.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -39,13 +46,17 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kerf_api::ownership::{RECORD_ANNOTATION, Record};
+use kerf_api::resourceslice::taints::{MAX_DEVICES_PER_SLICE_WITH_TAINTS, set_health_taints};
+use kerf_core::health::{NodeHealth, TaintPolicy};
 use kerf_core::inventory::Inventory;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::health::mock::NodeAnnotationSource;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
@@ -81,6 +92,15 @@ pub struct Publisher {
     debounce: Duration,
     retry_backoff: (Duration, Duration),
     state: Mutex<PublishState>,
+    taints: Option<DeviceTaints>,
+    fault_annotation: Option<NodeAnnotationSource>,
+}
+
+/// Where device taints come from.
+#[derive(Debug, Clone)]
+struct DeviceTaints {
+    health: watch::Receiver<NodeHealth>,
+    policy: TaintPolicy,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -140,7 +160,30 @@ impl Publisher {
             debounce: DEFAULT_DEBOUNCE,
             retry_backoff: DEFAULT_RETRY_BACKOFF,
             state: Mutex::new(PublishState::default()),
+            taints: None,
+            fault_annotation: None,
         }
+    }
+
+    /// Taints unhealthy devices as `policy` says, from the health `health` carries, and
+    /// publishes again when it changes. Only for an API server that keeps device taints
+    /// ([`kerf_api::features::device_taints_probe`]); slices then hold at most 64 devices.
+    #[must_use]
+    pub fn with_device_taints(
+        mut self,
+        health: watch::Receiver<NodeHealth>,
+        policy: TaintPolicy,
+    ) -> Self {
+        self.taints = Some(DeviceTaints { health, policy });
+        self
+    }
+
+    /// Hands every version of the watched Node to `source` (mock mode: faults declared in a
+    /// Node annotation).
+    #[must_use]
+    pub fn with_mock_fault_annotation(mut self, source: NodeAnnotationSource) -> Self {
+        self.fault_annotation = Some(source);
+        self
     }
 
     /// Sets the wait between noticing a lost or changed slice and publishing again.
@@ -250,7 +293,20 @@ impl Publisher {
     }
 
     fn desired_slices(&self, inventory: &Inventory) -> Result<Vec<Desired>> {
-        let mut specs = kerf_api::resource_slices(inventory, &self.driver, &self.node_name)?;
+        let mut specs = match &self.taints {
+            None => kerf_api::resource_slices(inventory, &self.driver, &self.node_name)?,
+            Some(taints) => {
+                let mut specs = kerf_api::resourceslice::resource_slices_chunked(
+                    inventory,
+                    &self.driver,
+                    &self.node_name,
+                    MAX_DEVICES_PER_SLICE_WITH_TAINTS,
+                )?;
+                let devices = taints.health.borrow().devices(inventory);
+                set_health_taints(&mut specs, &self.driver, &devices, &taints.policy);
+                specs
+            }
+        };
         kerf_api::ownership::publish_owners(&mut specs, &self.state().record);
         Ok(specs
             .into_iter()
@@ -351,6 +407,9 @@ impl Publisher {
         match self.nodes.get(&self.node_name).await {
             Ok(node) => {
                 self.observe_record(&node);
+                if let Some(source) = &self.fault_annotation {
+                    source.observe(&node);
+                }
                 let owner = node.metadata.uid.map(|uid| OwnerReference {
                     api_version: "v1".to_owned(),
                     kind: "Node".to_owned(),
@@ -419,6 +478,7 @@ impl Publisher {
         let mut next_publish = Some(Instant::now());
         let mut next_resync = Instant::now() + resync;
         let mut init_seen = HashSet::new();
+        let mut health = self.taints.as_ref().map(|t| t.health.clone());
         loop {
             let publish_at = next_publish.unwrap_or(next_resync);
             let republish = tokio::select! {
@@ -440,6 +500,13 @@ impl Publisher {
                     self.on_slice_event(event, &mut init_seen, &mut slice_watch)
                 }
                 event = node_watch.next() => self.on_node_event(event, &mut node_watch),
+                changed = health_changed(health.as_mut()) => {
+                    if !changed {
+                        // The monitor is gone; the taints stay as they are.
+                        health = None;
+                    }
+                    changed
+                }
             };
             if republish {
                 next_publish.get_or_insert_with(|| Instant::now() + self.debounce);
@@ -518,6 +585,9 @@ impl Publisher {
     fn on_node_event(&self, event: Option<WatchItem<Node>>, watch: &mut WatchStream<Node>) -> bool {
         match event {
             Some(Ok(Event::Apply(node) | Event::InitApply(node))) => {
+                if let Some(source) = &self.fault_annotation {
+                    source.observe(&node);
+                }
                 let changed = self.observe_record(&node);
                 if changed {
                     tracing::info!(
@@ -624,6 +694,15 @@ impl Publisher {
                 }
             }
         }
+    }
+}
+
+/// Waits for a change of the health; `false` when its sender is gone. Without a receiver it
+/// never completes.
+async fn health_changed(health: Option<&mut watch::Receiver<NodeHealth>>) -> bool {
+    match health {
+        Some(receiver) => receiver.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }
 

@@ -1,5 +1,6 @@
 //! The plugin's gRPC services and the Unix sockets that carry them.
 
 pub mod dra;
+pub mod health;
 pub mod registration;
 pub mod socket;

@@ -37,11 +37,19 @@ impl RegistrationService {
         }
     }
 
-    /// The services the plugin offers, newest first: kubelet takes the first it knows.
+    /// The services the plugin offers, DRA versions newest first, then the health service.
+    ///
+    /// The kubelet takes the first entry it knows as the DRA service and skips the others
+    /// (upstream `pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`,
+    /// `validateSupportedServices`, 1.34 to 1.36), so the health service at the end can never
+    /// be chosen nor make a kubelet that does not know it refuse the plugin. The kubelet
+    /// opens the health stream whenever its `ResourceHealthStatus` gate is on, listed or not
+    /// (same file, `add`); the entry tells other readers what the socket serves.
     pub fn supported_versions() -> Vec<String> {
         vec![
             service_names::DRA_V1.to_owned(),
             service_names::DRA_V1BETA1.to_owned(),
+            service_names::HEALTH_V1ALPHA1.to_owned(),
         ]
     }
 }
