@@ -22,6 +22,10 @@
 //!
 //! Every call is logged ([`FakeKubelet::calls`]) so tests can check how often a claim was
 //! sent.
+//!
+//! With its `ResourceHealthStatus` gate on ([`KubeletConfig::health_retry`] is `Some`), it
+//! also watches each registered plugin's health as upstream kubelet does (module
+//! [`health`](self::health)).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::unix::fs::MetadataExt as _;
@@ -35,6 +39,10 @@ use tokio::task::JoinHandle;
 use kerf_proto::client::{
     Claim, ClientError, DraVersion, KNOWN_SERVICES, KubeletClient, PreparedDevice, RegisteredPlugin,
 };
+
+mod health;
+
+pub use self::health::{DeviceHealthView, HealthCache};
 
 /// Why the fake kubelet failed a pod or a wait.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +108,9 @@ pub struct KubeletConfig {
     pub call_timeout: Duration,
     /// Retries of a failed pod.
     pub retry: RetryPolicy,
+    /// Wait before opening a plugin's health stream again after it ended (the kubelet's 5 s),
+    /// or `None` for a kubelet whose `ResourceHealthStatus` gate is off.
+    pub health_retry: Option<Duration>,
 }
 
 impl KubeletConfig {
@@ -119,6 +130,7 @@ impl KubeletConfig {
             poll_interval: Duration::from_millis(20),
             call_timeout: kerf_proto::client::KUBELET_CALL_TIMEOUT,
             retry: RetryPolicy::default(),
+            health_retry: Some(health::STREAM_RETRY),
         }
     }
 
@@ -240,6 +252,8 @@ struct Shared {
     registration_count: watch::Sender<usize>,
     claims: Mutex<HashMap<String, ClaimInfo>>,
     calls: Mutex<Vec<Call>>,
+    health: HealthCache,
+    health_watchers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 /// The fake kubelet. Dropping it stops the registry watcher.
@@ -251,6 +265,9 @@ pub struct FakeKubelet {
 impl Drop for FakeKubelet {
     fn drop(&mut self) {
         self.watcher.abort();
+        for watcher in lock(&self.shared.health_watchers).drain(..) {
+            watcher.abort();
+        }
     }
 }
 
@@ -272,6 +289,8 @@ impl FakeKubelet {
             registration_count,
             claims: Mutex::new(HashMap::new()),
             calls: Mutex::new(Vec::new()),
+            health: HealthCache::default(),
+            health_watchers: Mutex::new(Vec::new()),
         });
         let watcher = tokio::spawn(watch_registry(Arc::clone(&shared)));
         FakeKubelet { shared, watcher }
@@ -310,6 +329,11 @@ impl FakeKubelet {
         lock(&self.shared.plugins)
             .get(driver)
             .map(|(_, p)| Arc::clone(p))
+    }
+
+    /// The health the kubelet knows of its plugins' devices.
+    pub fn health(&self) -> &HealthCache {
+        &self.shared.health
     }
 
     /// Every DRA call so far, oldest first.
@@ -586,7 +610,18 @@ impl Shared {
             Ok(plugin) => {
                 let driver = plugin.info.name.clone();
                 let version = plugin.version;
-                lock(&self.plugins).insert(driver.clone(), (socket.to_owned(), Arc::new(plugin)));
+                let plugin = Arc::new(plugin);
+                lock(&self.plugins)
+                    .insert(driver.clone(), (socket.to_owned(), Arc::clone(&plugin)));
+                if let Some(retry) = self.config.health_retry {
+                    let watcher = tokio::spawn(health::watch(
+                        plugin,
+                        driver.clone(),
+                        self.health.clone(),
+                        retry,
+                    ));
+                    lock(&self.health_watchers).push(watcher);
+                }
                 (driver, Ok(version))
             }
             Err(ClientError::RegistrationRefused(reason)) => (String::new(), Err(reason)),

@@ -149,10 +149,31 @@ impl TestNode {
             .unwrap()
     }
 
+    /// Starts the plugin in this process with `health`; with `publish` it also publishes
+    /// ResourceSlices to (and watches its Node in) the in-memory API.
+    pub async fn start_plugin_with_health(
+        &self,
+        health: &kerf_kubelet_plugin::health::HealthConfig,
+        publish: bool,
+    ) -> RunningPlugin {
+        let mut config = self.config();
+        config.publish_resources = publish;
+        let client = self.api.client();
+        let connections = Connections {
+            claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
+            publisher: publish.then_some(client),
+            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
+        };
+        plugin::start_with_health(&config, health, self.inventory(), connections)
+            .await
+            .unwrap()
+    }
+
     /// A kubelet for this node with short retries, so that tests stay fast.
     pub fn kubelet_config(&self) -> KubeletConfig {
         let mut config = KubeletConfig::new(self.registry_dir());
         config.call_timeout = Duration::from_secs(20);
+        config.health_retry = Some(Duration::from_millis(100));
         config.retry = RetryPolicy {
             attempts: 40,
             initial_backoff: Duration::from_millis(20),
