@@ -14,7 +14,7 @@ use kerf_core::alloc::{
 };
 use kerf_core::slice::Sharing;
 
-use crate::claim::SOURCE_FROM_CLAIM;
+use crate::claim::{SOURCE_FROM_CLAIM, parent_request};
 use crate::error::{Error, Result};
 use crate::params::{
     Allocator, GpuClaimParameters, GpuClassParameters, GpuSelector, GpuSliceAllocation,
@@ -22,6 +22,10 @@ use crate::params::{
     quantity_at,
 };
 use crate::quantity::{self, format_bytes};
+
+mod prioritized;
+
+pub use prioritized::claim_allocation_status;
 
 /// Most results one allocation may hold (`AllocationResultsMaxSize`).
 pub const MAX_ALLOCATION_RESULTS: usize = 32;
@@ -304,23 +308,28 @@ pub fn node_selector(node: &str) -> NodeSelector {
 /// `class_params(deviceClassName)` gives the kerf class parameters of a DeviceClass, `None`
 /// when it has none. The claim's key is its UID.
 ///
-/// Per request (`spec.devices.requests[i].exactly`): the class must be a kerf `Controller`
-/// class; `count` devices (default 1) with `allocationMode` ExactCount. The claim's opaque
+/// Per request (`spec.devices.requests[i].exactly`, or each of its `firstAvailable`
+/// subrequests, at most 8, which become the allocator's alternatives named `request/sub`): the
+/// class must be a kerf `Controller` class; `count` devices (default 1) with `allocationMode`
+/// ExactCount; `tolerations` as the request's tolerations of device taints; `adminAccess: true`
+/// (`exactly` only) for whole GPUs whoever uses them, consuming nothing. The claim's opaque
 /// configs of `driver` that apply to the request (no `requests`, or naming it) are decoded
-/// strictly and merged in order, later fields overriding earlier ones: `memory`, `compute`,
+/// strictly and merged in order, later fields overriding earlier ones (for a subrequest also
+/// configs naming its parent request or `request/sub`): `memory`, `compute`,
 /// `sharing`, `topology`. A slice when memory or compute is set: compute defaults to the
 /// class's `defaultCompute` when only memory is set; memory must be a multiple of the class's
 /// `memoryGranularity` when the class sets slicing. From the class: selector, `maxSlicesPerGpu`,
 /// placement policy, sharing unless the claim sets it, and `sharing.timeSliceInterval` when
-/// the resulting sharing is TimeSlicing (claims cannot name one). Tolerations are ignored (the
-/// controller does not model device taints).
+/// the resulting sharing is TimeSlicing (claims cannot name one).
 ///
 /// # Errors
 ///
 /// [`Error::InvalidConfig`] naming the field path and value for: a claim without UID or
-/// requests; `firstAvailable`; `allocationMode: All`; a count below 1; `adminAccess`; CEL
+/// requests; both or neither of `exactly` and `firstAvailable`; an empty or too long
+/// `firstAvailable`; `allocationMode: All`; a count below 1; `adminAccess` with memory or
+/// compute; a toleration operator or effect the API does not define; CEL
 /// `selectors`; `capacity` requests; `constraints`; a class that is not a kerf Controller
-/// class; an opaque config of this driver that does not decode or is not
+/// class (for any subrequest); an opaque config of this driver that does not decode or is not
 /// `GpuClaimParameters`; a memory that breaks the class granularity; more than
 /// [`MAX_ALLOCATION_RESULTS`] devices in total; invalid class parameters.
 pub fn claim_request(
@@ -361,25 +370,47 @@ pub fn claim_request(
     let mut total = 0usize;
     for (i, request) in requests.iter().enumerate() {
         let base = format!("spec.devices.requests[{i}]");
-        if request.first_available.is_some() {
-            return Err(Error::config(
-                join(&base, "firstAvailable"),
-                "prioritized lists are not supported by kerf's controller; use exactly",
-            ));
-        }
-        let exactly = request
-            .exactly
-            .as_ref()
-            .ok_or_else(|| Error::config(join(&base, "exactly"), "missing"))?;
-        let resolved = resolve_request(
-            &request.name,
-            exactly,
-            &base,
-            &configs,
-            &class_params,
-            driver,
-        )?;
-        total += resolved.count as usize;
+        let resolved = match (&request.exactly, &request.first_available) {
+            (Some(_), Some(_)) => {
+                return Err(Error::config(
+                    join(&base, "firstAvailable"),
+                    "set either exactly or firstAvailable, not both",
+                ));
+            }
+            (Some(exactly), None) => {
+                let at = join(&base, "exactly");
+                let resolve = (configs.as_slice(), &class_params, driver);
+                resolve_request(&request.name, exactly, &at, resolve)?
+            }
+            (None, _) if request.first_available.is_none() => {
+                return Err(Error::config(
+                    join(&base, "exactly"),
+                    "missing (and no firstAvailable)",
+                ));
+            }
+            (None, _) => {
+                let mut subs = Vec::new();
+                for (j, sub) in prioritized::subrequests(request, &base)?.iter().enumerate() {
+                    let at = format!("{base}.firstAvailable[{j}]");
+                    let name = format!("{}/{}", request.name, sub.name);
+                    let exact = prioritized::as_exact(sub);
+                    subs.push(resolve_request(
+                        &name,
+                        &exact,
+                        &at,
+                        (configs.as_slice(), &class_params, driver),
+                    )?);
+                }
+                prioritized::parent(&request.name, subs)
+            }
+        };
+        // The fewest devices the request may take, as kube-scheduler's allocator counts it.
+        total += resolved
+            .first_available
+            .iter()
+            .map(|s| s.count)
+            .min()
+            .unwrap_or(resolved.count) as usize;
         out.push(resolved);
     }
     if total > MAX_ALLOCATION_RESULTS {
@@ -445,8 +476,12 @@ struct Merged {
 
 fn merge_claim_configs(request: &str, configs: &[ClaimConfig]) -> Result<Merged> {
     let mut merged = Merged::default();
-    let applies =
-        |c: &&ClaimConfig| c.requests.is_empty() || c.requests.iter().any(|r| r == request);
+    // `parent/sub` takes the configs of its parent request too, as the scheduler's allocator
+    // applies them (allocator_stable.go, Allocate).
+    let parent = parent_request(request);
+    let applies = |c: &&ClaimConfig| {
+        c.requests.is_empty() || c.requests.iter().any(|r| r == request || r == parent)
+    };
     for config in configs.iter().filter(applies) {
         let params = &config.params;
         if let Some(memory) = &params.memory {
@@ -466,15 +501,18 @@ fn merge_claim_configs(request: &str, configs: &[ClaimConfig]) -> Result<Merged>
     Ok(merged)
 }
 
+/// One `exactly` request (or subrequest) at path `at` in the allocator's terms.
 fn resolve_request(
     name: &str,
     exactly: &ExactDeviceRequest,
-    base: &str,
-    configs: &[ClaimConfig],
-    class_params: &impl Fn(&str) -> Option<GpuClassParameters>,
-    driver: &str,
+    at: &str,
+    (configs, class_params, driver): (
+        &[ClaimConfig],
+        &impl Fn(&str) -> Option<GpuClassParameters>,
+        &str,
+    ),
 ) -> Result<DeviceRequest> {
-    let at = join(base, "exactly");
+    let at = at.to_owned();
     check_supported(exactly, &at)?;
     let count = request_count(exactly, &at)?;
     let class_name = exactly.device_class_name.as_str();
@@ -510,10 +548,24 @@ fn resolve_request(
             })
         }
     };
+    let admin_access = exactly.admin_access == Some(true);
+    if admin_access && let Some(size) = slice {
+        return Err(Error::config(
+            join(&at, "adminAccess"),
+            format!(
+                "true takes whole GPUs, but the claim's config asks for a slice of {} memory and {}% compute",
+                format_bytes(size.memory_bytes),
+                size.compute_percent
+            ),
+        ));
+    }
     Ok(DeviceRequest {
         name: name.to_owned(),
         count,
         slice,
+        tolerations: prioritized::tolerations(exactly.tolerations.as_deref(), &at)?,
+        admin_access,
+        first_available: Vec::new(),
         selector: core_selector(&class.selector, &join(&class_path, "selector"))?,
         topology: merged.topology.unwrap_or_default().into(),
         policy: class.placement.map(|p| p.policy).unwrap_or_default().into(),
@@ -526,12 +578,6 @@ fn resolve_request(
 }
 
 fn check_supported(exactly: &ExactDeviceRequest, at: &str) -> Result<()> {
-    if exactly.admin_access == Some(true) {
-        return Err(Error::config(
-            join(at, "adminAccess"),
-            "true is not supported by kerf's controller",
-        ));
-    }
     if exactly.selectors.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(Error::config(
             join(at, "selectors"),
@@ -997,6 +1043,9 @@ mod tests {
                 max_slices_per_gpu: Some(7),
                 sharing: Sharing::TimeSlicing,
                 time_slice_interval: Some(TimeSliceInterval::Long),
+                tolerations: Vec::new(),
+                admin_access: false,
+                first_available: Vec::new(),
             }]
         );
     }
@@ -1161,8 +1210,11 @@ mod tests {
         };
         let cases = [
             (
-                json!([{ "name": "a", "firstAvailable": [{ "name": "x", "deviceClassName": "slices" }] }]),
-                "spec.devices.requests[0].firstAvailable: prioritized lists are not supported by kerf's controller; use exactly",
+                json!([{ "name": "a", "firstAvailable": [
+                    { "name": "x", "deviceClassName": "slices" },
+                    { "name": "y", "deviceClassName": "scheduler" },
+                ] }]),
+                "spec.devices.requests[0].firstAvailable[1].deviceClassName: \"scheduler\" uses allocator Scheduler",
             ),
             (
                 exactly(json!({ "allocationMode": "All" })),
@@ -1173,8 +1225,8 @@ mod tests {
                 "spec.devices.requests[0].exactly.count: 0 is out of range 1-32",
             ),
             (
-                exactly(json!({ "adminAccess": true })),
-                "spec.devices.requests[0].exactly.adminAccess: true is not supported",
+                exactly(json!({ "tolerations": [{ "key": "k", "operator": "Bogus" }] })),
+                "spec.devices.requests[0].exactly.tolerations[0].operator: \"Bogus\" is not a toleration operator",
             ),
             (
                 exactly(json!({ "selectors": [{ "cel": { "expression": "true" } }] })),
@@ -1250,4 +1302,6 @@ mod tests {
         assert_eq!(Policy::from(PlacementPolicy::Spread), Policy::Spread);
         assert_eq!(Policy::from(PlacementPolicy::BinPack), Policy::BinPack);
     }
+
+    mod prioritized;
 }

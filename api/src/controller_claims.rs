@@ -42,20 +42,16 @@ pub fn class_parameters(class: &DeviceClass, driver: &str) -> Option<GpuClassPar
 
 /// True when a request of `devices` (a claim's or a claim template's `spec.devices`) asks for
 /// a class whose parameters (looked up by DeviceClass name with `class_params`) name the
-/// Controller allocator. Only `exactly` requests count: `firstAvailable` lists are for the
-/// scheduler to choose from.
+/// Controller allocator: an `exactly` request's class or the class of any `firstAvailable`
+/// subrequest. A claim that mixes a Controller class with others is still the controller's,
+/// which refuses it with a reason ([`claim_request`](crate::claim_request)) rather than leave
+/// it to a scheduler that cannot allocate kerf's slices.
 pub fn requests_controller_class(
     devices: Option<&DeviceClaim>,
     class_params: impl Fn(&str) -> Option<GpuClassParameters>,
 ) -> bool {
-    devices
-        .and_then(|d| d.requests.as_ref())
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r.exactly.as_ref())
-        .any(|r| {
-            class_params(&r.device_class_name).is_some_and(|p| p.allocator == Allocator::Controller)
-        })
+    request_class_names(devices)
+        .any(|name| class_params(name).is_some_and(|p| p.allocator == Allocator::Controller))
 }
 
 /// The DeviceClass names the requests of `devices` (a claim's or a claim template's
@@ -90,8 +86,8 @@ pub fn is_controller_claim(
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::resource::v1::{
-        DeviceClassConfiguration, DeviceClassSpec, DeviceRequest, ExactDeviceRequest,
-        OpaqueDeviceConfiguration, ResourceClaimSpec,
+        DeviceClassConfiguration, DeviceClassSpec, DeviceRequest, DeviceSubRequest,
+        ExactDeviceRequest, OpaqueDeviceConfiguration, ResourceClaimSpec,
     };
     use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
     use serde_json::json;
@@ -155,5 +151,41 @@ mod tests {
         assert!(!is_controller_claim(&claim("other"), lookup));
         assert!(!is_controller_claim(&claim("missing"), lookup));
         assert!(!is_controller_claim(&ResourceClaim::default(), lookup));
+
+        let prioritized = |classes: &[&str]| {
+            let mut claim = claim("unused");
+            let request = &mut claim
+                .spec
+                .devices
+                .as_mut()
+                .unwrap()
+                .requests
+                .as_mut()
+                .unwrap()[0];
+            request.exactly = None;
+            request.first_available = Some(
+                classes
+                    .iter()
+                    .map(|class| DeviceSubRequest {
+                        name: format!("s-{class}"),
+                        device_class_name: (*class).to_owned(),
+                        ..DeviceSubRequest::default()
+                    })
+                    .collect(),
+            );
+            claim
+        };
+        assert!(is_controller_claim(
+            &prioritized(&["slice", "slice"]),
+            lookup
+        ));
+        assert!(is_controller_claim(
+            &prioritized(&["whole", "slice"]),
+            lookup
+        ));
+        assert!(!is_controller_claim(
+            &prioritized(&["whole", "other"]),
+            lookup
+        ));
     }
 }

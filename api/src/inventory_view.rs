@@ -11,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
-use kerf_core::alloc::{GpuInfo, NodeGpus};
+use kerf_core::alloc::{self, GpuInfo, NodeGpus};
 use kerf_core::inventory::ComputeCapability;
 
 use crate::quantity;
@@ -164,7 +164,26 @@ fn read_device(device: &Device, driver: &str) -> Result<Option<GpuInfo>, String>
         nvlink_domain: optional(attributes::NVLINK_DOMAIN)?,
         pcie_root: optional(attributes::PCIE_ROOT)?,
         numa: numa_node(attr(attributes::NUMA_NODE))?,
+        taints: device_taints(device),
     }))
+}
+
+/// The device's taints. An effect kerf does not know is left out: kube-scheduler's allocator
+/// (`allocator_stable.go`, `taintPreventsAllocation`) lets only `NoSchedule` and `NoExecute`
+/// keep a device from a request, so an unknown effect blocks nothing there either.
+fn device_taints(device: &Device) -> Vec<alloc::DeviceTaint> {
+    device
+        .taints
+        .iter()
+        .flatten()
+        .filter_map(|taint| {
+            Some(alloc::DeviceTaint {
+                key: taint.key.clone(),
+                value: taint.value.clone().unwrap_or_default(),
+                effect: taint.effect.parse().ok()?,
+            })
+        })
+        .collect()
 }
 
 /// The string value of an attribute, `None` when absent, an error when of another type.
@@ -422,6 +441,36 @@ mod tests {
                 nvlink_domain: None,
                 pcie_root: None,
                 numa: None,
+                taints: Vec::new(),
+            }]
+        );
+    }
+
+    #[test]
+    fn device_taints_are_read_and_unknown_effects_left_out() {
+        use k8s_openapi::api::resource::v1::DeviceTaint;
+        let mut device = bare_gpu("gpu-0");
+        device.taints = Some(vec![
+            DeviceTaint {
+                key: "gpu.kerf.dev/unhealthy".into(),
+                value: Some("xid-79".into()),
+                effect: "NoExecute".into(),
+                time_added: None,
+            },
+            DeviceTaint {
+                key: "example.com/future".into(),
+                value: None,
+                effect: "SomeFutureEffect".into(),
+                time_added: None,
+            },
+        ]);
+        let nodes = node_gpus_from_slices(&[node_slice("a", "node-1", 0, vec![device])], DRIVER);
+        assert_eq!(
+            nodes["node-1"].gpus[0].taints,
+            [alloc::DeviceTaint {
+                key: "gpu.kerf.dev/unhealthy".into(),
+                value: "xid-79".into(),
+                effect: alloc::TaintEffect::NoExecute,
             }]
         );
     }

@@ -25,6 +25,7 @@ fn gpu(minor: u32, nvlink: Option<&str>, pcie: Option<&str>) -> GpuInfo {
         nvlink_domain: nvlink.map(str::to_owned),
         pcie_root: pcie.map(str::to_owned),
         numa: None,
+        taints: Vec::new(),
     }
 }
 

@@ -45,6 +45,7 @@ fn node_strategy(name: String) -> impl Strategy<Value = NodeGpus> {
                 nvlink_domain: nvlink.map(|d| format!("nvl-{d}")),
                 pcie_root: pcie.map(|r| format!("pci{r}")),
                 numa: None,
+                taints: Vec::new(),
             })
             .collect(),
     })
@@ -99,6 +100,9 @@ fn request_strategy() -> impl Strategy<Value = DeviceRequest> {
                 max_slices_per_gpu: max_slices,
                 sharing: Sharing::default(),
                 time_slice_interval: None,
+                tolerations: Vec::new(),
+                admin_access: false,
+                first_available: Vec::new(),
             }
         })
 }
@@ -508,6 +512,7 @@ fn uniform_node(name: &str, gpus: u32) -> NodeGpus {
                 nvlink_domain: None,
                 pcie_root: None,
                 numa: None,
+                taints: Vec::new(),
             })
             .collect(),
     }
@@ -594,4 +599,90 @@ fn binpack_leaves_fewer_partially_used_gpus_than_spread_on_a_fixed_workload() {
         [1, 4],
         "BinPack fills gpu-0 and starts gpu-1; Spread touches all four"
     );
+}
+
+const TAINT_KEYS: [&str; 2] = ["gpu.kerf.dev/unhealthy", "example.com/other"];
+
+fn taint_strategy() -> impl Strategy<Value = kerf_core::alloc::DeviceTaint> {
+    (0..2usize, 0..2u8, 0..3u8).prop_map(|(key, value, effect)| kerf_core::alloc::DeviceTaint {
+        key: TAINT_KEYS[key].to_owned(),
+        value: format!("v{value}"),
+        effect: [
+            kerf_core::alloc::TaintEffect::None,
+            kerf_core::alloc::TaintEffect::NoSchedule,
+            kerf_core::alloc::TaintEffect::NoExecute,
+        ][usize::from(effect)],
+    })
+}
+
+fn toleration_strategy() -> impl Strategy<Value = kerf_core::alloc::Toleration> {
+    (0..3usize, any::<bool>(), 0..2u8, 0..3u8).prop_map(|(key, exists, value, effect)| {
+        use kerf_core::alloc::{TaintEffect, Toleration, TolerationOperator};
+        Toleration {
+            // Key index 2 is the empty key, which the API allows only with Exists.
+            key: TAINT_KEYS.get(key).copied().unwrap_or_default().to_owned(),
+            operator: if exists || key == 2 {
+                TolerationOperator::Exists
+            } else {
+                TolerationOperator::Equal
+            },
+            value: format!("v{value}"),
+            effect: [
+                None,
+                Some(TaintEffect::NoSchedule),
+                Some(TaintEffect::NoExecute),
+            ][usize::from(effect)],
+        }
+    })
+}
+
+proptest! {
+    /// Whatever the taints, tolerations and admin access, no device is placed for a request
+    /// that does not tolerate one of the GPU's `NoSchedule`/`NoExecute` taints.
+    #[test]
+    fn never_placed_on_an_untolerated_taint(
+        nodes in prop::collection::vec(node_strategy(String::new()), 1..4),
+        taints in prop::collection::vec(prop::collection::vec(taint_strategy(), 0..3), 32),
+        pod in pod_strategy(),
+        tolerations in prop::collection::vec(prop::collection::vec(toleration_strategy(), 0..3), 4),
+        admin in prop::collection::vec(any::<bool>(), 4),
+    ) {
+        let mut at = 0;
+        let nodes: Vec<NodeGpus> = nodes
+            .into_iter()
+            .enumerate()
+            .map(|(n, mut node)| {
+                node.node = format!("node-{n}");
+                for gpu in &mut node.gpus {
+                    gpu.taints.clone_from(&taints[at % taints.len()]);
+                    at += 1;
+                }
+                node
+            })
+            .collect();
+        let index = build(&nodes);
+        let mut flat = 0;
+        let mut pod = pod_request(0, &pod);
+        for claim in &mut pod.claims {
+            for req in &mut claim.requests {
+                req.tolerations.clone_from(&tolerations[flat % tolerations.len()]);
+                req.admin_access = admin[flat % admin.len()] && req.slice.is_none();
+                flat += 1;
+            }
+        }
+        let names: Vec<&str> = nodes.iter().map(|n| n.node.as_str()).collect();
+        if let Ok(placement) = place(&index, &pod, &names) {
+            for (claim, placed) in pod.claims.iter().zip(&placement.claims) {
+                for device in &placed.devices {
+                    let req = claim.requests.iter().find(|r| r.name == device.request).unwrap();
+                    let info = gpu_info(&nodes, &placement.node, &device.device);
+                    prop_assert!(
+                        kerf_core::alloc::taint::untolerated(&info.taints, &req.tolerations).is_none(),
+                        "{} on {} {} with taints {:?}, tolerations {:?}",
+                        device.request, placement.node, device.device, info.taints, req.tolerations
+                    );
+                }
+            }
+        }
+    }
 }

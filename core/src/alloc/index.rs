@@ -9,6 +9,7 @@ use crate::slice::Sharing;
 use super::hash::FastMap;
 use super::model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
 use super::place::Placement;
+use super::taint::DeviceTaint;
 
 /// Free capacity of every GPU of every node, kept up to date from inventory and claim events.
 ///
@@ -156,6 +157,9 @@ pub(super) struct GpuEntry {
     pub(super) pcie: Option<u16>,
     pub(super) usage: GpuUsage,
     pub(super) free: GpuFree,
+    /// Carries a taint that keeps it from requests that do not tolerate it: only then does
+    /// placement look at the taints.
+    pub(super) blocking_taints: bool,
 }
 
 /// What is left of a GPU.
@@ -267,6 +271,7 @@ impl NodeEntry {
                     .unwrap_or_default();
                 GpuEntry {
                     free: GpuFree::of(info.memory_bytes, usage),
+                    blocking_taints: info.taints.iter().any(DeviceTaint::blocks_allocation),
                     info,
                     nvlink,
                     pcie,
@@ -416,10 +421,10 @@ impl Index {
 
     /// Records a placement as the usage of its claims (before the write is confirmed, so that
     /// the next decision does not reuse the same capacity). A watch event that later reports
-    /// the same usage changes nothing.
+    /// the same usage changes nothing. Admin-access devices use nothing.
     pub fn apply(&mut self, placement: &Placement) {
         for claim in &placement.claims {
-            self.set_claim_usage(&claim.key, claim.device_uses(&placement.node));
+            self.set_claim_usage(&claim.key, placement.claim_uses(claim));
         }
     }
 

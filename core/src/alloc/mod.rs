@@ -7,6 +7,7 @@
 //! GPUs.
 //!
 //! - [`model`]: [`NodeGpus`], [`GpuInfo`], [`DeviceUse`].
+//! - [`taint`]: device taints and request tolerations, matched as kube-scheduler does.
 //! - [`request`]: [`PodRequest`] and what each request asks for.
 //! - [`Index`]: free capacity per GPU, updated incrementally.
 //! - [`place`] / [`place_where`]: the placement decision, [`Placement`] or [`Unplaceable`].
@@ -15,7 +16,9 @@ mod hash;
 mod index;
 pub mod model;
 mod place;
+mod prioritized;
 pub mod request;
+pub mod taint;
 mod unplaceable;
 
 pub use index::{GpuUsage, GpuView, Index, NodeView};
@@ -24,6 +27,8 @@ pub use place::{
     ClaimPlacement, MAX_DEVICES_PER_REQUEST, PlacedDevice, Placement, place, place_where,
 };
 pub use request::{
-    ClaimRequest, DeviceRequest, GpuSelector, PodRequest, Policy, SliceSize, TopologyScope,
+    ClaimRequest, DeviceRequest, GpuSelector, MAX_SUBREQUESTS, PodRequest, Policy, SliceSize,
+    TopologyScope,
 };
+pub use taint::{DeviceTaint, TaintEffect, Toleration, TolerationOperator};
 pub use unplaceable::{BestCandidate, Unplaceable, UnplaceableReason};

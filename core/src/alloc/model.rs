@@ -3,6 +3,8 @@
 use crate::inventory::{ComputeCapability, Inventory};
 use crate::slice::Sharing;
 
+use super::taint::DeviceTaint;
+
 /// The whole GPUs of one node that the controller may slice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeGpus {
@@ -33,6 +35,9 @@ pub struct GpuInfo {
     pub pcie_root: Option<String>,
     /// NUMA node, when known.
     pub numa: Option<u32>,
+    /// Taints published on the device; a `NoSchedule` or `NoExecute` one keeps it from
+    /// requests that do not tolerate it.
+    pub taints: Vec<DeviceTaint>,
 }
 
 impl NodeGpus {
@@ -53,6 +58,7 @@ impl NodeGpus {
                 nvlink_domain: gpu.nvlink_domain.clone(),
                 pcie_root: gpu.pcie_root.clone(),
                 numa: gpu.numa_node,
+                taints: Vec::new(),
             })
             .collect();
         NodeGpus {

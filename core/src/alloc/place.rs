@@ -19,7 +19,9 @@ use crate::slice::Sharing;
 
 use super::index::{GpuFree, Index, NodeAggregates, NodeEntry, free_permille, per_mille};
 use super::model::{DeviceUse, UseKind};
+use super::prioritized::place_first_available;
 use super::request::{DeviceRequest, GpuSelector, PodRequest, Policy, SliceSize, TopologyScope};
+use super::taint::{DeviceTaint, untolerated};
 use super::unplaceable::{BestCandidate, Unplaceable, UnplaceableReason};
 
 /// Most devices one request may ask for; more is an invalid request.
@@ -32,6 +34,34 @@ pub struct Placement {
     pub node: String,
     /// One entry per claim of the [`PodRequest`], in its order.
     pub claims: Vec<ClaimPlacement>,
+    /// `(claim key, request name)` of every placed request with admin access: its devices
+    /// use nothing.
+    pub admin_requests: Vec<(String, String)>,
+}
+
+impl Placement {
+    /// True when `request` of claim `claim_key` was placed with admin access.
+    pub fn is_admin(&self, claim_key: &str, request: &str) -> bool {
+        self.admin_requests
+            .iter()
+            .any(|(claim, name)| claim == claim_key && name == request)
+    }
+
+    /// The usage `claim`'s devices put on the node, for [`Index::set_claim_usage`]: as
+    /// [`ClaimPlacement::device_uses`] without admin-access devices, which use nothing (as
+    /// kube-scheduler leaves admin-access results out of the devices in use).
+    pub fn claim_uses(&self, claim: &ClaimPlacement) -> Vec<DeviceUse> {
+        let mut uses = claim.device_uses(&self.node);
+        if !self.admin_requests.is_empty() {
+            let mut at = 0;
+            uses.retain(|_| {
+                let keep = !self.is_admin(&claim.key, &claim.devices[at].request);
+                at += 1;
+                keep
+            });
+        }
+        uses
+    }
 }
 
 /// The devices placed for one claim.
@@ -61,7 +91,8 @@ pub struct PlacedDevice {
 }
 
 impl ClaimPlacement {
-    /// The usage this claim's devices put on `node`, for [`Index::set_claim_usage`].
+    /// The usage this claim's devices put on `node` if all of them used their GPU; see
+    /// [`Placement::claim_uses`], which leaves admin-access devices out.
     pub fn device_uses(&self, node: &str) -> Vec<DeviceUse> {
         self.devices
             .iter()
@@ -99,6 +130,14 @@ impl ClaimPlacement {
 /// capacity after placement, then by name. Ties between GPUs go to the lower device name.
 /// The result depends only on the index, the pod and the set of candidates.
 ///
+/// A GPU with a `NoSchedule` or `NoExecute` taint that a request does not tolerate is not
+/// eligible for it (see [`taint`](super::taint)). An admin-access request takes `count` whole
+/// GPUs whoever uses them and consumes nothing. A request with
+/// [`first_available`](DeviceRequest::first_available) subrequests is placed as its first
+/// subrequest that fits: combinations of the pod's subrequests are tried in order (the first
+/// request's choice changing slowest, as kube-scheduler's allocator backtracks), and the
+/// first combination that fits any candidate goes to its best node.
+///
 /// # Errors
 ///
 /// [`Unplaceable`] when no candidate fits, naming the failing request, why, and the node
@@ -108,8 +147,10 @@ pub fn place(
     pod: &PodRequest,
     candidate_nodes: &[&str],
 ) -> Result<Placement, Unplaceable> {
-    let nodes = candidate_nodes.iter().filter_map(|name| index.entry(name));
-    place_among(pod, nodes, candidate_nodes.len())
+    place_first_available(pod, |pod| {
+        let nodes = candidate_nodes.iter().filter_map(|name| index.entry(name));
+        place_among(pod, nodes, candidate_nodes.len())
+    })
 }
 
 /// [`place`] over the index's nodes for which `is_candidate(node name)` is true.
@@ -133,7 +174,7 @@ pub fn place_where(
         candidate
     });
     let nodes: Vec<&NodeEntry> = nodes.collect();
-    place_among(pod, nodes.into_iter(), asked)
+    place_first_available(pod, |pod| place_among(pod, nodes.iter().copied(), asked))
 }
 
 /// The placement decision over known candidate nodes; `asked` is how many candidates the
@@ -329,6 +370,17 @@ fn invalid(claim: &str, req: &DeviceRequest, what: &str) -> Unplaceable {
 }
 
 fn validate(claim: &str, req: &DeviceRequest) -> Result<(), Unplaceable> {
+    if !req.first_available.is_empty() {
+        // place_first_available replaces every such request by one of its subrequests.
+        return Err(invalid(claim, req, "subrequests cannot have subrequests"));
+    }
+    if req.admin_access && req.slice.is_some() {
+        return Err(invalid(
+            claim,
+            req,
+            "admin access takes whole GPUs, not slices",
+        ));
+    }
     if req.count == 0 {
         return Err(invalid(claim, req, "count must be at least 1"));
     }
@@ -379,7 +431,7 @@ impl<'p> Plan<'p> {
                 });
                 slot += req.count as usize;
                 claim_devices = claim_devices.saturating_add(req.count);
-                if req.slice.is_none() {
+                if req.slice.is_none() && !req.admin_access {
                     whole_needed = whole_needed.saturating_add(req.count);
                 }
             }
@@ -393,10 +445,12 @@ impl<'p> Plan<'p> {
             ));
         };
         let node_policy = first.req.policy;
-        // Hardest first: whole GPUs, then more devices, then bigger slices.
+        // Hardest first: whole GPUs, then more devices, then bigger slices; admin access,
+        // which takes nothing from the others, last.
         flats.sort_by_key(|f| {
             let size = f.req.slice.unwrap_or_default();
             (
+                f.req.admin_access,
                 f.req.slice.is_some(),
                 Reverse(f.req.count),
                 Reverse(size.memory_bytes),
@@ -455,7 +509,7 @@ impl<'p> Plan<'p> {
     fn consumption(&self, agg: &NodeAggregates) -> (u64, u64) {
         let mut least = 0u64;
         let mut most = 0u64;
-        for flat in &self.flats {
+        for flat in self.flats.iter().filter(|f| !f.req.admin_access) {
             let (low, high) = consumption_bounds(flat.req.slice, agg);
             least += low * u64::from(flat.req.count);
             most += high * u64::from(flat.req.count);
@@ -501,6 +555,18 @@ impl<'p> Plan<'p> {
 
     fn placement(&self, node: &NodeEntry, picks: &[u32]) -> Placement {
         let mut slot = 0;
+        let admin_requests = self
+            .pod
+            .claims
+            .iter()
+            .flat_map(|claim| {
+                claim
+                    .requests
+                    .iter()
+                    .filter(|req| req.admin_access)
+                    .map(|req| (claim.key.clone(), req.name.clone()))
+            })
+            .collect();
         let claims = self
             .pod
             .claims
@@ -532,6 +598,7 @@ impl<'p> Plan<'p> {
         Placement {
             node: node.name.clone(),
             claims,
+            admin_requests,
         }
     }
 }
@@ -623,7 +690,17 @@ fn eligible(req: &DeviceRequest, node: &NodeEntry, scratch: &mut Scratch) {
         if slot.blocked || !req.selector.matches(&gpu.info) {
             continue;
         }
-        if let Some(after) = fit_after(req, &slot.free, gpu.info.memory_bytes) {
+        if gpu.blocking_taints && untolerated(&gpu.info.taints, &req.tolerations).is_some() {
+            continue;
+        }
+        if req.admin_access {
+            // Every admin GPU costs the same: ties go to the lower device name.
+            scratch.cand.push(Cand {
+                group: 0,
+                cost: 0,
+                gpu: u32::try_from(at).unwrap_or(NO_PICK),
+            });
+        } else if let Some(after) = fit_after(req, &slot.free, gpu.info.memory_bytes) {
             scratch.cand.push(Cand {
                 group: 0,
                 cost: cost(req.policy, slot.free.idle, after),
@@ -713,6 +790,9 @@ fn pick_grouped(
 
 /// Applies a request's picks to the working state; returns their [`nominal`] consumption.
 fn take(flat: &Flat<'_>, node: &NodeEntry, scratch: &mut Scratch) -> u64 {
+    if flat.req.admin_access {
+        return 0;
+    }
     let mut consumed = 0;
     for &pick in &scratch.picks[flat.slot..flat.slot + flat.count()] {
         let (Some(gpu), Some(slot)) = (
@@ -758,6 +838,8 @@ struct Diagnosis<'a> {
     flat: usize,
     blockers: Blockers,
     fitting: u32,
+    /// The first matching GPU kept out by a taint, and that taint.
+    taint: Option<(&'a str, &'a DeviceTaint)>,
 }
 
 /// Matching GPUs that did not fit, by the first constraint they broke.
@@ -768,6 +850,7 @@ struct Blockers {
     sharing: u32,
     memory: u32,
     compute: u32,
+    tainted: u32,
 }
 
 impl Diagnosis<'_> {
@@ -845,6 +928,7 @@ impl Plan<'_> {
         };
         let agg = &node.agg;
         let together = match flat.req.slice {
+            None if flat.req.admin_access => gpus,
             None => agg.idle_gpus,
             Some(size)
                 if agg.max_free_memory < size.memory_bytes
@@ -898,6 +982,9 @@ impl Plan<'_> {
         let selector = describe_selector(&req.selector);
         let wanted = match (diagnosis.kind, req.slice) {
             (UnplaceableReason::Selector, _) => format!("{} {gpus}{selector}", req.count),
+            (_, None) if req.admin_access => {
+                format!("{} {gpus}{selector} for admin access", req.count)
+            }
             (_, None) => format!("{} free whole {gpus}{selector}", req.count),
             (_, Some(size)) => format!(
                 "{} {gpus}{selector} with {} free",
@@ -941,13 +1028,27 @@ fn failure<'n>(
     let mut fitting_nvlink: Vec<u16> = Vec::new();
     let mut fitting_pcie: Vec<u16> = Vec::new();
     let mut fitting = 0u32;
+    let mut taint = None;
     for (gpu, slot) in node.gpus.iter().zip(&scratch.gpus) {
         if slot.blocked || !req.selector.matches(&gpu.info) {
             continue;
         }
         matching += 1;
         let free = &slot.free;
+        let untolerated = gpu
+            .blocking_taints
+            .then(|| untolerated(&gpu.info.taints, &req.tolerations))
+            .flatten();
         match req.slice {
+            _ if untolerated.is_some() => {
+                blockers.tainted += 1;
+                taint = taint.or(untolerated.map(|t| (gpu.info.device.as_str(), t)));
+            }
+            _ if req.admin_access => {
+                fitting += 1;
+                fitting_nvlink.extend(gpu.nvlink);
+                fitting_pcie.extend(gpu.pcie);
+            }
             None if !free.idle => blockers.in_use += 1,
             Some(_) if free.whole_held => blockers.in_use += 1,
             Some(_) if req.max_slices_per_gpu.is_some_and(|max| free.slices >= max) => {
@@ -986,6 +1087,7 @@ fn failure<'n>(
         flat: placed,
         blockers,
         fitting,
+        taint,
     }
 }
 
@@ -998,6 +1100,7 @@ impl Blockers {
             (self.sharing, UnplaceableReason::SharingConflict),
             (self.memory, UnplaceableReason::InsufficientMemory),
             (self.compute, UnplaceableReason::InsufficientCompute),
+            (self.tainted, UnplaceableReason::Tainted),
         ];
         let mut best = ranked[0];
         for candidate in &ranked[1..] {
@@ -1081,10 +1184,19 @@ fn describe_blockers(diagnosis: &Diagnosis<'_>, req: &DeviceRequest) -> String {
     if b.compute > 0 {
         parts.push(format!("{} with too little compute free", b.compute));
     }
-    if parts.is_empty() {
+    if b.tainted > 0 {
+        parts.push(format!("{} tainted", b.tainted));
+    }
+    let text = if parts.is_empty() {
         String::new()
     } else {
         format!(" (of its matching GPUs, {})", parts.join(", "))
+    };
+    match diagnosis.taint {
+        Some((device, taint)) => {
+            format!("{text}; {device} is tainted {taint} and the request does not tolerate it")
+        }
+        None => text,
     }
 }
 
@@ -1129,6 +1241,7 @@ mod tests {
                 nvlink_domain: (g % 4 != 3).then(|| format!("d{}", g / 4)),
                 pcie_root: Some(format!("p{}", g / 2)),
                 numa: None,
+                taints: Vec::new(),
             })
             .collect();
         NodeGpus { node: name, gpus }

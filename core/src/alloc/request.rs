@@ -6,6 +6,7 @@ use crate::mps::TimeSliceInterval;
 use crate::slice::Sharing;
 
 use super::model::GpuInfo;
+use super::taint::Toleration;
 
 /// All the controller-allocated claims of one pod; they are placed together on one node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -23,10 +24,12 @@ pub struct ClaimRequest {
     pub requests: Vec<DeviceRequest>,
 }
 
-/// One request of a claim: `count` distinct GPUs, each whole or sliced.
+/// One request of a claim: `count` distinct GPUs, each whole or sliced; or, with
+/// [`DeviceRequest::first_available`], the first of its subrequests that fits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceRequest {
-    /// Request name, copied into the allocation results.
+    /// Request name, copied into the allocation results. A subrequest's name is the full
+    /// `parent/sub`, as results name it.
     pub name: String,
     /// How many distinct GPUs (at least 1).
     pub count: u32,
@@ -46,7 +49,19 @@ pub struct DeviceRequest {
     /// `None` leaves the GPU at the driver's default. It never affects where a request goes:
     /// the node settles claims that disagree on one GPU.
     pub time_slice_interval: Option<TimeSliceInterval>,
+    /// Taints of devices this request may use anyway.
+    pub tolerations: Vec<Toleration>,
+    /// Admin access (`exactly.adminAccess`): `count` whole GPUs whoever uses them, consuming
+    /// nothing; taints still apply, and the claim's own devices stay distinct.
+    pub admin_access: bool,
+    /// Subrequests (`firstAvailable`, at most [`MAX_SUBREQUESTS`]), tried in order; the pod
+    /// gets the first combination of its requests' subrequests that fits some candidate
+    /// node. When set, this request's own count, slice and selector are not used.
+    pub first_available: Vec<DeviceRequest>,
 }
+
+/// Most subrequests of one request (`FirstAvailableDeviceRequestMaxSize`).
+pub const MAX_SUBREQUESTS: usize = 8;
 
 impl DeviceRequest {
     /// A request for `count` whole GPUs with no constraints and the default policy.
@@ -61,6 +76,9 @@ impl DeviceRequest {
             max_slices_per_gpu: None,
             sharing: Sharing::Exclusive,
             time_slice_interval: None,
+            tolerations: Vec::new(),
+            admin_access: false,
+            first_available: Vec::new(),
         }
     }
 

@@ -25,6 +25,9 @@ pub enum UnplaceableReason {
     InsufficientCompute,
     /// Enough GPUs fit, but not in one NVLink domain / behind one PCIe root.
     Topology,
+    /// GPUs that match carry a `NoSchedule` or `NoExecute` taint the request does not
+    /// tolerate.
+    Tainted,
 }
 
 impl UnplaceableReason {
@@ -40,6 +43,7 @@ impl UnplaceableReason {
             UnplaceableReason::InsufficientMemory => "insufficient_memory",
             UnplaceableReason::InsufficientCompute => "insufficient_compute",
             UnplaceableReason::Topology => "topology",
+            UnplaceableReason::Tainted => "tainted",
         }
     }
 }
@@ -86,6 +90,12 @@ impl Unplaceable {
         self.claim = Some(claim.to_owned());
         self.request = Some(request.to_owned());
         self.needed = needed;
+        self
+    }
+
+    /// The same diagnosis explained by `message` instead.
+    pub(super) fn with_message(mut self, message: String) -> Self {
+        self.message = message;
         self
     }
 
