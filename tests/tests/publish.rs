@@ -23,6 +23,9 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
+#[path = "publish/taints.rs"]
+mod taints;
+
 const DRIVER: &str = "gpu.kerf.dev";
 const NODE: &str = "node-a";
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
