@@ -1,0 +1,168 @@
+//! Start-up feature detection of the kubelet plugin against API servers with and without
+//! device taints (`FakeApi::drop_field` acts as a 1.34/1.35 server whose `DRADeviceTaints`
+//! gate is off: the field silently vanishes from every write).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "helpers outside #[test] functions fail the test the same way"
+)]
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{NODE, TestNode};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kerf_api::features::Probed;
+use kerf_kubelet_plugin::health::HealthConfig;
+use kerf_proto::health::v1alpha1::HealthStatus;
+use kerf_tests::fake_kubelet::FakeKubelet;
+use serde_json::json;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+const WAIT: Duration = Duration::from_secs(10);
+
+/// Log lines captured by a subscriber installed for the current thread (a `#[tokio::test]`
+/// runs every task on it).
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture(&self) -> impl Sized {
+        let logs = self.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(LevelFilter::INFO)
+            .with_ansi(false)
+            .with_writer(move || logs.clone())
+            .finish()
+            .set_default()
+    }
+
+    fn lines_containing(&self, text: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|line| line.contains(text))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+fn node_with_faults() -> (TestNode, HealthConfig) {
+    let node = TestNode::new("h100-sxm-80gb:2");
+    node.api.insert(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": { "name": NODE },
+    }));
+    let faults = node.root.join("faults.yaml");
+    std::fs::write(&faults, "gpu-1:\n  - kind: xid\n    code: 79\n").unwrap();
+    let health = HealthConfig {
+        check_timeout: Duration::from_secs(3),
+        resend_interval: Duration::from_secs(1),
+        mock_fault_file: Some(faults),
+        mock_fault_file_poll: Duration::from_millis(50),
+        ..HealthConfig::defaults(true)
+    };
+    (node, health)
+}
+
+fn slices(node: &TestNode) -> Vec<ResourceSlice> {
+    node.api.list_resources::<ResourceSlice>(None)
+}
+
+#[tokio::test]
+async fn without_device_taints_the_plugin_says_so_once_and_publishes_plain_slices() {
+    let logs = Logs::default();
+    let _capture = logs.capture();
+    let (node, health) = node_with_faults();
+    node.api
+        .drop_field("resourceslices", "spec.devices[].taints");
+    let plugin = node.start_plugin_with_health(&health, true).await;
+    assert_eq!(plugin.device_taints(), Some(&Probed::Dropped));
+    let kubelet = FakeKubelet::start(node.kubelet_config());
+
+    // Health still reaches the kubelet.
+    kubelet
+        .health()
+        .wait_for(WAIT, |h| {
+            h.device(common::DRIVER, NODE, "gpu-1").health == HealthStatus::Unhealthy
+        })
+        .await
+        .unwrap();
+    common::eventually("the slice is published", WAIT, || slices(&node).len() == 1).await;
+    assert!(
+        slices(&node)
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .all(|d| d.taints.is_none())
+    );
+    // Health changes do not make the publisher write again, let alone loop.
+    let writes = node.api.count("PATCH", SLICES);
+    std::fs::write(node.root.join("faults.yaml"), "gpu-0:\n  - kind: gpuLost\n").unwrap();
+    kubelet
+        .health()
+        .wait_for(WAIT, |h| {
+            h.device(common::DRIVER, NODE, "gpu-0").health == HealthStatus::Unhealthy
+        })
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(node.api.count("PATCH", SLICES), writes);
+    assert_eq!(node.api.count("POST", SLICES), 1, "one probe");
+
+    let degraded = logs.lines_containing("drops ResourceSlice spec.devices[].taints");
+    assert_eq!(degraded.len(), 1, "{degraded:#?}");
+    assert!(degraded[0].contains("WARN"), "{}", degraded[0]);
+    assert!(logs.lines_containing("ERROR").is_empty());
+
+    // Publishing goes on as usual: a lost slice comes back.
+    let name = slices(&node)[0].metadata.name.clone().unwrap();
+    node.api
+        .remove(&format!("{SLICES}/{name}"))
+        .expect("the slice");
+    common::eventually("the slice is back", WAIT, || slices(&node).len() == 1).await;
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn with_device_taints_the_probe_says_served_and_the_faulty_device_is_tainted() {
+    let logs = Logs::default();
+    let _capture = logs.capture();
+    let (node, health) = node_with_faults();
+    let plugin = node.start_plugin_with_health(&health, true).await;
+    assert_eq!(plugin.device_taints(), Some(&Probed::Served));
+    common::eventually("gpu-1 is tainted", WAIT, || {
+        slices(&node)
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .any(|d| d.name == "gpu-1" && d.taints.is_some())
+    })
+    .await;
+    assert!(
+        logs.lines_containing("drops ResourceSlice").is_empty(),
+        "no degraded line"
+    );
+    // The probe was a dry run: nothing of it is stored.
+    assert!(slices(&node).iter().all(|s| {
+        !s.spec
+            .pool
+            .name
+            .starts_with(kerf_api::features::PROBE_NAME_PREFIX)
+    }));
+    plugin.shutdown().await.unwrap();
+}
