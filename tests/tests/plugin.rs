@@ -176,9 +176,15 @@ async fn registers_like_a_kubelet_wants() {
         registered.info.endpoint,
         node.config().dra_socket.to_string_lossy()
     );
+    // The health service is listed last: a kubelet takes the first entry it knows as the
+    // DRA service and skips the rest, so it can never be chosen.
     assert_eq!(
         registered.info.supported_versions,
-        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth"
+        ]
     );
     assert_eq!(registered.version, DraVersion::V1);
     assert!(
