@@ -1179,3 +1179,166 @@ async fn a_device_in_two_exclusive_allocations_is_reported_on_both_claims_and_po
     );
     controller.stop().await;
 }
+
+// ---- firstAvailable, adminAccess and device taints ----
+
+/// A claim with the raw `requests` and `config` of `spec.devices`.
+fn raw_claim(fake: &FakeApi, name: &str, requests: Value, config: Value) {
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {"requests": requests, "config": config}},
+    }));
+}
+
+fn claim_config(requests: &[&str], memory: &str) -> Value {
+    json!({"requests": requests, "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters", "memory": memory,
+    }}})
+}
+
+/// The `request` of each result of the claim's allocation.
+fn result_field(claim: &Value, field: &str) -> Vec<Value> {
+    allocation(claim)
+        .and_then(|a| a.pointer("/devices/results"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|r| r[field].clone())
+        .collect()
+}
+
+fn on_node_0() -> Value {
+    json!({"nodeSelector": {"kubernetes.io/hostname": "node-0"}})
+}
+
+#[tokio::test]
+async fn a_first_available_claim_gets_the_fallback_when_the_first_choice_fits_nowhere() {
+    let fake = cluster();
+    // No H100 has 80Gi (81559Mi in all) free, so "big" fits nowhere; "small" does.
+    raw_claim(
+        &fake,
+        "prioritized",
+        json!([{"name": "gpu", "firstAvailable": [
+            {"name": "big", "deviceClassName": SLICES},
+            {"name": "small", "deviceClassName": SLICES},
+        ]}]),
+        json!([
+            claim_config(&["gpu/big"], "80Gi"),
+            claim_config(&["gpu/small"], "10Gi")
+        ]),
+    );
+    pod(&fake, "p", &[Uses::Claim("prioritized")], json!({}));
+    let controller = Controller::start(&fake);
+    let claim = allocated(&fake, "prioritized").await;
+    assert_eq!(result_field(&claim, "request"), [json!("gpu/small")]);
+    let config = &allocation(&claim).unwrap()["devices"]["config"][0];
+    assert_eq!(config["requests"], json!(["gpu/small"]));
+    let slice = decode_opaque(&config["opaque"]["parameters"], "parameters").unwrap();
+    let OpaqueConfig::Slice(slice) = slice else {
+        panic!("{config}")
+    };
+    assert_eq!(slice.devices[0].memory_bytes, Some(10 * GIB));
+    assert_no_overcommit(&fake);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn an_admin_access_claim_gets_gpus_other_claims_hold() {
+    let fake = cluster();
+    claim(&fake, "holder", SLICES, 1, None);
+    pod(&fake, "p-holder", &[Uses::Claim("holder")], on_node_0());
+    let controller = Controller::start(&fake);
+    let held = devices(&allocated(&fake, "holder").await);
+    assert_eq!(held[0].0, "node-0");
+
+    raw_claim(
+        &fake,
+        "monitor",
+        json!([{"name": "gpu", "exactly": {"deviceClassName": SLICES, "count": 8, "adminAccess": true}}]),
+        json!([]),
+    );
+    pod(&fake, "p-monitor", &[Uses::Claim("monitor")], on_node_0());
+    let monitor = allocated(&fake, "monitor").await;
+    let seen = devices(&monitor);
+    assert_eq!(seen.len(), 8, "{monitor}");
+    assert!(seen.contains(&held[0]), "{seen:?} lacks {held:?}");
+    assert!(
+        result_field(&monitor, "adminAccess")
+            .iter()
+            .all(|a| *a == json!(true))
+    );
+
+    // The monitor holds nothing: another claim still gets one of node-0's free GPUs.
+    claim(&fake, "next", SLICES, 1, None);
+    pod(&fake, "p-next", &[Uses::Claim("next")], on_node_0());
+    let next = devices(&allocated(&fake, "next").await);
+    assert_eq!(next[0].0, "node-0");
+    assert_ne!(next[0], held[0]);
+    controller.stop().await;
+}
+
+/// Taints gpu-0 to gpu-6 of node-0 in its ResourceSlices as the kubelet plugin does.
+fn taint_node_0(fake: &FakeApi) {
+    for mut slice in fake.list_resources::<ResourceSlice>(None) {
+        if slice.spec.node_name.as_deref() != Some("node-0") {
+            continue;
+        }
+        for device in slice.spec.devices.iter_mut().flatten() {
+            if device.name != "gpu-7" {
+                device.taints = Some(vec![k8s_openapi::api::resource::v1::DeviceTaint {
+                    key: "gpu.kerf.dev/unhealthy".to_owned(),
+                    value: Some("xid-79".to_owned()),
+                    effect: "NoSchedule".to_owned(),
+                    time_added: None,
+                }]);
+            }
+        }
+        fake.insert_resource(&slice);
+    }
+}
+
+#[tokio::test]
+async fn a_tainted_gpu_is_skipped_unless_the_request_tolerates_it() {
+    let fake = cluster();
+    taint_node_0(&fake);
+    claim(&fake, "plain", SLICES, 1, None);
+    pod(&fake, "p-plain", &[Uses::Claim("plain")], on_node_0());
+    let controller = Controller::start(&fake);
+    assert_eq!(
+        devices(&allocated(&fake, "plain").await),
+        [("node-0".to_owned(), "gpu-7".to_owned())]
+    );
+
+    claim(&fake, "two", SLICES, 2, None);
+    pod(&fake, "p-two", &[Uses::Claim("two")], on_node_0());
+    let warning = event(&fake, "two", "Unplaceable").await;
+    let note = warning["note"].as_str().unwrap();
+    assert!(
+        note.contains(
+            "is tainted gpu.kerf.dev/unhealthy=xid-79:NoSchedule and the request does not tolerate it"
+        ),
+        "{note}"
+    );
+
+    let toleration =
+        json!({"key": "gpu.kerf.dev/unhealthy", "operator": "Exists", "effect": "NoSchedule"});
+    raw_claim(
+        &fake,
+        "tolerant",
+        json!([{"name": "gpu", "exactly": {"deviceClassName": SLICES, "count": 2, "tolerations": [toleration]}}]),
+        json!([]),
+    );
+    pod(&fake, "p-tolerant", &[Uses::Claim("tolerant")], on_node_0());
+    let tolerant = allocated(&fake, "tolerant").await;
+    assert_eq!(devices(&tolerant).len(), 2);
+    assert!(
+        result_field(&tolerant, "tolerations")
+            .iter()
+            .all(|t| *t == json!([toleration])),
+        "{tolerant}"
+    );
+    assert!(allocation(&get_claim(&fake, "two").unwrap()).is_none());
+    controller.stop().await;
+}

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{self, ClaimPlacement};
 use kube::ResourceExt as _;
@@ -76,11 +76,12 @@ async fn write_one(
         allocated: false,
     });
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let allocation = kerf_api::allocation::allocation_status(placed, node, ctx.driver(), now)?;
+    let allocation =
+        kerf_api::allocation::claim_allocation_status(claim, placed, node, ctx.driver(), now)?;
     let updated = write::write_allocation(&api, &marked, &allocation).await?;
     writing.confirm(
         &placed.key,
-        placed.device_uses(node),
+        held_uses(placed, node, &allocation),
         updated
             .metadata
             .resource_version
@@ -156,4 +157,29 @@ pub(super) async fn deallocate(
     write::unmark(&api, latest.as_ref().unwrap_or(claim), drop_finalizer).await?;
     writing.settled(uid);
     Ok(())
+}
+
+/// The usage the written allocation puts on `node`: every placed device but those whose
+/// result has admin access, which use nothing (as [`kerf_api::device_uses`] reads them back).
+fn held_uses(
+    placed: &ClaimPlacement,
+    node: &str,
+    allocation: &AllocationResult,
+) -> Vec<alloc::DeviceUse> {
+    let results = allocation
+        .devices
+        .as_ref()
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default();
+    placed
+        .device_uses(node)
+        .into_iter()
+        .enumerate()
+        .filter(|(at, _)| {
+            results
+                .get(*at)
+                .is_none_or(|r| r.admin_access != Some(true))
+        })
+        .map(|(_, device_use)| device_use)
+        .collect()
 }

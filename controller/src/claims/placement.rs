@@ -61,7 +61,7 @@ pub(super) fn place_and_begin<'a>(
     match alloc::place(books.index(), request, &names) {
         Ok(placement) => {
             for claim in &placement.claims {
-                books.assume(&claim.key, claim.device_uses(&placement.node));
+                books.assume(&claim.key, placement.claim_uses(claim));
             }
             // Nothing was in flight under this same lock, so `begin` succeeds.
             match books.begin(uids) {
