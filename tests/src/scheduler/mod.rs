@@ -736,11 +736,11 @@ impl SchedulerStandIn {
                             slice.spec.pool.name.clone(),
                             device.name.clone(),
                         );
-                        let tainted = device
-                            .taints
-                            .iter()
-                            .flatten()
-                            .any(|t| t.effect == "NoSchedule" || t.effect == "NoExecute");
+                        let tolerations = exactly.tolerations.as_deref().unwrap_or_default();
+                        let tainted = device.taints.iter().flatten().any(|t| {
+                            (t.effect == "NoSchedule" || t.effect == "NoExecute")
+                                && !tolerations.iter().any(|tol| tolerates_taint(tol, t))
+                        });
                         let mut selected = true;
                         for expression in &expressions {
                             let matched = self
@@ -1238,5 +1238,27 @@ impl StandInHandle {
     pub async fn stop(self) -> Result<(SchedulerStandIn, Vec<String>), tokio::task::JoinError> {
         let _ = self.stop.send(());
         self.task.await
+    }
+}
+
+/// Upstream `ToleratesTaint` (kubernetes/kubernetes
+/// `staging/src/k8s.io/dynamic-resource-allocation/resourceclaim/devicetoleration.go`): an
+/// empty effect or key matches all, `Exists` any value, `Equal` (or empty) an equal value.
+fn tolerates_taint(
+    toleration: &k8s_openapi::api::resource::v1::DeviceToleration,
+    taint: &k8s_openapi::api::resource::v1::DeviceTaint,
+) -> bool {
+    let effect = toleration.effect.as_deref().unwrap_or_default();
+    let key = toleration.key.as_deref().unwrap_or_default();
+    if (!effect.is_empty() && effect != taint.effect) || (!key.is_empty() && key != taint.key) {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or_default() {
+        "" | "Equal" => {
+            toleration.value.as_deref().unwrap_or_default()
+                == taint.value.as_deref().unwrap_or_default()
+        }
+        "Exists" => true,
+        _ => false,
     }
 }
