@@ -258,7 +258,8 @@ impl HealthBackend for NvmlBackend<'_> {
 }
 
 /// Runs the NVML health loop on a blocking thread until `shutdown`. When NVML cannot be
-/// loaded every GPU is marked [`Fault::Unmonitored`].
+/// loaded every GPU is marked [`Fault::Unmonitored`] and the task waits for `shutdown` all
+/// the same: the plugin stops when any of its tasks ends.
 ///
 /// # Errors
 ///
@@ -275,6 +276,7 @@ pub async fn watch_nvml(
         .iter()
         .map(|g| g.uuid.clone())
         .collect();
+    let stopped = shutdown.clone();
     tokio::task::spawn_blocking(move || match Nvml::init() {
         Ok(nvml) => {
             let mut backend = NvmlBackend {
@@ -304,7 +306,9 @@ pub async fn watch_nvml(
         }
     })
     .await
-    .map_err(|e| crate::Error::internal("the NVML health thread", e))
+    .map_err(|e| crate::Error::internal("the NVML health thread", e))?;
+    stopped.cancelled().await;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -481,5 +485,36 @@ mod tests {
             health.faults(&gpus[2]).cloned().collect::<Vec<_>>(),
             [Fault::GpuLost]
         );
+    }
+
+    /// Without a driver (here) NVML does not load; with one, the mock GPUs are not its GPUs.
+    /// Either way every GPU is Unknown, and the task lasts until shutdown.
+    #[tokio::test]
+    async fn gpus_nvml_cannot_watch_are_unknown_and_the_task_waits_for_shutdown() {
+        let (monitor, _) = monitor();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(watch_nvml(
+            monitor.clone(),
+            XidPolicy::default(),
+            Duration::from_secs(60),
+            shutdown.clone(),
+        ));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !monitor
+            .current()
+            .devices(monitor.inventory())
+            .iter()
+            .all(|d| d.status == HealthStatus::Unknown)
+        {
+            assert!(Instant::now() < deadline, "GPUs did not become Unknown");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(!task.is_finished());
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
     }
 }
