@@ -204,6 +204,7 @@ mod tests {
             nvlink_domain: Some(nvlink.into()),
             pcie_root: None,
             numa: None,
+            taints: Vec::new(),
         }
     }
 
