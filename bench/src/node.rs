@@ -198,6 +198,7 @@ impl BenchNode {
         let inventory = plugin::discover(&config)?;
         let claim_reader = Arc::new(MemoryClaimReader::default());
         let connections = Connections {
+            device_status: None,
             claim_reader: Arc::clone(&claim_reader) as Arc<dyn ClaimReader>,
             publisher: None,
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),

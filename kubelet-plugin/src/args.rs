@@ -119,6 +119,11 @@ pub struct Args {
     #[arg(long, env = "KERF_PUBLISH_RESOURCES", default_value_t = true, action = ArgAction::Set)]
     pub publish_resources: bool,
 
+    /// Write each prepared claim's per-device status (`status.devices`: GPU UUID, slice,
+    /// sharing, MPS pipe directory, a Ready condition) after the prepare.
+    #[arg(long, env = "KERF_CLAIM_DEVICE_STATUS", default_value_t = true, action = ArgAction::Set)]
+    pub claim_device_status: bool,
+
     /// How often the published ResourceSlices are checked even without a watch event.
     #[arg(long, env = "KERF_RESYNC_PERIOD", default_value = "10m", value_parser = humantime::parse_duration)]
     pub resync_period: Duration,

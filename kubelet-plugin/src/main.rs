@@ -16,13 +16,17 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     kerf_ops::logging::init(args.log_format, &args.log_filter)?;
     let health = args.health_config()?;
+    let claim_device_status = args.claim_device_status;
     let config = args.into_config()?;
     let inventory = plugin::discover(&config)?;
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
-    let connections =
+    let mut connections =
         plugin::Connections::kube(client, &config.node_name, config.publish_resources);
+    if !claim_device_status {
+        connections = connections.without_device_status();
+    }
     let running = plugin::start_with_health(&config, &health, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {

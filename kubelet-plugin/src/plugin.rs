@@ -28,6 +28,7 @@ use crate::health::{HealthConfig, HealthMonitor};
 use crate::http::Health;
 use crate::metrics::Metrics;
 use crate::mps_daemons::MpsDaemons;
+use crate::preparer::device_status::{DeviceStatusConfig, DeviceStatusWriter};
 use crate::preparer::{Preparer, PreparerConfig};
 use crate::publish::Publisher;
 use crate::{Error, Result, discovery};
@@ -45,16 +46,28 @@ pub struct Connections {
     pub publisher: Option<kube::Client>,
     /// Where Warning Events about prepared claims go.
     pub events: Arc<dyn ClaimEvents>,
+    /// Client that writes prepared claims' per-device status (`status.devices`); `None`
+    /// disables it.
+    pub device_status: Option<kube::Client>,
 }
 
 impl Connections {
-    /// Reads claims, publishes slices and Events through one API client.
+    /// Reads claims, publishes slices, writes claims' device status and Events through one
+    /// API client.
     pub fn kube(client: kube::Client, node: &str, publish: bool) -> Self {
         Connections {
             claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
             events: Arc::new(KubeClaimEvents::new(client.clone(), node)),
+            device_status: Some(client.clone()),
             publisher: publish.then_some(client),
         }
+    }
+
+    /// The same connections without the per-device claim status writer.
+    #[must_use]
+    pub fn without_device_status(mut self) -> Self {
+        self.device_status = None;
+        self
     }
 }
 
@@ -187,32 +200,27 @@ pub async fn start_with_health(
     let shutdown = CancellationToken::new();
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    let device_status = connections.device_status.map(|client| {
+        let settings = DeviceStatusConfig::new(&config.driver_name, &config.node_name);
+        DeviceStatusWriter::start(client, settings, &mut registry, shutdown.clone())
+    });
     let registry = Arc::new(registry);
     let health = Health::new();
     let inventory = Arc::new(inventory);
 
-    let checkpoint = open_checkpoint(config).await?;
-    std::fs::create_dir_all(&config.cdi_dir)
-        .map_err(|e| Error::io("create CDI directory", &config.cdi_dir, e))?;
-    let preparer = Arc::new(Preparer::new(
-        preparer_config(config)?,
-        Arc::clone(&inventory),
+    let (status_writer, status_task) = device_status.unzip();
+    let preparer = open_preparer(
+        config,
+        &inventory,
         connections.claim_reader,
-        checkpoint,
-        gpu_sharing(config)?,
-        metrics.clone(),
-    )?);
-    log_sharing_restore(&preparer.restore_sharing().await);
-    let restored = preparer.restore_cdi_specs().await?;
-    tracing::info!(
-        prepared = preparer.prepared_claims(),
-        rewritten = restored.rewritten,
-        orphans_removed = restored.orphans_removed,
-        "checkpoint restored"
-    );
+        &metrics,
+        status_writer,
+    )
+    .await?;
 
     let device_health = HealthMonitor::new(Arc::clone(&inventory), metrics.clone());
     let mut tasks = spawn_health_sources(config, health_config, &device_health, &shutdown);
+    tasks.extend(status_task.map(|task| ("device-status", task)));
     let health_service = health_service(config, health_config, &device_health, &shutdown);
     tasks.push(spawn_dra_server(
         config,
@@ -284,6 +292,42 @@ pub async fn start_with_health(
         device_health,
         device_taints,
     })
+}
+
+/// Opens the checkpoint and CDI directory, builds the preparer (with the per-device claim
+/// status writer, if any) and restores the node's state from the checkpoint: GPU sharing, then
+/// the CDI specs.
+async fn open_preparer(
+    config: &PluginConfig,
+    inventory: &Arc<Inventory>,
+    claim_reader: Arc<dyn ClaimReader>,
+    metrics: &Metrics,
+    status_writer: Option<DeviceStatusWriter>,
+) -> Result<Arc<Preparer>> {
+    let checkpoint = open_checkpoint(config).await?;
+    std::fs::create_dir_all(&config.cdi_dir)
+        .map_err(|e| Error::io("create CDI directory", &config.cdi_dir, e))?;
+    let mut preparer = Preparer::new(
+        preparer_config(config)?,
+        Arc::clone(inventory),
+        claim_reader,
+        checkpoint,
+        gpu_sharing(config)?,
+        metrics.clone(),
+    )?;
+    if let Some(writer) = status_writer {
+        preparer = preparer.with_device_status(writer);
+    }
+    let preparer = Arc::new(preparer);
+    log_sharing_restore(&preparer.restore_sharing().await);
+    let restored = preparer.restore_cdi_specs().await?;
+    tracing::info!(
+        prepared = preparer.prepared_claims(),
+        rewritten = restored.rewritten,
+        orphans_removed = restored.orphans_removed,
+        "checkpoint restored"
+    );
+    Ok(preparer)
 }
 
 fn health_service(

@@ -290,7 +290,11 @@ fn check(call: &Call, response: &[u8], node: &TestNode, context: &str) {
             );
             assert_eq!(
                 info.supported_versions,
-                [service_names::DRA_V1, service_names::DRA_V1BETA1],
+                [
+                    service_names::DRA_V1,
+                    service_names::DRA_V1BETA1,
+                    service_names::HEALTH_V1ALPHA1
+                ],
                 "{context}"
             );
         }

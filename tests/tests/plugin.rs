@@ -75,6 +75,7 @@ impl Node {
         let config = self.config();
         let inventory = plugin::discover(&config).unwrap();
         let connections = Connections {
+            device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
             publisher: None,
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
@@ -683,6 +684,7 @@ async fn mig_devices_get_their_capability_nodes() {
     let device = mig.device_name(parent);
     node.add_claim(whole_gpu_claim("mig", UID_A, &device));
     let connections = Connections {
+        device_status: None,
         claim_reader: Arc::new(ApiClaimReader::new(node.api.client())),
         publisher: None,
         events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),

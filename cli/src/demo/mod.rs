@@ -157,6 +157,7 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         &plugin_config,
         inventory,
         Connections {
+            device_status: None,
             claim_reader: store,
             publisher: None,
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),

@@ -140,6 +140,7 @@ impl TestNode {
     pub async fn start_plugin(&self) -> RunningPlugin {
         let config = self.config();
         let connections = Connections {
+            device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
             publisher: None,
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
@@ -160,6 +161,7 @@ impl TestNode {
         config.publish_resources = publish;
         let client = self.api.client();
         let connections = Connections {
+            device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
             publisher: publish.then_some(client),
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),

@@ -63,6 +63,7 @@ impl MpsNode {
 
     pub async fn start(&self) -> RunningPlugin {
         let connections = Connections {
+            device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(self.node.api.client())),
             publisher: None,
             events: Arc::clone(&self.events) as _,
