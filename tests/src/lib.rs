@@ -6,6 +6,7 @@ pub mod api_server;
 pub mod fake_api;
 pub mod fake_kubelet;
 pub mod kubelet;
+pub mod logs;
 pub mod podman;
 pub mod scheduler;
 pub mod sim;

@@ -13,8 +13,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{DRIVER, GIB, NAMESPACE, NODE, TestNode, eventually, uid};
@@ -28,10 +27,10 @@ use kerf_kubelet_plugin::preparer::device_status::{
 use kerf_kubelet_plugin::preparer::{ClaimRef, Preparer, PreparerConfig};
 use kerf_proto::client::Claim;
 use kerf_tests::fake_api::RecordedRequest;
+use kerf_tests::logs::CapturedLogs;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -168,49 +167,6 @@ fn ready(entry: &Value) -> &Value {
         .unwrap_or_else(|| panic!("no Ready condition in {entry}"))
 }
 
-/// Log lines at WARN and above, written while the returned guard lives (the test runs on
-/// one thread, so the writer task logs here too).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Logs {
-    fn capture(&self) -> impl Drop {
-        let logs = self.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-            .with_ansi(false)
-            .with_writer(move || logs.clone())
-            .finish()
-            .set_default()
-    }
-
-    fn lines_with(&self, needle: &str) -> usize {
-        let bytes = self
-            .0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .filter(|l| l.contains(needle))
-            .count()
-    }
-}
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn prepare_writes_ready_entries_and_unprepare_withdraws_them() {
     let status = StatusNode::new("a100-40gb-mig").await;
@@ -319,8 +275,8 @@ async fn a_slice_reports_its_memory_compute_and_sharing() {
 #[tokio::test]
 async fn a_claim_deleted_before_the_write_is_no_error() {
     let status = StatusNode::new("h100-sxm-80gb").await;
-    let logs = Logs::default();
-    let _guard = logs.capture();
+    let logs = CapturedLogs::default();
+    let _guard = logs.capture(tracing::Level::WARN);
     let claim = status.node.device_claim("doomed", &uid(4), "gpu-0");
     status.node.api.delay_next(
         "PATCH",
@@ -347,7 +303,7 @@ async fn a_claim_deleted_before_the_write_is_no_error() {
     assert_eq!(status.status_writes().len(), 2, "no retries of a 404");
     assert_eq!(status.outcomes("retried"), 0);
     assert!(status.writer.is_enabled());
-    assert_eq!(logs.lines_with("WARN"), 0, "a deleted claim is no warning");
+    assert_eq!(logs.count("WARN"), 0, "a deleted claim is no warning");
 }
 
 #[tokio::test]
@@ -372,7 +328,7 @@ async fn transient_errors_are_retried() {
 
 /// Prepares two claims one after the other, then unprepares both: the first write meets the
 /// server's refusal, after which nothing more is sent.
-async fn refused(status: &StatusNode, logs: &Logs) {
+async fn refused(status: &StatusNode, logs: &CapturedLogs) {
     let first = status.node.device_claim("first", &uid(6), "gpu-0");
     let second = status.node.device_claim("second", &uid(7), "gpu-1");
     status.prepare(&first).await;
@@ -384,7 +340,7 @@ async fn refused(status: &StatusNode, logs: &Logs) {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(status.status_writes().len(), 1, "one attempt, no loop");
     assert_eq!(
-        logs.lines_with("per-device claim status (status.devices) disabled"),
+        logs.count("per-device claim status (status.devices) disabled"),
         1,
         "one log line"
     );
@@ -404,11 +360,11 @@ async fn a_server_that_drops_the_field_gets_one_attempt_and_one_log_line() {
         .node
         .api
         .drop_field("resourceclaims", "status.devices");
-    let logs = Logs::default();
-    let _guard = logs.capture();
+    let logs = CapturedLogs::default();
+    let _guard = logs.capture(tracing::Level::WARN);
     refused(&status, &logs).await;
     assert_eq!(status.outcomes("field_dropped"), 1);
-    assert_eq!(logs.lines_with("DRAResourceClaimDeviceStatus"), 1);
+    assert_eq!(logs.count("DRAResourceClaimDeviceStatus"), 1);
 }
 
 #[tokio::test]
@@ -420,12 +376,9 @@ async fn forbidden_gets_one_attempt_and_one_log_line() {
         403,
         100,
     );
-    let logs = Logs::default();
-    let _guard = logs.capture();
+    let logs = CapturedLogs::default();
+    let _guard = logs.capture(tracing::Level::WARN);
     refused(&status, &logs).await;
     assert_eq!(status.outcomes("forbidden"), 1);
-    assert_eq!(
-        logs.lines_with("RBAC denies patch on resourceclaims/status"),
-        1
-    );
+    assert_eq!(logs.count("RBAC denies patch on resourceclaims/status"), 1);
 }

@@ -9,8 +9,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{NODE, TestNode};
@@ -19,48 +17,11 @@ use kerf_api::features::Probed;
 use kerf_kubelet_plugin::health::HealthConfig;
 use kerf_proto::health::v1alpha1::HealthStatus;
 use kerf_tests::fake_kubelet::FakeKubelet;
+use kerf_tests::logs::CapturedLogs;
 use serde_json::json;
-use tracing_subscriber::filter::LevelFilter;
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 const WAIT: Duration = Duration::from_secs(10);
-
-/// Log lines captured by a subscriber installed for the current thread (a `#[tokio::test]`
-/// runs every task on it).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn capture(&self) -> impl Sized {
-        let logs = self.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(LevelFilter::INFO)
-            .with_ansi(false)
-            .with_writer(move || logs.clone())
-            .finish()
-            .set_default()
-    }
-
-    fn lines_containing(&self, text: &str) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|line| line.contains(text))
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 fn node_with_faults() -> (TestNode, HealthConfig) {
     let node = TestNode::new("h100-sxm-80gb:2");
@@ -87,8 +48,8 @@ fn slices(node: &TestNode) -> Vec<ResourceSlice> {
 
 #[tokio::test]
 async fn without_device_taints_the_plugin_says_so_once_and_publishes_plain_slices() {
-    let logs = Logs::default();
-    let _capture = logs.capture();
+    let logs = CapturedLogs::default();
+    let _capture = logs.capture(tracing::Level::INFO);
     let (node, health) = node_with_faults();
     node.api
         .drop_field("resourceslices", "spec.devices[].taints");
@@ -141,8 +102,8 @@ async fn without_device_taints_the_plugin_says_so_once_and_publishes_plain_slice
 
 #[tokio::test]
 async fn with_device_taints_the_probe_says_served_and_the_faulty_device_is_tainted() {
-    let logs = Logs::default();
-    let _capture = logs.capture();
+    let logs = CapturedLogs::default();
+    let _capture = logs.capture(tracing::Level::INFO);
     let (node, health) = node_with_faults();
     let plugin = node.start_plugin_with_health(&health, true).await;
     assert_eq!(plugin.device_taints(), Some(&Probed::Served));

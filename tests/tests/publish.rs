@@ -4,8 +4,7 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
@@ -15,13 +14,12 @@ use kerf_core::inventory::Inventory;
 use kerf_kubelet_plugin::metrics::Metrics;
 use kerf_kubelet_plugin::publish::{CONTENT_HASH_ANNOTATION, Publisher};
 use kerf_tests::fake_api::{FakeApi, describe_requests};
+use kerf_tests::logs::CapturedLogs;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::filter::LevelFilter;
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 #[path = "publish/taints.rs"]
 mod taints;
@@ -582,43 +580,6 @@ async fn stop_run(shutdown: &CancellationToken, task: JoinHandle<kerf_kubelet_pl
         .unwrap();
 }
 
-/// Log lines captured by a subscriber installed for the current thread (a `#[tokio::test]`
-/// runs every task on it).
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    /// Captures warnings until the returned guard is dropped.
-    fn capture_warnings(&self) -> impl Sized {
-        let logs = self.clone();
-        tracing_subscriber::fmt()
-            .with_max_level(LevelFilter::WARN)
-            .with_ansi(false)
-            .with_writer(move || logs.clone())
-            .finish()
-            .set_default()
-    }
-
-    fn lines_containing(&self, text: &str) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|line| line.contains(text))
-            .map(str::to_owned)
-            .collect()
-    }
-}
-
 #[tokio::test]
 async fn the_nodes_record_is_published_as_the_allocator_attribute() {
     let s = setup();
@@ -722,8 +683,8 @@ async fn a_changed_record_is_published_again_promptly() {
 
 #[tokio::test]
 async fn a_malformed_record_keeps_the_last_good_one() {
-    let logs = Logs::default();
-    let _guard = logs.capture_warnings();
+    let logs = CapturedLogs::default();
+    let _guard = logs.capture(tracing::Level::WARN);
     let s = setup();
     set_record(&s, Some(r#"{"gpu-0":"controller"}"#)).await;
     let (shutdown, task) = start_run(&s).await;

@@ -2,14 +2,10 @@
 //! a condition for Controller classes, left out with one log line and no write loop where the
 //! API server drops the field, and invalid names reported naming the field.
 
-use std::sync::{Arc, Mutex, PoisonError};
-
 use kerf_api::features::PROBE_NAME_PREFIX;
 use kerf_api::gpuclass::CONDITION_EXTENDED_RESOURCE;
 use kerf_controller::extended_resource::reasons;
-use tracing::field::{Field, Visit};
-use tracing::span::{Attributes, Id, Record};
-use tracing::{Event, Level, Metadata, Subscriber};
+use kerf_tests::logs::CapturedLogs;
 
 use super::*;
 
@@ -172,8 +168,8 @@ async fn a_name_another_device_class_holds_is_reported() {
 /// The whole process against an API server whose DRAExtendedResource gate is off.
 #[tokio::test]
 async fn a_server_that_drops_the_field_gets_one_probe_one_log_line_and_no_loop() {
-    let lines = LogLines::default();
-    let _guard = tracing::subscriber::set_default(lines.clone());
+    let logs = CapturedLogs::default();
+    let _guard = logs.capture(tracing::Level::INFO);
     let fake = FakeApi::new();
     fake.drop_field("deviceclasses", "spec.extendedResourceName");
     seed_node(&fake, "node-a", "l4", 1);
@@ -226,11 +222,7 @@ async fn a_server_that_drops_the_field_gets_one_probe_one_log_line_and_no_loop()
     // Status writes: the first, then the free memory after the node and the claim.
     let status_writes = fake.count("patch", &format!("{GPU_CLASSES}/whole/status"));
     assert!(status_writes <= 4, "{status_writes} status writes");
-    let degraded: Vec<String> = lines
-        .take()
-        .into_iter()
-        .filter(|l| l.contains("DRAExtendedResource"))
-        .collect();
+    let degraded = logs.lines_containing("DRAExtendedResource");
     assert_eq!(degraded.len(), 1, "{degraded:?}");
     assert!(
         degraded[0].contains("DeviceClass spec.extendedResourceName"),
@@ -294,52 +286,4 @@ async fn a_server_that_keeps_the_field_gets_the_name_written() {
         .unwrap()
         .unwrap()
         .unwrap();
-}
-
-/// Collects the message of every event at INFO or above logged on this thread (the tests run
-/// on tokio's current-thread runtime, so spawned tasks log here too).
-#[derive(Clone, Default)]
-struct LogLines(Arc<Mutex<Vec<String>>>);
-
-impl LogLines {
-    fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(PoisonError::into_inner))
-    }
-}
-
-struct Message(String);
-
-impl Visit for Message {
-    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.0 = format!("{value:?}");
-        }
-    }
-}
-
-impl Subscriber for LogLines {
-    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        *metadata.level() <= Level::INFO
-    }
-
-    fn new_span(&self, _: &Attributes<'_>) -> Id {
-        Id::from_u64(1)
-    }
-
-    fn record(&self, _: &Id, _: &Record<'_>) {}
-
-    fn record_follows_from(&self, _: &Id, _: &Id) {}
-
-    fn event(&self, event: &Event<'_>) {
-        let mut message = Message(String::new());
-        event.record(&mut message);
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(message.0);
-    }
-
-    fn enter(&self, _: &Id) {}
-
-    fn exit(&self, _: &Id) {}
 }
