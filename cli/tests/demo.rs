@@ -8,8 +8,10 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use kerf_cli::demo::allocate::AllocatedBy;
+use kerf_cli::demo::health::{FAULT_XID, Step};
 use kerf_cli::demo::manifests::ManifestSource;
 use kerf_cli::demo::{self, ClaimReport, DemoConfig, MpsReport, Summary};
+use kerf_core::health::HealthStatus;
 
 const GI: u64 = 1 << 30;
 
@@ -72,6 +74,12 @@ fn assert_clean(output: &Path) {
         .filter(|name| name != "shm")
         .collect();
     assert!(mps.is_empty(), "MPS directories left: {mps:?}");
+    let faults: Vec<_> = ["mock-faults.yaml", "mock-faults.yaml.partial"]
+        .iter()
+        .map(|f| output.join(f))
+        .filter(|p| p.exists())
+        .collect();
+    assert!(faults.is_empty(), "fault files left: {faults:?}");
 }
 
 /// Whether `pid` is still an MPS control daemon (its program name), not a reused PID.
@@ -94,6 +102,7 @@ async fn the_examples_on_a_mock_h100_node() {
     let output = tempfile::tempdir().unwrap();
     let summary = demo::run(&config(output.path())).await.unwrap();
     println!("{}", demo::report::render_table(&summary));
+    println!("{}", demo::report::render_health(&summary));
 
     // The summary on disk is the one returned.
     let written: Summary =
@@ -114,6 +123,57 @@ async fn the_examples_on_a_mock_h100_node() {
     nvlink_pair_and_missing_mig(&summary);
     deployment_claims_are_packed(&summary);
     mps_slices_share_their_gpus_daemon(output.path(), &summary);
+    a_prepared_device_flips_unhealthy_and_back(output.path(), &summary);
+}
+
+/// The kubelet's health stream showed one device a prepared claim holds Healthy, then
+/// Unhealthy with the XID in its message once the fault file declared it, then Healthy
+/// again once the file was removed; the printed section says so in that order.
+fn a_prepared_device_flips_unhealthy_and_back(output: &Path, summary: &Summary) {
+    let health = summary.device_health.as_ref().expect("a health report");
+    assert_eq!(health.error, None, "{health:#?}");
+    assert_eq!(health.fault_file, output.join("mock-faults.yaml"));
+    let device = health.device.as_deref().expect("a flipped device");
+    assert!(!health.claims.is_empty(), "{health:#?}");
+    for name in &health.claims {
+        let (_, name) = name.split_once('/').unwrap();
+        let holder = claim(summary, name);
+        assert!(holder.prepared, "{holder:#?}");
+        assert!(
+            holder.devices.iter().any(|d| d.device == device),
+            "{name} does not hold {device}: {holder:#?}"
+        );
+    }
+    let seen: Vec<(Step, HealthStatus)> = health
+        .observations
+        .iter()
+        .map(|o| (o.step, o.status))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Step::Opened, HealthStatus::Healthy),
+            (Step::FaultDeclared, HealthStatus::Unhealthy),
+            (Step::FaultRemoved, HealthStatus::Healthy),
+        ],
+        "{health:#?}"
+    );
+    assert_eq!(health.observations[1].message, format!("XID {FAULT_XID}"));
+    assert_eq!(health.observations[2].message, "");
+
+    let text = demo::report::render_health(summary);
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("Device health"), "{text}");
+    assert!(lines[1].trim_start().starts_with(device), "{text}");
+    let unhealthy = lines
+        .iter()
+        .position(|l| l.contains(&format!("Unhealthy \"XID {FAULT_XID}\"")))
+        .unwrap_or_else(|| panic!("no Unhealthy line: {text}"));
+    let recovered = lines
+        .iter()
+        .position(|l| l.contains("fault file removed") && l.contains("Healthy"))
+        .unwrap_or_else(|| panic!("no Healthy line after the fault: {text}"));
+    assert!(unhealthy < recovered, "{text}");
 }
 
 /// The MPS slices of one GPU name one daemon and pipe directory, those of another GPU

@@ -14,6 +14,9 @@
 //!    under the output directory, so each GPU with MPS slices gets a real (fake) MPS daemon
 //!    process, which the last unprepare of the GPU stops; any daemon still running after
 //!    shutdown is stopped and fails the run.
+//! 4. Device health: the kubelet stand-in watches the plugin's health stream, and while the
+//!    claims are prepared the demo flips one prepared device unhealthy and back through the
+//!    plugin's mock fault file ([`health`]).
 //!
 //! [`run`] returns the [`Summary`] and writes it to `<output-dir>/summary.json`.
 
@@ -21,6 +24,7 @@ pub mod allocate;
 pub mod claim_store;
 pub mod classes;
 pub mod containers;
+pub mod health;
 pub mod manifests;
 pub mod mps;
 pub mod node;
@@ -153,8 +157,9 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         .run_containers
         .then(|| containers::find_runtime(config.busybox.as_deref()));
 
-    let running = plugin::start(
+    let running = plugin::start_with_health(
         &plugin_config,
+        &health::health_config(&layout),
         inventory,
         Connections {
             device_status: None,
@@ -231,6 +236,7 @@ struct NodeRun {
     containers: HashMap<String, ContainerRun>,
     containers_error: Option<String>,
     container_runtime: Option<String>,
+    health: Option<health::HealthReport>,
 }
 
 /// The kubelet's part of the run.
@@ -242,15 +248,20 @@ struct NodeVisit<'a> {
 }
 
 impl NodeVisit<'_> {
-    /// Registers, prepares every runnable pod, snapshots the CDI specs, runs containers,
-    /// and unprepares every pod again, even when something in between failed.
+    /// Registers, opens the health stream, prepares every runnable pod, snapshots the CDI
+    /// specs, flips a prepared device's health, runs containers, and unprepares every pod
+    /// again, even when something in between failed.
     async fn run(&self, runtime: Option<Result<containers::Runtime>>) -> Result<NodeRun> {
         let kubelet = KubeletClient::new()
             .register(&self.layout.registration_socket)
             .await?;
+        // As the kubelet: the health stream is opened as soon as the plugin has registered.
+        let watcher = health::Watcher::open(&kubelet).await;
         let mut run = NodeRun::default();
         let prepared = self.prepare_all(&kubelet, &mut run).await;
         self.snapshot_specs(&mut run);
+        let target = health::target(self.workload, &run.prepared);
+        run.health = Some(health::flip(watcher, &self.layout.fault_file, target).await);
         match runtime {
             None => {}
             Some(Ok(runtime)) => self.run_containers(&runtime, &mut run),
@@ -417,12 +428,19 @@ async fn stop_leftover_daemons(config: &PluginConfig) -> Result<()> {
     }
 }
 
-/// Fails when the plugin left a socket or one of this driver's CDI specs behind.
+/// Fails when the plugin left a socket or one of this driver's CDI specs behind, or the
+/// demo its fault file.
 fn check_clean(layout: &Layout, driver: &str) -> Result<()> {
     let sockets = layout.leftover_sockets();
     if !sockets.is_empty() {
         return Err(Error::Config(format!(
             "the plugin left sockets behind after shutdown: {sockets:?}"
+        )));
+    }
+    if std::fs::symlink_metadata(&layout.fault_file).is_ok() {
+        return Err(Error::Config(format!(
+            "the mock fault file was left behind: {}",
+            layout.fault_file.display()
         )));
     }
     let kind = PreparerConfig::cdi_kind_for(driver);
@@ -519,6 +537,7 @@ fn summarize(
             .gpu_tools
             .as_ref()
             .map(|_| layout.gpu_tools_root.clone()),
+        device_health: node_run.health.take(),
     }
 }
 

@@ -39,6 +39,9 @@ pub struct Layout {
     /// The MPS root: per-GPU daemon directories and the node-wide shared memory
     /// (`<root>/mps`).
     pub mps_root: PathBuf,
+    /// The mock fault file the plugin watches (`<root>/mock-faults.yaml`, its
+    /// `--mock-fault-file`); it exists only while the demo declares a fault.
+    pub fault_file: PathBuf,
     /// The machine-readable summary.
     pub summary_file: PathBuf,
     /// The claims as allocated, as YAML.
@@ -62,6 +65,7 @@ impl Layout {
             driver_root: root.join("driver-root"),
             gpu_tools_root: root.join("mock-driver"),
             mps_root: root.join("mps"),
+            fault_file: root.join("mock-faults.yaml"),
             summary_file: root.join("summary.json"),
             claims_file: root.join("claims.yaml"),
         }
@@ -69,7 +73,8 @@ impl Layout {
 
     /// Creates the directories and the boot ID file. A checkpoint left by an earlier run in
     /// the same directory is removed, so the run starts empty (the plugin then removes that
-    /// run's CDI specs as orphans).
+    /// run's CDI specs as orphans), and so is a fault file of an interrupted run, so the
+    /// devices start healthy.
     ///
     /// # Errors
     /// A directory or file cannot be created or removed.
@@ -88,6 +93,7 @@ impl Layout {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("remove", &self.checkpoint_file, e)),
         }
+        super::health::remove_fault_file(&self.fault_file).map_err(Error::Config)?;
         std::fs::write(&self.boot_id_file, "kerf-demo-boot\n")
             .map_err(|e| Error::io("write", &self.boot_id_file, e))
     }

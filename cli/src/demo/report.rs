@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::allocate::AllocatedBy;
 use super::classes::ClassReport;
 use super::containers::ContainerRun;
+use super::health::HealthReport;
 
 /// Everything `<output-dir>/summary.json` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,6 +45,10 @@ pub struct Summary {
     /// `None` when slices were accounting only.
     #[serde(default)]
     pub gpu_tools_root: Option<PathBuf>,
+    /// What the kubelet saw on the plugin's health stream when the demo flipped a prepared
+    /// device unhealthy and back; `None` when the node was not visited.
+    #[serde(default)]
+    pub device_health: Option<HealthReport>,
 }
 
 /// One claim.
@@ -365,6 +370,44 @@ pub fn render_classes(summary: &Summary) -> String {
     out
 }
 
+/// The "Device health" section: the flipped device and the claims holding it, then per step
+/// the status and message the kubelet received and how long after the step; why the flip
+/// stopped short, if it did. Empty when the node was not visited.
+pub fn render_health(summary: &Summary) -> String {
+    let Some(health) = &summary.device_health else {
+        return String::new();
+    };
+    let mut out =
+        "Device health, as the kubelet saw it on the plugin's health stream (NodeWatchResources):\n"
+            .to_owned();
+    if let Some(device) = &health.device {
+        let _ = writeln!(out, "  {device}, held by {}:", health.claims.join(", "));
+    }
+    let steps: Vec<String> = health.observations.iter().map(|o| o.step.text()).collect();
+    let width = steps.iter().map(|s| s.chars().count()).max().unwrap_or(0);
+    for (observation, step) in health.observations.iter().zip(&steps) {
+        let message = if observation.message.is_empty() {
+            String::new()
+        } else {
+            format!(" {:?}", observation.message)
+        };
+        let _ = writeln!(
+            out,
+            "    {step:<width$}  {:?}{message}, after {} ms",
+            observation.status, observation.millis
+        );
+    }
+    if let Some(error) = &health.error {
+        let _ = writeln!(out, "  not shown: {error}");
+    }
+    let _ = writeln!(
+        out,
+        "  (fault file: {}, the plugin's --mock-fault-file)",
+        health.fault_file.display()
+    );
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -448,6 +491,7 @@ mod tests {
             containers_error: None,
             container_runtime: None,
             gpu_tools_root: None,
+            device_health: None,
         };
         let table = render_table(&summary);
         let lines: Vec<&str> = table.lines().collect();
