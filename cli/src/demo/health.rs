@@ -225,9 +225,13 @@ impl Watcher {
         let mut last = None;
         loop {
             let Ok(next) = tokio::time::timeout_at(deadline, self.stream.next()).await else {
+                let last = last.map_or_else(
+                    || "no list since".to_owned(),
+                    |status: HealthStatus| format!("last {status:?}"),
+                );
                 return Err(format!(
                     "{} was not {wanted:?} on the health stream within {STEP_TIMEOUT:?} of: {} \
-                     (last seen: {last:?})",
+                     ({last})",
                     target.device,
                     step.text()
                 ));
