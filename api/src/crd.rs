@@ -1,5 +1,10 @@
 //! The CRD manifests generated from the Rust types, as committed under `crds/`.
+//!
+//! [`formats`]: the schemas carry only `format`s kube-apiserver knows.
 
+pub mod formats;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
 use crate::error::{Error, Result};
@@ -17,13 +22,21 @@ pub struct CrdFile {
     pub yaml: String,
 }
 
+/// The GpuClass CRD as kerf installs it: kube's derived CRD with the integer formats turned
+/// into ones kube-apiserver knows ([`formats::kubernetes_formats`]).
+pub fn gpuclass_crd() -> CustomResourceDefinition {
+    let mut crd = GpuClass::crd();
+    formats::kubernetes_formats(&mut crd);
+    crd
+}
+
 /// Every CRD kerf defines, rendered as YAML.
 ///
 /// # Errors
 ///
 /// [`Error::Serialize`] if YAML serialisation fails.
 pub fn crd_files() -> Result<Vec<CrdFile>> {
-    let crd = GpuClass::crd();
+    let crd = gpuclass_crd();
     let name = crd
         .metadata
         .name
@@ -57,8 +70,26 @@ mod tests {
     }
 
     #[test]
+    fn generated_crds_use_only_formats_kubernetes_knows() {
+        let crd = gpuclass_crd();
+        assert_eq!(formats::unknown_formats(&crd), []);
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).expect("schema serialises");
+        let slicing =
+            &schema["openAPIV3Schema"]["properties"]["spec"]["properties"]["slicing"]["properties"];
+        assert_eq!(slicing["defaultCompute"]["format"], "int32");
+        assert_eq!(slicing["defaultCompute"]["minimum"].as_f64(), Some(1.0));
+        assert_eq!(slicing["defaultCompute"]["maximum"].as_f64(), Some(100.0));
+        assert_eq!(slicing["maxSlicesPerGpu"]["format"], "int64");
+        assert_eq!(slicing["maxSlicesPerGpu"]["minimum"].as_f64(), Some(1.0));
+        assert_eq!(
+            slicing["maxSlicesPerGpu"]["maximum"].as_f64(),
+            Some(f64::from(u32::MAX))
+        );
+    }
+
+    #[test]
     fn gpuclass_crd_shape() {
-        let crd = GpuClass::crd();
+        let crd = gpuclass_crd();
         assert_eq!(
             crd.metadata.name.as_deref(),
             Some("gpuclasses.gpu.kerf.dev")

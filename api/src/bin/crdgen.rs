@@ -1,10 +1,14 @@
-//! Writes kerf's CRD manifests to `crds/`, or with `--check` fails when they are out of date.
+//! Writes kerf's CRD manifests to `crds/`, or with `--check` fails when they are out of date
+//! or when a schema in them has a `format` kube-apiserver does not know (it would warn on
+//! every apply; see `kerf_api::crd::formats`).
 //!
 //! Usage: `crdgen [--check] [--out-dir DIR]`; DIR defaults to the workspace's `crds/`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kerf_api::crd::formats::unknown_formats;
 use kerf_api::crd::{CrdFile, crd_files};
 
 const USAGE: &str = "usage: crdgen [--check] [--out-dir DIR]";
@@ -74,22 +78,56 @@ fn write(dir: &Path, files: &[CrdFile]) -> ExitCode {
 
 fn check(dir: &Path, files: &[CrdFile]) -> ExitCode {
     let mut stale = false;
+    let mut bad_formats = false;
     for file in files {
         let path = dir.join(&file.file_name);
         let committed = std::fs::read_to_string(&path).unwrap_or_default();
-        if committed == file.yaml {
-            println!("{} is up to date", path.display());
-            continue;
+        let mut unknown = format_problems(&committed);
+        if committed != file.yaml {
+            stale = true;
+            eprintln!("{} differs from the Rust types", path.display());
+            eprintln!("{}", first_difference(&committed, &file.yaml));
+            unknown.extend(
+                format_problems(&file.yaml)
+                    .into_iter()
+                    .map(|problem| format!("(as generated) {problem}")),
+            );
         }
-        stale = true;
-        eprintln!("{} differs from the Rust types", path.display());
-        eprintln!("{}", first_difference(&committed, &file.yaml));
+        for problem in &unknown {
+            eprintln!("{}: {problem}", path.display());
+        }
+        if !unknown.is_empty() {
+            bad_formats = true;
+        } else if committed == file.yaml {
+            println!("{} is up to date", path.display());
+        }
+    }
+    if bad_formats {
+        eprintln!(
+            "kube-apiserver warns about these formats and ignores them: derive int32/int64 (see kerf_api::crd::formats)"
+        );
     }
     if stale {
         eprintln!("run `cargo run -p kerf-api --bin crdgen` and commit crds/");
+    }
+    if stale || bad_formats {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// The unknown formats in a CRD manifest, or why it does not parse as one.
+fn format_problems(yaml: &str) -> Vec<String> {
+    if yaml.is_empty() {
+        return Vec::new();
+    }
+    match serde_saphyr::from_str::<CustomResourceDefinition>(yaml) {
+        Ok(crd) => unknown_formats(&crd)
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
+        Err(e) => vec![format!("not a CustomResourceDefinition: {e}")],
     }
 }
 
