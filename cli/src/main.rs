@@ -15,6 +15,8 @@ use kerf_cli::demo::manifests::ManifestSource;
 use kerf_cli::demo::{self, DemoConfig, report};
 use kerf_kubelet_plugin::config::Discovery;
 
+mod status;
+
 /// mimalloc rather than the system allocator: the prepare path allocates from many threads
 /// (gRPC workers, the blocking pool of the file writers), where glibc's malloc spent a
 /// quarter of the CPU time of 64 concurrent prepares (see README, Performance).
@@ -40,6 +42,42 @@ enum Command {
     /// Run kerf's benchmarks (build with --release): prepare, prepare-parallel(-node), allocate,
     /// packing, footprint, scheduling, or all. Each prints its figures and one `bench NAME key=value …` line.
     Bench(BenchArgs),
+    /// Show every kerf GPU of the cluster per node, from kerf's ResourceSlices and the claims
+    /// allocated on them: owner, product, memory and compute used, health, claims (pod, size,
+    /// allocator), MIG devices and the pool's generation.
+    Status(StatusArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct StatusArgs {
+    /// kubeconfig file [default: $KUBECONFIG, ~/.kube/config, then the in-cluster config].
+    #[arg(long, env = "KERF_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// kubeconfig context [default: the current context].
+    #[arg(long, env = "KERF_CONTEXT")]
+    context: Option<String>,
+    /// DRA driver name.
+    #[arg(long, env = "KERF_DRIVER_NAME", default_value = "gpu.kerf.dev")]
+    driver_name: String,
+    /// Output format: `table`, or `json` (a stable shape for scripts, see README).
+    #[arg(
+        short,
+        long,
+        env = "KERF_STATUS_OUTPUT",
+        value_enum,
+        default_value = "table"
+    )]
+    output: StatusOutput,
+    /// Keep watching and print again after every change (Ctrl-C exits). With `-o json`, one
+    /// compact document per line.
+    #[arg(short, long)]
+    watch: bool,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum StatusOutput {
+    Table,
+    Json,
 }
 
 #[derive(Debug, clap::Args)]
@@ -206,6 +244,7 @@ fn main() -> ExitCode {
         })
         .map(|()| ExitCode::SUCCESS)
         .map_err(anyhow::Error::from),
+        Command::Status(args) => run_status(&args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,
@@ -236,6 +275,70 @@ fn inventory(args: &InventoryArgs) -> anyhow::Result<()> {
         kerf_cli::inventory::to_yaml(&slices).context("rendering YAML")?
     );
     Ok(())
+}
+
+fn run_status(args: &StatusArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let client = status_client(args).await?;
+        let driver = args.driver_name.as_str();
+        if !args.watch {
+            let status = status::Status::new(&status::fetch(&client, driver).await?, driver);
+            match args.output {
+                StatusOutput::Table => print!("{}", status::table(&status)),
+                StatusOutput::Json => println!("{}", status::json(&status)?),
+            }
+            return Ok(());
+        }
+        let ctrl_c = async {
+            // Without a SIGINT handler the default action (exit) is just as clean.
+            let _ = tokio::signal::ctrl_c().await;
+        };
+        let output = args.output;
+        status::watch(
+            client,
+            driver,
+            ctrl_c,
+            |status| match output {
+                // Clear the screen and home the cursor, as `watch(1)` does.
+                StatusOutput::Table => print!("\x1b[2J\x1b[H{}", status::table(status)),
+                StatusOutput::Json => match serde_json::to_string(status) {
+                    Ok(line) => println!("{line}"),
+                    Err(e) => eprintln!("error: encoding the status as JSON: {e}"),
+                },
+            },
+            |error| eprintln!("warning: {error}"),
+        )
+        .await
+    })
+}
+
+/// A client from `--kubeconfig`/`--context` when given, else kube's default (KUBECONFIG,
+/// ~/.kube/config, in-cluster).
+async fn status_client(args: &StatusArgs) -> anyhow::Result<kube::Client> {
+    let options = kube::config::KubeConfigOptions {
+        context: args.context.clone(),
+        ..Default::default()
+    };
+    let config = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading --kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+                .await
+                .context("loading the kubeconfig")?
+        }
+        None if args.context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .context("loading the kubeconfig")?,
+        None => kube::Config::infer()
+            .await
+            .context("finding a kubeconfig or in-cluster config")?,
+    };
+    kube::Client::try_from(config).context("creating the Kubernetes client")
 }
 
 fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
