@@ -23,6 +23,7 @@ use super::generate::{
     ClaimPart, ClaimSpec, CommonEdits, DeviceNodePolicy, check_has_devices, claim_part,
     common_device_nodes, host_path_override,
 };
+use super::metadata::ClaimWorkload;
 use super::spec::{ContainerEdits, Device, Spec};
 use super::version::CdiVersion;
 use crate::error::{Error, Result};
@@ -117,12 +118,35 @@ impl SpecEncoder {
     /// collide on a name or env key, or a claim value makes an invalid env entry.
     /// [`Error::Json`] if encoding fails (it does not for valid specs).
     pub fn encode(&self, claim: &ClaimSpec<'_>) -> Result<EncodedSpec> {
+        self.encode_spec(claim, None)
+    }
+
+    /// [`SpecEncoder::encode`] with the names a workload can use: the same bytes as
+    /// [`generate_for_workload`](super::generate_for_workload) + [`encode_spec`](super::encode_spec).
+    ///
+    /// # Errors
+    ///
+    /// The errors of [`SpecEncoder::encode`] and those
+    /// [`generate_for_workload`](super::generate_for_workload) adds for `workload`.
+    pub fn encode_for_workload(
+        &self,
+        claim: &ClaimSpec<'_>,
+        workload: &ClaimWorkload<'_>,
+    ) -> Result<EncodedSpec> {
+        self.encode_spec(claim, Some(workload))
+    }
+
+    fn encode_spec(
+        &self,
+        claim: &ClaimSpec<'_>,
+        workload: Option<&ClaimWorkload<'_>>,
+    ) -> Result<EncodedSpec> {
         check_has_devices(claim)?;
         let ClaimPart {
             devices,
             env,
             device_ids,
-        } = claim_part(&self.kind, claim, self.host_path.as_deref())?;
+        } = claim_part(&self.kind, claim, self.host_path.as_deref(), workload)?;
         let claim_only = self.claim_only_spec(devices, env)?;
         let bytes = self.splice(&claim_only)?;
         Ok(EncodedSpec { bytes, device_ids })

@@ -39,6 +39,10 @@
 //! variables of whichever claim the runtime applied last; that is inherent in one
 //! process-wide variable such as `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`, and the keyed
 //! per-device variables stay exact.
+//!
+//! [`generate_for_workload`] adds names a workload can know in advance: `KERF_<REQUEST>_*`
+//! and `KERF_<CLAIM>_<REQUEST>_*` in the devices' own edits, and the read-only mounts of the
+//! claim's KEP-5304 metadata files (see [`super::workload`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -46,8 +50,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use super::metadata::ClaimWorkload;
 use super::spec::{ContainerEdits, Device, DeviceNode, Mount, Spec};
 use super::version::CdiVersion;
+use super::workload::workload_edits;
 use super::{claim_device_name, qualified_name};
 use crate::error::{Error, Result};
 use crate::mps::{CLIENT_MOUNT_OPTIONS, CONTAINER_SHM_DIRECTORY, MpsClient};
@@ -209,6 +215,30 @@ pub fn generate(
     request: &ClaimSpecRequest<'_>,
     policy: &DeviceNodePolicy,
 ) -> Result<GeneratedSpec> {
+    generate_spec(request, policy, None)
+}
+
+/// [`generate`] plus the names a workload can use: per-request variables and the read-only
+/// mounts of the claim's metadata files (see [`super::workload`] and [`super::metadata`]).
+///
+/// # Errors
+///
+/// The errors of [`generate`], and [`Error::InvalidCdiSpec`] when `workload.requests` is not
+/// index-aligned with the devices, a device serves no request, or a request name is not a
+/// DNS label.
+pub fn generate_for_workload(
+    request: &ClaimSpecRequest<'_>,
+    policy: &DeviceNodePolicy,
+    workload: &ClaimWorkload<'_>,
+) -> Result<GeneratedSpec> {
+    generate_spec(request, policy, Some(workload))
+}
+
+fn generate_spec(
+    request: &ClaimSpecRequest<'_>,
+    policy: &DeviceNodePolicy,
+    workload: Option<&ClaimWorkload<'_>>,
+) -> Result<GeneratedSpec> {
     let claim = request.claim();
     check_has_devices(&claim)?;
     let host_path = host_path_override(policy)?;
@@ -216,7 +246,7 @@ pub fn generate(
         devices,
         mut env,
         device_ids,
-    } = claim_part(request.kind, &claim, host_path)?;
+    } = claim_part(request.kind, &claim, host_path, workload)?;
     env.extend(request.common.env.iter().cloned());
     let mut spec = Spec {
         cdi_version: CdiVersion::V0_3_0,
@@ -262,6 +292,7 @@ pub(super) fn claim_part(
     kind: &str,
     claim: &ClaimSpec<'_>,
     host_path: Option<&str>,
+    workload: Option<&ClaimWorkload<'_>>,
 ) -> Result<ClaimPart> {
     let cdi_names: Vec<String> = claim
         .devices
@@ -274,7 +305,7 @@ pub(super) fn claim_part(
         .iter()
         .map(|name| qualified_name(kind, name))
         .collect();
-    let devices = claim
+    let mut devices: Vec<Device> = claim
         .devices
         .iter()
         .zip(cdi_names)
@@ -285,6 +316,12 @@ pub(super) fn claim_part(
             annotations: BTreeMap::new(),
         })
         .collect();
+    if let Some(workload) = workload {
+        for (device, (env, mounts)) in devices.iter_mut().zip(workload_edits(claim, workload)?) {
+            device.container_edits.env.extend(env);
+            device.container_edits.mounts.extend(mounts);
+        }
+    }
     Ok(ClaimPart {
         devices,
         env: claim_env(claim),

@@ -8,12 +8,17 @@
 //! - [`SpecEncoder`]: the same spec's bytes, with the node-wide edits checked and encoded
 //!   once rather than per claim (the prepare path uses it).
 //! - [`write_spec`] / [`remove_spec`]: atomic, durable spec files under e.g. `/var/run/cdi`.
+//! - [`generate_for_workload`] / [`SpecEncoder::encode_for_workload`]: the same spec plus
+//!   per-request variables and the mounts of the claim's KEP-5304 metadata files
+//!   ([`metadata_files`], written by [`write_metadata_files`]).
 
 mod encoder;
 mod generate;
+mod metadata;
 mod spec;
 mod validate;
 mod version;
+mod workload;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -23,11 +28,19 @@ use std::path::{Path, PathBuf};
 pub use encoder::{EncodedSpec, SpecEncoder};
 pub use generate::{
     COMMON_DEVICE_NODES, ClaimSpec, ClaimSpecRequest, CommonEdits, DeviceNodePolicy, GeneratedSpec,
-    MigCaps, PreparedDevice, READ_ONLY_BIND, env_key, generate,
+    MigCaps, PreparedDevice, READ_ONLY_BIND, env_key, generate, generate_for_workload,
+};
+pub use metadata::{
+    CLAIM_FILE, CLAIM_FILES_CONTAINER_DIR, ClaimWorkload, METADATA_API_VERSION,
+    METADATA_CONTAINER_DIR, METADATA_HOST_SUBDIR, METADATA_KIND, MetadataFile,
+    RESOURCE_CLAIMS_SUBDIR, claim_container_path, claim_metadata_dir, metadata_files,
+    remove_metadata_files, remove_orphan_metadata, request_container_path, requests_of,
+    write_metadata_files,
 };
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec};
 pub use validate::{parse_kind, validate_device_name, validate_env, validate_kind};
 pub use version::CdiVersion;
+pub use workload::workload_env_name;
 
 use crate::error::{Error, Result};
 use crate::fsutil;
