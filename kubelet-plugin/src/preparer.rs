@@ -2,7 +2,9 @@
 //! independent of the gRPC API version that carried them.
 //!
 //! A prepare costs one GET of the claim and two durable writes: the CDI spec, then the
-//! checkpoint entry as PrepareCompleted. Concurrent prepares share both through group commit
+//! checkpoint entry as PrepareCompleted. The claim's device metadata files (KEP-5304, mounted
+//! read-only by the spec) are written just before the spec without an fsync of their own:
+//! like the spec they are rebuilt from the checkpoint at start-up and removed at unprepare. Concurrent prepares share both through group commit
 //! ([`crate::spec_writer`], [`crate::checkpoint_store`]). PrepareStarted is recorded in memory first — it reserves the devices against
 //! concurrent prepares — and reaches the disk only if a checkpoint write happens to carry it:
 //! the one side effect before completion is the spec file, which a crash cannot lose track of
@@ -87,6 +89,13 @@ impl PreparerConfig {
     /// The CDI kind kerf uses for a driver name.
     pub fn cdi_kind_for(driver_name: &str) -> String {
         format!("k8s.{driver_name}/gpu")
+    }
+
+    /// The host directory of the claims' device metadata files: a subdirectory of the CDI
+    /// directory, which CDI loaders skip, transient like the specs and already shared with
+    /// the container runtime (see [`kerf_core::cdi::METADATA_HOST_SUBDIR`]).
+    pub fn metadata_dir(&self) -> PathBuf {
+        self.cdi_dir.join(cdi::METADATA_HOST_SUBDIR)
     }
 }
 
@@ -309,10 +318,19 @@ impl Preparer {
             .read(|cp| cp.claims.keys().cloned().collect());
         let dir = self.config.cdi_dir.clone();
         let kind = self.config.cdi_kind.clone();
-        let removed = blocking("the CDI spec clean-up task", move || {
-            cdi::remove_orphan_specs(&dir, &kind, &owned)
+        let metadata_dir = self.config.metadata_dir();
+        let (removed, metadata_removed) = blocking("the CDI spec clean-up task", move || {
+            let specs = cdi::remove_orphan_specs(&dir, &kind, &owned)?;
+            let metadata = cdi::remove_orphan_metadata(&metadata_dir, &owned)?;
+            Ok((specs, metadata))
         })
         .await?;
+        if metadata_removed > 0 {
+            tracing::debug!(
+                removed = metadata_removed,
+                "removed device metadata of claims no checkpoint entry owns"
+            );
+        }
         Ok(RestoreReport {
             rewritten: completed.len(),
             orphans_removed: removed,
@@ -521,19 +539,42 @@ impl Preparer {
                 ..device.prepared_device()
             })
             .collect();
-        let encoded = self.encoder.encode(&ClaimSpec {
+        let requests: Vec<Vec<String>> = devices.iter().map(|d| d.request_names.clone()).collect();
+        let metadata_dir = self.config.metadata_dir();
+        let workload = cdi::ClaimWorkload {
+            driver: &self.config.driver_name,
+            pool: &self.config.node_name,
+            requests: &requests,
+            metadata_dir: &metadata_dir,
+        };
+        let spec = ClaimSpec {
             claim_uid: &claim.uid,
             claim_namespace: &claim.namespace,
             claim_name: &claim.name,
             devices: &prepared,
-        })?;
+        };
+        let encoded = self.encoder.encode_for_workload(&spec, &workload)?;
+        // The files exist before the spec that mounts them can be used.
+        let files = cdi::metadata_files(&spec, &workload)?;
+        let uid = claim.uid.clone();
+        blocking("the device metadata writer", move || {
+            cdi::write_metadata_files(&metadata_dir, &uid, &files).map(|_| ())
+        })
+        .await?;
         let name = cdi::transient_spec_file_name(&self.config.cdi_kind, &claim.uid)?;
         self.specs.write(name, encoded.bytes).await
     }
 
+    /// Removes the claim's spec, then the metadata files it mounted.
     async fn remove_cdi_spec(&self, uid: &str) -> Result<()> {
         let name = cdi::transient_spec_file_name(&self.config.cdi_kind, uid)?;
-        self.specs.remove(name).await.map(|_| ())
+        self.specs.remove(name).await?;
+        let metadata_dir = self.config.metadata_dir();
+        let uid = uid.to_owned();
+        blocking("the device metadata clean-up task", move || {
+            cdi::remove_metadata_files(&metadata_dir, &uid).map(|_| ())
+        })
+        .await
     }
 
     fn update_prepared_gauge(&self) {
