@@ -1,27 +1,38 @@
 //! What every reconciler gets: the client, configuration values, metrics, the event recorder,
 //! the caches, diagnostics and the per-object back-off.
 
+mod events;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use tokio::sync::RwLock;
 
 use crate::cache::Caches;
+use crate::error::Error;
 use crate::features::ApiSupport;
 use crate::metrics::Metrics;
 
-/// Field manager of every object and status the controller writes with server-side apply.
+pub use events::EventRecorder;
+
+/// Field manager of every write of the controller: server-side apply, merge patches, creates
+/// and Events. The default of [`ControllerConfig::field_manager`], through which it is passed.
 pub const FIELD_MANAGER: &str = "kerf-controller";
+
+/// Consecutive failures of one object after which a failed reconcile is logged as a warning
+/// whatever its reason, and again every as many failures after that.
+pub const KEEPS_FAILING_AFTER: u32 = 5;
 
 /// Configuration the reconcilers read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ControllerConfig {
     /// DRA driver name, e.g. `gpu.kerf.dev`.
     pub driver_name: String,
-    /// Server-side apply field manager, and `app.kubernetes.io/managed-by` of DeviceClasses.
+    /// Field manager of every write (see [`FIELD_MANAGER`]), reporting controller of Events,
+    /// and `app.kubernetes.io/managed-by` of DeviceClasses.
     pub field_manager: String,
     /// How often every object is reconciled even without a change.
     pub resync_period: Duration,
@@ -81,21 +92,40 @@ impl BackoffConfig {
     }
 }
 
+/// One failed reconcile, as [`ObjectBackoff::failed`] counted it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure {
+    /// Consecutive failures of the object, this one included.
+    pub count: u32,
+    /// How long to wait before retrying it.
+    pub retry_in: Duration,
+}
+
 /// Consecutive failures per object, for [`BackoffConfig::delay`]; reset by a success.
 ///
-/// Keys are `controller/namespace/name`, so controllers can share one `Context`.
+/// Keys are `controller/namespace/name`, so controllers can share one `Context`. Bounded: an
+/// entry goes with the object's success, with [`ObjectBackoff::forget`] when the object is
+/// deleted, and at the latest when the object has not failed for twice the longest delay (a
+/// failing object is retried sooner than that, so only gone objects are pruned).
 #[derive(Debug, Default)]
 pub struct ObjectBackoff {
-    failures: Mutex<HashMap<String, u32>>,
+    failures: Mutex<HashMap<String, (u32, Instant)>>,
 }
 
 impl ObjectBackoff {
-    /// Records a failure of `key` and returns how long to wait before retrying it.
-    pub fn failed(&self, config: &BackoffConfig, key: &str) -> Duration {
+    /// Records a failure of `key`: how many in a row, and how long to wait before retrying.
+    pub fn failed(&self, config: &BackoffConfig, key: &str) -> Failure {
+        let now = Instant::now();
+        let stale_after = config.max.saturating_mul(2);
         let mut failures = self.lock();
-        let count = failures.entry(key.to_owned()).or_insert(0);
-        *count = count.saturating_add(1);
-        config.delay(*count)
+        failures.retain(|_, (_, last)| now.saturating_duration_since(*last) <= stale_after);
+        let entry = failures.entry(key.to_owned()).or_insert((0, now));
+        entry.0 = entry.0.saturating_add(1);
+        entry.1 = now;
+        Failure {
+            count: entry.0,
+            retry_in: config.delay(entry.0),
+        }
     }
 
     /// Forgets the failures of `key` after it succeeded.
@@ -103,14 +133,49 @@ impl ObjectBackoff {
         self.lock().remove(key);
     }
 
-    /// Consecutive failures of `key` so far.
-    pub fn failures(&self, key: &str) -> u32 {
-        self.lock().get(key).copied().unwrap_or(0)
+    /// Forgets `key`, whose object is gone.
+    pub fn forget(&self, key: &str) {
+        self.lock().remove(key);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+    /// Consecutive failures of `key` so far.
+    pub fn failures(&self, key: &str) -> u32 {
+        self.lock().get(key).map_or(0, |(count, _)| *count)
+    }
+
+    /// How many objects are failing now.
+    pub fn failing_objects(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u32, Instant)>> {
         // Counters stay meaningful whatever panicked while the lock was held.
         self.failures.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Logs a failed reconcile of `object` the way kube-runtime's `error_policy` hook is meant to
+/// be used: conflicts and NotFound ([`Error::is_routine`]) are part of optimistic concurrency
+/// and go to debug, other errors warn on an object's first failure, and any object that fails
+/// [`KEEPS_FAILING_AFTER`] times in a row warns then and every as many failures after. The
+/// reconcile metric counts every failure by reason either way.
+pub fn log_failure(controller: &'static str, object: &str, error: &Error, failure: Failure) {
+    let keeps_failing = failure.count.is_multiple_of(KEEPS_FAILING_AFTER);
+    let first_fault = failure.count == 1 && !error.is_routine();
+    if keeps_failing {
+        tracing::warn!(
+            controller,
+            object,
+            reason = error.reason(),
+            %error,
+            failures = failure.count,
+            retry_in = ?failure.retry_in,
+            "reconcile keeps failing"
+        );
+    } else if first_fault {
+        tracing::warn!(controller, object, reason = error.reason(), %error, retry_in = ?failure.retry_in, "reconcile failed");
+    } else {
+        tracing::debug!(controller, object, reason = error.reason(), %error, failures = failure.count, retry_in = ?failure.retry_in, "reconcile failed; retrying");
     }
 }
 
@@ -132,7 +197,7 @@ pub struct Context {
     /// Metric handles.
     pub metrics: Metrics,
     /// Publishes Events about the objects the controllers reconcile.
-    pub recorder: Recorder,
+    pub recorder: EventRecorder,
     /// Watch-fed caches of slices, claims and DeviceClasses.
     pub caches: Caches,
     /// What happened last.
@@ -159,12 +224,13 @@ impl Context {
     /// which assumes every optional API field is served ([`ApiSupport::all_served`]) until
     /// [`Context::with_api_support`] says otherwise.
     pub fn new(client: Client, config: ControllerConfig, metrics: Metrics, caches: Caches) -> Self {
-        let recorder = Recorder::new(
+        let recorder = EventRecorder::new(
             client.clone(),
             Reporter {
                 controller: config.field_manager.clone(),
                 instance: config.instance.clone(),
             },
+            config.field_manager.clone(),
         );
         Self {
             client,
@@ -216,25 +282,37 @@ mod tests {
     fn failures_are_counted_per_object_and_reset_by_success() {
         let config = BackoffConfig::default();
         let backoff = ObjectBackoff::default();
+        let failed = |key| backoff.failed(&config, key);
+        assert_eq!(failed("gpuclass//a").retry_in, Duration::from_secs(1));
         assert_eq!(
-            backoff.failed(&config, "gpuclass//a"),
-            Duration::from_secs(1)
+            failed("gpuclass//a"),
+            Failure {
+                count: 2,
+                retry_in: Duration::from_secs(2)
+            }
         );
-        assert_eq!(
-            backoff.failed(&config, "gpuclass//a"),
-            Duration::from_secs(2)
-        );
-        assert_eq!(
-            backoff.failed(&config, "gpuclass//b"),
-            Duration::from_secs(1)
-        );
+        assert_eq!(failed("gpuclass//b").retry_in, Duration::from_secs(1));
         assert_eq!(backoff.failures("gpuclass//a"), 2);
         backoff.succeeded("gpuclass//a");
         assert_eq!(backoff.failures("gpuclass//a"), 0);
-        assert_eq!(
-            backoff.failed(&config, "gpuclass//a"),
-            Duration::from_secs(1)
-        );
+        assert_eq!(failed("gpuclass//a").retry_in, Duration::from_secs(1));
+        backoff.forget("gpuclass//b");
+        assert_eq!(backoff.failing_objects(), 1);
+    }
+
+    #[test]
+    fn objects_that_stopped_failing_long_ago_are_pruned() {
+        // A zero maximum makes every earlier entry older than twice the longest delay.
+        let config = BackoffConfig {
+            base: Duration::ZERO,
+            max: Duration::ZERO,
+        };
+        let backoff = ObjectBackoff::default();
+        backoff.failed(&config, "resourceclaim/ns/gone");
+        std::thread::sleep(Duration::from_millis(2));
+        backoff.failed(&config, "resourceclaim/ns/other");
+        assert_eq!(backoff.failures("resourceclaim/ns/gone"), 0);
+        assert_eq!(backoff.failing_objects(), 1);
     }
 
     proptest! {

@@ -93,6 +93,14 @@ impl Error {
         }
     }
 
+    /// Whether the error is a normal part of optimistic concurrency rather than a fault: a
+    /// conflict (the object changed since it was read) or a NotFound (it was deleted under the
+    /// reconcile). The retry that follows sees the new state; such errors are logged at debug
+    /// and only [`Error::reason`] counts them, unless the same object keeps failing.
+    pub fn is_routine(&self) -> bool {
+        matches!(self.reason(), "kube_conflict" | "kube_not_found")
+    }
+
     /// Builds an [`Error::Serialize`] for `what`.
     pub fn serialize(what: &'static str, source: serde_json::Error) -> Self {
         Error::Serialize { what, source }
@@ -129,6 +137,15 @@ mod tests {
         assert_eq!(api_error(404, "NotFound").reason(), "kube_not_found");
         assert_eq!(api_error(403, "Forbidden").reason(), "kube_forbidden");
         assert_eq!(api_error(500, "InternalError").reason(), "kube_api");
+    }
+
+    #[test]
+    fn only_conflicts_and_not_found_are_routine() {
+        assert!(api_error(409, "Conflict").is_routine());
+        assert!(api_error(404, "NotFound").is_routine());
+        assert!(!api_error(403, "Forbidden").is_routine());
+        assert!(!api_error(500, "InternalError").is_routine());
+        assert!(!Error::Config("x".to_owned()).is_routine());
     }
 
     #[test]

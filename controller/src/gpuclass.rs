@@ -37,7 +37,7 @@ use kerf_api::gpuclass::{
 use kerf_api::quantity::bytes_quantity;
 use kerf_api::{API_VERSION, GpuClass, GpuClassStatus};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{Action, Controller};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::{
     ClassCapacity, class_capacity, current_devices, free_compute_gpus, memory_in_use,
 };
-use crate::context::Context;
+use crate::context::{Context, log_failure};
 use crate::deviceclass::{device_class, is_controlled_by, needs_apply};
 use crate::error::{Error, Result};
 use crate::extended_resource::{self, Verdict};
@@ -90,11 +90,19 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
     .graceful_shutdown_on(async move { shutdown.cancelled().await });
     let classes = controller.store();
     let metrics = ctx.metrics.clone();
+    let applied_ctx = Arc::clone(&ctx);
     controller
         .run(reconcile, error_policy, ctx)
         .for_each(|result| {
-            if let Err(error) = result {
-                tracing::debug!(controller = CONTROLLER, %error, "reconcile not done");
+            match result {
+                // The class is gone from the cache: deleted, so its failures are history.
+                Err(controller::Error::ObjectNotFound(gone)) => {
+                    applied_ctx.backoff.forget(&object_key(&gone.name));
+                }
+                Err(error) => {
+                    tracing::debug!(controller = CONTROLLER, %error, "reconcile not done");
+                }
+                Ok(_) => {}
             }
             let names: Vec<String> = classes.state().iter().map(|c| c.name_any()).collect();
             metrics.retain_classes(names.iter().map(String::as_str));
@@ -126,25 +134,23 @@ pub async fn reconcile(class: Arc<GpuClass>, ctx: Arc<Context>) -> Result<Action
     result
 }
 
-/// Retries a failed reconcile after the object's next back-off delay.
+/// Retries a failed reconcile after the object's next back-off delay; logged by
+/// [`log_failure`]: conflicts and NotFound quietly unless the class keeps failing.
 // kube-runtime's error-policy signature passes the Arcs by value.
 #[allow(clippy::needless_pass_by_value)]
 pub fn error_policy(class: Arc<GpuClass>, error: &Error, ctx: Arc<Context>) -> Action {
     let key = backoff_key(&class);
-    let delay = ctx.backoff.failed(&ctx.config.backoff, &key);
-    tracing::warn!(
-        controller = CONTROLLER,
-        class = %class.name_any(),
-        reason = error.reason(),
-        %error,
-        retry_in = ?delay,
-        "reconcile failed"
-    );
-    Action::requeue(delay)
+    let failure = ctx.backoff.failed(&ctx.config.backoff, &key);
+    log_failure(CONTROLLER, &key, error, failure);
+    Action::requeue(failure.retry_in)
 }
 
 fn backoff_key(class: &GpuClass) -> String {
-    format!("{CONTROLLER}//{}", class.name_any())
+    object_key(&class.name_any())
+}
+
+fn object_key(name: &str) -> String {
+    format!("{CONTROLLER}//{name}")
 }
 
 /// The Ready condition's content before timestamps.

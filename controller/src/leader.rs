@@ -21,6 +21,7 @@ use kube_lease_manager::{LeaseCreateMode, LeaseManager, LeaseParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::context::FIELD_MANAGER;
 use crate::error::{Error, Result};
 
 /// Where the Lease lives, who this replica is, and the election's timing.
@@ -89,10 +90,16 @@ impl LeaseConfig {
         Ok(())
     }
 
+    /// The lease manager's parameters. Its field manager is kerf-controller's, per replica
+    /// (`kerf-controller-<identity>`): kube-lease-manager takes an orphaned Lease with a
+    /// server-side apply that must conflict with another replica's (`LeaseState::lock` in
+    /// kube-lease-manager's `state.rs`), which needs one manager per identity — its default,
+    /// `kube-lease-manager-<identity>`, would not say which program holds the Lease.
     fn params(&self) -> LeaseParams {
         let duration = self.lease_duration.as_secs();
         let grace = duration - self.retry_period.as_secs();
         LeaseParams::new(self.identity.clone(), duration, grace)
+            .with_field_manager(format!("{FIELD_MANAGER}-{}", self.identity))
     }
 }
 
@@ -312,7 +319,10 @@ mod tests {
     fn the_holder_renews_every_retry_period() {
         let params = config(15, 10_000, 2).params();
         // grace = duration - retry: renewal at renewTime + duration - grace = renewTime + retry.
-        assert_eq!(params, LeaseParams::new("pod-a", 15, 13));
+        assert_eq!(
+            params,
+            LeaseParams::new("pod-a", 15, 13).with_field_manager("kerf-controller-pod-a")
+        );
     }
 
     #[test]

@@ -6,12 +6,16 @@ use std::sync::{Mutex, PoisonError};
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
 
 use crate::preparer::ClaimRef;
 
-/// The reporting component of the plugin's Events and the field manager of its writes.
-pub const REPORTING_CONTROLLER: &str = "kerf-kubelet-plugin";
+/// The reporting component of the plugin's Events and the field manager of its writes: the
+/// plugin's one field manager, [`crate::publish::FIELD_MANAGER`].
+pub const REPORTING_CONTROLLER: &str = crate::publish::FIELD_MANAGER;
 
 /// A Warning Event about a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,22 +36,43 @@ pub trait ClaimEvents: Send + Sync + 'static {
 }
 
 /// Events through the API server (`events.k8s.io/v1`), reported as
-/// [`REPORTING_CONTROLLER`] on this node.
+/// [`REPORTING_CONTROLLER`] on this node and created under that field manager.
+///
+/// Each warning is a new Event named as client-go's `tools/events` names them
+/// (`<object>.<nanoseconds in hex>`), without kube-runtime's `Recorder`, which creates Events
+/// with no field manager (`Recorder::publish` in kube-rs/kube `kube-runtime/src/events.rs`):
+/// they would show up as manager `unknown`. Repeats are not folded into a series; the
+/// warnings are rare (a daemon restart) and each one is news.
 pub struct KubeClaimEvents {
-    recorder: Recorder,
+    client: kube::Client,
+    node: String,
 }
 
 impl KubeClaimEvents {
     /// Events written with `client`, reported by the plugin instance of `node`.
     pub fn new(client: kube::Client, node: &str) -> Self {
         KubeClaimEvents {
-            recorder: Recorder::new(
-                client,
-                Reporter {
-                    controller: REPORTING_CONTROLLER.to_owned(),
-                    instance: Some(node.to_owned()),
-                },
-            ),
+            client,
+            node: node.to_owned(),
+        }
+    }
+
+    fn event(&self, warning: ClaimWarning, now: Timestamp) -> Event {
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{}.{:x}", warning.claim.name, now.as_nanosecond())),
+                namespace: Some(warning.claim.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            type_: Some("Warning".to_owned()),
+            reason: Some(warning.reason.to_owned()),
+            note: Some(warning.note),
+            action: Some("Prepare".to_owned()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(claim_reference(&warning.claim)),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
+            reporting_instance: Some(self.node.clone()),
+            ..Event::default()
         }
     }
 }
@@ -55,16 +80,15 @@ impl KubeClaimEvents {
 impl ClaimEvents for KubeClaimEvents {
     fn warn(&self, warning: ClaimWarning) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let event = Event {
-                type_: EventType::Warning,
-                reason: warning.reason.to_owned(),
-                note: Some(warning.note),
-                action: "Prepare".to_owned(),
-                secondary: None,
+            let uid = warning.claim.uid.clone();
+            let api: Api<Event> = Api::namespaced(self.client.clone(), &warning.claim.namespace);
+            let event = self.event(warning, Timestamp::now());
+            let params = PostParams {
+                field_manager: Some(REPORTING_CONTROLLER.to_owned()),
+                ..PostParams::default()
             };
-            let regarding = claim_reference(&warning.claim);
-            if let Err(error) = self.recorder.publish(&event, &regarding).await {
-                tracing::warn!(claim.uid = %warning.claim.uid, %error, "cannot publish a claim Event");
+            if let Err(error) = api.create(&params, &event).await {
+                tracing::warn!(claim.uid = %uid, %error, "cannot publish a claim Event");
             }
         })
     }

@@ -60,7 +60,8 @@ use crate::health::mock::NodeAnnotationSource;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
-/// Field manager of every server-side apply the publisher makes.
+/// The kubelet plugin's field manager: every write it makes names it (slices, claim status,
+/// Events, probes), so `managedFields` says which program wrote what.
 pub const FIELD_MANAGER: &str = "kerf-kubelet-plugin";
 
 /// Annotation that records a hash of the spec a slice was built from (generation excluded).

@@ -49,7 +49,12 @@ pub(super) async fn write_placement(
         }
     }
     let Some(error) = failure else { return Ok(()) };
-    tracing::warn!(node = %placement.node, %error, "allocation write failed; rolling back the pod's claims");
+    if error.is_routine() {
+        // A claim changed or went away under the write: the retry places it anew.
+        tracing::debug!(node = %placement.node, %error, "allocation write failed; rolling back the pod's claims");
+    } else {
+        tracing::warn!(node = %placement.node, %error, "allocation write failed; rolling back the pod's claims");
+    }
     rollback(&written, writing, ctx).await;
     for placed in &placement.claims {
         writing.forget(&placed.key);
@@ -67,7 +72,7 @@ async fn write_one(
     writing: &mut WriteGuard<'_>,
     written: &mut Vec<Written>,
 ) -> Result<()> {
-    let api = claim_api(&ctx.base.client, claim);
+    let api = claim_api(&ctx.base, claim);
     let marked = write::mark_allocating(&api, claim, node).await?;
     written.push(Written {
         uid: placed.key.clone(),
@@ -100,7 +105,7 @@ async fn write_one(
 /// logged; the next reconcile of the pod's claims starts from whatever is left.
 async fn rollback(written: &[Written], writing: &mut WriteGuard<'_>, ctx: &ClaimsContext) {
     for step in written {
-        let api = claim_api(&ctx.base.client, &step.latest);
+        let api = claim_api(&ctx.base, &step.latest);
         let mut latest = step.latest.clone();
         if step.allocated {
             writing.unsettled(&step.uid);
@@ -130,7 +135,7 @@ pub(super) async fn deallocate(
     let Some(mut writing) = ctx.begin_write(vec![uid.to_owned()]) else {
         return Ok(());
     };
-    let api = claim_api(&ctx.base.client, claim);
+    let api = claim_api(&ctx.base, claim);
     let mut latest = None;
     if allocation_of(claim).is_some() {
         let cleared = write::clear_allocation(&api, claim).await?;

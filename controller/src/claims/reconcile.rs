@@ -38,6 +38,7 @@ use super::state::{allocation_of, annotated_node, claim_uid, has_finalizer, is_r
 use super::write::{self, claim_api};
 use super::yielding::{notify_yielders, scheduler_conflict};
 use super::{consumers, reasons};
+use crate::context::log_failure;
 use crate::error::{Error, Result};
 
 /// The controller's name in metrics, back-off keys and logs.
@@ -65,11 +66,12 @@ pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<ClaimsContext>) -> Re
 }
 
 fn backoff_key(claim: &ResourceClaim) -> String {
-    format!(
-        "{CONTROLLER}/{}/{}",
-        claim.namespace().unwrap_or_default(),
-        claim.name_any()
-    )
+    object_key(claim.namespace().as_deref(), &claim.name_any())
+}
+
+/// The back-off key of the claim `namespace/name`.
+pub(super) fn object_key(namespace: Option<&str>, name: &str) -> String {
+    format!("{CONTROLLER}/{}/{name}", namespace.unwrap_or_default())
 }
 
 async fn reconcile_claim(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<Action> {
@@ -154,12 +156,7 @@ async fn reconcile_unallocated(
         let Some(mut writing) = ctx.begin_write(vec![uid.to_owned()]) else {
             return Ok(Action::requeue(ctx.settings.pending_retry));
         };
-        write::unmark(
-            &claim_api(&ctx.base.client, claim),
-            claim,
-            consumers.is_empty(),
-        )
-        .await?;
+        write::unmark(&claim_api(&ctx.base, claim), claim, consumers.is_empty()).await?;
         writing.settled(uid);
         // The write brings the claim back without the annotation.
         return Ok(Action::await_change());
@@ -169,7 +166,7 @@ async fn reconcile_unallocated(
         Some(_) => Ok(Action::await_change()),
         None => {
             // Idle: a finalizer left from an allocation that was never written.
-            write::unmark(&claim_api(&ctx.base.client, claim), claim, true).await?;
+            write::unmark(&claim_api(&ctx.base, claim), claim, true).await?;
             Ok(Action::await_change())
         }
     }
@@ -192,11 +189,12 @@ pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &C
     publish(ctx, claim, EventType::Warning, reasons::NODE_REJECTED, note).await;
 }
 
-/// Retries a failed reconcile with per-object exponential back-off.
+/// Retries a failed reconcile with per-object exponential back-off; logged by
+/// [`log_failure`]: conflicts and NotFound quietly unless the claim keeps failing.
 #[allow(clippy::needless_pass_by_value)] // the signature is kube-runtime's
 pub fn error_policy(claim: Arc<ResourceClaim>, error: &Error, ctx: Arc<ClaimsContext>) -> Action {
     let key = backoff_key(&claim);
-    let delay = ctx.base.backoff.failed(&ctx.base.config.backoff, &key);
-    tracing::warn!(claim = %key, reason = error.reason(), %error, retry_in = ?delay, "reconcile failed");
-    Action::requeue(delay)
+    let failure = ctx.base.backoff.failed(&ctx.base.config.backoff, &key);
+    log_failure(CONTROLLER, &key, error, failure);
+    Action::requeue(failure.retry_in)
 }

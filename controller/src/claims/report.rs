@@ -149,8 +149,15 @@ pub(super) async fn report_invalid(
 
 /// Conditions are best effort, like Events: a pod that is gone or a failed write only logs.
 async fn set_condition(ctx: &ClaimsContext, pod: &Pod, condition: &PodCondition) {
-    if let Err(error) = write::set_pod_condition(&ctx.base.client, pod, condition).await {
-        tracing::warn!(pod = %pod.name_any(), %error, "could not set the pod condition");
+    match write::set_pod_condition(&ctx.base, pod, condition).await {
+        // The pod was deleted meanwhile: nobody is left to read the condition.
+        Err(error) if error.is_routine() => {
+            tracing::debug!(pod = %pod.name_any(), %error, "could not set the pod condition");
+        }
+        Err(error) => {
+            tracing::warn!(pod = %pod.name_any(), %error, "could not set the pod condition");
+        }
+        Ok(_) => {}
     }
 }
 

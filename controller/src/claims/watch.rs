@@ -9,7 +9,7 @@ use futures::{StreamExt as _, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::runtime::controller::{
-    Config as ApplierConfig, ReconcileReason, ReconcileRequest, trigger_self, trigger_with,
+    self, Config as ApplierConfig, ReconcileReason, ReconcileRequest, trigger_self, trigger_with,
 };
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt as _, applier, watcher};
@@ -17,10 +17,28 @@ use kube::{Api, ResourceExt as _};
 use tokio_util::sync::CancellationToken;
 
 use super::context::{ClaimSettings, ClaimsContext};
-use super::reconcile::{CONTROLLER, error_policy, reconcile};
+use super::reconcile::{CONTROLLER, error_policy, object_key, reconcile};
 use super::{consumers, ownership};
 use crate::context::Context;
 use crate::error::Result;
+
+type Applied = std::result::Result<
+    (ObjectRef<ResourceClaim>, controller::Action),
+    controller::Error<crate::Error, Infallible>,
+>;
+
+/// What a finished reconcile leaves behind: a claim gone from the cache is deleted, so its
+/// failures are history; the other outcomes were logged by the reconcile or its error policy.
+fn applied(ctx: &ClaimsContext, result: Applied) {
+    match result {
+        Err(controller::Error::ObjectNotFound(gone)) => {
+            let key = object_key(gone.namespace.as_deref(), &gone.name);
+            ctx.base.backoff.forget(&key);
+        }
+        Err(error) => tracing::debug!(controller = CONTROLLER, %error, "reconcile not done"),
+        Ok(_) => {}
+    }
+}
 
 /// How long a stopping controller lets running reconciles finish.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
@@ -108,6 +126,7 @@ pub async fn run(
         })
     })
     .take_until(shutdown.clone().cancelled_owned());
+    let applied_ctx = Arc::clone(&ctx);
     let reconciles = applier(
         |claim, ctx| Box::pin(reconcile(claim, ctx)),
         error_policy,
@@ -116,10 +135,8 @@ pub async fn run(
         queue,
         ApplierConfig::default(),
     )
-    .for_each(|result| {
-        if let Err(error) = result {
-            tracing::debug!(controller = CONTROLLER, %error, "reconcile not done");
-        }
+    .for_each(move |result| {
+        applied(&applied_ctx, result);
         std::future::ready(())
     });
     tokio::pin!(reconciles);

@@ -1,6 +1,7 @@
 //! The controller's writes to ResourceClaims and pods. Every claim write carries the
 //! resourceVersion it was computed from, so a concurrent change fails it with a conflict
-//! instead of being overwritten.
+//! instead of being overwritten, and every write names the controller's field manager, so
+//! `managedFields` says who wrote what.
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
@@ -10,6 +11,7 @@ use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
 
 use super::{ALLOCATED_NODE_ANNOTATION, CONDITION_TYPE, FINALIZER};
+use crate::context::Context;
 use crate::error::{Error, Result};
 
 fn name_and_version(claim: &ResourceClaim) -> Result<(String, String)> {
@@ -28,12 +30,30 @@ fn name_and_version(claim: &ResourceClaim) -> Result<(String, String)> {
     Ok((name, version))
 }
 
-/// The claim's API in its namespace.
-pub fn claim_api(client: &kube::Client, claim: &ResourceClaim) -> Api<ResourceClaim> {
-    Api::namespaced(
-        client.clone(),
-        claim.metadata.namespace.as_deref().unwrap_or_default(),
-    )
+/// Writes to the claims of one namespace as the controller's field manager.
+#[derive(Clone)]
+pub struct ClaimApi {
+    api: Api<ResourceClaim>,
+    params: PatchParams,
+}
+
+/// The patch parameters of every controller write: its field manager.
+fn params(ctx: &Context) -> PatchParams {
+    PatchParams {
+        field_manager: Some(ctx.config.field_manager.clone()),
+        ..PatchParams::default()
+    }
+}
+
+/// The claim's API in its namespace, writing as `ctx`'s field manager.
+pub fn claim_api(ctx: &Context, claim: &ResourceClaim) -> ClaimApi {
+    ClaimApi {
+        api: Api::namespaced(
+            ctx.client.clone(),
+            claim.metadata.namespace.as_deref().unwrap_or_default(),
+        ),
+        params: params(ctx),
+    }
 }
 
 /// Adds the finalizer and records the node, guarded by the claim's resourceVersion: the
@@ -42,7 +62,7 @@ pub fn claim_api(client: &kube::Client, claim: &ResourceClaim) -> Api<ResourceCl
 /// # Errors
 /// The API call failed (a conflict when the claim changed meanwhile).
 pub async fn mark_allocating(
-    api: &Api<ResourceClaim>,
+    api: &ClaimApi,
     claim: &ResourceClaim,
     node: &str,
 ) -> Result<ResourceClaim> {
@@ -57,7 +77,8 @@ pub async fn mark_allocating(
         "annotations": {ALLOCATED_NODE_ANNOTATION: node},
     }});
     Ok(api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .api
+        .patch(&name, &api.params, &Patch::Merge(&patch))
         .await?)
 }
 
@@ -66,7 +87,7 @@ pub async fn mark_allocating(
 /// # Errors
 /// The API call failed (a conflict when the claim changed meanwhile).
 pub async fn write_allocation(
-    api: &Api<ResourceClaim>,
+    api: &ClaimApi,
     claim: &ResourceClaim,
     allocation: &AllocationResult,
 ) -> Result<ResourceClaim> {
@@ -76,7 +97,8 @@ pub async fn write_allocation(
     let patch =
         json!({"metadata": {"resourceVersion": version}, "status": {"allocation": allocation}});
     Ok(api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .api
+        .patch_status(&name, &api.params, &Patch::Merge(&patch))
         .await?)
 }
 
@@ -85,14 +107,12 @@ pub async fn write_allocation(
 ///
 /// # Errors
 /// The API call failed (a conflict when the claim changed meanwhile).
-pub async fn clear_allocation(
-    api: &Api<ResourceClaim>,
-    claim: &ResourceClaim,
-) -> Result<ResourceClaim> {
+pub async fn clear_allocation(api: &ClaimApi, claim: &ResourceClaim) -> Result<ResourceClaim> {
     let (name, version) = name_and_version(claim)?;
     let patch = json!({"metadata": {"resourceVersion": version}, "status": {"allocation": null, "devices": null}});
     Ok(api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .api
+        .patch_status(&name, &api.params, &Patch::Merge(&patch))
         .await?)
 }
 
@@ -102,7 +122,7 @@ pub async fn clear_allocation(
 /// # Errors
 /// The API call failed (a conflict when the claim changed meanwhile).
 pub async fn unmark(
-    api: &Api<ResourceClaim>,
+    api: &ClaimApi,
     claim: &ResourceClaim,
     drop_finalizer: bool,
 ) -> Result<Option<ResourceClaim>> {
@@ -127,7 +147,8 @@ pub async fn unmark(
     }
     let patch = json!({"metadata": metadata});
     Ok(Some(
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        api.api
+            .patch(&name, &api.params, &Patch::Merge(&patch))
             .await?,
     ))
 }
@@ -161,11 +182,7 @@ fn pod_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition>
 ///
 /// # Errors
 /// The API call failed.
-pub async fn set_pod_condition(
-    client: &kube::Client,
-    pod: &Pod,
-    condition: &PodCondition,
-) -> Result<bool> {
+pub async fn set_pod_condition(ctx: &Context, pod: &Pod, condition: &PodCondition) -> Result<bool> {
     let status = if condition.allocated { "True" } else { "False" };
     let current = pod_condition(pod);
     if current.is_some_and(|c| {
@@ -184,7 +201,7 @@ pub async fn set_pod_condition(
         field: "name",
     })?;
     let api: Api<Pod> = Api::namespaced(
-        client.clone(),
+        ctx.client.clone(),
         pod.metadata.namespace.as_deref().unwrap_or_default(),
     );
     let patch = json!({"status": {"conditions": [{
@@ -194,7 +211,7 @@ pub async fn set_pod_condition(
         "message": condition.message,
         "lastTransitionTime": transition,
     }]}});
-    api.patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
+    api.patch_status(&name, &params(ctx), &Patch::Strategic(&patch))
         .await?;
     Ok(true)
 }
