@@ -1,8 +1,10 @@
 //! The CRD manifests generated from the Rust types, as committed under `crds/`.
 //!
-//! [`formats`]: the schemas carry only `format`s kube-apiserver knows.
+//! [`formats`]: the schemas carry only `format`s kube-apiserver knows. [`objects`]: GpuClass
+//! objects read from a manifest (kerf-controller's default classes).
 
 pub mod formats;
+pub mod objects;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
