@@ -9,6 +9,7 @@ use clap::{ArgAction, Parser};
 use crate::claims::ClaimSettings;
 use crate::claims::ownership::OwnershipTiming;
 use crate::context::{BackoffConfig, ControllerConfig, FIELD_MANAGER};
+use crate::default_classes::DefaultClasses;
 use crate::error::{Error, Result};
 use crate::leader::LeaseConfig;
 use crate::run::Config;
@@ -143,6 +144,13 @@ pub struct Args {
     #[arg(long, env = "KERF_WEBHOOK_RENEW_BEFORE", default_value = "8h", value_parser = humantime::parse_duration)]
     pub webhook_renew_before: Duration,
 
+    /// YAML file of GpuClasses (one per document) the leader creates when they do not exist;
+    /// it never updates them, and never creates one again that it created before (an admin's
+    /// deletion sticks). Recorded in the ConfigMap kerf-default-gpu-classes-created in
+    /// --lease-namespace. Unset: no default classes.
+    #[arg(long, env = "KERF_DEFAULT_GPU_CLASSES")]
+    pub default_gpu_classes: Option<PathBuf>,
+
     /// Log format.
     #[arg(long, env = "KERF_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -263,6 +271,21 @@ impl Args {
             field_manager: FIELD_MANAGER.to_owned(),
             certificates,
         }))
+    }
+}
+
+impl Args {
+    /// The default GpuClasses read from `--default-gpu-classes`; `None` when it is not set.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Config`] naming the flag, the file and, for a bad class, the document and
+    /// field.
+    pub fn default_classes(&self) -> Result<Option<DefaultClasses>> {
+        self.default_gpu_classes
+            .as_deref()
+            .map(|path| DefaultClasses::load(path, &self.lease_namespace))
+            .transpose()
     }
 }
 

@@ -6,6 +6,7 @@
 //!   optional fields, probed once per leadership term.
 //! - [`run()`]: the process — metrics/health HTTP ([`http`]), leader election ([`leader`]) and
 //!   the controllers that run while this replica leads ([`run::controllers`]).
+//! - [`default_classes`]: the default GpuClasses the leader creates (create only).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
 //! - [`webhook`]: the mutating admission webhook that gates pods with controller claims.
 //! - [`context`]: what every reconciler gets ([`Context`]); [`cache`]: the watch-fed caches;
@@ -16,6 +17,7 @@ pub mod cache;
 pub mod capacity;
 pub mod claims;
 pub mod context;
+pub mod default_classes;
 pub mod deviceclass;
 pub mod error;
 pub mod extended_resource;

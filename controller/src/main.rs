@@ -17,6 +17,10 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     kerf_ops::logging::init(args.log_format, &args.log_filter)?;
     let webhook = args.webhook_config()?;
+    let mut controllers = kerf_controller::controllers();
+    if let Some(defaults) = args.default_classes()? {
+        controllers.push(kerf_controller::default_classes::task(defaults));
+    }
     let config = args.into_config(host_name())?;
     let client = kube::Client::try_default()
         .await
@@ -28,7 +32,8 @@ async fn main() -> anyhow::Result<()> {
         tracing::info!("shutting down");
         token.cancel();
     });
-    kerf_controller::run_with_webhook(config, webhook, client, shutdown).await?;
+    kerf_controller::run_controllers_and_webhook(config, webhook, client, shutdown, controllers)
+        .await?;
     Ok(())
 }
 
