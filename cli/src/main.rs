@@ -72,6 +72,10 @@ struct StatusArgs {
     /// compact document per line.
     #[arg(short, long)]
     watch: bool,
+    /// Read ResourceSlices and ResourceClaims from these YAML files instead of a cluster
+    /// (e.g. `kerf demo`'s claims.yaml and `kerf inventory`'s output); repeatable.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["watch", "kubeconfig", "context"])]
+    from: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -278,20 +282,20 @@ fn inventory(args: &InventoryArgs) -> anyhow::Result<()> {
 }
 
 fn run_status(args: &StatusArgs) -> anyhow::Result<()> {
+    let driver = args.driver_name.as_str();
+    if !args.from.is_empty() {
+        let status = status::Status::new(&status::files::read(&args.from)?, driver);
+        return print_status(&status, args.output);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let client = status_client(args).await?;
-        let driver = args.driver_name.as_str();
         if !args.watch {
             let status = status::Status::new(&status::fetch(&client, driver).await?, driver);
-            match args.output {
-                StatusOutput::Table => print!("{}", status::table(&status)),
-                StatusOutput::Json => println!("{}", status::json(&status)?),
-            }
-            return Ok(());
+            return print_status(&status, args.output);
         }
         let ctrl_c = async {
             // Without a SIGINT handler the default action (exit) is just as clean.
@@ -314,6 +318,14 @@ fn run_status(args: &StatusArgs) -> anyhow::Result<()> {
         )
         .await
     })
+}
+
+fn print_status(status: &status::Status, output: StatusOutput) -> anyhow::Result<()> {
+    match output {
+        StatusOutput::Table => print!("{}", status::table(status)),
+        StatusOutput::Json => println!("{}", status::json(status)?),
+    }
+    Ok(())
 }
 
 /// A client from `--kubeconfig`/`--context` when given, else kube's default (KUBECONFIG,

@@ -366,3 +366,44 @@ async fn watch_renders_again_after_a_change_and_stops_on_shutdown() {
         "no render after the last change"
     );
 }
+
+#[tokio::test]
+async fn saved_yaml_gives_the_same_status_as_the_cluster() {
+    let api = fixture();
+    let snapshot = status::fetch(&api.client(), DRIVER).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let slices_file = dir.path().join("slices.yaml");
+    let mut yaml = String::new();
+    for slice in &snapshot.slices {
+        yaml.push_str("---\n");
+        yaml.push_str(&serde_saphyr::to_string(slice).unwrap());
+    }
+    std::fs::write(&slices_file, yaml).unwrap();
+    // As `kubectl get resourceclaims -A -o yaml` saves them, next to a kind that is skipped.
+    let claims_file = dir.path().join("claims.yaml");
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": snapshot.claims});
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}});
+    std::fs::write(
+        &claims_file,
+        format!(
+            "{}---\n{}",
+            serde_saphyr::to_string(&list).unwrap(),
+            serde_saphyr::to_string(&pod).unwrap()
+        ),
+    )
+    .unwrap();
+    let from_files = status::files::read(&[&slices_file, &claims_file]).unwrap();
+    assert_eq!(from_files.claims.len(), snapshot.claims.len());
+    assert_eq!(
+        status::Status::new(&from_files, DRIVER),
+        status::Status::new(&snapshot, DRIVER)
+    );
+
+    std::fs::write(
+        &claims_file,
+        "kind: ResourceClaim\nmetadata: {name: bad}\nspec: 3\n",
+    )
+    .unwrap();
+    let err = format!("{:#}", status::files::read(&[&claims_file]).unwrap_err());
+    assert!(err.contains("ResourceClaim \"bad\""), "{err}");
+}

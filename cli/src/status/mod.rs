@@ -2,7 +2,7 @@
 //! ResourceClaims allocated on them — what an admin would otherwise script with kubectl and
 //! jq.
 //!
-//! [`fetch`] lists both kinds once; [`watch`] keeps them with watches and hands each changed
+//! [`fetch`] lists both kinds once; [`files::read`] reads them from saved YAML instead; [`watch`] keeps them with watches and hands each changed
 //! [`Status`] to a callback. Neither needs a kubeconfig: they take a `kube::Client`, which the
 //! tests get from the fake API server.
 //!
@@ -44,6 +44,7 @@
 //! }
 //! ```
 
+pub mod files;
 pub mod model;
 mod render;
 
