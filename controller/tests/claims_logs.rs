@@ -1,0 +1,426 @@
+//! What kerf-controller leaves in `managedFields` and in its logs, against the in-memory API
+//! server: every write names the field manager `kerf-controller`, and the conflicts and
+//! NotFounds of optimistic concurrency are counted, not warned about, unless one object keeps
+//! failing.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "helpers outside #[test] functions fail the test the same way"
+)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kerf_api::ownership;
+use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
+use kerf_api::{GpuClass, GpuClassSpec, Slicing};
+use kerf_controller::cache::Caches;
+use kerf_controller::claims;
+use kerf_controller::context::KEEPS_FAILING_AFTER;
+use kerf_controller::{
+    BackoffConfig, Config, Context, ControllerConfig, Metrics, controllers, run_controllers,
+};
+use kerf_tests::fake_api::FakeApi;
+use kerf_tests::logs::CapturedLogs;
+use kube::api::ObjectMeta;
+use prometheus_client::registry::Registry;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const DRIVER: &str = "gpu.kerf.dev";
+const NODES: [&str; 2] = ["node-0", "node-1"];
+const SLICES: &str = "slices";
+const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
+const PODS: &str = "/api/v1/namespaces/default/pods";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+const DEADLINE: Duration = Duration::from_secs(20);
+
+// ---- fixtures ----
+
+fn nodes_with_gpus(fake: &FakeApi) {
+    let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
+    for node in NODES {
+        fake.insert(json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }));
+        let specs = kerf_api::resource_slices(&inventory, DRIVER, node).unwrap();
+        for (i, spec) in specs.into_iter().enumerate() {
+            fake.insert_resource(&ResourceSlice {
+                metadata: ObjectMeta {
+                    name: Some(kerf_api::slice_name(node, DRIVER, i)),
+                    ..ObjectMeta::default()
+                },
+                spec,
+            });
+        }
+    }
+}
+
+/// A BinPack controller class of 1Gi slices.
+fn slices_class() -> GpuClass {
+    let mut class = GpuClass::new(
+        SLICES,
+        GpuClassSpec {
+            allocator: Allocator::Controller,
+            selector: GpuSelector {
+                product_names: vec!["NVIDIA H100 80GB HBM3".to_owned()],
+                ..GpuSelector::default()
+            },
+            slicing: Some(Slicing {
+                memory_granularity: Quantity("1Gi".to_owned()),
+                max_slices_per_gpu: Some(7),
+                default_compute: None,
+            }),
+            placement: Some(Placement {
+                policy: PlacementPolicy::BinPack,
+            }),
+            sharing: None,
+            extended_resource_name: None,
+        },
+    );
+    class.metadata.uid = Some(format!("uid-{SLICES}"));
+    class
+}
+
+fn claim(fake: &FakeApi, name: &str, memory: &str) {
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": SLICES, "count": 1, "allocationMode": "ExactCount"}}],
+            "config": [{"opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.kerf.dev/v1alpha1",
+                "kind": "GpuClaimParameters",
+                "memory": memory,
+                "compute": 10,
+            }}}],
+        }},
+    }));
+}
+
+/// An unscheduled pod using `claim`, behind kerf's scheduling gate.
+fn pod(fake: &FakeApi, name: &str, claim: &str) {
+    fake.insert(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox"}],
+            "resourceClaims": [{"name": "c0", "resourceClaimName": claim}],
+            "schedulingGates": [{"name": kerf_api::controller_claims::SCHEDULING_GATE}],
+        },
+        "status": {"phase": "Pending"},
+    }));
+}
+
+/// What each node's kubelet plugin does with the ownership record kerf-controller writes on
+/// its Node (`kubelet-plugin/src/publish.rs`): publish every device with the `allocator`
+/// attribute the record names — the controller only allocates devices published as its own.
+/// Polls instead of watching, as `controller/tests/claims.rs` does.
+async fn mirror_ownership_records(fake: FakeApi, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        for node in fake.list_resources::<Node>(None) {
+            let record = ownership::Record::from_annotations(node.metadata.annotations.as_ref())
+                .expect("the controller writes valid records");
+            let name = node.metadata.name.clone().unwrap_or_default();
+            for slice in fake.list_resources::<ResourceSlice>(None) {
+                if slice.spec.node_name.as_deref() != Some(name.as_str()) {
+                    continue;
+                }
+                let mut updated = slice.clone();
+                ownership::publish_owners(std::slice::from_mut(&mut updated.spec), &record);
+                if updated.spec != slice.spec {
+                    fake.insert_resource(&updated);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn settings() -> claims::ClaimSettings {
+    claims::ClaimSettings {
+        unplaceable_retry: Duration::from_millis(100),
+        pending_retry: Duration::from_millis(50),
+        ownership: claims::ownership::OwnershipTiming {
+            settle: Duration::from_millis(50),
+            linger: Duration::from_secs(1),
+        },
+        ownership_tick: Duration::from_millis(20),
+        ..claims::ClaimSettings::default()
+    }
+}
+
+fn config() -> ControllerConfig {
+    ControllerConfig {
+        backoff: BackoffConfig {
+            base: Duration::from_millis(10),
+            max: Duration::from_millis(100),
+        },
+        claims: settings(),
+        ..ControllerConfig::new(DRIVER)
+    }
+}
+
+/// Polls `check` until it returns `Some`, failing the test after [`DEADLINE`].
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn allocated(fake: &FakeApi, name: &str) -> Option<Value> {
+    fake.get(&format!("{CLAIMS}/{name}")).filter(|c| {
+        c.pointer("/status/allocation")
+            .is_some_and(|a| !a.is_null())
+    })
+}
+
+// ---- field managers ----
+
+/// The `fieldManager` query parameter of a request, if any.
+fn field_manager(query: &str) -> Option<&str> {
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("fieldManager="))
+}
+
+#[tokio::test]
+async fn every_write_of_a_controller_run_names_the_kerf_controller_field_manager() {
+    let fake = FakeApi::new();
+    nodes_with_gpus(&fake);
+    fake.insert_resource(&slices_class());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
+    let run = tokio::spawn(run_controllers(
+        Config {
+            controller: config(),
+            leader_election: None,
+            metrics_address: None,
+        },
+        fake.client(),
+        shutdown.clone(),
+        controllers(),
+    ));
+
+    // Claims come after their class, as in a cluster: a claim's class decides whose it is.
+    eventually("the DeviceClass applied", || async {
+        (!fake.list_resources::<DeviceClass>(None).is_empty()).then_some(())
+    })
+    .await;
+    claim(&fake, "fits", "10Gi");
+    pod(&fake, "p", "fits");
+    claim(&fake, "too-big", "500Gi");
+    pod(&fake, "q", "too-big");
+    eventually("the fitting claim allocated", || async {
+        allocated(&fake, "fits")
+    })
+    .await;
+    let written = |method: &'static str, path: String| {
+        let fake = fake.clone();
+        async move {
+            fake.requests()
+                .iter()
+                .any(|r| r.matches(method, &path))
+                .then_some(())
+        }
+    };
+    eventually("the gate removed", || written("PATCH", format!("{PODS}/p"))).await;
+    eventually("the Unplaceable condition", || {
+        written("PATCH", format!("{PODS}/q/status"))
+    })
+    .await;
+    eventually("an Event created", || written("POST", EVENTS.to_owned())).await;
+    eventually("a repeated Event's series", || {
+        written("PATCH", EVENTS.to_owned())
+    })
+    .await;
+    eventually("the GpuClass status", || {
+        written(
+            "PATCH",
+            format!("/apis/gpu.kerf.dev/v1alpha1/gpuclasses/{SLICES}/status"),
+        )
+    })
+    .await;
+    // Deallocation: the pod goes, the claim's allocation and finalizer follow.
+    fake.remove(&format!("{PODS}/p"));
+    eventually("the claim deallocated", || async {
+        let claim = fake.get(&format!("{CLAIMS}/fits"))?;
+        claim["metadata"]["finalizers"]
+            .as_array()
+            .is_none_or(Vec::is_empty)
+            .then_some(())
+    })
+    .await;
+    shutdown.cancel();
+    tokio::time::timeout(DEADLINE, run)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    let writes: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| matches!(r.verb, "create" | "update" | "patch"))
+        .collect();
+    for kind in [
+        "/resourceclaims/fits",
+        "/resourceclaims/fits/status",
+        "/deviceclasses/",
+        "/events",
+    ] {
+        assert!(
+            writes.iter().any(|r| r.path.contains(kind)),
+            "no write of {kind}: {writes:#?}"
+        );
+    }
+    let unnamed: Vec<_> = writes
+        .iter()
+        .filter(|r| field_manager(&r.query) != Some("kerf-controller"))
+        .collect();
+    assert!(
+        unnamed.is_empty(),
+        "writes without fieldManager=kerf-controller: {unnamed:#?}"
+    );
+}
+
+// ---- logs and metrics of failed reconciles ----
+
+/// The claim controller on its own context, whose metrics and back-off the test reads.
+struct Harness {
+    ctx: Arc<Context>,
+    registry: Registry,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<kerf_controller::Result<()>>,
+}
+
+impl Harness {
+    async fn start(fake: &FakeApi) -> Self {
+        let dc =
+            kerf_controller::deviceclass::device_class(&slices_class(), DRIVER, "kerf-controller")
+                .unwrap();
+        fake.insert_resource::<DeviceClass>(&dc);
+        let client = fake.client();
+        let (caches, fill) = Caches::start(&client, DRIVER);
+        tokio::spawn(fill);
+        caches.wait_ready().await.unwrap();
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let ctx = Arc::new(Context::new(client, config(), metrics, caches));
+        let shutdown = CancellationToken::new();
+        tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
+        let task = tokio::spawn(claims::run(Arc::clone(&ctx), shutdown.clone(), settings()));
+        Self {
+            ctx,
+            registry,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Failed reconciles of the claim controller with `reason`.
+    fn errors(&self, reason: &str) -> u64 {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        let series = format!(
+            r#"kerf_controller_reconcile_total{{controller="resourceclaim",result="error",reason="{reason}"}} "#
+        );
+        text.lines()
+            .find_map(|line| line.strip_prefix(series.as_str()))
+            .map_or(0, |n| n.parse().unwrap())
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(DEADLINE, self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_conflict_and_a_not_found_under_a_reconcile_are_counted_without_a_warning() {
+    let logs = CapturedLogs::default();
+    let _guard = logs.capture(tracing::Level::WARN);
+    let fake = FakeApi::new();
+    nodes_with_gpus(&fake);
+    claim(&fake, "c", "10Gi");
+    pod(&fake, "p", "c");
+    // The first two writes of the claim (marking it for allocation) fail as if it had
+    // changed, then as if it had been deleted, under the reconcile.
+    fake.fail_next("PATCH", &format!("{CLAIMS}/c"), 409, 1);
+    fake.fail_next("PATCH", &format!("{CLAIMS}/c"), 404, 1);
+    let harness = Harness::start(&fake).await;
+
+    eventually("the claim allocated", || async { allocated(&fake, "c") }).await;
+    assert_eq!(harness.errors("kube_conflict"), 1);
+    assert_eq!(harness.errors("kube_not_found"), 1);
+    assert_eq!(harness.ctx.backoff.failures("resourceclaim/default/c"), 0);
+    harness.stop().await;
+    assert_eq!(
+        logs.count("WARN"),
+        0,
+        "{:#?}",
+        logs.lines_containing("WARN")
+    );
+}
+
+#[tokio::test]
+async fn a_claim_that_keeps_failing_warns_once_past_the_threshold() {
+    let logs = CapturedLogs::default();
+    let _guard = logs.capture(tracing::Level::WARN);
+    let fake = FakeApi::new();
+    nodes_with_gpus(&fake);
+    claim(&fake, "c", "10Gi");
+    pod(&fake, "p", "c");
+    let failures = usize::try_from(KEEPS_FAILING_AFTER).unwrap() + 2;
+    fake.fail_next("PATCH", &format!("{CLAIMS}/c"), 409, failures);
+    let harness = Harness::start(&fake).await;
+
+    eventually("the claim allocated", || async { allocated(&fake, "c") }).await;
+    assert_eq!(
+        harness.errors("kube_conflict"),
+        u64::try_from(failures).unwrap()
+    );
+    let warnings = logs.lines_containing("WARN");
+    assert_eq!(
+        logs.count("reconcile keeps failing"),
+        1,
+        "one warning at the threshold: {warnings:#?}"
+    );
+    assert!(
+        warnings[0].contains("resourceclaim/default/c") && warnings[0].contains("kube_conflict"),
+        "{warnings:#?}"
+    );
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert_eq!(
+        harness.ctx.backoff.failures("resourceclaim/default/c"),
+        0,
+        "success resets the count"
+    );
+    harness.stop().await;
+}
