@@ -468,6 +468,8 @@ fn print_summary(summary: &demo::Summary, run_containers: bool) {
     } else {
         ""
     };
+    println!();
+    print!("{}", report::render_health(summary));
     println!(
         "\nall claims unprepared, {daemons}plugin stopped, sockets removed. Summary: {}",
         summary.output_dir.join("summary.json").display()
