@@ -32,7 +32,7 @@ fn workload(requests: &[Vec<String>]) -> ClaimWorkload<'_> {
         driver: DRIVER,
         pool: NODE,
         requests,
-        metadata_dir: Path::new("/var/run/cdi/kerf-device-metadata"),
+        metadata_dir: Path::new("/var/lib/kubelet/plugins/gpu.kerf.dev/dra-device-metadata"),
     }
 }
 
@@ -194,7 +194,7 @@ fn a_device_of_two_requests_mounts_both_files_read_only() {
     let reqs = requests(&[&["x", "y"]]);
     let spec = generate("c", &devices, &reqs).unwrap().spec;
     let mounts = mounts_of(&spec, 0);
-    let host = format!("/var/run/cdi/kerf-device-metadata/{UID_DIGIT}");
+    let host = format!("/var/lib/kubelet/plugins/gpu.kerf.dev/dra-device-metadata/{UID_DIGIT}");
     let got: Vec<(&str, &str)> = mounts
         .iter()
         .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
@@ -351,7 +351,7 @@ fn metadata_files_follow_the_kep_5304_schema() {
 #[test]
 fn metadata_files_are_written_removed_and_orphans_cleaned() {
     let root = tempfile::tempdir().unwrap();
-    let dir = root.path().join("kerf-device-metadata");
+    let dir = root.path().join("dra-device-metadata");
     let devices = [whole_gpu(0)];
     let reqs = requests(&[&["gpu"]]);
     let claim = |uid| ClaimSpec {

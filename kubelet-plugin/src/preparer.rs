@@ -20,7 +20,7 @@
 //! asked) so that metrics get their reason label; the gRPC layer makes them the per-claim
 //! message.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -89,13 +89,6 @@ impl PreparerConfig {
     /// The CDI kind kerf uses for a driver name.
     pub fn cdi_kind_for(driver_name: &str) -> String {
         format!("k8s.{driver_name}/gpu")
-    }
-
-    /// The host directory of the claims' device metadata files: a subdirectory of the CDI
-    /// directory, which CDI loaders skip, transient like the specs and already shared with
-    /// the container runtime (see [`kerf_core::cdi::METADATA_HOST_SUBDIR`]).
-    pub fn metadata_dir(&self) -> PathBuf {
-        self.cdi_dir.join(cdi::METADATA_HOST_SUBDIR)
     }
 }
 
@@ -318,7 +311,7 @@ impl Preparer {
             .read(|cp| cp.claims.keys().cloned().collect());
         let dir = self.config.cdi_dir.clone();
         let kind = self.config.cdi_kind.clone();
-        let metadata_dir = self.config.metadata_dir();
+        let metadata_dir = self.metadata_dir();
         let (removed, metadata_removed) = blocking("the CDI spec clean-up task", move || {
             let specs = cdi::remove_orphan_specs(&dir, &kind, &owned)?;
             let metadata = cdi::remove_orphan_metadata(&metadata_dir, &owned)?;
@@ -540,7 +533,7 @@ impl Preparer {
             })
             .collect();
         let requests: Vec<Vec<String>> = devices.iter().map(|d| d.request_names.clone()).collect();
-        let metadata_dir = self.config.metadata_dir();
+        let metadata_dir = self.metadata_dir();
         let workload = cdi::ClaimWorkload {
             driver: &self.config.driver_name,
             pool: &self.config.node_name,
@@ -569,12 +562,23 @@ impl Preparer {
     async fn remove_cdi_spec(&self, uid: &str) -> Result<()> {
         let name = cdi::transient_spec_file_name(&self.config.cdi_kind, uid)?;
         self.specs.remove(name).await?;
-        let metadata_dir = self.config.metadata_dir();
+        let metadata_dir = self.metadata_dir();
         let uid = uid.to_owned();
         blocking("the device metadata clean-up task", move || {
             cdi::remove_metadata_files(&metadata_dir, &uid).map(|_| ())
         })
         .await
+    }
+
+    /// The host directory of the claims' device metadata files: `dra-device-metadata` beside
+    /// the checkpoint (in the plugin directory, as upstream's kubelet plugin library keeps
+    /// them), a path the kubelet's host and the plugin's container share.
+    fn metadata_dir(&self) -> PathBuf {
+        self.checkpoint
+            .path()
+            .parent()
+            .unwrap_or_else(|| Path::new("."))
+            .join(cdi::METADATA_HOST_SUBDIR)
     }
 
     fn update_prepared_gauge(&self) {

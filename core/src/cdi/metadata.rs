@@ -27,10 +27,11 @@
 //!
 //! # Host side
 //!
-//! The files live in a subdirectory of the CDI spec directory, which CDI loaders never read
-//! (`tags.cncf.io/container-device-interface` `pkg/cdi/spec-dirs.go` `scanSpecDirs` skips
-//! subdirectories): `<cdi dir>/kerf-device-metadata/<claim uid>/`. They are transient like
-//! the specs (rebuilt from the checkpoint at start-up) and need no fsync of their own.
+//! The files live in a subdirectory of the plugin's data directory, as upstream's kubelet
+//! plugin library keeps them (`kubeletplugin/metadata.go`, `{pluginDataDir}/dra-device-metadata`):
+//! `<plugin dir>/dra-device-metadata/<claim uid>/`. Like the specs they are rebuilt from the
+//! checkpoint at start-up (files of claims no entry owns are removed then) and need no fsync
+//! of their own.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -51,8 +52,8 @@ pub const RESOURCE_CLAIMS_SUBDIR: &str = "resourceclaims";
 /// Where kerf's claim-wide files appear inside containers, as `<claim name>.json`.
 pub const CLAIM_FILES_CONTAINER_DIR: &str = "/var/run/kerf/claims";
 
-/// The subdirectory of the CDI spec directory holding the metadata files.
-pub const METADATA_HOST_SUBDIR: &str = "kerf-device-metadata";
+/// The subdirectory of the plugin's data directory holding the metadata files.
+pub const METADATA_HOST_SUBDIR: &str = "dra-device-metadata";
 
 /// The host file name of the claim-wide file inside a claim's directory; request files are
 /// `<request>.json`, and request names cannot contain `.`.
@@ -75,7 +76,7 @@ pub struct ClaimWorkload<'a> {
     /// The requests each device serves, index-aligned with [`ClaimSpec::devices`]: top-level
     /// request names, as the kubelet matches containers to devices.
     pub requests: &'a [Vec<String>],
-    /// The node's metadata directory on the host, `<cdi dir>/kerf-device-metadata`.
+    /// The node's metadata directory on the host, `<plugin dir>/dra-device-metadata`.
     pub metadata_dir: &'a Path,
 }
 

@@ -1,0 +1,173 @@
+//! Names a workload can use, end to end through the plugin: the per-request variables and
+//! the read-only mounts of the claim's KEP-5304 metadata files in the CDI spec the plugin
+//! writes, the files' JSON on the host, their removal at unprepare and their restoration at
+//! start-up (after a reboot emptied the CDI directory).
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test code: a failed unwrap is a failed test"
+)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{DRIVER, GIB, NAMESPACE, NODE, TestNode, uid};
+use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
+use serde_json::Value;
+
+const KEP_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims";
+
+/// Every env entry of the spec (spec-wide and per device), as a map.
+fn spec_env(spec: &Value) -> BTreeMap<String, String> {
+    std::iter::once(&spec["containerEdits"])
+        .chain(
+            spec["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| &d["containerEdits"]),
+        )
+        .flat_map(|e| e["env"].as_array().cloned().unwrap_or_default())
+        .map(|v| {
+            let (k, v) = v.as_str().unwrap().split_once('=').unwrap();
+            (k.to_owned(), v.to_owned())
+        })
+        .collect()
+}
+
+/// The device mounts of the spec: container path → (host path, options).
+fn device_mounts(spec: &Value) -> BTreeMap<String, (PathBuf, Vec<String>)> {
+    spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|d| {
+            d["containerEdits"]["mounts"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|m| {
+            let options = m["options"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o.as_str().unwrap().to_owned())
+                .collect();
+            (
+                m["containerPath"].as_str().unwrap().to_owned(),
+                (PathBuf::from(m["hostPath"].as_str().unwrap()), options),
+            )
+        })
+        .collect()
+}
+
+fn read_json(path: &PathBuf) -> Value {
+    serde_json::from_slice(
+        &std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_spec_carries_request_env_and_metadata_mounts_removed_at_unprepare_restored_at_start() {
+    let node = TestNode::new("a100-40gb-mig");
+    let (whole_minor, _, _) = node.whole_gpu_and_mig();
+    let slice_minor = node
+        .inventory()
+        .gpus
+        .iter()
+        .find(|g| !g.mig_enabled && g.minor != whole_minor)
+        .unwrap()
+        .minor;
+    let whole = node.device_claim("whole-one", &uid(1), &format!("gpu-{whole_minor}"));
+    let slice = node.slice_claim("small", &uid(2), slice_minor, 10 * GIB, 25);
+    let mut plugin = node.start_plugin().await;
+    let kubelet = FakeKubelet::start(node.kubelet_config());
+    kubelet
+        .wait_for_registration(1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let pod = Pod::new("pod-1")
+        .with_claim(DRIVER, whole.clone())
+        .with_claim(DRIVER, slice.clone());
+    kubelet.prepare_pod(&pod).await.unwrap();
+
+    let whole_spec = node.cdi_spec(&uid(1));
+    let env = spec_env(&whole_spec);
+    let whole_uuid = node
+        .inventory()
+        .gpu_by_minor(whole_minor)
+        .unwrap()
+        .uuid
+        .clone();
+    // Both claims name their request "gpu": the claim-named variables tell them apart.
+    assert_eq!(env["KERF_GPU_UUIDS"], whole_uuid);
+    assert_eq!(env["KERF_WHOLE_ONE_GPU_UUIDS"], whole_uuid);
+    assert_eq!(env["KERF_GPU_COUNT"], "1");
+    let slice_env = spec_env(&node.cdi_spec(&uid(2)));
+    assert_eq!(
+        slice_env["KERF_SMALL_GPU_MEMORY_BYTES"],
+        (10 * GIB).to_string()
+    );
+    assert_eq!(slice_env["KERF_SMALL_GPU_COMPUTE_PERCENT"], "25");
+
+    let mounts = device_mounts(&whole_spec);
+    let kep_path = format!("{KEP_DIR}/whole-one/gpu/{DRIVER}-metadata.json");
+    let claim_path = "/var/run/kerf/claims/whole-one.json".to_owned();
+    assert_eq!(
+        mounts.keys().collect::<Vec<_>>(),
+        [&claim_path, &kep_path],
+        "{mounts:?}"
+    );
+    let (kep_host, options) = &mounts[&kep_path];
+    assert!(options.contains(&"ro".to_owned()), "{options:?}");
+    assert!(
+        kep_host.starts_with(node.plugin_dir()),
+        "{}",
+        kep_host.display()
+    );
+    let metadata = read_json(kep_host);
+    assert_eq!(metadata["kind"], "DeviceMetadata");
+    assert_eq!(metadata["apiVersion"], "metadata.resource.k8s.io/v1alpha1");
+    assert_eq!(metadata["metadata"]["name"], "whole-one");
+    assert_eq!(metadata["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(metadata["metadata"]["uid"], uid(1));
+    let device = &metadata["requests"][0]["devices"][0];
+    assert_eq!(metadata["requests"][0]["name"], "gpu");
+    assert_eq!(device["driver"], DRIVER);
+    assert_eq!(device["pool"], NODE);
+    assert_eq!(device["name"], format!("gpu-{whole_minor}"));
+    assert_eq!(device["attributes"]["uuid"]["string"], whole_uuid.as_str());
+    let claim_file = &mounts[&claim_path].0;
+    assert_eq!(read_json(claim_file)["requests"], metadata["requests"]);
+
+    // A reboot empties the CDI directory (a tmpfs) and the files may be gone too; start-up
+    // rebuilds specs and files, and drops the files of a claim no checkpoint entry owns.
+    plugin.shutdown().await.unwrap();
+    let metadata_dir = node.plugin_dir().join("dra-device-metadata");
+    std::fs::remove_dir_all(node.cdi_dir()).unwrap();
+    std::fs::remove_dir_all(&metadata_dir).unwrap();
+    let orphan = metadata_dir.join(uid(9));
+    std::fs::create_dir_all(&orphan).unwrap();
+    plugin = node.start_plugin().await;
+    assert_eq!(node.cdi_spec(&uid(1)), whole_spec);
+    assert_eq!(read_json(kep_host), metadata);
+    assert!(!orphan.exists(), "orphan metadata removed at start-up");
+
+    kubelet.unprepare_pod(&pod).await.unwrap();
+    assert!(!kep_host.exists(), "{}", kep_host.display());
+    assert!(!claim_file.exists());
+    assert!(!metadata_dir.join(uid(2)).exists());
+    assert!(
+        !metadata_dir.join(uid(1)).exists(),
+        "{}",
+        metadata_dir.display()
+    );
+    plugin.shutdown().await.unwrap();
+}
