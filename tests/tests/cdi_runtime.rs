@@ -419,3 +419,83 @@ fn the_report_parser_reads_every_section() {
     report.assert_char_device("/dev/nvidia0");
     assert_eq!(report.files["/usr/bin/nvidia-smi"].0, "readonly");
 }
+
+/// The per-request variables and the claim's metadata files, seen from inside a container
+/// given one claim: `KERF_GPU_*` and `KERF_<CLAIM>_GPU_*`, the KEP-5304 file of the request
+/// and kerf's claim-wide file, both read-only and holding the claim's `DeviceMetadata`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_env_and_metadata_files_in_a_real_container() {
+    let Some(prepared) = prepare("request_env_and_metadata_files_in_a_real_container").await else {
+        return;
+    };
+    let (claim, minor) = prepared.slice.clone();
+    let kep = format!(
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/{}/gpu/{}-metadata.json",
+        claim.name,
+        common::DRIVER
+    );
+    let kerf = format!("/var/run/kerf/claims/{}.json", claim.name);
+    let script = format!(
+        r#"env | grep '^KERF_' | sort
+for f in {kep} {kerf}; do
+  if touch "$f" 2>/dev/null; then echo "== $f writable"; else echo "== $f readonly"; fi
+  tr -d '\n ' < "$f"; echo
+done
+"#
+    );
+    let podman = prepared.podman.clone();
+    let cdi_dir = prepared.node.cdi_dir();
+    let rootfs = prepared.node.root.join("rootfs");
+    let ids = prepared.ids(&claim);
+    let output = tokio::task::spawn_blocking(move || {
+        podman.run(&ContainerRun {
+            cdi_dir: &cdi_dir,
+            devices: &ids,
+            rootfs: &rootfs,
+            script: &script,
+            timeout: Duration::from_secs(30),
+        })
+    })
+    .await
+    .unwrap()
+    .unwrap_or_else(|e| panic!("{e}"));
+    let uuid = prepared
+        .node
+        .inventory()
+        .gpu_by_minor(minor)
+        .unwrap()
+        .uuid
+        .clone();
+    let claim_key = kerf_core::cdi::workload_env_name(&claim.name);
+    for line in [
+        format!("KERF_GPU_UUIDS={uuid}"),
+        "KERF_GPU_COUNT=1".to_owned(),
+        format!("KERF_GPU_MEMORY_BYTES={}", 10 * GIB),
+        "KERF_GPU_COMPUTE_PERCENT=25".to_owned(),
+        format!("KERF_{claim_key}_GPU_UUIDS={uuid}"),
+    ] {
+        assert!(
+            output.lines().any(|l| l == line),
+            "{line} missing: {output}"
+        );
+    }
+    let mut lines = output.lines().skip_while(|l| !l.starts_with("== "));
+    for path in [&kep, &kerf] {
+        assert_eq!(
+            lines.next(),
+            Some(format!("== {path} readonly").as_str()),
+            "{output}"
+        );
+        let doc: serde_json::Value = serde_json::from_str(lines.next().unwrap())
+            .unwrap_or_else(|e| panic!("{path}: {e}: {output}"));
+        assert_eq!(doc["kind"], "DeviceMetadata", "{path}");
+        assert_eq!(doc["metadata"]["uid"], claim.uid.as_str(), "{path}");
+        assert_eq!(doc["requests"][0]["name"], "gpu", "{path}");
+        assert_eq!(
+            doc["requests"][0]["devices"][0]["attributes"]["uuid"]["string"],
+            uuid.as_str(),
+            "{path}"
+        );
+    }
+    prepared.finish().await;
+}
