@@ -436,10 +436,69 @@ mod tests {
 
         #[test]
         fn accepted_values_are_positive_and_representable(text in "[+-]?[0-9]{0,4}(\\.[0-9]{0,4})?(|Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|e[+-]?[0-9]{1,2})") {
-            if let Ok(value) = parse_bytes(&text) {
+            let parsed = parse_bytes(&text);
+            // Checked against the oracle first: a parser that rejected everything would
+            // otherwise pass the range checks below vacuously.
+            prop_assert_eq!(parsed.as_ref().ok().copied(), expected_bytes(&text), "{}", text);
+            if let Ok(value) = parsed {
                 prop_assert!((1..=MAX_BYTES).contains(&value));
                 prop_assert!(!text.starts_with('-'));
             }
         }
+    }
+
+    /// An independent reading of the grammar `accepted_values_are_positive_and_representable`
+    /// generates, as an exact fraction: the bytes a valid quantity denotes, or `None`.
+    fn expected_bytes(text: &str) -> Option<u64> {
+        let (negative, rest) = match text.strip_prefix('-') {
+            Some(rest) => (true, rest),
+            None => (false, text.strip_prefix('+').unwrap_or(text)),
+        };
+        let end = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (number, suffix) = rest.split_at(end);
+        let (integer, fraction) = number.split_once('.').unwrap_or((number, ""));
+        if integer.is_empty() && fraction.is_empty() {
+            return None;
+        }
+        let pow10 = |n: u32| 10u128.checked_pow(n);
+        let frac_len = u32::try_from(fraction.len()).ok()?;
+        let mut numerator = format!("0{integer}{fraction}").parse::<u128>().ok()?;
+        let mut denominator = pow10(frac_len)?;
+        if numerator == 0 || negative {
+            return None;
+        }
+        let (exp10, exp2): (i32, u32) = match suffix {
+            "" => (0, 0),
+            "m" => (-3, 0),
+            "k" => (3, 0),
+            "M" => (6, 0),
+            "G" => (9, 0),
+            "T" => (12, 0),
+            "P" => (15, 0),
+            "E" => (18, 0),
+            "Ki" => (0, 10),
+            "Mi" => (0, 20),
+            "Gi" => (0, 30),
+            "Ti" => (0, 40),
+            "Pi" => (0, 50),
+            "Ei" => (0, 60),
+            exponent => (exponent.strip_prefix('e')?.parse().ok()?, 0),
+        };
+        numerator = numerator.checked_shl(exp2)?;
+        // Overflowing u128 with at most 4 fraction digits means far beyond MAX_BYTES; a
+        // divisor beyond u128 leaves a fraction of a byte: both are rejections.
+        if exp10 >= 0 {
+            numerator = numerator.checked_mul(pow10(exp10.unsigned_abs())?)?;
+        } else {
+            denominator = denominator.checked_mul(pow10(exp10.unsigned_abs())?)?;
+        }
+        if numerator % denominator != 0 {
+            return None;
+        }
+        u64::try_from(numerator / denominator)
+            .ok()
+            .filter(|b| *b <= MAX_BYTES)
     }
 }
