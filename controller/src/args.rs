@@ -197,6 +197,7 @@ impl Args {
                 lease_duration: self.lease_duration,
                 renew_deadline: self.lease_renew_deadline,
                 retry_period: self.lease_retry_period,
+                field_manager: FIELD_MANAGER.to_owned(),
             };
             lease.validate()?;
             Some(lease)

@@ -40,6 +40,8 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
     /// How often the leader renews and checks the Lease. Whole seconds, at least 1.
     pub retry_period: Duration,
+    /// The program's field manager; the Lease is written as `<field_manager>-<identity>`.
+    pub field_manager: String,
 }
 
 impl LeaseConfig {
@@ -56,6 +58,7 @@ impl LeaseConfig {
             lease_duration: Duration::from_secs(15),
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
+            field_manager: FIELD_MANAGER.to_owned(),
         }
     }
 
@@ -90,27 +93,39 @@ impl LeaseConfig {
         Ok(())
     }
 
-    /// The lease manager's parameters. Its field manager is kerf-controller's, per replica
-    /// (`kerf-controller-<identity>`): kube-lease-manager takes an orphaned Lease with a
+    /// The lease manager's parameters. Its field manager is the program's, per replica
+    /// (`<field_manager>-<identity>`): kube-lease-manager takes an orphaned Lease with a
     /// server-side apply that must conflict with another replica's (`LeaseState::lock` in
-    /// kube-lease-manager's `state.rs`), which needs one manager per identity — its default,
+    /// kube-lease-manager's `state.rs`; `LeaseState::patch` names `params.field_manager()`), which needs one manager per identity — its default,
     /// `kube-lease-manager-<identity>`, would not say which program holds the Lease.
     fn params(&self) -> LeaseParams {
         let duration = self.lease_duration.as_secs();
         let grace = duration - self.retry_period.as_secs();
         LeaseParams::new(self.identity.clone(), duration, grace)
-            .with_field_manager(format!("{FIELD_MANAGER}-{}", self.identity))
+            .with_field_manager(format!("{}-{}", self.field_manager, self.identity))
     }
 }
 
 /// One replica's participation in the election.
-#[derive(Debug)]
 pub struct LeaderElector {
     config: LeaseConfig,
+    client: Client,
     api: Api<Lease>,
-    leading: watch::Receiver<bool>,
-    task: JoinHandle<kube_lease_manager::Result<LeaseManager>>,
+    leading: Watching,
+    task: Task,
 }
+
+impl std::fmt::Debug for LeaderElector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderElector")
+            .field("config", &self.config)
+            .field("leading", &*self.leading.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+type Watching = watch::Receiver<bool>;
+type Task = JoinHandle<kube_lease_manager::Result<LeaseManager>>;
 
 impl LeaderElector {
     /// Creates the Lease if it does not exist and starts competing for it in the background.
@@ -121,6 +136,17 @@ impl LeaderElector {
     /// read or created.
     pub async fn start(client: Client, config: LeaseConfig) -> Result<Self> {
         config.validate()?;
+        let (leading, task) = Self::compete(&client, &config).await?;
+        Ok(Self {
+            api: Api::namespaced(client.clone(), &config.namespace),
+            client,
+            config,
+            leading,
+            task,
+        })
+    }
+
+    async fn compete(client: &Client, config: &LeaseConfig) -> Result<(Watching, Task)> {
         let manager = LeaseManager::new(
             client.clone(),
             config.name.clone(),
@@ -129,13 +155,7 @@ impl LeaderElector {
             LeaseCreateMode::AutoCreate,
         )
         .await?;
-        let (leading, task) = manager.watch().await;
-        Ok(Self {
-            api: Api::namespaced(client, &config.namespace),
-            config,
-            leading,
-            task,
-        })
+        Ok(manager.watch().await)
     }
 
     /// Whether this replica holds the Lease, as last reported.
@@ -150,15 +170,68 @@ impl LeaderElector {
 
     /// Waits until this replica holds the Lease.
     ///
+    /// kube-lease-manager (0.13.1, `LeaseManager::watch` in `manager.rs`) retries a failed
+    /// Lease read with a back-off that doubles from 1 s to 30 s (`MAX_WATCHER_BACKOFF_TIME`)
+    /// and is only reset by a success: after an API outage of half a minute a standby (or a
+    /// restarted leader) would wait up to 30 s more before it looks at the Lease again. So the
+    /// Lease is also read here every `retry_period`, and when it has been free or expired for
+    /// longer than kube-lease-manager needs to take it (`2 × retry_period` plus its random
+    /// wait of up to 1 s), the manager is started afresh: its first step reads the Lease at
+    /// once.
+    ///
     /// # Errors
     ///
     /// [`Error::LeaderElection`] when the election task ended.
     pub async fn acquired(&mut self) -> Result<()> {
-        let acquired = self.leading.wait_for(|leading| *leading).await.is_ok();
-        if acquired {
-            Ok(())
-        } else {
-            Err(self.task_ended().await)
+        let period = self.config.retry_period;
+        let patience = period * 2 + Duration::from_secs(1);
+        let mut free_since: Option<tokio::time::Instant> = None;
+        loop {
+            let ended = tokio::select! {
+                acquired = self.leading.wait_for(|leading| *leading) => Some(acquired.is_ok()),
+                () = tokio::time::sleep(period) => None,
+            };
+            match ended {
+                Some(true) => return Ok(()),
+                Some(false) => return Err(self.task_ended().await),
+                None => {}
+            }
+            let free = match tokio::time::timeout(period, self.read_renewal()).await {
+                Ok(Ok(renewal)) => renewal.is_free(SystemTime::now()),
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, lease = %self.config.name, "cannot read the Lease");
+                    false
+                }
+                Err(_) => false,
+            };
+            if !free {
+                free_since = None;
+                continue;
+            }
+            let since = *free_since.get_or_insert_with(tokio::time::Instant::now);
+            if since.elapsed() >= patience {
+                self.restart().await;
+                free_since = None;
+            }
+        }
+    }
+
+    /// Starts competing afresh; keeps the running manager when a new one cannot start.
+    async fn restart(&mut self) {
+        let period = self.config.retry_period;
+        match tokio::time::timeout(period, Self::compete(&self.client, &self.config)).await {
+            Ok(Ok((leading, task))) => {
+                tracing::info!(lease = %self.config.name, "the Lease is free but was not taken; competing for it afresh");
+                self.task.abort();
+                self.leading = leading;
+                self.task = task;
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, lease = %self.config.name, "cannot restart the election");
+            }
+            Err(_) => {
+                tracing::debug!(lease = %self.config.name, "restarting the election timed out");
+            }
         }
     }
 
@@ -183,14 +256,20 @@ impl LeaderElector {
                     }
                 }
                 () = tokio::time::sleep(wait) => {
-                    match self.read_renewal().await {
-                        Ok(Renewal::Ours(Some(renewed))) => confirmed = confirmed.max(renewed),
-                        Ok(Renewal::Ours(None)) => {}
-                        Ok(Renewal::Other(holder)) => {
+                    // Bounded: a frozen API server would hold the read past the deadline, and
+                    // the leader must stop at the deadline, not when the server answers.
+                    let read = tokio::time::timeout(self.config.retry_period, self.read_renewal());
+                    match read.await {
+                        Ok(Ok(Renewal::Ours(Some(renewed)))) => confirmed = confirmed.max(renewed),
+                        Ok(Ok(Renewal::Ours(None))) => {}
+                        Ok(Ok(Renewal::Other(holder) | Renewal::Held { holder, .. })) => {
                             return format!("the Lease is held by {holder:?}");
                         }
-                        Err(error) => {
+                        Ok(Err(error)) => {
                             tracing::warn!(%error, lease = %self.config.name, "cannot read the Lease");
+                        }
+                        Err(_) => {
+                            tracing::warn!(lease = %self.config.name, timeout = ?self.config.retry_period, "reading the Lease timed out");
                         }
                     }
                     if SystemTime::now() >= confirmed + self.config.renew_deadline {
@@ -241,7 +320,19 @@ impl LeaderElector {
             Some(holder) if holder == self.config.identity => Ok(Renewal::Ours(
                 spec.renew_time.map(|t| SystemTime::from(t.0)),
             )),
-            Some(holder) => Ok(Renewal::Other(holder)),
+            Some(holder) => {
+                let valid = spec
+                    .lease_duration_seconds
+                    .map(|s| Duration::from_secs(u64::try_from(s).unwrap_or_default()));
+                let renewed = spec.renew_time.map(|t| SystemTime::from(t.0));
+                Ok(match renewed.zip(valid) {
+                    Some((renewed, valid)) => Renewal::Held {
+                        holder,
+                        until: renewed + valid,
+                    },
+                    None => Renewal::Other(holder),
+                })
+            }
             None => Ok(Renewal::Other(String::new())),
         }
     }
@@ -258,8 +349,22 @@ fn task_failed(join: &tokio::task::JoinError) -> Error {
 enum Renewal {
     /// This replica holds it, last renewed at the time given.
     Ours(Option<SystemTime>),
-    /// Another replica (or nobody: empty) holds it.
+    /// Another replica holds it, valid until the time given.
+    Held { holder: String, until: SystemTime },
+    /// Another replica holds it without a renewal time (or nobody: empty).
     Other(String),
+}
+
+impl Renewal {
+    /// Whether this replica could take the Lease at `now`: nobody holds it, it has expired,
+    /// or it names this replica (a restarted process keeps its pod name).
+    fn is_free(&self, now: SystemTime) -> bool {
+        match self {
+            Renewal::Ours(_) => true,
+            Renewal::Held { until, .. } => *until <= now,
+            Renewal::Other(holder) => holder.is_empty(),
+        }
+    }
 }
 
 #[cfg(test)]

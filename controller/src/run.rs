@@ -211,7 +211,9 @@ async fn elect_and_lead(
     term: Term<'_>,
     shutdown: &CancellationToken,
 ) -> Result<()> {
-    let mut elector = LeaderElector::start(term.client.clone(), lease.clone()).await?;
+    let Some(mut elector) = start_elector(&term.client, lease, shutdown).await? else {
+        return Ok(());
+    };
     term.health.set_started(true);
     tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "waiting for leadership");
     tokio::select! {
@@ -240,6 +242,46 @@ async fn elect_and_lead(
             }
             elector.abandon();
             Err(Error::LeadershipLost(reason))
+        }
+    }
+}
+
+/// Joins the election, retrying every `retry_period` while the API server cannot be reached
+/// rather than failing: a replica restarted during an API outage (a leader that lost its Lease
+/// exits) would otherwise exit again and again, and the kubelet's crash-loop back-off (10 s,
+/// doubling to 5 min: kubernetes/kubernetes `pkg/kubelet/kubelet.go`, `backOffPeriod` and
+/// `MaxContainerBackOff`) would keep it down long after the server is back. `None` when
+/// `shutdown` came first.
+async fn start_elector(
+    client: &Client,
+    lease: &LeaseConfig,
+    shutdown: &CancellationToken,
+) -> Result<Option<LeaderElector>> {
+    let mut warned = false;
+    loop {
+        // Bounded: against a frozen server LeaseManager::new would wait for its answer.
+        let start = tokio::time::timeout(
+            lease.retry_period,
+            LeaderElector::start(client.clone(), lease.clone()),
+        );
+        let failure = tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            started = start => match started {
+                Ok(Ok(elector)) => return Ok(Some(elector)),
+                Ok(Err(error @ Error::Config(_))) => return Err(error),
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => format!("no answer within {:?}", lease.retry_period),
+            },
+        };
+        if warned {
+            tracing::debug!(error = %failure, "cannot join the leader election yet; retrying");
+        } else {
+            tracing::warn!(error = %failure, "cannot join the leader election yet; retrying every --lease-retry-period");
+            warned = true;
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            () = tokio::time::sleep(lease.retry_period) => {}
         }
     }
 }
