@@ -111,6 +111,7 @@ fn checkpoint_with(claims: u32) -> Checkpoint {
             .into_iter()
             .map(|d| DeviceRecord {
                 request_names: vec!["gpu".into()],
+                request_refs: vec!["gpu".into()],
                 pool_name: "node-1".into(),
                 cdi_device_ids: vec![cdi::qualified_name(
                     KIND,
@@ -130,6 +131,7 @@ fn checkpoint_with(claims: u32) -> Checkpoint {
         let entry = ClaimEntry {
             namespace: "team-a".into(),
             name: format!("claim-{c}"),
+            pod_claim_name: None,
             state: ClaimState::PrepareCompleted,
             devices,
         };

@@ -96,6 +96,13 @@ pub struct ClaimEntry {
     pub namespace: String,
     /// Name of the ResourceClaim.
     pub name: String,
+    /// For a claim made from a ResourceClaimTemplate, the name the pod gives it
+    /// (`pod.spec.resourceClaims[].name`, from the claim's `resource.kubernetes.io/pod-claim-name`
+    /// annotation): the name its device metadata paths and claim-named variables use, since
+    /// the generated claim name cannot be known in advance. `None` for a claim created directly
+    /// and in entries written before this field existed (those keep the claim name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_claim_name: Option<String>,
     /// How far preparation got.
     pub state: ClaimState,
     /// The claim's devices on this node.
@@ -130,8 +137,13 @@ impl<'de> Deserialize<'de> for ClaimState {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct DeviceRecord {
-    /// Requests of the claim this device serves.
+    /// Requests of the claim this device serves: top-level names, as the kubelet matches
+    /// containers to devices.
     pub request_names: Vec<String>,
+    /// The allocation results' full request names, `parent/sub` for a `firstAvailable`
+    /// subrequest (the device metadata files name them). Empty in entries written before this
+    /// field existed: the top-level names stand in for them.
+    pub request_refs: Vec<String>,
     /// Pool of the device (the node name).
     pub pool_name: String,
     /// Published device name within the pool, e.g. `gpu-3`.

@@ -32,6 +32,8 @@ fn workload(requests: &[Vec<String>]) -> ClaimWorkload<'_> {
         driver: DRIVER,
         pool: NODE,
         requests,
+        request_refs: &[],
+        pod_claim_name: None,
         metadata_dir: Path::new("/var/lib/kubelet/plugins/gpu.kerf.dev/dra-device-metadata"),
     }
 }
@@ -384,4 +386,228 @@ fn metadata_files_are_written_removed_and_orphans_cleaned() {
     );
     let err = cdi::write_metadata_files(&dir, "../x", &[]).unwrap_err();
     assert!(err.to_string().contains("\"../x\""), "{err}");
+}
+
+const TEMPLATE_KEP: &str = "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates";
+
+fn spec_for(
+    claim_name: &str,
+    devices: &[PreparedDevice],
+    workload: &ClaimWorkload<'_>,
+) -> kerf_core::Result<cdi::GeneratedSpec> {
+    let common = CommonEdits::nvidia(common::driver_mounts());
+    cdi::generate_for_workload(
+        &ClaimSpecRequest {
+            kind: KIND,
+            claim_uid: UID_DIGIT,
+            claim_namespace: "team-a",
+            claim_name,
+            devices,
+            common: &common,
+        },
+        &DeviceNodePolicy::mock("/dev/null"),
+        workload,
+    )
+}
+
+fn claim_files(
+    claim_name: &str,
+    devices: &[PreparedDevice],
+    workload: &ClaimWorkload<'_>,
+) -> kerf_core::Result<BTreeMap<String, Value>> {
+    let claim = ClaimSpec {
+        claim_uid: UID_DIGIT,
+        claim_namespace: "team-a",
+        claim_name,
+        devices,
+    };
+    Ok(cdi::metadata_files(&claim, workload)?
+        .into_iter()
+        .map(|f| (f.name, serde_json::from_slice(&f.contents).unwrap()))
+        .collect())
+}
+
+#[test]
+fn a_template_claim_is_found_under_its_pod_claim_name() {
+    let devices = [whole_gpu(0)];
+    let reqs = requests(&[&["gpu"]]);
+    let generated_name = "pod-1-gpus-x7k2p";
+    let template = ClaimWorkload {
+        pod_claim_name: Some("gpus"),
+        ..workload(&reqs)
+    };
+    let spec = spec_for(generated_name, &devices, &template).unwrap().spec;
+    let paths: Vec<&str> = mounts_of(&spec, 0)
+        .iter()
+        .map(|m| m.container_path.as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            format!("{TEMPLATE_KEP}/gpus/gpu/gpu.kerf.dev-metadata.json").as_str(),
+            "/var/run/kerf/claimtemplates/gpus.json",
+        ]
+    );
+    let env = container_env(&spec, &[0]);
+    assert_eq!(env["KERF_GPUS_GPU_UUIDS"], devices[0].uuid);
+    assert_eq!(env["KERF_GPU_UUIDS"], devices[0].uuid);
+    assert!(
+        !env.keys().any(|k| k.starts_with("KERF_POD_1_GPUS_X7K2P_")),
+        "the generated name is not a variable name: {env:?}"
+    );
+    // The claim-wide variable still names the claim itself.
+    assert_eq!(env["KERF_CLAIM_NAME"], generated_name);
+
+    let files = claim_files(generated_name, &devices, &template).unwrap();
+    for file in ["gpu.json", "claim.json"] {
+        assert_eq!(files[file]["podClaimName"], "gpus", "{file}");
+        assert_eq!(files[file]["metadata"]["name"], generated_name, "{file}");
+    }
+}
+
+#[test]
+fn a_direct_claim_keeps_its_claim_name_and_no_pod_claim_name() {
+    let devices = [whole_gpu(0)];
+    let reqs = requests(&[&["gpu"]]);
+    let spec = generate("shared", &devices, &reqs).unwrap().spec;
+    let paths: Vec<&str> = mounts_of(&spec, 0)
+        .iter()
+        .map(|m| m.container_path.as_str())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/shared/gpu/gpu.kerf.dev-metadata.json",
+            "/var/run/kerf/claims/shared.json",
+        ]
+    );
+    let files = claim_files("shared", &devices, &workload(&reqs)).unwrap();
+    assert!(files["gpu.json"].get("podClaimName").is_none());
+}
+
+#[test]
+fn a_direct_and_a_template_claim_of_one_name_mount_different_files() {
+    let devices = [whole_gpu(0)];
+    let reqs = requests(&[&["gpu"]]);
+    let direct = generate("gpus", &devices, &reqs).unwrap().spec;
+    let template = ClaimWorkload {
+        pod_claim_name: Some("gpus"),
+        ..workload(&reqs)
+    };
+    let generated = spec_for("pod-gpus-abcde", &devices, &template)
+        .unwrap()
+        .spec;
+    let paths = |spec: &cdi::Spec| -> Vec<String> {
+        mounts_of(spec, 0)
+            .iter()
+            .map(|m| m.container_path.clone())
+            .collect()
+    };
+    let direct_paths = paths(&direct);
+    for path in paths(&generated) {
+        assert!(!direct_paths.contains(&path), "{path} in both");
+    }
+}
+
+#[test]
+fn a_bad_pod_claim_name_is_an_error_naming_the_annotation_and_value() {
+    let devices = [whole_gpu(0)];
+    let reqs = requests(&[&["gpu"]]);
+    for bad in ["../etc", "Gpus", "a/b", ""] {
+        let template = ClaimWorkload {
+            pod_claim_name: Some(bad),
+            ..workload(&reqs)
+        };
+        let err = spec_for("c", &devices, &template).unwrap_err().to_string();
+        assert!(
+            err.contains("resource.kubernetes.io/pod-claim-name")
+                && err.contains(&format!("{bad:?}")),
+            "{err}"
+        );
+        let err = claim_files("c", &devices, &template)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("resource.kubernetes.io/pod-claim-name"),
+            "{err}"
+        );
+    }
+    let err = cdi::check_pod_claim_name("x_y").unwrap_err().to_string();
+    assert!(err.contains("\"x_y\""), "{err}");
+}
+
+#[test]
+fn a_first_available_result_is_named_in_full_under_its_parent_directory() {
+    let devices = [mig(3, 0, 30, 31), whole_gpu(1)];
+    let reqs = requests(&[&["big"], &["other"]]);
+    let refs = requests(&[&["big/mig-1g"], &["other"]]);
+    let with_refs = ClaimWorkload {
+        request_refs: &refs,
+        ..workload(&reqs)
+    };
+    let files = claim_files("train", &devices, &with_refs).unwrap();
+    assert_eq!(
+        files.keys().collect::<Vec<_>>(),
+        ["big.json", "claim.json", "other.json"],
+        "one file per top-level request"
+    );
+    assert_eq!(files["big.json"]["requests"][0]["name"], "big/mig-1g");
+    assert_eq!(files["other.json"]["requests"][0]["name"], "other");
+    let names: Vec<&str> = files["claim.json"]["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["big/mig-1g", "other"]);
+    let spec = spec_for("train", &devices, &with_refs).unwrap().spec;
+    assert_eq!(
+        mounts_of(&spec, 0)[0].container_path,
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/train/big/gpu.kerf.dev-metadata.json"
+    );
+    let env = container_env(&spec, &[0]);
+    assert_eq!(env["KERF_BIG_UUIDS"], devices[0].uuid);
+    // Without the full names (a checkpoint from before they were kept) the parent stands in.
+    let files = claim_files("train", &devices, &workload(&reqs)).unwrap();
+    assert_eq!(files["big.json"]["requests"][0]["name"], "big");
+    let per_device_fallback = requests(&[&[], &["other"]]);
+    let partial = ClaimWorkload {
+        request_refs: &per_device_fallback,
+        ..workload(&reqs)
+    };
+    let files = claim_files("train", &devices, &partial).unwrap();
+    assert_eq!(files["big.json"]["requests"][0]["name"], "big");
+}
+
+#[test]
+fn bad_request_references_are_errors() {
+    let devices = [whole_gpu(0)];
+    let reqs = requests(&[&["gpu"]]);
+    let misaligned = requests(&[&["gpu"], &["gpu"]]);
+    let err = claim_files(
+        "c",
+        &devices,
+        &ClaimWorkload {
+            request_refs: &misaligned,
+            ..workload(&reqs)
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("2 request reference lists for 1 devices"),
+        "{err}"
+    );
+    let bad = requests(&[&["gpu/../x"]]);
+    let err = claim_files(
+        "c",
+        &devices,
+        &ClaimWorkload {
+            request_refs: &bad,
+            ..workload(&reqs)
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("DNS label"), "{err}");
 }

@@ -18,6 +18,7 @@ use serde_json::json;
 fn record(device: &str) -> DeviceRecord {
     DeviceRecord {
         request_names: vec!["gpu".into()],
+        request_refs: vec!["gpu".into()],
         pool_name: "node-1".into(),
         device_name: device.into(),
         cdi_device_ids: vec![format!("k8s.gpu.kerf.dev/gpu=u-{device}")],
@@ -42,6 +43,7 @@ fn sample() -> Checkpoint {
         ClaimEntry {
             namespace: "ns".into(),
             name: "claim".into(),
+            pod_claim_name: None,
             state: ClaimState::PrepareCompleted,
             devices: vec![
                 record("gpu-0"),
@@ -56,6 +58,8 @@ fn sample() -> Checkpoint {
                         compute_percent: Some(20),
                     },
                     sharing: Sharing::Mps,
+                    request_names: vec!["big".into()],
+                    request_refs: vec!["big/mig".into()],
                     ..record("gpu-1-mig-1g-10gb-0")
                 },
             ],
@@ -75,6 +79,7 @@ fn arb_text() -> impl Strategy<Value = String> {
 fn arb_record() -> impl Strategy<Value = DeviceRecord> {
     (
         (
+            proptest::collection::vec(arb_text(), 0..3),
             proptest::collection::vec(arb_text(), 0..3),
             arb_text(),
             arb_text(),
@@ -99,12 +104,13 @@ fn arb_record() -> impl Strategy<Value = DeviceRecord> {
     )
         .prop_map(
             |(
-                (request_names, pool_name, device_name, cdi_device_ids),
+                (request_names, request_refs, pool_name, device_name, cdi_device_ids),
                 (share_id, admin_access, uuid, gpu_minor),
                 (mig, memory_bytes, compute_percent, sharing),
             )| {
                 DeviceRecord {
                     request_names,
+                    request_refs,
                     pool_name,
                     device_name,
                     cdi_device_ids,
@@ -131,19 +137,23 @@ fn arb_checkpoint() -> impl Strategy<Value = Checkpoint> {
     let entry = (
         arb_text(),
         arb_text(),
+        proptest::option::of(arb_text()),
         any::<bool>(),
         proptest::collection::vec(arb_record(), 0..4),
     )
-        .prop_map(|(namespace, name, done, devices)| ClaimEntry {
-            namespace,
-            name,
-            state: if done {
-                ClaimState::PrepareCompleted
-            } else {
-                ClaimState::PrepareStarted
+        .prop_map(
+            |(namespace, name, pod_claim_name, done, devices)| ClaimEntry {
+                namespace,
+                name,
+                pod_claim_name,
+                state: if done {
+                    ClaimState::PrepareCompleted
+                } else {
+                    ClaimState::PrepareStarted
+                },
+                devices,
             },
-            devices,
-        });
+        );
     (
         arb_text(),
         proptest::collection::btree_map(arb_text(), entry, 0..6),
@@ -181,12 +191,43 @@ fn encoding_is_versioned_camel_case_and_sparse() {
     );
     assert_eq!(devices[1]["sharing"], "MPS");
     assert_eq!(devices[1]["shareId"], "share-1");
+    assert_eq!(devices[1]["requestNames"], json!(["big"]));
+    assert_eq!(devices[1]["requestRefs"], json!(["big/mig"]));
+    assert!(
+        v["claims"]["uid-1"].get("podClaimName").is_none(),
+        "podClaimName written though unset"
+    );
     for absent in ["shareId", "mig", "adminAccess"] {
         assert!(
             devices[0].get(absent).is_none(),
             "{absent} written though unset"
         );
     }
+}
+
+#[test]
+fn a_template_claim_keeps_its_pod_claim_name() {
+    let mut cp = sample();
+    cp.claims.get_mut("uid-1").unwrap().pod_claim_name = Some("gpu".into());
+    let v: serde_json::Value = serde_json::from_slice(&checkpoint::encode(&cp).unwrap()).unwrap();
+    assert_eq!(v["claims"]["uid-1"]["podClaimName"], "gpu");
+    assert_eq!(decode_json(&v), cp);
+}
+
+#[test]
+fn entries_from_before_pod_claim_names_and_request_refs_decode_without_them() {
+    // What a plugin wrote before the fields existed: a direct claim and full names unknown.
+    let v = json!({"version": 1, "bootId": "b", "claims": {"u": {
+        "namespace": "ns", "name": "claim-x", "state": "PrepareCompleted",
+        "devices": [{"requestNames": ["gpu"], "poolName": "node-1", "deviceName": "gpu-0",
+            "cdiDeviceIds": ["k8s.gpu.kerf.dev/gpu=u-gpu-0"], "uuid": "GPU-1", "gpuMinor": 0,
+            "limits": {}, "sharing": "Exclusive"}]}}});
+    let cp = decode_json(&v);
+    let entry = &cp.claims["u"];
+    assert_eq!(entry.pod_claim_name, None);
+    assert_eq!(entry.devices[0].request_names, ["gpu"]);
+    assert!(entry.devices[0].request_refs.is_empty());
+    assert!(cp.warnings().is_empty());
 }
 
 #[test]

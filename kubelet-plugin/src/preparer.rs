@@ -227,17 +227,22 @@ impl Preparer {
         if let Some(entry) = self.completed_entry(claim)? {
             // Idempotent repeat: the spec is rewritten because /var/run/cdi is a tmpfs that a
             // reboot empties, while the kubelet still holds the IDs we returned before.
-            self.write_cdi_spec(claim, &entry.devices).await?;
+            self.write_cdi_spec(claim, entry.pod_claim_name.as_deref(), &entry.devices)
+                .await?;
             self.report_prepared(claim, &entry.devices);
             return Ok(results_of(&entry.devices));
         }
         let api_claim = self.fetch_claim(claim).await?;
+        let pod_claim_name = pod_claim_name(&api_claim)?;
         let allocated = kerf_api::resolve_allocation(&api_claim, &self.config.driver_name)
             .map_err(PrepareError::Allocation)?;
         let devices = self.plan_devices(claim, &allocated)?;
-        self.record_started(claim, devices.clone())?;
+        self.record_started(claim, pod_claim_name.clone(), devices.clone())?;
         let prepared = match self.sharing.set_up(&devices, &self.checkpoint).await {
-            Ok(()) => self.finish_prepare(claim, &devices).await,
+            Ok(()) => {
+                self.finish_prepare(claim, pod_claim_name.as_deref(), &devices)
+                    .await
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = prepared {
@@ -293,18 +298,23 @@ impl Preparer {
     /// # Errors
     /// A spec could not be written or the CDI directory could not be read.
     pub async fn restore_cdi_specs(&self) -> Result<RestoreReport> {
-        let completed: Vec<(ClaimRef, Vec<DeviceRecord>)> = self.checkpoint.read(|cp| {
+        type Completed = (ClaimRef, Option<String>, Vec<DeviceRecord>);
+        let completed: Vec<Completed> = self.checkpoint.read(|cp| {
             cp.claims
                 .iter()
                 .filter(|(_, e)| e.state == ClaimState::PrepareCompleted)
-                .map(|(uid, e)| (ClaimRef::of_entry(uid, e), e.devices.clone()))
+                .map(|(uid, e)| {
+                    (
+                        ClaimRef::of_entry(uid, e),
+                        e.pod_claim_name.clone(),
+                        e.devices.clone(),
+                    )
+                })
                 .collect()
         });
-        futures::future::try_join_all(
-            completed
-                .iter()
-                .map(|(claim, devices)| self.write_cdi_spec(claim, devices)),
-        )
+        futures::future::try_join_all(completed.iter().map(|(claim, pod_claim_name, devices)| {
+            self.write_cdi_spec(claim, pod_claim_name.as_deref(), devices)
+        }))
         .await?;
         let owned: Vec<String> = self
             .checkpoint
@@ -439,6 +449,9 @@ impl Preparer {
                 if !existing.request_names.contains(&request) {
                     existing.request_names.push(request);
                 }
+                if !existing.request_refs.contains(&device.request) {
+                    existing.request_refs.push(device.request.clone());
+                }
                 continue;
             }
             let cdi_id = cdi::qualified_name(
@@ -455,7 +468,12 @@ impl Preparer {
     /// this to be durable saves one fsync per prepare (see the module docs for why a crash
     /// here loses nothing); a side effect that start-up could not find again would have to
     /// wait for it.
-    fn record_started(&self, claim: &ClaimRef, devices: Vec<DeviceRecord>) -> Result<()> {
+    fn record_started(
+        &self,
+        claim: &ClaimRef,
+        pod_claim_name: Option<String>,
+        devices: Vec<DeviceRecord>,
+    ) -> Result<()> {
         let conflict = self.checkpoint.mutate_lazily(|cp| {
             let conflict = devices.iter().find_map(|wanted| {
                 cp.claims
@@ -482,6 +500,7 @@ impl Preparer {
                     ClaimEntry {
                         namespace: claim.namespace.clone(),
                         name: claim.name.clone(),
+                        pod_claim_name,
                         state: ClaimState::PrepareStarted,
                         devices,
                     },
@@ -496,8 +515,13 @@ impl Preparer {
         Ok(())
     }
 
-    async fn finish_prepare(&self, claim: &ClaimRef, devices: &[DeviceRecord]) -> Result<()> {
-        self.write_cdi_spec(claim, devices).await?;
+    async fn finish_prepare(
+        &self,
+        claim: &ClaimRef,
+        pod_claim_name: Option<&str>,
+        devices: &[DeviceRecord],
+    ) -> Result<()> {
+        self.write_cdi_spec(claim, pod_claim_name, devices).await?;
         self.checkpoint
             .update(|cp| {
                 if let Some(entry) = cp.claims.get_mut(&claim.uid) {
@@ -522,7 +546,14 @@ impl Preparer {
         self.update_prepared_gauge();
     }
 
-    async fn write_cdi_spec(&self, claim: &ClaimRef, devices: &[DeviceRecord]) -> Result<()> {
+    /// Writes the claim's metadata files and CDI spec from its checkpoint record alone, so
+    /// that a repeated prepare and the restoration at start-up produce the same paths.
+    async fn write_cdi_spec(
+        &self,
+        claim: &ClaimRef,
+        pod_claim_name: Option<&str>,
+        devices: &[DeviceRecord],
+    ) -> Result<()> {
         let clients = self.sharing.clients(devices)?;
         let prepared: Vec<cdi::PreparedDevice> = devices
             .iter()
@@ -533,11 +564,15 @@ impl Preparer {
             })
             .collect();
         let requests: Vec<Vec<String>> = devices.iter().map(|d| d.request_names.clone()).collect();
+        let request_refs: Vec<Vec<String>> =
+            devices.iter().map(|d| d.request_refs.clone()).collect();
         let metadata_dir = self.metadata_dir();
         let workload = cdi::ClaimWorkload {
             driver: &self.config.driver_name,
             pool: &self.config.node_name,
             requests: &requests,
+            request_refs: &request_refs,
+            pod_claim_name,
             metadata_dir: &metadata_dir,
         };
         let spec = ClaimSpec {
@@ -609,6 +644,25 @@ fn validate_claim_ref(claim: &ClaimRef) -> Result<()> {
     Ok(())
 }
 
+/// The pod claim name of a claim made from a ResourceClaimTemplate (its
+/// `resource.kubernetes.io/pod-claim-name` annotation, see [`cdi::POD_CLAIM_NAME_ANNOTATION`]),
+/// checked because it becomes a path segment in the claim's containers.
+///
+/// # Errors
+/// An annotation that is not a DNS label, naming the annotation and its value.
+fn pod_claim_name(claim: &ResourceClaim) -> Result<Option<String>> {
+    let Some(value) = claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(cdi::POD_CLAIM_NAME_ANNOTATION))
+    else {
+        return Ok(None);
+    };
+    cdi::check_pod_claim_name(value)?;
+    Ok(Some(value.clone()))
+}
+
 /// The kubelet matches devices to containers by request name; a `req/sub` result belongs to
 /// the container's request `req`.
 fn parent_request(request: &str) -> &str {
@@ -649,6 +703,7 @@ fn device_record(
     };
     DeviceRecord {
         request_names: vec![request],
+        request_refs: vec![device.request.clone()],
         pool_name: device.pool.clone(),
         device_name: device.device.clone(),
         cdi_device_ids: vec![cdi_id],

@@ -17,8 +17,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{DRIVER, GIB, NAMESPACE, NODE, TestNode, uid};
+use kerf_proto::client::Claim;
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const KEP_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes/resourceclaims";
 
@@ -168,6 +169,127 @@ async fn the_spec_carries_request_env_and_metadata_mounts_removed_at_unprepare_r
         !metadata_dir.join(uid(1)).exists(),
         "{}",
         metadata_dir.display()
+    );
+    plugin.shutdown().await.unwrap();
+}
+
+/// A claim kube-controller-manager generated from a ResourceClaimTemplate for the pod claim
+/// `gpus`, allocated one whole GPU through the `firstAvailable` subrequest `big/whole`.
+fn template_claim(node: &TestNode, name: &str, uid: &str, device: &str, pod_claim: &str) -> Claim {
+    let mut claim = common::allocated_claim(
+        name,
+        uid,
+        &json!({"devices": {"results": [
+            {"request": "big/whole", "driver": DRIVER, "pool": NODE, "device": device}
+        ]}}),
+    );
+    claim["metadata"]["annotations"] = json!({"resource.kubernetes.io/pod-claim-name": pod_claim});
+    claim["spec"] = json!({"devices": {"requests": [{"name": "big", "firstAvailable": [
+        {"name": "whole", "deviceClassName": DRIVER}
+    ]}]}});
+    node.add_claim(claim)
+}
+
+#[tokio::test]
+async fn a_template_claim_is_found_under_its_pod_claim_name_with_full_request_names() {
+    let node = TestNode::new("a100-40gb-mig");
+    let (whole_minor, _, _) = node.whole_gpu_and_mig();
+    let device = format!("gpu-{whole_minor}");
+    let generated = "pod-1-gpus-x7k2p";
+    let claim = template_claim(&node, generated, &uid(3), &device, "gpus");
+    let mut plugin = node.start_plugin().await;
+    let kubelet = FakeKubelet::start(node.kubelet_config());
+    kubelet
+        .wait_for_registration(1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let pod = Pod::new("pod-1").with_claim(DRIVER, claim.clone());
+    kubelet.prepare_pod(&pod).await.unwrap();
+
+    let spec = node.cdi_spec(&uid(3));
+    let mounts = device_mounts(&spec);
+    let kep_path = format!(
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/gpus/big/{DRIVER}-metadata.json"
+    );
+    let claim_path = "/var/run/kerf/claimtemplates/gpus.json".to_owned();
+    assert_eq!(
+        mounts.keys().collect::<Vec<_>>(),
+        [&claim_path, &kep_path],
+        "{mounts:?}"
+    );
+    let uuid = node
+        .inventory()
+        .gpu_by_minor(whole_minor)
+        .unwrap()
+        .uuid
+        .clone();
+    let env = spec_env(&spec);
+    assert_eq!(env["KERF_GPUS_BIG_UUIDS"], uuid);
+    assert_eq!(env["KERF_BIG_UUIDS"], uuid);
+    assert!(
+        !env.keys().any(|k| k.starts_with("KERF_POD_1_GPUS_X7K2P_")),
+        "{env:?}"
+    );
+    let metadata = read_json(&mounts[&kep_path].0);
+    assert_eq!(metadata["metadata"]["name"], generated);
+    assert_eq!(metadata["podClaimName"], "gpus");
+    assert_eq!(metadata["requests"][0]["name"], "big/whole");
+    assert_eq!(metadata["requests"][0]["devices"][0]["name"], device);
+
+    // Start-up rebuilds the same spec and files from the checkpoint alone.
+    plugin.shutdown().await.unwrap();
+    std::fs::remove_dir_all(node.cdi_dir()).unwrap();
+    std::fs::remove_dir_all(node.plugin_dir().join("dra-device-metadata")).unwrap();
+    plugin = node.start_plugin().await;
+    assert_eq!(node.cdi_spec(&uid(3)), spec);
+    assert_eq!(read_json(&mounts[&kep_path].0), metadata);
+    // A repeated prepare answers from the checkpoint and writes the same again.
+    kubelet.prepare_pod(&pod).await.unwrap();
+    assert_eq!(node.cdi_spec(&uid(3)), spec);
+    kubelet.unprepare_pod(&pod).await.unwrap();
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_bad_pod_claim_name_annotation_fails_only_its_claim() {
+    let node = TestNode::new("a100-40gb-mig");
+    let (whole_minor, _, _) = node.whole_gpu_and_mig();
+    let other_minor = node
+        .inventory()
+        .gpus
+        .iter()
+        .find(|g| !g.mig_enabled && g.minor != whole_minor)
+        .unwrap()
+        .minor;
+    let bad = template_claim(
+        &node,
+        "pod-1-x-abcde",
+        &uid(4),
+        &format!("gpu-{whole_minor}"),
+        "../escape",
+    );
+    let good = node.device_claim("fine", &uid(5), &format!("gpu-{other_minor}"));
+    let plugin = node.start_plugin().await;
+    let kubelet = FakeKubelet::start(node.kubelet_config());
+    kubelet
+        .wait_for_registration(1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let pod = Pod::new("pod-1")
+        .with_claim(DRIVER, bad.clone())
+        .with_claim(DRIVER, good.clone());
+    let err = kubelet.prepare_pod(&pod).await.unwrap_err().to_string();
+    assert!(
+        err.contains("resource.kubernetes.io/pod-claim-name") && err.contains("\"../escape\""),
+        "{err}"
+    );
+    assert!(
+        !node.cdi_dir().join(common::cdi_spec_file(&uid(4))).exists(),
+        "nothing prepared for the bad claim"
+    );
+    assert!(
+        node.cdi_dir().join(common::cdi_spec_file(&uid(5))).exists(),
+        "the other claim of the batch is prepared"
     );
     plugin.shutdown().await.unwrap();
 }

@@ -4,23 +4,32 @@
 //!
 //! # Layout (KEP-5304)
 //!
-//! Upstream (`k8s.io/dynamic-resource-allocation/api/metadata`, `types.go` / `helpers.go`
-//! `ResourceClaimFilePath`) fixes where a workload finds the file of a request inside its
-//! container: `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim name>/
-//! <request>/<driver>-metadata.json`. The request is the top-level name (a `firstAvailable`
-//! result `parent/sub` lives under `parent`). Upstream puts claims made from a
-//! ResourceClaimTemplate under `resourceclaimtemplates/<pod claim name>/` instead; kerf's
-//! checkpoint does not record the pod claim name, so kerf mounts every claim under
-//! `resourceclaims/<claim name>/` (see the plugin's report of what the checkpoint would need).
+//! Upstream (`k8s.io/dynamic-resource-allocation/api/metadata`, `types.go` constants and
+//! `helpers.go` `ResourceClaimFilePath` / `ResourceClaimTemplateFilePath`) fixes where a
+//! workload finds the file of a request inside its container:
 //!
-//! kerf also mounts the claim-wide file at `/var/run/kerf/claims/<claim name>.json`: the same
-//! schema with every request of the claim, for workloads that want one file.
+//! - a claim the pod names directly (`pod.spec.resourceClaims[].resourceClaimName`):
+//!   `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claim name>/<request>/<driver>-metadata.json`;
+//! - a claim made from a ResourceClaimTemplate, whose generated name a container cannot know:
+//!   `/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/<pod claim name>/<request>/<driver>-metadata.json`,
+//!   the pod claim name being `pod.spec.resourceClaims[].name`, which kube-controller-manager's
+//!   resourceclaim controller records on the generated claim as the annotation
+//!   `resource.kubernetes.io/pod-claim-name` ([`POD_CLAIM_NAME_ANNOTATION`]).
+//!
+//! `<request>` is the top-level request name: a `firstAvailable` result `parent/sub` lives
+//! under `parent`, while the file's `requests[].name` is the full `parent/sub` (upstream
+//! `DeviceMetadataRequest.Name`).
+//!
+//! kerf also mounts a claim-wide file, the same schema with every request of the claim, for
+//! workloads that want one file, split the same way so that a direct claim and a template
+//! claim of one pod never collide: `/var/run/kerf/claims/<claim name>.json` and
+//! `/var/run/kerf/claimtemplates/<pod claim name>.json`.
 //!
 //! # Schema (KEP-5304 `metadata.resource.k8s.io/v1alpha1`)
 //!
 //! A `DeviceMetadata` object (upstream `api/metadata/v1alpha1/types.go`): `kind`,
 //! `apiVersion`, `metadata` (`name`, `namespace`, `uid`, `generation`), `requests[]` of
-//! `{name, devices[]}`, each device `{driver, pool, name, attributes}` with attributes in
+//! `{name, devices[]}` and, for a template claim, `podClaimName`; each device `{driver, pool, name, attributes}` with attributes in
 //! ResourceSlice form (`{"string": …}`, `{"int": …}`). Upstream writes a stream of one object
 //! per supported version; kerf writes the one version there is. A file is written once per
 //! preparation and never updated, so `generation` stays 1.
@@ -42,6 +51,7 @@ use serde::Serialize;
 
 use super::generate::{ClaimSpec, PreparedDevice};
 use crate::error::{Error, Result};
+use crate::names;
 
 /// Where KEP-5304 metadata files appear inside containers.
 pub const METADATA_CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
@@ -49,8 +59,22 @@ pub const METADATA_CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attr
 /// The KEP-5304 subdirectory of directly referenced claims, keyed by claim name.
 pub const RESOURCE_CLAIMS_SUBDIR: &str = "resourceclaims";
 
-/// Where kerf's claim-wide files appear inside containers, as `<claim name>.json`.
+/// The KEP-5304 subdirectory of claims made from a ResourceClaimTemplate, keyed by pod claim
+/// name.
+pub const RESOURCE_CLAIM_TEMPLATES_SUBDIR: &str = "resourceclaimtemplates";
+
+/// Where kerf's claim-wide files of directly referenced claims appear inside containers, as
+/// `<claim name>.json`.
 pub const CLAIM_FILES_CONTAINER_DIR: &str = "/var/run/kerf/claims";
+
+/// Where kerf's claim-wide files of claims made from a template appear inside containers, as
+/// `<pod claim name>.json`.
+pub const TEMPLATE_CLAIM_FILES_CONTAINER_DIR: &str = "/var/run/kerf/claimtemplates";
+
+/// The annotation kube-controller-manager's resourceclaim controller puts on a claim it
+/// generates from a template, holding `pod.spec.resourceClaims[].name` (upstream
+/// `pkg/controller/resourceclaim/controller.go`, `podResourceClaimAnnotation`).
+pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
 
 /// The subdirectory of the plugin's data directory holding the metadata files.
 pub const METADATA_HOST_SUBDIR: &str = "dra-device-metadata";
@@ -76,6 +100,15 @@ pub struct ClaimWorkload<'a> {
     /// The requests each device serves, index-aligned with [`ClaimSpec::devices`]: top-level
     /// request names, as the kubelet matches containers to devices.
     pub requests: &'a [Vec<String>],
+    /// The full request names of each device's allocation results (`parent/sub` for a
+    /// `firstAvailable` subrequest), index-aligned with [`ClaimSpec::devices`], named in the
+    /// files' `requests[].name`. An empty slice, or an empty list for a device (checkpoints
+    /// from before they were recorded), lets the top-level names stand in.
+    pub request_refs: &'a [Vec<String>],
+    /// The pod claim name of a claim made from a ResourceClaimTemplate (see the module docs):
+    /// when set, the in-container paths and claim-named variables use it instead of the claim
+    /// name.
+    pub pod_claim_name: Option<&'a str>,
     /// The node's metadata directory on the host, `<plugin dir>/dra-device-metadata`.
     pub metadata_dir: &'a Path,
 }
@@ -94,14 +127,48 @@ pub fn claim_metadata_dir(metadata_dir: &Path, claim_uid: &str) -> PathBuf {
     metadata_dir.join(claim_uid)
 }
 
-/// The in-container path of the KEP-5304 file of `request` of the claim `claim_name`.
-pub fn request_container_path(driver: &str, claim_name: &str, request: &str) -> String {
+/// The name a container knows a claim by, and so the directory its files appear under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContainerClaimName<'a> {
+    /// A claim the pod names directly: its own name.
+    Claim(&'a str),
+    /// A claim made from a ResourceClaimTemplate: the pod claim name.
+    PodClaim(&'a str),
+}
+
+impl<'a> ContainerClaimName<'a> {
+    /// The pod claim name when there is one, else the claim name.
+    pub fn of(claim_name: &'a str, pod_claim_name: Option<&'a str>) -> Self {
+        pod_claim_name.map_or(
+            ContainerClaimName::Claim(claim_name),
+            ContainerClaimName::PodClaim,
+        )
+    }
+
+    /// The name itself.
+    pub fn name(self) -> &'a str {
+        match self {
+            ContainerClaimName::Claim(name) | ContainerClaimName::PodClaim(name) => name,
+        }
+    }
+}
+
+/// The in-container path of the KEP-5304 file of `request` of a claim.
+pub fn request_container_path(
+    driver: &str,
+    claim: ContainerClaimName<'_>,
+    request: &str,
+) -> String {
+    let subdir = match claim {
+        ContainerClaimName::Claim(_) => RESOURCE_CLAIMS_SUBDIR,
+        ContainerClaimName::PodClaim(_) => RESOURCE_CLAIM_TEMPLATES_SUBDIR,
+    };
     [
         METADATA_CONTAINER_DIR,
         "/",
-        RESOURCE_CLAIMS_SUBDIR,
+        subdir,
         "/",
-        claim_name,
+        claim.name(),
         "/",
         request,
         "/",
@@ -112,30 +179,77 @@ pub fn request_container_path(driver: &str, claim_name: &str, request: &str) -> 
 }
 
 /// The in-container path of kerf's claim-wide file.
-pub fn claim_container_path(claim_name: &str) -> String {
-    [CLAIM_FILES_CONTAINER_DIR, "/", claim_name, ".json"].concat()
+pub fn claim_container_path(claim: ContainerClaimName<'_>) -> String {
+    let dir = match claim {
+        ContainerClaimName::Claim(_) => CLAIM_FILES_CONTAINER_DIR,
+        ContainerClaimName::PodClaim(_) => TEMPLATE_CLAIM_FILES_CONTAINER_DIR,
+    };
+    [dir, "/", claim.name(), ".json"].concat()
+}
+
+/// Checks a pod claim name (the value of [`POD_CLAIM_NAME_ANNOTATION`]) before it becomes a
+/// path segment: a DNS label, as the API requires of `pod.spec.resourceClaims[].name`.
+///
+/// # Errors
+///
+/// [`Error::InvalidName`] naming the annotation and the value.
+pub fn check_pod_claim_name(value: &str) -> Result<&str> {
+    names::dns_label(POD_CLAIM_NAME_ANNOTATION, value)
+}
+
+/// One request of a claim as its workload sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkloadRequest {
+    /// The top-level request name: the directory of its file and the `<REQ>` of its
+    /// variables.
+    pub name: String,
+    /// The allocation results' full name, `parent/sub` for a `firstAvailable` subrequest
+    /// (the same for every device of the request, since one subrequest is chosen), or
+    /// [`WorkloadRequest::name`] when not recorded.
+    pub full_name: String,
+    /// The indices of its devices in [`ClaimSpec::devices`].
+    pub devices: Vec<usize>,
+}
+
+impl ClaimWorkload<'_> {
+    /// The name the claim's container paths and claim-named variables use.
+    pub fn container_name<'c>(&'c self, claim: &ClaimSpec<'c>) -> ContainerClaimName<'c> {
+        ContainerClaimName::of(claim.claim_name, self.pod_claim_name)
+    }
 }
 
 /// The requests of the claim with the indices of their devices, in order of first use.
 ///
 /// # Errors
 ///
-/// [`Error::InvalidCdiSpec`] when `requests` is not index-aligned with the devices, a device
-/// serves no request, or a request name is not a DNS label (it becomes a path segment and
-/// part of an environment variable name).
+/// [`Error::InvalidCdiSpec`] when `requests` (or a non-empty `request_refs`) is not
+/// index-aligned with the devices, a device serves no request, or a request name is not a
+/// DNS label (it becomes a path segment and part of an environment variable name), or a full
+/// name is not `<label>` or `<label>/<label>`; [`Error::InvalidName`] for a pod claim name
+/// that is not a DNS label.
 pub fn requests_of(
     claim: &ClaimSpec<'_>,
     workload: &ClaimWorkload<'_>,
-) -> Result<Vec<(String, Vec<usize>)>> {
-    if workload.requests.len() != claim.devices.len() {
-        return Err(Error::InvalidCdiSpec(format!(
-            "claim {}: {} request lists for {} devices",
-            claim.claim_uid,
-            workload.requests.len(),
-            claim.devices.len()
-        )));
+) -> Result<Vec<WorkloadRequest>> {
+    let aligned = |what: &str, len: usize| {
+        if len == claim.devices.len() {
+            Ok(())
+        } else {
+            Err(Error::InvalidCdiSpec(format!(
+                "claim {}: {len} {what} lists for {} devices",
+                claim.claim_uid,
+                claim.devices.len()
+            )))
+        }
+    };
+    aligned("request", workload.requests.len())?;
+    if !workload.request_refs.is_empty() {
+        aligned("request reference", workload.request_refs.len())?;
     }
-    let mut out: Vec<(String, Vec<usize>)> = Vec::new();
+    if let Some(name) = workload.pod_claim_name {
+        check_pod_claim_name(name)?;
+    }
+    let mut out: Vec<WorkloadRequest> = Vec::new();
     for (index, (device, requests)) in claim.devices.iter().zip(workload.requests).enumerate() {
         if requests.is_empty() {
             return Err(Error::InvalidCdiSpec(format!(
@@ -143,15 +257,43 @@ pub fn requests_of(
                 claim.claim_uid, device.name
             )));
         }
+        let refs = workload
+            .request_refs
+            .get(index)
+            .map_or(&[][..], Vec::as_slice);
+        for reference in refs {
+            check_request_ref(reference)?;
+        }
         for request in requests {
             check_request_name(request)?;
-            match out.iter_mut().find(|(name, _)| name == request) {
-                Some((_, indices)) => indices.push(index),
-                None => out.push((request.clone(), vec![index])),
+            match out.iter_mut().find(|r| r.name == *request) {
+                Some(known) => known.devices.push(index),
+                None => out.push(WorkloadRequest {
+                    name: request.clone(),
+                    full_name: full_name(request, refs).to_owned(),
+                    devices: vec![index],
+                }),
             }
         }
     }
     Ok(out)
+}
+
+/// The full name among `refs` whose top-level request is `request`, else `request`.
+fn full_name<'a>(request: &'a str, refs: &'a [String]) -> &'a str {
+    refs.iter()
+        .map(String::as_str)
+        .find(|r| r.split_once('/').map_or(*r, |(parent, _)| parent) == request)
+        .unwrap_or(request)
+}
+
+/// A full request name: `<request>` or `<request>/<subrequest>`, both DNS labels.
+fn check_request_ref(reference: &str) -> Result<()> {
+    let (parent, sub) = reference
+        .split_once('/')
+        .map_or((reference, None), |(p, s)| (p, Some(s)));
+    check_request_name(parent)?;
+    sub.map_or(Ok(()), check_request_name)
 }
 
 /// A request name as the API allows it (a DNS label), so that it is safe in a path.
@@ -182,7 +324,7 @@ pub fn metadata_files(
     workload: &ClaimWorkload<'_>,
 ) -> Result<Vec<MetadataFile>> {
     let requests = requests_of(claim, workload)?;
-    let document = |requests: &[(String, Vec<usize>)]| -> Result<Vec<u8>> {
+    let document = |requests: &[WorkloadRequest]| -> Result<Vec<u8>> {
         let doc = DeviceMetadata::new(claim, workload, requests);
         let mut bytes = serde_json::to_vec_pretty(&doc).map_err(|source| Error::Json {
             what: "encode device metadata",
@@ -194,7 +336,7 @@ pub fn metadata_files(
     let mut files = Vec::with_capacity(requests.len() + 1);
     for request in &requests {
         files.push(MetadataFile {
-            name: [request.0.as_str(), ".json"].concat(),
+            name: [request.name.as_str(), ".json"].concat(),
             contents: document(std::slice::from_ref(request))?,
         });
     }
@@ -212,6 +354,8 @@ struct DeviceMetadata<'a> {
     kind: &'static str,
     api_version: &'static str,
     metadata: ObjectMeta<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pod_claim_name: Option<&'a str>,
     requests: Vec<MetadataRequest<'a>>,
 }
 
@@ -249,7 +393,7 @@ impl<'a> DeviceMetadata<'a> {
     fn new(
         claim: &ClaimSpec<'a>,
         workload: &ClaimWorkload<'a>,
-        requests: &'a [(String, Vec<usize>)],
+        requests: &'a [WorkloadRequest],
     ) -> Self {
         DeviceMetadata {
             kind: METADATA_KIND,
@@ -260,11 +404,13 @@ impl<'a> DeviceMetadata<'a> {
                 uid: claim.claim_uid,
                 generation: 1,
             },
+            pod_claim_name: workload.pod_claim_name,
             requests: requests
                 .iter()
-                .map(|(name, indices)| MetadataRequest {
-                    name,
-                    devices: indices
+                .map(|request| MetadataRequest {
+                    name: &request.full_name,
+                    devices: request
+                        .devices
                         .iter()
                         .map(|&i| metadata_device(workload, &claim.devices[i]))
                         .collect(),

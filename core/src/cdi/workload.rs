@@ -11,7 +11,10 @@
 //!   comma-separated, in allocation order; `KERF_<REQ>_COUNT`: how many;
 //! - `KERF_<REQ>_SHARING`, and `KERF_<REQ>_MEMORY_BYTES` / `KERF_<REQ>_COMPUTE_PERCENT` when
 //!   limited, when every device of the request has the same slice;
-//! - the same under `KERF_<CLAIM>_<REQ>_*`, `<CLAIM>` being the claim name made env-safe alike.
+//! - the same under `KERF_<CLAIM>_<REQ>_*`, `<CLAIM>` being the name the pod knows the claim
+//!   by, made env-safe alike: the claim name of a claim the pod names directly, the pod claim
+//!   name (`pod.spec.resourceClaims[].name`) of a claim made from a ResourceClaimTemplate,
+//!   whose generated name a container cannot know.
 //!
 //! They sit in the device edits rather than the claim-wide ones because the kubelet gives a
 //! container only the devices of the requests it names: a container sees the variables of
@@ -23,8 +26,12 @@
 //! `AddMultipleProcessEnv`, which replaces an existing name, and containerd and CRI-O apply
 //! the devices in the order the kubelet lists them. When two claims of one container both
 //! have a request `gpu`, `KERF_GPU_*` describes the claim listed last, while
-//! `KERF_<CLAIM>_GPU_*` stays exact for each (claim names are unique in a namespace; only
-//! names that differ solely in `-` versus `.` map to the same `<CLAIM>`).
+//! `KERF_<CLAIM>_GPU_*` stays exact for each. Two claims of one container share a `<CLAIM>`
+//! only when their names differ solely in `-` versus `.`, or when a template claim's pod
+//! claim name equals (up to that) the name of a claim the pod names directly (a pod claim
+//! `gpu` from a template beside an entry `other` with `resourceClaimName: gpu`); then, as for
+//! the short names, the claim listed last wins. The metadata files never collide: direct and
+//! template claims have separate directories.
 //!
 //! A short name that is already a claim-level variable (a request `device` would make
 //! `KERF_DEVICE_UUIDS`, one named `slice` `KERF_SLICE_MEMORY_BYTES` and
@@ -83,13 +90,14 @@ pub(super) fn workload_edits(
             host_dir.display()
         ))
     })?;
-    let claim_key = workload_env_name(claim.claim_name);
+    let container_name = workload.container_name(claim);
+    let claim_key = workload_env_name(container_name.name());
     let request_env: Vec<Vec<String>> = requests
         .iter()
-        .map(|(name, indices)| {
+        .map(|request| {
             let devices: Vec<&PreparedDevice> =
-                indices.iter().map(|&i| &claim.devices[i]).collect();
-            let key = workload_env_name(name);
+                request.devices.iter().map(|&i| &claim.devices[i]).collect();
+            let key = workload_env_name(&request.name);
             let mut env = group_env(&["KERF_", &key, "_"].concat(), &devices);
             env.retain(|entry| !is_claim_level(entry));
             env.extend(group_env(
@@ -101,7 +109,7 @@ pub(super) fn workload_edits(
         .collect();
     let claim_mount = read_only(
         &[host_dir, "/", CLAIM_FILE].concat(),
-        claim_container_path(claim.claim_name),
+        claim_container_path(container_name),
     );
     let edits = workload
         .requests
@@ -110,12 +118,12 @@ pub(super) fn workload_edits(
             let mut env = Vec::new();
             let mut mounts = Vec::with_capacity(device_requests.len() + 1);
             for request in device_requests {
-                if let Some(at) = requests.iter().position(|(name, _)| name == request) {
+                if let Some(at) = requests.iter().position(|r| r.name == *request) {
                     env.extend(request_env[at].iter().cloned());
                 }
                 mounts.push(read_only(
                     &[host_dir, "/", request, ".json"].concat(),
-                    request_container_path(workload.driver, claim.claim_name, request),
+                    request_container_path(workload.driver, container_name, request),
                 ));
             }
             mounts.push(claim_mount.clone());
