@@ -60,6 +60,21 @@ pub struct FakeApi {
 struct Inner {
     state: Mutex<State>,
     events: broadcast::Sender<Broadcast>,
+    /// The outage in progress, if any ([`FakeApi::set_outage`]).
+    outage: tokio::sync::watch::Sender<Option<Outage>>,
+}
+
+/// How the fake is unreachable during an injected outage ([`FakeApi::set_outage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outage {
+    /// Requests hang until the outage ends and are then served, as with a frozen API server
+    /// (an etcd that stopped answering, a process stopped with SIGSTOP): the TCP connection
+    /// stays open and nothing comes back.
+    Frozen,
+    /// Requests fail at once with `503 ServiceUnavailable`, as when a load balancer in front
+    /// of the API server has no healthy backend (client-go and kube-rs treat it like a
+    /// refused connection: retried with back-off).
+    Unavailable,
 }
 
 impl std::fmt::Debug for FakeApi {
@@ -303,6 +318,7 @@ impl FakeApi {
             inner: Arc::new(Inner {
                 state: Mutex::new(state),
                 events,
+                outage: tokio::sync::watch::Sender::new(None),
             }),
         }
     }
@@ -540,6 +556,34 @@ impl FakeApi {
         let _ = self.inner.events.send(Broadcast::CloseWatches);
     }
 
+    /// Starts (`Some`) or ends (`None`) an outage of the whole server. Starting one ends every
+    /// open watch, as the lost connections of a frozen or unreachable server do; the watchers'
+    /// new requests then hang or fail like all others until the outage ends. Requests are
+    /// still logged in [`FakeApi::requests`] when they arrive.
+    pub fn set_outage(&self, outage: Option<Outage>) {
+        self.inner.outage.send_replace(outage);
+        if outage.is_some() {
+            self.close_watches();
+        }
+    }
+
+    /// Holds a request while the server is [`Outage::Frozen`]; answers it with the error of an
+    /// [`Outage::Unavailable`] one.
+    async fn outage_response(&self) -> Option<Response<FakeBody>> {
+        let mut outage = self.inner.outage.subscribe();
+        // The sender lives in `self`, so the wait cannot fail.
+        let now = outage
+            .wait_for(|o| *o != Some(Outage::Frozen))
+            .await
+            .map_or(None, |o| *o);
+        (now == Some(Outage::Unavailable)).then(|| {
+            error_response(&ApiError::new(
+                503,
+                "the server is currently unable to handle the request",
+            ))
+        })
+    }
+
     /// Forgets the change history, so watches resuming from an older resourceVersion get
     /// `410 Expired` and must list again, as after etcd compaction.
     pub fn compact(&self) {
@@ -571,6 +615,9 @@ impl FakeApi {
         };
         let delay = self.take_delay(&record);
         let fault = self.record_and_check_faults(record);
+        if let Some(unavailable) = self.outage_response().await {
+            return unavailable;
+        }
         if let Some(delay) = delay {
             tokio::time::sleep(delay).await;
         }
