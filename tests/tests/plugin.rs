@@ -534,10 +534,19 @@ async fn concurrent_prepares_of_many_claims() {
     let calls = uids.iter().enumerate().map(|(i, uid)| {
         let kubelet = Arc::clone(&kubelet);
         let claim = claim(&format!("c{i}"), uid);
-        tokio::spawn(async move { kubelet.prepare(&[claim]).await.unwrap() })
+        let uid = uid.clone();
+        tokio::spawn(async move { (uid, kubelet.prepare(&[claim]).await.unwrap()) })
     });
     for answer in futures::future::join_all(calls).await {
-        assert!(answer.unwrap().values().all(Result::is_ok));
+        let (uid, answer) = answer.unwrap();
+        // An empty answer would pass an all-Ok check, so the claim's own entry is required.
+        assert_eq!(
+            answer.keys().collect::<Vec<_>>(),
+            [&uid],
+            "one answer, for the claim asked about"
+        );
+        let devices = answer[&uid].as_ref().unwrap();
+        assert_eq!(devices.len(), 1, "claim {uid}: {devices:?}");
     }
     assert_eq!(node.cdi_files().len(), 8);
     let checkpoint = node.checkpoint();
