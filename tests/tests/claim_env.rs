@@ -1,7 +1,9 @@
 //! Names a workload can use, end to end through the plugin: the per-request variables and
 //! the read-only mounts of the claim's KEP-5304 metadata files in the CDI spec the plugin
 //! writes, the files' JSON on the host, their removal at unprepare and their restoration at
-//! start-up (after a reboot emptied the CDI directory).
+//! start-up (after a reboot emptied the CDI directory); claims made from a
+//! ResourceClaimTemplate under their pod claim name, full `parent/sub` request names, a bad
+//! pod claim name annotation, and checkpoints from before either was kept.
 
 #![allow(
     clippy::unwrap_used,
@@ -291,5 +293,63 @@ async fn a_bad_pod_claim_name_annotation_fails_only_its_claim() {
         node.cdi_dir().join(common::cdi_spec_file(&uid(5))).exists(),
         "the other claim of the batch is prepared"
     );
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_checkpoint_from_before_pod_claim_names_restores_the_paths_it_had() {
+    let node = TestNode::new("a100-40gb-mig");
+    let (whole_minor, _, _) = node.whole_gpu_and_mig();
+    let generated = "pod-1-gpus-x7k2p";
+    let claim = template_claim(
+        &node,
+        generated,
+        &uid(6),
+        &format!("gpu-{whole_minor}"),
+        "gpus",
+    );
+    let mut plugin = node.start_plugin().await;
+    let kubelet = FakeKubelet::start(node.kubelet_config());
+    kubelet
+        .wait_for_registration(1, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let pod = Pod::new("pod-1").with_claim(DRIVER, claim.clone());
+    kubelet.prepare_pod(&pod).await.unwrap();
+    plugin.shutdown().await.unwrap();
+
+    // What the plugin wrote before it kept the pod claim name and the full request names.
+    let mut checkpoint = node.checkpoint();
+    let entry = &mut checkpoint["claims"][uid(6)];
+    assert_eq!(entry["podClaimName"], "gpus");
+    assert_eq!(entry["devices"][0]["requestRefs"], json!(["big/whole"]));
+    entry.as_object_mut().unwrap().remove("podClaimName");
+    entry["devices"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("requestRefs");
+    std::fs::write(
+        node.checkpoint_file(),
+        serde_json::to_vec(&checkpoint).unwrap(),
+    )
+    .unwrap();
+    std::fs::remove_dir_all(node.cdi_dir()).unwrap();
+    std::fs::remove_dir_all(node.plugin_dir().join("dra-device-metadata")).unwrap();
+
+    plugin = node.start_plugin().await;
+    let spec = node.cdi_spec(&uid(6));
+    let mounts = device_mounts(&spec);
+    let kep_path = format!("{KEP_DIR}/{generated}/big/{DRIVER}-metadata.json");
+    let claim_path = format!("/var/run/kerf/claims/{generated}.json");
+    assert_eq!(
+        mounts.keys().collect::<Vec<_>>(),
+        [&claim_path, &kep_path],
+        "{mounts:?}"
+    );
+    let metadata = read_json(&mounts[&kep_path].0);
+    assert_eq!(metadata["requests"][0]["name"], "big");
+    assert!(metadata.get("podClaimName").is_none(), "{metadata}");
+    assert!(spec_env(&spec).contains_key("KERF_POD_1_GPUS_X7K2P_BIG_UUIDS"));
+    kubelet.unprepare_pod(&pod).await.unwrap();
     plugin.shutdown().await.unwrap();
 }
