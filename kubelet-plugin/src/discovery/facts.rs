@@ -3,13 +3,18 @@
 //!
 //! The NVML layer ([`super::nvml`]) only fills these plain structs; everything that interprets
 //! a value — PCI address normalisation, sysfs path parsing, SM counts, MIG profile names, NVLink
-//! peer sets — lives here, where it is unit-tested without a GPU.
+//! peer sets — lives here, where it is unit-tested without a GPU. The only reads of the host's
+//! files are in [`host`] ([`HostPaths`]), which hands their text to the parsers here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 
 use kerf_core::inventory::{ComputeCapability, Gpu, Inventory, MigDevice, MigPlacement};
+
+mod host;
+
+pub use host::HostPaths;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -117,68 +122,6 @@ pub struct HostFacts {
     pub pci: BTreeMap<String, PciHostFacts>,
     /// The driver's MIG capability table.
     pub mig_minors: MigMinors,
-}
-
-/// Where the host's `/sys` and `/proc` are; a container mounts them elsewhere at times.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostPaths {
-    /// sysfs mount, normally `/sys`.
-    pub sys: PathBuf,
-    /// procfs mount, normally `/proc`.
-    pub proc: PathBuf,
-}
-
-impl Default for HostPaths {
-    fn default() -> Self {
-        HostPaths {
-            sys: PathBuf::from("/sys"),
-            proc: PathBuf::from("/proc"),
-        }
-    }
-}
-
-impl HostPaths {
-    /// Reads NUMA node and PCIe root of the PCI device `bus_id` (sysfs form). Missing files
-    /// give `None`: VMs and some platforms have no NUMA information.
-    pub fn pci_facts(&self, bus_id: &str) -> PciHostFacts {
-        let device = self.sys.join("bus/pci/devices").join(bus_id);
-        let numa_node = std::fs::read_to_string(device.join("numa_node"))
-            .ok()
-            .and_then(|text| parse_numa_node(&text));
-        let pcie_root = std::fs::read_link(&device)
-            .ok()
-            .and_then(|target| pcie_root_from_sysfs_link(&target, bus_id));
-        PciHostFacts {
-            numa_node,
-            pcie_root,
-        }
-    }
-
-    /// Reads `/proc/driver/nvidia-caps/mig-minors`; empty when the driver does not provide it.
-    pub fn mig_minors(&self) -> MigMinors {
-        std::fs::read_to_string(self.proc.join("driver/nvidia-caps/mig-minors"))
-            .map(|text| MigMinors::parse(&text))
-            .unwrap_or_default()
-    }
-
-    /// Gathers the host facts for every GPU of `raw`.
-    pub fn facts_for(&self, raw: &RawSystem) -> HostFacts {
-        let pci = raw
-            .gpus
-            .iter()
-            .filter_map(|gpu| normalize_bus_id(&gpu.pci_bus_id))
-            .map(|bus_id| {
-                let facts = self.pci_facts(&bus_id);
-                (bus_id, facts)
-            })
-            .collect();
-        let mig_minors = if raw.gpus.iter().any(|g| g.mig_enabled) {
-            self.mig_minors()
-        } else {
-            MigMinors::default()
-        };
-        HostFacts { pci, mig_minors }
-    }
 }
 
 /// The driver's table of MIG capability device minors
@@ -966,38 +909,5 @@ mod tests {
             (13, 0, MigPlacement { start: 6, size: 1 }, 120, 121)
         );
         assert_eq!(mig.device_name(0), "gpu-0-mig-1g-10gb-6");
-    }
-
-    #[test]
-    fn host_paths_read_a_fake_sysfs() {
-        let dir = tempfile::tempdir().unwrap();
-        let sys = dir.path().join("sys");
-        let device = sys.join("devices/pci0000:15/0000:15:01.0/0000:18:00.0");
-        std::fs::create_dir_all(&device).unwrap();
-        std::fs::write(device.join("numa_node"), "1\n").unwrap();
-        let bus = sys.join("bus/pci/devices");
-        std::fs::create_dir_all(&bus).unwrap();
-        std::os::unix::fs::symlink(
-            "../../../devices/pci0000:15/0000:15:01.0/0000:18:00.0",
-            bus.join("0000:18:00.0"),
-        )
-        .unwrap();
-        let proc = dir.path().join("proc");
-        std::fs::create_dir_all(proc.join("driver/nvidia-caps")).unwrap();
-        std::fs::write(
-            proc.join("driver/nvidia-caps/mig-minors"),
-            "gpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n",
-        )
-        .unwrap();
-        let paths = HostPaths { sys, proc };
-        assert_eq!(
-            paths.pci_facts("0000:18:00.0"),
-            PciHostFacts {
-                numa_node: Some(1),
-                pcie_root: Some("pci0000:15".into())
-            }
-        );
-        assert_eq!(paths.pci_facts("0000:19:00.0"), PciHostFacts::default());
-        assert_eq!(paths.mig_minors().lookup(0, 1, 0), Some((12, 13)));
     }
 }
