@@ -29,7 +29,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::AllocatedDevice;
 use kerf_core::cdi::{self, ClaimSpec, CommonEdits, DeviceNodePolicy, SpecEncoder};
 use kerf_core::checkpoint::{ClaimEntry, ClaimState, DeviceRecord};
-use kerf_core::inventory::{DeviceRef, Inventory};
+use kerf_core::inventory::Inventory;
 use kerf_core::names;
 use kerf_proto::PreparedDevice;
 
@@ -43,8 +43,10 @@ use crate::spec_writer::SpecWriter;
 use crate::{Error, Result};
 
 pub mod device_status;
+mod records;
 
 use device_status::DeviceStatusWriter;
+use records::{conflicts, device_record, parent_request, pod_claim_name, results_of};
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -642,93 +644,6 @@ fn validate_claim_ref(claim: &ClaimRef) -> Result<()> {
     names::namespace("claim.namespace", &claim.namespace)?;
     names::object_name("claim.name", &claim.name)?;
     Ok(())
-}
-
-/// The pod claim name of a claim made from a ResourceClaimTemplate (its
-/// `resource.kubernetes.io/pod-claim-name` annotation, see [`cdi::POD_CLAIM_NAME_ANNOTATION`]),
-/// checked because it becomes a path segment in the claim's containers.
-///
-/// # Errors
-/// An annotation that is not a DNS label, naming the annotation and its value.
-fn pod_claim_name(claim: &ResourceClaim) -> Result<Option<String>> {
-    let Some(value) = claim
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(cdi::POD_CLAIM_NAME_ANNOTATION))
-    else {
-        return Ok(None);
-    };
-    cdi::check_pod_claim_name(value)?;
-    Ok(Some(value.clone()))
-}
-
-/// The kubelet matches devices to containers by request name; a `req/sub` result belongs to
-/// the container's request `req`.
-fn parent_request(request: &str) -> &str {
-    request
-        .split_once('/')
-        .map_or(request, |(parent, _)| parent)
-}
-
-/// Two preparations of one device conflict unless both share it.
-fn conflicts(held: &DeviceRecord, wanted: &DeviceRecord) -> bool {
-    if held.admin_access || wanted.admin_access {
-        return false;
-    }
-    is_exclusive(held) || is_exclusive(wanted)
-}
-
-fn is_exclusive(record: &DeviceRecord) -> bool {
-    record.share_id.is_none()
-        && record.limits.is_whole()
-        && record.sharing == kerf_core::slice::Sharing::Exclusive
-}
-
-fn device_record(
-    found: DeviceRef<'_>,
-    device: &AllocatedDevice,
-    request: String,
-    cdi_id: String,
-) -> DeviceRecord {
-    let (gpu_minor, mig) = match found {
-        DeviceRef::Gpu(gpu) => (gpu.minor, None),
-        DeviceRef::Mig { parent, mig } => (
-            parent.minor,
-            Some(cdi::MigCaps {
-                gi_cap_minor: mig.gi_cap_minor,
-                ci_cap_minor: mig.ci_cap_minor,
-            }),
-        ),
-    };
-    DeviceRecord {
-        request_names: vec![request],
-        request_refs: vec![device.request.clone()],
-        pool_name: device.pool.clone(),
-        device_name: device.device.clone(),
-        cdi_device_ids: vec![cdi_id],
-        share_id: device.share_id.clone(),
-        admin_access: device.admin_access,
-        uuid: found.uuid().to_owned(),
-        gpu_minor,
-        mig,
-        limits: device.limits,
-        sharing: device.sharing,
-        time_slice_interval: device.time_slice_interval,
-    }
-}
-
-fn results_of(devices: &[DeviceRecord]) -> Vec<PreparedDevice> {
-    devices
-        .iter()
-        .map(|d| PreparedDevice {
-            request_names: d.request_names.clone(),
-            pool_name: d.pool_name.clone(),
-            device_name: d.device_name.clone(),
-            cdi_device_ids: d.cdi_device_ids.clone(),
-            share_id: d.share_id.clone(),
-        })
-        .collect()
 }
 
 /// Runs blocking file I/O (fsync) off the async workers; `what` names the task if it panics.
