@@ -21,6 +21,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
+use crate::watch_backoff::WatchBackoff;
 
 /// Read handles of the caches. Clones share the same stores.
 #[derive(Clone)]
@@ -146,7 +147,7 @@ where
     let events = reflector(
         writer,
         watcher(api, config)
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             // managedFields are large and nobody here reads them.
             .modify(|object: &mut K| object.managed_fields_mut().clear()),
     )

@@ -21,6 +21,7 @@ use super::reconcile::{CONTROLLER, error_policy, object_key, reconcile};
 use super::{consumers, ownership};
 use crate::context::Context;
 use crate::error::Result;
+use crate::watch_backoff::WatchBackoff;
 
 type Applied = std::result::Result<
     (ObjectRef<ResourceClaim>, controller::Action),
@@ -71,7 +72,7 @@ pub async fn run(
                 Api::<ResourceClaim>::all(client.clone()),
                 watcher::Config::default(),
             )
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .modify(|claim: &mut ResourceClaim| claim.managed_fields_mut().clear()),
         )
         .applied_objects(),
@@ -82,7 +83,7 @@ pub async fn run(
         reflector::reflector(
             pod_writer,
             watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-                .default_backoff()
+                .backoff(WatchBackoff::default())
                 .modify(|pod: &mut Pod| pod.managed_fields_mut().clear()),
         )
         .touched_objects(),
@@ -92,7 +93,7 @@ pub async fn run(
     let node_watch = reflector::reflector(
         node_writer,
         watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .modify(|node: &mut Node| node.managed_fields_mut().clear()),
     )
     .for_each(|_| std::future::ready(()));
