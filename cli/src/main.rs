@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kerf_cli::demo::manifests::ManifestSource;
-use kerf_cli::demo::{self, DemoConfig, report};
+use kerf_cli::demo::{self, DemoConfig};
 use kerf_kubelet_plugin::config::Discovery;
 
 mod status;
@@ -398,80 +398,13 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let summary = runtime.block_on(demo::run(&config))?;
-    print_summary(&summary, config.run_containers);
-    let failed: Vec<String> = summary
-        .claims
-        .iter()
-        .filter(|c| c.container.as_ref().is_some_and(|r| r.exit_code != Some(0)))
-        .map(|c| format!("{}/{}", c.namespace, c.name))
-        .collect();
-    if !failed.is_empty() {
-        println!("containers that failed: {}", failed.join(", "));
-    }
-    Ok(
-        if summary.containers_error.is_some() || !failed.is_empty() {
-            ExitCode::FAILURE
-        } else {
-            ExitCode::SUCCESS
-        },
-    )
-}
-
-fn print_summary(summary: &demo::Summary, run_containers: bool) {
-    println!(
-        "node {} ({}), driver {}:",
-        summary.node, summary.inventory, summary.driver
+    print!(
+        "{}",
+        demo::print::render_summary(&summary, config.run_containers)
     );
-    for device in &summary.devices {
-        println!("  {device}");
-    }
-    println!("classes:");
-    print!("{}", report::render_classes(summary));
-    for problem in &summary.invalid_manifests {
-        println!("refused manifest: {problem}");
-    }
-    for ignored in &summary.ignored {
-        println!("ignored (kind not modelled by the demo): {ignored}");
-    }
-    let prepared = summary.claims.iter().filter(|c| c.prepared).count();
-    let scheduled = summary.pods.iter().filter(|p| p.scheduled).count();
-    println!(
-        "\n{} claims, {prepared} prepared through the plugin's DRA socket for {scheduled} of {} pods:\n",
-        summary.claims.len(),
-        summary.pods.len()
-    );
-    print!("{}", report::render_table(summary));
-    println!(
-        "\nkerf-controller: kerf's real allocator. scheduler (emulated): the demo's stand-in for \
-         kube-scheduler, first free matching device in ResourceSlice order."
-    );
-    if let Some(root) = &summary.gpu_tools_root {
-        println!(
-            "MPS: one nvidia-cuda-mps-control daemon per GPU with MPS slices, the fake one of \
-             this kerf binary in the mock driver root {}.",
-            root.display()
-        );
-    }
-    if let Some(runtime) = &summary.container_runtime {
-        println!("\ncontainers ({runtime}):");
-        print!("{}", report::render_containers(summary));
-    }
-    match &summary.containers_error {
-        Some(error) => println!("\ncontainers not run: {error}"),
-        None if !run_containers => {
-            println!("\n(--run-containers runs one busybox container per claim with podman)");
-        }
-        None => {}
-    }
-    let daemons = if summary.gpu_tools_root.is_some() {
-        "MPS daemons stopped, "
+    Ok(if demo::print::failed(&summary) {
+        ExitCode::FAILURE
     } else {
-        ""
-    };
-    println!();
-    print!("{}", report::render_health(summary));
-    println!(
-        "\nall claims unprepared, {daemons}plugin stopped, sockets removed. Summary: {}",
-        summary.output_dir.join("summary.json").display()
-    );
+        ExitCode::SUCCESS
+    })
 }

@@ -18,7 +18,8 @@
 //!    claims are prepared the demo flips one prepared device unhealthy and back through the
 //!    plugin's mock fault file ([`health`]).
 //!
-//! [`run`] returns the [`Summary`] and writes it to `<output-dir>/summary.json`.
+//! [`run`] returns the [`Summary`] and writes it to `<output-dir>/summary.json`;
+//! [`print::render_summary`] is the report `kerf demo` prints from it.
 
 pub mod allocate;
 pub mod claim_store;
@@ -28,6 +29,7 @@ pub mod health;
 pub mod manifests;
 pub mod mps;
 pub mod node;
+pub mod print;
 pub mod report;
 pub mod scheduler;
 pub mod workload;
