@@ -4,6 +4,9 @@
 #
 #   docker build -t kerf:dev .
 #
+# Without a registry, .ci/image builds the same binaries on the host and an image FROM scratch
+# with podman (Containerfile.local), for mock mode.
+#
 # The runtime base has glibc (not static): the kubelet plugin loads libnvidia-ml.so.1 with
 # dlopen at run time, and NVIDIA's libraries are built against glibc. It runs as the
 # unprivileged user 65532 by default; the kubelet plugin's DaemonSet runs it as root.
@@ -12,7 +15,8 @@ FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .
 # The cache mounts keep the registry and the target directory between builds; the binaries
-# are copied out of the target cache because it is not part of the image.
+# are copied out of the target cache because it is not part of the image. The release
+# profile strips their debug info (Cargo.toml): 24-29 MB each rather than 115-165 MB.
 # The mock driver root's tools are symlinks to the one kerf-fake-gpu-tools binary, which acts
 # as the tool it is run as (the name in argv[0], which the kubelet plugin passes as the
 # symlink's path); the distroless stage has no shell to make them, so they are made here,
