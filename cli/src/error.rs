@@ -47,6 +47,18 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
+    /// A Kubernetes API request failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done, e.g. `listing ResourceSlices`.
+        action: &'static str,
+        /// The cause.
+        #[source]
+        source: kube::Error,
+    },
+    /// A YAML file, or an object in it, is unusable (the message names the file and object).
+    #[error("{0}")]
+    Yaml(String),
 }
 
 impl Error {
@@ -61,6 +73,8 @@ impl Error {
             Error::Kubelet(_) | Error::Unprepare(_) => "kubelet",
             Error::Containers(_) => "containers",
             Error::Json { .. } => "json",
+            Error::Kube { .. } => "kube",
+            Error::Yaml(_) => "yaml",
         }
     }
 

@@ -3,9 +3,12 @@
 //! - [`inventory`]: the ResourceSlices the kubelet plugin would publish for this node.
 //! - [`demo`]: kerf's main job on one mock node — the real kubelet plugin, the real
 //!   controller allocator, a kubelet stand-in and optionally podman — with no cluster.
+//! - [`status`]: every kerf GPU of the cluster per node, from kerf's ResourceSlices and the
+//!   claims allocated on them (or from saved YAML).
 
 pub mod demo;
 pub mod error;
 pub mod inventory;
+pub mod status;
 
 pub use error::{Error, Result};

@@ -13,9 +13,8 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use kerf_cli::demo::manifests::ManifestSource;
 use kerf_cli::demo::{self, DemoConfig};
+use kerf_cli::status;
 use kerf_kubelet_plugin::config::Discovery;
-
-mod status;
 
 /// mimalloc rather than the system allocator: the prepare path allocates from many threads
 /// (gRPC workers, the blocking pool of the file writers), where glibc's malloc spent a
@@ -253,10 +252,28 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, joined by `: `, leaving out a cause whose text is already
+/// in the message: kerf-cli's errors show their cause themselves (`reading FILE: <io error>`),
+/// and printing the chain as well would say it twice.
+fn error_text(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
+    }
+    text
 }
 
 /// Whether the program was started under the file name of a fake GPU tool (argv\[0\]).
@@ -316,7 +333,8 @@ fn run_status(args: &StatusArgs) -> anyhow::Result<()> {
             },
             |error| eprintln!("warning: {error}"),
         )
-        .await
+        .await?;
+        Ok(())
     })
 }
 
@@ -407,4 +425,17 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_text_says_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let error =
+            anyhow::Error::from(kerf_cli::Error::io("reading", "/x.yaml", io)).context("--from");
+        assert_eq!(error_text(&error), "--from: reading /x.yaml: no such file");
+    }
 }

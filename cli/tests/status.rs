@@ -3,19 +3,16 @@
 //! GPU, two MPS slices of kerf-controller on one GPU, a claim on a MIG device, and an older
 //! pool generation that must not show.
 //!
-//! The command's code lives in the `kerf` binary (`cli/src/status/`); it is compiled into this
-//! test from its source.
+//! The command's code is kerf-cli's [`kerf_cli::status`].
 
 // Fixture helpers panic on a broken fixture, which is a bug in this file.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-#[path = "../src/status/mod.rs"]
-mod status;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceClaim, ResourceSlice};
 use kerf_api::ownership::{Owner, Record, publish_owners};
+use kerf_cli::status;
 use kerf_tests::fake_api::FakeApi;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};

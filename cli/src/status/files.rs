@@ -4,26 +4,26 @@
 
 use std::path::Path;
 
-use anyhow::{Context as _, bail};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use serde_json::Value;
 
 use super::model::Snapshot;
+use crate::error::{Error, Result};
 
 /// Reads every ResourceSlice and ResourceClaim of `paths` (multi-document YAML or JSON; a
 /// `List` contributes its items). Objects of other kinds are skipped.
 ///
 /// # Errors
-/// A file cannot be read or is not YAML, or a ResourceSlice or ResourceClaim in it does not
-/// decode (the error names the file and the object).
-pub fn read(paths: &[impl AsRef<Path>]) -> anyhow::Result<Snapshot> {
+/// [`Error::Io`] when a file cannot be read; [`Error::Yaml`] when one is not YAML, or a
+/// ResourceSlice or ResourceClaim in it does not decode (the error names the file and the
+/// object).
+pub fn read(paths: &[impl AsRef<Path>]) -> Result<Snapshot> {
     let mut snapshot = Snapshot::default();
     for path in paths {
         let path = path.as_ref();
-        let text =
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io("reading", path, e))?;
         let documents: Vec<Value> = serde_saphyr::from_multiple(&text)
-            .with_context(|| format!("{}: invalid YAML", path.display()))?;
+            .map_err(|e| Error::Yaml(format!("{}: invalid YAML: {e}", path.display())))?;
         for document in documents {
             add(&mut snapshot, document, path)?;
         }
@@ -31,7 +31,7 @@ pub fn read(paths: &[impl AsRef<Path>]) -> anyhow::Result<Snapshot> {
     Ok(snapshot)
 }
 
-fn add(snapshot: &mut Snapshot, document: Value, path: &Path) -> anyhow::Result<()> {
+fn add(snapshot: &mut Snapshot, document: Value, path: &Path) -> Result<()> {
     let kind = document
         .get("kind")
         .and_then(Value::as_str)
@@ -42,21 +42,27 @@ fn add(snapshot: &mut Snapshot, document: Value, path: &Path) -> anyhow::Result<
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_owned();
-    let context = || format!("{}: {kind} {name:?}", path.display());
+    let invalid =
+        |e: serde_json::Error| Error::Yaml(format!("{}: {kind} {name:?}: {e}", path.display()));
     match kind.as_str() {
         "ResourceSlice" => snapshot
             .slices
-            .push(serde_json::from_value::<ResourceSlice>(document).with_context(context)?),
+            .push(serde_json::from_value::<ResourceSlice>(document).map_err(invalid)?),
         "ResourceClaim" => snapshot
             .claims
-            .push(serde_json::from_value::<ResourceClaim>(document).with_context(context)?),
+            .push(serde_json::from_value::<ResourceClaim>(document).map_err(invalid)?),
         kind if kind.ends_with("List") => match document.get("items") {
             Some(Value::Array(items)) => {
                 for item in items.clone() {
                     add(snapshot, item, path)?;
                 }
             }
-            Some(_) => bail!("{}: {kind}: items is not a list", path.display()),
+            Some(_) => {
+                return Err(Error::Yaml(format!(
+                    "{}: {kind}: items is not a list",
+                    path.display()
+                )));
+            }
             None => {}
         },
         // Documents of other kinds (classes, pods) sit in the same manifests.

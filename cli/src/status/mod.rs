@@ -51,13 +51,13 @@ mod render;
 use std::future::Future;
 use std::pin::pin;
 
-use anyhow::Context as _;
 use futures::{Stream, StreamExt as _, stream};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt as _, watcher};
 
+use crate::error::{Error, Result};
 pub use model::{Snapshot, Status};
 pub use render::table;
 
@@ -69,17 +69,23 @@ fn driver_selector(driver: &str) -> String {
 /// Lists `driver`'s ResourceSlices and every ResourceClaim once.
 ///
 /// # Errors
-/// When either list fails (unreachable server, missing RBAC for listing ResourceSlices or
+/// [`Error::Kube`] when either list fails (unreachable server, missing RBAC for listing ResourceSlices or
 /// ResourceClaims in all namespaces).
-pub async fn fetch(client: &kube::Client, driver: &str) -> anyhow::Result<Snapshot> {
+pub async fn fetch(client: &kube::Client, driver: &str) -> Result<Snapshot> {
     let slices = Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default().fields(&driver_selector(driver)))
         .await
-        .context("listing ResourceSlices")?;
+        .map_err(|source| Error::Kube {
+            action: "listing ResourceSlices",
+            source,
+        })?;
     let claims = Api::<ResourceClaim>::all(client.clone())
         .list(&ListParams::default())
         .await
-        .context("listing ResourceClaims in all namespaces")?;
+        .map_err(|source| Error::Kube {
+            action: "listing ResourceClaims in all namespaces",
+            source,
+        })?;
     Ok(Snapshot {
         slices: slices.items,
         claims: claims.items,
@@ -89,9 +95,12 @@ pub async fn fetch(client: &kube::Client, driver: &str) -> anyhow::Result<Snapsh
 /// The JSON document (see the module docs), pretty-printed.
 ///
 /// # Errors
-/// Never in practice: every field serializes.
-pub fn json(status: &Status) -> anyhow::Result<String> {
-    serde_json::to_string_pretty(status).context("encoding the status as JSON")
+/// [`Error::Json`], never in practice: every field serializes.
+pub fn json(status: &Status) -> Result<String> {
+    serde_json::to_string_pretty(status).map_err(|source| Error::Json {
+        what: "encoding the status as JSON",
+        source,
+    })
 }
 
 /// Watches `driver`'s ResourceSlices and all ResourceClaims, and calls `on_change` with the
@@ -107,7 +116,7 @@ pub async fn watch(
     shutdown: impl Future<Output = ()>,
     mut on_change: impl FnMut(&Status),
     mut on_error: impl FnMut(&str),
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let (slices, slice_events) = cache(
         Api::<ResourceSlice>::all(client.clone()),
         watcher::Config::default().fields(&driver_selector(driver)),
