@@ -1,0 +1,344 @@
+//! An in-memory Kubernetes API server for tests, served as a [`tower::Service`].
+//!
+//! [`FakeApi`] speaks enough of the API server's REST protocol for everything kube's `Api<K>`
+//! and kube-runtime's watcher send: GET, LIST (field and label selectors), CREATE, REPLACE
+//! (with resourceVersion preconditions), PATCH (server-side apply, merge patch, JSON patch),
+//! DELETE (with finalizers), DELETECOLLECTION and WATCH (including streaming lists and
+//! bookmarks). Errors are real `Status` objects, so client code sees exactly the
+//! `kube::Error::Api` values a real server produces.
+//!
+//! Every request is logged ([`FakeApi::requests`]) so tests can assert how many calls code
+//! made, and faults can be scripted ([`FakeApi::fail_next`], [`FakeApi::delay_next`]) to
+//! exercise error handling.
+//!
+//! Deliberate simplifications, none of which kube clients observe in practice:
+//! - any resource name is accepted (no discovery, no schema validation, no defaulting);
+//! - server-side apply is "create or merge, forcing": fields are merged like a JSON merge
+//!   patch, and fields the same field manager applied before but omits now are removed (lists
+//!   are atomic); there is no conflict detection between managers and no `managedFields`;
+//! - strategic merge patches are treated as JSON merge patches;
+//! - field selectors accept any dotted field path; list pagination returns everything at once;
+//! - `dryRun=All` is simulated for CREATE only (the answer is what would be stored, nothing
+//!   is); on other verbs it is rejected with 400.
+//!
+//! [`FakeApi::drop_field`] makes the fake behave like an API server whose feature gate for a
+//! field is off: kube-apiserver's registry strategies call `dropDisabledFields` (e.g.
+//! kubernetes/kubernetes `pkg/registry/resource/resourceslice/strategy.go`,
+//! `dropDisabledFields`, which clears `devices[].taints` unless `DRADeviceTaints` is on) on
+//! every create and update, so the write succeeds and the field is silently gone.
+//!
+//! Layout: this module holds the shared types; `routing` the HTTP side and verb dispatch,
+//! `store` objects and their lifecycle, `patch` PATCH and server-side apply, `watch` change
+//! history and watch streams, `selectors` field and label selectors, `faults` the request log
+//! and injected faults, `fixtures` the test-side API that bypasses HTTP.
+
+mod faults;
+mod fixtures;
+mod patch;
+mod routing;
+mod selectors;
+mod store;
+#[cfg(test)]
+mod tests;
+mod watch;
+
+pub use faults::describe_requests;
+pub use fixtures::StoreView;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+use faults::{Delay, Fault};
+
+/// Response body of the fake: a whole JSON document or a stream of watch events.
+pub type FakeBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// How many watch events a slow watcher may fall behind before it gets `410 Expired`.
+const WATCH_BUFFER: usize = 4096;
+
+/// An in-memory Kubernetes API server. Clones share the same state.
+#[derive(Clone)]
+pub struct FakeApi {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    events: broadcast::Sender<Broadcast>,
+    /// The outage in progress, if any ([`FakeApi::set_outage`]).
+    outage: tokio::sync::watch::Sender<Option<Outage>>,
+}
+
+/// How the fake is unreachable during an injected outage ([`FakeApi::set_outage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outage {
+    /// Requests hang until the outage ends and are then served, as with a frozen API server
+    /// (an etcd that stopped answering, a process stopped with SIGSTOP): the TCP connection
+    /// stays open and nothing comes back.
+    Frozen,
+    /// Requests fail at once with `503 ServiceUnavailable`, as when a load balancer in front
+    /// of the API server has no healthy backend (client-go and kube-rs treat it like a
+    /// refused connection: retried with back-off).
+    Unavailable,
+}
+
+impl std::fmt::Debug for FakeApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.state();
+        f.debug_struct("FakeApi")
+            .field("objects", &state.objects.len())
+            .field("resource_version", &state.rv)
+            .field("requests", &state.requests.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// One request the fake received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// HTTP method, e.g. `GET`.
+    pub method: String,
+    /// Kubernetes verb: `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection` (empty when the path is not a resource path).
+    pub verb: &'static str,
+    /// URL path, e.g. `/apis/resource.k8s.io/v1/resourceslices`.
+    pub path: String,
+    /// Raw query string without the `?` (empty when there is none).
+    pub query: String,
+    /// The `Content-Type` header, when sent.
+    pub content_type: Option<String>,
+}
+
+impl RecordedRequest {
+    /// Whether `method` names this request's HTTP method or Kubernetes verb
+    /// (case-insensitive) and its path starts with `path_prefix`.
+    pub fn matches(&self, method: &str, path_prefix: &str) -> bool {
+        (self.method.eq_ignore_ascii_case(method) || self.verb.eq_ignore_ascii_case(method))
+            && self.path.starts_with(path_prefix)
+    }
+}
+
+/// Identity of a stored object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct ObjKey {
+    /// `api/v1` or `apis/<group>/<version>`.
+    prefix: String,
+    /// Plural resource name, e.g. `resourceslices`.
+    resource: String,
+    /// Empty for cluster-scoped objects.
+    namespace: String,
+    name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChangeKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One committed write, kept for watches that resume from an older resourceVersion.
+#[derive(Debug)]
+struct Change {
+    rv: u64,
+    kind: ChangeKind,
+    key: ObjKey,
+    old: Option<Value>,
+    new: Value,
+}
+
+#[derive(Debug, Clone)]
+enum Broadcast {
+    Change(Arc<Change>),
+    CloseWatches,
+}
+
+struct State {
+    objects: BTreeMap<ObjKey, Value>,
+    rv: u64,
+    uids: u64,
+    history: Vec<Arc<Change>>,
+    /// Watches from a resourceVersion below this get `410 Expired`.
+    compacted_below: u64,
+    /// Last configuration applied per object, subresource and field manager.
+    applied: HashMap<(ObjKey, bool, String), Value>,
+    /// Kinds seen per collection (`prefix`, `resource`), for list and bookmark type fields.
+    kinds: HashMap<(String, String), String>,
+    status_subresources: HashSet<String>,
+    requests: Vec<RecordedRequest>,
+    faults: Vec<Fault>,
+    delays: Vec<Delay>,
+    /// Fields removed from every write, per resource (plural).
+    dropped_fields: Vec<(String, String)>,
+}
+
+/// An API error, rendered as a `Status` object.
+#[derive(Debug)]
+struct ApiError {
+    code: u16,
+    reason: &'static str,
+    message: String,
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+impl ApiError {
+    fn new(code: u16, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason: reason_for(code),
+            message: message.into(),
+        }
+    }
+
+    fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(400, message)
+    }
+
+    fn not_found(key: &ObjKey) -> Self {
+        Self::new(
+            404,
+            format!("{} {:?} not found", qualified_resource(key), key.name),
+        )
+    }
+
+    fn conflict(key: &ObjKey, why: &str) -> Self {
+        Self::new(
+            409,
+            format!(
+                "Operation cannot be fulfilled on {} {:?}: {why}",
+                qualified_resource(key),
+                key.name
+            ),
+        )
+    }
+
+    fn to_status(&self) -> Value {
+        json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        })
+    }
+}
+
+/// The `reason` a real API server puts in a `Status` with this code.
+fn reason_for(code: u16) -> &'static str {
+    match code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        405 => "MethodNotAllowed",
+        409 => "Conflict",
+        410 => "Expired",
+        415 => "UnsupportedMediaType",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "InternalError",
+    }
+}
+
+/// `resourceslices.resource.k8s.io` or `pods`, as the API server names resources in messages.
+fn qualified_resource(key: &ObjKey) -> String {
+    match key
+        .prefix
+        .strip_prefix("apis/")
+        .and_then(|gv| gv.split('/').next())
+    {
+        Some(group) => format!("{}.{group}", key.resource),
+        None => key.resource.clone(),
+    }
+}
+
+impl Default for FakeApi {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeApi {
+    /// An empty API server. Pods, nodes, namespaces, services, persistent volume claims,
+    /// workloads, ResourceClaims and kerf's GpuClasses have a `/status` subresource, as on a
+    /// real cluster: writes to the main resource leave their status alone.
+    pub fn new() -> Self {
+        let (events, _) = broadcast::channel(WATCH_BUFFER);
+        let status_subresources = [
+            "pods",
+            "nodes",
+            "namespaces",
+            "services",
+            "persistentvolumeclaims",
+            "persistentvolumes",
+            "deployments",
+            "replicasets",
+            "statefulsets",
+            "daemonsets",
+            "jobs",
+            "resourceclaims",
+            "gpuclasses",
+        ]
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+        let state = State {
+            objects: BTreeMap::new(),
+            rv: 0,
+            uids: 0,
+            history: Vec::new(),
+            compacted_below: 0,
+            applied: HashMap::new(),
+            kinds: HashMap::new(),
+            status_subresources,
+            requests: Vec::new(),
+            faults: Vec::new(),
+            delays: Vec::new(),
+            dropped_fields: Vec::new(),
+        };
+        Self {
+            inner: Arc::new(Inner {
+                state: Mutex::new(state),
+                events,
+                outage: tokio::sync::watch::Sender::new(None),
+            }),
+        }
+    }
+
+    /// A kube client whose requests this fake serves; its default namespace is `default`.
+    ///
+    /// Must be called inside a Tokio runtime: the client spawns its request buffer there.
+    pub fn client(&self) -> kube::Client {
+        kube::Client::new(self.clone(), "default")
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock was held can only come from a bug in this file; the state
+        // is still consistent enough for a test to report what it sees.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Declares whether `resource` (plural, e.g. `widgets`) has a `/status` subresource.
+    pub fn set_status_subresource(&self, resource: &str, enabled: bool) {
+        let mut state = self.state();
+        if enabled {
+            state.status_subresources.insert(resource.to_owned());
+        } else {
+            state.status_subresources.remove(resource);
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! PATCH: JSON merge patches (strategic ones treated alike), JSON patches and server-side
+//! apply as "create or merge, forcing" (see the simplifications in the [module docs](super)).
+
+use serde_json::Value;
+use tokio::sync::broadcast;
+
+use super::routing::ApiRequest;
+use super::store::{metadata_mut, str_at, with_status_of};
+use super::{ApiError, ApiResult, Broadcast, ObjKey, State};
+
+/// Removes from `live` the fields a field manager applied before (`previous`) but no longer
+/// applies (`next`), recursing into maps; lists are atomic and replaced by the merge.
+pub(super) fn remove_dropped_fields(live: &mut Value, previous: &Value, next: &Value) {
+    let (Some(live), Some(previous)) = (live.as_object_mut(), previous.as_object()) else {
+        return;
+    };
+    for (field, prev_value) in previous {
+        match next.get(field) {
+            None => {
+                live.remove(field);
+            }
+            Some(next_value) if prev_value.is_object() && next_value.is_object() => {
+                if let Some(live_value) = live.get_mut(field) {
+                    remove_dropped_fields(live_value, prev_value, next_value);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+}
+
+/// The applied configuration without the fields that are preconditions, not content.
+fn applied_config(body: &Value) -> Value {
+    let mut config = body.clone();
+    if let Some(meta) = config.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+    }
+    config
+}
+
+impl State {
+    pub(super) fn patch(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        request: &ApiRequest,
+    ) -> ApiResult<(u16, Value)> {
+        let key = request.object_key()?;
+        let content_type = request.content_type.as_deref().unwrap_or("");
+        let media = content_type.split(';').next().unwrap_or("").trim();
+        if media == "application/apply-patch+yaml" {
+            return self.apply(events, request, key);
+        }
+        let current = self.existing(&key)?;
+        let mut patched = current.clone();
+        match media {
+            "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+                let patch = request.json_body()?;
+                Self::check_resource_version(&key, &current, &patch)?;
+                json_patch::merge(&mut patched, &patch);
+            }
+            "application/json-patch+json" => {
+                let patch: json_patch::Patch = serde_json::from_slice(&request.body)
+                    .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+                json_patch::patch(&mut patched, &patch.0).map_err(|e| {
+                    ApiError::new(422, format!("the JSON patch does not apply: {e}"))
+                })?;
+                Self::check_resource_version(&key, &current, &patched)?;
+            }
+            other => {
+                return Err(ApiError::new(
+                    415,
+                    format!("the media type {other:?} is not supported"),
+                ));
+            }
+        }
+        let next = self.patched_object(request, &key, &current, patched);
+        Ok((200, self.commit(events, key, next, Some(current))))
+    }
+
+    fn patched_object(
+        &self,
+        request: &ApiRequest,
+        key: &ObjKey,
+        current: &Value,
+        mut patched: Value,
+    ) -> Value {
+        if request.parsed.status {
+            return with_status_of(current, &patched);
+        }
+        for field in ["name", "namespace"] {
+            match current.pointer(&format!("/metadata/{field}")).cloned() {
+                Some(v) => metadata_mut(&mut patched).insert(field.to_owned(), v),
+                None => metadata_mut(&mut patched).remove(field),
+            };
+        }
+        self.next_main_object(key, current, patched)
+    }
+
+    /// Server-side apply as "create or merge, forcing", removing what the same manager
+    /// applied before but no longer does.
+    pub(super) fn apply(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        request: &ApiRequest,
+        key: ObjKey,
+    ) -> ApiResult<(u16, Value)> {
+        let Some(manager) = request
+            .query
+            .get("fieldManager")
+            .filter(|m| !m.is_empty())
+            .map(str::to_owned)
+        else {
+            return Err(ApiError::bad_request(
+                "PATCH requests of type apply need a fieldManager",
+            ));
+        };
+        let mut body = request.object_body()?;
+        if body.get("apiVersion").is_none() || body.get("kind").is_none() {
+            return Err(ApiError::bad_request(
+                "apply configurations need apiVersion and kind",
+            ));
+        }
+        let body_name = str_at(&body, "/metadata/name");
+        // A real server checks the name of the merged object, so a configuration without a
+        // name updates the object named in the URL (kube-lease-manager applies such), but
+        // cannot create one.
+        let unnamed_update = body_name.is_empty() && self.objects.contains_key(&key);
+        if body_name != key.name && !unnamed_update {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({})",
+                key.name
+            )));
+        }
+        let config = applied_config(&body);
+        let applied_key = (key.clone(), request.parsed.status, manager);
+        let Some(current) = self.objects.get(&key).cloned() else {
+            if request.parsed.status {
+                return Err(ApiError::not_found(&key));
+            }
+            if !str_at(&body, "/metadata/resourceVersion").is_empty() {
+                return Err(ApiError::conflict(&key, "the object does not exist"));
+            }
+            let key = Self::key_in_collection(&request.parsed, &mut body, key.name.clone())?;
+            let created = self.create_object(events, key, body);
+            self.applied.insert(applied_key, config);
+            return Ok((201, created));
+        };
+        Self::check_resource_version(&key, &current, &body)?;
+        let mut patched = current.clone();
+        if let Some(previous) = self.applied.get(&applied_key) {
+            remove_dropped_fields(&mut patched, previous, &config);
+        }
+        json_patch::merge(&mut patched, &config);
+        let next = self.patched_object(request, &key, &current, patched);
+        self.applied.insert(applied_key, config);
+        if next == current {
+            // A no-op apply does not write, so the resourceVersion stays, as on a real server.
+            return Ok((200, current));
+        }
+        Ok((200, self.commit(events, key, next, Some(current))))
+    }
+}

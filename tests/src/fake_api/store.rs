@@ -1,0 +1,527 @@
+//! The object store: create, replace, delete (with finalizers and preconditions),
+//! resourceVersions, generations, UIDs and the `/status` subresource, and the list
+//! documents, as kube clients see them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use super::routing::{ApiRequest, ParsedPath, api_version_of};
+use super::selectors::Filter;
+use super::{
+    ApiError, ApiResult, Broadcast, Change, ChangeKind, ObjKey, State, qualified_resource,
+};
+
+pub(super) fn str_at<'a>(obj: &'a Value, pointer: &str) -> &'a str {
+    obj.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+pub(super) fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
+    if !obj.get("metadata").is_some_and(Value::is_object) {
+        obj["metadata"] = json!({});
+    }
+    match obj.get_mut("metadata") {
+        Some(Value::Object(meta)) => meta,
+        // Just made sure it is an object; this arm is unreachable.
+        _ => unreachable_metadata(),
+    }
+}
+
+#[allow(clippy::panic, reason = "metadata was made an object just before")]
+fn unreachable_metadata() -> ! {
+    panic!("FakeApi: metadata is not an object")
+}
+
+/// Keeps the server-owned identity fields of `old` on an updated object.
+pub(super) fn copy_identity(old: &Value, new: &mut Value) {
+    for field in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "generation",
+    ] {
+        match old.pointer(&format!("/metadata/{field}")).cloned() {
+            Some(v) => {
+                metadata_mut(new).insert(field.to_owned(), v);
+            }
+            None => {
+                metadata_mut(new).remove(field);
+            }
+        }
+    }
+}
+
+/// Bumps `metadata.generation` when anything but metadata and status changed.
+pub(super) fn set_generation(old: &Value, new: &mut Value) {
+    let spec_of = |v: &Value| -> Map<String, Value> {
+        v.as_object()
+            .map(|m| {
+                m.iter()
+                    .filter(|(k, _)| !matches!(k.as_str(), "metadata" | "status"))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let generation = old
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let generation = if spec_of(old) == spec_of(new) {
+        generation
+    } else {
+        generation + 1
+    };
+    metadata_mut(new).insert("generation".to_owned(), json!(generation));
+}
+
+fn now_timestamp() -> Value {
+    let now =
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    serde_json::to_value(now).unwrap_or(Value::Null)
+}
+
+/// A deterministic, UUID-shaped identifier from a counter (SplitMix64).
+pub(super) fn uid_from(counter: u64) -> String {
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let a = mix(counter);
+    let b = mix(a);
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0x0fff,
+        ((b >> 48) & 0x3fff) | 0x8000,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// `current` with its status replaced by the status of `next` (a `/status` write).
+pub(super) fn with_status_of(current: &Value, next: &Value) -> Value {
+    let mut out = current.clone();
+    if let Some(map) = out.as_object_mut() {
+        match next.get("status") {
+            Some(status) => map.insert("status".to_owned(), status.clone()),
+            None => map.remove("status"),
+        };
+    }
+    out
+}
+
+fn check_delete_preconditions(key: &ObjKey, current: &Value, options: &Value) -> ApiResult<()> {
+    let wanted_uid = str_at(options, "/preconditions/uid");
+    if !wanted_uid.is_empty() && wanted_uid != str_at(current, "/metadata/uid") {
+        return Err(ApiError::conflict(
+            key,
+            "Precondition failed: UID in precondition does not match the object",
+        ));
+    }
+    let wanted_rv = str_at(options, "/preconditions/resourceVersion");
+    if !wanted_rv.is_empty() && wanted_rv != str_at(current, "/metadata/resourceVersion") {
+        return Err(ApiError::conflict(
+            key,
+            "Precondition failed: ResourceVersion in precondition does not match the object",
+        ));
+    }
+    Ok(())
+}
+
+/// A list response as [`State::list_bytes`] writes it.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListDocument<'a> {
+    api_version: String,
+    kind: String,
+    metadata: ListMeta,
+    items: ListedItems<'a>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListMeta {
+    resource_version: String,
+}
+
+/// The stored objects a filter selects, serialized in key order as they are iterated.
+struct ListedItems<'a> {
+    objects: &'a BTreeMap<ObjKey, Value>,
+    filter: &'a Filter,
+}
+
+impl serde::Serialize for ListedItems<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(
+            self.objects
+                .iter()
+                .filter(|(k, v)| self.filter.matches(k, v))
+                .map(|(_, v)| v),
+        )
+    }
+}
+
+impl State {
+    pub(super) fn learn_kind(&mut self, key: &ObjKey, obj: &Value) {
+        if let Some(kind) = obj.get("kind").and_then(Value::as_str) {
+            self.kinds
+                .insert((key.prefix.clone(), key.resource.clone()), kind.to_owned());
+        }
+    }
+
+    pub(super) fn kind_of(&self, prefix: &str, resource: &str) -> String {
+        self.kinds
+            .get(&(prefix.to_owned(), resource.to_owned()))
+            .cloned()
+            .unwrap_or_else(|| {
+                // Never seen: a readable guess is all list and bookmark type fields need.
+                let singular = resource.strip_suffix('s').unwrap_or(resource);
+                let mut chars = singular.chars();
+                chars
+                    .next()
+                    .map(|c| c.to_ascii_uppercase().to_string() + chars.as_str())
+                    .unwrap_or_default()
+            })
+    }
+
+    pub(super) fn init_metadata(&mut self, obj: &mut Value) {
+        self.uids += 1;
+        let uid = uid_from(self.uids);
+        let meta = metadata_mut(obj);
+        meta.insert("uid".to_owned(), json!(uid));
+        meta.insert("creationTimestamp".to_owned(), now_timestamp());
+        meta.insert("generation".to_owned(), json!(1));
+        meta.remove("deletionTimestamp");
+    }
+
+    /// Stores `obj` under `key` at a new resourceVersion, records the change and tells the
+    /// watchers. An object marked for deletion whose last finalizer is gone is deleted instead.
+    pub(super) fn commit(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        key: ObjKey,
+        mut obj: Value,
+        old: Option<Value>,
+    ) -> Value {
+        let finalizers_done = obj
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty);
+        if obj
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|t| !t.is_null())
+            && finalizers_done
+        {
+            return self.commit_delete(events, key, obj);
+        }
+        self.drop_disabled_fields(&key, &mut obj);
+        self.rv += 1;
+        metadata_mut(&mut obj).insert("resourceVersion".to_owned(), json!(self.rv.to_string()));
+        let kind = if old.is_some() {
+            ChangeKind::Modified
+        } else {
+            ChangeKind::Added
+        };
+        self.objects.insert(key.clone(), obj.clone());
+        self.record_change(events, kind, key, old, obj.clone());
+        obj
+    }
+
+    pub(super) fn commit_delete(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        key: ObjKey,
+        mut obj: Value,
+    ) -> Value {
+        self.rv += 1;
+        metadata_mut(&mut obj).insert("resourceVersion".to_owned(), json!(self.rv.to_string()));
+        self.objects.remove(&key);
+        self.applied.retain(|(k, _, _), _| *k != key);
+        self.record_change(events, ChangeKind::Deleted, key, None, obj.clone());
+        obj
+    }
+
+    fn record_change(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        kind: ChangeKind,
+        key: ObjKey,
+        old: Option<Value>,
+        new: Value,
+    ) {
+        let change = Arc::new(Change {
+            rv: self.rv,
+            kind,
+            key,
+            old,
+            new,
+        });
+        self.history.push(Arc::clone(&change));
+        // No watcher listening is not an error.
+        let _ = events.send(Broadcast::Change(change));
+    }
+
+    pub(super) fn existing(&self, key: &ObjKey) -> ApiResult<Value> {
+        self.objects
+            .get(key)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(key))
+    }
+
+    fn has_status_subresource(&self, key: &ObjKey) -> bool {
+        self.status_subresources.contains(&key.resource)
+    }
+
+    pub(super) fn get(&self, request: &ApiRequest) -> ApiResult<Value> {
+        self.existing(&request.object_key()?)
+    }
+
+    /// The list document of a collection read as JSON bytes, serialized from the stored objects
+    /// without copying them first: a list of a busy collection is the most expensive read,
+    /// and the lock is held meanwhile.
+    pub(super) fn list_bytes(&self, request: &ApiRequest) -> ApiResult<Vec<u8>> {
+        let filter = Filter::new(&request.parsed, &request.query)?;
+        let path = &request.parsed;
+        let document = ListDocument {
+            api_version: path.api_version(),
+            kind: format!("{}List", self.kind_of(&path.prefix, &path.resource)),
+            metadata: ListMeta {
+                resource_version: self.rv.to_string(),
+            },
+            items: ListedItems {
+                objects: &self.objects,
+                filter: &filter,
+            },
+        };
+        serde_json::to_vec(&document)
+            .map_err(|e| ApiError::new(500, format!("cannot serialize the list: {e}")))
+    }
+
+    fn list_document(&self, path: &ParsedPath, items: Vec<Value>) -> Value {
+        json!({
+            "apiVersion": path.api_version(),
+            "kind": format!("{}List", self.kind_of(&path.prefix, &path.resource)),
+            "metadata": { "resourceVersion": self.rv.to_string() },
+            "items": Value::Array(items),
+        })
+    }
+
+    pub(super) fn create(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        request: &ApiRequest,
+    ) -> ApiResult<Value> {
+        if request.parsed.name.is_some() {
+            return Err(ApiError::new(405, "create needs a collection path"));
+        }
+        let mut obj = request.object_body()?;
+        let name = self.name_for_create(&obj)?;
+        let key = Self::key_in_collection(&request.parsed, &mut obj, name)?;
+        if self.objects.contains_key(&key) {
+            let mut err = ApiError::new(
+                409,
+                format!("{} {:?} already exists", qualified_resource(&key), key.name),
+            );
+            err.reason = "AlreadyExists";
+            return Err(err);
+        }
+        Ok(self.create_object(events, key, obj))
+    }
+
+    pub(super) fn create_object(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        key: ObjKey,
+        mut obj: Value,
+    ) -> Value {
+        self.fill_type_meta(&key, &mut obj);
+        self.learn_kind(&key, &obj);
+        if self.has_status_subresource(&key)
+            && let Some(map) = obj.as_object_mut()
+        {
+            map.remove("status");
+        }
+        self.init_metadata(&mut obj);
+        self.commit(events, key, obj, None)
+    }
+
+    pub(super) fn fill_type_meta(&self, key: &ObjKey, obj: &mut Value) {
+        if obj.get("apiVersion").is_none() {
+            obj["apiVersion"] = json!(api_version_of(&key.prefix));
+        }
+        if obj.get("kind").is_none() {
+            obj["kind"] = json!(self.kind_of(&key.prefix, &key.resource));
+        }
+    }
+
+    pub(super) fn name_for_create(&mut self, obj: &Value) -> ApiResult<String> {
+        let name = str_at(obj, "/metadata/name");
+        if !name.is_empty() {
+            return Ok(name.to_owned());
+        }
+        let generate = str_at(obj, "/metadata/generateName");
+        if generate.is_empty() {
+            return Err(ApiError::new(
+                422,
+                "metadata.name: Required value: name or generateName is required",
+            ));
+        }
+        self.uids += 1;
+        let suffix: String = uid_from(self.uids)
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .take(5)
+            .collect();
+        Ok(format!("{generate}{suffix}"))
+    }
+
+    /// The key of `obj` in the collection at `path`, after checking and filling in its
+    /// name and namespace.
+    pub(super) fn key_in_collection(
+        path: &ParsedPath,
+        obj: &mut Value,
+        name: String,
+    ) -> ApiResult<ObjKey> {
+        let body_ns = str_at(obj, "/metadata/namespace").to_owned();
+        let namespace = match &path.namespace {
+            Some(ns) if !body_ns.is_empty() && body_ns != *ns => {
+                return Err(ApiError::bad_request(format!(
+                    "the namespace of the provided object ({body_ns}) does not match the namespace sent on the request ({ns})"
+                )));
+            }
+            Some(ns) => ns.clone(),
+            None => String::new(),
+        };
+        let meta = metadata_mut(obj);
+        meta.insert("name".to_owned(), json!(name));
+        if !namespace.is_empty() {
+            meta.insert("namespace".to_owned(), json!(namespace));
+        }
+        Ok(ObjKey {
+            prefix: path.prefix.clone(),
+            resource: path.resource.clone(),
+            namespace,
+            name,
+        })
+    }
+
+    pub(super) fn check_resource_version(
+        key: &ObjKey,
+        current: &Value,
+        body: &Value,
+    ) -> ApiResult<()> {
+        let wanted = str_at(body, "/metadata/resourceVersion");
+        if wanted.is_empty() || wanted == str_at(current, "/metadata/resourceVersion") {
+            Ok(())
+        } else {
+            Err(ApiError::conflict(
+                key,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ))
+        }
+    }
+
+    pub(super) fn replace(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        request: &ApiRequest,
+    ) -> ApiResult<Value> {
+        let key = request.object_key()?;
+        let mut body = request.object_body()?;
+        let current = self.existing(&key)?;
+        let body_name = str_at(&body, "/metadata/name");
+        if !body_name.is_empty() && body_name != key.name {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({body_name}) does not match the name on the URL ({})",
+                key.name
+            )));
+        }
+        Self::check_resource_version(&key, &current, &body)?;
+        let next = if request.parsed.status {
+            with_status_of(&current, &body)
+        } else {
+            Self::key_in_collection(&request.parsed, &mut body, key.name.clone())?;
+            self.next_main_object(&key, &current, body)
+        };
+        Ok(self.commit(events, key, next, Some(current)))
+    }
+
+    /// An update of the main resource: identity fields stay, status stays when it has its own
+    /// subresource, and the generation follows the spec.
+    pub(super) fn next_main_object(&self, key: &ObjKey, current: &Value, mut next: Value) -> Value {
+        self.fill_type_meta(key, &mut next);
+        copy_identity(current, &mut next);
+        if self.has_status_subresource(key)
+            && let Some(map) = next.as_object_mut()
+        {
+            match current.get("status") {
+                Some(status) => map.insert("status".to_owned(), status.clone()),
+                None => map.remove("status"),
+            };
+        }
+        set_generation(current, &mut next);
+        next
+    }
+
+    pub(super) fn delete(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        request: &ApiRequest,
+    ) -> ApiResult<Value> {
+        let key = request.object_key()?;
+        let current = self.existing(&key)?;
+        if !request.body.is_empty() {
+            let options = request.json_body()?;
+            check_delete_preconditions(&key, &current, &options)?;
+        }
+        Ok(self.delete_object(events, key, current))
+    }
+
+    fn delete_object(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        key: ObjKey,
+        current: Value,
+    ) -> Value {
+        let has_finalizers = current
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        if !has_finalizers {
+            return self.commit_delete(events, key, current);
+        }
+        if current
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|t| !t.is_null())
+        {
+            return current;
+        }
+        let mut marked = current.clone();
+        metadata_mut(&mut marked).insert("deletionTimestamp".to_owned(), now_timestamp());
+        self.commit(events, key, marked, Some(current))
+    }
+
+    pub(super) fn delete_collection(
+        &mut self,
+        events: &broadcast::Sender<Broadcast>,
+        request: &ApiRequest,
+    ) -> ApiResult<Value> {
+        let filter = Filter::new(&request.parsed, &request.query)?;
+        let doomed: Vec<(ObjKey, Value)> = self
+            .objects
+            .iter()
+            .filter(|(k, v)| filter.matches(k, v))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let deleted = doomed
+            .into_iter()
+            .map(|(key, obj)| self.delete_object(events, key, obj))
+            .collect();
+        Ok(self.list_document(&request.parsed, deleted))
+    }
+}
