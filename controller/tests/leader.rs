@@ -12,43 +12,19 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
+mod lease_fixture;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kerf_controller::{
-    Config, ControllerConfig, ControllerTask, LeaderElector, LeaseConfig, run_controllers,
-};
+use kerf_controller::{Config, ControllerConfig, ControllerTask, LeaderElector, run_controllers};
 use kerf_tests::fake_api::FakeApi;
+use lease_fixture::{GUARD, LEASE, NAMESPACE, acquire, holder, lease_config};
 use tokio_util::sync::CancellationToken;
 
-const NAMESPACE: &str = "kerf-system";
-const LEASE: &str = "kerf-controller";
 const LEASE_PATH: &str =
     "/apis/coordination.k8s.io/v1/namespaces/kerf-system/leases/kerf-controller";
-const GUARD: Duration = Duration::from_secs(30);
-
-fn lease_config(identity: &str) -> LeaseConfig {
-    LeaseConfig {
-        lease_duration: Duration::from_secs(4),
-        renew_deadline: Duration::from_secs(2),
-        retry_period: Duration::from_secs(1),
-        ..LeaseConfig::new(LEASE, NAMESPACE, identity)
-    }
-}
-
-fn holder(fake: &FakeApi) -> Option<String> {
-    fake.get_resource::<Lease>(Some(NAMESPACE), LEASE)?
-        .spec?
-        .holder_identity
-}
-
-async fn acquire(elector: &mut LeaderElector) {
-    tokio::time::timeout(GUARD, elector.acquired())
-        .await
-        .expect("leadership within the guard")
-        .unwrap();
-}
 
 #[tokio::test]
 async fn one_leader_and_a_standby_that_takes_over_when_renewals_stop() {

@@ -14,41 +14,17 @@
     reason = "test helpers fail the test the same way"
 )]
 
+mod lease_fixture;
+
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
 use kerf_controller::{
-    Config, ControllerConfig, ControllerTask, Error, LeaderElector, LeaseConfig, run_controllers,
+    Config, ControllerConfig, ControllerTask, Error, LeaderElector, run_controllers,
 };
 use kerf_tests::fake_api::{FakeApi, Outage};
+use lease_fixture::{GUARD, acquire, holder, lease_config};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-const NAMESPACE: &str = "kerf-system";
-const LEASE: &str = "kerf-controller";
-const GUARD: Duration = Duration::from_secs(30);
-
-fn lease_config(identity: &str) -> LeaseConfig {
-    LeaseConfig {
-        lease_duration: Duration::from_secs(4),
-        renew_deadline: Duration::from_secs(2),
-        retry_period: Duration::from_secs(1),
-        ..LeaseConfig::new(LEASE, NAMESPACE, identity)
-    }
-}
-
-fn holder(fake: &FakeApi) -> Option<String> {
-    fake.get_resource::<Lease>(Some(NAMESPACE), LEASE)?
-        .spec?
-        .holder_identity
-}
-
-async fn acquire(elector: &mut LeaderElector) {
-    tokio::time::timeout(GUARD, elector.acquired())
-        .await
-        .expect("leadership within the guard")
-        .unwrap();
-}
 
 #[tokio::test]
 async fn a_leader_facing_a_frozen_api_server_steps_down_at_its_renew_deadline() {
