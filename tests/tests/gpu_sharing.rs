@@ -110,7 +110,8 @@ async fn unprepare(plugin: &RunningPlugin, claim: &Claim) {
     }
 }
 
-/// The container mounts of a claim's spec, as `(host, container)`.
+/// The MPS mounts of a claim's spec (pipe directories and `/dev/shm`; not the device-metadata
+/// files every claim gets), as `(host, container)`.
 fn mounts(node: &TestNode, claim: &Claim) -> Vec<(String, String)> {
     let spec = node.cdi_spec(&claim.uid);
     spec["devices"]
@@ -128,6 +129,9 @@ fn mounts(node: &TestNode, claim: &Claim) -> Vec<(String, String)> {
                 m["hostPath"].as_str().unwrap().to_owned(),
                 m["containerPath"].as_str().unwrap().to_owned(),
             )
+        })
+        .filter(|(_, container)| {
+            container.starts_with(kerf_core::mps::CONTAINER_PIPE_ROOT) || container == "/dev/shm"
         })
         .collect()
 }
