@@ -477,27 +477,18 @@ fn prepare_summary(plain: &PlainRuns, mps: &MpsRuns) -> Summary {
         "{} claims, one at a time, each a NodePrepareResources over the plugin's Unix socket (mock H100, 10Gi MPS slice, accounting only: no GPU tools), then NodeUnprepareResources; files on {fs_type}",
         plain.claims
     ));
+    s.detail(format!("prepare   {}", prepare.p50_p99_max_ms()));
     s.detail(format!(
-        "prepare   p50 {} ms  p99 {} ms  max {} ms",
-        ms(prepare.p50()),
-        ms(prepare.p99()),
-        ms(prepare.max())
-    ));
-    s.detail(format!(
-        "floor     p50 {} ms  p99 {} ms  max {} ms  (empty NodePrepareResources + {} durable writes of {} bytes: {:?})",
-        ms(floor_s.p50()),
-        ms(floor_s.p99()),
-        ms(floor_s.max()),
+        "floor     {}  (empty NodePrepareResources + {} durable writes of {} bytes: {:?})",
+        floor_s.p50_p99_max_ms(),
         plain.floor_writes.0,
         plain.floor_writes.1,
         plain.sizes
     ));
     s.detail(format!(
-        "unprepare p50 {} ms  p99 {} ms;  empty round trip p50 {} ms  p99 {} ms",
-        ms(unprepare.p50()),
-        ms(unprepare.p99()),
-        ms(rtt.p50()),
-        ms(rtt.p99())
+        "unprepare {};  empty round trip {}",
+        unprepare.p50_p99_ms(),
+        rtt.p50_p99_ms()
     ));
     mps_details(&mut s, mps);
     let ratio_p50 = ratio_of(prepare.p50(), floor_s.p50());
@@ -547,49 +538,40 @@ fn mps_details(s: &mut Summary, mps: &MpsRuns) {
         mps.fs_type
     ));
     s.detail(format!(
-        "first MPS slice of a GPU  p50 {} ms  p99 {} ms  max {} ms  ({} rounds of one claim on each GPU; the prepare starts the GPU's daemon: nvidia-smi -c EXCLUSIVE_PROCESS, nvidia-cuda-mps-control -d, its PID file)",
-        ms(first.p50()),
-        ms(first.p99()),
-        ms(first.max()),
+        "first MPS slice of a GPU  {}  ({} rounds of one claim on each GPU; the prepare starts the GPU's daemon: nvidia-smi -c EXCLUSIVE_PROCESS, nvidia-cuda-mps-control -d, its PID file)",
+        first.p50_p99_max_ms(),
         mps.rounds
     ));
     s.detail(format!(
-        "  floor   p50 {} ms  p99 {} ms  (empty NodePrepareResources + durable writes of {:?} bytes)  ratio_p50 {}  ratio_p99 {}",
-        ms(first_floor.p50()),
-        ms(first_floor.p99()),
+        "  floor   {}  (empty NodePrepareResources + durable writes of {:?} bytes)  ratio_p50 {}  ratio_p99 {}",
+        first_floor.p50_p99_ms(),
         mps.first_sizes,
         ratio(first.p50(), first_floor.p50()),
         ratio(first.p99(), first_floor.p99())
     ));
     let (smi, control) = case(&mps.smi, &mps.control);
     s.detail(format!(
-        "  the two programs run directly  p50 {} ms  p99 {} ms  (nvidia-smi p50 {} ms, then nvidia-cuda-mps-control -d until the daemon's PID file exists p50 {} ms)",
-        ms(tools.p50()),
-        ms(tools.p99()),
+        "  the two programs run directly  {}  (nvidia-smi p50 {} ms, then nvidia-cuda-mps-control -d until the daemon's PID file exists p50 {} ms)",
+        tools.p50_p99_ms(),
         ms(smi.p50()),
         ms(control.p50())
     ));
     s.detail(format!(
-        "  unprepare of the GPU's last slice (stops the daemon: quit, wait, nvidia-smi -c DEFAULT; not in the prepare figures)  p50 {} ms  p99 {} ms",
-        ms(stop.p50()),
-        ms(stop.p99())
+        "  unprepare of the GPU's last slice (stops the daemon: quit, wait, nvidia-smi -c DEFAULT; not in the prepare figures)  {}",
+        stop.p50_p99_ms()
     ));
     s.detail(format!(
-        "later MPS slices  p50 {} ms  p99 {} ms  max {} ms  ({} claims one at a time while every GPU's daemon runs; the prepare adopts it: PID file, /proc)",
-        ms(later.p50()),
-        ms(later.p99()),
-        ms(later.max()),
+        "later MPS slices  {}  ({} claims one at a time while every GPU's daemon runs; the prepare adopts it: PID file, /proc)",
+        later.p50_p99_max_ms(),
         mps.later.len()
     ));
     s.detail(format!(
-        "  floor   p50 {} ms  p99 {} ms  (empty NodePrepareResources + durable writes of {:?} bytes)  ratio_p50 {}  ratio_p99 {};  unprepare p50 {} ms  p99 {} ms",
-        ms(later_floor.p50()),
-        ms(later_floor.p99()),
+        "  floor   {}  (empty NodePrepareResources + durable writes of {:?} bytes)  ratio_p50 {}  ratio_p99 {};  unprepare {}",
+        later_floor.p50_p99_ms(),
         mps.later_sizes,
         ratio(later.p50(), later_floor.p50()),
         ratio(later.p99(), later_floor.p99()),
-        ms(later_unprepare.p50()),
-        ms(later_unprepare.p99())
+        later_unprepare.p50_p99_ms()
     ));
 }
 
@@ -742,11 +724,7 @@ fn parallel_summary(
     s.detail(format!(
         "{rounds} rounds of {width} claims prepared at once (as {width} concurrent calls, and as one batched call); CDI specs on {spec_fs}, checkpoint on {fs_type}; baseline: one single-claim prepare, {SINGLES_PER_ROUND} per round"
     ));
-    s.detail(format!(
-        "one claim          p50 {} ms  p99 {} ms",
-        ms(single.p50()),
-        ms(single.p99())
-    ));
+    s.detail(format!("one claim          {}", single.p50_p99_ms()));
     s.detail(format!(
         "{width} separate calls  wall p50 {} ms  max {} ms  = {separate_ratio:.2} x one claim",
         ms(separate.p50()),

@@ -53,6 +53,16 @@ impl Samples {
     pub fn total(&self) -> Duration {
         self.sorted.iter().sum()
     }
+
+    /// `p50 <ms> ms  p99 <ms> ms`, as the benchmarks' detail lines print a case.
+    pub fn p50_p99_ms(&self) -> String {
+        format!("p50 {} ms  p99 {} ms", ms(self.p50()), ms(self.p99()))
+    }
+
+    /// `p50 <ms> ms  p99 <ms> ms  max <ms> ms`.
+    pub fn p50_p99_max_ms(&self) -> String {
+        format!("{}  max {} ms", self.p50_p99_ms(), ms(self.max()))
+    }
 }
 
 /// Index into `n` sorted samples of the nearest-rank percentile `p`: rank `ceil(p/100 * n)`,
@@ -157,6 +167,12 @@ mod tests {
         assert_eq!(ratio(Duration::from_millis(3), Duration::ZERO), "inf");
         assert_eq!(percent(0.875), "87.5");
         assert_eq!(mib(3 << 19), "1.5");
+        let samples = Samples::new([3, 1, 2].map(Duration::from_millis).to_vec());
+        assert_eq!(samples.p50_p99_ms(), "p50 2.000 ms  p99 3.000 ms");
+        assert_eq!(
+            samples.p50_p99_max_ms(),
+            "p50 2.000 ms  p99 3.000 ms  max 3.000 ms"
+        );
     }
 
     proptest! {
