@@ -277,22 +277,11 @@ impl Controller {
 // ---- observing the fake ----
 
 /// Polls `check` until it returns `Some`, failing the test after [`DEADLINE`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn eventually<T, Fut: Future<Output = Option<T>>>(
+    what: &str,
+    check: impl FnMut() -> Fut,
+) -> T {
+    kerf_tests::wait::eventually(what, DEADLINE, check).await
 }
 
 fn get_claim(fake: &FakeApi, name: &str) -> Option<Value> {

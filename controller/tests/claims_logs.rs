@@ -172,22 +172,11 @@ fn config() -> ControllerConfig {
 }
 
 /// Polls `check` until it returns `Some`, failing the test after [`DEADLINE`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn eventually<T, Fut: Future<Output = Option<T>>>(
+    what: &str,
+    check: impl FnMut() -> Fut,
+) -> T {
+    kerf_tests::wait::eventually(what, DEADLINE, check).await
 }
 
 fn allocated(fake: &FakeApi, name: &str) -> Option<Value> {

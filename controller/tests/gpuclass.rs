@@ -91,22 +91,11 @@ fn result(node: &str, device: &str) -> Value {
 }
 
 /// Polls `check` until it returns `Some`, failing the test after 20 s.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+async fn eventually<T, Fut: Future<Output = Option<T>>>(
+    what: &str,
+    check: impl FnMut() -> Fut,
+) -> T {
+    kerf_tests::wait::eventually(what, Duration::from_secs(20), check).await
 }
 
 /// A context whose caches watch `fake`.

@@ -123,21 +123,12 @@ fn start(
     (port, registry)
 }
 
-async fn eventually<T, F: Future<Output = Option<T>>>(
+/// Polls `check` until it returns `Some`, failing the test after [`DEADLINE`].
+async fn eventually<T, Fut: Future<Output = Option<T>>>(
     what: &str,
-    mut check: impl FnMut() -> F,
+    check: impl FnMut() -> Fut,
 ) -> T {
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    kerf_tests::wait::eventually(what, DEADLINE, check).await
 }
 
 /// The caBundle of the configuration's webhook, decoded, if set.

@@ -10,6 +10,7 @@ pub mod logs;
 pub mod podman;
 pub mod scheduler;
 pub mod sim;
+pub mod wait;
 
 /// The fake GPU tools, which live in their own crate (kerf-fake-gpu-tools) so that the image
 /// and the CLI can ship them; re-exported under their old path for the tests.
