@@ -318,6 +318,24 @@ impl TestEnv {
         .await
     }
 
+    /// Runs pod `name` with a claim `name` of a new Scheduler GpuClass (one whole GPU), its
+    /// container reporting and then sleeping, and waits until it is Running. Returns the pod.
+    pub async fn run_whole_gpu_pod(&self, name: &str) -> Result<Pod> {
+        let class = self
+            .gpu_class(name, manifests::scheduler_class_spec())
+            .await?;
+        let spec = manifests::claim_spec(&class, &self.settings.driver, None, &[]);
+        self.create(&manifests::resource_claim(name, spec)).await?;
+        let pod_spec = manifests::pod_spec(
+            &self.settings,
+            manifests::PodClaim::Claim(name),
+            manifests::Script::ReportAndSleep,
+            "Never",
+        );
+        self.create(&manifests::pod(name, pod_spec, false)).await?;
+        self.wait_pod(name, PodState::Running).await
+    }
+
     /// Waits until pod `name` is in `state`; a pod that fails ends the wait with its logs.
     pub async fn wait_pod(&self, name: &str, state: PodState) -> Result<Pod> {
         let pods = self.api::<Pod>();

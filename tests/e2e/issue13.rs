@@ -12,7 +12,7 @@ use kube::Api;
 
 use super::cluster::{PodState, TestEnv};
 use super::expect::{self, pod_node, single_result};
-use super::manifests::{self, CLAIM_REF, PodClaim, Script};
+use super::manifests::{self, CLAIM_REF, Script};
 use super::wait::{self, Poll};
 use super::{extended, health};
 
@@ -93,21 +93,7 @@ pub async fn extended_resource_pod(env: TestEnv) -> Result<()> {
 /// See `health_flip_visible_in_pod_status` in tests/tests/e2e.rs.
 pub async fn health_flip(env: TestEnv) -> Result<()> {
     let driver = env.settings.driver.clone();
-    let class = env
-        .gpu_class("health", manifests::scheduler_class_spec())
-        .await?;
-    let spec = manifests::claim_spec(&class, &driver, None, &[]);
-    env.create(&manifests::resource_claim("health", spec))
-        .await?;
-    let pod_spec = manifests::pod_spec(
-        &env.settings,
-        PodClaim::Claim("health"),
-        Script::ReportAndSleep,
-        "Never",
-    );
-    env.create(&manifests::pod("health", pod_spec, false))
-        .await?;
-    env.wait_pod("health", PodState::Running).await?;
+    env.run_whole_gpu_pod("health").await?;
     let claim = env.claim("health").await?;
     let (pool, device) = single_result(&claim, &driver)?;
 

@@ -152,22 +152,7 @@ async fn resource_slices_describe_every_plugin_node() -> Result<()> {
 async fn scheduler_class_whole_gpu_reaches_the_container() -> Result<()> {
     e2e("whole", |env: TestEnv| async move {
         let driver = env.settings.driver.clone();
-        let class = env
-            .gpu_class("whole", manifests::scheduler_class_spec())
-            .await?;
-        let spec = manifests::claim_spec(&class, &driver, None, &[]);
-        env.create(&manifests::resource_claim("whole", spec))
-            .await?;
-        let pod_spec = manifests::pod_spec(
-            &env.settings,
-            PodClaim::Claim("whole"),
-            Script::ReportAndSleep,
-            "Never",
-        );
-        env.create(&manifests::pod("whole", pod_spec, false))
-            .await?;
-
-        let pod = env.wait_pod("whole", PodState::Running).await?;
+        let pod = env.run_whole_gpu_pod("whole").await?;
         let report = env.wait_report("whole").await?;
         let claim = env.claim("whole").await?;
         let (pool, device) = single_result(&claim, &driver)?;
