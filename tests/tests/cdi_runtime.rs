@@ -45,13 +45,7 @@ async fn prepare(test: &str) -> Option<Prepared> {
     let podman = podman_or_skip(test)?;
     let node = TestNode::new("a100-40gb-mig");
     let (whole_minor, mig_parent, mig) = node.whole_gpu_and_mig();
-    let slice_minor = node
-        .inventory()
-        .gpus
-        .iter()
-        .find(|g| !g.mig_enabled && g.minor != whole_minor)
-        .unwrap()
-        .minor;
+    let slice_minor = node.another_whole_gpu(whole_minor);
     let whole = node.device_claim("whole", &uid(1), &format!("gpu-{whole_minor}"));
     let slice = node.slice_claim("slice", &uid(2), slice_minor, 10 * GIB, 25);
     let mig_claim = node.device_claim("mig", &uid(3), &mig.device_name(mig_parent));

@@ -81,13 +81,7 @@ fn read_json(path: &PathBuf) -> Value {
 async fn the_spec_carries_request_env_and_metadata_mounts_removed_at_unprepare_restored_at_start() {
     let node = TestNode::new("a100-40gb-mig");
     let (whole_minor, _, _) = node.whole_gpu_and_mig();
-    let slice_minor = node
-        .inventory()
-        .gpus
-        .iter()
-        .find(|g| !g.mig_enabled && g.minor != whole_minor)
-        .unwrap()
-        .minor;
+    let slice_minor = node.another_whole_gpu(whole_minor);
     let whole = node.device_claim("whole-one", &uid(1), &format!("gpu-{whole_minor}"));
     let slice = node.slice_claim("small", &uid(2), slice_minor, 10 * GIB, 25);
     let mut plugin = node.start_plugin().await;
@@ -256,13 +250,7 @@ async fn a_template_claim_is_found_under_its_pod_claim_name_with_full_request_na
 async fn a_bad_pod_claim_name_annotation_fails_only_its_claim() {
     let node = TestNode::new("a100-40gb-mig");
     let (whole_minor, _, _) = node.whole_gpu_and_mig();
-    let other_minor = node
-        .inventory()
-        .gpus
-        .iter()
-        .find(|g| !g.mig_enabled && g.minor != whole_minor)
-        .unwrap()
-        .minor;
+    let other_minor = node.another_whole_gpu(whole_minor);
     let bad = template_claim(
         &node,
         "pod-1-x-abcde",

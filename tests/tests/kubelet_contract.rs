@@ -81,13 +81,7 @@ fn cdi_devices(node: &TestNode) -> BTreeMap<String, Vec<String>> {
 async fn a_pod_with_a_whole_gpu_a_slice_and_a_mig_device() {
     let node = TestNode::new("a100-40gb-mig");
     let (whole_minor, mig_parent, mig) = node.whole_gpu_and_mig();
-    let slice_minor = node
-        .inventory()
-        .gpus
-        .iter()
-        .find(|g| !g.mig_enabled && g.minor != whole_minor)
-        .unwrap()
-        .minor;
+    let slice_minor = node.another_whole_gpu(whole_minor);
     let mig_name = mig.device_name(mig_parent);
     let whole = node.device_claim("whole", &uid(1), &format!("gpu-{whole_minor}"));
     let slice = node.slice_claim("slice", &uid(2), slice_minor, 10 * GIB, 25);

@@ -298,6 +298,16 @@ impl TestNode {
             .expect("profile has a MIG device");
         (whole, parent, mig)
     }
+
+    /// The minor of a GPU without MIG other than `other`.
+    pub fn another_whole_gpu(&self, other: u32) -> u32 {
+        self.inventory()
+            .gpus
+            .iter()
+            .find(|g| !g.mig_enabled && g.minor != other)
+            .expect("profile has two GPUs without MIG")
+            .minor
+    }
 }
 
 pub fn allocated_claim(name: &str, uid: &str, allocation: &Value) -> Value {
