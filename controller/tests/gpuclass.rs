@@ -98,6 +98,40 @@ async fn eventually<T, Fut: Future<Output = Option<T>>>(
     kerf_tests::wait::eventually(what, Duration::from_secs(20), check).await
 }
 
+/// The whole controller process (`kerf_controller::run`, no leader election, no metrics
+/// listener) against `fake`.
+struct RunningController {
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<kerf_controller::Result<()>>,
+}
+
+impl RunningController {
+    fn start(fake: &FakeApi) -> Self {
+        let shutdown = CancellationToken::new();
+        let config = Config {
+            controller: ControllerConfig::new(DRIVER),
+            leader_election: None,
+            metrics_address: None,
+        };
+        let task = tokio::spawn(kerf_controller::run(
+            config,
+            fake.client(),
+            shutdown.clone(),
+        ));
+        RunningController { shutdown, task }
+    }
+
+    /// Stops it and checks that it stops cleanly within 20 s.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("run stops on shutdown")
+            .unwrap()
+            .unwrap();
+    }
+}
+
 /// A context whose caches watch `fake`.
 struct Harness {
     fake: FakeApi,
@@ -513,17 +547,7 @@ async fn the_running_controller_follows_spec_and_claim_changes() {
     seed_node(&fake, "node-a", "h100-sxm-80gb:2", 1);
     seed_node(&fake, "node-b", "l4", 1);
     gpu_class(&fake, "fast", h100_class());
-    let shutdown = CancellationToken::new();
-    let config = Config {
-        controller: ControllerConfig::new(DRIVER),
-        leader_election: None,
-        metrics_address: None,
-    };
-    let running = tokio::spawn(kerf_controller::run(
-        config,
-        fake.client(),
-        shutdown.clone(),
-    ));
+    let running = RunningController::start(&fake);
 
     let dc = eventually("the DeviceClass", || async {
         fake.get_resource::<DeviceClass>(None, "fast")
@@ -568,12 +592,7 @@ async fn the_running_controller_follows_spec_and_claim_changes() {
     })
     .await;
 
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(20), running)
-        .await
-        .expect("run stops on shutdown")
-        .unwrap()
-        .unwrap();
+    running.stop().await;
 }
 
 #[tokio::test]

@@ -174,17 +174,7 @@ async fn a_server_that_drops_the_field_gets_one_probe_one_log_line_and_no_loop()
     fake.drop_field("deviceclasses", "spec.extendedResourceName");
     seed_node(&fake, "node-a", "l4", 1);
     gpu_class(&fake, "whole", named(Allocator::Scheduler, NAME));
-    let shutdown = CancellationToken::new();
-    let config = Config {
-        controller: ControllerConfig::new(DRIVER),
-        leader_election: None,
-        metrics_address: None,
-    };
-    let running = tokio::spawn(kerf_controller::run(
-        config,
-        fake.client(),
-        shutdown.clone(),
-    ));
+    let running = RunningController::start(&fake);
 
     let (_, _, message) = eventually("the NotServed condition", || async {
         let class: GpuClass = fake.get_resource(None, "whole")?;
@@ -238,12 +228,7 @@ async fn a_server_that_drops_the_field_gets_one_probe_one_log_line_and_no_loop()
         "the dry-run probe stores nothing"
     );
 
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(20), running)
-        .await
-        .expect("run stops on shutdown")
-        .unwrap()
-        .unwrap();
+    running.stop().await;
 }
 
 /// A served field: the probe says so and the running controller writes the name.
@@ -252,17 +237,7 @@ async fn a_server_that_keeps_the_field_gets_the_name_written() {
     let fake = FakeApi::new();
     seed_node(&fake, "node-a", "l4", 1);
     gpu_class(&fake, "whole", named(Allocator::Scheduler, NAME));
-    let shutdown = CancellationToken::new();
-    let config = Config {
-        controller: ControllerConfig::new(DRIVER),
-        leader_election: None,
-        metrics_address: None,
-    };
-    let running = tokio::spawn(kerf_controller::run(
-        config,
-        fake.client(),
-        shutdown.clone(),
-    ));
+    let running = RunningController::start(&fake);
     eventually("the named DeviceClass", || async {
         fake.get_resource::<DeviceClass>(None, "whole")?
             .spec
@@ -280,10 +255,5 @@ async fn a_server_that_keeps_the_field_gets_the_name_written() {
         "{}",
         probe.query
     );
-    shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(20), running)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    running.stop().await;
 }
