@@ -18,9 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kerf_controller::{Config, ControllerConfig, ControllerTask, LeaderElector, run_controllers};
+use kerf_controller::{ControllerTask, LeaderElector, run_controllers};
 use kerf_tests::fake_api::FakeApi;
-use lease_fixture::{GUARD, LEASE, NAMESPACE, acquire, holder, lease_config};
+use lease_fixture::{GUARD, LEASE, NAMESPACE, acquire, holder, lease_config, replica_config};
 use tokio_util::sync::CancellationToken;
 
 const LEASE_PATH: &str =
@@ -104,11 +104,7 @@ async fn only_the_leader_runs_controllers_and_a_standby_follows_on_shutdown() {
                 Ok(())
             },
         );
-        let config = Config {
-            controller: ControllerConfig::new("gpu.kerf.dev"),
-            leader_election: Some(lease_config(identity)),
-            metrics_address: None,
-        };
+        let config = replica_config(identity);
         tokio::spawn(run_controllers(config, fake.client(), shutdown, vec![task]))
     };
     let stop_a = CancellationToken::new();
@@ -155,11 +151,7 @@ async fn losing_the_lease_stops_the_controllers_and_ends_the_run() {
             },
         )
     };
-    let config = Config {
-        controller: ControllerConfig::new("gpu.kerf.dev"),
-        leader_election: Some(lease_config("a")),
-        metrics_address: None,
-    };
+    let config = replica_config("a");
     let run = tokio::spawn(run_controllers(
         config,
         fake.client(),

@@ -18,11 +18,9 @@ mod lease_fixture;
 
 use std::time::Duration;
 
-use kerf_controller::{
-    Config, ControllerConfig, ControllerTask, Error, LeaderElector, run_controllers,
-};
+use kerf_controller::{ControllerTask, Error, LeaderElector, run_controllers};
 use kerf_tests::fake_api::{FakeApi, Outage};
-use lease_fixture::{GUARD, acquire, holder, lease_config};
+use lease_fixture::{GUARD, acquire, holder, lease_config, replica_config};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -64,11 +62,7 @@ async fn a_replica_started_during_an_outage_waits_for_the_server_instead_of_exit
             Ok(())
         }
     });
-    let config = Config {
-        controller: ControllerConfig::new("gpu.kerf.dev"),
-        leader_election: Some(lease_config("a")),
-        metrics_address: None,
-    };
+    let config = replica_config("a");
     let replica = tokio::spawn(run_controllers(
         config,
         fake.client(),

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kerf_controller::{LeaderElector, LeaseConfig};
+use kerf_controller::{Config, ControllerConfig, LeaderElector, LeaseConfig};
 use kerf_tests::fake_api::FakeApi;
 
 pub const NAMESPACE: &str = "kerf-system";
@@ -34,4 +34,13 @@ pub async fn acquire(elector: &mut LeaderElector) {
         .await
         .expect("leadership within the guard")
         .unwrap();
+}
+
+/// A replica's configuration: leader election with [`lease_config`] as `identity`, no metrics.
+pub fn replica_config(identity: &str) -> Config {
+    Config {
+        controller: ControllerConfig::new("gpu.kerf.dev"),
+        leader_election: Some(lease_config(identity)),
+        metrics_address: None,
+    }
 }
