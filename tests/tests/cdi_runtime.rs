@@ -194,22 +194,26 @@ impl Prepared {
 
     /// Starts a container with `ids` and returns its report.
     async fn run(&self, ids: Vec<String>) -> Report {
+        parse_report(&self.run_script(ids, report_script()).await)
+    }
+
+    /// Starts a container with `ids` that runs `script`, and returns its output.
+    async fn run_script(&self, ids: Vec<String>, script: String) -> String {
         let podman = self.podman.clone();
         let cdi_dir = self.node.cdi_dir();
         let rootfs = self.node.root.join("rootfs");
-        let output = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             podman.run(&ContainerRun {
                 cdi_dir: &cdi_dir,
                 devices: &ids,
                 rootfs: &rootfs,
-                script: &report_script(),
+                script: &script,
                 timeout: Duration::from_secs(30),
             })
         })
         .await
         .unwrap()
-        .unwrap_or_else(|e| panic!("{e}"));
-        parse_report(&output)
+        .unwrap_or_else(|e| panic!("{e}"))
     }
 
     async fn finish(self) {
@@ -437,22 +441,7 @@ for f in {kep} {kerf}; do
 done
 "#
     );
-    let podman = prepared.podman.clone();
-    let cdi_dir = prepared.node.cdi_dir();
-    let rootfs = prepared.node.root.join("rootfs");
-    let ids = prepared.ids(&claim);
-    let output = tokio::task::spawn_blocking(move || {
-        podman.run(&ContainerRun {
-            cdi_dir: &cdi_dir,
-            devices: &ids,
-            rootfs: &rootfs,
-            script: &script,
-            timeout: Duration::from_secs(30),
-        })
-    })
-    .await
-    .unwrap()
-    .unwrap_or_else(|e| panic!("{e}"));
+    let output = prepared.run_script(prepared.ids(&claim), script).await;
     let uuid = prepared
         .node
         .inventory()
