@@ -14,6 +14,8 @@
 //! - [`ownership`]: which of kube-scheduler and kerf-controller may allocate each device.
 //! - [`allocation`]: claims for the controller's allocator: [`claim_request`], [`device_uses`],
 //!   [`allocation_status`].
+//! - [`watch_backoff`]: how soon the watches of both binaries retry after the API server
+//!   stopped answering.
 
 pub mod allocation;
 pub mod claim;
@@ -30,6 +32,7 @@ pub mod params;
 pub mod quantity;
 pub mod resourceslice;
 mod schema;
+pub mod watch_backoff;
 
 pub use allocation::{allocation_status, claim_request, device_uses};
 pub use claim::{AllocatedDevice, resolve_allocation};

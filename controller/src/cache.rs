@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
-use crate::watch_backoff::WatchBackoff;
+use kerf_api::watch_backoff::WatchBackoff;
 
 /// Read handles of the caches. Clones share the same stores.
 #[derive(Clone)]

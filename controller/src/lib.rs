@@ -8,7 +8,6 @@
 //!   the controllers that run while this replica leads ([`run::controllers`]).
 //! - [`default_classes`]: the default GpuClasses the leader creates (create only).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
-//! - [`watch_backoff`]: how soon watches retry after the API server stopped answering.
 //! - [`webhook`]: the mutating admission webhook that gates pods with controller claims.
 //! - [`context`]: what every reconciler gets ([`Context`]); [`cache`]: the watch-fed caches;
 //!   [`metrics`]: Prometheus metrics; [`args`]: the command-line flags.
@@ -29,7 +28,6 @@ pub mod leader;
 pub mod metrics;
 pub mod run;
 pub mod selector;
-pub mod watch_backoff;
 pub mod webhook;
 
 pub use context::{BackoffConfig, Context, ControllerConfig, FIELD_MANAGER};

@@ -25,8 +25,11 @@ use kube::api::ObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use prometheus_client::registry::Registry;
+use running::RunningController;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+
+mod running;
 
 const DRIVER: &str = "gpu.kerf.dev";
 const H100: &str = "NVIDIA H100 80GB HBM3";
@@ -96,40 +99,6 @@ async fn eventually<T, Fut: Future<Output = Option<T>>>(
     check: impl FnMut() -> Fut,
 ) -> T {
     kerf_tests::wait::eventually(what, Duration::from_secs(20), check).await
-}
-
-/// The whole controller process (`kerf_controller::run`, no leader election, no metrics
-/// listener) against `fake`.
-struct RunningController {
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<kerf_controller::Result<()>>,
-}
-
-impl RunningController {
-    fn start(fake: &FakeApi) -> Self {
-        let shutdown = CancellationToken::new();
-        let config = Config {
-            controller: ControllerConfig::new(DRIVER),
-            leader_election: None,
-            metrics_address: None,
-        };
-        let task = tokio::spawn(kerf_controller::run(
-            config,
-            fake.client(),
-            shutdown.clone(),
-        ));
-        RunningController { shutdown, task }
-    }
-
-    /// Stops it and checks that it stops cleanly within 20 s.
-    async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("run stops on shutdown")
-            .unwrap()
-            .unwrap();
-    }
 }
 
 /// A context whose caches watch `fake`.

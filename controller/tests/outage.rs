@@ -4,9 +4,12 @@
 //! waits in-process instead of exiting, and a standby takes the Lease within a few retry
 //! periods of the server's return instead of after kube-lease-manager's grown back-off.
 //!
+//! The controller's watches retry at least every 5 s through an outage, so its caches catch
+//! up within seconds of the server's return rather than after kube-runtime's grown back-off.
+//!
 //! Lease timing is the shortest the Lease API allows (4 s / 2 s / 1 s); the bounds are
 //! generous guards on causes (a wait that would otherwise last until the server answers, or
-//! up to kube-lease-manager's 30 s back-off), not speed measurements.
+//! up to kube-lease-manager's or kube-runtime's 30 s back-off), not speed measurements.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -15,12 +18,15 @@
 )]
 
 mod lease_fixture;
+mod running;
 
 use std::time::Duration;
 
+use kerf_api::watch_backoff::MAX_DELAY;
 use kerf_controller::{ControllerTask, Error, LeaderElector, run_controllers};
 use kerf_tests::fake_api::{FakeApi, Outage};
 use lease_fixture::{GUARD, acquire, holder, lease_config, replica_config};
+use running::RunningController;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -128,4 +134,60 @@ async fn a_standby_takes_the_lease_within_a_few_retry_periods_of_the_servers_ret
     );
     assert_eq!(holder(&fake).as_deref(), Some("b"));
     b.release().await.unwrap();
+}
+
+/// The longest wait between two list or watch requests of the controller's Node watch
+/// (`claims/watch.rs`, the only one on Nodes) from `since` until `until`, counting the wait
+/// from the last request to `until`.
+fn longest_wait_between_node_watch_requests(
+    fake: &FakeApi,
+    since: Instant,
+    until: Instant,
+) -> Duration {
+    let mut times: Vec<Instant> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.path == "/api/v1/nodes" && matches!(r.verb, "list" | "watch"))
+        .map(|r| r.at)
+        .filter(|at| (since..=until).contains(at))
+        .collect();
+    times.sort();
+    times.push(until);
+    times
+        .iter()
+        .scan(since, |previous, &at| {
+            let wait = at.saturating_duration_since(*previous);
+            *previous = at;
+            Some(wait)
+        })
+        .max()
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_controllers_watches_retry_at_least_every_five_seconds_through_an_outage() {
+    const OUTAGE: Duration = Duration::from_secs(20);
+    let fake = FakeApi::new();
+    let running = RunningController::start(&fake);
+    kerf_tests::wait::eventually("the controller's Node watch", GUARD, || async {
+        (fake.count("watch", "/api/v1/nodes") > 0).then_some(())
+    })
+    .await;
+    // Every failed attempt grows the back-off; kube-runtime's default would by the end of
+    // this outage wait 12.8 s or more between attempts (800 ms doubling, with jitter, to 30 s)
+    // and so re-list up to that long after the server's return.
+    fake.set_outage(Some(Outage::Unavailable));
+    let down = Instant::now();
+    tokio::time::sleep(OUTAGE).await;
+    fake.set_outage(None);
+    let slack = Duration::from_millis(1500);
+    tokio::time::sleep(MAX_DELAY + slack).await;
+    let longest = longest_wait_between_node_watch_requests(&fake, down, Instant::now());
+    assert!(
+        longest <= MAX_DELAY + slack,
+        "the Node watch waited {longest:?} between two attempts during a {OUTAGE:?} outage \
+         and the {:?} after it",
+        MAX_DELAY + slack
+    );
+    running.stop().await;
 }

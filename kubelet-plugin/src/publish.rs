@@ -47,6 +47,7 @@ use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kerf_api::ownership::{RECORD_ANNOTATION, Record};
 use kerf_api::resourceslice::taints::{MAX_DEVICES_PER_SLICE_WITH_TAINTS, set_health_taints};
+use kerf_api::watch_backoff::WatchBackoff;
 use kerf_core::health::{NodeHealth, TaintPolicy};
 use kerf_core::inventory::Inventory;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -532,21 +533,21 @@ impl Publisher {
         }
     }
 
-    /// This node's slices of this driver, watched; the watch retries errors with backoff.
+    /// This node's slices of this driver, watched; the watch retries errors with [`WatchBackoff`].
     fn slice_watch(&self) -> WatchStream<ResourceSlice> {
         let config = watcher::Config::default().fields(&self.field_selector());
         watcher::watcher(self.slices.clone(), config)
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .boxed()
     }
 
     /// This node's Node object only (`metadata.name=<node>`), watched for its ownership
-    /// record; the watch retries errors with backoff.
+    /// record; the watch retries errors with [`WatchBackoff`].
     fn node_watch(&self) -> WatchStream<Node> {
         let config =
             watcher::Config::default().fields(&format!("metadata.name={}", self.node_name));
         watcher::watcher(self.nodes.clone(), config)
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .boxed()
     }
 

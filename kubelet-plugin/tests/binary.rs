@@ -4,6 +4,10 @@
 //!
 //! This test also makes `cargo test --workspace` build the binary itself, which `.ci/image`
 //! (`KERF_IMAGE_PROFILE=dev`) packages without a second build.
+#![allow(
+    clippy::expect_used,
+    reason = "helpers outside #[test] functions fail the test the same way"
+)]
 
 use std::process::{Command, Output};
 

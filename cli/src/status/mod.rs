@@ -53,6 +53,7 @@ use std::pin::pin;
 
 use futures::{Stream, StreamExt as _, stream};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kerf_api::watch_backoff::WatchBackoff;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -192,17 +193,20 @@ where
         + 'static,
 {
     let (store, writer) = reflector::store();
-    let ticks =
-        reflector(writer, watcher(api, config).default_backoff()).filter_map(move |event| {
-            std::future::ready(match event {
-                Ok(
-                    watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone,
-                ) => Some(Tick::Changed),
-                Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
-                Err(error) => Some(Tick::Failed(format!(
-                    "watching {kind} failed: {error}; retrying"
-                ))),
-            })
-        });
+    let ticks = reflector(
+        writer,
+        watcher(api, config).backoff(WatchBackoff::default()),
+    )
+    .filter_map(move |event| {
+        std::future::ready(match event {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                Some(Tick::Changed)
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
+            Err(error) => Some(Tick::Failed(format!(
+                "watching {kind} failed: {error}; retrying"
+            ))),
+        })
+    });
     (store, Box::pin(ticks))
 }

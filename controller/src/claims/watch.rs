@@ -21,7 +21,7 @@ use super::reconcile::{CONTROLLER, error_policy, object_key, reconcile};
 use super::{consumers, ownership};
 use crate::context::Context;
 use crate::error::Result;
-use crate::watch_backoff::WatchBackoff;
+use kerf_api::watch_backoff::WatchBackoff;
 
 type Applied = std::result::Result<
     (ObjectRef<ResourceClaim>, controller::Action),

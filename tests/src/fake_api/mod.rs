@@ -113,6 +113,8 @@ pub struct RecordedRequest {
     pub query: String,
     /// The `Content-Type` header, when sent.
     pub content_type: Option<String>,
+    /// When the fake received it (Tokio's clock, so paused-time tests see their own time).
+    pub at: tokio::time::Instant,
 }
 
 impl RecordedRequest {

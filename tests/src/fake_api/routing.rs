@@ -308,6 +308,7 @@ impl FakeApi {
             path,
             query: raw_query,
             content_type: content_type.clone(),
+            at: tokio::time::Instant::now(),
         };
         let delay = self.take_delay(&record);
         let fault = self.record_and_check_faults(record);

@@ -1,10 +1,10 @@
-//! How soon the controller's watches retry after the API server stopped answering.
+//! How soon kerf's watches retry after the API server stopped answering.
 //!
 //! kube-runtime's `WatchStreamExt::default_backoff` waits 800 ms, doubling up to 30 s, and
 //! forgets the delay only after a success (kube-runtime 5.0 `watcher.rs` `DefaultBackoff`;
 //! `utils/stream_backoff.rs` `StreamBackoff::poll_next` resets it when an item arrives). After
-//! an outage of half a minute that leaves the controller's caches up to 30 s behind a server
-//! that is back, while claims wait. [`WatchBackoff`] doubles from 250 ms up to 5 s instead: a
+//! an outage of half a minute that leaves kerf's caches up to 30 s behind a server that is
+//! back, while claims wait (controller) or slices stay stale (plugin). [`WatchBackoff`] doubles from 250 ms up to 5 s instead: a
 //! watch re-lists within 5 s of the server's return, and a down server still gets at most one
 //! re-list per watch every 5 s.
 
