@@ -10,6 +10,11 @@
 //! controller would not see the second burst for that long. The second burst must be bound
 //! within the first burst's time plus 10 s (the bound without the lease hand-over,
 //! which this test has no part of; `controller/tests/outage.rs` covers the Lease).
+//!
+//! Whether kube-runtime's default back-off would miss this bound depends on where its jittered
+//! attempts fall against the outage's end; `controller/tests/outage.rs`
+//! (`the_controllers_watches_retry_at_least_every_five_seconds_through_an_outage`) checks the
+//! cause itself, the longest wait between two watch attempts, which fails with that default.
 #![allow(
     clippy::unwrap_used,
     reason = "helpers outside #[test] functions fail the test the same way"
