@@ -2,7 +2,8 @@
 //!
 //! - [`params`]: the opaque parameter kinds (`GpuClaimParameters`, `GpuClassParameters`,
 //!   `GpuSliceAllocation`) and [`decode_opaque`], their one strict decoder.
-//! - [`claim`]: [`resolve_allocation`], what an allocated ResourceClaim gives this driver.
+//! - [`claim`]: [`resolve_allocation`], what an allocated ResourceClaim gives this driver;
+//!   [`claim_node_label`]: the label naming the node a claim is allocated on.
 //! - [`resourceslice`]: [`resource_slices`], the node's inventory as ResourceSlices.
 //! - [`gpuclass`]: the GpuClass custom resource.
 //! - [`crd`]: the generated CRD manifests (written to `crds/` by the `crdgen` binary).
@@ -19,6 +20,7 @@
 
 pub mod allocation;
 pub mod claim;
+pub mod claim_node_label;
 pub mod controller_claims;
 pub mod crd;
 pub mod device_status;
