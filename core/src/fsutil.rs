@@ -1,12 +1,19 @@
-//! Atomic, durable file writes for CDI specs and the checkpoint.
+//! Atomic file writes: durable ones for the checkpoint, and ones without any flush for files
+//! that are rebuilt after a crash (the CDI specs).
 //!
 //! A reader (a container runtime scanning `/var/run/cdi`, or the plugin itself after a crash)
-//! must only ever see the old or the new content of a file, never a torn one, and a change
-//! that was reported done must survive a power cut. That takes, and these functions do no
-//! more than: write a temporary file in the same directory, fsync it, rename it over the
-//! target and fsync the directory. [`commit`] does that for many files at once with one
-//! flush of their data and one directory fsync, which is what lets concurrent prepares
-//! share their CDI spec writes.
+//! must only ever see the old or the new content of a file, never a torn one. That takes a
+//! temporary file in the same directory renamed over the target; [`write_replace`] and
+//! [`remove_if_exists`] do no more than that. A change that was reported done must also
+//! survive a power cut when nothing else can rebuild it: [`write_atomic`] and
+//! [`remove_durable`] add an fsync of the file before the rename and of the directory after
+//! it, and [`commit`] does that for many files at once with one flush of their data and one
+//! directory fsync.
+//!
+//! Without the flushes a power cut may leave a replaced file at its old content, empty or
+//! partly written, and a removed file back (a process crash alone leaves none of these: the
+//! kernel's page cache survives it). Callers of the cheap pair must rebuild such files from a
+//! durable record at start-up.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -150,6 +157,37 @@ pub fn remove_durable(dir: &Path, file_name: &str) -> Result<bool> {
     single(commit(dir, &[FileChange::Remove { name: file_name }]))
 }
 
+/// Replaces (or creates) `dir/file_name` with `contents` atomically, without making the
+/// change durable: a reader sees the old or the new content, never a torn one, but after a
+/// power cut the file may be old, absent, empty or partly written. For files rebuilt from a durable record
+/// at start-up, which then cost a few syscalls instead of two flushes.
+///
+/// The data goes to the same temporary name as with [`write_atomic`] (so that
+/// [`remove_stale_temp_files`] finds it after a crash) and is renamed over the target. On
+/// failure the temporary file is removed and the target is left as it was.
+///
+/// # Errors
+///
+/// [`Error::Io`] naming the step (`create`, `write`, `rename`) and the path that failed, e.g.
+/// when `dir` is missing or not writable, or the target is a non-empty directory.
+pub fn write_replace(dir: &Path, file_name: &str, contents: &[u8]) -> Result<()> {
+    let staged = stage(dir, file_name, contents)?;
+    publish(dir, file_name, staged)
+}
+
+/// Removes `dir/file_name` without making the removal durable (after a power cut the file
+/// may be back); the counterpart of [`write_replace`].
+///
+/// Returns `true` when the file existed and was removed, `false` when it was already absent.
+///
+/// # Errors
+///
+/// [`Error::Io`] (`remove`) when the removal fails for another reason than the file being
+/// absent, e.g. when the name is a directory.
+pub fn remove_if_exists(dir: &Path, file_name: &str) -> Result<bool> {
+    remove(dir, file_name)
+}
+
 /// Fsyncs a directory so that entries created, renamed or removed in it are durable.
 ///
 /// # Errors
@@ -162,7 +200,7 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
         .map_err(|e| Error::io("fsync dir", dir, e))
 }
 
-/// Removes temporary files that [`write_atomic`] left in `dir` when its process died between
+/// Removes temporary files that [`write_atomic`] or [`write_replace`] left in `dir` when its process died between
 /// creating and renaming them, for targets whose name starts with `target_prefix` (so that
 /// another writer's files in a shared directory such as `/var/run/cdi` are left alone).
 /// Call it at start-up, before any writer of those targets runs.
@@ -199,7 +237,7 @@ pub fn remove_stale_temp_files(dir: &Path, target_prefix: &str) -> Result<Vec<Pa
     Ok(removed)
 }
 
-/// True for names [`write_atomic`] gives temporary files of targets starting with
+/// True for names [`write_atomic`] and [`write_replace`] give temporary files of targets starting with
 /// `target_prefix`. The suffix also keeps CDI loaders away from them: they only read names
 /// ending in `.json` or `.yaml`.
 fn is_temp_file_for(name: &str, target_prefix: &str) -> bool {
@@ -258,7 +296,8 @@ fn barrier(dir: &Path, staged: &[Option<Staged>]) -> Result<()> {
     }
 }
 
-/// Renames a durable temporary file over its target.
+/// Renames a temporary file (made durable first by [`commit`], not by [`write_replace`]) over
+/// its target.
 fn publish(dir: &Path, name: &str, staged: Staged) -> Result<()> {
     drop(staged.file);
     let target = dir.join(name);
@@ -306,7 +345,120 @@ fn remove_quietly(path: &Path) {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)] // Test helpers may fail loudly.
+
     use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn io_op(e: Error) -> &'static str {
+        match e {
+            Error::Io { op, .. } => op,
+            other => panic!("expected an Io error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn write_replace_creates_and_overwrites_without_leftovers() {
+        let dir = tempfile::tempdir().unwrap();
+        write_replace(dir.path(), "a.json", b"first, longer").unwrap();
+        assert_eq!(
+            fs::read(dir.path().join("a.json")).unwrap(),
+            b"first, longer"
+        );
+        write_replace(dir.path(), "a.json", b"second").unwrap();
+        assert_eq!(fs::read(dir.path().join("a.json")).unwrap(), b"second");
+        write_replace(dir.path(), "a.json", b"").unwrap();
+        assert_eq!(fs::read(dir.path().join("a.json")).unwrap(), b"");
+        assert_eq!(names(dir.path()), ["a.json"]);
+    }
+
+    #[test]
+    fn write_replace_into_a_missing_directory_fails_and_creates_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let err = write_replace(&missing, "a.json", b"x").unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("missing"), "names the path: {message}");
+        assert_eq!(io_op(err), "create");
+        assert!(!missing.exists());
+    }
+
+    #[test]
+    fn a_failed_write_replace_keeps_the_target_and_removes_its_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A non-empty directory where the target should go: the rename fails even for root.
+        fs::create_dir(dir.path().join("a.json")).unwrap();
+        fs::write(dir.path().join("a.json/keep"), b"k").unwrap();
+        let err = write_replace(dir.path(), "a.json", b"x").unwrap_err();
+        assert_eq!(io_op(err), "rename");
+        assert_eq!(names(dir.path()), ["a.json"]);
+        assert_eq!(fs::read(dir.path().join("a.json/keep")).unwrap(), b"k");
+    }
+
+    /// The point of the rename: a reader polling the file while it is replaced again and
+    /// again (as a CDI runtime rescanning its directory would) only ever sees whole versions.
+    /// Writing the target in place would show it empty or half-written.
+    #[test]
+    fn a_reader_never_sees_a_torn_or_empty_file_during_write_replace() {
+        let dir = tempfile::tempdir().unwrap();
+        let versions: Vec<Vec<u8>> = (0..2u8).map(|i| vec![b'a' + i; 256 * 1024]).collect();
+        write_replace(dir.path(), "t.json", &versions[0]).unwrap();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 0..200 {
+                    write_replace(dir.path(), "t.json", &versions[i % 2]).unwrap();
+                }
+                done.store(true, Ordering::Release);
+            });
+            let mut reads = 0;
+            while !done.load(Ordering::Acquire) || reads == 0 {
+                let got = fs::read(dir.path().join("t.json")).unwrap();
+                assert!(
+                    versions.contains(&got),
+                    "read {} bytes that are neither version",
+                    got.len()
+                );
+                reads += 1;
+            }
+        });
+        assert_eq!(names(dir.path()), ["t.json"]);
+    }
+
+    #[test]
+    fn write_replace_leaves_temporary_files_that_start_up_clean_up_recognises() {
+        // What a crash between create and rename would leave: the temporary name itself.
+        let dir = tempfile::tempdir().unwrap();
+        let staged = stage(dir.path(), "k8s.gpu.kerf.dev-gpu_u1.json", b"x").unwrap();
+        drop(staged.file);
+        let removed = remove_stale_temp_files(dir.path(), "k8s.gpu.kerf.dev-gpu_").unwrap();
+        assert_eq!(removed, [staged.temp]);
+        assert!(names(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn remove_if_exists_reports_presence_and_refuses_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        write_replace(dir.path(), "a.json", b"x").unwrap();
+        assert!(remove_if_exists(dir.path(), "a.json").unwrap());
+        assert!(!remove_if_exists(dir.path(), "a.json").unwrap());
+        assert!(names(dir.path()).is_empty());
+        // A directory under the name is an error, not "absent".
+        fs::create_dir(dir.path().join("d")).unwrap();
+        assert_eq!(
+            io_op(remove_if_exists(dir.path(), "d").unwrap_err()),
+            "remove"
+        );
+        assert_eq!(names(dir.path()), ["d"]);
+    }
 
     #[test]
     fn temp_names_are_hidden_unique_and_recognised() {
