@@ -124,6 +124,12 @@ pub struct Args {
     #[arg(long, env = "KERF_CLAIM_DEVICE_STATUS", default_value_t = true, action = ArgAction::Set)]
     pub claim_device_status: bool,
 
+    /// Prepare claims from a watch of this node's claims (label gpu.kerf.dev/node), GETting a
+    /// claim only when the watch does not hold it allocated here; false GETs every claim.
+    /// The watch needs list and watch on resourceclaims.
+    #[arg(long, env = "KERF_CLAIM_CACHE", default_value_t = true, action = ArgAction::Set)]
+    pub claim_cache: bool,
+
     /// How often the published ResourceSlices are checked even without a watch event.
     #[arg(long, env = "KERF_RESYNC_PERIOD", default_value = "10m", value_parser = humantime::parse_duration)]
     pub resync_period: Duration,
@@ -346,6 +352,13 @@ mod tests {
             Args::try_parse_from(["x", "--node-name", "n", "--fatal-taint-effect", "Evict"])
                 .is_err()
         );
+    }
+
+    #[test]
+    fn the_claim_cache_is_on_unless_switched_off() {
+        assert!(parse(&["--node-name", "n"]).claim_cache);
+        assert!(!parse(&["--node-name", "n", "--claim-cache=false"]).claim_cache);
+        assert!(Args::try_parse_from(["x", "--node-name", "n", "--claim-cache=maybe"]).is_err());
     }
 
     #[test]

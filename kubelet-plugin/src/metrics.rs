@@ -51,6 +51,15 @@ struct RequestLabels {
     api_version: &'static str,
 }
 
+/// Labels of the claim lookup counter: `source` is `cache` or `api`; `reason` says why a
+/// lookup went to the API server (`cache_off`, `not_synced`, `miss`, `uid_mismatch`,
+/// `deleting`, `not_allocated_here`), empty for the cache.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LookupLabels {
+    source: &'static str,
+    reason: &'static str,
+}
+
 /// Labels of the MPS daemon restart counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RestartLabels {
@@ -74,6 +83,7 @@ pub struct Metrics {
     mps_daemon_restarts: Family<RestartLabels, Counter>,
     device_health: Family<HealthLabels, Gauge>,
     faults: Family<FaultLabels, Counter>,
+    claim_lookups: Family<LookupLabels, Counter>,
 }
 
 /// Labels of the device health gauge: `healthy`, `unhealthy` or `unknown`.
@@ -111,6 +121,7 @@ impl Metrics {
             mps_daemon_restarts: Family::default(),
             device_health: Family::default(),
             faults: Family::default(),
+            claim_lookups: Family::default(),
         };
         // Named without the plugin prefix: `kerf_mps_daemon_restarts_total` is the name admins
         // alert on, and only the plugin runs MPS daemons.
@@ -174,6 +185,11 @@ impl Metrics {
             "GPU faults seen (each fault once when it appears), by class",
             self.faults.clone(),
         );
+        registry.register(
+            "claim_lookups",
+            "Claims a prepare read, by source (cache, or api with the reason the cache was not used)",
+            self.claim_lookups.clone(),
+        );
     }
 
     /// Counts a dead MPS daemon of `gpu` started again (`restarted`) or not.
@@ -193,6 +209,22 @@ impl Metrics {
             .get_or_create(&OutcomeLabels::from_result(result))
             .inc();
         self.prepare_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one claim read by a prepare: from the cache (`fallback` is `None`), or from the
+    /// API server for the reason `fallback` names.
+    pub fn record_claim_lookup(&self, fallback: Option<&'static str>) {
+        let labels = match fallback {
+            None => LookupLabels {
+                source: "cache",
+                reason: "",
+            },
+            Some(reason) => LookupLabels {
+                source: "api",
+                reason,
+            },
+        };
+        self.claim_lookups.get_or_create(&labels).inc();
     }
 
     /// Records the outcome and duration of unpreparing one claim.
@@ -368,6 +400,23 @@ mod tests {
         );
         metrics.set_registered(false);
         assert!(encoded(&registry).contains("kerf_plugin_registration_status 0"));
+    }
+
+    #[test]
+    fn claim_lookups_are_counted_by_source_and_reason() {
+        let (registry, metrics) = setup();
+        metrics.record_claim_lookup(None);
+        metrics.record_claim_lookup(None);
+        metrics.record_claim_lookup(Some("miss"));
+        let text = encoded(&registry);
+        assert!(
+            text.contains(r#"kerf_plugin_claim_lookups_total{source="cache",reason=""} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kerf_plugin_claim_lookups_total{source="api",reason="miss"} 1"#),
+            "{text}"
+        );
     }
 
     #[test]

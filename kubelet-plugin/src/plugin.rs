@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint_store::{CheckpointStore, Opened};
 use crate::claim_events::{ClaimEvents, ClaimWarning, KubeClaimEvents};
-use crate::claim_reader::{ApiClaimReader, ClaimReader};
+use crate::claim_reader::{CachingClaimReader, ClaimReader};
 use crate::config::PluginConfig;
 use crate::gpu_sharing::GpuSharing;
 use crate::grpc::dra::DraService;
@@ -39,7 +39,8 @@ const CONTROL_DEVICE_NODES: [&str; 3] =
 
 /// What the plugin talks to outside the node.
 pub struct Connections {
-    /// Where claims are read from.
+    /// Where claims are read from; a reader with a cache has its watch started with the
+    /// plugin ([`ClaimReader::cache_task`]).
     pub claim_reader: Arc<dyn ClaimReader>,
     /// Client used to publish ResourceSlices and to watch the Node's ownership record (the
     /// devices' `allocator` attribute); `None` disables publishing.
@@ -52,15 +53,25 @@ pub struct Connections {
 }
 
 impl Connections {
-    /// Reads claims, publishes slices, writes claims' device status and Events through one
-    /// API client.
+    /// Reads claims (from a watch-fed cache of `node`'s claims, GETting the others), publishes
+    /// slices, writes claims' device status and Events through one API client.
     pub fn kube(client: kube::Client, node: &str, publish: bool) -> Self {
         Connections {
-            claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
+            claim_reader: Arc::new(CachingClaimReader::new(client.clone(), node)),
             events: Arc::new(KubeClaimEvents::new(client.clone(), node)),
             device_status: Some(client.clone()),
             publisher: publish.then_some(client),
         }
+    }
+
+    /// The same connections with a claim reader that GETs every claim (`--claim-cache=false`):
+    /// no claim watch.
+    #[must_use]
+    pub fn without_claim_cache(mut self) -> Self {
+        if let Some(uncached) = self.claim_reader.uncached() {
+            self.claim_reader = uncached;
+        }
+        self
     }
 
     /// The same connections without the per-device claim status writer.
@@ -209,6 +220,7 @@ pub async fn start_with_health(
     let inventory = Arc::new(inventory);
 
     let (status_writer, status_task) = device_status.unzip();
+    let claim_cache = connections.claim_reader.cache_task(shutdown.clone());
     let preparer = open_preparer(
         config,
         &inventory,
@@ -221,6 +233,8 @@ pub async fn start_with_health(
     let device_health = HealthMonitor::new(Arc::clone(&inventory), metrics.clone());
     let mut tasks = spawn_health_sources(config, health_config, &device_health, &shutdown);
     tasks.extend(status_task.map(|task| ("device-status", task)));
+    // Prepares do not wait for it: until its first list they GET their claims.
+    tasks.extend(claim_cache.map(|task| ("claim-cache", tokio::spawn(task))));
     let health_service = health_service(config, health_config, &device_health, &shutdown);
     tasks.push(spawn_dra_server(
         config,

@@ -1,8 +1,11 @@
 //! The preparer: the plugin's answer to the kubelet's prepare and unprepare calls,
 //! independent of the gRPC API version that carried them.
 //!
-//! A prepare costs one GET of the claim and two durable writes: the CDI spec, then the
-//! checkpoint entry as PrepareCompleted. The claim's device metadata files (KEP-5304, mounted
+//! A prepare GETs its claim only on a cache miss: a claim the watch-fed cache of this node's
+//! claims holds with the kubelet's UID, not being deleted and allocated here is taken from it
+//! ([`crate::claim_reader::Cached::usable`] says why that is safe); any other claim costs one
+//! GET. Then come two durable writes: the CDI spec, then the checkpoint entry as
+//! PrepareCompleted. The claim's device metadata files (KEP-5304, mounted
 //! read-only by the spec) are written just before the spec without an fsync of their own:
 //! like the spec they are rebuilt from the checkpoint at start-up and removed at unprepare. Concurrent prepares share both through group commit
 //! ([`crate::spec_writer`], [`crate::checkpoint_store`]). PrepareStarted is recorded in memory first — it reserves the devices against
@@ -383,7 +386,16 @@ impl Preparer {
         Ok((entry.state == ClaimState::PrepareCompleted).then_some(entry))
     }
 
-    async fn fetch_claim(&self, claim: &ClaimRef) -> Result<ResourceClaim> {
+    /// The claim from the reader's cache when it can stand in for a GET, else GETs it.
+    async fn fetch_claim(&self, claim: &ClaimRef) -> Result<Arc<ResourceClaim>> {
+        let cached = self.claim_reader.cached(&claim.namespace, &claim.name);
+        match cached.usable(&claim.uid, &self.config.driver_name, &self.config.node_name) {
+            Ok(found) => {
+                self.metrics.record_claim_lookup(None);
+                return Ok(found);
+            }
+            Err(fallback) => self.metrics.record_claim_lookup(Some(fallback.reason())),
+        }
         let api_claim = self
             .claim_reader
             .get(&claim.namespace, &claim.name)
@@ -407,7 +419,7 @@ impl Preparer {
             }
             .into());
         }
-        Ok(api_claim)
+        Ok(Arc::new(api_claim))
     }
 
     /// Turns the allocation results into device records, checking every device against
