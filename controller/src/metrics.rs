@@ -17,6 +17,7 @@
 //! | `admissions_total` | counter | `outcome` (`gated`/`not_gated`/`error`) |
 //! | `ownership_moves_total` | counter | `to` (`scheduler`/`controller`) |
 //! | `ownership_devices` | gauge | `owner` (`scheduler`/`controller`/`settling`) |
+//! | `claim_node_labels_total` | counter | `action` (`set`/`removed`) |
 //!
 //! One series has no `kerf_controller_` prefix, because it counts what kerf as a whole must
 //! never do: `kerf_allocation_conflicts_total` (counter, `allocator` of the other claim:
@@ -77,6 +78,12 @@ struct MoveLabels {
     to: &'static str,
 }
 
+/// Labels of a claim node label write.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LabelActionLabels {
+    action: &'static str,
+}
+
 /// Labels of an allocation conflict.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ConflictLabels {
@@ -119,6 +126,7 @@ pub struct Metrics {
     ownership_moves: Family<MoveLabels, Counter>,
     ownership_devices: Family<OwnerLabels, Gauge>,
     conflicts: Family<ConflictLabels, Counter>,
+    claim_node_labels: Family<LabelActionLabels, Counter>,
     /// Classes that have per-class series: a `Family` cannot list its label sets.
     classes: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -140,6 +148,7 @@ impl Metrics {
             ownership_moves: Family::default(),
             ownership_devices: Family::default(),
             conflicts: Family::default(),
+            claim_node_labels: Family::default(),
             classes: Arc::default(),
         };
         registry.register(
@@ -212,6 +221,18 @@ impl Metrics {
             "Devices by owner; settling: taken by the controller, fence not passed yet",
             self.ownership_devices.clone(),
         );
+        registry.register(
+            "claim_node_labels",
+            "Writes of the claim node label alone (claims the controller did not allocate), by action",
+            self.claim_node_labels.clone(),
+        );
+    }
+
+    /// Counts a write of a claim's node label alone; `action` is `set` or `removed`.
+    pub fn record_claim_node_label(&self, action: &'static str) {
+        self.claim_node_labels
+            .get_or_create(&LabelActionLabels { action })
+            .inc();
     }
 
     /// Counts a device given to `to` (`scheduler` or `controller`).
@@ -432,12 +453,17 @@ mod tests {
     }
 
     #[test]
-    fn admissions_are_counted_by_outcome() {
+    fn admissions_and_node_label_writes_are_counted() {
         let (registry, metrics) = setup();
         metrics.record_admission("gated");
         metrics.record_admission("gated");
         metrics.record_admission("error");
+        metrics.record_claim_node_label("set");
         let text = encoded(&registry);
+        assert!(
+            text.contains(r#"kerf_controller_claim_node_labels_total{action="set"} 1"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"kerf_controller_admissions_total{outcome="gated"} 2"#),
             "{text}"

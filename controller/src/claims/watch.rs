@@ -14,11 +14,12 @@ use kube::runtime::controller::{
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt as _, applier, watcher};
 use kube::{Api, ResourceExt as _};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::context::{ClaimSettings, ClaimsContext};
 use super::reconcile::{CONTROLLER, error_policy, object_key, reconcile};
-use super::{consumers, ownership};
+use super::{consumers, node_label, ownership};
 use crate::context::Context;
 use crate::error::Result;
 use kerf_api::watch_backoff::WatchBackoff;
@@ -53,7 +54,8 @@ type Request = std::result::Result<ReconcileRequest<ResourceClaim>, watcher::Err
 /// that triggered it: claims trigger themselves; pods trigger the claims they use (creation,
 /// scheduling, deletion); an allocation by someone else triggers the controller claims that
 /// must yield its devices; and every claim is reconciled again each resync period. Ownership
-/// of the devices is decided next to it, every [`ClaimSettings::ownership_tick`].
+/// of the devices is decided next to it, every [`ClaimSettings::ownership_tick`], and the
+/// claims' node label by [`node_label`] on the same claim events and store.
 ///
 /// # Errors
 /// Never returns an error today; the signature fits [`crate::ControllerTask`].
@@ -65,18 +67,16 @@ pub async fn run(
     let client = base.client.clone();
     let resync_period = base.config.resync_period;
     let (claims, claim_writer) = reflector::store();
-    let claim_requests = trigger_self(
-        reflector::reflector(
-            claim_writer,
-            watcher(
-                Api::<ResourceClaim>::all(client.clone()),
-                watcher::Config::default(),
-            )
-            .backoff(WatchBackoff::default())
-            .modify(|claim: &mut ResourceClaim| claim.managed_fields_mut().clear()),
-        )
-        .applied_objects(),
-        (),
+    // The node label reconciler runs on the same watch and store: every claim event goes to
+    // both queues, after the store has it.
+    let (label_trigger, label_triggered) = tokio::sync::mpsc::unbounded_channel();
+    let claim_requests = trigger_self(claim_events(&client, claim_writer, label_trigger), ());
+    let labels = node_label::run(
+        Arc::clone(&base),
+        claims.clone(),
+        label_requests(label_triggered, claims.clone(), resync_period),
+        shutdown.clone(),
+        SHUTDOWN_GRACE,
     );
     let (pods, pod_writer) = reflector::store();
     let pod_requests = trigger_with(
@@ -153,10 +153,51 @@ pub async fn run(
             }
         }
     };
-    tokio::join!(controller, ownership);
+    tokio::join!(controller, ownership, labels);
     // The watches only end with the process; what matters is that the controller stopped.
     shutdown.cancelled().await;
     Ok(())
+}
+
+/// The claims the watch brings, written to the store first, each also sent to `labels`.
+fn claim_events(
+    client: &kube::Client,
+    writer: reflector::store::Writer<ResourceClaim>,
+    labels: UnboundedSender<ReconcileRequest<ResourceClaim>>,
+) -> impl futures::Stream<Item = std::result::Result<ResourceClaim, watcher::Error>> + Send + 'static
+{
+    reflector::reflector(
+        writer,
+        watcher(
+            Api::<ResourceClaim>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .backoff(WatchBackoff::default())
+        .modify(|claim: &mut ResourceClaim| claim.managed_fields_mut().clear()),
+    )
+    .applied_objects()
+    .inspect(move |event| {
+        if let Ok(claim) = event {
+            // Only fails once the label reconciler stopped, i.e. while shutting down.
+            let _ = labels.send(node_label::request(claim));
+        }
+    })
+}
+
+/// The node label reconciler's queue: the claims `triggered` names, and every cached claim
+/// once per `period`.
+fn label_requests(
+    triggered: UnboundedReceiver<ReconcileRequest<ResourceClaim>>,
+    claims: reflector::Store<ResourceClaim>,
+    period: Duration,
+) -> impl futures::Stream<Item = ReconcileRequest<ResourceClaim>> + Send + 'static {
+    stream::select(
+        stream::unfold(triggered, |mut triggered| async move {
+            let request = triggered.recv().await?;
+            Some((request, triggered))
+        }),
+        resync_requests(claims, period).filter_map(|r| std::future::ready(r.ok())),
+    )
 }
 
 /// Every cached claim, once per `period`: a safety net for missed events.

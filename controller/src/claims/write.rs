@@ -1,15 +1,19 @@
 //! The controller's writes to ResourceClaims and pods. Every claim write carries the
 //! resourceVersion it was computed from, so a concurrent change fails it with a conflict
 //! instead of being overwritten, and every write names the controller's field manager, so
-//! `managedFields` says who wrote what.
+//! `managedFields` says who wrote what. The claim writes keep the node label
+//! ([`CLAIM_NODE_LABEL`]) on the rule of [`node_label::label_node`] at every resourceVersion.
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kerf_api::claim_node_label::{CLAIM_NODE_LABEL, node_label_value};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
 
+use super::node_label::{self, labels_patch};
+use super::state::allocation_of;
 use super::{ALLOCATED_NODE_ANNOTATION, CONDITION_TYPE, FINALIZER};
 use crate::context::Context;
 use crate::error::{Error, Result};
@@ -35,6 +39,8 @@ fn name_and_version(claim: &ResourceClaim) -> Result<(String, String)> {
 pub struct ClaimApi {
     api: Api<ResourceClaim>,
     params: PatchParams,
+    /// The driver whose allocation results name the node label's node.
+    driver: String,
 }
 
 /// The patch parameters of every controller write: its field manager.
@@ -53,11 +59,13 @@ pub fn claim_api(ctx: &Context, claim: &ResourceClaim) -> ClaimApi {
             claim.metadata.namespace.as_deref().unwrap_or_default(),
         ),
         params: params(ctx),
+        driver: ctx.config.driver_name.clone(),
     }
 }
 
-/// Adds the finalizer and records the node, guarded by the claim's resourceVersion: the
-/// finalizer is in place before any allocation exists.
+/// Adds the finalizer and records the node (annotation and node label), guarded by the claim's
+/// resourceVersion: the finalizer is in place before any allocation exists, and the plugin's
+/// label-selected watch sees the allocation arrive on an already labelled claim.
 ///
 /// # Errors
 /// The API call failed (a conflict when the claim changed meanwhile).
@@ -71,10 +79,14 @@ pub async fn mark_allocating(
     if !finalizers.iter().any(|f| f == FINALIZER) {
         finalizers.push(FINALIZER.to_owned());
     }
+    // The rule with the annotation about to be written: the allocation's node, once it exists.
+    let label = node_label::label_node(allocation_of(claim), &api.driver, Some(node))
+        .map(|node| node_label_value(&node));
     let patch = json!({"metadata": {
         "resourceVersion": version,
         "finalizers": finalizers,
         "annotations": {ALLOCATED_NODE_ANNOTATION: node},
+        "labels": {CLAIM_NODE_LABEL: label},
     }});
     Ok(api
         .api
@@ -117,7 +129,9 @@ pub async fn clear_allocation(api: &ClaimApi, claim: &ResourceClaim) -> Result<R
 }
 
 /// Removes the node annotation and, with `drop_finalizer`, the finalizer, guarded by the
-/// claim's resourceVersion. Without anything to remove it writes nothing and returns `None`.
+/// claim's resourceVersion; the node label follows in the same write (on an unallocated claim,
+/// the only kind this is called for, it goes). Without anything to change it writes nothing and
+/// returns `None`.
 ///
 /// # Errors
 /// The API call failed (a conflict when the claim changed meanwhile).
@@ -129,13 +143,19 @@ pub async fn unmark(
     let annotated = claim.annotations().contains_key(ALLOCATED_NODE_ANNOTATION);
     let finalized = claim.finalizers().iter().any(|f| f == FINALIZER);
     let removing = drop_finalizer && finalized;
-    if !annotated && !removing {
+    let label = node_label::label_node(allocation_of(claim), &api.driver, None)
+        .map(|node| node_label_value(&node));
+    let labels = labels_patch(claim, label.as_deref());
+    if !annotated && !removing && labels.is_none() {
         return Ok(None);
     }
     let (name, version) = name_and_version(claim)?;
     let mut metadata = json!({"resourceVersion": version});
     if annotated {
         metadata["annotations"] = json!({ALLOCATED_NODE_ANNOTATION: Value::Null});
+    }
+    if let Some(labels) = labels {
+        metadata["labels"] = labels;
     }
     if removing {
         let finalizers: Vec<&String> = claim

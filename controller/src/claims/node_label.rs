@@ -1,0 +1,330 @@
+//! The node label of kerf claims ([`CLAIM_NODE_LABEL`]): which node a claim is allocated on,
+//! so that each kubelet plugin can keep a cache of its own node's claims fed by a
+//! label-selected watch.
+//!
+//! One rule decides the label ([`label_node`]): the node of kerf's allocation results when the
+//! claim is allocated, else the node of the controller's
+//! [`ALLOCATED_NODE_ANNOTATION`](super::ALLOCATED_NODE_ANNOTATION), else none. Both writers
+//! follow it, so they never undo each other:
+//! - the claim reconciler's own writes ([`super::write::mark_allocating`] puts the label in the
+//!   same write as the annotation, before any allocation; [`super::write::unmark`] takes it off
+//!   with the annotation) keep its claims right at every resourceVersion;
+//! - the label reconciler here ([`reconcile`]) puts the rule on every other claim: those
+//!   kube-scheduler allocated with kerf devices, and claims allocated before kerf wrote the
+//!   label. It reads the claim store of [`super::watch::run`] (no second watch of every claim)
+//!   and writes only when the label differs from the rule, so an unrelated update of a claim
+//!   costs no write.
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt as _};
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+use kerf_api::claim_node_label::{CLAIM_NODE_LABEL, node_label_value};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::applier;
+use kube::runtime::controller::{self, Action, Config as ApplierConfig, ReconcileRequest};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, ResourceExt as _};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::state::{allocation_of, annotated_node};
+use crate::context::{Context, log_failure};
+use crate::error::{Error, Result};
+
+/// The label reconciler's name in metrics, back-off keys and logs.
+pub const CONTROLLER: &str = "claimnodelabel";
+
+/// Metric label of a label write that set or changed the value.
+pub const ACTION_SET: &str = "set";
+/// Metric label of a label write that removed it.
+pub const ACTION_REMOVED: &str = "removed";
+
+/// The node [`CLAIM_NODE_LABEL`] names for a claim with `allocation` and the controller's node
+/// annotation `annotated`: the pool of `driver`'s results when allocated (kerf's pools are
+/// node names; none when they name no pool or several), else `annotated`. The one rule of
+/// both writers: during the controller's allocation (annotation written, allocation not yet)
+/// it already names the node the allocation will.
+pub fn label_node(
+    allocation: Option<&AllocationResult>,
+    driver: &str,
+    annotated: Option<&str>,
+) -> Option<String> {
+    let Some(allocation) = allocation else {
+        return annotated.map(str::to_owned);
+    };
+    let pools: BTreeSet<&str> = allocation
+        .devices
+        .iter()
+        .flat_map(|d| d.results.iter().flatten())
+        .filter(|r| r.driver == driver)
+        .map(|r| r.pool.as_str())
+        .collect();
+    let mut pools = pools.into_iter();
+    match (pools.next(), pools.next()) {
+        (Some(pool), None) => Some(pool.to_owned()),
+        (Some(first), Some(second)) => {
+            // kerf's devices are per node; results on two nodes have no one node to name.
+            tracing::debug!(
+                controller = CONTROLLER,
+                first,
+                second,
+                "allocation names several pools of the driver; no node label"
+            );
+            None
+        }
+        (None, _) => None,
+    }
+}
+
+/// The value [`CLAIM_NODE_LABEL`] should have on `claim` by [`label_node`]; `None`: no label.
+pub fn desired_label(claim: &ResourceClaim, driver: &str) -> Option<String> {
+    label_node(
+        allocation_of(claim),
+        driver,
+        annotated_node(claim).map(String::as_str),
+    )
+    .map(|node| node_label_value(&node))
+}
+
+/// The label's current value on `claim`.
+pub fn current_label(claim: &ResourceClaim) -> Option<&str> {
+    claim.labels().get(CLAIM_NODE_LABEL).map(String::as_str)
+}
+
+/// The `metadata.labels` merge-patch fragment that makes the label `desired`, or `None` when
+/// the claim already has it.
+pub(super) fn labels_patch(claim: &ResourceClaim, desired: Option<&str>) -> Option<Value> {
+    if current_label(claim) == desired {
+        return None;
+    }
+    Some(json!({ CLAIM_NODE_LABEL: desired }))
+}
+
+/// What the label reconciler needs.
+pub struct LabelContext {
+    /// Client, config (driver name, field manager, back-off), metrics.
+    pub base: Arc<Context>,
+}
+
+impl std::fmt::Debug for LabelContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LabelContext").finish_non_exhaustive()
+    }
+}
+
+fn backoff_key(claim: &ResourceClaim) -> String {
+    object_key(claim.namespace().as_deref(), &claim.name_any())
+}
+
+fn object_key(namespace: Option<&str>, name: &str) -> String {
+    format!("{CONTROLLER}/{}/{name}", namespace.unwrap_or_default())
+}
+
+/// Makes the claim's [`CLAIM_NODE_LABEL`] follow [`desired_label`]: a JSON merge patch of that
+/// one label as the controller's field manager, only when it differs. A claim deleted
+/// meanwhile or a conflict fails the reconcile routinely; the watch brings the claim's newer
+/// version, which is reconciled again.
+///
+/// # Errors
+/// The API call failed (retried with per-object back-off by [`error_policy`]).
+pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<LabelContext>) -> Result<Action> {
+    let started = Instant::now();
+    let result = sync_label(&claim, &ctx.base).await;
+    ctx.base.metrics.record_reconcile(
+        CONTROLLER,
+        result.as_ref().copied().map_err(Error::reason),
+        started.elapsed(),
+    );
+    if result.is_ok() {
+        ctx.base.backoff.succeeded(&backoff_key(&claim));
+    }
+    result.map(|()| Action::await_change())
+}
+
+async fn sync_label(claim: &ResourceClaim, ctx: &Context) -> Result<()> {
+    let desired = desired_label(claim, &ctx.config.driver_name);
+    let Some(labels) = labels_patch(claim, desired.as_deref()) else {
+        return Ok(());
+    };
+    let name = claim.metadata.name.as_deref().ok_or(Error::MissingField {
+        kind: "ResourceClaim",
+        field: "name",
+    })?;
+    let api: Api<ResourceClaim> = Api::namespaced(
+        ctx.client.clone(),
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    let params = PatchParams {
+        field_manager: Some(ctx.config.field_manager.clone()),
+        ..PatchParams::default()
+    };
+    let patch = json!({"metadata": {"labels": labels}});
+    api.patch(name, &params, &Patch::Merge(&patch)).await?;
+    let action = if desired.is_some() {
+        ACTION_SET
+    } else {
+        ACTION_REMOVED
+    };
+    ctx.metrics.record_claim_node_label(action);
+    tracing::debug!(
+        controller = CONTROLLER,
+        claim = %backoff_key(claim),
+        label = ?desired,
+        action,
+        "claim node label written"
+    );
+    Ok(())
+}
+
+/// Retries a failed label write with per-object exponential back-off; conflicts and NotFound
+/// are logged at debug by [`log_failure`].
+#[allow(clippy::needless_pass_by_value)] // the signature is kube-runtime's
+pub fn error_policy(claim: Arc<ResourceClaim>, error: &Error, ctx: Arc<LabelContext>) -> Action {
+    let key = backoff_key(&claim);
+    let failure = ctx.base.backoff.failed(&ctx.base.config.backoff, &key);
+    log_failure(CONTROLLER, &key, error, failure);
+    Action::requeue(failure.retry_in)
+}
+
+/// Runs the label reconciler over `claims` (the claim reconciler's store) for `requests`
+/// until `shutdown`, letting running writes finish for at most `grace`.
+pub(super) async fn run(
+    base: Arc<Context>,
+    claims: Store<ResourceClaim>,
+    requests: impl Stream<Item = ReconcileRequest<ResourceClaim>> + Send + 'static,
+    shutdown: CancellationToken,
+    grace: Duration,
+) {
+    let ctx = Arc::new(LabelContext {
+        base: Arc::clone(&base),
+    });
+    let queue = requests
+        .map(Ok::<_, Infallible>)
+        .take_until(shutdown.clone().cancelled_owned());
+    let reconciles = applier(
+        |claim, ctx| Box::pin(reconcile(claim, ctx)),
+        error_policy,
+        ctx,
+        claims,
+        queue,
+        ApplierConfig::default(),
+    )
+    .for_each(move |result| {
+        match result {
+            Err(controller::Error::ObjectNotFound(gone)) => {
+                // Deleted: its failures are history.
+                base.backoff
+                    .forget(&object_key(gone.namespace.as_deref(), &gone.name));
+            }
+            Err(error) => tracing::debug!(controller = CONTROLLER, %error, "reconcile not done"),
+            Ok(_) => {}
+        }
+        std::future::ready(())
+    });
+    tokio::pin!(reconciles);
+    tokio::select! {
+        () = &mut reconciles => {}
+        () = shutdown.cancelled() => {
+            if tokio::time::timeout(grace, &mut reconciles).await.is_err() {
+                tracing::warn!(controller = CONTROLLER, "reconciles did not finish in time");
+            }
+        }
+    }
+}
+
+/// The request of a claim the watch brought.
+pub(super) fn request(claim: &ResourceClaim) -> ReconcileRequest<ResourceClaim> {
+    ObjectRef::from_obj(claim).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::{DeviceAllocationResult, DeviceRequestAllocationResult};
+
+    const DRIVER: &str = "gpu.kerf.dev";
+
+    fn result(driver: &str, pool: &str) -> DeviceRequestAllocationResult {
+        DeviceRequestAllocationResult {
+            driver: driver.to_owned(),
+            pool: pool.to_owned(),
+            device: "gpu-0".to_owned(),
+            request: "gpu".to_owned(),
+            ..DeviceRequestAllocationResult::default()
+        }
+    }
+
+    fn allocation(results: Vec<DeviceRequestAllocationResult>) -> AllocationResult {
+        AllocationResult {
+            devices: Some(DeviceAllocationResult {
+                results: Some(results),
+                config: None,
+            }),
+            ..AllocationResult::default()
+        }
+    }
+
+    #[test]
+    fn the_allocations_node_wins_over_the_annotation() {
+        let on_a = allocation(vec![result(DRIVER, "node-a"), result(DRIVER, "node-a")]);
+        assert_eq!(
+            label_node(Some(&on_a), DRIVER, Some("node-b")).as_deref(),
+            Some("node-a")
+        );
+        assert_eq!(
+            label_node(Some(&on_a), DRIVER, None).as_deref(),
+            Some("node-a")
+        );
+    }
+
+    #[test]
+    fn the_annotation_names_the_node_until_the_allocation_exists() {
+        assert_eq!(
+            label_node(None, DRIVER, Some("node-b")).as_deref(),
+            Some("node-b")
+        );
+        assert_eq!(label_node(None, DRIVER, None), None);
+    }
+
+    #[test]
+    fn other_drivers_and_several_pools_get_no_label() {
+        let theirs = allocation(vec![result("other.example.com", "node-a")]);
+        assert_eq!(label_node(Some(&theirs), DRIVER, None), None);
+        let mixed = allocation(vec![
+            result("other.example.com", "node-z"),
+            result(DRIVER, "node-a"),
+        ]);
+        assert_eq!(
+            label_node(Some(&mixed), DRIVER, None).as_deref(),
+            Some("node-a")
+        );
+        let two = allocation(vec![result(DRIVER, "node-a"), result(DRIVER, "node-b")]);
+        assert_eq!(label_node(Some(&two), DRIVER, Some("node-a")), None);
+    }
+
+    #[test]
+    fn a_patch_is_made_only_when_the_label_differs() {
+        let mut claim = ResourceClaim::default();
+        assert_eq!(labels_patch(&claim, None), None);
+        assert_eq!(
+            labels_patch(&claim, Some("node-a")),
+            Some(json!({CLAIM_NODE_LABEL: "node-a"}))
+        );
+        claim
+            .labels_mut()
+            .insert(CLAIM_NODE_LABEL.to_owned(), "node-a".to_owned());
+        assert_eq!(labels_patch(&claim, Some("node-a")), None);
+        assert_eq!(
+            labels_patch(&claim, None),
+            Some(json!({CLAIM_NODE_LABEL: null}))
+        );
+        assert_eq!(
+            labels_patch(&claim, Some("node-b")),
+            Some(json!({CLAIM_NODE_LABEL: "node-b"}))
+        );
+    }
+}
