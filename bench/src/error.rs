@@ -48,6 +48,14 @@ pub enum Error {
         /// Its file system type.
         fs_type: String,
     },
+    /// A kube client for the API server could not be built from its kubeconfig.
+    #[error("kube client from {}: {message}", path.display())]
+    ApiClient {
+        /// The kubeconfig.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// The plugin failed to start or stop.
     #[error("kubelet plugin: {0}")]
     Plugin(#[from] kerf_kubelet_plugin::Error),
@@ -98,6 +106,7 @@ impl Error {
             Error::Io { .. } => "io",
             Error::NotOnDisk { .. } => "not_on_disk",
             Error::NotOnTmpfs { .. } => "not_on_tmpfs",
+            Error::ApiClient { .. } => "api_client",
             Error::Plugin(e) => e.reason(),
             Error::Core(e) => e.reason(),
             Error::Api(e) => e.reason(),

@@ -10,6 +10,11 @@
 //!   fake GPU tools ([`gpu_tools`]): the first slice of a GPU (the prepare starts the GPU's
 //!   MPS control daemon) and later ones (it adopts the running daemon), against the same
 //!   floor.
+//! - `prepare-real`: `prepare` on the real path: the plugin started as in production with a
+//!   kube client that talks HTTP to the in-memory API server, which answers every request
+//!   1 ms late; claims labelled with their node (served from the plugin's claim cache when it
+//!   has one) and unlabelled ones (every prepare GETs), against the empty call + one durable
+//!   checkpoint write + a map lookup, with each part's share of a prepare.
 //! - `prepare-parallel`: 64 claims at once, as 64 calls and as one batched call, against one
 //!   single-claim prepare, with every file on disk.
 //! - `prepare-parallel-node`: the same with the CDI specs on a tmpfs, as `/var/run/cdi` is on
@@ -43,6 +48,7 @@ pub mod footprint;
 pub mod gpu_tools;
 pub mod node;
 pub mod prepare;
+pub mod prepare_real;
 pub mod rng;
 pub mod scheduling;
 pub mod stats;
@@ -52,14 +58,16 @@ pub mod workload;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub use error::{Error, Result};
 pub use prepare::SpecLayout;
 pub use summary::{Summary, Target};
 
 /// The benchmarks, in the order `all` runs them.
-pub const NAMES: [&str; 7] = [
+pub const NAMES: [&str; 8] = [
     "prepare",
+    "prepare-real",
     "prepare-parallel",
     "prepare-parallel-node",
     "allocate",
@@ -80,6 +88,11 @@ pub struct BenchOptions {
     pub node_cdi_dir: PathBuf,
     /// Claims of `prepare` (default 2,000).
     pub prepare_claims: usize,
+    /// Claims of each series of `prepare-real` (default 1,000).
+    pub prepare_real_claims: usize,
+    /// How late the API server of `prepare-real` answers every request (default 1 ms; see
+    /// `kerf_tests::fake_api::FakeApi::set_latency` for why).
+    pub api_latency: Duration,
     /// Claims prepared at once by `prepare-parallel` (default 64).
     pub parallel_claims: usize,
     /// Rounds of `prepare-parallel` (default 20).
@@ -118,6 +131,8 @@ impl Default for BenchOptions {
             work_dir: PathBuf::from("target/kerf-bench"),
             node_cdi_dir: PathBuf::from("/dev/shm"),
             prepare_claims: 2_000,
+            prepare_real_claims: 1_000,
+            api_latency: Duration::from_millis(1),
             parallel_claims: 64,
             parallel_rounds: 20,
             nodes: 1_000,
@@ -136,6 +151,7 @@ impl BenchOptions {
     fn validate(&self) -> Result<()> {
         let positive = [
             ("prepare_claims", self.prepare_claims),
+            ("prepare_real_claims", self.prepare_real_claims),
             ("parallel_claims", self.parallel_claims),
             ("parallel_rounds", self.parallel_rounds),
             ("nodes", self.nodes),
@@ -207,6 +223,7 @@ pub fn run_each(
     for name in names {
         let summary = match name {
             "prepare" => runtime.block_on(prepare::prepare(options))?,
+            "prepare-real" => runtime.block_on(prepare_real::prepare_real(options))?,
             "prepare-parallel" => {
                 runtime.block_on(prepare::prepare_parallel(options, SpecLayout::Disk))?
             }

@@ -1,7 +1,7 @@
 //! `kerf-bench NAME|all`: the benchmarks without the `kerf` CLI, e.g. for profiling.
 //!
 //! Options are `--key value` for the fields of [`kerf_bench::BenchOptions`]
-//! (`--work-dir`, `--prepare-claims`, `--parallel-claims`, `--parallel-rounds`, `--nodes`,
+//! (`--work-dir`, `--prepare-claims`, `--prepare-real-claims`, `--api-latency-us`, `--parallel-claims`, `--parallel-rounds`, `--nodes`,
 //! `--allocate-claims`, `--seed`, `--footprint-cycles`, `--footprint-claims`,
 //! `--scheduling-nodes`, `--scheduling-pods`).
 //!
@@ -9,6 +9,7 @@
 //! tool of `kerf-fake-gpu-tools`, which `prepare` links to it for its MPS cases.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use kerf_bench::{BenchOptions, Reexec};
 
@@ -33,7 +34,7 @@ fn main() -> ExitCode {
         Err(message) => {
             eprintln!("kerf-bench: {message}");
             eprintln!(
-                "usage: kerf-bench NAME|all [--work-dir DIR] [--prepare-claims N] [--parallel-claims N] [--parallel-rounds N] [--nodes N] [--allocate-claims N] [--seed N] [--footprint-cycles N] [--footprint-claims N] [--scheduling-nodes N] [--scheduling-pods N]"
+                "usage: kerf-bench NAME|all [--work-dir DIR] [--prepare-claims N] [--prepare-real-claims N] [--api-latency-us N] [--parallel-claims N] [--parallel-rounds N] [--nodes N] [--allocate-claims N] [--seed N] [--footprint-cycles N] [--footprint-claims N] [--scheduling-nodes N] [--scheduling-pods N]"
             );
             eprintln!("names: {}", kerf_bench::NAMES.join(", "));
             ExitCode::from(2)
@@ -69,6 +70,13 @@ fn parse(args: &[String]) -> Result<(String, BenchOptions), String> {
         match key {
             "work-dir" => options.work_dir = value.into(),
             "prepare-claims" => options.prepare_claims = number()?,
+            "prepare-real-claims" => options.prepare_real_claims = number()?,
+            "api-latency-us" => {
+                let micros = value
+                    .parse::<u64>()
+                    .map_err(|e| format!("--{key} {value}: {e}"))?;
+                options.api_latency = Duration::from_micros(micros);
+            }
             "parallel-claims" => options.parallel_claims = number()?,
             "parallel-rounds" => options.parallel_rounds = number()?,
             "nodes" => options.nodes = number()?,

@@ -130,6 +130,37 @@ pub fn slice_claim(claim: &Claim, inventory: &Inventory, gpu: usize) -> Result<R
     })
 }
 
+/// Lays out a node under `root` as `layout` says (boot ID, fake driver root) and discovers
+/// its mock inventory: the plugin's configuration and GPUs, ready for [`plugin::start`].
+///
+/// # Errors
+/// A file cannot be created, or discovery fails.
+pub fn lay_out(root: &Path, layout: &NodeLayout<'_>) -> Result<(PluginConfig, Inventory)> {
+    let mut config = plugin_config(root);
+    if let Some(dir) = layout.cdi_dir {
+        dir.clone_into(&mut config.cdi_dir);
+    }
+    if let Some(tools) = layout.gpu_tools {
+        config.gpu_tools_root = Some(tools.root().to_owned());
+        config.mps_root = tools.mps_root();
+    }
+    let boot_id = root.join("boot_id");
+    std::fs::write(&boot_id, "kerf-bench-boot\n").map_err(|e| Error::io("write", &boot_id, e))?;
+    make_driver_root(&config.driver_root)?;
+    let inventory = plugin::discover(&config)?;
+    Ok((config, inventory))
+}
+
+/// Path of the CDI spec a plugin configured by `config` writes for `claim`.
+///
+/// # Errors
+/// The UID makes no valid file name.
+pub fn spec_path(config: &PluginConfig, claim: &Claim) -> Result<PathBuf> {
+    let kind = PreparerConfig::cdi_kind_for(&config.driver_name);
+    let name = kerf_core::cdi::transient_spec_file_name(&kind, &claim.uid)?;
+    Ok(config.cdi_dir.join(name))
+}
+
 /// Where a benchmark node keeps what does not live under its root.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct NodeLayout<'a> {
@@ -183,19 +214,7 @@ impl BenchNode {
     /// # Errors
     /// As [`BenchNode::start`].
     pub async fn start_with(root: &Path, layout: &NodeLayout<'_>) -> Result<Self> {
-        let mut config = plugin_config(root);
-        if let Some(dir) = layout.cdi_dir {
-            dir.clone_into(&mut config.cdi_dir);
-        }
-        if let Some(tools) = layout.gpu_tools {
-            config.gpu_tools_root = Some(tools.root().to_owned());
-            config.mps_root = tools.mps_root();
-        }
-        let boot_id = root.join("boot_id");
-        std::fs::write(&boot_id, "kerf-bench-boot\n")
-            .map_err(|e| Error::io("write", &boot_id, e))?;
-        make_driver_root(&config.driver_root)?;
-        let inventory = plugin::discover(&config)?;
+        let (config, inventory) = lay_out(root, layout)?;
         let claim_reader = Arc::new(MemoryClaimReader::default());
         let connections = Connections {
             device_status: None,
@@ -234,9 +253,7 @@ impl BenchNode {
     /// # Errors
     /// The UID makes no valid file name.
     pub fn spec_path(&self, claim: &Claim) -> Result<PathBuf> {
-        let kind = PreparerConfig::cdi_kind_for(DRIVER);
-        let name = kerf_core::cdi::transient_spec_file_name(&kind, &claim.uid)?;
-        Ok(self.config.cdi_dir.join(name))
+        spec_path(&self.config, claim)
     }
 
     /// Stops the plugin.

@@ -23,7 +23,7 @@ use crate::summary::Summary;
 use crate::{BenchOptions, Error, Result, sys};
 
 /// Claims prepared and unprepared before measuring, to warm caches and thread pools.
-const WARMUP: usize = 50;
+pub(crate) const WARMUP: usize = 50;
 /// Durable checkpoint writes per prepare: the entry as PrepareCompleted (besides the CDI
 /// spec; PrepareStarted stays in memory, see kubelet-plugin/src/driver.rs).
 const CHECKPOINT_WRITES_PER_PREPARE: usize = 1;
@@ -75,14 +75,7 @@ async fn start_node(
     node_cdi_dir: Option<&Path>,
     gpu_tools_program: Option<&Path>,
 ) -> Result<Setup> {
-    std::fs::create_dir_all(work_dir).map_err(|e| Error::io("create", work_dir, e))?;
-    let fs_type = sys::fs_type(work_dir)?;
-    if sys::is_memory_fs(&fs_type) {
-        return Err(Error::NotOnDisk {
-            path: work_dir.to_owned(),
-            fs_type,
-        });
-    }
+    let fs_type = disk_work_dir(work_dir)?;
     let spec_dir = node_cdi_dir.map(tmpfs_dir).transpose()?;
     let dir = tempfile::Builder::new()
         .prefix("node-")
@@ -109,6 +102,20 @@ async fn start_node(
         node,
         kubelet,
     })
+}
+
+/// Creates the work directory if missing and returns its file system type, refusing a
+/// memory file system, where fsync is free and a prepare's figures would mean nothing.
+pub(crate) fn disk_work_dir(work_dir: &Path) -> Result<String> {
+    std::fs::create_dir_all(work_dir).map_err(|e| Error::io("create", work_dir, e))?;
+    let fs_type = sys::fs_type(work_dir)?;
+    if sys::is_memory_fs(&fs_type) {
+        return Err(Error::NotOnDisk {
+            path: work_dir.to_owned(),
+            fs_type,
+        });
+    }
+    Ok(fs_type)
 }
 
 /// A fresh directory under `parent`, which must be on a tmpfs.
@@ -218,7 +225,7 @@ impl ParallelFloor {
     }
 }
 
-async fn timed<F: Future<Output = Result<()>>>(f: F) -> Result<Duration> {
+pub(crate) async fn timed<F: Future<Output = Result<()>>>(f: F) -> Result<Duration> {
     let started = Instant::now();
     f.await?;
     Ok(started.elapsed())
@@ -457,7 +464,7 @@ impl MpsRuns {
 }
 
 /// `a / b`, for the targets; `b` of zero counts as the smallest positive time.
-fn ratio_of(a: Duration, b: Duration) -> f64 {
+pub(crate) fn ratio_of(a: Duration, b: Duration) -> f64 {
     a.as_secs_f64() / b.as_secs_f64().max(f64::MIN_POSITIVE)
 }
 

@@ -1,0 +1,330 @@
+//! `prepare-real`: `prepare` on the real path. The plugin is started the production way
+//! ([`plugin::start`] with [`Connections::kube`]), its kube client built from a kubeconfig
+//! that points at the in-memory API server served over HTTP
+//! ([`kerf_tests::api_server::ApiServer`]: a real hyper client, real JSON), which answers
+//! every request a set latency late ([`FakeApi::set_latency`]). The claims are in the API
+//! server as kerf-controller leaves them: allocated on this node and labelled with it
+//! ([`kerf_api::claim_node_label`]).
+//!
+//! Two series run interleaved on the same plugin, one claim at a time over its Unix socket:
+//! labelled claims, which a plugin with a watch-fed claim cache prepares without a GET, and
+//! unlabelled ones, which no node-scoped watch sees, so every prepare GETs its claim. Between
+//! them, in the same run: the floor (an empty `NodePrepareResources`, one durable write of
+//! the checkpoint's size, one lookup in a map of as many claims as the cache holds) and each
+//! part on its own (a GET of a claim through the same client and latency, the durable write,
+//! the spec and metadata files written without fsync, the empty call), from which each
+//! part's share of a prepare is reported.
+
+mod parts;
+mod report;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_api::claim_node_label::{CLAIM_NODE_LABEL, node_label_value};
+use kerf_core::inventory::Inventory;
+use kerf_kubelet_plugin::config::PluginConfig;
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_proto::client::Claim;
+use kerf_tests::api_server::ApiServer;
+use kerf_tests::fake_api::FakeApi;
+
+use crate::node::{Kubelet, NAMESPACE, NODE, NodeLayout, numbered_claim, slice_claim};
+use crate::prepare::{WARMUP, disk_work_dir};
+use crate::summary::Summary;
+use crate::{BenchOptions, Error, Result};
+
+use parts::{Floor, PartRuns, Parts};
+
+/// Claim series, apart from the other benchmarks' (see `prepare.rs`).
+const SERIES_WARMUP: u64 = 20;
+const SERIES_CACHED: u64 = 21;
+const SERIES_GET: u64 = 22;
+/// How long the plugin has to start a watch of ResourceClaims after it started; a plugin
+/// without a claim cache never does, so this is what deciding so costs.
+const WATCH_GRACE: Duration = Duration::from_secs(2);
+/// How long a plugin that watches has to serve a prepare from its cache.
+const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The collection a node-scoped claim watch lists and watches (all namespaces).
+const CLAIM_COLLECTION: &str = "/apis/resource.k8s.io/v1/resourceclaims";
+
+/// Path of claim `name` in the benchmark namespace, as a GET of it reaches the API server.
+fn claim_path(name: &str) -> String {
+    format!("/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{name}")
+}
+
+/// GETs of claim `name` the API server has received.
+fn gets_of(fake: &FakeApi, name: &str) -> usize {
+    let path = claim_path(name);
+    fake.requests()
+        .iter()
+        .filter(|r| r.verb == "get" && r.path == path)
+        .count()
+}
+
+/// GETs of claims of `series` the API server has received.
+fn gets_of_series(fake: &FakeApi, series: u64) -> usize {
+    let prefix = claim_path(&format!("claim-{series}-"));
+    fake.requests()
+        .iter()
+        .filter(|r| r.verb == "get" && r.path.starts_with(&prefix))
+        .count()
+}
+
+/// What the plugin's claim cache did, as the API server saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheUse {
+    /// No list or watch of ResourceClaims came: the plugin has no claim cache, every prepare
+    /// GETs its claim.
+    NotUsed,
+    /// The plugin watches ResourceClaims, and prepares of labelled claims came from it.
+    Hit,
+    /// The plugin watches ResourceClaims, yet no warm-up prepare of a labelled claim was
+    /// served without a GET before the deadline.
+    NeverHit,
+}
+
+impl CacheUse {
+    /// The figure's value.
+    pub fn label(self) -> &'static str {
+        match self {
+            CacheUse::NotUsed => "not_used",
+            CacheUse::Hit => "hit",
+            CacheUse::NeverHit => "never_hit",
+        }
+    }
+}
+
+/// The node: the plugin started the production way against the API server over HTTP.
+struct RealNode {
+    dir: tempfile::TempDir,
+    fs_type: String,
+    fake: FakeApi,
+    /// Kept for the life of the node: dropping it stops the server.
+    _server: ApiServer,
+    client: kube::Client,
+    config: PluginConfig,
+    plugin: RunningPlugin,
+    kubelet: Kubelet,
+}
+
+/// The claims of one run, by series, and the labelled ones as a node's cache would hold them.
+struct RealClaims {
+    warmup: Vec<Claim>,
+    cached: Vec<Claim>,
+    get: Vec<Claim>,
+    /// Every labelled claim by (namespace, name): the floor's lookup map.
+    labelled: HashMap<(String, String), ResourceClaim>,
+}
+
+/// Builds claims as kerf-controller leaves them (allocated on [`NODE`], spread over the GPUs;
+/// labelled with the node when `labelled`) and stores them in the API server.
+fn insert_claims(
+    fake: &FakeApi,
+    inventory: &Inventory,
+    series: u64,
+    count: usize,
+    labelled: Option<&mut HashMap<(String, String), ResourceClaim>>,
+) -> Result<Vec<Claim>> {
+    let gpus = inventory.gpus.len().max(1);
+    let mut claims = Vec::with_capacity(count);
+    let mut objects = Vec::with_capacity(count);
+    for n in 0..count {
+        let claim = numbered_claim(series, n as u64);
+        let mut object = slice_claim(&claim, inventory, n % gpus)?;
+        if labelled.is_some() {
+            object
+                .metadata
+                .labels
+                .get_or_insert_default()
+                .insert(CLAIM_NODE_LABEL.to_owned(), node_label_value(NODE));
+        }
+        objects.push(fake.insert_resource(&object));
+        claims.push(claim);
+    }
+    if let Some(map) = labelled {
+        for object in objects {
+            let key = (
+                object.metadata.namespace.clone().unwrap_or_default(),
+                object.metadata.name.clone().unwrap_or_default(),
+            );
+            map.insert(key, object);
+        }
+    }
+    Ok(claims)
+}
+
+/// A kube client as the plugin's binary builds one with `KUBECONFIG` set: read from the file.
+async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
+    let api_client = |message: String| Error::ApiClient {
+        path: path.to_owned(),
+        message,
+    };
+    let kubeconfig =
+        kube::config::Kubeconfig::read_from(path).map_err(|e| api_client(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .map_err(|e| api_client(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| api_client(e.to_string()))
+}
+
+/// Lays out a node under the work directory, serves the API server over HTTP with every
+/// claim already in it, and starts the plugin with a client read from a kubeconfig.
+async fn start(options: &BenchOptions, claims: usize) -> Result<(RealNode, RealClaims)> {
+    let fs_type = disk_work_dir(&options.work_dir)?;
+    let dir = tempfile::Builder::new()
+        .prefix("real-")
+        .tempdir_in(&options.work_dir)
+        .map_err(|e| Error::io("create", &options.work_dir, e))?;
+    let (config, inventory) = crate::node::lay_out(dir.path(), &NodeLayout::default())?;
+    let fake = FakeApi::new();
+    fake.set_latency(options.api_latency);
+    let mut labelled = HashMap::new();
+    let real_claims = RealClaims {
+        warmup: insert_claims(
+            &fake,
+            &inventory,
+            SERIES_WARMUP,
+            WARMUP,
+            Some(&mut labelled),
+        )?,
+        cached: insert_claims(
+            &fake,
+            &inventory,
+            SERIES_CACHED,
+            claims,
+            Some(&mut labelled),
+        )?,
+        get: insert_claims(&fake, &inventory, SERIES_GET, claims, None)?,
+        labelled,
+    };
+    let server = ApiServer::start(fake.clone())
+        .await
+        .map_err(|e| Error::io("serve", "the fake API server on 127.0.0.1", e))?;
+    let kubeconfig = dir.path().join("kubeconfig");
+    server
+        .write_kubeconfig(&kubeconfig)
+        .map_err(|e| Error::io("write", &kubeconfig, e))?;
+    let client = client_from_kubeconfig(&kubeconfig).await?;
+    let connections = Connections::kube(client.clone(), NODE, false);
+    let plugin = plugin::start(&config, inventory, connections).await?;
+    let kubelet = Kubelet::connect(&config).await?;
+    let node = RealNode {
+        dir,
+        fs_type,
+        fake,
+        _server: server,
+        client,
+        config,
+        plugin,
+        kubelet,
+    };
+    Ok((node, real_claims))
+}
+
+/// Whether the plugin lists or watches ResourceClaims within [`WATCH_GRACE`] of its start.
+async fn watches_claims(fake: &FakeApi) -> bool {
+    let deadline = Instant::now() + WATCH_GRACE;
+    loop {
+        if fake.count("list", CLAIM_COLLECTION) + fake.count("watch", CLAIM_COLLECTION) > 0 {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Prepares and unprepares every warm-up claim once; then, when the plugin watches claims,
+/// cycles through them again until a prepare caused no GET (its cache has synced) or
+/// [`CACHE_SYNC_TIMEOUT`] passed. Returns what the cache did and the sizes of one prepare's
+/// files.
+async fn warm_up(node: &RealNode, claims: &[Claim]) -> Result<(CacheUse, parts::Sizes)> {
+    let watching = watches_claims(&node.fake).await;
+    let first = claims
+        .first()
+        .ok_or_else(|| Error::Workload("no warm-up claim".into()))?;
+    node.kubelet.prepare(std::slice::from_ref(first)).await?;
+    let sizes = parts::Sizes::of_prepared(&node.config, first)?;
+    node.kubelet.unprepare(std::slice::from_ref(first)).await?;
+    for claim in &claims[1..] {
+        node.kubelet.prepare(std::slice::from_ref(claim)).await?;
+        node.kubelet.unprepare(std::slice::from_ref(claim)).await?;
+    }
+    if !watching {
+        return Ok((CacheUse::NotUsed, sizes));
+    }
+    let deadline = Instant::now() + CACHE_SYNC_TIMEOUT;
+    for claim in claims.iter().cycle() {
+        let before = gets_of(&node.fake, &claim.name);
+        node.kubelet.prepare(std::slice::from_ref(claim)).await?;
+        node.kubelet.unprepare(std::slice::from_ref(claim)).await?;
+        if gets_of(&node.fake, &claim.name) == before {
+            return Ok((CacheUse::Hit, sizes));
+        }
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok((CacheUse::NeverHit, sizes))
+}
+
+/// What `prepare-real` measured.
+struct RealRuns {
+    claims: usize,
+    fs_type: String,
+    api_latency: Duration,
+    cache: CacheUse,
+    /// Labelled claims the floor's lookup map held.
+    cache_size: usize,
+    sizes: parts::Sizes,
+    /// GETs of the measured labelled claims, and of the unlabelled ones.
+    cached_gets: usize,
+    get_gets: usize,
+    parts: PartRuns,
+}
+
+/// The `prepare-real` benchmark.
+///
+/// # Errors
+/// The node or the API server cannot be set up, or a call fails.
+pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
+    let claims = options.prepare_real_claims;
+    let (node, real_claims) = start(options, claims).await?;
+    let (cache, sizes) = warm_up(&node, &real_claims.warmup).await?;
+    let floor_dir = node.dir.path().join("floor");
+    let floor = Floor::new(&floor_dir, &sizes, real_claims.labelled)?;
+    let parts = Parts::new(&floor_dir, &sizes, &node.client)?;
+    node.fake.clear_requests();
+    let runs = parts::measure(
+        &node.kubelet,
+        &floor,
+        &parts,
+        (&real_claims.cached, &real_claims.get),
+        &real_claims.warmup,
+    )
+    .await?;
+    let runs = RealRuns {
+        claims,
+        fs_type: node.fs_type.clone(),
+        api_latency: options.api_latency,
+        cache,
+        cache_size: floor.len(),
+        sizes,
+        cached_gets: gets_of_series(&node.fake, SERIES_CACHED),
+        get_gets: gets_of_series(&node.fake, SERIES_GET),
+        parts: runs,
+    };
+    let RealNode { dir, plugin, .. } = node;
+    plugin.shutdown().await?;
+    drop(dir);
+    Ok(report::summary(&runs))
+}

@@ -1,0 +1,268 @@
+//! The floor of a real-path prepare and its parts, each measured on its own, interleaved
+//! with the prepares they explain.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_kubelet_plugin::config::PluginConfig;
+use kerf_proto::client::Claim;
+use kube::Api;
+
+use crate::floor::FloorWrites;
+use crate::node::{Kubelet, NAMESPACE, spec_path};
+use crate::prepare::timed;
+use crate::{Error, Result};
+
+/// The files one prepare leaves, by size: what the floor and the write parts write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Sizes {
+    /// The checkpoint, which the prepare makes durable.
+    pub checkpoint: usize,
+    /// The claim's CDI spec.
+    pub spec: usize,
+    /// The claim's device metadata files, by file name.
+    pub metadata: Vec<(String, usize)>,
+}
+
+impl Sizes {
+    /// The sizes of the files of `claim`, which the plugin configured by `config` holds
+    /// prepared (and no other claim, so the checkpoint is a one-claim checkpoint).
+    pub fn of_prepared(config: &PluginConfig, claim: &Claim) -> Result<Self> {
+        let metadata_dir = config
+            .checkpoint_file
+            .parent()
+            .map(|dir| dir.join(kerf_core::cdi::METADATA_HOST_SUBDIR))
+            .ok_or_else(|| Error::Workload("the checkpoint file has no directory".into()))?;
+        let mut metadata = Vec::new();
+        files_under(&metadata_dir, &mut metadata)?;
+        Ok(Sizes {
+            checkpoint: file_size(&config.checkpoint_file)?,
+            spec: file_size(&spec_path(config, claim)?)?,
+            metadata,
+        })
+    }
+
+    /// Bytes of the files written without fsync: the spec and the metadata files.
+    pub fn plain_bytes(&self) -> usize {
+        self.spec + self.metadata.iter().map(|(_, size)| size).sum::<usize>()
+    }
+}
+
+fn file_size(path: &Path) -> Result<usize> {
+    let len = std::fs::metadata(path)
+        .map_err(|e| Error::io("stat", path, e))?
+        .len();
+    Ok(usize::try_from(len).unwrap_or(usize::MAX))
+}
+
+/// Appends every regular file under `dir` (recursively) as (name, size).
+fn files_under(dir: &Path, out: &mut Vec<(String, usize)>) -> Result<()> {
+    let entries = std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("list", dir, e))?;
+        let path = entry.path();
+        let kind = entry.file_type().map_err(|e| Error::io("stat", &path, e))?;
+        if kind.is_dir() {
+            files_under(&path, out)?;
+        } else if kind.is_file() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            out.push((name, file_size(&path)?));
+        }
+    }
+    Ok(())
+}
+
+/// The floor of a prepare from the cache: an empty `NodePrepareResources`, one
+/// durable write of the checkpoint's size, and one lookup of the claim in a map of as many
+/// claims as the plugin's cache holds (its UID compared, as the plugin must).
+pub(super) struct Floor {
+    checkpoint: FloorWrites,
+    claims: HashMap<(String, String), ResourceClaim>,
+}
+
+impl Floor {
+    /// Writes go to `dir`; `claims` are the labelled claims, by (namespace, name).
+    pub fn new(
+        dir: &Path,
+        sizes: &Sizes,
+        claims: impl IntoIterator<Item = ((String, String), ResourceClaim)>,
+    ) -> Result<Self> {
+        Ok(Floor {
+            checkpoint: FloorWrites::new(dir, "floor-checkpoint", &[sizes.checkpoint])?,
+            claims: claims.into_iter().collect(),
+        })
+    }
+
+    /// Claims in the lookup map.
+    pub fn len(&self) -> usize {
+        self.claims.len()
+    }
+
+    /// Whether `claim` is in the map with its UID.
+    fn lookup(&self, claim: &Claim) -> bool {
+        self.claims
+            .get(&(claim.namespace.clone(), claim.name.clone()))
+            .is_some_and(|c| c.metadata.uid.as_deref() == Some(claim.uid.as_str()))
+    }
+
+    /// One floor sample for a prepare of `claim`.
+    async fn once(&self, kubelet: &Kubelet, claim: &Claim) -> Result<Duration> {
+        let started = Instant::now();
+        kubelet.empty_prepare().await?;
+        // Blocking on purpose, as the in-memory floor: the write alone, no thread hand-off.
+        self.checkpoint.write_all()?;
+        if !std::hint::black_box(self.lookup(claim)) {
+            return Err(Error::Workload(format!(
+                "claim {} is not in the floor's map",
+                claim.name
+            )));
+        }
+        Ok(started.elapsed())
+    }
+}
+
+/// The parts of a prepare, each on its own.
+pub(super) struct Parts {
+    /// The durable write of the checkpoint's size (its own file, not the floor's).
+    checkpoint: FloorWrites,
+    /// The spec and metadata files, written without fsync.
+    plain: PlainWrites,
+    /// GETs of claims through the plugin's client, at the API server's latency.
+    api: Api<ResourceClaim>,
+}
+
+impl Parts {
+    /// Writes go to `dir`; GETs through `client`.
+    pub fn new(dir: &Path, sizes: &Sizes, client: &kube::Client) -> Result<Self> {
+        Ok(Parts {
+            checkpoint: FloorWrites::new(dir, "part-checkpoint", &[sizes.checkpoint])?,
+            plain: PlainWrites::new(&dir.join("plain"), sizes)?,
+            api: Api::namespaced(client.clone(), NAMESPACE),
+        })
+    }
+}
+
+/// The spec and metadata files of one prepare, written as the plugin writes them when it
+/// does not fsync: a temporary file renamed over the target, the metadata files in a
+/// directory of the claim's own.
+struct PlainWrites {
+    dir: PathBuf,
+    spec: Vec<u8>,
+    metadata: Vec<(String, Vec<u8>)>,
+}
+
+impl PlainWrites {
+    fn new(dir: &Path, sizes: &Sizes) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+        Ok(PlainWrites {
+            dir: dir.to_owned(),
+            spec: vec![b'x'; sizes.spec],
+            metadata: sizes
+                .metadata
+                .iter()
+                .map(|(name, size)| (name.clone(), vec![b'x'; *size]))
+                .collect(),
+        })
+    }
+
+    fn claim_dir(&self) -> PathBuf {
+        self.dir.join("claim")
+    }
+
+    /// Metadata files first, as the plugin writes them before the spec that mounts them.
+    fn write(&self) -> Result<()> {
+        let claim_dir = self.claim_dir();
+        std::fs::create_dir_all(&claim_dir).map_err(|e| Error::io("create", &claim_dir, e))?;
+        for (name, contents) in &self.metadata {
+            replace(&claim_dir, name, contents)?;
+        }
+        replace(&self.dir, "spec.json", &self.spec)
+    }
+
+    /// Removes what [`PlainWrites::write`] wrote, as an unprepare does (not timed).
+    fn clean(&self) -> Result<()> {
+        let claim_dir = self.claim_dir();
+        std::fs::remove_dir_all(&claim_dir).map_err(|e| Error::io("remove", &claim_dir, e))
+    }
+}
+
+/// `dir/name` replaced by `contents` through a temporary file, without fsync.
+fn replace(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
+    let temp = dir.join(format!(".{name}.tmp"));
+    std::fs::write(&temp, contents).map_err(|e| Error::io("write", &temp, e))?;
+    let target = dir.join(name);
+    std::fs::rename(&temp, &target).map_err(|e| Error::io("rename", &target, e))
+}
+
+fn timed_sync(f: impl FnOnce() -> Result<()>) -> Result<Duration> {
+    let started = Instant::now();
+    f()?;
+    Ok(started.elapsed())
+}
+
+/// The samples of one run.
+#[derive(Debug, Default)]
+pub(super) struct PartRuns {
+    /// Prepares of labelled claims (from the cache when the plugin has one).
+    pub cached: Vec<Duration>,
+    pub cached_unprepare: Vec<Duration>,
+    /// Prepares of unlabelled claims: every one GETs.
+    pub get: Vec<Duration>,
+    pub get_unprepare: Vec<Duration>,
+    pub floor: Vec<Duration>,
+    /// The parts: a GET, the durable write, the writes without fsync, the empty call, the
+    /// floor's lookup.
+    pub api: Vec<Duration>,
+    pub durable: Vec<Duration>,
+    pub plain: Vec<Duration>,
+    pub rpc: Vec<Duration>,
+    pub lookup: Vec<Duration>,
+}
+
+/// One claim of each series at a time: each prepared and unprepared, then a floor sample,
+/// then every part once, so that all see the same disk and machine noise. The parts' GETs
+/// read `extra` claims in turn (neither series', so that the series' GET counts stay theirs).
+pub(super) async fn measure(
+    kubelet: &Kubelet,
+    floor: &Floor,
+    parts: &Parts,
+    series: (&[Claim], &[Claim]),
+    extra: &[Claim],
+) -> Result<PartRuns> {
+    let (cached, get) = series;
+    let mut runs = PartRuns::default();
+    for ((cached, get), extra) in cached.iter().zip(get).zip(extra.iter().cycle()) {
+        let (one, other) = (std::slice::from_ref(cached), std::slice::from_ref(get));
+        runs.cached.push(timed(kubelet.prepare(one)).await?);
+        runs.cached_unprepare
+            .push(timed(kubelet.unprepare(one)).await?);
+        runs.get.push(timed(kubelet.prepare(other)).await?);
+        runs.get_unprepare
+            .push(timed(kubelet.unprepare(other)).await?);
+        runs.floor.push(floor.once(kubelet, cached).await?);
+        let started = Instant::now();
+        parts
+            .api
+            .get(&extra.name)
+            .await
+            .map_err(|e| Error::Workload(format!("GET of claim {}: {e}", extra.name)))?;
+        runs.api.push(started.elapsed());
+        runs.durable
+            .push(timed_sync(|| parts.checkpoint.write_all())?);
+        runs.plain.push(timed_sync(|| parts.plain.write())?);
+        parts.plain.clean()?;
+        runs.rpc.push(timed(kubelet.empty_prepare()).await?);
+        let started = Instant::now();
+        let found = std::hint::black_box(floor.lookup(cached));
+        runs.lookup.push(started.elapsed());
+        if !found {
+            return Err(Error::Workload(format!(
+                "claim {} is not in the floor's map",
+                cached.name
+            )));
+        }
+    }
+    Ok(runs)
+}
