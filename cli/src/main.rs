@@ -38,7 +38,7 @@ enum Command {
     /// controller (and a stand-in for kube-scheduler), prepare them through the real kubelet
     /// plugin's socket, print what each claim got, and clean up.
     Demo(DemoArgs),
-    /// Run kerf's benchmarks (build with --release): prepare, prepare-parallel(-node), allocate,
+    /// Run kerf's benchmarks (build with --release): prepare, prepare-real, prepare-parallel(-node), allocate,
     /// packing, footprint, scheduling, or all. Each prints its figures and one `bench NAME key=value …` line.
     Bench(BenchArgs),
     /// Show every kerf GPU of the cluster per node, from kerf's ResourceSlices and the claims
@@ -85,8 +85,8 @@ enum StatusOutput {
 
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
-    /// Benchmark to run: prepare, prepare-parallel, prepare-parallel-node, allocate, packing,
-    /// footprint, scheduling or all.
+    /// Benchmark to run: prepare, prepare-real, prepare-parallel, prepare-parallel-node,
+    /// allocate, packing, footprint, scheduling or all.
     name: String,
     /// Directory for the plugin's files and sockets in the prepare benchmarks; must be on a
     /// disk, not tmpfs, and short enough for Unix socket paths.
@@ -99,6 +99,12 @@ struct BenchArgs {
     /// Claims prepared one at a time by `prepare`.
     #[arg(long, env = "KERF_BENCH_PREPARE_CLAIMS", default_value_t = 2_000)]
     prepare_claims: usize,
+    /// Claims of each series of `prepare-real` (from the claim cache, and with a GET).
+    #[arg(long, env = "KERF_BENCH_PREPARE_REAL_CLAIMS", default_value_t = 1_000)]
+    prepare_real_claims: usize,
+    /// How late the API server of `prepare-real` answers every request, in microseconds.
+    #[arg(long, env = "KERF_BENCH_API_LATENCY_US", default_value_t = 1_000)]
+    api_latency_us: u64,
     /// Claims prepared at once by `prepare-parallel`.
     #[arg(long, env = "KERF_BENCH_PARALLEL_CLAIMS", default_value_t = 64)]
     parallel_claims: usize,
@@ -136,6 +142,11 @@ impl BenchArgs {
             ("--work-dir", self.work_dir.display().to_string()),
             ("--node-cdi-dir", self.node_cdi_dir.display().to_string()),
             ("--prepare-claims", self.prepare_claims.to_string()),
+            (
+                "--prepare-real-claims",
+                self.prepare_real_claims.to_string(),
+            ),
+            ("--api-latency-us", self.api_latency_us.to_string()),
             ("--parallel-claims", self.parallel_claims.to_string()),
             ("--parallel-rounds", self.parallel_rounds.to_string()),
             ("--nodes", self.nodes.to_string()),
@@ -159,6 +170,8 @@ impl BenchArgs {
             work_dir: self.work_dir.clone(),
             node_cdi_dir: self.node_cdi_dir.clone(),
             prepare_claims: self.prepare_claims,
+            prepare_real_claims: self.prepare_real_claims,
+            api_latency: std::time::Duration::from_micros(self.api_latency_us),
             parallel_claims: self.parallel_claims,
             parallel_rounds: self.parallel_rounds,
             nodes: self.nodes,
