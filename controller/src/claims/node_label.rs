@@ -11,7 +11,7 @@
 //!   with the annotation) keep its claims right at every resourceVersion;
 //! - the label reconciler here ([`reconcile`]) puts the rule on every other claim: those
 //!   kube-scheduler allocated with kerf devices, and claims allocated before kerf wrote the
-//!   label. It reads the claim store of [`super::watch::run`] (no second watch of every claim)
+//!   label. It reads the claim store of [`super::run`] (no second watch of every claim)
 //!   and writes only when the label differs from the rule, so an unrelated update of a claim
 //!   costs no write.
 
@@ -125,9 +125,10 @@ fn object_key(namespace: Option<&str>, name: &str) -> String {
 }
 
 /// Makes the claim's [`CLAIM_NODE_LABEL`] follow [`desired_label`]: a JSON merge patch of that
-/// one label as the controller's field manager, only when it differs. A claim deleted
-/// meanwhile or a conflict fails the reconcile routinely; the watch brings the claim's newer
-/// version, which is reconciled again.
+/// one label as the controller's field manager, only when it differs. No resourceVersion
+/// guard: the write touches that one key, and a write made from an older copy is followed by
+/// the reconcile of the newer version the watch brings. A claim deleted meanwhile fails the
+/// reconcile routinely (debug log).
 ///
 /// # Errors
 /// The API call failed (retried with per-object back-off by [`error_policy`]).
