@@ -17,6 +17,7 @@ async fn main() -> anyhow::Result<()> {
     kerf_ops::logging::init(args.log_format, &args.log_filter)?;
     let health = args.health_config()?;
     let claim_device_status = args.claim_device_status;
+    let claim_cache = args.claim_cache;
     let config = args.into_config()?;
     let inventory = plugin::discover(&config)?;
     let client = kube::Client::try_default()
@@ -26,6 +27,9 @@ async fn main() -> anyhow::Result<()> {
         plugin::Connections::kube(client, &config.node_name, config.publish_resources);
     if !claim_device_status {
         connections = connections.without_device_status();
+    }
+    if !claim_cache {
+        connections = connections.without_claim_cache();
     }
     let running = plugin::start_with_health(&config, &health, inventory, connections).await?;
     let token = running.shutdown_token();

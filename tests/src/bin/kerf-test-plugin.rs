@@ -18,11 +18,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log_filter)?)
         .with_writer(std::io::stderr)
         .init();
+    let claim_cache = args.claim_cache;
     let config = args.into_config()?;
     let inventory = plugin::discover(&config)?;
     let client = kube::Client::try_default().await?;
-    let connections =
+    let mut connections =
         plugin::Connections::kube(client, &config.node_name, config.publish_resources);
+    if !claim_cache {
+        connections = connections.without_claim_cache();
+    }
     let running = plugin::start(&config, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {
