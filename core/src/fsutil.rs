@@ -65,7 +65,7 @@ impl FileChange<'_> {
 /// directory's filesystem when several were: disks (virtual ones especially) serialise
 /// fsyncs, so N files cost N flushes one way and one flush the other. `syncfs` also flushes
 /// other dirty data on that filesystem, which is why it only replaces two or more fsyncs; on
-/// the tmpfs that usually holds `/var/run/cdi` it costs nothing.
+/// a tmpfs it costs nothing.
 ///
 /// Returns one result per change, in order: for a write `Ok(true)`; for a removal whether
 /// the file existed. A failure of a shared step fails every change that depended on it; a
