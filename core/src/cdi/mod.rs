@@ -150,8 +150,12 @@ pub fn remove_spec(dir: &Path, kind: &str, claim_uid: &str) -> Result<bool> {
 ///
 /// A file counts as one of ours only when its name has our `<vendor>-<class>_` prefix and
 /// its content declares our `kind`, so another driver's files (even one whose class makes
-/// the same prefix) are never touched. Files that cannot be read or decoded are left alone.
-/// Call it when no prepare is running, e.g. at start-up.
+/// the same prefix) are never touched; or when the rest of its name is a claim UID in
+/// Kubernetes' `8-4-4-4-12` form and its content does not decode: specs are written without
+/// fsync, so a power cut can bring back the name of a removed spec with its data lost, and
+/// another driver whose class extends ours (`gpu_x`) would have a `_` there. Other files that
+/// cannot be read or decoded are left alone. Call it when no prepare is running, e.g. at
+/// start-up.
 ///
 /// # Errors
 ///
@@ -176,11 +180,11 @@ pub fn remove_orphan_specs(dir: &Path, kind: &str, owned: &[String]) -> Result<u
         else {
             continue;
         };
-        if owned.contains(id) || !declares_kind(&entry.path(), kind) {
+        if owned.contains(id) || !is_ours(&entry.path(), id, kind) {
             continue;
         }
         if let Some(file_name) = name.to_str()
-            && fsutil::remove_durable(dir, file_name)?
+            && fsutil::remove_if_exists(dir, file_name)?
         {
             removed += 1;
         }
@@ -188,14 +192,83 @@ pub fn remove_orphan_specs(dir: &Path, kind: &str, owned: &[String]) -> Result<u
     Ok(removed)
 }
 
-/// Whether the spec file at `path` declares `kind`; unreadable or undecodable files do not.
-fn declares_kind(path: &Path, kind: &str) -> bool {
+/// Whether the spec file at `path`, named for the transient id `id`, is one of ours (see
+/// [`remove_orphan_specs`]); a file that cannot be read is not.
+fn is_ours(path: &Path, id: &str, kind: &str) -> bool {
     #[derive(serde::Deserialize)]
     struct KindOnly {
         kind: String,
     }
-    fs::read(path)
-        .ok()
-        .and_then(|bytes| serde_json::from_slice::<KindOnly>(&bytes).ok())
-        .is_some_and(|k| k.kind == kind)
+    let Ok(bytes) = fs::read(path) else {
+        return false;
+    };
+    match serde_json::from_slice::<KindOnly>(&bytes) {
+        Ok(declared) => declared.kind == kind,
+        Err(_) => is_rfc4122_uid(id),
+    }
+}
+
+/// `8-4-4-4-12` lowercase hex, as Kubernetes writes object UIDs.
+fn is_rfc4122_uid(id: &str) -> bool {
+    let groups: Vec<&str> = id.split('-').collect();
+    groups.len() == 5
+        && groups.iter().zip([8, 4, 4, 4, 12]).all(|(group, len)| {
+            group.len() == len
+                && group
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // Test helpers may fail loudly.
+
+    use super::*;
+
+    const KIND: &str = "k8s.gpu.kerf.dev/gpu";
+    const UID: &str = "0123abcd-0000-4000-8000-00000000beef";
+
+    #[test]
+    fn rfc4122_uids_are_recognised() {
+        assert!(is_rfc4122_uid(UID));
+        for other in [
+            "garbage",
+            "x_0123abcd-0000-4000-8000-00000000beef",
+            "0123ABCD-0000-4000-8000-00000000beef",
+            "0123abcd-0000-4000-8000-00000000beef-1",
+            "0123abcd-0000-4000-8000-00000000beeg",
+            "",
+        ] {
+            assert!(!is_rfc4122_uid(other), "{other}");
+        }
+    }
+
+    /// What a power cut can leave of a spec removed without fsync: its name, with no data or
+    /// part of it. Start-up removes it when no claim owns it, and leaves alone an undecodable
+    /// file whose name is not a claim UID (another driver's, or a human's).
+    #[test]
+    fn an_emptied_or_torn_orphan_spec_is_removed_at_start_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = transient_spec_file_name(KIND, UID).unwrap();
+        fs::write(dir.path().join(&empty), b"").unwrap();
+        let other_uid = "0123abcd-0000-4000-8000-00000000cafe";
+        let torn = transient_spec_file_name(KIND, other_uid).unwrap();
+        fs::write(dir.path().join(&torn), br#"{"cdiVersion":"0.5.0","ki"#).unwrap();
+        let owned_uid = "0123abcd-0000-4000-8000-00000000f00d";
+        let owned = transient_spec_file_name(KIND, owned_uid).unwrap();
+        fs::write(dir.path().join(&owned), b"").unwrap();
+        let not_a_uid = dir.path().join("k8s.gpu.kerf.dev-gpu_x_notes.json");
+        fs::write(&not_a_uid, b"").unwrap();
+
+        let removed = remove_orphan_specs(dir.path(), KIND, &[owned_uid.to_owned()]).unwrap();
+        assert_eq!(removed, 2);
+        assert!(!dir.path().join(empty).exists());
+        assert!(!dir.path().join(torn).exists());
+        assert!(
+            dir.path().join(owned).exists(),
+            "its claim's restore rewrites it"
+        );
+        assert!(not_a_uid.exists());
+    }
 }
