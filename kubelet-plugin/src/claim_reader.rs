@@ -44,6 +44,14 @@ pub trait ClaimReader: Send + Sync + 'static {
         None
     }
 
+    /// Tells the reader that the claim with `uid` was unprepared on this node, so that its
+    /// cache does not answer for it again until it has seen the allocation cleared (or the
+    /// claim gone): the claim may be allocated anew, and a copy from before would name the
+    /// old devices. A reader without a cache ignores it.
+    fn unprepared(&self, uid: &str) {
+        let _ = uid;
+    }
+
     /// The task that feeds the reader's cache until `shutdown`, or `None` when there is no
     /// cache or its task was already taken (it runs once).
     fn cache_task(
@@ -65,6 +73,9 @@ pub enum Cached {
     NotSynced,
     /// The cache does not hold the claim (not labelled for this node, or deleted).
     Absent,
+    /// The claim was unprepared here and the cache has not seen its allocation cleared since
+    /// (see [`ClaimReader::unprepared`]).
+    HeldBack,
     /// The claim as the watch last saw it.
     Found(Arc<ResourceClaim>),
 }
@@ -79,6 +90,8 @@ pub enum Fallback {
     NotSynced,
     /// The cache does not hold the claim.
     Miss,
+    /// The claim was unprepared here and may have been allocated anew since.
+    Unprepared,
     /// The cached claim has another UID than the one the kubelet sent.
     UidMismatch,
     /// The cached claim is being deleted.
@@ -95,6 +108,7 @@ impl Fallback {
             Fallback::CacheOff => "cache_off",
             Fallback::NotSynced => "not_synced",
             Fallback::Miss => "miss",
+            Fallback::Unprepared => "unprepared_here",
             Fallback::UidMismatch => "uid_mismatch",
             Fallback::Deleting => "deleting",
             Fallback::NotAllocatedHere => "not_allocated_here",
@@ -113,7 +127,10 @@ impl Cached {
     ///   `ValidateResourceClaimStatusUpdate`),
     ///   so an allocated copy with the right UID carries the allocation the claim has, unless
     ///   it was cleared and written again, which needs the claim to have been unused in
-    ///   between, and the watch would have to lag behind that whole chain of writes.
+    ///   between. When it was in use here, its unprepare holds it back
+    ///   ([`ClaimReader::unprepared`]) until the watch shows the allocation cleared; what is
+    ///   left is a claim allocated here, deallocated before any prepare, allocated here again,
+    ///   and a watch that lags behind that whole chain of writes.
     /// - The kubelet GETs the claim and checks it is reserved for the pod right before it
     ///   calls NodePrepareResources (kubernetes/kubernetes `pkg/kubelet/cm/dra/manager.go`,
     ///   `Manager.prepareResources`), so the claim it names was alive and allocated a moment
@@ -134,6 +151,7 @@ impl Cached {
             Cached::Off => return Err(Fallback::CacheOff),
             Cached::NotSynced => return Err(Fallback::NotSynced),
             Cached::Absent => return Err(Fallback::Miss),
+            Cached::HeldBack => return Err(Fallback::Unprepared),
             Cached::Found(claim) => claim,
         };
         if claim.metadata.uid.as_deref() != Some(uid) {

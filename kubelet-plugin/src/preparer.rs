@@ -4,12 +4,15 @@
 //! A prepare GETs its claim only on a cache miss: a claim the watch-fed cache of this node's
 //! claims holds with the kubelet's UID, not being deleted and allocated here is taken from it
 //! ([`crate::claim_reader::Cached::usable`] says why that is safe); any other claim costs one
-//! GET. Then come two durable writes: the CDI spec, then the checkpoint entry as
-//! PrepareCompleted. The claim's device metadata files (KEP-5304, mounted
-//! read-only by the spec) are written just before the spec without an fsync of their own:
-//! like the spec they are rebuilt from the checkpoint at start-up and removed at unprepare. Concurrent prepares share both through group commit
-//! ([`crate::spec_writer`], [`crate::checkpoint_store`]). PrepareStarted is recorded in memory first — it reserves the devices against
-//! concurrent prepares — and reaches the disk only if a checkpoint write happens to carry it:
+//! GET. Then comes one durable write: the checkpoint entry as PrepareCompleted, durable before
+//! the IDs are returned. The CDI spec and the claim's device metadata files (KEP-5304, mounted
+//! read-only by the spec) are written atomically but without an fsync of their own
+//! ([`crate::spec_writer`]): they are transient, rebuilt from the checkpoint at start-up before
+//! the sockets serve, rewritten by an idempotent repeat prepare, and removed at unprepare.
+//! Concurrent prepares share the checkpoint write through group commit
+//! ([`crate::checkpoint_store`]). PrepareStarted is recorded in memory first — it reserves the
+//! devices against concurrent prepares — and reaches the disk only if a checkpoint write
+//! happens to carry it:
 //! the one side effect before completion is the spec file, which a crash cannot lose track of
 //! (start-up removes specs no checkpoint entry owns, and the kubelet retries the prepare).
 //! Claims prepare in parallel; two calls for the same claim serialise on a per-claim lock.
@@ -280,6 +283,7 @@ impl Preparer {
             .update(|cp| cp.remove_claim(&claim.uid))
             .await?;
         self.update_prepared_gauge();
+        self.claim_reader.unprepared(&claim.uid);
         self.sharing.release(&devices, &self.checkpoint).await;
         if let Some(writer) = &self.device_status {
             writer.withdraw(claim);
@@ -328,6 +332,9 @@ impl Preparer {
         let kind = self.config.cdi_kind.clone();
         let metadata_dir = self.metadata_dir();
         let (removed, metadata_removed) = blocking("the CDI spec clean-up task", move || {
+            // A crash between a spec's temporary file and its rename leaves the temporary.
+            let (vendor, class) = cdi::parse_kind(&kind)?;
+            kerf_core::fsutil::remove_stale_temp_files(&dir, &format!("{vendor}-{class}_"))?;
             let specs = cdi::remove_orphan_specs(&dir, &kind, &owned)?;
             let metadata = cdi::remove_orphan_metadata(&metadata_dir, &owned)?;
             Ok((specs, metadata))
@@ -642,7 +649,8 @@ impl Preparer {
 pub struct RestoreReport {
     /// Specs of completed claims written again.
     pub rewritten: usize,
-    /// Spec files of kerf's CDI kind that no claim owned, removed.
+    /// Spec files of kerf's CDI kind that no claim owned (including undecodable ones named for
+    /// a claim UID), removed.
     pub orphans_removed: usize,
 }
 
@@ -658,7 +666,7 @@ fn validate_claim_ref(claim: &ClaimRef) -> Result<()> {
     Ok(())
 }
 
-/// Runs blocking file I/O (fsync) off the async workers; `what` names the task if it panics.
+/// Runs blocking file I/O off the async workers; `what` names the task if it panics.
 async fn blocking<T: Send + 'static>(
     what: &'static str,
     f: impl FnOnce() -> kerf_core::Result<T> + Send + 'static,

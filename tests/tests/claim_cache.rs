@@ -395,3 +395,80 @@ async fn a_claim_error_from_the_get_is_the_same_with_the_cache() {
 
 #[path = "claim_cache/race.rs"]
 mod race;
+
+/// Holds the cache at what it has now: the watch ends and its resumption waits an hour, so
+/// later writes reach the API server but not the cache (which stays in step as far as it
+/// knows: a watch that ends without an error resumes where it was).
+fn freeze_cache(node: &CacheNode) {
+    node.node.api.delay_next(
+        "watch",
+        "/apis/resource.k8s.io/v1/resourceclaims",
+        Duration::from_secs(3600),
+        1,
+    );
+    node.node.api.close_watches();
+}
+
+#[tokio::test]
+async fn a_claim_reused_after_its_unprepare_is_not_prepared_from_a_copy_that_lags() {
+    let node = CacheNode::start(true).await;
+    let id = uid(40);
+    node.node
+        .api
+        .insert(claim("reused", &id, true, here("gpu-0")));
+    node.until_cached("reused", "the allocated claim", |c| {
+        matches!(c, Cached::Found(_))
+    })
+    .await;
+    node.prepare(&claim_ref("reused", &id)).await.unwrap();
+    node.unprepare(&claim_ref("reused", &id)).await;
+    // The pod is gone; the claim is deallocated and allocated anew (another device) for the
+    // next pod, while the cache still holds the first allocation.
+    freeze_cache(&node);
+    node.node.api.insert(claim("reused", &id, true, None));
+    node.node
+        .api
+        .insert(claim("reused", &id, true, here("gpu-1")));
+
+    let devices = node.prepare(&claim_ref("reused", &id)).await.unwrap();
+
+    assert_eq!(devices[0].device_name, "gpu-1", "prepared the stale copy");
+    assert_eq!(node.gets("reused"), 1);
+    assert_eq!(node.lookups("api", "unprepared_here"), 1);
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_unprepared_here_comes_from_the_cache_again_once_the_watch_shows_it_deallocated() {
+    let node = CacheNode::start(true).await;
+    let id = uid(41);
+    node.node
+        .api
+        .insert(claim("again", &id, true, here("gpu-0")));
+    node.until_cached("again", "the allocated claim", |c| {
+        matches!(c, Cached::Found(_))
+    })
+    .await;
+    node.prepare(&claim_ref("again", &id)).await.unwrap();
+    node.unprepare(&claim_ref("again", &id)).await;
+    assert!(matches!(node.cached(NAMESPACE, "again"), Cached::HeldBack));
+
+    node.node.api.insert(claim("again", &id, true, None));
+    node.until_cached("again", "the deallocated claim", |c| {
+        matches!(c, Cached::Found(claim) if claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none())
+    })
+    .await;
+    node.node
+        .api
+        .insert(claim("again", &id, true, here("gpu-1")));
+    node.until_cached("again", "the new allocation", |c| {
+        matches!(c, Cached::Found(claim) if claim.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some())
+    })
+    .await;
+    let devices = node.prepare(&claim_ref("again", &id)).await.unwrap();
+
+    assert_eq!(devices[0].device_name, "gpu-1");
+    assert_eq!(node.gets("again"), 0);
+    assert_eq!(node.lookups("cache", ""), 2);
+    node.stop().await;
+}

@@ -10,7 +10,13 @@
 //! list until the next watch error or re-list. Before its first list, and while it lists again
 //! after an error (when the store still holds the old list and may miss deletions), every
 //! lookup is [`Cached::NotSynced`] and the prepare GETs; nothing ever waits for the cache.
+//!
+//! A claim unprepared here is held back ([`Cached::HeldBack`]) until the watch shows its
+//! allocation cleared or the claim gone: a claim reused by a later pod may be deallocated and
+//! allocated anew under the same UID, and until the watch has caught up the cached copy would
+//! still name the old devices.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -33,6 +39,8 @@ pub struct ClaimCache {
     store: Store<ResourceClaim>,
     /// True while the watch is in step with the API server (see the module docs).
     live: Arc<AtomicBool>,
+    /// UIDs of claims unprepared here whose cleared allocation the watch has not shown yet.
+    held_back: HeldBack,
     /// What the watch task needs, until [`ClaimCache::task`] takes it.
     source: Mutex<Option<Source>>,
 }
@@ -51,6 +59,7 @@ impl ClaimCache {
         ClaimCache {
             store,
             live: Arc::new(AtomicBool::new(false)),
+            held_back: HeldBack::default(),
             source: Mutex::new(Some(Source {
                 claims: Api::all(client),
                 selector: node_label_selector(node),
@@ -65,9 +74,18 @@ impl ClaimCache {
             return Cached::NotSynced;
         }
         match self.store.get(&ObjectRef::new(name).within(namespace)) {
+            Some(claim) if self.held_back.contains(claim.metadata.uid.as_deref()) => {
+                Cached::HeldBack
+            }
             Some(claim) => Cached::Found(claim),
             None => Cached::Absent,
         }
+    }
+
+    /// Holds back the claim with `uid`, unprepared here, until the watch shows its allocation
+    /// cleared or the claim gone (see the module docs).
+    pub fn hold_back(&self, uid: &str) {
+        self.held_back.insert(uid);
     }
 
     /// Whether the watch is in step with the API server, i.e. lookups are answered.
@@ -94,7 +112,11 @@ impl ClaimCache {
             .unwrap_or_else(PoisonError::into_inner)
             .take()?;
         let live = Arc::clone(&self.live);
-        Some(Box::pin(run_watch(source, live, shutdown)))
+        let held_back = self.held_back.clone();
+        let store = self.store.clone();
+        Some(Box::pin(run_watch(
+            source, live, held_back, store, shutdown,
+        )))
     }
 }
 
@@ -102,6 +124,8 @@ impl ClaimCache {
 async fn run_watch(
     source: Source,
     live: Arc<AtomicBool>,
+    held_back: HeldBack,
+    store: Store<ResourceClaim>,
     shutdown: CancellationToken,
 ) -> Result<()> {
     let Source {
@@ -123,12 +147,30 @@ async fn run_watch(
         };
         match item {
             Some(Ok(Event::InitDone)) => {
+                // Claims the new list lacks were deleted (or moved) meanwhile.
+                if !held_back.is_empty() {
+                    let listed: HashSet<String> = store
+                        .state()
+                        .iter()
+                        .filter_map(|claim| claim.metadata.uid.clone())
+                        .collect();
+                    held_back.retain(|uid| listed.contains(uid));
+                }
                 if !live.swap(true, Ordering::AcqRel) {
                     tracing::info!("prepare cache synced: known claims prepare without a GET");
                 }
             }
             Some(Ok(Event::Init)) => live.store(false, Ordering::Release),
-            Some(Ok(Event::InitApply(_) | Event::Apply(_) | Event::Delete(_))) => {}
+            Some(Ok(Event::InitApply(claim) | Event::Apply(claim))) => {
+                let allocated = claim
+                    .status
+                    .as_ref()
+                    .is_some_and(|status| status.allocation.is_some());
+                if !allocated {
+                    held_back.remove(claim.metadata.uid.as_deref());
+                }
+            }
+            Some(Ok(Event::Delete(claim))) => held_back.remove(claim.metadata.uid.as_deref()),
             Some(Err(error)) => {
                 // Until the re-list ends, the store may hold claims deleted meanwhile.
                 if live.swap(false, Ordering::AcqRel) {
@@ -183,7 +225,45 @@ impl ClaimReader for CachingClaimReader {
         Some(Arc::new(self.api.clone()))
     }
 
+    fn unprepared(&self, uid: &str) {
+        self.cache.hold_back(uid);
+    }
+
     fn cache_task(&self, shutdown: CancellationToken) -> Option<BoxFuture<'static, Result<()>>> {
         self.cache.task(shutdown)
+    }
+}
+
+/// The UIDs of claims held back, shared by lookups and the watch task.
+#[derive(Clone, Default)]
+struct HeldBack(Arc<Mutex<HashSet<String>>>);
+
+impl HeldBack {
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn insert(&self, uid: &str) {
+        self.set().insert(uid.to_owned());
+    }
+
+    fn remove(&self, uid: Option<&str>) {
+        if let Some(uid) = uid {
+            self.set().remove(uid);
+        }
+    }
+
+    /// Whether `uid` is held back.
+    fn contains(&self, uid: Option<&str>) -> bool {
+        let set = self.set();
+        !set.is_empty() && uid.is_some_and(|uid| set.contains(uid))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.set().is_empty()
+    }
+
+    fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        self.set().retain(|uid| keep(uid));
     }
 }

@@ -143,12 +143,20 @@ impl Race {
             return;
         }
         eventually("the cache to catch up", WAIT, || {
-            matches!(
-                self.node.cached(NAMESPACE, &generation.name),
-                Cached::Found(c) if c.metadata.uid.as_deref() == Some(id)
-                    && c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some()
-                        == generation.pool.is_some()
-            )
+            match self.node.cached(NAMESPACE, &generation.name) {
+                Cached::Found(c) => {
+                    c.metadata.uid.as_deref() == Some(id)
+                        && c.status
+                            .as_ref()
+                            .and_then(|s| s.allocation.as_ref())
+                            .is_some()
+                            == generation.pool.is_some()
+                }
+                // A claim unprepared here hides behind its hold-back until the watch shows
+                // the allocation cleared; only an allocated copy can be held back.
+                Cached::HeldBack => generation.pool.is_some(),
+                _ => false,
+            }
         })
         .await;
     }
