@@ -117,6 +117,17 @@ pub fn left_to_the_scheduler(claim: &ResourceClaim) -> Result<()> {
     Ok(())
 }
 
+/// The claim's node label (`gpu.kerf.dev/node`), which kerf-controller keeps on every claim
+/// allocated with kerf devices for the kubelet plugins' claim caches.
+pub fn node_label(claim: &ResourceClaim) -> Option<&str> {
+    claim
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(kerf_api::claim_node_label::CLAIM_NODE_LABEL))
+        .map(String::as_str)
+}
+
 /// Whether nobody holds `claim` any more: no allocation and no `reservedFor` entry.
 pub fn is_released(claim: &ResourceClaim) -> bool {
     let reserved = claim

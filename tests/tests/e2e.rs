@@ -164,6 +164,12 @@ async fn scheduler_class_whole_gpu_reaches_the_container() -> Result<()> {
         let gpu = env.published_device(&pool, &device).await?;
         expect::whole_by_scheduler(&claim, &driver, &gpu)?;
         expect::claim_devices(&report, &claim, &gpu)?;
+        // kerf-controller labels claims kube-scheduler allocated once it sees them.
+        let label = kerf_api::claim_node_label::node_label_value(&pool);
+        env.wait_claim("whole", "labelled with its node by kerf-controller", |c| {
+            expect::node_label(c) == Some(label.as_str())
+        })
+        .await?;
         ensure!(
             !report.env.contains_key("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
                 && !report.env.contains_key("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"),
@@ -176,8 +182,8 @@ async fn scheduler_class_whole_gpu_reaches_the_container() -> Result<()> {
         let claim = env
             .wait_claim(
                 "whole",
-                "deallocated by kube-controller-manager once its pod is gone",
-                expect::is_released,
+                "deallocated by kube-controller-manager once its pod is gone, and unlabelled",
+                |c| expect::is_released(c) && expect::node_label(c).is_none(),
             )
             .await?;
         expect::left_to_the_scheduler(&claim)?;
