@@ -142,8 +142,8 @@ async fn resource_slices_describe_every_plugin_node() -> Result<()> {
 
 /// A whole GPU from a Scheduler class: kube-scheduler allocates it, the kubelet plugin
 /// prepares it, and the container sees exactly that GPU's device node and kerf's env. Once
-/// the pod is gone, kube-controller-manager deallocates the claim; kerf's controller never
-/// marks it.
+/// the pod is gone, kube-controller-manager deallocates the claim; kerf's controller only
+/// labels it with its node while it is allocated (no finalizer, no allocated-node annotation).
 ///
 /// The allocation is read while the pod runs (see "Reading a Scheduler-class claim's
 /// allocation" at the top of this file).
