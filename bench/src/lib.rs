@@ -91,7 +91,7 @@ pub struct BenchOptions {
     /// Claims of each series of `prepare-real` (default 1,000).
     pub prepare_real_claims: usize,
     /// How late the API server of `prepare-real` answers every request (default 1 ms; see
-    /// `kerf_tests::fake_api::FakeApi::set_latency` for why).
+    /// `kerf_tests::api_server::ApiServer::set_latency` for why).
     pub api_latency: Duration,
     /// Claims prepared at once by `prepare-parallel` (default 64).
     pub parallel_claims: usize,

@@ -1,10 +1,15 @@
 //! The in-memory API server ([`FakeApi`]) over real HTTP, for code that runs in another
 //! process (e.g. the kubelet plugin started as its own binary, so that a test can SIGKILL
-//! it), together with a kubeconfig that points at it.
+//! it) or that should pay what a real client pays (a hyper connection, JSON both ways, a
+//! round-trip latency: [`ApiServer::set_latency`]), together with a kubeconfig that points
+//! at it.
 
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use http::{Request, Response};
 use http_body_util::BodyExt as _;
@@ -20,6 +25,8 @@ use crate::fake_api::FakeApi;
 pub struct ApiServer {
     address: SocketAddr,
     task: JoinHandle<()>,
+    /// Nanoseconds every answer waits; see [`ApiServer::set_latency`].
+    latency: Arc<AtomicU64>,
 }
 
 impl ApiServer {
@@ -30,16 +37,42 @@ impl ApiServer {
     pub async fn start(api: FakeApi) -> io::Result<Self> {
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let address = listener.local_addr()?;
+        let latency = Arc::new(AtomicU64::new(0));
+        let wait = Arc::clone(&latency);
         let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
             let api = api.clone();
-            async move { forward(api, request).await }
+            let wait = Duration::from_nanos(wait.load(Ordering::Relaxed));
+            async move { forward(api, request, wait).await }
         });
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 eprintln!("fake API server on {address} stopped: {e}");
             }
         });
-        Ok(ApiServer { address, task })
+        Ok(ApiServer {
+            address,
+            task,
+            latency,
+        })
+    }
+
+    /// Answers every request that arrives from now on `latency` late (zero: at once), watches
+    /// before their first byte, on top of any delay scripted in the [`FakeApi`].
+    ///
+    /// Imitates the round trip to a real API server. A GET without `resourceVersion` (what
+    /// kube's `Api::get` sends) is not served from kube-apiserver's watch cache but read from
+    /// etcd (kubernetes/kubernetes `staging/src/k8s.io/apiserver/pkg/storage/cacher/
+    /// delegator.go`, `CacheDelegator.Get`: "If resourceVersion is not specified, serve it
+    /// from underlying storage"), a linearizable read that costs etcd a round of its own, on
+    /// top of the client's network hop, authentication and encoding: about a millisecond in
+    /// a healthy cluster is an assumption, not a measurement.
+    ///
+    /// The wait is a thread's sleep, not Tokio's timer: Tokio rounds a sleep up to its
+    /// millisecond ticks and its driver's wake-up again, which turned a 1 ms latency into
+    /// about 2.4 ms on the benchmark machine.
+    pub fn set_latency(&self, latency: Duration) {
+        let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX);
+        self.latency.store(nanos, Ordering::Relaxed);
     }
 
     /// The server's URL, e.g. `http://127.0.0.1:34567`.
@@ -71,8 +104,17 @@ impl Drop for ApiServer {
     }
 }
 
-/// Hands one HTTP request to the fake, whose service speaks kube's body type.
-async fn forward(api: FakeApi, request: axum::extract::Request) -> Response<axum::body::Body> {
+/// Hands one HTTP request to the fake, whose service speaks kube's body type, `latency` late.
+async fn forward(
+    api: FakeApi,
+    request: axum::extract::Request,
+    latency: Duration,
+) -> Response<axum::body::Body> {
+    if !latency.is_zero() {
+        // A sleeping thread of the blocking pool, for its precision; a join error means the
+        // runtime is shutting down, when nobody waits for the answer any more.
+        let _ = tokio::task::spawn_blocking(move || std::thread::sleep(latency)).await;
+    }
     let (parts, body) = request.into_parts();
     let bytes = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
@@ -86,5 +128,53 @@ async fn forward(api: FakeApi, request: axum::extract::Request) -> Response<axum
     match api.oneshot(request).await {
         Ok(response) => response.map(axum::body::Body::new),
         Err(never) => match never {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::Api;
+
+    use super::*;
+
+    async fn client(server: &ApiServer) -> kube::Client {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kubeconfig");
+        server.write_kubeconfig(&path).unwrap();
+        let kubeconfig = kube::config::Kubeconfig::read_from(&path).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(
+            kubeconfig,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+
+    /// A sleep never ends early, so no answer can come before the latency has passed: a
+    /// lower bound only, whatever the machine's speed.
+    #[tokio::test]
+    async fn every_answer_waits_at_least_the_latency_errors_too() {
+        let fake = FakeApi::new();
+        fake.insert(json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "c", "namespace": "ns"},
+        }));
+        let server = ApiServer::start(fake.clone()).await.unwrap();
+        let api: Api<ConfigMap> = Api::namespaced(client(&server).await, "ns");
+        let latency = Duration::from_millis(30);
+        server.set_latency(latency);
+        let started = std::time::Instant::now();
+        api.get("c").await.unwrap();
+        assert!(started.elapsed() >= latency);
+        let started = std::time::Instant::now();
+        assert!(api.get("missing").await.is_err());
+        assert!(started.elapsed() >= latency);
+        server.set_latency(Duration::ZERO);
+        assert_eq!(server.latency.load(Ordering::Relaxed), 0);
+        api.get("c").await.unwrap();
+        assert_eq!(fake.count("GET", "/api/v1/namespaces/ns/configmaps"), 3);
     }
 }

@@ -2,7 +2,7 @@
 //! ([`plugin::start`] with [`Connections::kube`]), its kube client built from a kubeconfig
 //! that points at the in-memory API server served over HTTP
 //! ([`kerf_tests::api_server::ApiServer`]: a real hyper client, real JSON), which answers
-//! every request a set latency late ([`FakeApi::set_latency`]). The claims are in the API
+//! every request a set latency late ([`ApiServer::set_latency`]). The claims are in the API
 //! server as kerf-controller leaves them: allocated on this node and labelled with it
 //! ([`kerf_api::claim_node_label`]).
 //!
@@ -188,7 +188,6 @@ async fn start(options: &BenchOptions, claims: usize) -> Result<(RealNode, RealC
         .map_err(|e| Error::io("create", &options.work_dir, e))?;
     let (config, inventory) = crate::node::lay_out(dir.path(), &NodeLayout::default())?;
     let fake = FakeApi::new();
-    fake.set_latency(options.api_latency);
     let mut labelled = HashMap::new();
     let real_claims = RealClaims {
         warmup: insert_claims(
@@ -211,6 +210,7 @@ async fn start(options: &BenchOptions, claims: usize) -> Result<(RealNode, RealC
     let server = ApiServer::start(fake.clone())
         .await
         .map_err(|e| Error::io("serve", "the fake API server on 127.0.0.1", e))?;
+    server.set_latency(options.api_latency);
     let kubeconfig = dir.path().join("kubeconfig");
     server
         .write_kubeconfig(&kubeconfig)

@@ -1,5 +1,5 @@
 //! The request log and scripted faults: failures ([`FakeApi::fail_next`]), delays
-//! ([`FakeApi::delay_next`]), a latency on every request ([`FakeApi::set_latency`]), outages ([`FakeApi::set_outage`]), `dryRun=All` creates and
+//! ([`FakeApi::delay_next`]), outages ([`FakeApi::set_outage`]), `dryRun=All` creates and
 //! fields dropped like a feature gate that is off ([`FakeApi::drop_field`]; kube-apiserver's
 //! `dropDisabledFields` in kubernetes/kubernetes
 //! `pkg/registry/resource/resourceslice/strategy.go`).
@@ -22,16 +22,13 @@ pub(super) struct Fault {
     remaining: usize,
 }
 
-/// A scripted delay: the next `remaining` matching requests are answered `delay` late. The
-/// latency of [`FakeApi::set_latency`] is kept among them as the one with `every` set: it
-/// matches every request and never runs out.
+/// A scripted delay: the next `remaining` matching requests are answered `delay` late.
 #[derive(Debug, Clone)]
 pub(super) struct Delay {
     method: String,
     path_prefix: String,
     duration: Duration,
     remaining: usize,
-    every: bool,
 }
 
 /// Removes the field at `segments` (see [`FakeApi::drop_field`]) from `value`.
@@ -129,34 +126,7 @@ impl FakeApi {
             path_prefix: path_prefix.to_owned(),
             duration: delay,
             remaining: times,
-            every: false,
         });
-    }
-
-    /// Answers every request from now on at least `latency` late (zero: no latency), on top
-    /// of any [`FakeApi::delay_next`] delay, watches included (before their first byte).
-    ///
-    /// Imitates the round trip to a real API server. A GET without `resourceVersion` (what
-    /// kube's `Api::get` sends) is not served from the apiserver's watch cache but read from
-    /// etcd (kubernetes/kubernetes `staging/src/k8s.io/apiserver/pkg/storage/cacher/
-    /// delegator.go`, `CacheDelegator.Get`: "If resourceVersion is not specified, serve it
-    /// from underlying storage"), a linearizable read that costs etcd a round of its own, on
-    /// top of the client's network hop, authentication and encoding. About a millisecond for
-    /// all of it in a healthy cluster is an assumption, not a measurement. The sleep is
-    /// Tokio's, whose timer has a one-millisecond granularity, so small latencies come out up
-    /// to a millisecond longer.
-    pub fn set_latency(&self, latency: Duration) {
-        let mut state = self.state();
-        state.delays.retain(|d| !d.every);
-        if !latency.is_zero() {
-            state.delays.push(Delay {
-                method: String::new(),
-                path_prefix: String::new(),
-                duration: latency,
-                remaining: usize::MAX,
-                every: true,
-            });
-        }
     }
 
     /// Starts (`Some`) or ends (`None`) an outage of the whole server. Starting one ends every
@@ -189,20 +159,16 @@ impl FakeApi {
 
     pub(super) fn take_delay(&self, record: &RecordedRequest) -> Option<Duration> {
         let mut state = self.state();
-        let latency = state.delays.iter().find(|d| d.every).map(|d| d.duration);
-        let scripted = state
+        let delay = state
             .delays
             .iter_mut()
-            .find(|d| !d.every && d.remaining > 0 && record.matches(&d.method, &d.path_prefix))
+            .find(|d| d.remaining > 0 && record.matches(&d.method, &d.path_prefix))
             .map(|d| {
                 d.remaining -= 1;
                 d.duration
             });
         state.delays.retain(|d| d.remaining > 0);
-        match (latency, scripted) {
-            (None, None) => None,
-            (latency, scripted) => Some(latency.unwrap_or_default() + scripted.unwrap_or_default()),
-        }
+        delay
     }
 
     pub(super) fn record_and_check_faults(&self, record: RecordedRequest) -> Option<u16> {
@@ -245,72 +211,5 @@ impl State {
             let segments: Vec<&str> = path.split('.').collect();
             drop_path(obj, &segments);
         }
-    }
-}
-
-#[cfg(test)]
-mod latency_tests {
-    use std::time::Duration;
-
-    use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::Api;
-    use serde_json::json;
-
-    use super::{FakeApi, RecordedRequest};
-
-    fn get(path: &str) -> RecordedRequest {
-        RecordedRequest {
-            method: "GET".into(),
-            verb: "get",
-            path: path.into(),
-            query: String::new(),
-            content_type: None,
-            at: tokio::time::Instant::now(),
-        }
-    }
-
-    #[tokio::test]
-    async fn the_latency_adds_to_every_request_and_to_scripted_delays_until_set_to_zero() {
-        let fake = FakeApi::new();
-        let path = "/api/v1/namespaces/ns/configmaps/c";
-        fake.set_latency(Duration::from_millis(3));
-        fake.delay_next("GET", path, Duration::from_millis(10), 1);
-        assert_eq!(fake.take_delay(&get(path)), Some(Duration::from_millis(13)));
-        assert_eq!(fake.take_delay(&get(path)), Some(Duration::from_millis(3)));
-        assert_eq!(
-            fake.take_delay(&get("/apis/x/v1/other")),
-            Some(Duration::from_millis(3))
-        );
-        fake.set_latency(Duration::from_millis(1));
-        assert_eq!(
-            fake.take_delay(&get(path)),
-            Some(Duration::from_millis(1)),
-            "replaced, not added"
-        );
-        fake.set_latency(Duration::ZERO);
-        assert_eq!(fake.take_delay(&get(path)), None);
-        fake.delay_next("GET", path, Duration::from_millis(10), 1);
-        assert_eq!(fake.take_delay(&get(path)), Some(Duration::from_millis(10)));
-    }
-
-    /// A sleep never ends early, so the answer cannot come before the latency has passed:
-    /// a lower bound only, whatever the machine's speed.
-    #[tokio::test]
-    async fn a_client_waits_at_least_the_latency_even_for_an_error() {
-        let fake = FakeApi::new();
-        fake.insert(json!({
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "c", "namespace": "ns"},
-        }));
-        let api: Api<ConfigMap> = Api::namespaced(fake.client(), "ns");
-        let latency = Duration::from_millis(20);
-        fake.set_latency(latency);
-        let started = tokio::time::Instant::now();
-        api.get("c").await.unwrap();
-        assert!(started.elapsed() >= latency);
-        let started = tokio::time::Instant::now();
-        assert!(api.get("missing").await.is_err());
-        assert!(started.elapsed() >= latency);
     }
 }
