@@ -14,7 +14,8 @@
 //!   kube client that talks HTTP to the in-memory API server, which answers every request
 //!   1 ms late; claims labelled with their node (served from the plugin's claim cache when it
 //!   has one) and unlabelled ones (every prepare GETs), against the empty call + one durable
-//!   checkpoint write + a map lookup, with each part's share of a prepare.
+//!   checkpoint write + a map lookup, with each part's share of a prepare; CDI specs on a
+//!   tmpfs as on a node.
 //! - `prepare-parallel`: 64 claims at once, as 64 calls and as one batched call, against one
 //!   single-claim prepare, with every file on disk.
 //! - `prepare-parallel-node`: the same with the CDI specs on a tmpfs, as `/var/run/cdi` is on
@@ -84,7 +85,7 @@ pub struct BenchOptions {
     /// Default: `target/kerf-bench`, relative to the current directory.
     pub work_dir: PathBuf,
     /// Parent of the tmpfs directory that stands for a node's `/var/run/cdi` in
-    /// `prepare-parallel-node`; must be on a tmpfs.
+    /// `prepare-parallel-node` and `prepare-real`; must be on a tmpfs.
     pub node_cdi_dir: PathBuf,
     /// Claims of `prepare` (default 2,000).
     pub prepare_claims: usize,

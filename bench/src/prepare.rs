@@ -119,7 +119,7 @@ pub(crate) fn disk_work_dir(work_dir: &Path) -> Result<String> {
 }
 
 /// A fresh directory under `parent`, which must be on a tmpfs.
-fn tmpfs_dir(parent: &Path) -> Result<tempfile::TempDir> {
+pub(crate) fn tmpfs_dir(parent: &Path) -> Result<tempfile::TempDir> {
     let fs_type = sys::fs_type(parent)?;
     if !sys::is_memory_fs(&fs_type) {
         return Err(Error::NotOnTmpfs {

@@ -93,7 +93,7 @@ struct BenchArgs {
     #[arg(long, env = "KERF_BENCH_WORK_DIR", default_value = "target/kerf-bench")]
     work_dir: PathBuf,
     /// Parent of the directory that stands for a node's /var/run/cdi in
-    /// `prepare-parallel-node`; must be on a tmpfs.
+    /// `prepare-parallel-node` and `prepare-real`; must be on a tmpfs.
     #[arg(long, env = "KERF_BENCH_NODE_CDI_DIR", default_value = "/dev/shm")]
     node_cdi_dir: PathBuf,
     /// Claims prepared one at a time by `prepare`.

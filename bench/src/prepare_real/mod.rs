@@ -4,7 +4,9 @@
 //! ([`kerf_tests::api_server::ApiServer`]: a real hyper client, real JSON), which answers
 //! every request a set latency late ([`ApiServer::set_latency`]). The claims are in the API
 //! server as kerf-controller leaves them: allocated on this node and labelled with it
-//! ([`kerf_api::claim_node_label`]).
+//! ([`kerf_api::claim_node_label`]). The node is laid out as a node is: the checkpoint and the
+//! claims' device metadata files on disk (the work directory), the CDI specs on a tmpfs
+//! (under `--node-cdi-dir`), as `/var/run/cdi` is on most nodes.
 //!
 //! Two series run interleaved on the same plugin, one claim at a time over its Unix socket:
 //! labelled claims, which a plugin with a watch-fed claim cache prepares without a GET, and
@@ -32,7 +34,7 @@ use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::FakeApi;
 
 use crate::node::{Kubelet, NAMESPACE, NODE, NodeLayout, numbered_claim, slice_claim};
-use crate::prepare::{WARMUP, disk_work_dir};
+use crate::prepare::{WARMUP, disk_work_dir, tmpfs_dir};
 use crate::summary::Summary;
 use crate::{BenchOptions, Error, Result};
 
@@ -105,6 +107,8 @@ impl CacheUse {
 /// The node: the plugin started the production way against the API server over HTTP.
 struct RealNode {
     dir: tempfile::TempDir,
+    /// The tmpfs directory that holds the CDI directory, as `/var/run/cdi` on a node.
+    spec_dir: tempfile::TempDir,
     fs_type: String,
     fake: FakeApi,
     /// Kept for the life of the node: dropping it stops the server.
@@ -186,7 +190,12 @@ async fn start(options: &BenchOptions, claims: usize) -> Result<(RealNode, RealC
         .prefix("real-")
         .tempdir_in(&options.work_dir)
         .map_err(|e| Error::io("create", &options.work_dir, e))?;
-    let (config, inventory) = crate::node::lay_out(dir.path(), &NodeLayout::default())?;
+    let spec_dir = tmpfs_dir(&options.node_cdi_dir)?;
+    let layout = NodeLayout {
+        cdi_dir: Some(&spec_dir.path().join("cdi")),
+        gpu_tools: None,
+    };
+    let (config, inventory) = crate::node::lay_out(dir.path(), &layout)?;
     let fake = FakeApi::new();
     let mut labelled = HashMap::new();
     let real_claims = RealClaims {
@@ -221,6 +230,7 @@ async fn start(options: &BenchOptions, claims: usize) -> Result<(RealNode, RealC
     let kubelet = Kubelet::connect(&config).await?;
     let node = RealNode {
         dir,
+        spec_dir,
         fs_type,
         fake,
         _server: server,
@@ -289,6 +299,7 @@ async fn warm_up(node: &RealNode, claims: &[Claim]) -> Result<(CacheUse, parts::
 struct RealRuns {
     claims: usize,
     fs_type: String,
+    cdi_fs_type: String,
     api_latency: Duration,
     cache: CacheUse,
     /// Labelled claims the floor's lookup map held.
@@ -310,7 +321,12 @@ pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
     let (cache, sizes) = warm_up(&node, &real_claims.warmup).await?;
     let floor_dir = node.dir.path().join("floor");
     let floor = Floor::new(&floor_dir, &sizes, real_claims.labelled)?;
-    let parts = Parts::new(&floor_dir, &sizes, &node.client)?;
+    let parts = Parts::new(
+        &floor_dir,
+        &node.spec_dir.path().join("floor"),
+        &sizes,
+        &node.client,
+    )?;
     node.fake.clear_requests();
     let runs = parts::measure(
         &node.kubelet,
@@ -323,6 +339,7 @@ pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
     let runs = RealRuns {
         claims,
         fs_type: node.fs_type.clone(),
+        cdi_fs_type: crate::sys::fs_type(&node.config.cdi_dir)?,
         api_latency: options.api_latency,
         cache,
         cache_size: floor.len(),
@@ -331,8 +348,13 @@ pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
         get_gets: gets_of_series(&node.fake, SERIES_GET),
         parts: runs,
     };
-    let RealNode { dir, plugin, .. } = node;
+    let RealNode {
+        dir,
+        spec_dir,
+        plugin,
+        ..
+    } = node;
     plugin.shutdown().await?;
-    drop(dir);
+    drop((dir, spec_dir));
     Ok(report::summary(&runs))
 }

@@ -134,11 +134,12 @@ pub(super) struct Parts {
 }
 
 impl Parts {
-    /// Writes go to `dir`; GETs through `client`.
-    pub fn new(dir: &Path, sizes: &Sizes, client: &kube::Client) -> Result<Self> {
+    /// The checkpoint and metadata writes go to `dir`, the spec's to `spec_dir` (on the file
+    /// systems of the plugin's); GETs through `client`.
+    pub fn new(dir: &Path, spec_dir: &Path, sizes: &Sizes, client: &kube::Client) -> Result<Self> {
         Ok(Parts {
             checkpoint: FloorWrites::new(dir, "part-checkpoint", &[sizes.checkpoint])?,
-            plain: PlainWrites::new(&dir.join("plain"), sizes)?,
+            plain: PlainWrites::new(&dir.join("plain"), spec_dir, sizes)?,
             api: Api::namespaced(client.clone(), NAMESPACE),
         })
     }
@@ -149,15 +150,19 @@ impl Parts {
 /// directory of the claim's own.
 struct PlainWrites {
     dir: PathBuf,
+    spec_dir: PathBuf,
     spec: Vec<u8>,
     metadata: Vec<(String, Vec<u8>)>,
 }
 
 impl PlainWrites {
-    fn new(dir: &Path, sizes: &Sizes) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+    fn new(dir: &Path, spec_dir: &Path, sizes: &Sizes) -> Result<Self> {
+        for dir in [dir, spec_dir] {
+            std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
+        }
         Ok(PlainWrites {
             dir: dir.to_owned(),
+            spec_dir: spec_dir.to_owned(),
             spec: vec![b'x'; sizes.spec],
             metadata: sizes
                 .metadata
@@ -178,7 +183,7 @@ impl PlainWrites {
         for (name, contents) in &self.metadata {
             replace(&claim_dir, name, contents)?;
         }
-        replace(&self.dir, "spec.json", &self.spec)
+        replace(&self.spec_dir, "spec.json", &self.spec)
     }
 
     /// Removes what [`PlainWrites::write`] wrote, as an unprepare does (not timed).

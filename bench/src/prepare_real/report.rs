@@ -132,10 +132,11 @@ pub(super) fn summary(runs: &RealRuns) -> Summary {
     let sizes = &runs.sizes;
     let mut s = Summary::new("prepare-real");
     s.detail(format!(
-        "{} claims of each series, one at a time over the plugin's Unix socket (mock H100, 10Gi MPS slice, accounting only); the plugin started as in production (plugin::start, Connections::kube) with a kube client read from a kubeconfig, against the in-memory API server over HTTP answering every request {} ms late; files on {}",
+        "{} claims of each series, one at a time over the plugin's Unix socket (mock H100, 10Gi MPS slice, accounting only); the plugin started as in production (plugin::start, Connections::kube) with a kube client read from a kubeconfig, against the in-memory API server over HTTP answering every request {} ms late; checkpoint and metadata files on {}, CDI specs on {}",
         runs.claims,
         ms(runs.api_latency),
-        runs.fs_type
+        runs.fs_type,
+        runs.cdi_fs_type
     ));
     s.detail(cache_line(runs));
     s.detail(format!(
@@ -202,6 +203,7 @@ pub(super) fn summary(runs: &RealRuns) -> Summary {
 fn figures(s: &mut Summary, runs: &RealRuns, [cached, cached_un, get, floor]: [&Samples; 4]) {
     s.figure("claims", runs.claims)
         .figure("fs", &runs.fs_type)
+        .figure("cdi_fs", &runs.cdi_fs_type)
         .figure("api_latency_ms", ms(runs.api_latency))
         .figure("cache", runs.cache.label())
         .figure("cache_hits", runs.claims.saturating_sub(runs.cached_gets))
