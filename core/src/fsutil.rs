@@ -349,90 +349,6 @@ mod tests {
 
     use super::*;
 
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = fs::read_dir(dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        v.sort();
-        v
-    }
-
-    fn io_op(e: Error) -> &'static str {
-        match e {
-            Error::Io { op, .. } => op,
-            other => panic!("expected an Io error, got {other:?}"),
-        }
-    }
-
-    #[test]
-    fn write_replace_creates_and_overwrites_without_leftovers() {
-        let dir = tempfile::tempdir().unwrap();
-        write_replace(dir.path(), "a.json", b"first, longer").unwrap();
-        assert_eq!(
-            fs::read(dir.path().join("a.json")).unwrap(),
-            b"first, longer"
-        );
-        write_replace(dir.path(), "a.json", b"second").unwrap();
-        assert_eq!(fs::read(dir.path().join("a.json")).unwrap(), b"second");
-        write_replace(dir.path(), "a.json", b"").unwrap();
-        assert_eq!(fs::read(dir.path().join("a.json")).unwrap(), b"");
-        assert_eq!(names(dir.path()), ["a.json"]);
-    }
-
-    #[test]
-    fn write_replace_into_a_missing_directory_fails_and_creates_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("missing");
-        let err = write_replace(&missing, "a.json", b"x").unwrap_err();
-        let message = err.to_string();
-        assert!(message.contains("missing"), "names the path: {message}");
-        assert_eq!(io_op(err), "create");
-        assert!(!missing.exists());
-    }
-
-    #[test]
-    fn a_failed_write_replace_keeps_the_target_and_removes_its_temporary_file() {
-        let dir = tempfile::tempdir().unwrap();
-        // A non-empty directory where the target should go: the rename fails even for root.
-        fs::create_dir(dir.path().join("a.json")).unwrap();
-        fs::write(dir.path().join("a.json/keep"), b"k").unwrap();
-        let err = write_replace(dir.path(), "a.json", b"x").unwrap_err();
-        assert_eq!(io_op(err), "rename");
-        assert_eq!(names(dir.path()), ["a.json"]);
-        assert_eq!(fs::read(dir.path().join("a.json/keep")).unwrap(), b"k");
-    }
-
-    /// The point of the rename: a reader polling the file while it is replaced again and
-    /// again (as a CDI runtime rescanning its directory would) only ever sees whole versions.
-    /// Writing the target in place would show it empty or half-written.
-    #[test]
-    fn a_reader_never_sees_a_torn_or_empty_file_during_write_replace() {
-        let dir = tempfile::tempdir().unwrap();
-        let versions: Vec<Vec<u8>> = (0..2u8).map(|i| vec![b'a' + i; 256 * 1024]).collect();
-        write_replace(dir.path(), "t.json", &versions[0]).unwrap();
-        let done = std::sync::atomic::AtomicBool::new(false);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                for i in 0..200 {
-                    write_replace(dir.path(), "t.json", &versions[i % 2]).unwrap();
-                }
-                done.store(true, Ordering::Release);
-            });
-            let mut reads = 0;
-            while !done.load(Ordering::Acquire) || reads == 0 {
-                let got = fs::read(dir.path().join("t.json")).unwrap();
-                assert!(
-                    versions.contains(&got),
-                    "read {} bytes that are neither version",
-                    got.len()
-                );
-                reads += 1;
-            }
-        });
-        assert_eq!(names(dir.path()), ["t.json"]);
-    }
-
     #[test]
     fn write_replace_leaves_temporary_files_that_start_up_clean_up_recognises() {
         // What a crash between create and rename would leave: the temporary name itself.
@@ -441,23 +357,7 @@ mod tests {
         drop(staged.file);
         let removed = remove_stale_temp_files(dir.path(), "k8s.gpu.kerf.dev-gpu_").unwrap();
         assert_eq!(removed, [staged.temp]);
-        assert!(names(dir.path()).is_empty());
-    }
-
-    #[test]
-    fn remove_if_exists_reports_presence_and_refuses_directories() {
-        let dir = tempfile::tempdir().unwrap();
-        write_replace(dir.path(), "a.json", b"x").unwrap();
-        assert!(remove_if_exists(dir.path(), "a.json").unwrap());
-        assert!(!remove_if_exists(dir.path(), "a.json").unwrap());
-        assert!(names(dir.path()).is_empty());
-        // A directory under the name is an error, not "absent".
-        fs::create_dir(dir.path().join("d")).unwrap();
-        assert_eq!(
-            io_op(remove_if_exists(dir.path(), "d").unwrap_err()),
-            "remove"
-        );
-        assert_eq!(names(dir.path()), ["d"]);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 
     #[test]
