@@ -10,6 +10,7 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
+mod claim_cluster;
 mod label_cluster;
 
 use std::collections::BTreeMap;

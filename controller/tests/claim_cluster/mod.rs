@@ -1,0 +1,215 @@
+//! The cluster of the claim controller tests: four Ready nodes of 8 × H100 with kerf's
+//! ResourceSlices, controller-class and scheduler-class DeviceClasses as the GpuClass
+//! reconciler writes them, and the claim controller running as `kerf-controller` runs it.
+//! Shared by `claims.rs` and `claim_node_labels.rs`; each uses a part.
+#![allow(
+    dead_code,
+    reason = "each test binary uses a part of the fixture"
+)]
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "fixtures take JSON values as the tests write them"
+)]
+
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kerf_api::ownership;
+use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
+use kerf_api::{GpuClass, GpuClassSpec, Slicing};
+use kerf_controller::claims;
+use kerf_controller::{BackoffConfig, Config, ControllerConfig, ControllerTask, run_controllers};
+use kerf_tests::fake_api::FakeApi;
+use kube::api::ObjectMeta;
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub const DRIVER: &str = "gpu.kerf.dev";
+pub const NS: &str = "default";
+pub const NODES: [&str; 4] = ["node-0", "node-1", "node-2", "node-3"];
+/// A BinPack controller class with 1Gi granularity.
+pub const SLICES: &str = "slices";
+/// A scheduler class (whole GPUs, allocated by kube-scheduler).
+pub const WHOLE: &str = "whole";
+pub const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
+pub const PODS: &str = "/api/v1/namespaces/default/pods";
+
+/// A Node: Ready unless `ready` is false, with `labels` and `taints`.
+pub fn node(fake: &FakeApi, name: &str, labels: Value, taints: Value, ready: bool) {
+    let mut all_labels = json!({"kubernetes.io/hostname": name});
+    if let (Some(all), Value::Object(extra)) = (all_labels.as_object_mut(), labels) {
+        all.extend(extra);
+    }
+    fake.insert(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": all_labels},
+        "spec": {"taints": taints},
+        "status": {"conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]},
+    }));
+}
+
+/// Publishes the node's 8 × H100 as the kubelet plugin would.
+pub fn slices(fake: &FakeApi, node: &str) {
+    let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
+    let specs = kerf_api::resource_slices(&inventory, DRIVER, node).unwrap();
+    for (i, spec) in specs.into_iter().enumerate() {
+        fake.insert_resource(&ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(kerf_api::slice_name(node, DRIVER, i)),
+                ..ObjectMeta::default()
+            },
+            spec,
+        });
+    }
+}
+
+/// The DeviceClass the GpuClass reconciler makes of a class with this allocator and policy.
+pub fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, policy: PlacementPolicy) {
+    let controller = allocator == Allocator::Controller;
+    let mut class = GpuClass::new(
+        name,
+        GpuClassSpec {
+            allocator,
+            selector: GpuSelector {
+                product_names: vec!["NVIDIA H100 80GB HBM3".to_owned()],
+                ..GpuSelector::default()
+            },
+            slicing: controller.then(|| Slicing {
+                memory_granularity: Quantity("1Gi".to_owned()),
+                max_slices_per_gpu: Some(7),
+                default_compute: None,
+            }),
+            placement: controller.then_some(Placement { policy }),
+            sharing: None,
+            extended_resource_name: None,
+        },
+    );
+    class.metadata.uid = Some(format!("uid-{name}"));
+    let dc = kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller").unwrap();
+    fake.insert_resource::<DeviceClass>(&dc);
+}
+
+/// Four Ready nodes with kerf slices, the `slices` (BinPack) and `spread` controller classes
+/// and the `whole` scheduler class.
+pub fn cluster() -> FakeApi {
+    let fake = FakeApi::new();
+    for name in NODES {
+        node(&fake, name, json!({}), json!([]), true);
+        slices(&fake, name);
+    }
+    classes(&fake);
+    fake
+}
+
+pub fn classes(fake: &FakeApi) {
+    device_class(
+        fake,
+        SLICES,
+        Allocator::Controller,
+        PlacementPolicy::BinPack,
+    );
+    device_class(
+        fake,
+        "spread",
+        Allocator::Controller,
+        PlacementPolicy::Spread,
+    );
+    device_class(fake, WHOLE, Allocator::Scheduler, PlacementPolicy::BinPack);
+}
+
+pub fn settings() -> claims::ClaimSettings {
+    claims::ClaimSettings {
+        rejection_backoff: Duration::from_secs(60),
+        unplaceable_retry: Duration::from_millis(200),
+        pending_retry: Duration::from_millis(100),
+        ownership: claims::ownership::OwnershipTiming {
+            settle: Duration::from_millis(50),
+            linger: Duration::from_secs(1),
+        },
+        ownership_tick: Duration::from_millis(20),
+        ..claims::ClaimSettings::default()
+    }
+}
+
+/// What each node's kubelet plugin does with the ownership record kerf-controller writes on
+/// its Node (`kubelet-plugin/src/publish.rs`): publish every device with the `allocator`
+/// attribute the record names. Polls instead of watching; a few milliseconds of delay is
+/// what the real plugin's debounce adds too.
+pub async fn mirror_ownership_records(fake: FakeApi, shutdown: CancellationToken) {
+    while !shutdown.is_cancelled() {
+        for node in fake.list_resources::<k8s_openapi::api::core::v1::Node>(None) {
+            let record = ownership::Record::from_annotations(node.metadata.annotations.as_ref())
+                .expect("the controller writes valid records");
+            let name = node.metadata.name.clone().unwrap_or_default();
+            for slice in fake.list_resources::<ResourceSlice>(None) {
+                if slice.spec.node_name.as_deref() != Some(name.as_str()) {
+                    continue;
+                }
+                let mut updated = slice.clone();
+                ownership::publish_owners(std::slice::from_mut(&mut updated.spec), &record);
+                if updated.spec != slice.spec {
+                    fake.insert_resource(&updated);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The claim controller, running as `kerf-controller` runs it.
+pub struct Controller {
+    shutdown: CancellationToken,
+    task: JoinHandle<kerf_controller::Result<()>>,
+}
+
+impl Controller {
+    pub fn start(fake: &FakeApi) -> Self {
+        Self::start_with(fake, settings())
+    }
+
+    pub fn start_with(fake: &FakeApi, settings: claims::ClaimSettings) -> Self {
+        let shutdown = CancellationToken::new();
+        let config = Config {
+            controller: ControllerConfig {
+                backoff: BackoffConfig {
+                    base: Duration::from_millis(50),
+                    max: Duration::from_secs(1),
+                },
+                ..ControllerConfig::new(DRIVER)
+            },
+            leader_election: None,
+            metrics_address: None,
+        };
+        let task = ControllerTask::new("resourceclaim", move |ctx, stop| {
+            claims::run(ctx, stop, settings)
+        });
+        tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
+        let task = tokio::spawn(run_controllers(
+            config,
+            fake.client(),
+            shutdown.clone(),
+            vec![task],
+        ));
+        Self { shutdown, task }
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .expect("the controller stops on shutdown")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+pub fn get_claim(fake: &FakeApi, name: &str) -> Option<Value> {
+    fake.get(&format!("{CLAIMS}/{name}"))
+}
+
+pub fn allocation(claim: &Value) -> Option<&Value> {
+    claim.pointer("/status/allocation").filter(|a| !a.is_null())
+}
