@@ -2,10 +2,7 @@
 //! ResourceSlices, controller-class and scheduler-class DeviceClasses as the GpuClass
 //! reconciler writes them, and the claim controller running as `kerf-controller` runs it.
 //! Shared by `claims.rs` and `claim_node_labels.rs`; each uses a part.
-#![allow(
-    dead_code,
-    reason = "each test binary uses a part of the fixture"
-)]
+#![allow(dead_code, reason = "each test binary uses a part of the fixture")]
 #![allow(
     clippy::needless_pass_by_value,
     reason = "fixtures take JSON values as the tests write them"
