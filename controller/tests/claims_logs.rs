@@ -9,14 +9,15 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
+mod claim_cluster;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use claim_cluster::{mirror_ownership_records, node, slices};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kerf_api::ownership;
 use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::cache::Caches;
@@ -27,7 +28,6 @@ use kerf_controller::{
 };
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::logs::CapturedLogs;
-use kube::api::ObjectMeta;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -43,24 +43,9 @@ const DEADLINE: Duration = Duration::from_secs(20);
 // ---- fixtures ----
 
 fn nodes_with_gpus(fake: &FakeApi) {
-    let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
-    for node in NODES {
-        fake.insert(json!({
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {"name": node, "labels": {"kubernetes.io/hostname": node}},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-        }));
-        let specs = kerf_api::resource_slices(&inventory, DRIVER, node).unwrap();
-        for (i, spec) in specs.into_iter().enumerate() {
-            fake.insert_resource(&ResourceSlice {
-                metadata: ObjectMeta {
-                    name: Some(kerf_api::slice_name(node, DRIVER, i)),
-                    ..ObjectMeta::default()
-                },
-                spec,
-            });
-        }
+    for name in NODES {
+        node(fake, name, json!({}), json!([]), true);
+        slices(fake, name);
     }
 }
 
@@ -120,31 +105,6 @@ fn pod(fake: &FakeApi, name: &str, claim: &str) {
         },
         "status": {"phase": "Pending"},
     }));
-}
-
-/// What each node's kubelet plugin does with the ownership record kerf-controller writes on
-/// its Node (`kubelet-plugin/src/publish.rs`): publish every device with the `allocator`
-/// attribute the record names — the controller only allocates devices published as its own.
-/// Polls instead of watching, as `controller/tests/claims.rs` does.
-async fn mirror_ownership_records(fake: FakeApi, shutdown: CancellationToken) {
-    while !shutdown.is_cancelled() {
-        for node in fake.list_resources::<Node>(None) {
-            let record = ownership::Record::from_annotations(node.metadata.annotations.as_ref())
-                .expect("the controller writes valid records");
-            let name = node.metadata.name.clone().unwrap_or_default();
-            for slice in fake.list_resources::<ResourceSlice>(None) {
-                if slice.spec.node_name.as_deref() != Some(name.as_str()) {
-                    continue;
-                }
-                let mut updated = slice.clone();
-                ownership::publish_owners(std::slice::from_mut(&mut updated.spec), &record);
-                if updated.spec != slice.spec {
-                    fake.insert_resource(&updated);
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn settings() -> claims::ClaimSettings {
