@@ -89,7 +89,7 @@ pub struct BenchOptions {
     pub node_cdi_dir: PathBuf,
     /// Claims of `prepare` (default 2,000).
     pub prepare_claims: usize,
-    /// Claims of each series of `prepare-real` (default 1,000).
+    /// Claims of each series of `prepare-real` (default 3,000).
     pub prepare_real_claims: usize,
     /// How late the API server of `prepare-real` answers every request (default 1 ms; see
     /// `kerf_tests::api_server::ApiServer::set_latency` for why).
@@ -132,7 +132,7 @@ impl Default for BenchOptions {
             work_dir: PathBuf::from("target/kerf-bench"),
             node_cdi_dir: PathBuf::from("/dev/shm"),
             prepare_claims: 2_000,
-            prepare_real_claims: 1_000,
+            prepare_real_claims: 3_000,
             api_latency: Duration::from_millis(1),
             parallel_claims: 64,
             parallel_rounds: 20,

@@ -1,15 +1,21 @@
 //! The durable, in-memory-first checkpoint of prepared claims, with group commit.
 //!
 //! Every mutation happens on the in-memory [`Checkpoint`] under a short lock and gets a
-//! sequence number; one writer task persists snapshots. Concurrent prepares therefore share
+//! sequence number; one writer thread persists snapshots. Concurrent prepares therefore share
 //! one fsync'd write instead of queueing behind each other's: a caller waits only until a
 //! snapshot that includes its own mutation is durable.
+//!
+//! The writer is a thread of its own, not a task that hands each write to the blocking pool:
+//! a lone prepare then waits for one wake-up of the writer and one of itself, not for four
+//! hand-overs between the runtime's threads, and the write is most of what it waits for.
 
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use kerf_core::checkpoint::{self, Checkpoint, LoadOutcome};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 use crate::{Error, Result};
 
@@ -42,7 +48,8 @@ struct State {
 struct Shared {
     path: PathBuf,
     state: Mutex<State>,
-    wake: Notify,
+    /// Signalled (with `state`) when a mutation somebody waits for is pending.
+    wake: Condvar,
     progress: watch::Sender<Progress>,
 }
 
@@ -104,10 +111,14 @@ impl CheckpointStore {
                 seq: 0,
                 wanted: 0,
             }),
-            wake: Notify::new(),
+            wake: Condvar::new(),
             progress,
         });
-        tokio::spawn(writer(Arc::clone(&shared)));
+        let writer_shared = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("kerf-checkpoint".into())
+            .spawn(move || writer(&writer_shared))
+            .map_err(|e| Error::internal("the checkpoint writer thread", e))?;
         let store = CheckpointStore { shared };
         // Persist once so that the boot ID and any migration are on disk, and so that an
         // unwritable directory is reported at start-up rather than at the first prepare.
@@ -198,28 +209,18 @@ impl CheckpointStore {
 }
 
 /// Persists snapshots whenever mutations are pending; exits when every handle is gone.
-async fn writer(shared: Arc<Shared>) {
+fn writer(shared: &Arc<Shared>) {
     let mut written = 0;
     loop {
-        let notified = shared.wake.notified();
-        let pending = {
-            let guard = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
-            (guard.wanted > written).then(|| (guard.checkpoint.clone(), guard.seq))
+        let Some((snapshot, seq)) = next_snapshot(shared, written) else {
+            return;
         };
-        let Some((snapshot, seq)) = pending else {
-            if Arc::strong_count(&shared) == 1 {
-                return;
-            }
-            // Wake up now and then to notice that the store was dropped.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), notified).await;
-            continue;
-        };
-        let path = shared.path.clone();
-        let result = tokio::task::spawn_blocking(move || checkpoint::save(&path, &snapshot)).await;
-        let outcome = match result {
+        let outcome = match catch_unwind(AssertUnwindSafe(|| {
+            checkpoint::save(&shared.path, &snapshot)
+        })) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(WriteFailure::Save(e.to_string().into())),
-            Err(e) => Err(WriteFailure::Panicked(e.to_string().into())),
+            Err(panic) => Err(WriteFailure::Panicked(panic_message(panic.as_ref()).into())),
         };
         written = seq;
         shared.progress.send_modify(|p| match outcome {
@@ -235,6 +236,33 @@ async fn writer(shared: Arc<Shared>) {
             }
         });
     }
+}
+
+/// Waits until a mutation after `written` is wanted on disk and returns a snapshot that
+/// includes it; `None` once the writer holds the last reference to the store.
+fn next_snapshot(shared: &Arc<Shared>, written: u64) -> Option<(Checkpoint, u64)> {
+    let mut guard = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+    while guard.wanted <= written {
+        if Arc::strong_count(shared) == 1 {
+            return None;
+        }
+        // Wake up now and then to notice that the store was dropped.
+        guard = shared
+            .wake
+            .wait_timeout(guard, Duration::from_secs(1))
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+    Some((guard.checkpoint.clone(), guard.seq))
+}
+
+/// The message of a panic's payload, as the standard library prints it.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "the checkpoint writer panicked".to_owned())
 }
 
 #[cfg(test)]

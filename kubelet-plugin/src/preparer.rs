@@ -7,8 +7,9 @@
 //! GET. Then comes one durable write: the checkpoint entry as PrepareCompleted, durable before
 //! the IDs are returned. The CDI spec and the claim's device metadata files (KEP-5304, mounted
 //! read-only by the spec) are written atomically but without an fsync of their own
-//! ([`crate::spec_writer`]): they are transient, rebuilt from the checkpoint at start-up before
-//! the sockets serve, rewritten by an idempotent repeat prepare, and removed at unprepare.
+//! ([`crate::spec_writer`]), on one blocking thread while the checkpoint's write is on its way
+//! to disk: they are transient, rebuilt from the checkpoint at start-up before the sockets
+//! serve, rewritten by an idempotent repeat prepare, and removed at unprepare.
 //! Concurrent prepares share the checkpoint write through group commit
 //! ([`crate::checkpoint_store`]). PrepareStarted is recorded in memory first — it reserves the
 //! devices against concurrent prepares — and reaches the disk only if a checkpoint write
@@ -536,20 +537,27 @@ impl Preparer {
         Ok(())
     }
 
+    /// Writes the spec and makes the entry PrepareCompleted durably, at the same time: the
+    /// spec's files cost no time beside the checkpoint's fsync. Either order of the two on
+    /// disk is safe in a crash, because the kubelet has no answer yet and retries: a durable
+    /// entry without its spec gets the spec back at start-up
+    /// ([`Preparer::restore_cdi_specs`]) and from the repeat prepare; a spec without a
+    /// completed entry is removed at start-up or rewritten by the retried prepare. If either
+    /// fails, the caller's rollback removes both.
     async fn finish_prepare(
         &self,
         claim: &ClaimRef,
         pod_claim_name: Option<&str>,
         devices: &[DeviceRecord],
     ) -> Result<()> {
-        self.write_cdi_spec(claim, pod_claim_name, devices).await?;
-        self.checkpoint
-            .update(|cp| {
-                if let Some(entry) = cp.claims.get_mut(&claim.uid) {
-                    entry.state = ClaimState::PrepareCompleted;
-                }
-            })
-            .await
+        let spec = self.write_cdi_spec(claim, pod_claim_name, devices);
+        let completed = self.checkpoint.update(|cp| {
+            if let Some(entry) = cp.claims.get_mut(&claim.uid) {
+                entry.state = ClaimState::PrepareCompleted;
+            }
+        });
+        let (spec, completed) = tokio::join!(spec, completed);
+        spec.and(completed)
     }
 
     /// Best-effort rollback of a failed prepare: no spec, no checkpoint entry.
@@ -603,27 +611,28 @@ impl Preparer {
             devices: &prepared,
         };
         let encoded = self.encoder.encode_for_workload(&spec, &workload)?;
-        // The files exist before the spec that mounts them can be used.
         let files = cdi::metadata_files(&spec, &workload)?;
-        let uid = claim.uid.clone();
-        blocking("the device metadata writer", move || {
-            cdi::write_metadata_files(&metadata_dir, &uid, &files).map(|_| ())
-        })
-        .await?;
         let name = cdi::transient_spec_file_name(&self.config.cdi_kind, &claim.uid)?;
-        self.specs.write(name, encoded.bytes).await
+        let uid = claim.uid.clone();
+        // The files exist before the spec that mounts them can be used.
+        self.specs
+            .write_after(name, encoded.bytes, move || {
+                cdi::write_metadata_files(&metadata_dir, &uid, &files).map(|_| ())
+            })
+            .await
     }
 
     /// Removes the claim's spec, then the metadata files it mounted.
     async fn remove_cdi_spec(&self, uid: &str) -> Result<()> {
         let name = cdi::transient_spec_file_name(&self.config.cdi_kind, uid)?;
-        self.specs.remove(name).await?;
         let metadata_dir = self.metadata_dir();
         let uid = uid.to_owned();
-        blocking("the device metadata clean-up task", move || {
-            cdi::remove_metadata_files(&metadata_dir, &uid).map(|_| ())
-        })
-        .await
+        self.specs
+            .remove_then(name, move || {
+                cdi::remove_metadata_files(&metadata_dir, &uid).map(|_| ())
+            })
+            .await
+            .map(|_| ())
     }
 
     /// The host directory of the claims' device metadata files: `dra-device-metadata` beside

@@ -90,12 +90,49 @@ impl SpecWriter {
         .await
     }
 
+    /// Like [`SpecWriter::write`], after `first` succeeded on the same blocking thread: for
+    /// the files the spec mounts, which must exist before the spec that refers to them, and
+    /// which so change in the spec's turn and cost no thread hop of their own.
+    ///
+    /// # Errors
+    /// `first` failed (the spec is then left as it was), or the spec could not be written.
+    pub async fn write_after(
+        &self,
+        name: String,
+        contents: Vec<u8>,
+        first: impl FnOnce() -> kerf_core::Result<()> + Send + 'static,
+    ) -> Result<()> {
+        self.change(name, move |dir, name| {
+            first()?;
+            fsutil::write_replace(dir, name, &contents)
+        })
+        .await
+    }
+
     /// Removes `dir/name`, without an fsync; `false` when it did not exist.
     ///
     /// # Errors
     /// The removal failed for another reason than the file being absent.
     pub async fn remove(&self, name: String) -> Result<bool> {
         self.change(name, fsutil::remove_if_exists).await
+    }
+
+    /// Like [`SpecWriter::remove`], then runs `then` on the same blocking thread: for the
+    /// files the spec mounted, which go once no spec refers to them.
+    ///
+    /// # Errors
+    /// The spec could not be removed (`then` did not run), or `then` failed.
+    pub async fn remove_then(
+        &self,
+        name: String,
+        then: impl FnOnce() -> kerf_core::Result<()> + Send + 'static,
+    ) -> Result<bool> {
+        self.change(name, move |dir, name| {
+            let removed = fsutil::remove_if_exists(dir, name)?;
+            then()?;
+            Ok(removed)
+        })
+        .await
     }
 
     /// Runs `op` on a blocking thread once every earlier change to `name` has ended. The

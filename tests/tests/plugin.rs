@@ -284,6 +284,42 @@ async fn repeat_prepare_is_idempotent_and_rewrites_the_spec() {
     plugin.shutdown().await.unwrap();
 }
 
+/// The spec and the checkpoint entry are written at the same time, so the entry can be
+/// durable before the spec write fails. The prepare must still fail with the spec's path and
+/// leave nothing behind (no entry, no device metadata files), and the kubelet's retry works
+/// once the directory is back.
+#[tokio::test]
+async fn a_spec_that_cannot_be_written_fails_the_prepare_and_leaves_nothing() {
+    let node = Node::new();
+    node.add_claim(whole_gpu_claim("a", UID_A, "gpu-1"));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let cdi_dir = node.root.join("cdi");
+    std::fs::remove_dir(&cdi_dir).unwrap();
+
+    let answers = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
+    let error = answers[UID_A].clone().unwrap_err();
+    assert!(error.contains(&*cdi_dir.to_string_lossy()), "{error}");
+    let claims = &node.checkpoint()["claims"];
+    assert!(
+        claims.as_object().is_some_and(serde_json::Map::is_empty),
+        "the failed prepare left an entry: {claims}"
+    );
+    let metadata = node
+        .root
+        .join("plugins")
+        .join(DRIVER)
+        .join(kerf_core::cdi::METADATA_HOST_SUBDIR)
+        .join(UID_A);
+    assert!(!metadata.exists(), "{} was left behind", metadata.display());
+
+    std::fs::create_dir(&cdi_dir).unwrap();
+    let retried = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
+    assert!(retried[UID_A].is_ok(), "{:?}", retried[UID_A]);
+    assert_eq!(node.cdi_files().len(), 1);
+    plugin.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn one_bad_claim_does_not_fail_the_others() {
     let node = Node::new();
