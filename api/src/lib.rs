@@ -15,6 +15,8 @@
 //! - [`ownership`]: which of kube-scheduler and kerf-controller may allocate each device.
 //! - [`allocation`]: claims for the controller's allocator: [`claim_request`], [`device_uses`],
 //!   [`allocation_status`].
+//! - [`shared_publication`]: the Node annotation naming the GPUs published as shareable
+//!   (scheduler slices) and their slicing.
 //! - [`watch_backoff`]: how soon the watches of both binaries retry after the API server
 //!   stopped answering.
 
@@ -34,6 +36,7 @@ pub mod params;
 pub mod quantity;
 pub mod resourceslice;
 mod schema;
+pub mod shared_publication;
 pub mod watch_backoff;
 
 pub use allocation::{allocation_status, claim_request, device_uses};
