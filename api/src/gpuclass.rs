@@ -88,20 +88,37 @@ const NATIVE_RESOURCE_DOMAIN: &str = "kubernetes.io/";
         "fieldPath": ".sharing.timeSliceInterval",
     },
     {
+        "rule": "!has(self.slicing) || self.allocator != 'Scheduler' || !has(self.selector) || !has(self.selector.migProfile)",
+        "message": "slicing of a Scheduler class shares whole GPUs; MIG devices (selector.migProfile) are not shareable",
+        "fieldPath": ".slicing",
+    },
+    {
+        "rule": "!has(self.slicing) || self.allocator != 'Scheduler' || !has(self.sharing) || !has(self.sharing.strategy) || self.sharing.strategy != 'Exclusive'",
+        "message": "sharing.strategy Exclusive cannot share a GPU among the slices of a sliced Scheduler class: use MPS or TimeSlicing",
+        "fieldPath": ".sharing.strategy",
+    },
+    {
         "rule": "!has(self.extendedResourceName) || (!self.extendedResourceName.contains('kubernetes.io/') && !self.extendedResourceName.startsWith('requests.'))",
         "message": "extendedResourceName must not be in the kubernetes.io/ domain nor start with requests. (Kubernetes' IsExtendedResourceName)",
         "fieldPath": ".extendedResourceName",
     },
 ]))]
 pub struct GpuClassSpec {
-    /// Scheduler (default): whole GPUs and MIG devices allocated by kube-scheduler.
+    /// Scheduler (default): whole GPUs, MIG devices and (with `slicing`) GPU slices allocated
+    /// by kube-scheduler.
     /// Controller: GPU slices and topology-constrained sets allocated by kerf's controller.
     #[serde(default)]
     pub allocator: Allocator,
     /// Which GPUs the class selects. Empty selects every kerf GPU.
     #[serde(default)]
     pub selector: GpuSelector,
-    /// How GPUs are cut into slices (Controller classes).
+    /// How GPUs are cut into slices. Controller classes: the controller's slices. Scheduler
+    /// classes: the selected GPUs are published as shareable (`allowMultipleAllocations`,
+    /// consumable capacities `memory` and `compute`) and kube-scheduler allocates shares of
+    /// them to claims that ask with `capacity.requests`; this needs Kubernetes 1.36+ with
+    /// DRAConsumableCapacity (the class reports Ready=False, reason
+    /// ConsumableCapacityUnavailable, without it). Two sliced Scheduler classes that select
+    /// one GPU must slice it alike, or the GPU is published whole (reason ConflictingSlicing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slicing: Option<Slicing>,
     /// Where slices are placed (Controller classes).

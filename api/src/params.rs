@@ -207,7 +207,9 @@ pub struct GpuClassParameters {
     /// Which GPUs the class selects.
     #[serde(default, skip_serializing_if = "GpuSelector::is_empty")]
     pub selector: GpuSelector,
-    /// Slicing limits (Controller classes).
+    /// Slicing limits: of the controller's slices (Controller classes), or of the shares
+    /// kube-scheduler cuts from GPUs published as shareable (Scheduler classes, Kubernetes
+    /// 1.36+ with DRAConsumableCapacity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slicing: Option<Slicing>,
     /// Placement policy (Controller classes).
@@ -624,11 +626,34 @@ impl GpuClassParameters {
             .validate(self.allocator, &join(path, "selector"))?;
         if let Some(slicing) = &self.slicing {
             slicing.validate(&join(path, "slicing"))?;
+            if let (true, Some(profile)) = (self.is_scheduler_sliced(), &self.selector.mig_profile)
+            {
+                return Err(Error::config(
+                    join(path, "slicing"),
+                    format!(
+                        "a sliced Scheduler class shares whole GPUs; MIG devices (selector.migProfile {profile:?}) are not shareable"
+                    ),
+                ));
+            }
         }
         if let Some(sharing) = &self.sharing {
             sharing.validate(&join(path, "sharing"))?;
+            // Shares of a GPU published as shareable run side by side, which an exclusive GPU
+            // cannot do; the node refuses such a publication, so the class is refused first.
+            if self.is_scheduler_sliced() && sharing.strategy == Sharing::Exclusive {
+                return Err(Error::config(
+                    join(&join(path, "sharing"), "strategy"),
+                    "Exclusive cannot share a GPU among the slices of a sliced Scheduler class: use MPS or TimeSlicing (or leave sharing unset for MPS)",
+                ));
+            }
         }
         Ok(())
+    }
+
+    /// Whether the class is a sliced Scheduler class: kube-scheduler allocates shares of GPUs
+    /// published as shareable (consumable capacity) rather than whole GPUs.
+    pub fn is_scheduler_sliced(&self) -> bool {
+        self.allocator == Allocator::Scheduler && self.slicing.is_some()
     }
 
     /// The slice memory granularity in bytes, when the class sets slicing.

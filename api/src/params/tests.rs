@@ -704,3 +704,30 @@ proptest! {
         prop_assert!(message.starts_with(&format!("{AT}.{field}: unknown field")), "{}", message);
     }
 }
+
+#[test]
+fn sliced_scheduler_classes_share_whole_gpus_without_exclusive_sharing() {
+    let ok = class(json!({ "allocator": "Scheduler", "slicing": { "defaultCompute": 25 } }));
+    match decode_opaque(&ok, AT) {
+        Ok(OpaqueConfig::Class(params)) => assert!(params.is_scheduler_sliced()),
+        other => panic!("{other:?}"),
+    }
+    let controller = class(
+        json!({ "allocator": "Controller", "slicing": {}, "sharing": { "strategy": "Exclusive" } }),
+    );
+    match decode_opaque(&controller, AT) {
+        Ok(OpaqueConfig::Class(params)) => assert!(!params.is_scheduler_sliced()),
+        other => panic!("{other:?}"),
+    }
+    let exclusive = class(
+        json!({ "allocator": "Scheduler", "slicing": {}, "sharing": { "strategy": "Exclusive" } }),
+    );
+    assert_mentions(
+        &error(&exclusive),
+        &[&format!("{AT}.sharing.strategy"), "Exclusive", "MPS"],
+    );
+    let mig = class(
+        json!({ "allocator": "Scheduler", "slicing": {}, "selector": { "migProfile": "1g.10gb" } }),
+    );
+    assert_mentions(&error(&mig), &[&format!("{AT}.slicing"), "\"1g.10gb\""]);
+}
