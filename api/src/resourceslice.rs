@@ -20,6 +20,8 @@ use kerf_core::inventory::{DeviceRef, Inventory};
 use crate::error::{Error, Result};
 use crate::quantity::bytes_quantity;
 
+pub mod limits;
+pub mod shared;
 pub mod taints;
 
 /// Most devices one ResourceSlice may hold (without taints, counters or list attributes).
