@@ -6,13 +6,21 @@
 //! a dry-run create (`dryRun=All`, nothing is stored) of a probe object that sets the field,
 //! and a look at whether the answer still carries it. The objects and the checks are here; the
 //! binaries make the call once at start-up and degrade with one log line.
+//!
+//! How a server with a gate off treats the fields: kubernetes/kubernetes
+//! `pkg/registry/resource/resourceslice/strategy.go (dropDisabledFields`, e.g.
+//! `dropDisabledDRAConsumableCapacityFields`, which clears `allowMultipleAllocations` and every
+//! capacity's `requestPolicy`).
 
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, Device, DeviceClass, DeviceClassSpec, DeviceSelector, DeviceTaint,
-    ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CELDeviceSelector, CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceCapacity,
+    DeviceClass, DeviceClassSpec, DeviceSelector, DeviceTaint, ResourcePool, ResourceSlice,
+    ResourceSliceSpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// `metadata.generateName` of every probe object; the server never stores them.
@@ -25,6 +33,9 @@ pub enum ApiFeature {
     DeviceTaints,
     /// `DRAExtendedResource`: `spec.extendedResourceName` of DeviceClasses (beta, on, in 1.36).
     ExtendedResource,
+    /// `DRAConsumableCapacity`: `spec.devices[].allowMultipleAllocations` and capacity
+    /// `requestPolicy` of ResourceSlices (beta, on, in 1.36).
+    ConsumableCapacity,
 }
 
 impl ApiFeature {
@@ -33,6 +44,7 @@ impl ApiFeature {
         match self {
             ApiFeature::DeviceTaints => "DRADeviceTaints",
             ApiFeature::ExtendedResource => "DRAExtendedResource",
+            ApiFeature::ConsumableCapacity => "DRAConsumableCapacity",
         }
     }
 
@@ -41,6 +53,9 @@ impl ApiFeature {
         match self {
             ApiFeature::DeviceTaints => "ResourceSlice spec.devices[].taints",
             ApiFeature::ExtendedResource => "DeviceClass spec.extendedResourceName",
+            ApiFeature::ConsumableCapacity => {
+                "ResourceSlice spec.devices[].allowMultipleAllocations and capacity requestPolicy"
+            }
         }
     }
 
@@ -52,6 +67,9 @@ impl ApiFeature {
             }
             ApiFeature::ExtendedResource => {
                 "GpuClasses' extendedResourceName is not written; pods must use ResourceClaims"
+            }
+            ApiFeature::ConsumableCapacity => {
+                "GPUs of sliced Scheduler GpuClasses are published whole, not as scheduler slices"
             }
         }
     }
@@ -174,6 +192,51 @@ pub fn kept_extended_resource(answer: &DeviceClass) -> Probed {
     }
 }
 
+/// A ResourceSlice for `driver` on `node` with one shareable device whose capacity has a
+/// request policy, to create with `dryRun=All`. The policy is a valid one (default on the
+/// range), so a server with the feature on accepts it.
+pub fn consumable_capacity_probe(driver: &str, node: &str) -> ResourceSlice {
+    let quantity = |v: &str| Quantity(v.to_owned());
+    let capacity = DeviceCapacity {
+        value: quantity("100"),
+        request_policy: Some(CapacityRequestPolicy {
+            default: Some(quantity("1")),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: quantity("1"),
+                max: Some(quantity("100")),
+                step: Some(quantity("1")),
+            }),
+            valid_values: None,
+        }),
+    };
+    let mut probe = device_taints_probe(driver, node);
+    probe.spec.devices = Some(vec![Device {
+        name: "probe".to_owned(),
+        allow_multiple_allocations: Some(true),
+        capacity: Some(BTreeMap::from([("probe".to_owned(), capacity)])),
+        ..Device::default()
+    }]);
+    probe
+}
+
+/// Whether the server's answer to [`consumable_capacity_probe`] kept both
+/// `allowMultipleAllocations` and the request policy (its `dropDisabledFields` clears both
+/// when the gate is off).
+pub fn kept_consumable_capacity(answer: &ResourceSlice) -> Probed {
+    let kept = answer.spec.devices.iter().flatten().any(|d| {
+        d.allow_multiple_allocations == Some(true)
+            && d.capacity
+                .iter()
+                .flatten()
+                .any(|(_, c)| c.request_policy.is_some())
+    });
+    if kept {
+        Probed::Served
+    } else {
+        Probed::Dropped
+    }
+}
+
 fn probe_metadata() -> ObjectMeta {
     ObjectMeta {
         generate_name: Some(PROBE_NAME_PREFIX.to_owned()),
@@ -200,6 +263,26 @@ mod tests {
         let mut dropped = class.clone();
         dropped.spec.extended_resource_name = None;
         assert_eq!(kept_extended_resource(&dropped), Probed::Dropped);
+
+        let slice = consumable_capacity_probe("gpu.kerf.dev", "node-a");
+        assert_eq!(kept_consumable_capacity(&slice), Probed::Served);
+        for device in slice.spec.devices.iter().flatten() {
+            for (name, capacity) in device.capacity.iter().flatten() {
+                crate::resourceslice::limits::check_request_policy(name, true, capacity).unwrap();
+            }
+        }
+        let mut dropped = slice.clone();
+        for device in dropped.spec.devices.iter_mut().flatten() {
+            device.allow_multiple_allocations = None;
+        }
+        assert_eq!(kept_consumable_capacity(&dropped), Probed::Dropped);
+        let mut dropped = slice;
+        for device in dropped.spec.devices.iter_mut().flatten() {
+            for capacity in device.capacity.iter_mut().flat_map(|c| c.values_mut()) {
+                capacity.request_policy = None;
+            }
+        }
+        assert_eq!(kept_consumable_capacity(&dropped), Probed::Dropped);
     }
 
     #[test]
