@@ -27,7 +27,9 @@
 //! [`Publisher::run`] watches this node's Node object (only that one) and publishes again,
 //! after the same debounce, when the record changes. A device the record does not name is
 //! published without the attribute. A malformed record is warned about once per bad value and
-//! ignored: the publisher keeps the last good record.
+//! ignored: the publisher keeps the last good record. The shared publication (scheduler
+//! slices, [`kerf_api::shared_publication`]) is read from the same Node and watch; see
+//! [`SharedPublicationHandle`] and the `shared` submodule.
 //!
 //! With [`Publisher::with_device_taints`] an unhealthy device carries the taint
 //! `<driver>/unhealthy` ([`kerf_api::resourceslice::taints`]) and the publisher publishes again
@@ -58,6 +60,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::health::mock::NodeAnnotationSource;
+pub use shared::SharedPublicationHandle;
+
+mod shared;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
@@ -96,6 +101,7 @@ pub struct Publisher {
     state: Mutex<PublishState>,
     taints: Option<DeviceTaints>,
     fault_annotation: Option<NodeAnnotationSource>,
+    publication: SharedPublicationHandle,
 }
 
 /// Where device taints come from.
@@ -133,6 +139,8 @@ struct PublishState {
     record: Record,
     /// The malformed record value warned about last, so a bad value is warned about once.
     bad_record: Option<String>,
+    /// Scheduler slices: whether the server keeps them, the last bad publication.
+    shared: shared::SharedState,
 }
 
 /// What one publish did.
@@ -164,6 +172,7 @@ impl Publisher {
             state: Mutex::new(PublishState::default()),
             taints: None,
             fault_annotation: None,
+            publication: SharedPublicationHandle::default(),
         }
     }
 
@@ -255,6 +264,7 @@ impl Publisher {
     async fn publish_once(&self, inventory: &Inventory) -> Result<Outcome> {
         // The Node first: the first read of it also takes its ownership record.
         let owner = self.node_owner().await?;
+        self.probe_consumable_capacity().await;
         let desired = self.desired_slices(inventory)?;
         let existing = self.list_slices().await?;
         let current_max = max_generation(&existing, &desired);
@@ -310,6 +320,7 @@ impl Publisher {
             }
         };
         kerf_api::ownership::publish_owners(&mut specs, &self.state().record);
+        let specs = self.finish_specs(specs)?;
         Ok(specs
             .into_iter()
             .enumerate()
@@ -409,6 +420,7 @@ impl Publisher {
         match self.nodes.get(&self.node_name).await {
             Ok(node) => {
                 self.observe_record(&node);
+                self.observe_publication(&node);
                 if let Some(source) = &self.fault_annotation {
                     source.observe(&node);
                 }
@@ -590,14 +602,17 @@ impl Publisher {
                 if let Some(source) = &self.fault_annotation {
                     source.observe(&node);
                 }
-                let changed = self.observe_record(&node);
-                if changed {
+                let record = self.observe_record(&node);
+                let publication = self.observe_publication(&node);
+                if record || publication {
                     tracing::info!(
                         node = %self.node_name,
-                        "the Node's ownership record changed; publishing again"
+                        record,
+                        publication,
+                        "the Node's ownership record or shared publication changed; publishing again"
                     );
                 }
-                changed
+                record || publication
             }
             Some(Ok(Event::Init | Event::InitDone | Event::Delete(_))) => false,
             Some(Err(err)) => {
