@@ -4,7 +4,13 @@
 //! Only this driver's slices count, and of each pool only the slices of its highest
 //! `pool.generation` (older ones are left over from a republish in progress). Attribute names
 //! are looked up bare (the driver's domain) and driver-qualified. MIG devices are skipped
-//! silently: the scheduler allocates them. A device that cannot be read is skipped with a
+//! silently: the scheduler allocates them. So are the devices of dynamic MIG (issue 16): a
+//! counters-only slice (`sharedCounters`, no devices), and every device that consumes counters
+//! — the MIG placements and their GPU's full device, which kube-scheduler allocates against
+//! the shared counters the controller does not account for. A GPU published as shareable
+//! (`allowMultipleAllocations: true`, scheduler slices) is kube-scheduler's: it is read into
+//! [`InventoryView::shared`], never into the placement candidates of
+//! [`InventoryView::nodes`]. A device that cannot be read is skipped with a
 //! reason rather than failing the whole view, because one bad device must not stop
 //! allocation on every other node.
 
@@ -23,6 +29,9 @@ pub struct InventoryView {
     /// Per node, its whole GPUs sorted by device name. A node whose slices list no whole GPU
     /// (only MIG devices, or none) is present with an empty list.
     pub nodes: BTreeMap<String, NodeGpus>,
+    /// Per node, the GPUs published as shareable (kube-scheduler allocates shares of them),
+    /// sorted by device name: not placement candidates of the controller.
+    pub shared: BTreeMap<String, Vec<GpuInfo>>,
     /// Devices of this driver that could not be read.
     pub skipped: Vec<SkippedDevice>,
 }
@@ -76,6 +85,9 @@ pub fn inventory_view(slices: &[ResourceSlice], driver: &str) -> InventoryView {
     for node in view.nodes.values_mut() {
         node.gpus.sort_by(|a, b| a.device.cmp(&b.device));
     }
+    for gpus in view.shared.values_mut() {
+        gpus.sort_by(|a, b| a.device.cmp(&b.device));
+    }
     view
 }
 
@@ -90,6 +102,10 @@ fn read_slice(
     seen: &mut BTreeSet<(String, String)>,
 ) {
     let devices = slice.spec.devices.as_deref().unwrap_or_default();
+    if devices.is_empty() && slice.spec.shared_counters.is_some() {
+        // A counters-only slice of a dynamic-MIG pool: nothing to place on.
+        return;
+    }
     let skip = |device: &Device, reason: String| SkippedDevice {
         slice: slice_name(slice).to_owned(),
         pool: slice.spec.pool.name.clone(),
@@ -113,12 +129,17 @@ fn read_slice(
             gpus: Vec::new(),
         });
     for device in devices {
+        if device
+            .consumes_counters
+            .as_ref()
+            .is_some_and(|c| !c.is_empty())
+        {
+            continue;
+        }
         match read_device(device, driver) {
             Ok(None) => {}
             Ok(Some(gpu)) => {
-                if seen.insert((node.to_owned(), gpu.device.clone())) {
-                    entry.gpus.push(gpu);
-                } else {
+                if !seen.insert((node.to_owned(), gpu.device.clone())) {
                     view.skipped.push(skip(
                         device,
                         format!(
@@ -126,6 +147,10 @@ fn read_slice(
                             device.name
                         ),
                     ));
+                } else if device.allow_multiple_allocations == Some(true) {
+                    view.shared.entry(node.to_owned()).or_default().push(gpu);
+                } else {
+                    entry.gpus.push(gpu);
                 }
             }
             Err(reason) => view.skipped.push(skip(device, reason)),

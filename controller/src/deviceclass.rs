@@ -25,7 +25,9 @@ use crate::selector::class_cel;
 /// Label on every DeviceClass the controller writes.
 pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 
-/// Builds the DeviceClass of `class` for `driver`; `manager` is the [`MANAGED_BY_LABEL`] value.
+/// Builds the DeviceClass of `class` for `driver`; `manager` is the [`MANAGED_BY_LABEL`] value;
+/// `consumable_capacity` says whether the API server serves DRAConsumableCapacity (see
+/// [`class_cel`]).
 ///
 /// # Errors
 ///
@@ -33,9 +35,14 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 ///   message names the field (`spec.selector.minMemory`, …).
 /// - [`Error::MissingField`] when the GpuClass has no name or UID (it was not read from the
 ///   API server).
-pub fn device_class(class: &GpuClass, driver: &str, manager: &str) -> Result<DeviceClass> {
+pub fn device_class(
+    class: &GpuClass,
+    driver: &str,
+    manager: &str,
+    consumable_capacity: bool,
+) -> Result<DeviceClass> {
     let params: GpuClassParameters = class.spec.parameters();
-    let expression = class_cel(&params, driver, "spec")?;
+    let expression = class_cel(&params, driver, "spec", consumable_capacity)?;
     let name = class.metadata.name.clone().ok_or(Error::MissingField {
         kind: "GpuClass",
         field: "name",
@@ -121,7 +128,7 @@ mod tests {
             ..GpuClassSpec::default()
         };
         let gpu_class = class(spec.clone());
-        let dc = device_class(&gpu_class, "gpu.kerf.dev", "kerf-controller").unwrap();
+        let dc = device_class(&gpu_class, "gpu.kerf.dev", "kerf-controller", true).unwrap();
         assert_eq!(dc.metadata.name.as_deref(), Some("fast"));
         assert_eq!(
             dc.labels().get(MANAGED_BY_LABEL).map(String::as_str),
@@ -152,7 +159,7 @@ mod tests {
     #[test]
     fn other_owners_do_not_count() {
         let gpu_class = class(GpuClassSpec::default());
-        let mut dc = device_class(&gpu_class, "gpu.kerf.dev", "kerf-controller").unwrap();
+        let mut dc = device_class(&gpu_class, "gpu.kerf.dev", "kerf-controller", true).unwrap();
         let mut other = gpu_class.clone();
         other.metadata.uid = Some("uid-2".to_owned());
         assert!(!is_controlled_by(&dc, &other));
@@ -163,7 +170,7 @@ mod tests {
     #[test]
     fn identical_classes_need_no_apply() {
         let gpu_class = class(GpuClassSpec::default());
-        let desired = device_class(&gpu_class, "gpu.kerf.dev", "kerf-controller").unwrap();
+        let desired = device_class(&gpu_class, "gpu.kerf.dev", "kerf-controller", true).unwrap();
         assert!(needs_apply(None, &desired));
         let mut live = desired.clone();
         live.metadata.resource_version = Some("7".to_owned());
@@ -183,7 +190,7 @@ mod tests {
     #[test]
     fn a_class_not_read_from_the_api_is_refused() {
         let gpu_class = GpuClass::new("fast", GpuClassSpec::default());
-        let err = device_class(&gpu_class, "gpu.kerf.dev", "kerf-controller").unwrap_err();
+        let err = device_class(&gpu_class, "gpu.kerf.dev", "kerf-controller", true).unwrap_err();
         assert_eq!(err.reason(), "missing_field");
     }
 }

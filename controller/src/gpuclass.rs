@@ -67,6 +67,10 @@ pub mod reasons {
     pub const INVALID_SPEC: &str = "InvalidSpec";
     /// A DeviceClass of the same name exists and this GpuClass does not control it.
     pub const DEVICE_CLASS_CONFLICT: &str = "DeviceClassConflict";
+    /// A sliced Scheduler class on a cluster without DRAConsumableCapacity.
+    pub const CONSUMABLE_CAPACITY_UNAVAILABLE: &str = "ConsumableCapacityUnavailable";
+    /// A sliced Scheduler class selects GPUs another sliced class slices differently.
+    pub const CONFLICTING_SLICING: &str = "ConflictingSlicing";
 }
 
 /// Runs the GpuClass controller until `shutdown` is cancelled; in-flight reconciles finish.
@@ -208,7 +212,13 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
         existing.as_deref(),
         &ctx.caches.device_classes.state(),
     );
-    let mut desired = device_class(class, driver, &ctx.config.field_manager)?;
+    let consumable_capacity = ctx.api_support.consumable_capacity.is_served();
+    let mut desired = device_class(
+        class,
+        driver,
+        &ctx.config.field_manager,
+        consumable_capacity,
+    )?;
     desired.spec.extended_resource_name = extended.name;
     if needs_apply(existing.as_deref(), &desired) {
         Api::<DeviceClass>::all(ctx.client.clone())
@@ -228,7 +238,21 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
     ctx.metrics.set_class_capacity(&name, &capacity);
     let free_compute = free_compute_gpus(&selector, &devices, &claims, driver);
     ctx.metrics.set_class_free_compute(&name, free_compute);
-    let readiness = capacity_readiness(&name, &capacity);
+    let readiness = if class.spec.parameters().is_scheduler_sliced() {
+        let conflicts = crate::shared::conflicts(
+            devices.iter().map(|d| (d.pool, d.device)),
+            driver,
+            &crate::shared::sliced_classes(&ctx.caches.device_classes.state(), driver),
+        );
+        sliced_readiness(
+            &name,
+            &capacity,
+            consumable_capacity,
+            conflicts.get(&name).map(Vec::as_slice),
+        )
+    } else {
+        capacity_readiness(&name, &capacity)
+    };
     write_status(
         class,
         ctx,
@@ -265,6 +289,44 @@ fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Readiness
             ),
         }
     }
+}
+
+/// The Ready condition of a sliced Scheduler class: unavailable without
+/// DRAConsumableCapacity, not ready while its GPUs are sliced differently by another class,
+/// else as any class — with the Kubernetes requirement in the message.
+fn sliced_readiness(
+    device_class: &str,
+    capacity: &ClassCapacity,
+    consumable_capacity: bool,
+    conflicting_gpus: Option<&[String]>,
+) -> Readiness {
+    if !consumable_capacity {
+        return Readiness {
+            ok: false,
+            reason: reasons::CONSUMABLE_CAPACITY_UNAVAILABLE,
+            message: format!(
+                "a sliced Scheduler class needs Kubernetes 1.36+ with feature gate {}; this API server does not serve it, so DeviceClass {device_class} selects no device",
+                crate::features::CONSUMABLE_CAPACITY_GATE
+            ),
+        };
+    }
+    if let Some(gpus) = conflicting_gpus.filter(|g| !g.is_empty()) {
+        return Readiness {
+            ok: false,
+            reason: reasons::CONFLICTING_SLICING,
+            message: format!(
+                "another sliced Scheduler class selects {} with different slicing or sharing; published whole until the classes agree",
+                gpus.join(", ")
+            ),
+        };
+    }
+    let mut readiness = capacity_readiness(device_class, capacity);
+    readiness.message = format!(
+        "{} (scheduler slices: GPUs published as shareable, Kubernetes 1.36+ with {})",
+        readiness.message,
+        crate::features::CONSUMABLE_CAPACITY_GATE
+    );
+    readiness
 }
 
 /// Applies the status when it differs from the current one, and publishes an Event when a

@@ -6,6 +6,8 @@
 //!   optional fields, probed once per leadership term.
 //! - [`run()`]: the process — metrics/health HTTP ([`http`]), leader election ([`leader`]) and
 //!   the controllers that run while this replica leads ([`run::controllers`]).
+//! - [`shared`]: which GPUs are published as shareable for sliced Scheduler classes (scheduler
+//!   slices), written by the ownership tick of [`claims`] and reported by [`gpuclass`].
 //! - [`default_classes`]: the default GpuClasses the leader creates (create only).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
 //! - [`webhook`]: the mutating admission webhook that gates pods with controller claims.
@@ -28,6 +30,7 @@ pub mod leader;
 pub mod metrics;
 pub mod run;
 pub mod selector;
+pub mod shared;
 pub mod webhook;
 
 pub use context::{BackoffConfig, Context, ControllerConfig, FIELD_MANAGER};

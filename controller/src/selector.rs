@@ -179,6 +179,18 @@ impl DeviceSelector {
 /// unallocated until kerf's controller writes the allocation; the controller reads the GPU
 /// selector from the class parameters instead.
 ///
+/// `consumable_capacity` says whether the API server serves DRAConsumableCapacity. Only then
+/// does the DRA CEL environment declare `device.allowMultipleAllocations` (kubernetes
+/// `staging/src/k8s.io/dynamic-resource-allocation/cel/compile.go`, `newCompiler`: the
+/// `kubernetes.DRADevice` type gains the field only when `Features.EnableConsumableCapacity`
+/// is set; `DeviceMatches` passes a device without the field as `false`); without the feature
+/// an expression naming it does not compile. With it, a sliced Scheduler class
+/// ([`GpuClassParameters::is_scheduler_sliced`]) selects only shareable GPUs
+/// (`device.allowMultipleAllocations`) and a whole-GPU Scheduler class only GPUs that are not
+/// (`!device.allowMultipleAllocations`), so a GPU published for shares is never taken whole.
+/// Without it, a sliced Scheduler class selects nothing ([`unavailable_cel`]): handing out
+/// whole GPUs for a class that asked for shares would half-work.
+///
 /// # Errors
 ///
 /// As [`DeviceSelector::new`].
@@ -186,16 +198,44 @@ pub fn class_cel(
     params: &GpuClassParameters,
     driver: &str,
     path: &str,
+    consumable_capacity: bool,
 ) -> kerf_api::Result<String> {
     let selector = DeviceSelector::new(params, path)?;
+    let sliced = params.is_scheduler_sliced();
     Ok(match params.allocator {
-        Allocator::Scheduler => format!(
-            "{} && {}",
-            selector.cel(driver),
-            kerf_api::ownership::scheduler_guard_cel(driver)
-        ),
+        Allocator::Scheduler if sliced && !consumable_capacity => unavailable_cel(driver),
+        Allocator::Scheduler => {
+            let mut cel = format!(
+                "{} && {}",
+                selector.cel(driver),
+                kerf_api::ownership::scheduler_guard_cel(driver)
+            );
+            if consumable_capacity && selector.kind == DeviceKind::WholeGpu {
+                cel.push_str(if sliced {
+                    " && device.allowMultipleAllocations"
+                } else {
+                    " && !device.allowMultipleAllocations"
+                });
+            }
+            cel
+        }
         Allocator::Controller => controller_cel(driver),
     })
+}
+
+/// `type` value of no published device, selected by sliced Scheduler classes on a cluster
+/// without DRAConsumableCapacity: their claims stay pending, and the class says why.
+pub const TYPE_SHARES_UNAVAILABLE: &str = "shares-unavailable";
+
+/// The never-matching selector of a sliced Scheduler class without DRAConsumableCapacity.
+pub fn unavailable_cel(driver: &str) -> String {
+    format!(
+        "{} && device.attributes[{}].{} == {}",
+        driver_guard(driver),
+        cel_string(driver),
+        attributes::TYPE,
+        cel_string(TYPE_SHARES_UNAVAILABLE)
+    )
 }
 
 /// The never-matching selector of Controller classes.
@@ -343,6 +383,7 @@ mod tests {
             &params(Allocator::Scheduler, whole_gpu_selector()),
             DRIVER,
             "spec",
+            false,
         )
         .unwrap();
         assert_eq!(
@@ -352,12 +393,87 @@ mod tests {
     }
 
     #[test]
+    fn consumable_capacity_splits_whole_and_sliced_scheduler_classes() {
+        let guard = r#""allocator" in device.attributes["gpu.kerf.dev"] && device.attributes["gpu.kerf.dev"].allocator == "scheduler""#;
+        let whole = class_cel(
+            &params(Allocator::Scheduler, GpuSelector::default()),
+            DRIVER,
+            "spec",
+            true,
+        )
+        .unwrap();
+        assert_eq!(
+            whole,
+            format!(
+                r#"device.driver == "gpu.kerf.dev" && device.attributes["gpu.kerf.dev"].type == "gpu" && {guard} && !device.allowMultipleAllocations"#
+            )
+        );
+        let sliced_params = GpuClassParameters {
+            slicing: Some(kerf_api::params::Slicing::default()),
+            ..params(Allocator::Scheduler, GpuSelector::default())
+        };
+        let sliced = class_cel(&sliced_params, DRIVER, "spec", true).unwrap();
+        assert_eq!(
+            sliced,
+            format!(
+                r#"device.driver == "gpu.kerf.dev" && device.attributes["gpu.kerf.dev"].type == "gpu" && {guard} && device.allowMultipleAllocations"#
+            )
+        );
+        // Without the feature the field is not declared: no class may name it, and a sliced
+        // class selects nothing rather than whole GPUs.
+        let old_whole = class_cel(
+            &params(Allocator::Scheduler, GpuSelector::default()),
+            DRIVER,
+            "spec",
+            false,
+        )
+        .unwrap();
+        assert!(
+            !old_whole.contains("allowMultipleAllocations"),
+            "{old_whole}"
+        );
+        let old_sliced = class_cel(&sliced_params, DRIVER, "spec", false).unwrap();
+        assert_eq!(old_sliced, unavailable_cel(DRIVER));
+        assert!(!old_sliced.contains("allowMultipleAllocations"));
+        // MIG devices are never shareable: their classes are as before.
+        let mig = class_cel(
+            &params(
+                Allocator::Scheduler,
+                GpuSelector {
+                    mig_profile: Some("1g.10gb".to_owned()),
+                    ..GpuSelector::default()
+                },
+            ),
+            DRIVER,
+            "spec",
+            true,
+        )
+        .unwrap();
+        assert!(!mig.contains("allowMultipleAllocations"), "{mig}");
+        // Controller classes with slicing keep their never-matching selector.
+        let controller = GpuClassParameters {
+            allocator: Allocator::Controller,
+            ..sliced_params
+        };
+        assert_eq!(
+            class_cel(&controller, DRIVER, "spec", true).unwrap(),
+            controller_cel(DRIVER)
+        );
+    }
+
+    #[test]
     fn mig_cel() {
         let selector = GpuSelector {
             mig_profile: Some("1g.10gb".to_owned()),
             ..GpuSelector::default()
         };
-        let cel = class_cel(&params(Allocator::Scheduler, selector), DRIVER, "spec").unwrap();
+        let cel = class_cel(
+            &params(Allocator::Scheduler, selector),
+            DRIVER,
+            "spec",
+            false,
+        )
+        .unwrap();
         assert_eq!(
             cel,
             r#"device.driver == "gpu.kerf.dev" && device.attributes["gpu.kerf.dev"].type == "mig" && device.attributes["gpu.kerf.dev"].profile == "1g.10gb" && "allocator" in device.attributes["gpu.kerf.dev"] && device.attributes["gpu.kerf.dev"].allocator == "scheduler""#
@@ -370,6 +486,7 @@ mod tests {
             &params(Allocator::Controller, whole_gpu_selector()),
             DRIVER,
             "spec",
+            false,
         )
         .unwrap();
         assert_eq!(
@@ -386,6 +503,7 @@ mod tests {
             &params(Allocator::Scheduler, GpuSelector::default()),
             "x.example.com",
             "spec",
+            false,
         )
         .unwrap();
         assert_eq!(
@@ -423,13 +541,25 @@ mod tests {
             min_memory: Some(Quantity("0.5".to_owned())),
             ..GpuSelector::default()
         };
-        let err = class_cel(&params(Allocator::Scheduler, selector), DRIVER, "spec").unwrap_err();
+        let err = class_cel(
+            &params(Allocator::Scheduler, selector),
+            DRIVER,
+            "spec",
+            false,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("spec.selector.minMemory"), "{err}");
         let selector = GpuSelector {
             mig_profile: Some("1g.10gb".to_owned()),
             ..GpuSelector::default()
         };
-        let err = class_cel(&params(Allocator::Controller, selector), DRIVER, "spec").unwrap_err();
+        let err = class_cel(
+            &params(Allocator::Controller, selector),
+            DRIVER,
+            "spec",
+            false,
+        )
+        .unwrap_err();
         assert!(
             err.to_string().contains("spec.selector.migProfile"),
             "{err}"

@@ -184,7 +184,7 @@ async fn a_gpu_class_becomes_an_owned_device_class() {
     let dc = h.device_class("h100").expect("DeviceClass created");
     assert_eq!(
         expression(&dc),
-        r#"device.driver == "gpu.kerf.dev" && device.attributes["gpu.kerf.dev"].type == "gpu" && device.attributes["gpu.kerf.dev"].productName in ["NVIDIA H100 80GB HBM3"] && device.capacity["gpu.kerf.dev"].memory.compareTo(quantity("40Gi")) >= 0 && device.attributes["gpu.kerf.dev"].cudaComputeCapability.compareTo(semver("9.0.0")) >= 0 && "allocator" in device.attributes["gpu.kerf.dev"] && device.attributes["gpu.kerf.dev"].allocator == "scheduler""#
+        r#"device.driver == "gpu.kerf.dev" && device.attributes["gpu.kerf.dev"].type == "gpu" && device.attributes["gpu.kerf.dev"].productName in ["NVIDIA H100 80GB HBM3"] && device.capacity["gpu.kerf.dev"].memory.compareTo(quantity("40Gi")) >= 0 && device.attributes["gpu.kerf.dev"].cudaComputeCapability.compareTo(semver("9.0.0")) >= 0 && "allocator" in device.attributes["gpu.kerf.dev"] && device.attributes["gpu.kerf.dev"].allocator == "scheduler" && !device.allowMultipleAllocations"#
     );
     let config = dc.spec.config.as_ref().unwrap();
     assert_eq!(config.len(), 1);

@@ -85,7 +85,8 @@ pub fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, policy: Pl
         },
     );
     class.metadata.uid = Some(format!("uid-{name}"));
-    let dc = kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller").unwrap();
+    let dc = kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller", true)
+        .unwrap();
     fake.insert_resource::<DeviceClass>(&dc);
 }
 

@@ -19,9 +19,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{Device, ResourceClaim};
 use kerf_api::ownership::{NodePolicy, Owner, RECORD_ANNOTATION, Record, node_policy};
 use kerf_api::resourceslice::{TYPE_MIG, attributes, device_attribute};
+use kerf_api::shared_publication::{SHARED_PUBLICATION_ANNOTATION, SharedPublication};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
@@ -67,8 +68,12 @@ pub(super) async fn run(ctx: Arc<ClaimsContext>, shutdown: CancellationToken) {
 #[derive(Debug, Clone)]
 struct Published {
     name: String,
+    /// Only kube-scheduler allocates it: a MIG device, or a dynamic-MIG GPU's full device
+    /// (it consumes counters, which only kube-scheduler's allocator accounts for).
     mig: bool,
     owner: Option<Owner>,
+    /// The device as published, for the sliced classes' selectors.
+    device: Device,
 }
 
 /// One tick: decide, report, write the records.
@@ -80,7 +85,7 @@ pub(super) async fn tick(ctx: &ClaimsContext, warned: &mut Warned) {
     report(ctx, &outcome).await;
     conflicts::report(ctx, &outcome.conflicts, &mut warned.conflicts).await;
     guard::warn_unguarded_classes(ctx, &mut warned.device_classes).await;
-    write_records(ctx, &outcome.records, &policies).await;
+    write_records(ctx, &outcome, &policies).await;
 }
 
 /// Every published device of the driver, by node.
@@ -96,11 +101,16 @@ fn published_devices(ctx: &ClaimsContext) -> BTreeMap<String, Vec<Published>> {
         for device in spec.devices.iter().flatten() {
             let mig = device_attribute(device, driver, attributes::TYPE)
                 .and_then(|a| a.string.as_deref())
-                == Some(TYPE_MIG);
+                == Some(TYPE_MIG)
+                || device
+                    .consumes_counters
+                    .as_ref()
+                    .is_some_and(|c| !c.is_empty());
             devices.push(Published {
                 name: device.name.clone(),
                 mig,
                 owner: kerf_api::ownership::published_owner(device, driver),
+                device: device.clone(),
             });
         }
     }
@@ -140,6 +150,8 @@ struct Outcome {
     /// Claims holding a device kube-scheduler took from the controller, per device.
     intruders: HashMap<(String, String), Vec<ObjectRef<ResourceClaim>>>,
     records: BTreeMap<String, Record>,
+    /// Per node, the GPUs to publish as shareable ([`crate::shared`]).
+    publications: BTreeMap<String, SharedPublication>,
     conflicts: Vec<conflicts::Conflict>,
 }
 
@@ -242,7 +254,42 @@ fn advance(
     for node in devices.keys().filter(|n| policies.contains_key(*n)) {
         outcome.records.insert(node.clone(), book.record(node));
     }
+    outcome.publications = publications(ctx, devices, policies, book, &facts);
     outcome
+}
+
+/// Per node, the GPUs to publish as shareable ([`crate::shared`]): only GPUs the scheduler
+/// owns and no claim of the controller holds, so a share never lands on a GPU the controller
+/// places on. Nothing is shared without DRAConsumableCapacity.
+fn publications(
+    ctx: &ClaimsContext,
+    devices: &BTreeMap<String, Vec<Published>>,
+    policies: &BTreeMap<String, (NodePolicy, Record)>,
+    book: &OwnershipBook,
+    facts: &BTreeMap<(String, String), DeviceFacts>,
+) -> BTreeMap<String, SharedPublication> {
+    let sliced = if ctx.base.api_support.consumable_capacity.is_served() {
+        crate::shared::sliced_classes(&ctx.base.caches.device_classes.state(), ctx.driver())
+    } else {
+        Vec::new()
+    };
+    let mut out = BTreeMap::new();
+    for (node, published) in devices.iter().filter(|(n, _)| policies.contains_key(*n)) {
+        let gpus = published
+            .iter()
+            .filter(|d| book.wanted(node, &d.name) == Some(Owner::Scheduler))
+            .filter(|d| {
+                facts
+                    .get(&(node.clone(), d.name.clone()))
+                    .is_some_and(|f| !f.held_by_controller)
+            })
+            .map(|d| &d.device);
+        out.insert(
+            node.clone(),
+            crate::shared::node_publication(gpus, ctx.driver(), &sliced),
+        );
+    }
+    out
 }
 
 async fn report(ctx: &ClaimsContext, outcome: &Outcome) {
@@ -301,10 +348,11 @@ async fn warn_intruders(
     }
 }
 
-/// Writes each node's record where the Node's annotation differs.
+/// Writes each node's record and shared publication where the Node's annotations differ, both
+/// in one patch: the plugin then never sees a GPU shared that the record gives the controller.
 async fn write_records(
     ctx: &ClaimsContext,
-    records: &BTreeMap<String, Record>,
+    outcome: &Outcome,
     policies: &BTreeMap<String, (NodePolicy, Record)>,
 ) {
     let api: Api<Node> = Api::all(ctx.base.client.clone());
@@ -312,20 +360,35 @@ async fn write_records(
         field_manager: Some(ctx.base.config.field_manager.clone()),
         ..PatchParams::default()
     };
-    for (node, record) in records {
-        if policies
+    let empty = SharedPublication::default();
+    for (node, record) in &outcome.records {
+        let publication = outcome.publications.get(node).unwrap_or(&empty);
+        let record_same = policies
             .get(node)
-            .is_some_and(|(_, current)| current == record)
-        {
+            .is_some_and(|(_, current)| current == record);
+        let publication_same = current_publication(ctx, node).as_ref() == Some(publication);
+        if record_same && publication_same {
             continue;
         }
-        let patch = serde_json::json!({
-            "metadata": {"annotations": {RECORD_ANNOTATION: record.to_annotation()}}
-        });
+        let mut annotations = serde_json::Map::new();
+        if !record_same {
+            annotations.insert(RECORD_ANNOTATION.to_owned(), record.to_annotation().into());
+        }
+        if !publication_same {
+            // An empty publication removes the annotation: absent reads as empty.
+            let value = if publication.0.is_empty() {
+                serde_json::Value::Null
+            } else {
+                publication.to_annotation_value().into()
+            };
+            annotations.insert(SHARED_PUBLICATION_ANNOTATION.to_owned(), value);
+        }
+        let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
         match api.patch(node, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
                 let record = record.to_annotation();
-                tracing::debug!(%node, %record, "ownership record written");
+                let shared = publication.to_annotation_value();
+                tracing::debug!(%node, %record, %shared, "ownership record written");
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {
                 tracing::debug!(%node, "node deleted before its ownership record was written");
@@ -335,4 +398,11 @@ async fn write_records(
             }
         }
     }
+}
+
+/// The node's shared publication as cached; `None` when the node is unknown or its annotation
+/// does not parse (it is then rewritten).
+fn current_publication(ctx: &ClaimsContext, node: &str) -> Option<SharedPublication> {
+    let node = ctx.nodes.get(&ObjectRef::<Node>::new(node))?;
+    SharedPublication::from_annotations(node.metadata.annotations.as_ref()).ok()
 }
