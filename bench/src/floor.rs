@@ -68,40 +68,17 @@ impl FloorWrites {
         Ok(())
     }
 
-    /// Writes the files of all `sets` the way a group commit must at least: every temporary
-    /// file written, one `syncfs` for all their data, the renames, one fsync per directory.
-    /// With std and rustix alone, like [`durable_write`].
+    /// Writes every file as the plugin writes a CDI spec: a temporary file renamed over the
+    /// target, without fsync.
     ///
     /// # Errors
-    /// A step fails.
-    pub fn write_grouped(sets: &[FloorWrites]) -> Result<()> {
-        let mut staged = Vec::new();
-        for set in sets {
-            for (name, contents) in &set.files {
-                let temp = set.dir.join(format!(".{name}.floor-tmp"));
-                let mut file = File::create(&temp).map_err(|e| Error::io("create", &temp, e))?;
-                file.write_all(contents)
-                    .map_err(|e| Error::io("write", &temp, e))?;
-                staged.push((file, temp, set.dir.join(name)));
-            }
-        }
-        if let Some((file, temp, _)) = staged.first() {
-            rustix::fs::syncfs(file)
-                .map_err(|e| Error::io("syncfs", temp, std::io::Error::from(e)))?;
-        }
-        let mut dirs: Vec<&Path> = Vec::new();
-        for (_, temp, target) in &staged {
-            std::fs::rename(temp, target).map_err(|e| Error::io("rename", target, e))?;
-        }
-        for set in sets {
-            if !dirs.contains(&set.dir.as_path()) {
-                dirs.push(&set.dir);
-            }
-        }
-        for dir in dirs {
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| Error::io("fsync dir", dir, e))?;
+    /// A file cannot be written or renamed.
+    pub fn write_plain(&self) -> Result<()> {
+        for (name, contents) in &self.files {
+            let temp = self.dir.join(format!(".{name}.floor-tmp"));
+            std::fs::write(&temp, contents).map_err(|e| Error::io("write", &temp, e))?;
+            let target = self.dir.join(name);
+            std::fs::rename(&temp, &target).map_err(|e| Error::io("rename", &target, e))?;
         }
         Ok(())
     }
@@ -121,13 +98,8 @@ impl FloorWrites {
 mod tests {
     use super::*;
 
-    #[test]
-    fn floor_writes_leave_files_of_the_asked_sizes_and_no_temporaries() {
-        let dir = tempfile::tempdir().unwrap();
-        let floor = FloorWrites::new(&dir.path().join("f"), "floor", &[3, 5]).unwrap();
-        floor.write_all().unwrap();
-        floor.write_all().unwrap();
-        let mut sizes: Vec<(String, u64)> = std::fs::read_dir(dir.path().join("f"))
+    fn files_in(dir: &Path) -> Vec<(String, u64)> {
+        let mut sizes: Vec<(String, u64)> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| {
                 let e = e.unwrap();
@@ -138,8 +110,20 @@ mod tests {
             })
             .collect();
         sizes.sort();
+        sizes
+    }
+
+    #[test]
+    fn floor_writes_leave_files_of_the_asked_sizes_and_no_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let floor = FloorWrites::new(&dir.path().join("f"), "floor", &[3, 5]).unwrap();
+        floor.write_all().unwrap();
+        floor.write_all().unwrap();
+        let durable = files_in(&dir.path().join("f"));
+        floor.write_plain().unwrap();
+        assert_eq!(files_in(&dir.path().join("f")), durable);
         assert_eq!(
-            sizes,
+            durable,
             [
                 ("floor-0.json".to_owned(), 3),
                 ("floor-1.json".to_owned(), 5)

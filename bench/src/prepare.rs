@@ -179,9 +179,10 @@ async fn floor_once(kubelet: &Kubelet, floor: &FloorWrites) -> Result<Duration> 
     Ok(started.elapsed())
 }
 
-/// The floor of `width` claims prepared at once: their spec files written durably at the
-/// same time into one directory (each claim has its own file, all in the CDI directory),
-/// plus the checkpoint writes they can share (in a directory of their own, as the plugin's).
+/// The floor of `width` claims prepared at once, as the plugin prepares them: their spec
+/// files written at the same time without fsync (each claim has its own file, all in the CDI
+/// directory, each on a blocking thread), plus the one durable checkpoint write they share
+/// (in a directory of their own, as the plugin's).
 struct ParallelFloor {
     specs: Vec<FloorWrites>,
     checkpoint: FloorWrites,
@@ -210,25 +211,15 @@ impl ParallelFloor {
             .iter()
             .map(|spec| {
                 let spec = spec.clone();
-                tokio::task::spawn_blocking(move || spec.write_all())
+                tokio::task::spawn_blocking(move || spec.write_plain())
             })
             .collect();
+        self.checkpoint.write_all()?;
         for writer in writers {
             writer
                 .await
                 .map_err(|e| Error::Workload(format!("floor writer failed: {e}")))??;
         }
-        self.checkpoint.write_all()?;
-        Ok(started.elapsed())
-    }
-
-    /// The same files made durable as one group (see [`FloorWrites::write_grouped`]), then
-    /// the shared checkpoint write: the least a group-committing plugin can do.
-    async fn grouped_once(&self, kubelet: &Kubelet) -> Result<Duration> {
-        let started = Instant::now();
-        kubelet.empty_prepare().await?;
-        FloorWrites::write_grouped(&self.specs)?;
-        self.checkpoint.write_all()?;
         Ok(started.elapsed())
     }
 }
@@ -624,11 +615,10 @@ struct ParallelRuns {
     separate: Vec<Duration>,
     batched: Vec<Duration>,
     floor: Vec<Duration>,
-    grouped_floor: Vec<Duration>,
 }
 
 impl ParallelRuns {
-    /// Each round: both floors, the single-claim baseline, the claims as concurrent calls,
+    /// Each round: the floor, the single-claim baseline, the claims as concurrent calls,
     /// and as one batched call; everything is unprepared again before the next step.
     async fn measure(
         kubelet: &Kubelet,
@@ -640,7 +630,6 @@ impl ParallelRuns {
         let mut runs = ParallelRuns::default();
         for _ in 0..rounds {
             runs.floor.push(floor.once(kubelet).await?);
-            runs.grouped_floor.push(floor.grouped_once(kubelet).await?);
             for claim in singles {
                 let one = std::slice::from_ref(claim);
                 runs.single.push(timed(kubelet.prepare(one)).await?);
@@ -722,12 +711,11 @@ fn parallel_summary(
     fs_type: &str,
     spec_fs: &str,
 ) -> Summary {
-    let (single, separate, batched, floor, grouped) = (
+    let (single, separate, batched, floor) = (
         Samples::new(runs.single),
         Samples::new(runs.separate),
         Samples::new(runs.batched),
         Samples::new(runs.floor),
-        Samples::new(runs.grouped_floor),
     );
     let one = single.p50();
     let separate_ratio = separate.p50().as_secs_f64() / one.as_secs_f64().max(f64::MIN_POSITIVE);
@@ -751,19 +739,12 @@ fn parallel_summary(
         ms(batched.max())
     ));
     s.detail(format!(
-        "floor              wall p50 {} ms  max {} ms  (empty NodePrepareResources + {width} concurrent durable writes of the spec's size + {CHECKPOINT_WRITES_PER_PREPARE} shared checkpoint write); {width} separate calls = {} x floor, 1 call = {} x floor",
+        "floor              wall p50 {} ms  max {} ms  (empty NodePrepareResources + {width} concurrent spec-sized files written without fsync + {CHECKPOINT_WRITES_PER_PREPARE} shared durable checkpoint write at the same time) = {} x one claim; {width} separate calls = {} x floor, 1 call = {} x floor",
         ms(floor.p50()),
         ms(floor.max()),
+        ratio(floor.p50(), one),
         ratio(separate.p50(), floor.p50()),
         ratio(batched.p50(), floor.p50())
-    ));
-    s.detail(format!(
-        "grouped floor      wall p50 {} ms  max {} ms  (empty NodePrepareResources + the {width} spec files written, one syncfs, renamed, one directory fsync + {CHECKPOINT_WRITES_PER_PREPARE} checkpoint write) = {} x one claim; {width} separate calls = {} x grouped floor, 1 call = {} x grouped floor",
-        ms(grouped.p50()),
-        ms(grouped.max()),
-        ratio(grouped.p50(), one),
-        ratio(separate.p50(), grouped.p50()),
-        ratio(batched.p50(), grouped.p50())
     ));
     s.figure("claims", width)
         .figure("rounds", rounds)
@@ -779,17 +760,7 @@ fn parallel_summary(
         .figure("floor_p50_ms", ms(floor.p50()))
         .figure("separate_ratio_floor", ratio(separate.p50(), floor.p50()))
         .figure("batched_ratio_floor", ratio(batched.p50(), floor.p50()))
-        .figure("floor_ratio", ratio(floor.p50(), one))
-        .figure("grouped_floor_p50_ms", ms(grouped.p50()))
-        .figure("grouped_floor_ratio", ratio(grouped.p50(), one))
-        .figure(
-            "separate_ratio_grouped_floor",
-            ratio(separate.p50(), grouped.p50()),
-        )
-        .figure(
-            "batched_ratio_grouped_floor",
-            ratio(batched.p50(), grouped.p50()),
-        );
+        .figure("floor_ratio", ratio(floor.p50(), one));
     s.target(
         "separate_target",
         format!("{width} concurrent calls within 4 x one claim"),
