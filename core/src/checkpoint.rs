@@ -172,6 +172,68 @@ pub struct DeviceRecord {
     pub time_slice_interval: TimeSliceInterval,
 }
 
+/// A MIG instance kerf creates for a claim on a dynamic-MIG GPU: written as an intent (ids
+/// `None`) before the GPU instance is created, completed with the ids and UUID once it exists,
+/// so that a restarted plugin can tell its own instances from others' and finish or undo a
+/// preparation a crash interrupted (see [`crate::mig_reconcile`]).
+///
+/// Decoded tolerantly like the rest of the checkpoint: unknown fields are ignored and missing
+/// ones take their defaults.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct MigInstanceRecord {
+    /// UUID of the parent GPU.
+    pub parent_uuid: String,
+    /// Minor of the parent GPU.
+    pub parent_minor: u32,
+    /// Profile name, e.g. `1g.5gb`.
+    pub profile: String,
+    /// GPU-instance profile id the instance is created with (e.g. 19 for `1g.5gb`).
+    pub gi_profile_id: u32,
+    /// Compute-instance profile id the compute instance is created with.
+    pub ci_profile_id: u32,
+    /// Where the GPU instance sits.
+    pub placement: RecordedPlacement,
+    /// GPU instance id, once created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gi_id: Option<u32>,
+    /// Compute instance id, once created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ci_id: Option<u32>,
+    /// UUID of the MIG device (`MIG-…`), once created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_uuid: Option<String>,
+}
+
+/// [`crate::inventory::MigPlacement`] as the checkpoint stores it: tolerant (missing fields
+/// are 0, unknown ones ignored), where the inventory's is strict.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RecordedPlacement {
+    /// First memory slice.
+    pub start: u32,
+    /// Number of memory slices.
+    pub size: u32,
+}
+
+impl From<crate::inventory::MigPlacement> for RecordedPlacement {
+    fn from(p: crate::inventory::MigPlacement) -> Self {
+        RecordedPlacement {
+            start: p.start,
+            size: p.size,
+        }
+    }
+}
+
+impl From<RecordedPlacement> for crate::inventory::MigPlacement {
+    fn from(p: RecordedPlacement) -> Self {
+        crate::inventory::MigPlacement {
+            start: p.start,
+            size: p.size,
+        }
+    }
+}
+
 #[allow(
     clippy::trivially_copy_pass_by_ref,
     reason = "serde's skip_serializing_if passes a reference"

@@ -129,19 +129,30 @@ impl MigDevice {
     /// `gpu-<parent minor>-mig-<profile>-<placement start>` with the profile's dots and
     /// plus signs made DNS-label safe, e.g. `gpu-0-mig-1g-10gb-3`.
     pub fn device_name(&self, parent_minor: u32) -> String {
-        let profile: String = self
-            .profile
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() {
-                    c.to_ascii_lowercase()
-                } else {
-                    '-'
-                }
-            })
-            .collect();
-        format!("gpu-{parent_minor}-mig-{profile}-{}", self.placement.start)
+        mig_device_name(parent_minor, &self.profile, self.placement.start)
     }
+}
+
+/// The device name kerf publishes for a MIG device of profile `profile` placed at memory slice
+/// `start` of GPU `parent_minor`: `gpu-<parent minor>-mig-<profile>-<start>`, the profile
+/// lower-cased with every character other than a letter or digit made `-`
+/// (`gpu-0-mig-1g-10gb-me-3` for `1g.10gb+me`).
+///
+/// Static MIG devices ([`MigDevice::device_name`]) and the placements of a dynamic-MIG GPU
+/// ([`crate::mig_catalog::GpuMigCatalog::placements`]) share it, so an instance created for a
+/// placement keeps the name it was allocated under.
+pub fn mig_device_name(parent_minor: u32, profile: &str, start: u32) -> String {
+    let profile: String = profile
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("gpu-{parent_minor}-mig-{profile}-{start}")
 }
 
 /// A device kerf publishes: a whole GPU or one MIG device of it.

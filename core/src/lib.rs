@@ -11,6 +11,8 @@
 //! - [`alloc`]: the controller's allocator: free-capacity index and pod placement.
 //! - [`mps`]: CUDA MPS daemon directories and client mounts, compute modes and time slices.
 //! - [`health`]: device faults, device health and the taints unhealthy devices get.
+//! - [`mig_catalog`]: MIG profiles, placements and shared counters of dynamic MIG.
+//! - [`mig_reconcile`]: which MIG instances a restarted plugin keeps, destroys or forgets.
 
 pub mod alloc;
 pub mod cdi;
@@ -20,6 +22,8 @@ pub mod error;
 pub mod fsutil;
 pub mod health;
 pub mod inventory;
+pub mod mig_catalog;
+pub mod mig_reconcile;
 pub mod mock;
 pub mod mps;
 pub mod names;
