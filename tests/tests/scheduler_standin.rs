@@ -93,7 +93,8 @@ fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, selector: GpuS
         },
     );
     class.metadata.uid = Some(format!("uid-{name}"));
-    let dc = kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller").unwrap();
+    let dc = kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller", false)
+        .unwrap();
     fake.insert_resource::<DeviceClass>(&dc);
 }
 

@@ -38,6 +38,11 @@ impl Opaque for CelQuantity {
 }
 
 impl CelQuantity {
+    /// The amount in units of 10⁻⁹ (exact for every quantity kerf publishes).
+    pub fn nanos(self) -> i128 {
+        self.nanos
+    }
+
     /// Parses a quantity string (`81559Mi`, `1.5Gi`, `500m`, `1e3`).
     ///
     /// # Errors

@@ -25,7 +25,7 @@ use kube::api::ListParams;
 use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 
-use super::{claim_key, pod_key};
+use super::pods::{claim_key, pod_key};
 use crate::fake_api::{FakeApi, StoreView};
 
 /// The objects a cycle decides from.

@@ -1,0 +1,635 @@
+//! The structured allocator for one node: finds devices for every request of a pod's
+//! unallocated claims, or reports that the node cannot serve them.
+//!
+//! Upstream: kubernetes/kubernetes
+//! `staging/src/k8s.io/dynamic-resource-allocation/structured/internal/incubating/allocator_incubating.go`
+//! (the variant 1.36 runs when any beta DRA feature is on):
+//! - `Allocate` / `allocateOne`: an exhaustive depth-first search, claim after claim and
+//!   request after request, devices in pool/slice order; the next device of the same request
+//!   is looked for after the previous one (combinations, not permutations), so one request
+//!   never gets the same device twice, while two requests may share a shareable device;
+//!   the first full solution wins;
+//! - `validateDeviceRequest`: `allocationMode: All` takes every selectable device whose
+//!   capacity check passes, and fails if any of them cannot be allocated;
+//! - `isSelectable` / `selectorsMatch`: the class's CEL selectors, then the request's; a CEL
+//!   error aborts the attempt ([`super::cel`]);
+//! - `allocateDevice`: a device allocated without `shareID` or being allocated exclusively
+//!   in this attempt is in use; untolerated NoSchedule/NoExecute taints refuse it;
+//!   `checkAvailableCounters` ([`super::counters`]), skipped for a shareable device that
+//!   already has consumed capacity; the claim's constraints ([`super::constraints`]); the
+//!   capacity check ([`super::capacity`]); a device with `allowMultipleAllocations` is not
+//!   marked in use, and its result gets `consumedCapacity` and a fresh `shareID`;
+//! - `GatherPools` (`pools_incubating.go`): only slices of a pool's newest generation count,
+//!   devices of an incomplete pool (fewer slices than `resourceSliceCount`) are not
+//!   allocated, and slices are local to the node by `nodeName`, `allNodes`, `nodeSelector`
+//!   or, with `perDeviceNodeSelection`, by each device's own fields;
+//! - `createNodeSelector`: a device from a node-local slice pins the allocation to the node.
+//!
+//! Differences: no scoring (none upstream either), configs are listed per request rather
+//! than merged per class, and the search gives up after [`MAX_STEPS`] steps as upstream's
+//! Filter gives up when its context ends.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, Device, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClass,
+    DeviceRequestAllocationResult, DeviceTaint, DeviceToleration, ExactDeviceRequest,
+    ResourceClaim, ResourceSlice,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+
+use super::SchedulerStandIn;
+use super::allocated::{AllocatedState, DeviceId, new_share_id};
+use super::capacity::{self, Amounts};
+use super::constraints::Constraint;
+use super::counters::{self, Counters};
+use super::pods::{claim_key, node_selector_matches};
+use super::snapshot::Snapshot;
+
+/// Most search steps one node may take before the attempt fails.
+pub const MAX_STEPS: usize = 200_000;
+
+/// A resource pool: (driver, pool name).
+type PoolId = (String, String);
+
+/// A pool's slices of its newest generation.
+struct Pool<'a> {
+    slices: Vec<&'a ResourceSlice>,
+    complete: bool,
+}
+
+/// A device a request's selectors accept on this node.
+struct Candidate<'a> {
+    id: DeviceId,
+    pool: PoolId,
+    device: &'a Device,
+    node_local: bool,
+}
+
+/// One request of one claim with its candidates.
+struct Request<'a> {
+    claim: usize,
+    name: &'a str,
+    exactly: &'a ExactDeviceRequest,
+    class: &'a DeviceClass,
+    all: bool,
+    count: usize,
+    candidates: Vec<Candidate<'a>>,
+}
+
+/// One device chosen for a request.
+struct Chosen {
+    request: String,
+    id: DeviceId,
+    node_local: bool,
+    share_id: Option<String>,
+    consumed: Option<BTreeMap<String, Quantity>>,
+}
+
+/// What one successful [`Search::allocate_device`] changed, to take it back.
+struct Undo {
+    claim: usize,
+    request: String,
+    shared: Option<(DeviceId, Amounts)>,
+    exclusive: Option<DeviceId>,
+    counters: Option<(PoolId, Counters)>,
+}
+
+/// The state of one node's search.
+struct Search<'a> {
+    state: &'a AllocatedState,
+    pools: BTreeMap<PoolId, Pool<'a>>,
+    available: HashMap<PoolId, Counters>,
+    requests: Vec<Request<'a>>,
+    constraints: Vec<Vec<Constraint>>,
+    exclusive: HashSet<DeviceId>,
+    capacity: HashMap<DeviceId, Amounts>,
+    counters: HashMap<PoolId, Counters>,
+    results: Vec<Vec<Chosen>>,
+    steps: usize,
+}
+
+/// Every pool's slices of its newest generation, with whether all of them are there.
+fn current_pools(snapshot: &Snapshot) -> BTreeMap<PoolId, Pool<'_>> {
+    let mut pools: BTreeMap<PoolId, Pool<'_>> = BTreeMap::new();
+    for slice in &snapshot.slices {
+        let id = (slice.spec.driver.clone(), slice.spec.pool.name.clone());
+        let pool = pools.entry(id).or_insert(Pool {
+            slices: Vec::new(),
+            complete: false,
+        });
+        match pool.slices.first().map(|s| s.spec.pool.generation) {
+            Some(generation) if generation > slice.spec.pool.generation => continue,
+            Some(generation) if generation < slice.spec.pool.generation => pool.slices.clear(),
+            _ => {}
+        }
+        pool.slices.push(slice);
+    }
+    for pool in pools.values_mut() {
+        pool.complete = pool.slices.first().is_some_and(|s| {
+            i64::try_from(pool.slices.len()).is_ok_and(|n| n == s.spec.pool.resource_slice_count)
+        });
+    }
+    pools
+}
+
+/// `NodeMatches`: by name, all nodes, or a node selector.
+fn node_matches(
+    node: &Node,
+    name: Option<&String>,
+    all: Option<bool>,
+    selector: Option<&NodeSelector>,
+) -> bool {
+    match (name, all, selector) {
+        (Some(name), _, _) => *name == node.name_any(),
+        (None, Some(true), _) => true,
+        (None, _, Some(selector)) => node_selector_matches(selector, node),
+        _ => false,
+    }
+}
+
+/// Upstream `ToleratesTaint` (kubernetes/kubernetes
+/// `staging/src/k8s.io/dynamic-resource-allocation/resourceclaim/devicetoleration.go`): an
+/// empty effect or key matches all, `Exists` any value, `Equal` (or empty) an equal value.
+fn tolerates_taint(toleration: &DeviceToleration, taint: &DeviceTaint) -> bool {
+    let effect = toleration.effect.as_deref().unwrap_or_default();
+    let key = toleration.key.as_deref().unwrap_or_default();
+    if (!effect.is_empty() && effect != taint.effect) || (!key.is_empty() && key != taint.key) {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or_default() {
+        "" | "Equal" => {
+            toleration.value.as_deref().unwrap_or_default()
+                == taint.value.as_deref().unwrap_or_default()
+        }
+        "Exists" => true,
+        _ => false,
+    }
+}
+
+/// `taintPreventsAllocation`: only NoSchedule and NoExecute taints count.
+fn tainted(device: &Device, tolerations: &[DeviceToleration]) -> bool {
+    device.taints.iter().flatten().any(|t| {
+        (t.effect == "NoSchedule" || t.effect == "NoExecute")
+            && !tolerations.iter().any(|tol| tolerates_taint(tol, t))
+    })
+}
+
+impl SchedulerStandIn {
+    /// The devices `class` and `exactly` select on `node`, in pool/slice/device order.
+    fn candidates<'a>(
+        &mut self,
+        pools: &BTreeMap<PoolId, Pool<'a>>,
+        node: &Node,
+        class: &DeviceClass,
+        exactly: &ExactDeviceRequest,
+    ) -> Result<Vec<Candidate<'a>>, String> {
+        let expressions: Vec<&str> = class
+            .spec
+            .selectors
+            .iter()
+            .flatten()
+            .chain(exactly.selectors.iter().flatten())
+            .filter_map(|s| s.cel.as_ref().map(|c| c.expression.as_str()))
+            .collect();
+        let mut candidates = Vec::new();
+        for (pool_id, pool) in pools.iter().filter(|(_, p)| p.complete) {
+            for slice in pool.slices.iter().copied() {
+                let spec = &slice.spec;
+                let per_device = spec.per_device_node_selection == Some(true);
+                let slice_local = node_matches(
+                    node,
+                    spec.node_name.as_ref(),
+                    spec.all_nodes,
+                    spec.node_selector.as_ref(),
+                );
+                'devices: for device in spec.devices.iter().flatten() {
+                    let (local, node_local) = if per_device {
+                        let name = device.node_name.as_ref();
+                        let local = node_matches(
+                            node,
+                            name,
+                            device.all_nodes,
+                            device.node_selector.as_ref(),
+                        );
+                        (local, name.is_some())
+                    } else {
+                        (slice_local, spec.node_name.is_some())
+                    };
+                    if !local {
+                        continue;
+                    }
+                    for expression in &expressions {
+                        let matched =
+                            self.cel
+                                .matches(expression, device, &spec.driver)
+                                .map_err(|e| {
+                                    format!(
+                                        "class {}: device {}/{}/{}: {e}",
+                                        class.name_any(),
+                                        spec.driver,
+                                        spec.pool.name,
+                                        device.name
+                                    )
+                                })?;
+                        if !matched {
+                            continue 'devices;
+                        }
+                    }
+                    candidates.push(Candidate {
+                        id: (
+                            spec.driver.clone(),
+                            spec.pool.name.clone(),
+                            device.name.clone(),
+                        ),
+                        pool: pool_id.clone(),
+                        device,
+                        node_local,
+                    });
+                }
+            }
+        }
+        Ok(candidates)
+    }
+
+    /// Allocates every request of `claims` on `node` (see the module documentation), given
+    /// what `state` says is allocated already. `Ok(None)`: the node cannot satisfy all
+    /// claims.
+    ///
+    /// # Errors
+    ///
+    /// A CEL error, an unsupported request or constraint, a quantity that does not parse,
+    /// a search that took too long: the cycle is aborted, as upstream's Filter error.
+    pub(super) fn allocate_on_node(
+        &mut self,
+        snapshot: &Snapshot,
+        node: &Node,
+        claims: &[&ResourceClaim],
+        state: &AllocatedState,
+    ) -> Result<Option<Vec<AllocationResult>>, String> {
+        let pools = current_pools(snapshot);
+        let mut requests = Vec::new();
+        let mut constraints = Vec::new();
+        for (index, claim) in claims.iter().enumerate() {
+            let devices = claim.spec.devices.as_ref();
+            constraints.push(
+                devices
+                    .iter()
+                    .flat_map(|d| d.constraints.iter().flatten())
+                    .enumerate()
+                    .map(|(i, c)| {
+                        Constraint::new(c, i)
+                            .map_err(|e| format!("claim {}: {e}", claim_key(claim)))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            );
+            for request in devices.iter().flat_map(|d| d.requests.iter().flatten()) {
+                let Some(exactly) = &request.exactly else {
+                    return Err(format!(
+                        "request {}: only `exactly` is supported",
+                        request.name
+                    ));
+                };
+                let Some(class) = snapshot.classes.get(&exactly.device_class_name) else {
+                    return Ok(None);
+                };
+                let candidates = self.candidates(&pools, node, class, exactly)?;
+                requests.push(Request {
+                    claim: index,
+                    name: &request.name,
+                    exactly,
+                    class,
+                    all: exactly.allocation_mode.as_deref() == Some("All"),
+                    count: usize::try_from(exactly.count.unwrap_or(1)).unwrap_or(0),
+                    candidates,
+                });
+            }
+        }
+        let mut search = Search {
+            state,
+            pools,
+            available: HashMap::new(),
+            requests,
+            constraints,
+            exclusive: HashSet::new(),
+            capacity: HashMap::new(),
+            counters: HashMap::new(),
+            results: claims.iter().map(|_| Vec::new()).collect(),
+            steps: 0,
+        };
+        search.narrow_all_requests()?;
+        if !search.allocate_one(0, 0, 0)? {
+            return Ok(None);
+        }
+        Ok(Some(search.into_results(claims, &node.name_any())))
+    }
+}
+
+impl Search<'_> {
+    /// `validateDeviceRequest` for `allocationMode: All`: keep the candidates whose capacity
+    /// check passes against what is allocated already.
+    fn narrow_all_requests(&mut self) -> Result<(), String> {
+        for request in self.requests.iter_mut().filter(|r| r.all) {
+            let wanted = request
+                .exactly
+                .capacity
+                .as_ref()
+                .and_then(|c| c.requests.as_ref());
+            let mut kept = Vec::new();
+            for candidate in request.candidates.drain(..) {
+                let consumed = capacity::request_consumption(wanted, candidate.device)?;
+                if let Some(consumed) = consumed
+                    && capacity::fits(
+                        &consumed,
+                        self.state.consumed(&candidate.id),
+                        None,
+                        candidate.device,
+                    )?
+                {
+                    kept.push(candidate);
+                }
+            }
+            request.candidates = kept;
+        }
+        Ok(())
+    }
+
+    /// `allocateOne`: the `device`-th device of request `request`, looked for from candidate
+    /// `start` on; true when everything from here on got allocated.
+    fn allocate_one(
+        &mut self,
+        request: usize,
+        device: usize,
+        start: usize,
+    ) -> Result<bool, String> {
+        self.steps += 1;
+        if self.steps > MAX_STEPS {
+            return Err(format!(
+                "filter operation aborted: no allocation found within {MAX_STEPS} steps"
+            ));
+        }
+        let Some(current) = self.requests.get(request) else {
+            return Ok(true);
+        };
+        let (all, found) = (current.all, current.candidates.len());
+        if all && found == 0 {
+            return Ok(false);
+        }
+        let needed = if all { found } else { current.count };
+        if device >= needed {
+            return self.allocate_one(request + 1, 0, 0);
+        }
+        if all {
+            let Some(undo) = self.allocate_device(request, device, true)? else {
+                return Ok(false);
+            };
+            if self.allocate_one(request, device + 1, 0)? {
+                return Ok(true);
+            }
+            self.undo(undo);
+            return Ok(false);
+        }
+        for index in start..found {
+            if let Some(undo) = self.allocate_device(request, index, false)? {
+                if self.allocate_one(request, device + 1, index + 1)? {
+                    return Ok(true);
+                }
+                self.undo(undo);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The pool's counters left after its allocated devices, computed once per attempt.
+    fn available(&mut self, pool: &PoolId) -> Result<&Counters, String> {
+        if !self.available.contains_key(pool) {
+            let slices = self
+                .pools
+                .get(pool)
+                .map(|p| p.slices.as_slice())
+                .unwrap_or_default();
+            let available = counters::available(slices, self.state)?;
+            self.available.insert(pool.clone(), available);
+        }
+        Ok(&self.available[pool])
+    }
+
+    /// `allocateDevice`: candidate `index` of request `request`, if it can be taken.
+    /// `must`: the caller gives up without this device, so a constraint that refuses it is
+    /// an error (as upstream).
+    fn allocate_device(
+        &mut self,
+        request: usize,
+        index: usize,
+        must: bool,
+    ) -> Result<Option<Undo>, String> {
+        let current = &self.requests[request];
+        let (claim, name, exactly) = (current.claim, current.name, current.exactly);
+        let candidate = &current.candidates[index];
+        let (id, pool, device) = (
+            candidate.id.clone(),
+            candidate.pool.clone(),
+            candidate.device,
+        );
+        let node_local = candidate.node_local;
+        let shareable = device.allow_multiple_allocations == Some(true);
+        if self.state.exclusive(&id) || self.exclusive.contains(&id) {
+            return Ok(None);
+        }
+        if tainted(device, exactly.tolerations.as_deref().unwrap_or_default()) {
+            return Ok(None);
+        }
+        let wanted = exactly.capacity.as_ref().and_then(|c| c.requests.as_ref());
+        let Some(consumed) = capacity::request_consumption(wanted, device)? else {
+            return Ok(None);
+        };
+        if !capacity::fits(
+            &consumed,
+            self.state.consumed(&id),
+            self.capacity.get(&id),
+            device,
+        )? {
+            return Ok(None);
+        }
+        let skip_counters =
+            shareable && (self.state.consumed(&id).is_some() || self.capacity.contains_key(&id));
+        let mut taken_counters = None;
+        if !skip_counters
+            && device
+                .consumes_counters
+                .as_ref()
+                .is_some_and(|c| !c.is_empty())
+        {
+            let mine = counters::consumption(device)?;
+            let mut total = self.counters.get(&pool).cloned().unwrap_or_default();
+            for (key, value) in &mine {
+                *total.entry(key.clone()).or_insert(0) += value;
+            }
+            if !counters::within(self.available(&pool)?, &total) {
+                return Ok(None);
+            }
+            taken_counters = Some(mine);
+        }
+        if !self.add_to_constraints(claim, name, device, &id.0) {
+            if must {
+                return Err(format!(
+                    "request {name}: cannot add device {}/{}/{} because a claim constraint would not be satisfied",
+                    id.0, id.1, id.2
+                ));
+            }
+            return Ok(None);
+        }
+        let mut undo = Undo {
+            claim,
+            request: name.to_owned(),
+            shared: None,
+            exclusive: None,
+            counters: None,
+        };
+        if let Some(mine) = taken_counters {
+            let total = self.counters.entry(pool.clone()).or_default();
+            for (key, value) in &mine {
+                *total.entry(key.clone()).or_insert(0) += value;
+            }
+            undo.counters = Some((pool, mine));
+        }
+        let (share_id, written) = if shareable {
+            let amounts: Amounts = consumed.iter().map(|(k, c)| (k.clone(), c.nanos)).collect();
+            let entry = self.capacity.entry(id.clone()).or_default();
+            for (key, value) in &amounts {
+                *entry.entry(key.clone()).or_insert(0) += value;
+            }
+            undo.shared = Some((id.clone(), amounts));
+            let written: BTreeMap<String, Quantity> =
+                consumed.into_iter().map(|(k, c)| (k, c.quantity)).collect();
+            (
+                Some(new_share_id()),
+                (!written.is_empty()).then_some(written),
+            )
+        } else {
+            self.exclusive.insert(id.clone());
+            undo.exclusive = Some(id.clone());
+            (None, None)
+        };
+        self.results[claim].push(Chosen {
+            request: name.to_owned(),
+            id,
+            node_local,
+            share_id,
+            consumed: written,
+        });
+        Ok(Some(undo))
+    }
+
+    /// Adds the device to every constraint of the claim, or to none when one refuses it.
+    fn add_to_constraints(
+        &mut self,
+        claim: usize,
+        request: &str,
+        device: &Device,
+        driver: &str,
+    ) -> bool {
+        let constraints = &mut self.constraints[claim];
+        for i in 0..constraints.len() {
+            if !constraints[i].add(request, device, driver) {
+                for earlier in &mut constraints[..i] {
+                    earlier.remove(request);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Takes back one [`Self::allocate_device`].
+    fn undo(&mut self, undo: Undo) {
+        for constraint in &mut self.constraints[undo.claim] {
+            constraint.remove(&undo.request);
+        }
+        if let Some(id) = undo.exclusive {
+            self.exclusive.remove(&id);
+        }
+        if let Some((id, amounts)) = undo.shared
+            && let Some(entry) = self.capacity.get_mut(&id)
+        {
+            for (key, value) in amounts {
+                *entry.entry(key).or_insert(0) -= value;
+            }
+            // `ConsumedCapacityCollection.Remove` forgets a device whose amounts are all 0.
+            if entry.values().all(|v| *v == 0) {
+                self.capacity.remove(&id);
+            }
+        }
+        if let Some((pool, mine)) = undo.counters
+            && let Some(total) = self.counters.get_mut(&pool)
+        {
+            for (key, value) in mine {
+                *total.entry(key).or_insert(0) -= value;
+            }
+        }
+        self.results[undo.claim].pop();
+    }
+
+    /// The allocation results, one per claim, in the order of `claims`.
+    fn into_results(self, claims: &[&ResourceClaim], node_name: &str) -> Vec<AllocationResult> {
+        let mut results = Vec::new();
+        for (index, (claim, chosen)) in claims.iter().zip(self.results).enumerate() {
+            let node_local = chosen.iter().any(|c| c.node_local);
+            let mut configs = Vec::new();
+            for request in self.requests.iter().filter(|r| r.claim == index) {
+                for config in request.class.spec.config.iter().flatten() {
+                    configs.push(DeviceAllocationConfiguration {
+                        source: "FromClass".to_owned(),
+                        requests: Some(vec![request.name.to_owned()]),
+                        opaque: config.opaque.clone(),
+                    });
+                }
+            }
+            for config in claim
+                .spec
+                .devices
+                .iter()
+                .flat_map(|d| d.config.iter().flatten())
+            {
+                configs.push(DeviceAllocationConfiguration {
+                    source: "FromClaim".to_owned(),
+                    requests: config.requests.clone(),
+                    opaque: config.opaque.clone(),
+                });
+            }
+            let request_results = chosen
+                .into_iter()
+                .map(|c| DeviceRequestAllocationResult {
+                    request: c.request,
+                    driver: c.id.0,
+                    pool: c.id.1,
+                    device: c.id.2,
+                    share_id: c.share_id,
+                    consumed_capacity: c.consumed,
+                    ..DeviceRequestAllocationResult::default()
+                })
+                .collect();
+            let node_selector = node_local.then(|| NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_fields: Some(vec![NodeSelectorRequirement {
+                        key: "metadata.name".to_owned(),
+                        operator: "In".to_owned(),
+                        values: Some(vec![node_name.to_owned()]),
+                    }]),
+                    match_expressions: None,
+                }],
+            });
+            results.push(AllocationResult {
+                devices: Some(DeviceAllocationResult {
+                    results: Some(request_results),
+                    config: (!configs.is_empty()).then_some(configs),
+                }),
+                node_selector,
+                allocation_timestamp: None,
+            });
+        }
+        results
+    }
+}

@@ -1,0 +1,305 @@
+//! Consumable capacity (DRAConsumableCapacity, beta and on in 1.36): what one allocation of a
+//! device consumes and whether it still fits next to the device's other shares.
+//!
+//! Upstream: kubernetes/kubernetes
+//! `staging/src/k8s.io/dynamic-resource-allocation/structured/internal/incubating/consumable_capacity.go`,
+//! in its 1.36 form (`CmpRequestOverCapacity` taking the request and the device's capacity
+//! map). What is kept:
+//! - a request naming a capacity the device does not publish skips the device ("some
+//!   requested capacity has not been defined"); the lookup is by the **exact** key, as in
+//!   1.36 (`requestsContainNonExistCapacity`; later releases also resolve `<driver>/name`);
+//! - every capacity of the device is consumed (`calculateConsumedCapacity`): not requested →
+//!   the policy's `default`, or the full value when there is no policy
+//!   (`fillEmptyRequest`); requested without a policy → the request as is; with `validRange`
+//!   → below `min` gives `min`, otherwise rounded up to `min + n·step` (`roundUpRange`); with
+//!   `validValues` → the smallest valid value at or above the request, else the request
+//!   (`roundUpValidValues`);
+//! - `violatesPolicy`: a value equal to `default` never violates; above `max`, off the
+//!   step grid or not among `validValues` does, and skips the device;
+//! - the device fits when, for every capacity, existing shares + shares allocated earlier in
+//!   this attempt + this one ≤ the capacity's value.
+//!
+//! Simplification: amounts are exact in units of 10⁻⁹ instead of upstream's `Value()`
+//! integer arithmetic; the two agree for whole-number quantities such as kerf's bytes and
+//! percent. `violatesPolicy` compares `default` by value, where upstream compares the Go
+//! structs (same value in the same notation).
+
+use std::collections::{BTreeMap, HashMap};
+
+use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, Device, DeviceCapacity};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::cel::CelQuantity;
+
+/// Amounts per capacity (or counter) name, in units of 10⁻⁹.
+pub(super) type Amounts = HashMap<String, i128>;
+
+const NANOS_PER_UNIT: i128 = 1_000_000_000;
+
+/// A quantity's exact amount in units of 10⁻⁹.
+///
+/// # Errors
+///
+/// A message naming `what` and the text when it is not a quantity.
+pub(super) fn amount(quantity: &Quantity, what: &str) -> Result<i128, String> {
+    CelQuantity::parse(&quantity.0)
+        .map(CelQuantity::nanos)
+        .map_err(|e| format!("{what}: {e}"))
+}
+
+/// One capacity's consumption: the amount and the quantity written into `consumedCapacity`.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Consumed {
+    pub nanos: i128,
+    pub quantity: Quantity,
+}
+
+impl Consumed {
+    fn of(quantity: &Quantity, what: &str) -> Result<Self, String> {
+        Ok(Self {
+            nanos: amount(quantity, what)?,
+            quantity: quantity.clone(),
+        })
+    }
+}
+
+/// What a request consumes of every capacity of `device`, by capacity name, or `None` when
+/// the device cannot serve it (an unknown capacity requested, or a policy violated).
+///
+/// # Errors
+///
+/// A quantity that does not parse, naming the device and capacity.
+pub(super) fn request_consumption(
+    requests: Option<&BTreeMap<String, Quantity>>,
+    device: &Device,
+) -> Result<Option<BTreeMap<String, Consumed>>, String> {
+    let capacities = device.capacity.as_ref();
+    if requests
+        .into_iter()
+        .flatten()
+        .any(|(name, _)| !capacities.is_some_and(|c| c.contains_key(name)))
+    {
+        return Ok(None);
+    }
+    let mut consumed = BTreeMap::new();
+    for (name, capacity) in capacities.into_iter().flatten() {
+        let what = format!("device {} capacity {name}", device.name);
+        let requested = requests.and_then(|r| r.get(name));
+        let amount = consumption(requested, capacity, &what)?;
+        if violates_policy(amount.nanos, capacity.request_policy.as_ref(), &what)? {
+            return Ok(None);
+        }
+        consumed.insert(name.clone(), amount);
+    }
+    Ok(Some(consumed))
+}
+
+/// Whether `consumed` fits next to `existing` (allocations in the API) and `allocating`
+/// (earlier shares of this attempt) within every capacity's value.
+///
+/// # Errors
+///
+/// A capacity value that does not parse.
+pub(super) fn fits(
+    consumed: &BTreeMap<String, Consumed>,
+    existing: Option<&Amounts>,
+    allocating: Option<&Amounts>,
+    device: &Device,
+) -> Result<bool, String> {
+    for (name, capacity) in device.capacity.iter().flatten() {
+        let value = amount(
+            &capacity.value,
+            &format!("device {} capacity {name}", device.name),
+        )?;
+        let total = existing.and_then(|e| e.get(name)).copied().unwrap_or(0)
+            + allocating.and_then(|a| a.get(name)).copied().unwrap_or(0)
+            + consumed.get(name).map_or(0, |c| c.nanos);
+        if total > value {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// `calculateConsumedCapacity` for one capacity.
+fn consumption(
+    requested: Option<&Quantity>,
+    capacity: &DeviceCapacity,
+    what: &str,
+) -> Result<Consumed, String> {
+    let policy = capacity.request_policy.as_ref();
+    let Some(requested) = requested else {
+        return Consumed::of(
+            policy
+                .and_then(|p| p.default.as_ref())
+                .unwrap_or(&capacity.value),
+            what,
+        );
+    };
+    let Some(policy) = policy else {
+        return Consumed::of(requested, what);
+    };
+    let value = amount(requested, what)?;
+    if let Some(range) = &policy.valid_range {
+        let min = amount(&range.min, &format!("{what} validRange.min"))?;
+        if value < min {
+            return Consumed::of(&range.min, what);
+        }
+        let Some(step_quantity) = &range.step else {
+            return Consumed::of(requested, what);
+        };
+        let step = amount(step_quantity, &format!("{what} validRange.step"))?;
+        if step <= 0 {
+            return Err(format!("{what}: validRange.step must be positive"));
+        }
+        let steps = (value - min + step - 1) / step;
+        let nanos = min + steps * step;
+        let binary = step_quantity.0.ends_with('i');
+        return Ok(Consumed {
+            nanos,
+            quantity: Quantity(format_amount(nanos, binary)),
+        });
+    }
+    if let Some(values) = &policy.valid_values {
+        for valid in values {
+            if value <= amount(valid, &format!("{what} validValues"))? {
+                return Consumed::of(valid, what);
+            }
+        }
+    }
+    Consumed::of(requested, what)
+}
+
+/// `violatesPolicy`.
+fn violates_policy(
+    nanos: i128,
+    policy: Option<&CapacityRequestPolicy>,
+    what: &str,
+) -> Result<bool, String> {
+    let Some(policy) = policy else {
+        return Ok(false);
+    };
+    if let Some(default) = &policy.default
+        && amount(default, &format!("{what} default"))? == nanos
+    {
+        return Ok(false);
+    }
+    if let Some(range) = &policy.valid_range {
+        if let Some(max) = &range.max
+            && nanos > amount(max, &format!("{what} validRange.max"))?
+        {
+            return Ok(true);
+        }
+        if let Some(step) = &range.step {
+            let step = amount(step, &format!("{what} validRange.step"))?;
+            let min = amount(&range.min, &format!("{what} validRange.min"))?;
+            return Ok(step > 0 && (nanos - min) % step != 0);
+        }
+        return Ok(false);
+    }
+    if let Some(values) = policy.valid_values.as_ref().filter(|v| !v.is_empty()) {
+        for valid in values {
+            if amount(valid, &format!("{what} validValues"))? == nanos {
+                return Ok(false);
+            }
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// A quantity's canonical text, as `resource.NewQuantity(v, format).String()` writes it:
+/// the largest binary (`Ki`…`Ei`) or decimal (`k`…`E`) suffix that divides the value
+/// exactly, plain digits otherwise; below one unit, milli or nano units.
+fn format_amount(nanos: i128, binary: bool) -> String {
+    if nanos % NANOS_PER_UNIT != 0 {
+        return if nanos % 1_000_000 == 0 {
+            format!("{}m", nanos / 1_000_000)
+        } else {
+            format!("{nanos}n")
+        };
+    }
+    let value = nanos / NANOS_PER_UNIT;
+    if value == 0 {
+        return "0".to_owned();
+    }
+    let (base, suffixes): (i128, [&str; 6]) = if binary {
+        (1024, ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])
+    } else {
+        (1000, ["k", "M", "G", "T", "P", "E"])
+    };
+    let mut scaled = value;
+    let mut suffix = "";
+    for candidate in suffixes {
+        if scaled % base != 0 {
+            break;
+        }
+        scaled /= base;
+        suffix = candidate;
+    }
+    format!("{scaled}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::CapacityRequestPolicyRange;
+
+    fn q(text: &str) -> Quantity {
+        Quantity(text.to_owned())
+    }
+
+    fn memory_device() -> Device {
+        let capacity = DeviceCapacity {
+            value: q("80Gi"),
+            request_policy: Some(CapacityRequestPolicy {
+                default: Some(q("80Gi")),
+                valid_range: Some(CapacityRequestPolicyRange {
+                    min: q("1Gi"),
+                    max: Some(q("80Gi")),
+                    step: Some(q("1Gi")),
+                }),
+                valid_values: None,
+            }),
+        };
+        Device {
+            name: "gpu-0".to_owned(),
+            capacity: Some(BTreeMap::from([("memory".to_owned(), capacity)])),
+            ..Device::default()
+        }
+    }
+
+    fn consumed_memory(request: Option<&str>) -> Option<String> {
+        let requests = request.map(|r| BTreeMap::from([("memory".to_owned(), q(r))]));
+        request_consumption(requests.as_ref(), &memory_device())
+            .unwrap()
+            .map(|c| c["memory"].quantity.0.clone())
+    }
+
+    #[test]
+    fn requests_round_up_to_the_step_and_default_when_absent() {
+        assert_eq!(consumed_memory(Some("10Gi")).as_deref(), Some("10Gi"));
+        assert_eq!(consumed_memory(Some("9.5Gi")).as_deref(), Some("10Gi"));
+        assert_eq!(consumed_memory(Some("100Mi")).as_deref(), Some("1Gi"));
+        assert_eq!(consumed_memory(None).as_deref(), Some("80Gi"));
+        assert_eq!(consumed_memory(Some("81Gi")), None, "above max");
+    }
+
+    #[test]
+    fn an_unknown_capacity_skips_the_device() {
+        let requests = BTreeMap::from([("gpu.kerf.dev/memory".to_owned(), q("1Gi"))]);
+        assert_eq!(
+            request_consumption(Some(&requests), &memory_device()).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn amounts_format_like_kubernetes() {
+        assert_eq!(format_amount(30 * NANOS_PER_UNIT, false), "30");
+        assert_eq!(format_amount(2000 * NANOS_PER_UNIT, false), "2k");
+        assert_eq!(format_amount((3 << 30) * NANOS_PER_UNIT, true), "3Gi");
+        assert_eq!(format_amount(1500 * NANOS_PER_UNIT, true), "1500");
+        assert_eq!(format_amount(500_000_000, false), "500m");
+    }
+}
