@@ -267,9 +267,13 @@ struct Harness {
 
 impl Harness {
     async fn start(fake: &FakeApi) -> Self {
-        let dc =
-            kerf_controller::deviceclass::device_class(&slices_class(), DRIVER, "kerf-controller")
-                .unwrap();
+        let dc = kerf_controller::deviceclass::device_class(
+            &slices_class(),
+            DRIVER,
+            "kerf-controller",
+            true,
+        )
+        .unwrap();
         fake.insert_resource::<DeviceClass>(&dc);
         let client = fake.client();
         let (caches, fill) = Caches::start(&client, DRIVER);

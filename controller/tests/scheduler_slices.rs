@@ -161,8 +161,12 @@ async fn conflicting_sliced_classes_are_not_ready_and_name_the_gpu() {
     slices(&fake, "node-0");
     for (name, compute) in [("a", 25), ("b", 50)] {
         let spec = sliced_spec(compute, name == "a");
-        fake.insert_resource(&GpuClass::new(name, spec.clone()));
-        fake.insert_resource(&device_class_of(name, spec));
+        let class = fake.insert_resource(&GpuClass::new(name, spec));
+        // The DeviceClass as the reconciler wrote it, owned by the stored class.
+        let dc =
+            kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller", true)
+                .unwrap();
+        fake.insert_resource(&dc);
     }
     let ctx = class_context(&fake, ApiSupport::all_served()).await;
     for name in ["a", "b"] {
@@ -413,7 +417,7 @@ fn gpu_device(name: &str) -> Device {
         .unwrap()
         .remove(0);
     let mut device = spec.devices.take().unwrap().remove(0);
-    device.name = name.to_owned();
+    name.clone_into(&mut device.name);
     device
 }
 

@@ -207,7 +207,9 @@ async fn a_server_that_drops_the_field_gets_one_probe_one_log_line_and_no_loop()
         .into_iter()
         .filter(|r| r.matches("create", DEVICE_CLASSES) && r.query.contains("dryRun=All"))
         .count();
-    assert_eq!(probes, 1, "one probe per term");
+    // One dry-run DeviceClass per probed feature and term: extendedResourceName and
+    // consumable capacity (`device.allowMultipleAllocations` in a selector).
+    assert_eq!(probes, 2, "one probe per feature and term");
     assert_eq!(fake.count("patch", &format!("{DEVICE_CLASSES}/whole")), 1);
     // Status writes: the first, then the free memory after the node and the claim.
     let status_writes = fake.count("patch", &format!("{GPU_CLASSES}/whole/status"));
