@@ -13,6 +13,9 @@ use crate::error::{Error, Result};
 use crate::params::{OpaqueConfig, SliceDevice, decode_opaque, join};
 use crate::quantity::format_bytes;
 
+mod share;
+pub use share::{CONSUMED_COMPUTE, CONSUMED_MEMORY, ShareConsumption};
+
 /// `source` of a config copied from the DeviceClass.
 pub const SOURCE_FROM_CLASS: &str = "FromClass";
 /// `source` of a config copied from the claim (or written by kerf's controller).
@@ -41,6 +44,9 @@ pub struct AllocatedDevice {
     /// The GPU UUID the allocator placed the slice on (from a `GpuSliceAllocation`), so the
     /// node can refuse to prepare it on a different GPU that took the same name.
     pub expected_gpu_uuid: Option<String>,
+    /// For a scheduler share (`shareID`/`consumedCapacity`) until
+    /// [`AllocatedDevice::finish_share`] has compared it with its GPU: what it consumed.
+    pub share: Option<ShareConsumption>,
 }
 
 /// Resolves the devices of `claim` that belong to `driver`, in result order.
@@ -50,6 +56,12 @@ pub struct AllocatedDevice {
 /// claim configs, each in list order, later ones overriding earlier ones field by field. A
 /// `GpuSliceAllocation` entry naming the device gives its exact limits and sharing and wins.
 /// Configs of other drivers are not decoded.
+///
+/// A result kube-scheduler allocated as a share of a shareable GPU (`shareID` and
+/// `consumedCapacity`, no `GpuSliceAllocation` entry) is a slice of its consumed `memory` and
+/// `compute`, shared as its configs say or, when they name no sharing (or Exclusive, which
+/// a share cannot be), by MPS until [`AllocatedDevice::finish_share`] applies the Node's shared
+/// publication.
 ///
 /// The time slice interval of a device whose sharing resolves to TimeSlicing is the
 /// `GpuSliceAllocation` entry's when it names one (kerf's controller), else the last
@@ -64,7 +76,9 @@ pub struct AllocatedDevice {
 /// - [`Error::InvalidConfig`] when a config of this driver does not decode, with the path
 ///   `status.allocation.devices.config[i].opaque.parameters…`, or when a claim's memory is not a
 ///   multiple of its class's memory granularity.
-/// - [`Error::InvalidAllocation`] for a config `source` other than FromClass or FromClaim.
+/// - [`Error::InvalidAllocation`] for a config `source` other than FromClass or FromClaim, or
+///   a share whose `consumedCapacity.memory` is missing, zero or not a quantity of bytes, or
+///   whose `consumedCapacity.compute` is not a percent.
 pub fn resolve_allocation(claim: &ResourceClaim, driver: &str) -> Result<Vec<AllocatedDevice>> {
     let name = claim_name(claim);
     let allocation = claim
@@ -82,14 +96,17 @@ pub fn resolve_allocation(claim: &ResourceClaim, driver: &str) -> Result<Vec<All
         .and_then(|d| d.config.as_deref())
         .unwrap_or_default();
 
-    let ours: Vec<&DeviceRequestAllocationResult> =
-        results.iter().filter(|r| r.driver == driver).collect();
+    let ours: Vec<(usize, &DeviceRequestAllocationResult)> = results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.driver == driver)
+        .collect();
     if ours.is_empty() {
         return Err(no_results_error(name, driver, results));
     }
     let configs = driver_configs(&name, configs, driver)?;
     ours.into_iter()
-        .map(|result| resolve_device(result, &configs))
+        .map(|(index, result)| resolve_device(&name, index, result, &configs))
         .collect()
 }
 
@@ -202,6 +219,8 @@ struct Memory {
 }
 
 fn resolve_device(
+    claim: &str,
+    index: usize,
     result: &DeviceRequestAllocationResult,
     configs: &[DecodedConfig],
 ) -> Result<AllocatedDevice> {
@@ -210,14 +229,31 @@ fn resolve_device(
         merge(&mut merged, config, result)?;
     }
     check_granularity(&merged)?;
-    let (limits, sharing) = match merged.slice {
-        Some(slice) => (slice.limits(), slice.sharing),
-        None => (
+    let share = match merged.slice {
+        Some(_) => None,
+        None => share::consumed(claim, index, result)?,
+    };
+    let (limits, sharing, share) = match (merged.slice, share) {
+        (Some(slice), _) => (slice.limits(), slice.sharing, None),
+        (None, Some((mut consumed, compute))) => {
+            // A share runs beside others; Exclusive from a class meant for whole GPUs cannot
+            // hold, so it counts as naming no sharing.
+            let configured = merged.sharing.filter(|s| *s != Sharing::Exclusive);
+            consumed.granularity = merged.granularity.as_ref().map(|(g, _)| *g);
+            consumed.sharing_configured = configured.is_some();
+            let limits = SliceLimits {
+                memory_bytes: Some(consumed.memory_bytes),
+                compute_percent: compute,
+            };
+            (limits, configured.unwrap_or(Sharing::Mps), Some(consumed))
+        }
+        (None, None) => (
             SliceLimits {
                 memory_bytes: merged.memory.as_ref().map(|m| m.bytes),
                 compute_percent: merged.compute,
             },
             merged.sharing.unwrap_or_default(),
+            None,
         ),
     };
     // A claim may override the class's TimeSlicing with another strategy; the class's
@@ -241,6 +277,7 @@ fn resolve_device(
         sharing,
         time_slice_interval,
         expected_gpu_uuid: merged.slice.map(|slice| slice.gpu_uuid.clone()),
+        share,
     })
 }
 

@@ -66,6 +66,7 @@ fn whole_gpu_without_config() {
             sharing: Sharing::Exclusive,
             time_slice_interval: TimeSliceInterval::Default,
             expected_gpu_uuid: None,
+            share: None,
         }
     );
 }
@@ -89,6 +90,7 @@ fn results_of_other_drivers_are_ignored_and_order_is_kept() {
 fn share_id_and_admin_access_are_carried() {
     let mut shared = result("gpu", DRIVER, "gpu-0");
     shared["shareID"] = json!("7e6c1f5a-0000-4000-8000-000000000001");
+    shared["consumedCapacity"] = json!({ "memory": "10Gi", "compute": "100" });
     shared["adminAccess"] = json!(true);
     let device = only(resolve(&[shared], &[]));
     assert_eq!(

@@ -3,12 +3,14 @@
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::AllocatedDevice;
+use kerf_api::shared_publication::SharedPublication;
 use kerf_core::cdi;
 use kerf_core::checkpoint::DeviceRecord;
 use kerf_core::inventory::DeviceRef;
 use kerf_proto::PreparedDevice;
 
 use crate::Result;
+use crate::prepare_error::PrepareError;
 
 /// The pod claim name of a claim made from a ResourceClaimTemplate (its
 /// `resource.kubernetes.io/pod-claim-name` annotation, see [`cdi::POD_CLAIM_NAME_ANNOTATION`]),
@@ -37,7 +39,9 @@ pub(super) fn parent_request(request: &str) -> &str {
         .map_or(request, |(parent, _)| parent)
 }
 
-/// Two preparations of one device conflict unless both share it.
+/// Two preparations of one device conflict unless both share it: slices (the controller's or
+/// the scheduler's shares) coexist, a whole GPU (with or without a share ID: a scheduler share
+/// of all its memory is whole) coexists with nothing.
 pub(super) fn conflicts(held: &DeviceRecord, wanted: &DeviceRecord) -> bool {
     if held.admin_access || wanted.admin_access {
         return false;
@@ -46,17 +50,61 @@ pub(super) fn conflicts(held: &DeviceRecord, wanted: &DeviceRecord) -> bool {
 }
 
 pub(super) fn is_exclusive(record: &DeviceRecord) -> bool {
-    record.share_id.is_none()
-        && record.limits.is_whole()
-        && record.sharing == kerf_core::slice::Sharing::Exclusive
+    record.limits.is_whole() && record.sharing == kerf_core::slice::Sharing::Exclusive
 }
 
+/// `device` with its scheduler share completed against the GPU it is on
+/// ([`AllocatedDevice::finish_share`]) and the Node's shared publication.
+///
+/// # Errors
+/// A share that consumed more memory than the GPU has, naming
+/// `status.allocation.devices.results[i].consumedCapacity.memory` and the value.
+#[cfg_attr(
+    not(test),
+    expect(
+        dead_code,
+        reason = "Preparer::plan_devices (preparer.rs) is to call it before device_record with the publisher's SharedPublicationHandle"
+    )
+)]
+pub(super) fn finished_share(
+    found: DeviceRef<'_>,
+    device: &AllocatedDevice,
+    publication: &SharedPublication,
+) -> Result<AllocatedDevice> {
+    let mut device = device.clone();
+    device
+        .finish_share(memory_of(found), publication.get(&device.device))
+        .map_err(PrepareError::Allocation)?;
+    Ok(device)
+}
+
+fn memory_of(found: DeviceRef<'_>) -> u64 {
+    match found {
+        DeviceRef::Gpu(gpu) => gpu.memory_bytes,
+        DeviceRef::Mig { mig, .. } => mig.memory_bytes,
+    }
+}
+
+/// The checkpoint record of `device`. A scheduler share not yet completed by
+/// [`finished_share`] is completed here without the Node's publication (MPS, whole only at
+/// exactly the GPU's memory); one larger than the GPU keeps its consumed memory as its limit.
 pub(super) fn device_record(
     found: DeviceRef<'_>,
     device: &AllocatedDevice,
     request: String,
     cdi_id: String,
 ) -> DeviceRecord {
+    let finished;
+    let device = if device.share.is_some() {
+        let mut copy = device.clone();
+        if let Err(e) = copy.finish_share(memory_of(found), None) {
+            tracing::debug!(error = %e, "share larger than its GPU; prepared with its consumed memory as the limit");
+        }
+        finished = copy;
+        &finished
+    } else {
+        device
+    };
     let (gpu_minor, mig) = match found {
         DeviceRef::Gpu(gpu) => (gpu.minor, None),
         DeviceRef::Mig { parent, mig } => (
@@ -95,4 +143,77 @@ pub(super) fn results_of(devices: &[DeviceRecord]) -> Vec<PreparedDevice> {
             share_id: d.share_id.clone(),
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    use kerf_api::shared_publication::SharedSlicing;
+    use kerf_core::slice::Sharing;
+    use serde_json::json;
+
+    use super::*;
+
+    fn share(memory: &str) -> AllocatedDevice {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": { "namespace": "ns", "name": "c", "uid": "u" },
+            "spec": {},
+            "status": { "allocation": { "devices": { "results": [{
+                "request": "gpu", "driver": "gpu.kerf.dev", "pool": "n", "device": "gpu-0",
+                "shareID": "s", "consumedCapacity": { "memory": memory, "compute": "30" } }] } } },
+        }))
+        .unwrap();
+        kerf_api::resolve_allocation(&claim, "gpu.kerf.dev")
+            .unwrap()
+            .remove(0)
+    }
+
+    fn record(device: &AllocatedDevice) -> DeviceRecord {
+        let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
+        let found = inventory.device("gpu-0").unwrap();
+        device_record(found, device, "gpu".into(), "k/c=x".into())
+    }
+
+    #[test]
+    fn shares_coexist_and_a_whole_share_excludes_them() {
+        let small = record(&share("10Gi"));
+        assert_eq!(small.limits.memory_bytes, Some(10 << 30));
+        assert_eq!(small.sharing, Sharing::Mps);
+        assert!(!conflicts(&small, &record(&share("20Gi"))));
+        let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
+        let found = inventory.device("gpu-0").unwrap();
+        let whole = record(&share(&found.gpu().memory_bytes.to_string()));
+        assert!(whole.limits.is_whole() && whole.share_id.is_some());
+        assert!(conflicts(&small, &whole) && conflicts(&whole, &small));
+        let mut exclusive = small.clone();
+        exclusive.share_id = None;
+        exclusive.limits = kerf_core::slice::SliceLimits::default();
+        exclusive.sharing = Sharing::Exclusive;
+        assert!(conflicts(&exclusive, &small));
+    }
+
+    #[test]
+    fn the_publication_completes_a_share_and_refuses_one_larger_than_the_gpu() {
+        let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
+        let found = inventory.device("gpu-0").unwrap();
+        let mut publication = SharedPublication::default();
+        publication.0.insert(
+            "gpu-0".into(),
+            SharedSlicing {
+                memory_granularity_bytes: 1 << 30,
+                default_compute_percent: None,
+                max_slices_per_gpu: None,
+                sharing: None,
+            },
+        );
+        let grid = found.gpu().memory_bytes >> 30 << 30;
+        let whole = finished_share(found, &share(&grid.to_string()), &publication).unwrap();
+        assert!(whole.limits.is_whole());
+        assert_eq!(whole.sharing, Sharing::Exclusive);
+        let error = finished_share(found, &share("1Ti"), &publication).unwrap_err();
+        assert!(
+            error.to_string().contains("consumedCapacity.memory"),
+            "{error}"
+        );
+    }
 }
