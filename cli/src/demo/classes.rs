@@ -87,7 +87,8 @@ pub fn build(manifests: &Manifests, driver: &str) -> Classes {
                 "DeviceClass {name:?} exists and is not owned by this GpuClass; the controller leaves it alone"
             ))
         } else {
-            match kerf_controller::deviceclass::device_class(&gpu_class, driver, MANAGER) {
+            // The demo's in-memory cluster serves no DRAConsumableCapacity: classes as on 1.34/1.35.
+            match kerf_controller::deviceclass::device_class(&gpu_class, driver, MANAGER, false) {
                 Ok(device_class) => {
                     classes.device_classes.insert(name.clone(), device_class);
                     None
