@@ -1,0 +1,411 @@
+//! Scheduler slices at prepare: results kube-scheduler allocated as shares of a shareable GPU
+//! (`shareID` + `consumedCapacity`, DRAConsumableCapacity) against the in-memory API server and
+//! the fake kubelet, as tests/tests/plugin.rs does for whole GPUs and controller slices.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::needless_pass_by_value,
+    dead_code
+)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
+use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_proto::client::{Claim, DraVersion, KNOWN_SERVICES, KubeletClient, RegisteredPlugin};
+use kerf_tests::fake_api::FakeApi;
+use serde_json::{Value, json};
+
+const DRIVER: &str = "gpu.kerf.dev";
+const NODE: &str = "node-1";
+
+struct Node {
+    _root: tempfile::TempDir,
+    root: PathBuf,
+    api: FakeApi,
+}
+
+impl Node {
+    fn new() -> Self {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().to_owned();
+        std::fs::write(path.join("boot_id"), "boot-1\n").unwrap();
+        make_driver_root(&path.join("driver-root"));
+        Node {
+            _root: root,
+            root: path,
+            api: FakeApi::new(),
+        }
+    }
+
+    fn config(&self) -> PluginConfig {
+        PluginConfig {
+            driver_name: DRIVER.into(),
+            node_name: NODE.into(),
+            registration_socket: self
+                .root
+                .join("registry")
+                .join(format!("{DRIVER}-reg.sock")),
+            dra_socket: self.root.join("plugins").join(DRIVER).join("dra.sock"),
+            cdi_dir: self.root.join("cdi"),
+            checkpoint_file: self
+                .root
+                .join("plugins")
+                .join(DRIVER)
+                .join("checkpoint.json"),
+            driver_root: self.root.join("driver-root"),
+            discovery: Discovery::MockProfile("h100-sxm-80gb".into()),
+            mock_device_node: PathBuf::from("/dev/null"),
+            publish_resources: false,
+            resync_period: Duration::from_secs(600),
+            metrics_address: None,
+            boot_id_file: self.root.join("boot_id"),
+            gpu_tools_root: None,
+            mps_root: self.root.join("mps"),
+            mps_stop_timeout: Duration::from_secs(10),
+            mps_check_interval: Duration::from_secs(5),
+        }
+    }
+
+    async fn start(&self) -> RunningPlugin {
+        let config = self.config();
+        let inventory = plugin::discover(&config).unwrap();
+        let connections = Connections {
+            device_status: None,
+            claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
+            publisher: None,
+            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
+        };
+        plugin::start(&config, inventory, connections)
+            .await
+            .unwrap()
+    }
+
+    async fn kubelet(&self, known: &[&str]) -> RegisteredPlugin {
+        KubeletClient::new()
+            .knowing(known)
+            .register(&self.config().registration_socket)
+            .await
+            .unwrap()
+    }
+
+    fn cdi_files(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.root.join("cdi"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn cdi_spec(&self, uid: &str) -> Value {
+        let path = self
+            .root
+            .join("cdi")
+            .join(format!("k8s.{DRIVER}-gpu_{uid}.json"));
+        serde_json::from_slice(
+            &std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+        )
+        .unwrap()
+    }
+
+    fn checkpoint(&self) -> Value {
+        serde_json::from_slice(&std::fs::read(self.config().checkpoint_file).unwrap()).unwrap()
+    }
+
+    fn add_claim(&self, claim: Value) {
+        self.api.insert(claim);
+    }
+}
+
+/// A driver root with the files a real one has, so that the mounts can be checked.
+fn make_driver_root(root: &std::path::Path) {
+    let lib = root.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::write(lib.join("libcuda.so.570.124.06"), b"elf").unwrap();
+    std::os::unix::fs::symlink("libcuda.so.570.124.06", lib.join("libcuda.so.1")).unwrap();
+    std::fs::write(lib.join("libnvidia-ml.so.570.124.06"), b"elf").unwrap();
+    let bin = root.join("usr/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::write(bin.join("nvidia-smi"), b"#!/bin/sh\n").unwrap();
+}
+
+/// A ResourceClaim allocated on this node with the given (request, driver, pool, device) results.
+fn allocated_claim(
+    name: &str,
+    uid: &str,
+    results: &[(&str, &str, &str, &str)],
+    config: Value,
+) -> Value {
+    let results: Vec<Value> = results
+        .iter()
+        .map(|(request, driver, pool, device)| json!({"request": request, "driver": driver, "pool": pool, "device": device}))
+        .collect();
+    json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.kerf.dev"}}]}},
+        "status": {"allocation": {"devices": {"results": results, "config": config}}}
+    })
+}
+
+fn whole_gpu_claim(name: &str, uid: &str, device: &str) -> Value {
+    allocated_claim(name, uid, &[("gpu", DRIVER, NODE, device)], json!([]))
+}
+
+const UID_A: &str = "11111111-1111-4111-8111-111111111111";
+const UID_B: &str = "22222222-2222-4222-8222-222222222222";
+const UID_C: &str = "33333333-3333-4333-8333-333333333333";
+
+fn claim(name: &str, uid: &str) -> Claim {
+    Claim::new("default", name, uid)
+}
+
+fn mock_uuid(node: &Node, minor: u32) -> String {
+    let inventory = plugin::discover(&node.config()).unwrap();
+    inventory.gpu_by_minor(minor).unwrap().uuid.clone()
+}
+
+const SHARE_A: &str = "aaaaaaaa-0000-4000-8000-000000000001";
+const SHARE_B: &str = "aaaaaaaa-0000-4000-8000-000000000002";
+const GIB: u64 = 1 << 30;
+
+/// A claim whose results are shares: (request, device, shareID, consumedCapacity).
+fn share_claim(name: &str, uid: &str, shares: &[(&str, &str, &str, Value)]) -> Value {
+    let mut claim = allocated_claim(name, uid, &[], json!([]));
+    let results: Vec<Value> = shares
+        .iter()
+        .map(|(request, device, share, consumed)| {
+            json!({"request": request, "driver": DRIVER,
+            "pool": NODE, "device": device, "shareID": share, "consumedCapacity": consumed})
+        })
+        .collect();
+    claim["status"]["allocation"]["devices"]["results"] = json!(results);
+    claim
+}
+
+fn consumed(memory: &str, compute: &str) -> Value {
+    json!({"memory": memory, "compute": compute, "multiprocessors": "0"})
+}
+
+/// The entries of a CDI spec's environment that carry the slice's limits and sharing.
+fn limit_env(spec: &Value) -> Vec<String> {
+    let mut env = Vec::new();
+    collect_env(spec, &mut env);
+    env.retain(|e| {
+        e.starts_with("CUDA_MPS_ACTIVE")
+            || e.starts_with("CUDA_MPS_PINNED")
+            || e.starts_with("KERF_SHARING")
+    });
+    env.sort();
+    env.dedup();
+    env
+}
+
+/// Every `env` entry anywhere in the spec (spec-wide and per-device container edits).
+fn collect_env(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                if key == "env" {
+                    out.extend(
+                        child
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|e| e.as_str().map(str::to_owned)),
+                    );
+                } else {
+                    collect_env(child, out);
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|i| collect_env(i, out)),
+        _ => {}
+    }
+}
+
+#[tokio::test]
+async fn shares_of_one_gpu_in_two_claims_are_prepared_with_their_limits_and_share_ids() {
+    let node = Node::new();
+    node.add_claim(share_claim(
+        "small",
+        UID_A,
+        &[("gpu", "gpu-0", SHARE_A, consumed("10Gi", "25"))],
+    ));
+    node.add_claim(share_claim(
+        "large",
+        UID_B,
+        &[("gpu", "gpu-0", SHARE_B, consumed("40Gi", "50"))],
+    ));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let answers = kubelet
+        .prepare(&[claim("small", UID_A), claim("large", UID_B)])
+        .await
+        .unwrap();
+    let small = answers[UID_A].clone().unwrap();
+    let large = answers[UID_B].clone().unwrap();
+    assert_eq!(small[0].share_id.as_deref(), Some(SHARE_A));
+    assert_eq!(large[0].share_id.as_deref(), Some(SHARE_B));
+    assert_eq!(
+        limit_env(&node.cdi_spec(UID_A)),
+        [
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=25",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M",
+            "KERF_SHARING=MPS"
+        ]
+    );
+    assert_eq!(
+        limit_env(&node.cdi_spec(UID_B)),
+        [
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40960M",
+            "KERF_SHARING=MPS"
+        ]
+    );
+    let checkpoint = node.checkpoint();
+    assert_eq!(
+        checkpoint["claims"][UID_A]["devices"][0]["shareId"],
+        SHARE_A
+    );
+
+    // A whole GPU cannot join a GPU with shares.
+    node.add_claim(whole_gpu_claim("whole", UID_C, "gpu-0"));
+    let error = kubelet.prepare(&[claim("whole", UID_C)]).await.unwrap()[UID_C]
+        .clone()
+        .unwrap_err();
+    assert!(error.contains("gpu-0"), "{error}");
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_share_gets_the_same_cdi_edits_as_a_controller_slice_of_its_size() {
+    let node = Node::new();
+    let uuid = mock_uuid(&node, 1);
+    node.add_claim(share_claim(
+        "share",
+        UID_A,
+        &[("gpu", "gpu-0", SHARE_A, consumed("10Gi", "30"))],
+    ));
+    node.add_claim(allocated_claim(
+        "slice",
+        UID_B,
+        &[("gpu", DRIVER, NODE, "gpu-1")],
+        json!([{"source": "FromClaim", "requests": [], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuSliceAllocation",
+            "devices": [{"pool": NODE, "device": "gpu-1", "gpuUUID": uuid,
+                         "memoryBytes": 10 * GIB, "computePercent": 30, "sharing": "MPS"}]}}}]),
+    ));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let answers = kubelet
+        .prepare(&[claim("share", UID_A), claim("slice", UID_B)])
+        .await
+        .unwrap();
+    assert!(answers.values().all(Result::is_ok), "{answers:?}");
+    let share = limit_env(&node.cdi_spec(UID_A));
+    assert!(!share.is_empty());
+    assert_eq!(share, limit_env(&node.cdi_spec(UID_B)));
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_share_of_all_memory_is_the_whole_gpu_and_excludes_other_shares() {
+    let node = Node::new();
+    let memory = plugin::discover(&node.config())
+        .unwrap()
+        .gpu_by_minor(0)
+        .unwrap()
+        .memory_bytes;
+    node.add_claim(share_claim(
+        "all",
+        UID_A,
+        &[("gpu", "gpu-0", SHARE_A, consumed(&memory.to_string(), "25"))],
+    ));
+    node.add_claim(share_claim(
+        "small",
+        UID_B,
+        &[("gpu", "gpu-0", SHARE_B, consumed("1Gi", "10"))],
+    ));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let all = kubelet.prepare(&[claim("all", UID_A)]).await.unwrap();
+    assert_eq!(
+        all[UID_A].clone().unwrap()[0].share_id.as_deref(),
+        Some(SHARE_A)
+    );
+    assert!(
+        limit_env(&node.cdi_spec(UID_A))
+            .iter()
+            .all(|e| !e.starts_with("CUDA_MPS"))
+    );
+    let small = kubelet.prepare(&[claim("small", UID_B)]).await.unwrap();
+    let error = small[UID_B].clone().unwrap_err();
+    assert!(error.contains("gpu-0"), "{error}");
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn v1beta1_answers_carry_no_share_id() {
+    let node = Node::new();
+    node.add_claim(share_claim(
+        "a",
+        UID_A,
+        &[("gpu", "gpu-0", SHARE_A, consumed("10Gi", "25"))],
+    ));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&["v1beta1.DRAPlugin"]).await;
+    assert_eq!(kubelet.version, DraVersion::V1beta1);
+    let answers = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
+    let devices = answers[UID_A].clone().unwrap();
+    assert_eq!(devices[0].device_name, "gpu-0");
+    assert_eq!(devices[0].share_id, None);
+    // The checkpoint still knows the share.
+    assert_eq!(
+        node.checkpoint()["claims"][UID_A]["devices"][0]["shareId"],
+        SHARE_A
+    );
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_consumed_capacity_is_a_per_claim_error_naming_the_field() {
+    let node = Node::new();
+    let cases = [
+        ("missing", json!({"compute": "10"}), "missing"),
+        ("zero", json!({"memory": "0"}), "\"0\""),
+        ("text", json!({"memory": "plenty"}), "plenty"),
+    ];
+    let uids = [UID_A, UID_B, UID_C];
+    for ((name, consumed, _), uid) in cases.iter().zip(uids) {
+        node.add_claim(share_claim(
+            name,
+            uid,
+            &[("gpu", "gpu-0", SHARE_A, consumed.clone())],
+        ));
+    }
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let claims: Vec<Claim> = cases
+        .iter()
+        .zip(uids)
+        .map(|((name, ..), uid)| claim(name, uid))
+        .collect();
+    let answers = kubelet.prepare(&claims).await.unwrap();
+    for ((name, _, value), uid) in cases.iter().zip(uids) {
+        let error = answers[uid].clone().unwrap_err();
+        assert!(
+            error.contains("status.allocation.devices.results[0].consumedCapacity.memory")
+                && error.contains(value),
+            "{name}: {error}"
+        );
+    }
+    assert!(node.cdi_files().is_empty(), "{:?}", node.cdi_files());
+    plugin.shutdown().await.unwrap();
+}
