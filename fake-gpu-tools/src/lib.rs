@@ -19,6 +19,8 @@
 //!   file and socket. Without a daemon it fails.
 //! - `nvidia-smi -i <uuid> -c <mode>` and `nvidia-smi compute-policy -i <uuid>
 //!   --set-timeslice <n>` succeed and print what they set; other arguments fail.
+//! - `nvidia-smi mig -lgi|-lci|-dci|-dgi` list and destroy the emulated MIG instances of
+//!   [`mig::MockMig`] (state shared through `<root>/kerf-fake-tools/mig-state.json`).
 //!
 //! Every run appends one JSON line to `<root>/kerf-fake-tools/calls.jsonl` ([`calls`]): the
 //! tool, its arguments, its `CUDA_*` environment and its stdin. A test makes the next daemon
@@ -35,6 +37,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+pub mod mig;
+mod smi_mig;
 
 /// The tools this program can be.
 pub const TOOLS: [&str; 2] = ["nvidia-cuda-mps-control", "nvidia-smi"];
@@ -132,6 +137,10 @@ pub fn run(args: Vec<OsString>, stdin: impl Read) -> i32 {
         "nvidia-cuda-mps-control" => mps_control(&root, &args[0], &rest, stdin),
         "nvidia-smi" => {
             record(&root, "nvidia-smi", &rest, "");
+            if rest.first().map(String::as_str) == Some("mig") {
+                let words: Vec<&str> = rest[1..].iter().map(String::as_str).collect();
+                return smi_mig::run(&root, &words);
+            }
             nvidia_smi(&rest)
         }
         other => {
