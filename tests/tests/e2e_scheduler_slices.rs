@@ -64,7 +64,7 @@ const SLICE_BYTES: u64 = 10 << 30;
 /// Compute of each scheduler slice, in percent.
 const SLICE_COMPUTE: &str = "30";
 
-/// Every device of `driver` in `slices` with an attribute `name`: (pool, device, value).
+/// Every device of `driver` in `slices` that `wanted` accepts, with its pool.
 fn devices_with<'a>(
     slices: &'a [ResourceSlice],
     driver: &str,

@@ -34,8 +34,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, Device, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceClass,
-    DeviceRequestAllocationResult, DeviceTaint, DeviceToleration, ExactDeviceRequest,
-    ResourceClaim, ResourceSlice,
+    DeviceRequestAllocationResult, ExactDeviceRequest, ResourceClaim, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
@@ -45,7 +44,7 @@ use super::allocated::{AllocatedState, DeviceId, new_share_id};
 use super::capacity::{self, Amounts};
 use super::constraints::Constraint;
 use super::counters::{self, Counters};
-use super::pods::{claim_key, node_selector_matches};
+use super::pods::{claim_key, node_selector_matches, tainted};
 use super::snapshot::Snapshot;
 
 /// Most search steps one node may take before the attempt fails.
@@ -148,33 +147,6 @@ fn node_matches(
         (None, _, Some(selector)) => node_selector_matches(selector, node),
         _ => false,
     }
-}
-
-/// Upstream `ToleratesTaint` (kubernetes/kubernetes
-/// `staging/src/k8s.io/dynamic-resource-allocation/resourceclaim/devicetoleration.go`): an
-/// empty effect or key matches all, `Exists` any value, `Equal` (or empty) an equal value.
-fn tolerates_taint(toleration: &DeviceToleration, taint: &DeviceTaint) -> bool {
-    let effect = toleration.effect.as_deref().unwrap_or_default();
-    let key = toleration.key.as_deref().unwrap_or_default();
-    if (!effect.is_empty() && effect != taint.effect) || (!key.is_empty() && key != taint.key) {
-        return false;
-    }
-    match toleration.operator.as_deref().unwrap_or_default() {
-        "" | "Equal" => {
-            toleration.value.as_deref().unwrap_or_default()
-                == taint.value.as_deref().unwrap_or_default()
-        }
-        "Exists" => true,
-        _ => false,
-    }
-}
-
-/// `taintPreventsAllocation`: only NoSchedule and NoExecute taints count.
-fn tainted(device: &Device, tolerations: &[DeviceToleration]) -> bool {
-    device.taints.iter().flatten().any(|t| {
-        (t.effect == "NoSchedule" || t.effect == "NoExecute")
-            && !tolerations.iter().any(|tol| tolerates_taint(tol, t))
-    })
 }
 
 impl SchedulerStandIn {

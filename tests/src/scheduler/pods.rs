@@ -1,9 +1,10 @@
 //! Pod and claim helpers shared by the stand-in's phases: keys, reservation lookups and the
-//! node filters that run before DynamicResources' Filter.
+//! node filters that run before DynamicResources' Filter, and device taint tolerations.
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, Pod};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, ResourceClaim, ResourceClaimConsumerReference,
+    AllocationResult, Device, DeviceTaint, DeviceToleration, ResourceClaim,
+    ResourceClaimConsumerReference,
 };
 use kerf_api::node_selection;
 use kube::ResourceExt;
@@ -134,4 +135,31 @@ pub(crate) fn pod_claim_names(pod: &Pod) -> Vec<(String, Option<String>)> {
             (c.name.clone(), name)
         })
         .collect()
+}
+
+/// Upstream `ToleratesTaint` (kubernetes/kubernetes
+/// `staging/src/k8s.io/dynamic-resource-allocation/resourceclaim/devicetoleration.go`): an
+/// empty effect or key matches all, `Exists` any value, `Equal` (or empty) an equal value.
+fn tolerates_taint(toleration: &DeviceToleration, taint: &DeviceTaint) -> bool {
+    let effect = toleration.effect.as_deref().unwrap_or_default();
+    let key = toleration.key.as_deref().unwrap_or_default();
+    if (!effect.is_empty() && effect != taint.effect) || (!key.is_empty() && key != taint.key) {
+        return false;
+    }
+    match toleration.operator.as_deref().unwrap_or_default() {
+        "" | "Equal" => {
+            toleration.value.as_deref().unwrap_or_default()
+                == taint.value.as_deref().unwrap_or_default()
+        }
+        "Exists" => true,
+        _ => false,
+    }
+}
+
+/// `taintPreventsAllocation`: only NoSchedule and NoExecute taints count.
+pub(super) fn tainted(device: &Device, tolerations: &[DeviceToleration]) -> bool {
+    device.taints.iter().flatten().any(|t| {
+        (t.effect == "NoSchedule" || t.effect == "NoExecute")
+            && !tolerations.iter().any(|tol| tolerates_taint(tol, t))
+    })
 }
