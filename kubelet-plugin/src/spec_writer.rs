@@ -77,25 +77,14 @@ impl SpecWriter {
         &self.inner.dir
     }
 
-    /// Replaces (or creates) `dir/name` with `contents` atomically, without an fsync (see
-    /// the module docs for why none is needed).
+    /// Runs `first` on a blocking thread, then replaces (or creates) `dir/name` with
+    /// `contents` atomically, without an fsync (see the module docs for why none is needed).
+    /// `first` writes the files the spec mounts, which must exist before the spec that refers
+    /// to them, and which so change in the spec's turn and cost no thread hop of their own.
     ///
     /// # Errors
-    /// The temporary file could not be created or written, or not renamed over the target
-    /// (e.g. the directory is missing); the file is then as it was before.
-    pub async fn write(&self, name: String, contents: Vec<u8>) -> Result<()> {
-        self.change(name, move |dir, name| {
-            fsutil::write_replace(dir, name, &contents)
-        })
-        .await
-    }
-
-    /// Like [`SpecWriter::write`], after `first` succeeded on the same blocking thread: for
-    /// the files the spec mounts, which must exist before the spec that refers to them, and
-    /// which so change in the spec's turn and cost no thread hop of their own.
-    ///
-    /// # Errors
-    /// `first` failed (the spec is then left as it was), or the spec could not be written.
+    /// `first` failed, or the temporary file could not be created or written, or not renamed
+    /// over the target (e.g. the directory is missing); the spec is then as it was before.
     pub async fn write_after(
         &self,
         name: String,
@@ -109,19 +98,13 @@ impl SpecWriter {
         .await
     }
 
-    /// Removes `dir/name`, without an fsync; `false` when it did not exist.
+    /// Removes `dir/name`, without an fsync (`false` when it did not exist), then runs `then`
+    /// on the same blocking thread: for the files the spec mounted, which go once no spec
+    /// refers to them.
     ///
     /// # Errors
-    /// The removal failed for another reason than the file being absent.
-    pub async fn remove(&self, name: String) -> Result<bool> {
-        self.change(name, fsutil::remove_if_exists).await
-    }
-
-    /// Like [`SpecWriter::remove`], then runs `then` on the same blocking thread: for the
-    /// files the spec mounted, which go once no spec refers to them.
-    ///
-    /// # Errors
-    /// The spec could not be removed (`then` did not run), or `then` failed.
+    /// The removal failed for another reason than the file being absent (`then` did not
+    /// run), or `then` failed.
     pub async fn remove_then(
         &self,
         name: String,
@@ -206,16 +189,25 @@ mod tests {
         writer.inner.files.lock().unwrap().len()
     }
 
+    /// A spec write with no files of its own to write first.
+    async fn write(writer: &SpecWriter, name: &str, contents: &[u8]) -> Result<()> {
+        writer
+            .write_after(name.to_owned(), contents.to_vec(), || Ok(()))
+            .await
+    }
+
+    /// A spec removal with no files of its own to remove after it.
+    async fn remove(writer: &SpecWriter, name: &str) -> Result<bool> {
+        writer.remove_then(name.to_owned(), || Ok(())).await
+    }
+
     #[tokio::test]
     async fn concurrent_writes_and_removes_all_land() {
         let dir = tempfile::tempdir().unwrap();
         let writer = SpecWriter::start(dir.path().to_owned());
         let writes = (0..40).map(|i| {
             let w = writer.clone();
-            async move {
-                w.write(format!("s{i}.json"), format!("{i}").into_bytes())
-                    .await
-            }
+            async move { write(&w, &format!("s{i}.json"), format!("{i}").as_bytes()).await }
         });
         for r in futures::future::join_all(writes).await {
             r.unwrap();
@@ -226,12 +218,12 @@ mod tests {
         }
         let removes = (0..40).map(|i| {
             let w = writer.clone();
-            async move { w.remove(format!("s{i}.json")).await }
+            async move { remove(&w, &format!("s{i}.json")).await }
         });
         for r in futures::future::join_all(removes).await {
             assert!(r.unwrap());
         }
-        assert!(!writer.remove("s0.json".into()).await.unwrap());
+        assert!(!remove(&writer, "s0.json").await.unwrap());
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
         assert_eq!(tracked(&writer), 0, "every name is forgotten once done");
     }
@@ -241,8 +233,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let writer = SpecWriter::start(dir.path().join("missing"));
         let (a, b) = tokio::join!(
-            writer.write("a.json".into(), b"a".to_vec()),
-            writer.write("b.json".into(), b"b".to_vec())
+            write(&writer, "a.json", b"a"),
+            write(&writer, "b.json", b"b")
         );
         let message = a.unwrap_err().to_string();
         assert!(message.contains("missing"), "{message}");
@@ -256,10 +248,7 @@ mod tests {
     async fn changes_to_one_file_land_in_order_even_when_a_caller_gives_up() {
         let dir = tempfile::tempdir().unwrap();
         let writer = SpecWriter::start(dir.path().to_owned());
-        writer
-            .write("a.json".into(), b"old".to_vec())
-            .await
-            .unwrap();
+        write(&writer, "a.json", b"old").await.unwrap();
         let (started, running) = tokio::sync::oneshot::channel();
         let (release, released) = std::sync::mpsc::channel::<()>();
         let (finished, removed) = std::sync::mpsc::channel::<()>();
@@ -282,7 +271,7 @@ mod tests {
         assert!(removal.await.unwrap_err().is_cancelled());
         let rewrite = {
             let writer = writer.clone();
-            tokio::spawn(async move { writer.write("a.json".into(), b"new".to_vec()).await })
+            tokio::spawn(async move { write(&writer, "a.json", b"new").await })
         };
         // Until the rewrite has queued up behind the removal: the map, the removal's turn
         // (its lock and its guard) and the rewrite's turn (its lock and the wait for it) refer
