@@ -79,13 +79,14 @@ pub enum Opened {
 }
 
 impl CheckpointStore {
-    /// Loads the checkpoint at `path` (or starts empty) and starts the writer task.
+    /// Loads the checkpoint at `path` (or starts empty) and starts the writer thread.
     ///
     /// Must be called inside a Tokio runtime. The boot ID is recorded in every write.
     ///
     /// # Errors
-    /// An I/O error other than "not found" while reading the file, or the first write of a
-    /// fresh checkpoint failing (e.g. the directory is not writable).
+    /// An I/O error other than "not found" while reading the file, the writer thread could
+    /// not be started, or the first write of a fresh checkpoint failing (e.g. the directory
+    /// is not writable).
     pub async fn open(path: &Path, boot_id: &str) -> Result<(Self, Opened)> {
         let read_path = path.to_owned();
         let outcome = tokio::task::spawn_blocking(move || checkpoint::load(&read_path))
