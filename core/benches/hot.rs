@@ -34,6 +34,7 @@ fn devices(n: u32) -> Vec<PreparedDevice> {
             mig: (i % 2 == 1).then_some(MigCaps {
                 gi_cap_minor: 10 + i,
                 ci_cap_minor: 20 + i,
+                caps_major: None,
             }),
             limits: SliceLimits {
                 memory_bytes: Some(10 << 30),
@@ -123,6 +124,7 @@ fn checkpoint_with(claims: u32) -> Checkpoint {
                 uuid: d.uuid,
                 gpu_minor: d.gpu_minor,
                 mig: d.mig,
+                mig_instance: None,
                 limits: d.limits,
                 sharing: d.sharing,
                 time_slice_interval: kerf_core::mps::TimeSliceInterval::Default,

@@ -163,6 +163,9 @@ pub struct DeviceRecord {
     /// Capability minors of a MIG device.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mig: Option<MigCaps>,
+    /// The MIG instance kerf created for this device on a dynamic-MIG GPU (intent first).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mig_instance: Option<MigInstanceRecord>,
     /// The slice the claim was given.
     pub limits: SliceLimits,
     /// How the device is shared.

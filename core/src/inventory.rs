@@ -65,6 +65,15 @@ pub struct Gpu {
     /// The MIG devices that exist on this GPU now.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig_devices: Vec<MigDevice>,
+    /// The GPU's MIG profiles and placements, when known (from NVML, or
+    /// [`crate::mig_catalog::catalog_for`] in mock mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_catalog: Option<crate::mig_catalog::GpuMigCatalog>,
+    /// Whether kerf creates this GPU's MIG devices on demand (dynamic MIG): MIG mode on, no
+    /// MIG devices but kerf's, a catalogue, and not opted out. Its placements are published
+    /// instead of its existing MIG devices.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dynamic_mig: bool,
 }
 
 /// CUDA compute capability, `major.minor`.

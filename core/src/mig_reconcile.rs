@@ -150,6 +150,23 @@ pub enum MigAction {
     },
 }
 
+/// The MIG instance records of every decoded claim of `checkpoint`, for [`reconcile`].
+pub fn recorded_instances(checkpoint: &crate::checkpoint::Checkpoint) -> Vec<RecordedInstance> {
+    checkpoint
+        .claims
+        .iter()
+        .flat_map(|(uid, entry)| {
+            entry.devices.iter().filter_map(move |d| {
+                d.mig_instance.clone().map(|instance| RecordedInstance {
+                    claim_uid: uid.clone(),
+                    state: entry.state,
+                    instance,
+                })
+            })
+        })
+        .collect()
+}
+
 /// The actions that bring the live MIG state of dynamic GPUs in line with the records (see
 /// the module docs): `Keep` actions first, then per GPU instance its compute instances'
 /// destruction and its own, then the records to forget. Deterministic for equal inputs.

@@ -380,6 +380,11 @@ impl Profile {
             }),
             mig_enabled: mig_layout.is_some()
                 || (self.empty_mig_mode && minor < MIG_CAPABLE_MINORS),
+            mig_catalog: self
+                .empty_mig_mode
+                .then(|| crate::mig_catalog::catalog_for(self.product_name).cloned())
+                .flatten(),
+            dynamic_mig: self.empty_mig_mode && minor < MIG_CAPABLE_MINORS,
             mig_devices: mig_layout
                 .unwrap_or_default()
                 .iter()

@@ -506,6 +506,7 @@ fn arb_device() -> impl Strategy<Value = PreparedDevice> {
                     uuid,
                     gpu_minor,
                     mig: mig.map(|(gi_cap_minor, ci_cap_minor)| MigCaps {
+                        caps_major: None,
                         gi_cap_minor,
                         ci_cap_minor,
                     }),

@@ -558,3 +558,26 @@ fn unserved_devices_keep_the_claim_level_limits() {
     assert_eq!(env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
     assert!(g.spec.devices[1].container_edits.mounts.is_empty());
 }
+
+/// With the caps major known, MIG capability nodes carry type, major and minor (the runtime
+/// creates them without a host node); mock mode keeps the host-path override instead.
+#[test]
+fn mig_cap_nodes_carry_type_major_minor_when_the_major_is_known() {
+    let mut device = mig(3, 0, 30, 31);
+    device.mig = device.mig.map(|m| cdi::MigCaps {
+        caps_major: Some(237),
+        ..m
+    });
+    let g = common::generate(UID_LETTER, &[device.clone()]);
+    let nodes = &g.spec.devices[0].container_edits.device_nodes;
+    let cap = nodes
+        .iter()
+        .find(|n| n.path == "/dev/nvidia-caps/nvidia-cap31")
+        .unwrap();
+    assert_eq!(
+        (cap.node_type.as_deref(), cap.major, cap.minor),
+        (Some("c"), Some(237), Some(31))
+    );
+    let gpu = nodes.iter().find(|n| n.path == "/dev/nvidia3").unwrap();
+    assert_eq!(gpu.major, None, "the GPU node still comes from the host");
+}

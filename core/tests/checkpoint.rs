@@ -27,6 +27,7 @@ fn record(device: &str) -> DeviceRecord {
         uuid: "GPU-1".into(),
         gpu_minor: 0,
         mig: None,
+        mig_instance: None,
         limits: SliceLimits::default(),
         sharing: Sharing::Exclusive,
         time_slice_interval: TimeSliceInterval::Default,
@@ -50,6 +51,7 @@ fn sample() -> Checkpoint {
                 DeviceRecord {
                     share_id: Some("share-1".into()),
                     mig: Some(MigCaps {
+                        caps_major: None,
                         gi_cap_minor: 12,
                         ci_cap_minor: 13,
                     }),
@@ -119,9 +121,11 @@ fn arb_record() -> impl Strategy<Value = DeviceRecord> {
                     uuid,
                     gpu_minor,
                     mig: mig.map(|(gi_cap_minor, ci_cap_minor)| MigCaps {
+                        caps_major: None,
                         gi_cap_minor,
                         ci_cap_minor,
                     }),
+                    mig_instance: None,
                     limits: SliceLimits {
                         memory_bytes,
                         compute_percent,
@@ -473,4 +477,31 @@ fn gpu_sharing_and_time_slices_round_trip_and_a_bad_record_is_dropped_alone() {
         decoded.claims, cp.claims,
         "claims survive a bad sharing record"
     );
+}
+
+/// A checkpoint written before dynamic MIG decodes (no `migInstance`, no `capsMajor`), and a
+/// record with an instance round-trips.
+#[test]
+fn dynamic_mig_fields_are_optional_and_round_trip() {
+    let old = serde_json::json!({"version": 1, "bootId": "b", "claims": {"u": {
+        "namespace": "n", "name": "c", "state": "PrepareCompleted",
+        "devices": [{"deviceName": "gpu-0-mig-1g-5gb-0", "uuid": "MIG-1", "gpuMinor": 0,
+                     "mig": {"giCapMinor": 12, "ciCapMinor": 13}}]}}});
+    let cp = decode_json(&old);
+    let device = &cp.claims["u"].devices[0];
+    assert_eq!(device.mig_instance, None);
+    assert_eq!(device.mig.unwrap().caps_major, None);
+    let mut cp = cp;
+    let device = &mut cp.claims.get_mut("u").unwrap().devices[0];
+    device.mig_instance = Some(checkpoint::MigInstanceRecord {
+        parent_minor: 0,
+        gi_id: Some(7),
+        ..Default::default()
+    });
+    device.mig = device.mig.map(|m| MigCaps {
+        caps_major: Some(237),
+        ..m
+    });
+    let back = checkpoint::decode(&checkpoint::encode(&cp).unwrap()).unwrap();
+    assert_eq!(back.claims, cp.claims);
 }

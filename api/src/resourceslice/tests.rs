@@ -28,6 +28,8 @@ fn gpu(minor: u32) -> Gpu {
         nvlink_domain: Some("nvl-0".into()),
         mig_enabled: false,
         mig_devices: Vec::new(),
+        mig_catalog: None,
+        dynamic_mig: false,
     }
 }
 

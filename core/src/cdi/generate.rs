@@ -77,6 +77,14 @@ pub struct MigCaps {
     pub gi_cap_minor: u32,
     /// Capability minor of the compute instance.
     pub ci_cap_minor: u32,
+    /// Major of the `nvidia-caps` character devices (`/proc/devices`), when known: the cap
+    /// nodes are then emitted with `type: c`, `major` and `minor`, so the runtime creates
+    /// them in the container without a host node (what NVIDIA's DRA driver does,
+    /// dra-driver-nvidia-gpu `cmd/gpu-kubelet-plugin/cdi.go` (`GetDevNodesForMigDevice`)).
+    /// Without it (or in mock mode, where every node is backed by the host-path override)
+    /// the nodes carry their path only and the runtime stats the host node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub caps_major: Option<u32>,
 }
 
 /// One device of a claim as the spec generator needs it.
@@ -410,10 +418,16 @@ fn device_edits(device: &PreparedDevice, key: &str, host_path: Option<&str>) -> 
     ));
     if let Some(caps) = device.mig {
         for minor in [caps.gi_cap_minor, caps.ci_cap_minor] {
-            nodes.push(node(
+            let mut cap = node(
                 with_number(&["/dev/nvidia-caps/nvidia-cap"], minor),
                 host_path,
-            ));
+            );
+            if let (Some(major), None) = (caps.caps_major, host_path) {
+                cap.node_type = Some("c".to_owned());
+                cap.major = Some(i64::from(major));
+                cap.minor = Some(i64::from(minor));
+            }
+            nodes.push(cap);
         }
     }
     let mut env = Vec::with_capacity(5);

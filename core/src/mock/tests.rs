@@ -457,3 +457,23 @@ fn dynmig_gpus_are_in_mig_mode_without_devices_and_have_a_catalogue() {
     let big = profile("a100-40gb-dynmig:40");
     assert!(big.gpus[31].mig_enabled && !big.gpus[32].mig_enabled);
 }
+
+#[test]
+fn dynamic_mig_fields_are_optional_in_inventory_yaml() {
+    let old = to_yaml(&profile(A100_40GB_MIG));
+    assert!(!old.contains("dynamicMig") && !old.contains("migCatalog"));
+    let back = from_yaml(&old, "old.yaml").unwrap();
+    assert!(
+        back.gpus
+            .iter()
+            .all(|g| !g.dynamic_mig && g.mig_catalog.is_none())
+    );
+    let dynamic = profile(A100_40GB_DYNMIG);
+    assert!(
+        dynamic
+            .gpus
+            .iter()
+            .all(|g| g.dynamic_mig && g.mig_catalog.is_some())
+    );
+    assert_eq!(from_yaml(&to_yaml(&dynamic), "new.yaml").unwrap(), dynamic);
+}

@@ -51,6 +51,7 @@ pub fn mig(parent_minor: u32, start: u32, gi_cap_minor: u32, ci_cap_minor: u32) 
         uuid: format!("MIG-11111111-2222-3333-4444-55555555555{start}"),
         gpu_minor: parent_minor,
         mig: Some(MigCaps {
+            caps_major: None,
             gi_cap_minor,
             ci_cap_minor,
         }),
@@ -85,6 +86,14 @@ pub fn device_sets() -> Vec<(&'static str, Vec<PreparedDevice>)> {
             vec![slice(2, 5 << 30, 50, Sharing::TimeSlicing)],
         ),
         ("MIG device", vec![mig(3, 0, 30, 31)]),
+        ("MIG device with the caps major", {
+            let mut d = mig(3, 0, 30, 31);
+            d.mig = d.mig.map(|m| MigCaps {
+                caps_major: Some(237),
+                ..m
+            });
+            vec![d]
+        }),
         (
             "two MIG devices of one GPU",
             vec![mig(3, 0, 30, 31), mig(3, 4, 66, 67)],

@@ -462,6 +462,8 @@ fn convert_gpu(
         nvlink_domain: gpu.fabric.as_ref().and_then(nvlink_domain),
         mig_enabled: gpu.mig_enabled,
         mig_devices,
+        mig_catalog: None,
+        dynamic_mig: false,
     })
 }
 

@@ -112,6 +112,7 @@ pub(super) fn device_record(
             Some(cdi::MigCaps {
                 gi_cap_minor: mig.gi_cap_minor,
                 ci_cap_minor: mig.ci_cap_minor,
+                caps_major: None,
             }),
         ),
     };
@@ -126,6 +127,7 @@ pub(super) fn device_record(
         uuid: found.uuid().to_owned(),
         gpu_minor,
         mig,
+        mig_instance: None,
         limits: device.limits,
         sharing: device.sharing,
         time_slice_interval: device.time_slice_interval,
