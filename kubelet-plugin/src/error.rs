@@ -77,6 +77,19 @@ pub enum Error {
     /// The metrics/health HTTP server failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
+    /// A MIG instance of a dynamic-MIG GPU could not be created, destroyed or listed;
+    /// `message` carries the driver's own words.
+    #[error("MIG {call} on GPU {gpu}: {message}")]
+    Mig {
+        /// The driver call, e.g. `create GPU instance`.
+        call: &'static str,
+        /// The GPU's UUID.
+        gpu: String,
+        /// How it failed, as far as kerf acts on it.
+        kind: crate::dynamic_mig::control::MigFailureKind,
+        /// The driver's words.
+        message: String,
+    },
 }
 
 impl Error {
@@ -96,6 +109,7 @@ impl Error {
             Error::Mps { .. } => "mps",
             Error::TimeSlice { .. } => "time_slice",
             Error::Http(_) => "http",
+            Error::Mig { .. } => "mig",
         }
     }
 

@@ -15,6 +15,7 @@ pub mod claim_locks;
 pub mod claim_reader;
 pub mod config;
 pub mod discovery;
+pub mod dynamic_mig;
 pub mod error;
 pub mod gpu_sharing;
 pub mod grpc;

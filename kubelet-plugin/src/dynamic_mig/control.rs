@@ -1,0 +1,112 @@
+//! The seam between kerf and the driver for MIG instances on dynamic-MIG GPUs.
+//!
+//! The calls are NVML's (`nvmlDeviceCreateGpuInstanceWithPlacement`,
+//! `nvmlGpuInstanceCreateComputeInstance`, `nvmlComputeInstanceDestroy`,
+//! `nvmlGpuInstanceDestroy`, `nvmlDeviceGetGpuInstances`), which NVIDIA's DRA driver makes in
+//! the same order (kubernetes-sigs/dra-driver-nvidia-gpu `cmd/gpu-kubelet-plugin/nvlib.go`
+//! (`createMigDevice`, `deleteMigDevice`)). Every call blocks; callers run them on a blocking
+//! thread.
+
+use kerf_core::inventory::MigPlacement;
+use kerf_core::mig_reconcile::LiveGpuInstance;
+
+use crate::Result;
+
+/// The GPU a MIG call is about: NVML finds it by UUID, the mock by minor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MigGpu<'a> {
+    /// The GPU's minor number.
+    pub minor: u32,
+    /// The GPU's UUID (`GPU-…`).
+    pub uuid: &'a str,
+}
+
+/// A compute instance that was just created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CreatedCompute {
+    /// Compute instance id.
+    pub ci_id: u32,
+    /// UUID of the MIG device it makes (`MIG-…`).
+    pub uuid: String,
+}
+
+/// How a MIG call failed, as far as kerf acts on it; the driver's words are kept in
+/// [`crate::Error::Mig`]'s message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigFailureKind {
+    /// The instance does not exist (`NVML_ERROR_NOT_FOUND`): a destroy has nothing to do.
+    NotFound,
+    /// The placement is taken or the GPU has no room (`NVML_ERROR_INSUFFICIENT_RESOURCES`).
+    InsufficientResources,
+    /// The driver refused the arguments (`NVML_ERROR_INVALID_ARGUMENT`, a profile the GPU
+    /// lacks, a placement outside it).
+    InvalidArgument,
+    /// The instance is in use (`NVML_ERROR_IN_USE`): a process still runs on it.
+    InUse,
+    /// Anything else (driver not loaded, MIG mode off, an injected mock failure, I/O).
+    Other,
+}
+
+impl MigFailureKind {
+    /// A short, stable label for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigFailureKind::NotFound => "not_found",
+            MigFailureKind::InsufficientResources => "insufficient_resources",
+            MigFailureKind::InvalidArgument => "invalid_argument",
+            MigFailureKind::InUse => "in_use",
+            MigFailureKind::Other => "other",
+        }
+    }
+}
+
+/// Creates, destroys and lists the MIG instances of dynamic-MIG GPUs.
+///
+/// Implementations: NVML (a GPU node) and the mock over `kerf-fake-gpu-tools`' emulated
+/// instances (mock mode, tests, `kerf demo`). Each call blocks.
+pub trait MigControl: Send + Sync + 'static {
+    /// Creates a GPU instance of `gi_profile_id` at `placement`; returns its id.
+    ///
+    /// # Errors
+    /// [`crate::Error::Mig`]: [`MigFailureKind::InsufficientResources`] when the placement is
+    /// taken, [`MigFailureKind::InvalidArgument`] for a profile or placement the GPU lacks,
+    /// [`MigFailureKind::Other`] for anything else.
+    fn create_gpu_instance(
+        &self,
+        gpu: MigGpu<'_>,
+        gi_profile_id: u32,
+        placement: MigPlacement,
+    ) -> Result<u32>;
+
+    /// Creates a compute instance of `ci_profile_id` in GPU instance `gi_id`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Mig`]: [`MigFailureKind::NotFound`] when the GPU instance is gone,
+    /// other kinds as the driver reports them.
+    fn create_compute_instance(
+        &self,
+        gpu: MigGpu<'_>,
+        gi_id: u32,
+        ci_profile_id: u32,
+    ) -> Result<CreatedCompute>;
+
+    /// Destroys compute instance `ci_id` of GPU instance `gi_id`.
+    ///
+    /// # Errors
+    /// [`crate::Error::Mig`]: [`MigFailureKind::NotFound`] when it does not exist (callers
+    /// treat that as done), [`MigFailureKind::InUse`] while a process uses it.
+    fn destroy_compute_instance(&self, gpu: MigGpu<'_>, gi_id: u32, ci_id: u32) -> Result<()>;
+
+    /// Destroys GPU instance `gi_id`, which must have no compute instance left.
+    ///
+    /// # Errors
+    /// [`crate::Error::Mig`]: [`MigFailureKind::NotFound`] when it does not exist (callers
+    /// treat that as done), [`MigFailureKind::InUse`] while it has compute instances.
+    fn destroy_gpu_instance(&self, gpu: MigGpu<'_>, gi_id: u32) -> Result<()>;
+
+    /// The GPU instances that exist on the GPU, with their compute instances.
+    ///
+    /// # Errors
+    /// [`crate::Error::Mig`] when the driver cannot list them.
+    fn gpu_instances(&self, gpu: MigGpu<'_>) -> Result<Vec<LiveGpuInstance>>;
+}
