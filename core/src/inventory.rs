@@ -227,4 +227,93 @@ impl Inventory {
     pub fn gpu_by_minor(&self, minor: u32) -> Option<&Gpu> {
         self.gpus.iter().find(|g| g.minor == minor)
     }
+
+    /// Looks up the placement a dynamic-MIG GPU publishes as `name`
+    /// (`gpu-<minor>-mig-<profile>-<start>`, [`crate::mig_catalog::CatalogPlacement::device_name`]):
+    /// the GPU, the profile and where its GPU instance goes. `None` for any other name,
+    /// including the MIG devices of GPUs that are not dynamic.
+    pub fn dynamic_placement(&self, name: &str) -> Option<DynamicPlacement<'_>> {
+        // Only the minor is parsed; the catalogue's own names decide the rest, so a name
+        // matches exactly when the publisher would have produced it.
+        let minor = name
+            .strip_prefix("gpu-")?
+            .split_once("-mig-")?
+            .0
+            .parse::<u32>()
+            .ok()?;
+        let gpu = self.gpu_by_minor(minor).filter(|g| g.dynamic_mig)?;
+        let found = gpu.mig_catalog.as_ref()?.placement_named(minor, name)?;
+        Some(DynamicPlacement {
+            gpu,
+            profile: found.profile,
+            placement: found.placement,
+        })
+    }
+}
+
+/// One published placement of a dynamic-MIG GPU ([`Inventory::dynamic_placement`]): the MIG
+/// device kerf creates when a claim that was allocated it is prepared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DynamicPlacement<'a> {
+    /// The parent GPU.
+    pub gpu: &'a Gpu,
+    /// The MIG profile.
+    pub profile: &'a crate::mig_catalog::MigProfileSpec,
+    /// Where the GPU instance goes.
+    pub placement: MigPlacement,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_published_placement_of_a_dynamic_gpu_is_found_by_its_name() {
+        let inventory = crate::mock::from_spec(crate::mock::A100_40GB_DYNMIG).unwrap();
+        let gpu = &inventory.gpus[1];
+        let catalog = gpu.mig_catalog.as_ref().unwrap();
+        let mut found = 0;
+        for placement in catalog.placements() {
+            let name = placement.device_name(gpu.minor);
+            let hit = inventory.dynamic_placement(&name).unwrap();
+            assert_eq!(hit.gpu.minor, gpu.minor, "{name}");
+            assert_eq!(hit.profile.name, placement.profile.name, "{name}");
+            assert_eq!(hit.placement, placement.placement, "{name}");
+            found += 1;
+        }
+        assert_eq!(found, 25);
+        let small = inventory.dynamic_placement("gpu-1-mig-1g-5gb-3").unwrap();
+        assert_eq!(
+            (small.profile.gi_profile_id, small.placement),
+            (19, MigPlacement { start: 3, size: 1 })
+        );
+    }
+
+    #[test]
+    fn other_names_are_not_placements() {
+        let inventory = crate::mock::from_spec(crate::mock::A100_40GB_DYNMIG).unwrap();
+        for name in [
+            "gpu-0",
+            "gpu-0-mig-1g-5gb-7",
+            "gpu-0-mig-9g-99gb-0",
+            "gpu-9-mig-1g-5gb-0",
+            "gpu-x-mig-1g-5gb-0",
+            "gpu-0-mig-1g-5gb-0-extra",
+            "",
+        ] {
+            assert!(inventory.dynamic_placement(name).is_none(), "{name}");
+        }
+        // Static MIG devices are not dynamic placements even when their names look alike.
+        let static_mig = crate::mock::from_spec("a100-40gb-mig").unwrap();
+        let (parent, mig) = static_mig
+            .gpus
+            .iter()
+            .find_map(|g| g.mig_devices.first().map(|m| (g.minor, m)))
+            .unwrap();
+        assert!(
+            static_mig
+                .dynamic_placement(&mig.device_name(parent))
+                .is_none()
+        );
+    }
 }
