@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use super::{
-    HostFacts, MigMinors, PciHostFacts, RawSystem, normalize_bus_id, parse_numa_node,
-    pcie_root_from_sysfs_link,
+    HostFacts, MigMinors, PciHostFacts, RawSystem, caps_major_from_proc_devices, normalize_bus_id,
+    parse_numa_node, pcie_root_from_sysfs_link,
 };
 
 /// Where the host's `/sys` and `/proc` are; a container mounts them elsewhere at times.
@@ -48,6 +48,22 @@ impl HostPaths {
         std::fs::read_to_string(self.proc.join("driver/nvidia-caps/mig-minors"))
             .map(|text| MigMinors::parse(&text))
             .unwrap_or_default()
+    }
+
+    /// Reads the character-device major of `/dev/nvidia-caps/nvidia-cap<minor>` from
+    /// `/proc/devices` ([`caps_major_from_proc_devices`]); `None` when the file cannot be read
+    /// or names no `nvidia-caps` device. A CDI device node needs it to be created in a
+    /// container without a node on the host (a MIG instance made after the host's
+    /// `/dev/nvidia-caps` was populated).
+    pub fn nvidia_caps_major(&self) -> Option<u32> {
+        let path = self.proc.join("devices");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => caps_major_from_proc_devices(&text),
+            Err(error) => {
+                tracing::debug!(path = %path.display(), %error, "cannot read the device majors");
+                None
+            }
+        }
     }
 
     /// Gathers the host facts for every GPU of `raw`.
@@ -105,5 +121,12 @@ mod tests {
         );
         assert_eq!(paths.pci_facts("0000:19:00.0"), PciHostFacts::default());
         assert_eq!(paths.mig_minors().lookup(0, 1, 0), Some((12, 13)));
+        assert_eq!(paths.nvidia_caps_major(), None);
+        std::fs::write(
+            paths.proc.join("devices"),
+            "Character devices:\n195 nvidia\n237 nvidia-caps\n",
+        )
+        .unwrap();
+        assert_eq!(paths.nvidia_caps_major(), Some(237));
     }
 }
