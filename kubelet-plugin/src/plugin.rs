@@ -30,7 +30,7 @@ use crate::metrics::Metrics;
 use crate::mps_daemons::MpsDaemons;
 use crate::preparer::device_status::{DeviceStatusConfig, DeviceStatusWriter};
 use crate::preparer::{Preparer, PreparerConfig};
-use crate::publish::Publisher;
+use crate::publish::{Publisher, SharedPublicationHandle};
 use crate::{Error, Result, discovery};
 
 /// Device nodes every CUDA process needs besides its GPUs.
@@ -221,12 +221,13 @@ pub async fn start_with_health(
 
     let (status_writer, status_task) = device_status.unzip();
     let claim_cache = connections.claim_reader.cache_task(shutdown.clone());
+    let (publisher, publication) = build_publisher(config, connections.publisher, &metrics);
     let preparer = open_preparer(
         config,
         &inventory,
         connections.claim_reader,
         &metrics,
-        status_writer,
+        (status_writer, publication),
     )
     .await?;
 
@@ -261,15 +262,14 @@ pub async fn start_with_health(
         ));
     }
 
-    let device_taints = match connections.publisher {
-        Some(client) => {
+    let device_taints = match publisher {
+        Some((client, publisher)) => {
             let (task, probed) = spawn_publisher(
                 config,
                 health_config,
-                client,
+                (client, publisher),
                 &inventory,
                 &device_health,
-                &metrics,
                 &shutdown,
             )
             .await;
@@ -309,14 +309,14 @@ pub async fn start_with_health(
 }
 
 /// Opens the checkpoint and CDI directory, builds the preparer (with the per-device claim
-/// status writer, if any) and restores the node's state from the checkpoint: GPU sharing, then
-/// the CDI specs.
+/// status writer, if any, and the Node's shared publication as the publisher reads it) and
+/// restores the node's state from the checkpoint: GPU sharing, then the CDI specs.
 async fn open_preparer(
     config: &PluginConfig,
     inventory: &Arc<Inventory>,
     claim_reader: Arc<dyn ClaimReader>,
     metrics: &Metrics,
-    status_writer: Option<DeviceStatusWriter>,
+    (status_writer, publication): (Option<DeviceStatusWriter>, SharedPublicationHandle),
 ) -> Result<Arc<Preparer>> {
     let checkpoint = open_checkpoint(config).await?;
     std::fs::create_dir_all(&config.cdi_dir)
@@ -328,7 +328,8 @@ async fn open_preparer(
         checkpoint,
         gpu_sharing(config)?,
         metrics.clone(),
-    )?;
+    )?
+    .with_shared_publication(publication);
     if let Some(writer) = status_writer {
         preparer = preparer.with_device_status(writer);
     }
@@ -360,25 +361,40 @@ fn health_service(
     )
 }
 
-/// Probes device taints, then starts the publisher: with taints when the API server keeps
-/// them (else one log line says what is lost), and in mock mode with the Node annotation as a
-/// fault source.
-async fn spawn_publisher(
+/// The publisher (not yet running) and the handle through which the preparer reads the Node's
+/// shared publication as the publisher keeps it; built before the preparer for that handle,
+/// it starts publishing only once the sockets serve. Without a client nothing is published
+/// and the handle stays empty.
+fn build_publisher(
     config: &PluginConfig,
-    health_config: &HealthConfig,
-    client: kube::Client,
-    inventory: &Arc<Inventory>,
-    device_health: &HealthMonitor,
+    client: Option<kube::Client>,
     metrics: &Metrics,
-    shutdown: &CancellationToken,
-) -> (Task, Probed) {
-    let probed = probe_device_taints(&client, &config.driver_name, &config.node_name).await;
-    let mut publisher = Publisher::new(
-        client,
+) -> (Option<(kube::Client, Publisher)>, SharedPublicationHandle) {
+    let Some(client) = client else {
+        return (None, SharedPublicationHandle::default());
+    };
+    let publisher = Publisher::new(
+        client.clone(),
         config.driver_name.clone(),
         config.node_name.clone(),
         metrics.clone(),
     );
+    let publication = publisher.shared_publication();
+    (Some((client, publisher)), publication)
+}
+
+/// Probes device taints through `client`, then starts `publisher`: with taints when the API
+/// server keeps them (else one log line says what is lost), and in mock mode with the Node
+/// annotation as a fault source.
+async fn spawn_publisher(
+    config: &PluginConfig,
+    health_config: &HealthConfig,
+    (client, mut publisher): (kube::Client, Publisher),
+    inventory: &Arc<Inventory>,
+    device_health: &HealthMonitor,
+    shutdown: &CancellationToken,
+) -> (Task, Probed) {
+    let probed = probe_device_taints(&client, &config.driver_name, &config.node_name).await;
     match probed.degraded_message(ApiFeature::DeviceTaints) {
         None => {
             tracing::info!("the API server keeps device taints: unhealthy devices are tainted");

@@ -46,6 +46,7 @@ use crate::claim_reader::ClaimReader;
 use crate::gpu_sharing::{GpuSharing, Restarted, SharingRestore};
 use crate::metrics::Metrics;
 use crate::prepare_error::PrepareError;
+use crate::publish::SharedPublicationHandle;
 use crate::spec_writer::SpecWriter;
 use crate::{Error, Result};
 
@@ -53,7 +54,9 @@ pub mod device_status;
 mod records;
 
 use device_status::DeviceStatusWriter;
-use records::{conflicts, device_record, parent_request, pod_claim_name, results_of};
+use records::{
+    conflicts, device_record, finished_share, parent_request, pod_claim_name, results_of,
+};
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +116,7 @@ pub struct Preparer {
     sharing: GpuSharing,
     metrics: Metrics,
     device_status: Option<DeviceStatusWriter>,
+    publication: SharedPublicationHandle,
 }
 
 impl Preparer {
@@ -144,6 +148,7 @@ impl Preparer {
             sharing,
             metrics,
             device_status: None,
+            publication: SharedPublicationHandle::default(),
         };
         preparer.update_prepared_gauge();
         Ok(preparer)
@@ -154,6 +159,16 @@ impl Preparer {
     #[must_use]
     pub fn with_device_status(mut self, writer: DeviceStatusWriter) -> Self {
         self.device_status = Some(writer);
+        self
+    }
+
+    /// Completes scheduler shares (`shareID`/`consumedCapacity`) with the Node's shared
+    /// publication as `handle` holds it at prepare time (the publisher keeps it current): the
+    /// sharing of a share whose claim names none, and the grid on which a share is the whole
+    /// GPU. Without it shares are shared by MPS.
+    #[must_use]
+    pub fn with_shared_publication(mut self, handle: SharedPublicationHandle) -> Self {
+        self.publication = handle;
         self
     }
 
@@ -438,6 +453,8 @@ impl Preparer {
         allocated: &[AllocatedDevice],
     ) -> Result<Vec<DeviceRecord>> {
         let mut records: Vec<DeviceRecord> = Vec::new();
+        // Read once, so every share of the claim sees the same publication.
+        let publication = self.publication.get();
         for (index, device) in allocated.iter().enumerate() {
             if device.pool != self.config.node_name {
                 return Err(PrepareError::OtherNodePool {
@@ -466,6 +483,13 @@ impl Preparer {
                 }
                 .into());
             }
+            let finished;
+            let device = if device.share.is_some() {
+                finished = finished_share(found, device, &publication)?;
+                &finished
+            } else {
+                device
+            };
             let request = parent_request(&device.request).to_owned();
             if let Some(existing) = records.iter_mut().find(|r| r.device_name == device.device) {
                 if !existing.request_names.contains(&request) {

@@ -255,3 +255,55 @@ async fn bad_consumed_capacity_is_a_per_claim_error_naming_the_field() {
     assert!(node.cdi_files().is_empty(), "{:?}", node.cdi_files());
     plugin.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_nodes_shared_publication_gives_a_share_its_sharing_and_a_share_larger_than_the_gpu_is_refused()
+ {
+    let node = Node::new();
+    node.add_claim(share_claim(
+        "sliced",
+        UID_A,
+        &[("gpu", "gpu-0", SHARE_A, consumed("10Gi", "25"))],
+    ));
+    node.add_claim(share_claim(
+        "huge",
+        UID_B,
+        &[("gpu", "gpu-1", SHARE_B, consumed("1Ti", "25"))],
+    ));
+    let publication = json!({"gpu-0": {"memoryGranularityBytes": GIB,
+        "sharing": {"strategy": "TimeSlicing"}}});
+    let plugin = node
+        .start_publishing(json!({
+            kerf_api::shared_publication::SHARED_PUBLICATION_ANNOTATION: publication.to_string()
+        }))
+        .await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let answers = kubelet
+        .prepare(&[claim("sliced", UID_A), claim("huge", UID_B)])
+        .await
+        .unwrap();
+    let sliced = answers[UID_A].clone().unwrap();
+    assert_eq!(sliced[0].share_id.as_deref(), Some(SHARE_A));
+    assert_eq!(
+        node.checkpoint()["claims"][UID_A]["devices"][0]["sharing"],
+        "TimeSlicing"
+    );
+    let env = limit_env(&node.cdi_spec(UID_A));
+    assert!(
+        env.contains(&"KERF_SHARING=TimeSlicing".to_owned()),
+        "{env:?}"
+    );
+
+    let error = answers[UID_B].clone().unwrap_err();
+    assert!(
+        error.contains("status.allocation.devices.results[0].consumedCapacity.memory")
+            && error.contains("1Ti"),
+        "{error}"
+    );
+    assert!(
+        node.checkpoint()["claims"].get(UID_B).is_none(),
+        "{}",
+        node.checkpoint()
+    );
+    plugin.shutdown().await.unwrap();
+}

@@ -59,13 +59,6 @@ pub(super) fn is_exclusive(record: &DeviceRecord) -> bool {
 /// # Errors
 /// A share that consumed more memory than the GPU has, naming
 /// `status.allocation.devices.results[i].consumedCapacity.memory` and the value.
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "Preparer::plan_devices (preparer.rs) is to call it before device_record with the publisher's SharedPublicationHandle"
-    )
-)]
 pub(super) fn finished_share(
     found: DeviceRef<'_>,
     device: &AllocatedDevice,

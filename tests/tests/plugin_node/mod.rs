@@ -78,6 +78,42 @@ impl Node {
             .unwrap()
     }
 
+    /// Starts the plugin publishing, on a Node carrying `annotations` (e.g. the shared
+    /// publication kerf-controller writes), and returns once its publisher has read the Node:
+    /// the publisher GETs the Node before its first publish, so a slice means it has.
+    #[allow(dead_code, reason = "plugin.rs shares this module and starts no publisher")]
+    pub async fn start_publishing(&self, annotations: Value) -> RunningPlugin {
+        self.api.insert(json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE, "annotations": annotations},
+        }));
+        let config = self.config();
+        let inventory = plugin::discover(&config).unwrap();
+        let connections = Connections {
+            device_status: None,
+            claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
+            publisher: Some(self.api.client()),
+            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
+        };
+        let running = plugin::start(&config, inventory, connections)
+            .await
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self
+            .api
+            .list("/apis/resource.k8s.io/v1/resourceslices")
+            .is_empty()
+        {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the publisher never published"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        running
+    }
+
     pub async fn kubelet(&self, known: &[&str]) -> RegisteredPlugin {
         KubeletClient::new()
             .knowing(known)
