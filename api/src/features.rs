@@ -10,15 +10,16 @@
 //! How a server with a gate off treats the fields: kubernetes/kubernetes
 //! `pkg/registry/resource/resourceslice/strategy.go (dropDisabledFields`, e.g.
 //! `dropDisabledDRAConsumableCapacityFields`, which clears `allowMultipleAllocations` and every
-//! capacity's `requestPolicy`).
+//! capacity's `requestPolicy`; `dropDisabledDRAPartitionableDevicesFields`, which clears
+//! `sharedCounters`, `perDeviceNodeSelection` and every device's `consumesCounters`).
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceCapacity,
-    DeviceClass, DeviceClassSpec, DeviceSelector, DeviceTaint, ResourcePool, ResourceSlice,
-    ResourceSliceSpec,
+    CELDeviceSelector, CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet,
+    Device, DeviceCapacity, DeviceClass, DeviceClassSpec, DeviceCounterConsumption, DeviceSelector,
+    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -36,6 +37,9 @@ pub enum ApiFeature {
     /// `DRAConsumableCapacity`: `spec.devices[].allowMultipleAllocations` and capacity
     /// `requestPolicy` of ResourceSlices (beta, on, in 1.36).
     ConsumableCapacity,
+    /// `DRAPartitionableDevices`: `spec.sharedCounters` and `spec.devices[].consumesCounters`
+    /// of ResourceSlices (beta, on, in 1.36), in slices of their own (1.35+).
+    PartitionableDevices,
 }
 
 impl ApiFeature {
@@ -45,6 +49,7 @@ impl ApiFeature {
             ApiFeature::DeviceTaints => "DRADeviceTaints",
             ApiFeature::ExtendedResource => "DRAExtendedResource",
             ApiFeature::ConsumableCapacity => "DRAConsumableCapacity",
+            ApiFeature::PartitionableDevices => "DRAPartitionableDevices",
         }
     }
 
@@ -55,6 +60,9 @@ impl ApiFeature {
             ApiFeature::ExtendedResource => "DeviceClass spec.extendedResourceName",
             ApiFeature::ConsumableCapacity => {
                 "ResourceSlice spec.devices[].allowMultipleAllocations and capacity requestPolicy"
+            }
+            ApiFeature::PartitionableDevices => {
+                "ResourceSlice spec.sharedCounters and spec.devices[].consumesCounters"
             }
         }
     }
@@ -70,6 +78,9 @@ impl ApiFeature {
             }
             ApiFeature::ConsumableCapacity => {
                 "GPUs of sliced Scheduler GpuClasses are published whole, not as scheduler slices"
+            }
+            ApiFeature::PartitionableDevices => {
+                "dynamic-MIG GPUs are published whole, without MIG placements"
             }
         }
     }
@@ -237,6 +248,60 @@ pub fn kept_consumable_capacity(answer: &ResourceSlice) -> Probed {
     }
 }
 
+/// The two ResourceSlices for `driver` on `node` that dynamic MIG publishes, to create with
+/// `dryRun=All`: a counters-only slice with one counter set, and a devices-only slice whose
+/// device consumes that set's counter. Both shapes must be kept: the set and the consumption
+/// live in different slices of the pool, which the API server accepts from 1.35 on (1.34
+/// validation wanted them in the same slice and answers the second with an error, which the
+/// caller takes as the feature being off).
+pub fn partitionable_devices_probes(driver: &str, node: &str) -> [ResourceSlice; 2] {
+    let counters = || {
+        BTreeMap::from([(
+            "probe".to_owned(),
+            Counter {
+                value: Quantity("1".to_owned()),
+            },
+        )])
+    };
+    let mut sets = device_taints_probe(driver, node);
+    sets.spec.devices = None;
+    sets.spec.shared_counters = Some(vec![CounterSet {
+        name: "probe".to_owned(),
+        counters: counters(),
+    }]);
+    let mut devices = device_taints_probe(driver, node);
+    devices.spec.devices = Some(vec![Device {
+        name: "probe".to_owned(),
+        consumes_counters: Some(vec![DeviceCounterConsumption {
+            counter_set: "probe".to_owned(),
+            counters: counters(),
+        }]),
+        ..Device::default()
+    }]);
+    [sets, devices]
+}
+
+/// Whether the server's answers to [`partitionable_devices_probes`] (in that order) kept the
+/// counter set and the consumption.
+pub fn kept_partitionable_devices(sets: &ResourceSlice, devices: &ResourceSlice) -> Probed {
+    let kept_sets = sets
+        .spec
+        .shared_counters
+        .as_ref()
+        .is_some_and(|s| !s.is_empty());
+    let kept_consumption = devices
+        .spec
+        .devices
+        .iter()
+        .flatten()
+        .any(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()));
+    if kept_sets && kept_consumption {
+        Probed::Served
+    } else {
+        Probed::Dropped
+    }
+}
+
 fn probe_metadata() -> ObjectMeta {
     ObjectMeta {
         generate_name: Some(PROBE_NAME_PREFIX.to_owned()),
@@ -283,6 +348,35 @@ mod tests {
             }
         }
         assert_eq!(kept_consumable_capacity(&dropped), Probed::Dropped);
+    }
+
+    #[test]
+    fn the_partitionable_probe_needs_both_the_set_and_the_consumption() {
+        let [sets, devices] = partitionable_devices_probes("gpu.kerf.dev", "node-a");
+        assert_eq!(kept_partitionable_devices(&sets, &devices), Probed::Served);
+        for probe in [&sets, &devices] {
+            crate::resourceslice::limits::check_slice(&probe.spec).unwrap();
+        }
+        crate::resourceslice::limits::check_pool(&[sets.spec.clone(), devices.spec.clone()])
+            .unwrap();
+        let mut dropped = sets.clone();
+        dropped.spec.shared_counters = None;
+        assert_eq!(
+            kept_partitionable_devices(&dropped, &devices),
+            Probed::Dropped
+        );
+        let mut dropped = devices;
+        for device in dropped.spec.devices.iter_mut().flatten() {
+            device.consumes_counters = None;
+        }
+        assert_eq!(kept_partitionable_devices(&sets, &dropped), Probed::Dropped);
+        let line = Probed::Dropped
+            .degraded_message(ApiFeature::PartitionableDevices)
+            .expect("a line");
+        assert!(
+            line.contains("DRAPartitionableDevices") && line.contains("published whole"),
+            "{line}"
+        );
     }
 
     #[test]

@@ -173,14 +173,38 @@ pub fn set_published_owner(device: &mut Device, owner: Option<Owner>) {
 
 /// Sets the [`ATTRIBUTE`] of every device in `specs` from `record` (removing it from devices
 /// the record does not name): what the kubelet plugin publishes.
+///
+/// One owner per GPU: a device that consumes a GPU's shared counters (a dynamic-MIG placement,
+/// [`crate::resourceslice::partitions`]) carries its parent GPU's owner, the record's entry
+/// for `gpu-<parentMinor>`, whatever the record says of the placement itself; its GPU's full
+/// device and the placements are allocated against the same counters, so two owners there
+/// would be two allocators on one GPU.
 pub fn publish_owners(specs: &mut [ResourceSliceSpec], record: &Record) {
-    for device in specs
-        .iter_mut()
-        .flat_map(|s| s.devices.iter_mut().flatten())
-    {
-        let owner = record.owner(&device.name);
-        set_published_owner(device, owner);
+    for spec in specs.iter_mut() {
+        let driver = spec.driver.clone();
+        for device in spec.devices.iter_mut().flatten() {
+            let owner = match placement_parent(device, &driver) {
+                Some(parent) => record.owner(&parent),
+                None => record.owner(&device.name),
+            };
+            set_published_owner(device, owner);
+        }
     }
+}
+
+/// The device name of the GPU whose counters `device` consumes, when it is a placement
+/// (consumes counters and names its parent's minor).
+pub fn placement_parent(device: &Device, driver: &str) -> Option<String> {
+    if device.consumes_counters.as_ref().is_none_or(Vec::is_empty) {
+        return None;
+    }
+    let minor = device_attribute(
+        device,
+        driver,
+        crate::resourceslice::attributes::PARENT_MINOR,
+    )?
+    .int?;
+    Some(format!("gpu-{minor}"))
 }
 
 /// The CEL clause the DeviceClass of every Scheduler GpuClass carries, so that kube-scheduler

@@ -1,5 +1,7 @@
 //! The node's inventory as `resource.k8s.io/v1` ResourceSlices: one device per whole GPU and
-//! per existing MIG device, within the API server's limits.
+//! per existing MIG device, within the API server's limits; with DRAPartitionableDevices,
+//! dynamic-MIG GPUs as counter sets and one device per MIG placement ([`partitions`]).
+//! [`node_slices`] is the one entry point for every combination of API features.
 //!
 //! Attribute names without a domain are in the driver's domain, so CEL reads them as
 //! `device.attributes["gpu.kerf.dev"].productName`; the two standard PCI attributes carry the
@@ -9,20 +11,21 @@
 //! [`attributes::ALLOCATOR`] afterwards from its Node's ownership record
 //! ([`crate::ownership::publish_owners`]), so the attribute count check leaves room for it.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSliceSpec,
-};
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourcePool, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kerf_core::inventory::{DeviceRef, Inventory};
+use kerf_core::inventory::Inventory;
 
 use crate::error::{Error, Result};
-use crate::quantity::bytes_quantity;
+use device::published_devices;
 
+mod device;
 pub mod limits;
+pub mod partitions;
+mod pool;
 pub mod shared;
 pub mod taints;
+
+pub use pool::{SliceFeatures, node_slices};
 
 /// Most devices one ResourceSlice may hold (without taints, counters or list attributes).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -75,6 +78,9 @@ pub mod attributes {
     pub const PLACEMENT_START: &str = "placementStart";
     /// Number of memory slices of a MIG device's placement (int).
     pub const PLACEMENT_SIZE: &str = "placementSize";
+    /// GPU-instance profile id of a dynamic-MIG placement, what creating its GPU instance
+    /// takes (int; `nvidia-smi mig -lgip`'s `ID`, e.g. 19 for `1g.5gb`).
+    pub const GI_PROFILE_ID: &str = "giProfileId";
     /// Standard attribute: the PCIe root complex, `pci<domain>:<bus>` (string), when known.
     pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
     /// Standard attribute: PCI address in extended BDF notation, `0000:1b:00.0` (string).
@@ -88,7 +94,7 @@ pub mod attributes {
     pub const ALLOCATOR: &str = crate::ownership::ATTRIBUTE;
 
     /// Every attribute name kerf may publish.
-    pub const ALL: [&str; 20] = [
+    pub const ALL: [&str; 21] = [
         TYPE,
         UUID,
         PRODUCT_NAME,
@@ -106,6 +112,7 @@ pub mod attributes {
         PARENT_MINOR,
         PLACEMENT_START,
         PLACEMENT_SIZE,
+        GI_PROFILE_ID,
         PCIE_ROOT,
         PCI_BUS_ID,
         ALLOCATOR,
@@ -357,235 +364,6 @@ fn check_node_name(node: &str) -> Result<()> {
             "spec.pool.name",
             format!("node name {node:?} is not a DNS subdomain of at most 253 characters"),
         ))
-    }
-}
-
-/// Every device of the inventory, in a stable order, checked against the API limits.
-fn published_devices(inventory: &Inventory) -> Result<Vec<Device>> {
-    let mut refs: Vec<DeviceRef<'_>> = inventory.devices().collect();
-    refs.sort_by(|a, b| device_order(a).cmp(&device_order(b)));
-    let mut seen = BTreeSet::new();
-    let mut devices = Vec::with_capacity(refs.len());
-    for device in refs {
-        let published = publish_device(device, inventory)?;
-        if !seen.insert(published.name.clone()) {
-            return Err(Error::slice(
-                format!("devices[{:?}]", published.name),
-                "two devices of the inventory have this name (duplicate GPU minor or MIG placement)",
-            ));
-        }
-        devices.push(published);
-    }
-    Ok(devices)
-}
-
-fn device_order<'a>(device: &DeviceRef<'a>) -> (u32, Option<(u32, &'a str, u32)>) {
-    match *device {
-        DeviceRef::Gpu(gpu) => (gpu.minor, None),
-        DeviceRef::Mig { parent, mig } => (
-            parent.minor,
-            Some((mig.placement.start, mig.profile.as_str(), mig.gi_id)),
-        ),
-    }
-}
-
-fn publish_device(device: DeviceRef<'_>, inventory: &Inventory) -> Result<Device> {
-    let name = device.name();
-    let at = format!("devices[{name:?}]");
-    if !is_dns_label(&name) {
-        return Err(Error::slice(
-            at,
-            "device name is not a DNS label of at most 63 characters",
-        ));
-    }
-    let mut attributes = Attributes {
-        at: &at,
-        map: BTreeMap::new(),
-    };
-    common_attributes(&mut attributes, device, inventory)?;
-    match device {
-        DeviceRef::Gpu(gpu) => {
-            attributes.string(attributes::TYPE, TYPE_GPU)?;
-            attributes.int(attributes::INDEX, gpu.index);
-            attributes.int(attributes::MINOR, gpu.minor);
-            let bus_id = pci_bus_id(&gpu.pci_bus_id).ok_or_else(|| {
-                Error::slice(
-                    format!("{at}.attributes[{:?}]", attributes::PCI_BUS_ID),
-                    format!(
-                        "{:?} is not a PCI address in domain:bus:device.function form",
-                        gpu.pci_bus_id
-                    ),
-                )
-            })?;
-            attributes.string(attributes::PCI_BUS_ID, &bus_id)?;
-        }
-        DeviceRef::Mig { parent, mig } => {
-            attributes.string(attributes::TYPE, TYPE_MIG)?;
-            attributes.string(attributes::PROFILE, &mig.profile)?;
-            attributes.string(attributes::PARENT_UUID, &parent.uuid)?;
-            attributes.int(attributes::PARENT_MINOR, parent.minor);
-            attributes.int(attributes::PLACEMENT_START, mig.placement.start);
-            attributes.int(attributes::PLACEMENT_SIZE, mig.placement.size);
-        }
-    }
-    let (memory, multiprocessors) = match device {
-        DeviceRef::Gpu(gpu) => (gpu.memory_bytes, gpu.multiprocessors),
-        DeviceRef::Mig { mig, .. } => (mig.memory_bytes, mig.multiprocessors),
-    };
-    let capacity = BTreeMap::from([
-        (
-            capacities::MEMORY.to_owned(),
-            capacity(bytes_quantity(memory)),
-        ),
-        (
-            capacities::MULTIPROCESSORS.to_owned(),
-            capacity(Quantity(multiprocessors.to_string())),
-        ),
-    ]);
-    check_names_and_count(&at, &attributes.map, &capacity)?;
-    Ok(Device {
-        name,
-        attributes: Some(attributes.map),
-        capacity: Some(capacity),
-        ..Device::default()
-    })
-}
-
-fn common_attributes(
-    attributes: &mut Attributes<'_>,
-    device: DeviceRef<'_>,
-    inventory: &Inventory,
-) -> Result<()> {
-    let gpu = device.gpu();
-    attributes.string(attributes::UUID, device.uuid())?;
-    attributes.string(attributes::PRODUCT_NAME, &gpu.product_name)?;
-    attributes.string(attributes::BRAND, &gpu.brand)?;
-    attributes.string(attributes::ARCHITECTURE, &gpu.architecture)?;
-    let capability = gpu.compute_capability;
-    attributes.version(
-        attributes::CUDA_COMPUTE_CAPABILITY,
-        &format!("{}.{}", capability.major, capability.minor),
-    )?;
-    attributes.version(attributes::DRIVER_VERSION, &inventory.driver_version)?;
-    if let Some(cuda) = &inventory.cuda_driver_version {
-        attributes.version(attributes::CUDA_DRIVER_VERSION, cuda)?;
-    }
-    if let Some(domain) = &gpu.nvlink_domain {
-        attributes.string(attributes::NVLINK_DOMAIN, domain)?;
-    }
-    if let Some(numa) = gpu.numa_node {
-        attributes.int(attributes::NUMA_NODE, numa);
-    }
-    if let Some(root) = &gpu.pcie_root {
-        attributes.string(attributes::PCIE_ROOT, root)?;
-    }
-    Ok(())
-}
-
-fn capacity(value: Quantity) -> DeviceCapacity {
-    DeviceCapacity {
-        value,
-        request_policy: None,
-    }
-}
-
-fn check_names_and_count(
-    at: &str,
-    attributes: &BTreeMap<String, DeviceAttribute>,
-    capacity: &BTreeMap<String, DeviceCapacity>,
-) -> Result<()> {
-    if let Some(bad) = attributes
-        .keys()
-        .chain(capacity.keys())
-        .find(|name| !is_qualified_name(name))
-    {
-        return Err(Error::slice(
-            at,
-            format!("{bad:?} is not a valid attribute or capacity name"),
-        ));
-    }
-    // + the allocator attribute, added after building (see ATTRIBUTES_ADDED_LATER).
-    let total = attributes.len() + capacity.len() + ATTRIBUTES_ADDED_LATER;
-    if total > MAX_ATTRIBUTES_AND_CAPACITIES {
-        return Err(Error::slice(
-            at,
-            format!(
-                "{total} attributes and capacities (with the allocator attribute added later); the API allows at most {MAX_ATTRIBUTES_AND_CAPACITIES}"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// A device's attributes under construction; every value is checked as it is added.
-struct Attributes<'a> {
-    at: &'a str,
-    map: BTreeMap<String, DeviceAttribute>,
-}
-
-impl Attributes<'_> {
-    fn string(&mut self, name: &str, value: &str) -> Result<()> {
-        self.check_length(name, value)?;
-        if value.is_empty() {
-            return Err(Error::slice(self.field(name), "is empty"));
-        }
-        self.insert(
-            name,
-            DeviceAttribute {
-                string: Some(value.to_owned()),
-                ..DeviceAttribute::default()
-            },
-        );
-        Ok(())
-    }
-
-    fn version(&mut self, name: &str, value: &str) -> Result<()> {
-        let version = semver(value).ok_or_else(|| {
-            Error::slice(
-                self.field(name),
-                format!("{value:?} cannot be written as a semantic version"),
-            )
-        })?;
-        self.check_length(name, &version)?;
-        self.insert(
-            name,
-            DeviceAttribute {
-                version: Some(version),
-                ..DeviceAttribute::default()
-            },
-        );
-        Ok(())
-    }
-
-    fn int(&mut self, name: &str, value: u32) {
-        self.insert(
-            name,
-            DeviceAttribute {
-                int: Some(i64::from(value)),
-                ..DeviceAttribute::default()
-            },
-        );
-    }
-
-    fn insert(&mut self, name: &str, value: DeviceAttribute) {
-        self.map.insert(name.to_owned(), value);
-    }
-
-    fn check_length(&self, name: &str, value: &str) -> Result<()> {
-        if value.len() > MAX_ATTRIBUTE_VALUE_LEN {
-            return Err(Error::slice(
-                self.field(name),
-                format!(
-                    "{value:?} is {} bytes; the API allows at most {MAX_ATTRIBUTE_VALUE_LEN}",
-                    value.len()
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    fn field(&self, name: &str) -> String {
-        format!("{}.attributes[{name:?}]", self.at)
     }
 }
 

@@ -10,13 +10,15 @@
 //! them is refused as a whole, which would leave the node's pool incomplete, so the publisher
 //! checks before writing ([`check_slice`]).
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use k8s_openapi::api::resource::v1::{
-    CapacityRequestPolicy, Device, DeviceCapacity, ResourceSliceSpec,
+    CapacityRequestPolicy, Counter, Device, DeviceCapacity, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::taints::MAX_DEVICES_PER_SLICE_WITH_TAINTS;
-use super::{MAX_ATTRIBUTES_AND_CAPACITIES, MAX_DEVICES_PER_SLICE};
+use super::{MAX_ATTRIBUTES_AND_CAPACITIES, MAX_DEVICES_PER_SLICE, is_dns_label};
 use crate::error::{Error, Result};
 
 /// Most devices in a slice where any device has taints or consumes counters
@@ -34,6 +36,10 @@ pub const MAX_CONSUMPTIONS_PER_DEVICE: usize = 2;
 pub const MAX_COUNTERS_PER_CONSUMPTION: usize = 32;
 /// Most entries of `requestPolicy.validValues` (`CapacityRequestPolicyDiscreteMaxOptions`).
 pub const MAX_VALID_VALUES: usize = 10;
+/// Largest object etcd stores by default (`--max-request-bytes`, 1.5 MiB): a bigger slice is
+/// refused however valid its fields are. kerf checks the JSON size, which is above the
+/// protobuf size the API server stores.
+pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
 
 /// Checks one capacity of a device as the API server does; `at` names the capacity in
 /// messages, e.g. `devices["gpu-0"].capacity["memory"]`.
@@ -198,13 +204,24 @@ fn check_range(at: &str, policy: &CapacityRequestPolicy, default: u64, value: u6
 }
 
 /// Checks a slice against the limits kerf can reach: devices per slice (64 when any device has
-/// taints or consumes counters), counter sets and counters, counter consumptions per device,
-/// attributes and capacities per device, and every capacity's request policy.
+/// taints or consumes counters), `sharedCounters` and `devices` not both set (1.35+), counter
+/// sets per slice, counters per set, names of sets and counters (DNS labels, sets unique),
+/// counter consumptions per device and counters per consumption, attributes and capacities
+/// per device, every capacity's request policy, and the object size ([`MAX_OBJECT_BYTES`]).
+/// 1.36 has no limit on the total counter consumptions of a slice (kubernetes/kubernetes
+/// `pkg/apis/resource/validation/validation.go`, `validateResourceSliceSpec`,
+/// `validateCounterSet`, `validateDeviceCounterConsumption`).
 ///
 /// # Errors
 ///
 /// [`Error::InvalidResourceSlice`] naming the first limit broken.
 pub fn check_slice(spec: &ResourceSliceSpec) -> Result<()> {
+    if spec.shared_counters.is_some() && spec.devices.is_some() {
+        return Err(Error::slice(
+            "spec",
+            "only one of `sharedCounters` or `devices` is allowed",
+        ));
+    }
     let devices = spec.devices.as_deref().unwrap_or_default();
     let advanced = devices
         .iter()
@@ -228,6 +245,67 @@ pub fn check_slice(spec: &ResourceSliceSpec) -> Result<()> {
             ),
         ));
     }
+    check_counter_sets(spec)?;
+    devices.iter().try_for_each(check_device)?;
+    let bytes = slice_json_bytes(spec);
+    if bytes > MAX_OBJECT_BYTES {
+        return Err(Error::slice(
+            "spec",
+            format!("{bytes} bytes of JSON; the API server stores at most {MAX_OBJECT_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+/// The size of `spec` as JSON, in bytes.
+pub fn slice_json_bytes(spec: &ResourceSliceSpec) -> usize {
+    // Serialising plain data cannot fail; 0 would only skip the size check.
+    serde_json::to_vec(spec).map_or(0, |json| json.len())
+}
+
+/// Checks what one slice cannot see: counter-set names unique in the pool, every device's
+/// consumption naming a counter set of the pool and counters that set has (else kube-scheduler
+/// cannot allocate the device), and device names unique in the pool.
+///
+/// # Errors
+///
+/// [`Error::InvalidResourceSlice`] naming the device or counter set at fault.
+pub fn check_pool(specs: &[ResourceSliceSpec]) -> Result<()> {
+    let mut sets: BTreeMap<&str, &BTreeMap<String, Counter>> = BTreeMap::new();
+    for set in specs
+        .iter()
+        .flat_map(|s| s.shared_counters.iter().flatten())
+    {
+        if sets.insert(&set.name, &set.counters).is_some() {
+            return Err(Error::slice(
+                format!("spec.sharedCounters[{:?}]", set.name),
+                "two counter sets of the pool have this name",
+            ));
+        }
+    }
+    let mut names = BTreeSet::new();
+    for device in specs.iter().flat_map(|s| s.devices.iter().flatten()) {
+        let at = format!("devices[{:?}]", device.name);
+        if !names.insert(device.name.as_str()) {
+            return Err(Error::slice(at, "two devices of the pool have this name"));
+        }
+        for consumption in device.consumes_counters.iter().flatten() {
+            let at = format!("{at}.consumesCounters[{:?}]", consumption.counter_set);
+            let Some(set) = sets.get(consumption.counter_set.as_str()) else {
+                return Err(Error::slice(at, "no counter set of the pool has this name"));
+            };
+            if let Some(missing) = consumption.counters.keys().find(|c| !set.contains_key(*c)) {
+                return Err(Error::slice(
+                    at,
+                    format!("counter {missing:?} is not in the counter set"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_counter_sets(spec: &ResourceSliceSpec) -> Result<()> {
     let sets = spec.shared_counters.as_deref().unwrap_or_default();
     if sets.len() > MAX_COUNTER_SETS_PER_SLICE {
         return Err(Error::slice(
@@ -238,18 +316,38 @@ pub fn check_slice(spec: &ResourceSliceSpec) -> Result<()> {
             ),
         ));
     }
+    let mut seen = BTreeSet::new();
     for set in sets {
-        if set.counters.len() > MAX_COUNTERS_PER_SET {
-            return Err(Error::slice(
-                format!("spec.sharedCounters[{:?}].counters", set.name),
-                format!(
-                    "{} counters; at most {MAX_COUNTERS_PER_SET} are allowed",
-                    set.counters.len()
-                ),
-            ));
+        let at = format!("spec.sharedCounters[{:?}]", set.name);
+        if !is_dns_label(&set.name) {
+            return Err(Error::slice(at, "the name is not a DNS label"));
         }
+        if !seen.insert(set.name.as_str()) {
+            return Err(Error::slice(at, "two counter sets have this name"));
+        }
+        check_counters(&at, &set.counters, MAX_COUNTERS_PER_SET)?;
     }
-    devices.iter().try_for_each(check_device)
+    Ok(())
+}
+
+/// Counters of a set or a consumption: at least one, at most `max`, names DNS labels.
+fn check_counters(at: &str, counters: &BTreeMap<String, Counter>, max: usize) -> Result<()> {
+    if counters.is_empty() {
+        return Err(Error::slice(format!("{at}.counters"), "required"));
+    }
+    if counters.len() > max {
+        return Err(Error::slice(
+            format!("{at}.counters"),
+            format!("{} counters; at most {max} are allowed", counters.len()),
+        ));
+    }
+    if let Some(bad) = counters.keys().find(|name| !is_dns_label(name)) {
+        return Err(Error::slice(
+            format!("{at}.counters[{bad:?}]"),
+            "the name is not a DNS label",
+        ));
+    }
+    Ok(())
 }
 
 fn check_device(device: &Device) -> Result<()> {
@@ -264,25 +362,19 @@ fn check_device(device: &Device) -> Result<()> {
             ),
         ));
     }
+    let mut seen = BTreeSet::new();
     for consumption in consumptions {
-        if consumption.counters.len() > MAX_COUNTERS_PER_CONSUMPTION {
-            return Err(Error::slice(
-                format!("{at}.consumesCounters[{:?}]", consumption.counter_set),
-                format!(
-                    "{} counters; at most {MAX_COUNTERS_PER_CONSUMPTION} are allowed",
-                    consumption.counters.len()
-                ),
-            ));
+        let at = format!("{at}.consumesCounters[{:?}]", consumption.counter_set);
+        if !is_dns_label(&consumption.counter_set) {
+            return Err(Error::slice(at, "counterSet is not a DNS label"));
         }
+        if !seen.insert(consumption.counter_set.as_str()) {
+            return Err(Error::slice(at, "two entries name this counter set"));
+        }
+        check_counters(&at, &consumption.counters, MAX_COUNTERS_PER_CONSUMPTION)?;
     }
-    let attributes = device
-        .attributes
-        .as_ref()
-        .map_or(0, std::collections::BTreeMap::len);
-    let capacities = device
-        .capacity
-        .as_ref()
-        .map_or(0, std::collections::BTreeMap::len);
+    let attributes = device.attributes.as_ref().map_or(0, BTreeMap::len);
+    let capacities = device.capacity.as_ref().map_or(0, BTreeMap::len);
     if attributes + capacities > MAX_ATTRIBUTES_AND_CAPACITIES {
         return Err(Error::slice(
             at,

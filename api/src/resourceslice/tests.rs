@@ -1,6 +1,9 @@
+use std::collections::{BTreeMap, BTreeSet};
+
 use kerf_core::inventory::{ComputeCapability, Gpu, MigDevice, MigPlacement};
 use proptest::prelude::*;
 
+use super::device::check_names_and_count;
 use super::*;
 
 const DRIVER: &str = "gpu.kerf.dev";
@@ -358,7 +361,19 @@ fn mock_profiles_are_publishable() {
         let published = slices(&inventory);
         assert_within_limits(&published);
         let published_count = all_devices(&published).len();
-        assert_eq!(published_count, inventory.devices().count(), "{name}");
+        // A dynamic-MIG GPU without partitionable devices is its whole GPU.
+        let expected: usize = inventory
+            .gpus
+            .iter()
+            .map(|g| {
+                if g.dynamic_mig || !g.mig_enabled {
+                    1
+                } else {
+                    g.mig_devices.len()
+                }
+            })
+            .sum();
+        assert_eq!(published_count, expected, "{name}");
     }
     let h100 = kerf_core::mock::from_spec("h100-sxm-80gb").expect("mock profile");
     let published = slices(&h100);
