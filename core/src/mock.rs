@@ -9,6 +9,8 @@
 //! | `a100-40gb-mig` | 4 × `NVIDIA A100-SXM4-40GB` | HGX A100 4-GPU board with direct NVLink; GPUs 0 and 1 in MIG mode with a few MIG devices |
 //! | `l4` | 2 × `NVIDIA L4` | PCIe-only inference server, one GPU per socket |
 //! | `a100-40gb-dynmig` | 4 × `NVIDIA A100-SXM4-40GB` | the same board with every GPU in MIG mode and no MIG devices: dynamic MIG creates them on demand from [`crate::mig_catalog::catalog_for`] |
+//! | `a100-80gb-dynmig` | 8 × `NVIDIA A100-SXM4-80GB` | DGX A100 80GB (two 4-GPU boards' layout), every GPU in MIG mode without MIG devices, for dynamic MIG |
+//! | `h100-sxm-80gb-dynmig` | 8 × `NVIDIA H100 80GB HBM3` | the DGX H100 of `h100-sxm-80gb` with every GPU in MIG mode without MIG devices, for dynamic MIG |
 //!
 //! Memory sizes are NVML's `memory_info().total` (what `nvidia-smi` prints as `…MiB`), not the
 //! marketing size: 81559 MiB for the H100, 40960 MiB for the A100, 23034 MiB for the L4.
@@ -47,8 +49,19 @@ pub const A100_40GB_MIG: &str = "a100-40gb-mig";
 pub const L4: &str = "l4";
 /// Name of the 4 × A100 SXM4 40GB profile in MIG mode without MIG devices, for dynamic MIG.
 pub const A100_40GB_DYNMIG: &str = "a100-40gb-dynmig";
+/// Name of the 8 × A100 SXM4 80GB profile in MIG mode without MIG devices, for dynamic MIG.
+pub const A100_80GB_DYNMIG: &str = "a100-80gb-dynmig";
+/// Name of the 8 × H100 SXM 80GB profile in MIG mode without MIG devices, for dynamic MIG.
+pub const H100_SXM_80GB_DYNMIG: &str = "h100-sxm-80gb-dynmig";
 
-const PROFILE_NAMES: [&str; 4] = [H100_SXM_80GB, A100_40GB_MIG, L4, A100_40GB_DYNMIG];
+const PROFILE_NAMES: [&str; 6] = [
+    H100_SXM_80GB,
+    A100_40GB_MIG,
+    L4,
+    A100_40GB_DYNMIG,
+    A100_80GB_DYNMIG,
+    H100_SXM_80GB_DYNMIG,
+];
 
 /// The names of the built-in mock profiles.
 pub fn profile_names() -> &'static [&'static str] {
@@ -281,7 +294,7 @@ struct Profile {
     empty_mig_mode: bool,
 }
 
-const PROFILES: [Profile; 4] = [
+const PROFILES: [Profile; 6] = [
     Profile {
         name: H100_SXM_80GB,
         natural_count: 8,
@@ -331,6 +344,32 @@ const PROFILES: [Profile; 4] = [
         multiprocessors: 108,
         slots: &A100_SLOTS,
         links: Links::PerBoard,
+        mig_layouts: &[],
+        empty_mig_mode: true,
+    },
+    Profile {
+        name: A100_80GB_DYNMIG,
+        natural_count: 8,
+        product_name: "NVIDIA A100-SXM4-80GB",
+        architecture: "Ampere",
+        compute_capability: ComputeCapability { major: 8, minor: 0 },
+        memory_mib: 81920,
+        multiprocessors: 108,
+        slots: &A100_SLOTS,
+        links: Links::PerBoard,
+        mig_layouts: &[],
+        empty_mig_mode: true,
+    },
+    Profile {
+        name: H100_SXM_80GB_DYNMIG,
+        natural_count: 8,
+        product_name: "NVIDIA H100 80GB HBM3",
+        architecture: "Hopper",
+        compute_capability: ComputeCapability { major: 9, minor: 0 },
+        memory_mib: 81559,
+        multiprocessors: 132,
+        slots: &H100_SLOTS,
+        links: Links::Switched,
         mig_layouts: &[],
         empty_mig_mode: true,
     },

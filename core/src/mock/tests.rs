@@ -24,6 +24,8 @@ fn every_profile_validates_at_its_natural_count() {
         (A100_40GB_MIG, 4),
         (L4, 2),
         (A100_40GB_DYNMIG, 4),
+        (A100_80GB_DYNMIG, 8),
+        (H100_SXM_80GB_DYNMIG, 8),
     ] {
         let inventory = profile(name);
         assert_eq!(inventory.gpus.len(), count, "{name}");
@@ -32,7 +34,14 @@ fn every_profile_validates_at_its_natural_count() {
     }
     assert_eq!(
         profile_names(),
-        &[H100_SXM_80GB, A100_40GB_MIG, L4, A100_40GB_DYNMIG]
+        &[
+            H100_SXM_80GB,
+            A100_40GB_MIG,
+            L4,
+            A100_40GB_DYNMIG,
+            A100_80GB_DYNMIG,
+            H100_SXM_80GB_DYNMIG
+        ]
     );
 }
 
@@ -456,6 +465,34 @@ fn dynmig_gpus_are_in_mig_mode_without_devices_and_have_a_catalogue() {
     // The driver's MIG capability table ends at GPU 31; later GPUs stay out of MIG mode.
     let big = profile("a100-40gb-dynmig:40");
     assert!(big.gpus[31].mig_enabled && !big.gpus[32].mig_enabled);
+}
+
+#[test]
+fn every_dynmig_profile_has_its_gpus_catalogue() {
+    for (name, product) in [
+        (A100_40GB_DYNMIG, crate::mig_catalog::A100_SXM4_40GB),
+        (A100_80GB_DYNMIG, crate::mig_catalog::A100_SXM4_80GB),
+        (H100_SXM_80GB_DYNMIG, crate::mig_catalog::H100_SXM5_80GB),
+    ] {
+        let inventory = profile(&format!("{name}:8"));
+        for gpu in &inventory.gpus {
+            assert_eq!(gpu.product_name, product, "{name}");
+            assert!(gpu.dynamic_mig && gpu.mig_enabled && gpu.mig_devices.is_empty());
+            assert_eq!(
+                gpu.mig_catalog.as_ref(),
+                crate::mig_catalog::catalog_for(product),
+                "{name}"
+            );
+            // The full-GPU profile fits in the GPU's memory.
+            let full = gpu.mig_catalog.as_ref().unwrap().profiles.last().unwrap();
+            assert!(full.memory_bytes() <= gpu.memory_bytes, "{name}");
+        }
+    }
+    assert_ne!(
+        profile(H100_SXM_80GB_DYNMIG).gpus[0].uuid,
+        profile(H100_SXM_80GB).gpus[0].uuid,
+        "another machine"
+    );
 }
 
 #[test]
