@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{ArgAction, Parser};
 
 use crate::config::{Discovery, PluginConfig};
+use crate::dynamic_mig::CrashStep;
 use crate::health::{HealthConfig, resend_interval_for};
 use crate::{Error, Result};
 use kerf_core::health::{TaintEffect, TaintPolicy};
@@ -102,6 +103,12 @@ pub struct Args {
     #[arg(long, env = "KERF_MOCK_DRIVER_ROOT")]
     pub mock_driver_root: Option<PathBuf>,
 
+    /// Mock mode only, for crash-safety tests: abort the process right after this step of
+    /// every dynamic-MIG prepare (after-gi-create, after-ci-create, after-record,
+    /// after-cdi-write), as a SIGKILL there would stop it.
+    #[arg(long, env = "KERF_MOCK_CRASH_AT", value_enum)]
+    pub mock_crash_at: Option<CrashStep>,
+
     /// Root of the per-GPU MPS daemon directories (<root>/<gpu-uuid>/{pipe,log}) and of the
     /// shared-memory directory <root>/shm, which must also be this container's /dev/shm.
     #[arg(long, env = "KERF_MPS_ROOT", default_value = kerf_core::mps::DEFAULT_MPS_ROOT)]
@@ -193,6 +200,22 @@ impl Args {
             },
             ..HealthConfig::defaults(mock)
         })
+    }
+
+    /// The dynamic-MIG prepare step to abort after (`--mock-crash-at`), if any.
+    ///
+    /// # Errors
+    /// [`Error::Config`] when it is given without a mock inventory: a real node never
+    /// crashes on purpose.
+    pub fn mock_crash_at(&self) -> Result<Option<CrashStep>> {
+        let mock = self.mock_gpus.is_some() || self.mock_inventory.is_some();
+        match (self.mock_crash_at, mock) {
+            (Some(step), false) => Err(Error::Config(format!(
+                "--mock-crash-at {}: needs a mock inventory (--mock-gpus or --mock-inventory)",
+                step.as_str()
+            ))),
+            (step, _) => Ok(step),
+        }
     }
 
     /// Resolves defaults that depend on other flags and checks the values.
@@ -424,6 +447,33 @@ mod tests {
             .into_config()
             .unwrap_err();
         assert!(err.to_string().contains("--mps-root relative/mps"), "{err}");
+    }
+
+    #[test]
+    fn crash_injection_is_for_mock_mode_only() {
+        assert_eq!(parse(&["--node-name", "n"]).mock_crash_at().unwrap(), None);
+        let mock = parse(&[
+            "--node-name",
+            "n",
+            "--mock-gpus",
+            "a100-40gb-dynmig",
+            "--mock-crash-at",
+            "after-ci-create",
+        ]);
+        assert_eq!(
+            mock.mock_crash_at().unwrap(),
+            Some(CrashStep::AfterCiCreate)
+        );
+        let err = parse(&["--node-name", "n", "--mock-crash-at", "after-record"])
+            .mock_crash_at()
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("--mock-crash-at after-record"),
+            "{err}"
+        );
+        assert!(
+            Args::try_parse_from(["x", "--node-name", "n", "--mock-crash-at", "later"]).is_err()
+        );
     }
 
     #[test]

@@ -25,6 +25,22 @@ impl Discovery {
 }
 
 impl PluginConfig {
+    /// Root of mock mode's emulated MIG instances (dynamic MIG): the mock driver root when one
+    /// is given, so that its fake `nvidia-smi mig` sees them; otherwise
+    /// `<plugin dir>/mock-mig` ([`crate::dynamic_mig::mock::DEFAULT_MOCK_MIG_DIR`]) beside the
+    /// checkpoint that records them. `None` outside mock mode.
+    pub fn mock_mig_root(&self) -> Option<PathBuf> {
+        if !self.discovery.is_mock() {
+            return None;
+        }
+        Some(self.gpu_tools_root.clone().unwrap_or_else(|| {
+            self.dra_socket
+                .parent()
+                .unwrap_or_else(|| std::path::Path::new("."))
+                .join(crate::dynamic_mig::mock::DEFAULT_MOCK_MIG_DIR)
+        }))
+    }
+
     /// How the MPS daemons run, or `None` when MPS and time-slicing are not enforced (mock
     /// mode without a mock driver root).
     pub fn mps_settings(&self) -> Option<MpsSettings> {
