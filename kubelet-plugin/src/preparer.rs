@@ -55,7 +55,8 @@ mod records;
 
 use device_status::DeviceStatusWriter;
 use records::{
-    conflicts, device_record, finished_share, parent_request, pod_claim_name, results_of,
+    check_within_claim, conflicts, device_record, finished_share, name_shares, parent_request,
+    pod_claim_name, results_of, spec_device_name,
 };
 
 /// A claim as the kubelet names it.
@@ -491,7 +492,11 @@ impl Preparer {
                 device
             };
             let request = parent_request(&device.request).to_owned();
-            if let Some(existing) = records.iter_mut().find(|r| r.device_name == device.device) {
+            // One record per device and share: two shares of one GPU are two devices.
+            if let Some(existing) = records
+                .iter_mut()
+                .find(|r| r.device_name == device.device && r.share_id == device.share_id)
+            {
                 if !existing.request_names.contains(&request) {
                     existing.request_names.push(request);
                 }
@@ -504,8 +509,11 @@ impl Preparer {
                 &self.config.cdi_kind,
                 &cdi::claim_device_name(&claim.uid, &device.device),
             );
-            records.push(device_record(found, device, request, cdi_id));
+            let record = device_record(found, device, request, cdi_id);
+            check_within_claim(claim, index, &records, &record)?;
+            records.push(record);
         }
+        name_shares(&mut records, &self.config.cdi_kind, &claim.uid);
         Ok(records)
     }
 
@@ -634,8 +642,28 @@ impl Preparer {
             claim_name: &claim.name,
             devices: &prepared,
         };
-        let encoded = self.encoder.encode_for_workload(&spec, &workload)?;
+        // The metadata files name the published devices; the spec's devices are named as
+        // their recorded CDI IDs are (several shares of one GPU each get their own).
         let files = cdi::metadata_files(&spec, &workload)?;
+        let renamed: Option<Vec<cdi::PreparedDevice>> = devices
+            .iter()
+            .any(|d| spec_device_name(d, &self.config.cdi_kind, &claim.uid).is_some())
+            .then(|| {
+                prepared
+                    .iter()
+                    .zip(devices)
+                    .map(|(device, record)| cdi::PreparedDevice {
+                        name: spec_device_name(record, &self.config.cdi_kind, &claim.uid)
+                            .map_or_else(|| device.name.clone(), str::to_owned),
+                        ..device.clone()
+                    })
+                    .collect()
+            });
+        let spec = ClaimSpec {
+            devices: renamed.as_deref().unwrap_or(&prepared),
+            ..spec
+        };
+        let encoded = self.encoder.encode_for_workload(&spec, &workload)?;
         let name = cdi::transient_spec_file_name(&self.config.cdi_kind, &claim.uid)?;
         let uid = claim.uid.clone();
         // The files exist before the spec that mounts them can be used.

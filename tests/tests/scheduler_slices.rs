@@ -307,3 +307,170 @@ async fn the_nodes_shared_publication_gives_a_share_its_sharing_and_a_share_larg
     );
     plugin.shutdown().await.unwrap();
 }
+
+/// A claim of two requests, `a` and `b`.
+fn two_request_claim(name: &str, uid: &str, results: Vec<Value>) -> Value {
+    let mut claim = allocated_claim(name, uid, &[], json!([]));
+    claim["spec"]["devices"]["requests"] = json!([
+        {"name": "a", "exactly": {"deviceClassName": DRIVER}},
+        {"name": "b", "exactly": {"deviceClassName": DRIVER}},
+    ]);
+    claim["status"]["allocation"]["devices"]["results"] = json!(results);
+    claim
+}
+
+fn share_result(request: &str, device: &str, share: &str, consumed: Value) -> Value {
+    json!({"request": request, "driver": DRIVER, "pool": NODE, "device": device,
+        "shareID": share, "consumedCapacity": consumed})
+}
+
+/// The per-device `KERF_DEVICE_*_MEMORY_BYTES` value of each device of a CDI spec, by name.
+fn device_memory(spec: &Value) -> Vec<(String, String)> {
+    spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let memory = d["containerEdits"]["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+                .find_map(|e| e.split_once("_MEMORY_BYTES=").map(|(_, v)| v.to_owned()))
+                .unwrap_or_default();
+            (d["name"].as_str().unwrap().to_owned(), memory)
+        })
+        .collect()
+}
+
+/// A device of a prepare answer: requests, device, CDI IDs, share ID.
+type Answered<'a> = (Vec<String>, &'a str, Vec<String>, Option<&'a str>);
+
+const SHARE_C: &str = "cccccccc-0000-4000-8000-000000000003";
+
+fn pair_claim() -> Value {
+    two_request_claim(
+        "pair",
+        UID_A,
+        vec![
+            share_result("a", "gpu-0", SHARE_A, consumed("10Gi", "25")),
+            share_result("b", "gpu-0", SHARE_C, consumed("20Gi", "50")),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn two_shares_of_one_gpu_in_one_claim_are_two_devices_with_their_own_limits() {
+    let node = Node::new();
+    node.add_claim(pair_claim());
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let devices = kubelet.prepare(&[claim("pair", UID_A)]).await.unwrap()[UID_A]
+        .clone()
+        .unwrap();
+    let kind = format!("k8s.{DRIVER}/gpu");
+    let answered: Vec<Answered<'_>> = devices
+        .iter()
+        .map(|d| {
+            (
+                d.request_names.clone(),
+                d.device_name.as_str(),
+                d.cdi_device_ids.clone(),
+                d.share_id.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        answered,
+        [
+            (
+                vec!["a".to_owned()],
+                "gpu-0",
+                vec![format!("{kind}={UID_A}-gpu-0-aaaaaaaa")],
+                Some(SHARE_A)
+            ),
+            (
+                vec!["b".to_owned()],
+                "gpu-0",
+                vec![format!("{kind}={UID_A}-gpu-0-cccccccc")],
+                Some(SHARE_C)
+            ),
+        ]
+    );
+    let spec = node.cdi_spec(UID_A);
+    let mut memory = device_memory(&spec);
+    memory.sort();
+    assert_eq!(
+        memory,
+        [
+            (format!("{UID_A}-gpu-0-aaaaaaaa"), (10 * GIB).to_string()),
+            (format!("{UID_A}-gpu-0-cccccccc"), (20 * GIB).to_string()),
+        ]
+    );
+    let recorded = node.checkpoint()["claims"][UID_A]["devices"].clone();
+    assert_eq!(recorded.as_array().unwrap().len(), 2, "{recorded}");
+
+    // A repeat prepare (the kubelet's retry, or after a reboot emptied the CDI directory)
+    // answers the same IDs from the checkpoint and writes the same spec.
+    std::fs::remove_file(
+        node.root
+            .join("cdi")
+            .join(format!("k8s.{DRIVER}-gpu_{UID_A}.json")),
+    )
+    .unwrap();
+    let again = kubelet.prepare(&[claim("pair", UID_A)]).await.unwrap()[UID_A]
+        .clone()
+        .unwrap();
+    assert_eq!(again, devices);
+    assert_eq!(node.cdi_spec(UID_A), spec);
+
+    kubelet.unprepare(&[claim("pair", UID_A)]).await.unwrap()[UID_A]
+        .clone()
+        .unwrap();
+    assert!(node.cdi_files().is_empty(), "{:?}", node.cdi_files());
+    assert!(node.checkpoint()["claims"].get(UID_A).is_none());
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn two_shares_of_one_gpu_in_one_claim_over_v1beta1_carry_no_share_id() {
+    let node = Node::new();
+    node.add_claim(pair_claim());
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&["v1beta1.DRAPlugin"]).await;
+    assert_eq!(kubelet.version, DraVersion::V1beta1);
+    let devices = kubelet.prepare(&[claim("pair", UID_A)]).await.unwrap()[UID_A]
+        .clone()
+        .unwrap();
+    assert_eq!(devices.len(), 2, "{devices:?}");
+    assert!(devices.iter().all(|d| d.share_id.is_none()), "{devices:?}");
+    assert_ne!(devices[0].cdi_device_ids, devices[1].cdi_device_ids);
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_whole_gpu_and_a_share_of_it_in_one_claim_are_refused() {
+    let node = Node::new();
+    node.add_claim(two_request_claim(
+        "mixed",
+        UID_A,
+        vec![
+            json!({"request": "a", "driver": DRIVER, "pool": NODE, "device": "gpu-0"}),
+            share_result("b", "gpu-0", SHARE_A, consumed("10Gi", "25")),
+        ],
+    ));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let error = kubelet.prepare(&[claim("mixed", UID_A)]).await.unwrap()[UID_A]
+        .clone()
+        .unwrap_err();
+    assert!(
+        error.contains("status.allocation.devices.results[1]")
+            && error.contains("\"gpu-0\"")
+            && error.contains("whole")
+            && error.contains(SHARE_A),
+        "{error}"
+    );
+    assert!(node.cdi_files().is_empty(), "{:?}", node.cdi_files());
+    plugin.shutdown().await.unwrap();
+}

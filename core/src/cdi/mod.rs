@@ -59,6 +59,27 @@ pub fn claim_device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
 }
 
+/// The name one of several shares of `device` in one claim takes in [`claim_device_name`]
+/// (kube-scheduler may give two requests of a claim each a share of the same shareable GPU,
+/// with their own share IDs): `<device>-<share>`, `<share>` being the first `len` letters and
+/// digits of the share ID, lowercased (all of them when `len` is 0; `share` when it has none).
+/// A share ID is a UUID the scheduler writes, so 8 characters tell a claim's shares apart
+/// but for a rare collision, which the caller resolves with a longer `len`.
+pub fn share_device_name(device: &str, share_id: &str, len: usize) -> String {
+    let take = if len == 0 { usize::MAX } else { len };
+    let share: String = share_id
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .take(take)
+        .collect();
+    if share.is_empty() {
+        format!("{device}-share")
+    } else {
+        format!("{device}-{share}")
+    }
+}
+
 /// The file name of a transient (per-claim) spec: `<vendor>-<class>_<id>.json`, with any
 /// `/` in `id` replaced by `_`, as the reference implementation names them.
 ///
@@ -228,6 +249,22 @@ mod tests {
 
     const KIND: &str = "k8s.gpu.kerf.dev/gpu";
     const UID: &str = "0123abcd-0000-4000-8000-00000000beef";
+
+    #[test]
+    fn a_share_is_named_after_its_share_id_and_stays_a_valid_device_name() {
+        let share = "AAAAAAAA-0000-4000-8000-000000000001";
+        assert_eq!(share_device_name("gpu-0", share, 8), "gpu-0-aaaaaaaa");
+        assert_eq!(
+            share_device_name("gpu-0", share, 0),
+            "gpu-0-aaaaaaaa000040008000000000000001"
+        );
+        assert_eq!(share_device_name("gpu-0", "--", 8), "gpu-0-share");
+        validate_device_name(&claim_device_name(
+            UID,
+            &share_device_name("gpu-0", share, 8),
+        ))
+        .unwrap();
+    }
 
     #[test]
     fn rfc4122_uids_are_recognised() {

@@ -9,6 +9,7 @@ use kerf_core::checkpoint::DeviceRecord;
 use kerf_core::inventory::DeviceRef;
 use kerf_proto::PreparedDevice;
 
+use super::ClaimRef;
 use crate::Result;
 use crate::prepare_error::PrepareError;
 
@@ -127,6 +128,110 @@ pub(super) fn device_record(
     }
 }
 
+/// Refuses `wanted` when an earlier result `held` of the same claim prepares the same device
+/// and the two cannot coexist: several shares of one GPU in one claim (kube-scheduler gives
+/// each request of a claim its own share of a shareable GPU, kubernetes/kubernetes
+/// `structured/internal/incubating/allocator_incubating.go (allocateDevice)` keeps a
+/// shareable device out of `allocatingDevices`) coexist, a whole GPU coexists with nothing.
+///
+/// # Errors
+/// [`PrepareError::Allocation`] at `status.allocation.devices.results[<index>]` naming the
+/// device and both requests.
+pub(super) fn check_within_claim(
+    claim: &ClaimRef,
+    index: usize,
+    records: &[DeviceRecord],
+    wanted: &DeviceRecord,
+) -> Result<()> {
+    let Some(held) = records
+        .iter()
+        .find(|held| held.device_name == wanted.device_name && conflicts(held, wanted))
+    else {
+        return Ok(());
+    };
+    let how = |r: &DeviceRecord| match (&r.share_id, is_exclusive(r)) {
+        (Some(share), true) => format!("whole (share {share} of all its memory)"),
+        (None, true) => "whole".to_owned(),
+        (Some(share), false) => format!("as share {share}"),
+        (None, false) => "as a slice".to_owned(),
+    };
+    let message = format!(
+        "device {:?} is given {} to request {:?} and {} to request {:?} of the same claim; a GPU given whole cannot be shared",
+        wanted.device_name,
+        how(wanted),
+        wanted.request_refs.first().map_or("", String::as_str),
+        how(held),
+        held.request_refs.first().map_or("", String::as_str),
+    );
+    Err(
+        PrepareError::Allocation(kerf_api::Error::InvalidAllocation {
+            claim: format!("{}/{}", claim.namespace, claim.name),
+            path: format!("status.allocation.devices.results[{index}]"),
+            message,
+        })
+        .into(),
+    )
+}
+
+/// Gives each of several shares of one device in a claim its own CDI device,
+/// `<claim uid>-<device>-<share>` ([`cdi::share_device_name`]), so each carries its own
+/// limits; a device with one record in the claim keeps `<claim uid>-<device>`.
+pub(super) fn name_shares(records: &mut [DeviceRecord], kind: &str, claim_uid: &str) {
+    let shared: Vec<usize> = (0..records.len())
+        .filter(|&i| {
+            records[i].share_id.is_some()
+                && records
+                    .iter()
+                    .filter(|r| r.device_name == records[i].device_name)
+                    .count()
+                    > 1
+        })
+        .collect();
+    let names = |len: usize| -> Vec<String> {
+        shared
+            .iter()
+            .map(|&i| {
+                let record = &records[i];
+                let share = record.share_id.as_deref().unwrap_or_default();
+                cdi::share_device_name(&record.device_name, share, len)
+            })
+            .collect()
+    };
+    let mut chosen = names(8);
+    let unique = chosen
+        .iter()
+        .collect::<std::collections::BTreeSet<_>>()
+        .len()
+        == chosen.len();
+    if !unique {
+        chosen = names(0);
+    }
+    for (i, name) in shared.into_iter().zip(chosen) {
+        records[i].cdi_device_ids = vec![cdi::qualified_name(
+            kind,
+            &cdi::claim_device_name(claim_uid, &name),
+        )];
+    }
+}
+
+/// The device name the claim's CDI spec uses for `record`: the one its recorded CDI ID was
+/// made from (so a restored spec matches the IDs the kubelet holds), `None` when that is
+/// the published device name.
+pub(super) fn spec_device_name<'a>(
+    record: &'a DeviceRecord,
+    kind: &str,
+    claim_uid: &str,
+) -> Option<&'a str> {
+    let name = record
+        .cdi_device_ids
+        .first()?
+        .strip_prefix(kind)?
+        .strip_prefix('=')?
+        .strip_prefix(claim_uid)?
+        .strip_prefix('-')?;
+    (name != record.device_name).then_some(name)
+}
+
 pub(super) fn results_of(devices: &[DeviceRecord]) -> Vec<PreparedDevice> {
     devices
         .iter()
@@ -185,6 +290,44 @@ mod tests {
         exclusive.limits = kerf_core::slice::SliceLimits::default();
         exclusive.sharing = Sharing::Exclusive;
         assert!(conflicts(&exclusive, &small));
+    }
+
+    #[test]
+    fn shares_of_one_device_get_their_own_cdi_names_longer_when_8_characters_collide() {
+        let with_share = |id: &str| {
+            let mut r = record(&share("10Gi"));
+            r.share_id = Some(id.to_owned());
+            r
+        };
+        let kind = "k8s.gpu.kerf.dev/gpu";
+        let mut records = vec![
+            with_share("aaaaaaaa-0000-4000-8000-000000000001"),
+            with_share("bbbbbbbb-0000-4000-8000-000000000002"),
+        ];
+        name_shares(&mut records, kind, "u");
+        assert_eq!(
+            records[0].cdi_device_ids,
+            [format!("{kind}=u-gpu-0-aaaaaaaa")]
+        );
+        assert_eq!(
+            spec_device_name(&records[1], kind, "u"),
+            Some("gpu-0-bbbbbbbb")
+        );
+        let mut colliding = vec![
+            with_share("aaaaaaaa-0000-4000-8000-000000000001"),
+            with_share("aaaaaaaa-0000-4000-8000-000000000002"),
+        ];
+        name_shares(&mut colliding, kind, "u");
+        assert_eq!(
+            colliding[1].cdi_device_ids,
+            [format!("{kind}=u-gpu-0-aaaaaaaa000040008000000000000002")]
+        );
+        // A lone share keeps the device's own name.
+        let mut lone = vec![with_share("aaaaaaaa-0000-4000-8000-000000000001")];
+        lone[0].cdi_device_ids = vec![format!("{kind}=u-gpu-0")];
+        name_shares(&mut lone, kind, "u");
+        assert_eq!(lone[0].cdi_device_ids, [format!("{kind}=u-gpu-0")]);
+        assert_eq!(spec_device_name(&lone[0], kind, "u"), None);
     }
 
     #[test]
