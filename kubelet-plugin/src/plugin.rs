@@ -18,6 +18,7 @@ use crate::checkpoint_store::{CheckpointStore, Opened};
 use crate::claim_events::{ClaimEvents, ClaimWarning, KubeClaimEvents};
 use crate::claim_reader::{CachingClaimReader, ClaimReader};
 use crate::config::PluginConfig;
+use crate::dynamic_mig::{CrashStep, DynamicMig};
 use crate::gpu_sharing::GpuSharing;
 use crate::grpc::dra::DraService;
 use crate::grpc::health::HealthService;
@@ -208,6 +209,21 @@ pub async fn start_with_health(
     inventory: Inventory,
     connections: Connections,
 ) -> Result<RunningPlugin> {
+    start_with_mig_crash(config, health_config, None, inventory, connections).await
+}
+
+/// [`start_with_health`], aborting the process right after `crash_at` of every dynamic-MIG
+/// prepare (mock mode's crash tests, `--mock-crash-at`).
+///
+/// # Errors
+/// As [`start_with_health`].
+pub async fn start_with_mig_crash(
+    config: &PluginConfig,
+    health_config: &HealthConfig,
+    crash_at: Option<CrashStep>,
+    inventory: Inventory,
+    connections: Connections,
+) -> Result<RunningPlugin> {
     let shutdown = CancellationToken::new();
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
@@ -215,6 +231,7 @@ pub async fn start_with_health(
         let settings = DeviceStatusConfig::new(&config.driver_name, &config.node_name);
         DeviceStatusWriter::start(client, settings, &mut registry, shutdown.clone())
     });
+    let mig = crate::dynamic_mig::node::for_node(config, &inventory, &mut registry, crash_at)?;
     let registry = Arc::new(registry);
     let health = Health::new();
     let inventory = Arc::new(inventory);
@@ -227,7 +244,7 @@ pub async fn start_with_health(
         &inventory,
         connections.claim_reader,
         &metrics,
-        (status_writer, publication),
+        (status_writer, publication, mig),
     )
     .await?;
 
@@ -316,7 +333,11 @@ async fn open_preparer(
     inventory: &Arc<Inventory>,
     claim_reader: Arc<dyn ClaimReader>,
     metrics: &Metrics,
-    (status_writer, publication): (Option<DeviceStatusWriter>, SharedPublicationHandle),
+    (status_writer, publication, mig): (
+        Option<DeviceStatusWriter>,
+        SharedPublicationHandle,
+        DynamicMig,
+    ),
 ) -> Result<Arc<Preparer>> {
     let checkpoint = open_checkpoint(config).await?;
     std::fs::create_dir_all(&config.cdi_dir)
@@ -333,7 +354,8 @@ async fn open_preparer(
     if let Some(writer) = status_writer {
         preparer = preparer.with_device_status(writer);
     }
-    let preparer = Arc::new(preparer);
+    let preparer = Arc::new(preparer.with_dynamic_mig(mig));
+    crate::dynamic_mig::node::log_restore(&preparer.restore_dynamic_mig().await?);
     log_sharing_restore(&preparer.restore_sharing().await);
     let restored = preparer.restore_cdi_specs().await?;
     tracing::info!(

@@ -36,13 +36,14 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::AllocatedDevice;
 use kerf_core::cdi::{self, ClaimSpec, CommonEdits, DeviceNodePolicy, SpecEncoder};
 use kerf_core::checkpoint::{ClaimEntry, ClaimState, DeviceRecord};
-use kerf_core::inventory::Inventory;
+use kerf_core::inventory::{DeviceRef, Inventory};
 use kerf_core::names;
 use kerf_proto::PreparedDevice;
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
 use crate::claim_reader::ClaimReader;
+use crate::dynamic_mig::{CrashStep, DynamicMig, startup::MigRestore};
 use crate::gpu_sharing::{GpuSharing, Restarted, SharingRestore};
 use crate::metrics::Metrics;
 use crate::prepare_error::PrepareError;
@@ -118,6 +119,7 @@ pub struct Preparer {
     metrics: Metrics,
     device_status: Option<DeviceStatusWriter>,
     publication: SharedPublicationHandle,
+    mig: DynamicMig,
 }
 
 impl Preparer {
@@ -150,6 +152,9 @@ impl Preparer {
             metrics,
             device_status: None,
             publication: SharedPublicationHandle::default(),
+            mig: DynamicMig::unavailable(
+                "dynamic MIG is not set up in this plugin (no MIG control)",
+            ),
         };
         preparer.update_prepared_gauge();
         Ok(preparer)
@@ -170,6 +175,14 @@ impl Preparer {
     #[must_use]
     pub fn with_shared_publication(mut self, handle: SharedPublicationHandle) -> Self {
         self.publication = handle;
+        self
+    }
+
+    /// Creates and destroys the MIG instances of dynamic-MIG placement devices with `mig`
+    /// ([`crate::dynamic_mig`]); without it such devices fail to prepare.
+    #[must_use]
+    pub fn with_dynamic_mig(mut self, mig: DynamicMig) -> Self {
+        self.mig = mig;
         self
     }
 
@@ -261,20 +274,34 @@ impl Preparer {
         let pod_claim_name = pod_claim_name(&api_claim)?;
         let allocated = kerf_api::resolve_allocation(&api_claim, &self.config.driver_name)
             .map_err(PrepareError::Allocation)?;
-        let devices = self.plan_devices(claim, &allocated)?;
-        self.record_started(claim, pod_claim_name.clone(), devices.clone())?;
-        let prepared = match self.sharing.set_up(&devices, &self.checkpoint).await {
-            Ok(()) => {
-                self.finish_prepare(claim, pod_claim_name.as_deref(), &devices)
-                    .await
-            }
+        let mut devices = self.plan_devices(claim, &allocated)?;
+        self.record_started(claim, pod_claim_name.clone(), &mut devices)?;
+        // Dynamic MIG makes its intent durable and creates the instances; it undoes them
+        // itself when it fails.
+        let mig = self
+            .mig
+            .set_up(&claim.uid, &mut devices, &self.checkpoint)
+            .await;
+        let created = mig.is_ok();
+        let prepared = match mig {
+            Ok(()) => match self.sharing.set_up(&devices, &self.checkpoint).await {
+                Ok(()) => {
+                    self.finish_prepare(claim, pod_claim_name.as_deref(), &devices)
+                        .await
+                }
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if let Err(e) = prepared {
             self.forget_claim(claim).await;
             self.sharing.release(&devices, &self.checkpoint).await;
+            if created {
+                self.release_mig(claim, &devices).await;
+            }
             return Err(e);
         }
+        self.mig.crash_point(CrashStep::AfterCdiWrite);
         self.report_prepared(claim, &devices);
         Ok(results_of(&devices))
     }
@@ -296,6 +323,9 @@ impl Preparer {
             return Ok(());
         }
         self.remove_cdi_spec(&claim.uid).await?;
+        // A MIG instance still in use fails the unprepare with the entry kept: the kubelet
+        // retries, and the instance is never forgotten while it exists.
+        self.mig.release(&devices).await?;
         self.checkpoint
             .update(|cp| cp.remove_claim(&claim.uid))
             .await?;
@@ -367,6 +397,17 @@ impl Preparer {
             rewritten: completed.len(),
             orphans_removed: removed,
         })
+    }
+
+    /// Brings the MIG instances of dynamic-MIG GPUs in line with the checkpoint at start-up,
+    /// before the CDI specs are restored (entries it drops lose their specs as orphans).
+    ///
+    /// # Errors
+    /// The checkpoint write that drops unfinished entries failed.
+    pub async fn restore_dynamic_mig(&self) -> Result<MigRestore> {
+        let restored = self.mig.restore(&self.inventory, &self.checkpoint).await;
+        self.update_prepared_gauge();
+        restored
     }
 
     /// Brings the GPUs' MPS daemons and time slices in line with the checkpoint at start-up:
@@ -465,7 +506,12 @@ impl Preparer {
                 }
                 .into());
             }
-            let Some(found) = self.inventory.device(&device.device) else {
+            let placement = self.inventory.dynamic_placement(&device.device);
+            let Some(found) = self
+                .inventory
+                .device(&device.device)
+                .or(placement.map(|p| DeviceRef::Gpu(p.gpu)))
+            else {
                 return Err(PrepareError::UnknownDevice {
                     index,
                     device: device.device.clone(),
@@ -509,7 +555,10 @@ impl Preparer {
                 &self.config.cdi_kind,
                 &cdi::claim_device_name(&claim.uid, &device.device),
             );
-            let record = device_record(found, device, request, cdi_id);
+            let mut record = device_record(found, device, request, cdi_id);
+            if let Some(placement) = &placement {
+                crate::dynamic_mig::manager::mark_intent(&mut record, placement);
+            }
             check_within_claim(claim, index, &records, &record)?;
             records.push(record);
         }
@@ -526,7 +575,7 @@ impl Preparer {
         &self,
         claim: &ClaimRef,
         pod_claim_name: Option<String>,
-        devices: Vec<DeviceRecord>,
+        devices: &mut [DeviceRecord],
     ) -> Result<()> {
         let conflict = self.checkpoint.mutate_lazily(|cp| {
             let conflict = devices.iter().find_map(|wanted| {
@@ -549,6 +598,7 @@ impl Preparer {
                     })
             });
             if conflict.is_none() {
+                crate::dynamic_mig::manager::carry_over(cp.claims.get(&claim.uid), devices);
                 cp.claims.insert(
                     claim.uid.clone(),
                     ClaimEntry {
@@ -556,7 +606,7 @@ impl Preparer {
                         name: claim.name.clone(),
                         pod_claim_name,
                         state: ClaimState::PrepareStarted,
-                        devices,
+                        devices: devices.to_vec(),
                     },
                 );
             }
@@ -590,6 +640,13 @@ impl Preparer {
         });
         let (spec, completed) = tokio::join!(spec, completed);
         spec.and(completed)
+    }
+
+    /// Best-effort rollback of the MIG instances of a prepare that failed after creating them.
+    async fn release_mig(&self, claim: &ClaimRef, devices: &[DeviceRecord]) {
+        if let Err(e) = self.mig.release(devices).await {
+            tracing::error!(claim.uid = %claim.uid, error = %e, "rollback: destroying MIG instances failed; start-up destroys them");
+        }
     }
 
     /// Best-effort rollback of a failed prepare: no spec, no checkpoint entry.

@@ -11,6 +11,7 @@ pub mod crash;
 pub mod manager;
 pub mod metrics;
 pub mod mock;
+pub mod node;
 pub mod nvml;
 pub mod startup;
 

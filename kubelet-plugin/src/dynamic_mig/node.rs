@@ -1,0 +1,70 @@
+//! The node's dynamic MIG as the plugin starts it: which MIG control it uses, and the log of
+//! what the start-up reconciliation did.
+
+use std::sync::Arc;
+
+use kerf_core::inventory::Inventory;
+use prometheus_client::registry::Registry;
+
+use super::crash::CrashStep;
+use super::manager::DynamicMig;
+use super::metrics::MigMetrics;
+use super::mock::MockMigControl;
+use super::startup::MigRestore;
+use crate::Result;
+use crate::config::PluginConfig;
+use crate::discovery::facts::HostPaths;
+
+/// Dynamic MIG for a node with `inventory`: nothing without dynamic-MIG GPUs; in mock mode
+/// the emulated instances under [`PluginConfig::mock_mig_root`], whose `proc` directory is
+/// the emulated driver's; on a GPU node, NVML's MIG calls (not in this build yet: placement
+/// devices then fail to prepare with a message that says so). `crash_at` aborts after that
+/// step of every MIG prepare (`--mock-crash-at`, refused outside mock mode by
+/// [`crate::args::Args::mock_crash_at`]).
+///
+/// # Errors
+/// The mock's state directory cannot be created.
+pub fn for_node(
+    config: &PluginConfig,
+    inventory: &Inventory,
+    registry: &mut Registry,
+    crash_at: Option<CrashStep>,
+) -> Result<DynamicMig> {
+    if !inventory.gpus.iter().any(|g| g.dynamic_mig) {
+        return Ok(DynamicMig::unavailable(
+            "no GPU of this node creates MIG devices on demand",
+        ));
+    }
+    let metrics = MigMetrics::new(registry);
+    let mig = if let Some(root) = config.mock_mig_root() {
+        let control = MockMigControl::open(&root)?;
+        tracing::info!(root = %root.display(), "dynamic MIG: emulated MIG instances");
+        let host = HostPaths {
+            sys: root.join("sys"),
+            proc: root.join("proc"),
+        };
+        DynamicMig::new(Arc::new(control), host, metrics)
+    } else {
+        tracing::error!(
+            "dynamic MIG needs NVML MIG control, which this build lacks; placement devices cannot be prepared"
+        );
+        DynamicMig::unavailable(
+            "dynamic MIG needs NVML MIG control, which this build of the plugin lacks",
+        )
+    };
+    Ok(mig.with_crash_at(crash_at))
+}
+
+/// Logs what [`DynamicMig::restore`] did.
+pub fn log_restore(report: &MigRestore) {
+    for error in &report.failures {
+        tracing::error!(%error, "start-up: dynamic MIG reconciliation left a GPU as it was");
+    }
+    tracing::info!(
+        kept = report.kept,
+        compute_destroyed = report.compute_destroyed,
+        gpu_destroyed = report.gpu_destroyed,
+        claims_dropped = ?report.claims_dropped,
+        "dynamic MIG instances reconciled with the checkpoint"
+    );
+}
