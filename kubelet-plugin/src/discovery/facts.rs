@@ -13,9 +13,14 @@ use std::path::{Component, Path};
 
 use kerf_core::inventory::{ComputeCapability, Gpu, Inventory};
 
+mod dynamic_mig;
 mod host;
 mod mig;
 
+pub use dynamic_mig::{
+    DynamicMigPolicy, GI_PROFILE_1_SLICE_REV1, KerfInstances, RawGiProfile, catalog_difference,
+    decode_catalog, dynamic_decision, full_compute_profile, gpu_catalog,
+};
 pub use host::HostPaths;
 use mig::convert_mig;
 pub use mig::{
@@ -67,6 +72,9 @@ pub struct RawGpu {
     pub mig_enabled: bool,
     /// The MIG devices that exist now.
     pub mig_devices: Vec<RawMig>,
+    /// The GPU-instance profiles NVML offers, with their placements; empty when MIG mode is
+    /// off or the driver lacks the calls.
+    pub mig_profiles: Vec<RawGiProfile>,
     /// `nvmlDeviceGetGpuFabricInfo[V]`, when the GPU and driver answer it.
     pub fabric: Option<RawFabric>,
 }
@@ -268,20 +276,33 @@ pub fn nvlink_peers(gpus: &[RawGpu]) -> BTreeMap<u32, Vec<u32>> {
 pub struct Converted {
     /// The inventory (not yet validated).
     pub inventory: Inventory,
-    /// One message per GPU or MIG device left out.
+    /// One message per GPU or MIG device left out, or MIG catalogue NVML described wrongly.
     pub skipped: Vec<String>,
+    /// Facts worth an info line: whether each MIG-enabled GPU is a dynamic-MIG GPU and why
+    /// not, and how NVML's MIG catalogue differs from the built-in one.
+    pub notes: Vec<String>,
 }
 
 /// Converts raw NVML facts and host facts into an inventory. GPUs and MIG devices whose
 /// essential facts are missing are left out with a message in [`Converted::skipped`], so one
-/// odd device does not hide the others.
-pub fn build_inventory(raw: &RawSystem, host: &HostFacts) -> Converted {
+/// odd device does not hide the others. MIG-enabled GPUs get their catalogue
+/// ([`gpu_catalog`]) and are dynamic-MIG GPUs as `policy` decides ([`dynamic_decision`]).
+pub fn build_inventory(raw: &RawSystem, host: &HostFacts, policy: &DynamicMigPolicy) -> Converted {
     let peers = nvlink_peers(&raw.gpus);
     let mut skipped = Vec::new();
+    let mut notes = Vec::new();
     let mut gpus = Vec::new();
     for gpu in &raw.gpus {
         match convert_gpu(gpu, host, &peers, &mut skipped) {
-            Ok(converted) => gpus.push(converted),
+            Ok(mut converted) => {
+                if gpu.mig_enabled {
+                    let (catalog, dynamic) =
+                        mig_partitioning(gpu, policy, &mut notes, &mut skipped);
+                    converted.mig_catalog = catalog;
+                    converted.dynamic_mig = dynamic;
+                }
+                gpus.push(converted);
+            }
             Err(reason) => skipped.push(format!("GPU {} ({}): {reason}", gpu.minor, gpu.uuid)),
         }
     }
@@ -301,7 +322,49 @@ pub fn build_inventory(raw: &RawSystem, host: &HostFacts) -> Converted {
             gpus,
         },
         skipped,
+        notes,
     }
+}
+
+/// The catalogue of a MIG-enabled GPU and whether it is a dynamic-MIG GPU. An inconsistent
+/// NVML answer falls back to the built-in catalogue with a message in `skipped`.
+fn mig_partitioning(
+    gpu: &RawGpu,
+    policy: &DynamicMigPolicy,
+    notes: &mut Vec<String>,
+    skipped: &mut Vec<String>,
+) -> (Option<kerf_core::mig_catalog::GpuMigCatalog>, bool) {
+    let label = format!("GPU {} ({})", gpu.minor, gpu.uuid);
+    let catalog = match gpu_catalog(gpu) {
+        Ok((catalog, difference)) => {
+            if let Some(difference) = difference {
+                notes.push(format!(
+                    "{label}: NVML's MIG profiles differ from the built-in catalogue of {:?} \
+                     ({difference}); NVML's are used",
+                    gpu.name
+                ));
+            }
+            catalog
+        }
+        Err(reason) => {
+            skipped.push(format!(
+                "{label}: NVML's MIG profiles are unusable ({reason}); the built-in catalogue \
+                 serves if there is one"
+            ));
+            kerf_core::mig_catalog::catalog_for(&gpu.name).cloned()
+        }
+    };
+    let dynamic = match dynamic_decision(gpu, catalog.as_ref(), policy) {
+        Ok(()) => {
+            notes.push(format!("{label}: dynamic MIG"));
+            true
+        }
+        Err(reason) => {
+            notes.push(format!("{label}: not a dynamic-MIG GPU: {reason}"));
+            false
+        }
+    };
+    (catalog, dynamic)
 }
 
 fn convert_gpu(

@@ -4,6 +4,7 @@
 //! [`select`] picks the source from the command-line choices.
 
 use std::path::Path;
+use std::sync::Arc;
 
 use kerf_core::inventory::Inventory;
 
@@ -16,10 +17,15 @@ pub mod nvml_health;
 // The one module of kerf that may use `unsafe`: raw NVML calls nvml-wrapper has no safe API
 // for. Its module docs explain why each unsafe block is sound.
 #[allow(unsafe_code)]
-mod nvml_raw;
+pub(crate) mod nvml_raw;
 
+pub use facts::{DynamicMigPolicy, KerfInstances};
 pub use mock::MockDiscovery;
 pub use nvml::NvmlDiscovery;
+
+/// Where NVML discovery gets its [`DynamicMigPolicy`] each time it runs: the flags, and the
+/// MIG instances the checkpoint records now.
+pub type DynamicMigSource = Arc<dyn Fn() -> DynamicMigPolicy + Send + Sync>;
 
 /// A source of the node's GPU inventory.
 pub trait DeviceDiscovery: Send + Sync {
@@ -45,6 +51,20 @@ pub fn select(
     mock_gpus: Option<&str>,
     mock_inventory: Option<&Path>,
 ) -> Result<Box<dyn DeviceDiscovery>> {
+    select_with_dynamic_mig(mock_gpus, mock_inventory, None)
+}
+
+/// [`select`], with NVML discovery marking dynamic-MIG GPUs as `dynamic_mig` decides
+/// ([`NvmlDiscovery::with_dynamic_mig`]). Mock inventories carry their own
+/// [`kerf_core::inventory::Gpu::dynamic_mig`] and ignore it.
+///
+/// # Errors
+/// As [`select`].
+pub fn select_with_dynamic_mig(
+    mock_gpus: Option<&str>,
+    mock_inventory: Option<&Path>,
+    dynamic_mig: Option<DynamicMigSource>,
+) -> Result<Box<dyn DeviceDiscovery>> {
     match (mock_gpus, mock_inventory) {
         (Some(spec), Some(path)) => Err(Error::Config(format!(
             "--mock-gpus ({spec}) and --mock-inventory ({}) are mutually exclusive; pass one",
@@ -53,7 +73,10 @@ pub fn select(
         (Some(spec), None) => Ok(Box::new(MockDiscovery::from_spec(spec)?)),
         (None, Some(path)) => Ok(Box::new(MockDiscovery::from_file(path)?)),
         (None, None) => match NvmlDiscovery::init() {
-            Ok(nvml) => Ok(Box::new(nvml)),
+            Ok(nvml) => Ok(Box::new(match dynamic_mig {
+                Some(source) => nvml.with_dynamic_mig(source),
+                None => nvml,
+            })),
             Err(Error::Nvml(message)) => Err(Error::NoDiscovery(message)),
             Err(other) => Err(Error::NoDiscovery(other.to_string())),
         },

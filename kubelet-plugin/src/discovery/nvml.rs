@@ -17,11 +17,12 @@ use nvml_wrapper::enums::device::DeviceArchitecture;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, NvLink};
 
-use super::DeviceDiscovery;
 use super::facts::{
-    HostPaths, RawGpu, RawMig, RawSystem, build_inventory, ids_from_legacy_mig_uuid,
+    DynamicMigPolicy, HostPaths, RawGiProfile, RawGpu, RawMig, RawSystem, build_inventory,
+    ids_from_legacy_mig_uuid,
 };
 use super::nvml_raw;
+use super::{DeviceDiscovery, DynamicMigSource};
 use crate::{Error, Result};
 use kerf_core::inventory::Inventory;
 
@@ -34,6 +35,7 @@ const MIG_ENABLED: u32 = 1;
 pub struct NvmlDiscovery {
     nvml: Nvml,
     host: HostPaths,
+    dynamic_mig: Option<DynamicMigSource>,
 }
 
 impl std::fmt::Debug for NvmlDiscovery {
@@ -60,7 +62,21 @@ impl NvmlDiscovery {
     /// As [`NvmlDiscovery::init`].
     pub fn init_with_host_paths(host: HostPaths) -> Result<Self> {
         let nvml = Nvml::init().map_err(|e| Error::Nvml(format!("initialise: {}", message(&e))))?;
-        Ok(NvmlDiscovery { nvml, host })
+        Ok(NvmlDiscovery {
+            nvml,
+            host,
+            dynamic_mig: None,
+        })
+    }
+
+    /// Marks MIG-enabled GPUs as dynamic-MIG GPUs as the policy `source` returns decides
+    /// ([`super::facts::dynamic_decision`]). `source` is asked at every discovery, because the
+    /// MIG instances kerf created (which do not make a GPU static) change as claims are
+    /// prepared. Without it no GPU is dynamic.
+    #[must_use]
+    pub fn with_dynamic_mig(mut self, source: DynamicMigSource) -> Self {
+        self.dynamic_mig = Some(source);
+        self
     }
 
     fn gather(&self) -> Result<RawSystem> {
@@ -93,9 +109,16 @@ impl DeviceDiscovery for NvmlDiscovery {
     fn discover(&self) -> Result<Inventory> {
         let raw = self.gather()?;
         let host = self.host.facts_for(&raw);
-        let converted = build_inventory(&raw, &host);
+        let policy = self
+            .dynamic_mig
+            .as_ref()
+            .map_or_else(DynamicMigPolicy::default, |source| source());
+        let converted = build_inventory(&raw, &host, &policy);
         for reason in &converted.skipped {
             tracing::warn!(%reason, "device left out of the inventory");
+        }
+        for note in &converted.notes {
+            tracing::info!(%note, "MIG discovery");
         }
         converted.inventory.validate()?;
         Ok(converted.inventory)
@@ -134,6 +157,7 @@ fn raw_gpu(index: u32, device: &Device<'_>) -> Result<RawGpu> {
         nvlink_remotes: nvlink_remotes(device),
         mig_enabled: device.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED),
         mig_devices: raw_migs(device),
+        mig_profiles: raw_mig_profiles(device, &uuid),
         fabric: known(nvml_raw::gpu_fabric_info(device), &uuid, "NVLink fabric"),
         uuid,
     })
@@ -169,6 +193,23 @@ fn raw_migs(device: &Device<'_>) -> Vec<RawMig> {
         .filter_map(|i| device.mig_device_by_index(i).ok())
         .filter_map(|mig| raw_mig(device, &mig))
         .collect()
+}
+
+/// The GPU-instance profiles of a MIG-enabled GPU with their placements; empty (the built-in
+/// catalogue then serves) when MIG mode is off or NVML cannot list them.
+fn raw_mig_profiles(device: &Device<'_>, uuid: &str) -> Vec<RawGiProfile> {
+    if !device.mig_mode().is_ok_and(|m| m.current == MIG_ENABLED) {
+        return Vec::new();
+    }
+    nvml_raw::gi_profiles(device).unwrap_or_else(|error| {
+        tracing::warn!(
+            device = uuid,
+            call = error.call,
+            code = error.code,
+            "NVML could not list the MIG profiles; the built-in catalogue serves if there is one"
+        );
+        Vec::new()
+    })
 }
 
 /// One MIG device of `parent`; `None` when NVML cannot even say what it is.

@@ -7,7 +7,10 @@
 //! - [`gpu_instance_placement`]: `nvmlDeviceGetGpuInstanceById` on the parent GPU, then
 //!   `nvmlGpuInstanceGetInfo` for the instance's placement among the memory slices;
 //! - [`gpu_fabric_info`]: `nvmlDeviceGetGpuFabricInfoV` (struct version 2), or the older
-//!   `nvmlDeviceGetGpuFabricInfo` when the driver predates the versioned call.
+//!   `nvmlDeviceGetGpuFabricInfo` when the driver predates the versioned call;
+//! - [`mig`]: creating, destroying and listing GPU and compute instances (dynamic MIG), with
+//!   the additional soundness points its docs give, and `profiles`: the GPU-instance
+//!   profiles and their placements.
 //!
 //! The functions only copy NVML's answers into plain values; what they mean is decided in
 //! [`super::facts`]. Each returns `Ok(None)` when the loaded driver does not have the call (the
@@ -69,6 +72,11 @@ use nvml_wrapper_sys::bindings::{
 
 use super::facts::RawFabric;
 use crate::{Error, Result};
+
+pub(crate) mod mig;
+mod profiles;
+
+pub(crate) use profiles::gi_profiles;
 
 /// `nvmlGpuFabricInfo_v2` from `nvml.h`: `NVML_STRUCT_VERSION(GpuFabricInfo, 2)`, i.e.
 /// `sizeof(nvmlGpuFabricInfo_v2_t) | 2 << 24`. Version 2 is the oldest layout the versioned

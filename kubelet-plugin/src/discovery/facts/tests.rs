@@ -146,7 +146,7 @@ fn builds_a_valid_inventory() {
             pcie_root: Some("pci0000:15".into()),
         },
     );
-    let converted = build_inventory(&raw, &host);
+    let converted = build_inventory(&raw, &host, &DynamicMigPolicy::default());
     assert!(converted.skipped.is_empty(), "{:?}", converted.skipped);
     let inventory = converted.inventory;
     assert!(inventory.validate().is_ok(), "{:?}", inventory.validate());
@@ -199,7 +199,7 @@ fn devices_missing_facts_are_skipped_with_a_reason() {
         mig_minors: MigMinors::parse("gpu2/gi9/access 309\ngpu2/gi9/ci0/access 310\n"),
         ..HostFacts::default()
     };
-    let converted = build_inventory(&raw, &host);
+    let converted = build_inventory(&raw, &host, &DynamicMigPolicy::default());
     assert_eq!(converted.inventory.gpus.len(), 2);
     assert_eq!(converted.skipped.len(), 2, "{:?}", converted.skipped);
     assert!(
@@ -321,7 +321,7 @@ fn nvml_ids_and_placement_keep_mig_devices_and_fabric_gives_the_domain() {
         mig_minors: MigMinors::parse("gpu0/gi13/access 120\ngpu0/gi13/ci0/access 121\n"),
         ..HostFacts::default()
     };
-    let converted = build_inventory(&raw, &host);
+    let converted = build_inventory(&raw, &host, &DynamicMigPolicy::default());
     assert!(converted.skipped.is_empty(), "{:?}", converted.skipped);
     let inventory = converted.inventory;
     assert!(inventory.validate().is_ok(), "{:?}", inventory.validate());
