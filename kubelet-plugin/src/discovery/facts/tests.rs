@@ -343,3 +343,42 @@ fn nvml_ids_and_placement_keep_mig_devices_and_fabric_gives_the_domain() {
     );
     assert_eq!(mig.device_name(0), "gpu-0-mig-1g-10gb-6");
 }
+
+#[test]
+fn mig_gpus_get_a_catalogue_and_are_dynamic_as_the_policy_says() {
+    let mut a100 = h100(0, "00000000:18:00.0", vec![]);
+    a100.name = kerf_core::mig_catalog::A100_SXM4_40GB.into();
+    a100.memory_total_bytes = 40960 * MIB;
+    a100.mig_enabled = true;
+    let plain = h100(1, "00000000:2A:00.0", vec![]);
+    let raw = RawSystem {
+        driver_version: "570.124.06".into(),
+        gpus: vec![a100, plain],
+        ..RawSystem::default()
+    };
+    let on = DynamicMigPolicy {
+        enabled: true,
+        ..DynamicMigPolicy::default()
+    };
+    let converted = build_inventory(&raw, &HostFacts::default(), &on);
+    let gpus = &converted.inventory.gpus;
+    assert!(gpus[0].dynamic_mig);
+    assert_eq!(
+        gpus[0].mig_catalog.as_ref(),
+        kerf_core::mig_catalog::catalog_for(kerf_core::mig_catalog::A100_SXM4_40GB)
+    );
+    assert!(!gpus[1].dynamic_mig && gpus[1].mig_catalog.is_none());
+    assert_eq!(
+        converted.notes,
+        ["GPU 0 (GPU-00000000-0000-0000-0000-000000000000): dynamic MIG"]
+    );
+    assert!(converted.inventory.validate().is_ok());
+    let off = build_inventory(&raw, &HostFacts::default(), &DynamicMigPolicy::default());
+    assert!(!off.inventory.gpus[0].dynamic_mig);
+    assert!(off.inventory.gpus[0].mig_catalog.is_some());
+    assert!(
+        off.notes[0].contains("dynamic MIG is off"),
+        "{:?}",
+        off.notes
+    );
+}
