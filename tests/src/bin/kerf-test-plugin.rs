@@ -1,6 +1,6 @@
 //! `kerf-test-plugin`: the kubelet plugin library run as its own process, for tests that must
 //! kill the plugin (SIGKILL) and start it again. It takes exactly the flags of
-//! `kerf-kubelet-plugin` and reads the API server from `KUBECONFIG`; SIGTERM or Ctrl-C stop
+//! `kerf-kubelet-plugin` (`--mock-crash-at` included) and reads the API server from `KUBECONFIG`; SIGTERM or Ctrl-C stop
 //! it cleanly.
 //!
 //! It lives in kerf-tests because Cargo builds a package's own binaries for that package's
@@ -19,6 +19,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_writer(std::io::stderr)
         .init();
     let claim_cache = args.claim_cache;
+    let crash_at = args.mock_crash_at()?;
     let config = args.into_config()?;
     let inventory = plugin::discover(&config)?;
     let client = kube::Client::try_default().await?;
@@ -27,7 +28,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !claim_cache {
         connections = connections.without_claim_cache();
     }
-    let running = plugin::start(&config, inventory, connections).await?;
+    let health = kerf_kubelet_plugin::health::HealthConfig::defaults(config.discovery.is_mock());
+    let running =
+        plugin::start_with_mig_crash(&config, &health, crash_at, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {
         wait_for_termination().await;
