@@ -17,13 +17,13 @@ use crate::discovery::facts::HostPaths;
 
 /// Dynamic MIG for a node with `inventory`: nothing without dynamic-MIG GPUs; in mock mode
 /// the emulated instances under [`PluginConfig::mock_mig_root`], whose `proc` directory is
-/// the emulated driver's; on a GPU node, NVML's MIG calls (not in this build yet: placement
-/// devices then fail to prepare with a message that says so). `crash_at` aborts after that
+/// the emulated driver's; on a GPU node, NVML's MIG calls
+/// ([`super::nvml::NvmlMigControl`]) and the host's `/proc`. `crash_at` aborts after that
 /// step of every MIG prepare (`--mock-crash-at`, refused outside mock mode by
 /// [`crate::args::Args::mock_crash_at`]).
 ///
 /// # Errors
-/// The mock's state directory cannot be created.
+/// The mock's state directory cannot be created, or NVML does not initialise.
 pub fn for_node(
     config: &PluginConfig,
     inventory: &Inventory,
@@ -45,12 +45,9 @@ pub fn for_node(
         };
         DynamicMig::new(Arc::new(control), host, metrics)
     } else {
-        tracing::error!(
-            "dynamic MIG needs NVML MIG control, which this build lacks; placement devices cannot be prepared"
-        );
-        DynamicMig::unavailable(
-            "dynamic MIG needs NVML MIG control, which this build of the plugin lacks",
-        )
+        // The driver's /proc files are the host's: the caps table and /proc/devices.
+        let control = super::nvml::NvmlMigControl::new()?;
+        DynamicMig::new(Arc::new(control), HostPaths::default(), metrics)
     };
     Ok(mig.with_crash_at(crash_at))
 }
