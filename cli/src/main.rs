@@ -189,8 +189,9 @@ impl BenchArgs {
 
 #[derive(Debug, clap::Args)]
 struct InventoryArgs {
-    /// Mock inventory PROFILE[:COUNT] (h100-sxm-80gb, a100-40gb-mig, l4); the default when
-    /// neither this nor --mock-inventory is given is to ask NVML.
+    /// Mock inventory PROFILE[:COUNT] (h100-sxm-80gb, a100-40gb-mig, l4, a100-40gb-dynmig;
+    /// --list-profiles prints them); the default when neither this nor --mock-inventory is
+    /// given is to ask NVML.
     #[arg(long, env = "KERF_MOCK_GPUS", conflicts_with = "mock_inventory")]
     mock_gpus: Option<String>,
     /// Mock inventory YAML file.
@@ -202,6 +203,65 @@ struct InventoryArgs {
     /// Node name (the pool name).
     #[arg(long, env = "NODE_NAME", default_value = "node-1")]
     node_name: String,
+    /// Print the names of the mock profiles, one a line, and nothing else.
+    #[arg(long, exclusive = true)]
+    list_profiles: bool,
+    /// Publish every whole GPU as a scheduler slice (Kubernetes 1.36 DRAConsumableCapacity:
+    /// allowMultipleAllocations with memory and compute capacities and their request
+    /// policies), as for GPUs of a sliced Scheduler GpuClass.
+    #[arg(long, env = "KERF_INVENTORY_CONSUMABLE_CAPACITY")]
+    consumable_capacity: bool,
+    /// Memory granularity of the scheduler slices [default: 1Gi].
+    #[arg(
+        long,
+        env = "KERF_INVENTORY_MEMORY_GRANULARITY",
+        requires = "consumable_capacity",
+        value_parser = parse_granularity
+    )]
+    memory_granularity: Option<u64>,
+    /// Compute percent of a scheduler slice that asks for memory only [default: 100].
+    #[arg(
+        long,
+        env = "KERF_INVENTORY_DEFAULT_COMPUTE",
+        requires = "consumable_capacity",
+        value_parser = clap::value_parser!(u8).range(1..=100)
+    )]
+    default_compute: Option<u8>,
+    /// Most scheduler slices per GPU (a `slices` capacity) [default: no limit].
+    #[arg(
+        long,
+        env = "KERF_INVENTORY_MAX_SLICES_PER_GPU",
+        requires = "consumable_capacity",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    max_slices_per_gpu: Option<u32>,
+    /// Publish dynamic-MIG GPUs as counter sets and MIG placements (Kubernetes 1.36
+    /// DRAPartitionableDevices).
+    #[arg(long, env = "KERF_INVENTORY_PARTITIONABLE_DEVICES")]
+    partitionable_devices: bool,
+}
+
+impl InventoryArgs {
+    fn features(&self) -> kerf_cli::inventory::Features {
+        let consumable_capacity = self.consumable_capacity.then(|| {
+            let mut slicing = kerf_cli::inventory::default_slicing();
+            if let Some(bytes) = self.memory_granularity {
+                slicing.memory_granularity_bytes = bytes;
+            }
+            slicing.default_compute_percent = self.default_compute;
+            slicing.max_slices_per_gpu = self.max_slices_per_gpu;
+            slicing
+        });
+        kerf_cli::inventory::Features {
+            consumable_capacity,
+            partitionable_devices: self.partitionable_devices,
+        }
+    }
+}
+
+/// `--memory-granularity`: a byte quantity such as `1Gi` or `512Mi`.
+fn parse_granularity(text: &str) -> Result<u64, String> {
+    kerf_api::quantity::parse_bytes(text).map_err(|e| e.to_string())
 }
 
 #[derive(Debug, clap::Args)]
@@ -298,13 +358,23 @@ fn runs_as_fake_tool(args: &[OsString]) -> bool {
 }
 
 fn inventory(args: &InventoryArgs) -> anyhow::Result<()> {
+    if args.list_profiles {
+        for name in kerf_core::mock::profile_names() {
+            println!("{name}");
+        }
+        return Ok(());
+    }
     let source = kerf_kubelet_plugin::discovery::select(
         args.mock_gpus.as_deref(),
         args.mock_inventory.as_deref(),
     )?;
     let inventory = source.discover()?;
-    let slices =
-        kerf_cli::inventory::resource_slices(&inventory, &args.driver_name, &args.node_name)?;
+    let slices = kerf_cli::inventory::published_slices(
+        &inventory,
+        &args.driver_name,
+        &args.node_name,
+        &args.features(),
+    )?;
     print!(
         "{}",
         kerf_cli::inventory::to_yaml(&slices).context("rendering YAML")?
