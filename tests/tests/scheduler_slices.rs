@@ -133,31 +133,53 @@ async fn shares_of_one_gpu_in_two_claims_are_prepared_with_their_limits_and_shar
     plugin.shutdown().await.unwrap();
 }
 
+/// `spec` with the claim's identity (UID and name, also as they appear in env keys and
+/// paths; `name` must occur nowhere else) replaced by placeholders, so that two claims' specs compare by what their containers get.
+fn anonymous(spec: &Value, uid: &str, name: &str) -> Value {
+    let key = uid.to_ascii_uppercase().replace('-', "_");
+    let text = spec
+        .to_string()
+        .replace(uid, "UID")
+        .replace(&key, "UID")
+        .replace(name, "NAME")
+        .replace(&name.to_ascii_uppercase().replace('-', "_"), "NAME");
+    serde_json::from_str(&text).unwrap()
+}
+
+/// A scheduler share and a controller slice (GpuSliceAllocation) of the same GPU, memory,
+/// compute and sharing give their containers the same CDI edits: env, device nodes and mounts
+/// alike, apart from the claims' names and UIDs.
 #[tokio::test]
 async fn a_share_gets_the_same_cdi_edits_as_a_controller_slice_of_its_size() {
     let node = Node::new();
-    let uuid = mock_uuid(&node, 1);
+    let uuid = mock_uuid(&node, 0);
     node.add_claim(share_claim(
-        "share",
+        "share-claim",
         UID_A,
         &[("gpu", "gpu-0", SHARE_A, consumed("10Gi", "30"))],
     ));
     node.add_claim(allocated_claim(
-        "slice",
+        "slice-claim",
         UID_B,
-        &[("gpu", DRIVER, NODE, "gpu-1")],
-        slice_allocation("gpu-1", &uuid, 10 * GIB, 30),
+        &[("gpu", DRIVER, NODE, "gpu-0")],
+        slice_allocation("gpu-0", &uuid, 10 * GIB, 30),
     ));
     let plugin = node.start().await;
     let kubelet = node.kubelet(&KNOWN_SERVICES).await;
     let answers = kubelet
-        .prepare(&[claim("share", UID_A), claim("slice", UID_B)])
+        .prepare(&[claim("share-claim", UID_A), claim("slice-claim", UID_B)])
         .await
         .unwrap();
     assert!(answers.values().all(Result::is_ok), "{answers:?}");
-    let share = limit_env(&node.cdi_spec(UID_A));
-    assert!(!share.is_empty());
-    assert_eq!(share, limit_env(&node.cdi_spec(UID_B)));
+    let share = node.cdi_spec(UID_A);
+    assert!(
+        limit_env(&share).contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M".to_owned()),
+        "{share}"
+    );
+    assert_eq!(
+        anonymous(&share, UID_A, "share-claim"),
+        anonymous(&node.cdi_spec(UID_B), UID_B, "slice-claim")
+    );
     plugin.shutdown().await.unwrap();
 }
 
