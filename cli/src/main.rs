@@ -189,9 +189,9 @@ impl BenchArgs {
 
 #[derive(Debug, clap::Args)]
 struct InventoryArgs {
-    /// Mock inventory PROFILE[:COUNT] (h100-sxm-80gb, a100-40gb-mig, l4, a100-40gb-dynmig;
-    /// --list-profiles prints them); the default when neither this nor --mock-inventory is
-    /// given is to ask NVML.
+    /// Mock inventory PROFILE[:COUNT] (h100-sxm-80gb, a100-40gb-mig, l4, …; --list-profiles
+    /// prints them all); the default when neither this nor --mock-inventory is given is to ask
+    /// NVML.
     #[arg(long, env = "KERF_MOCK_GPUS", conflicts_with = "mock_inventory")]
     mock_gpus: Option<String>,
     /// Mock inventory YAML file.
@@ -203,12 +203,13 @@ struct InventoryArgs {
     /// Node name (the pool name).
     #[arg(long, env = "NODE_NAME", default_value = "node-1")]
     node_name: String,
-    /// Print the names of the mock profiles, one a line, and nothing else.
-    #[arg(long, exclusive = true)]
+    /// Print the names of the mock profiles, one a line, and nothing else (the other flags
+    /// are not used).
+    #[arg(long)]
     list_profiles: bool,
-    /// Publish every whole GPU as a scheduler slice (Kubernetes 1.36 DRAConsumableCapacity:
-    /// allowMultipleAllocations with memory and compute capacities and their request
-    /// policies), as for GPUs of a sliced Scheduler GpuClass.
+    /// Publish every whole GPU outside MIG mode as a scheduler slice (Kubernetes 1.36
+    /// DRAConsumableCapacity: allowMultipleAllocations with memory and compute capacities and
+    /// their request policies), as for the GPUs of a sliced Scheduler GpuClass.
     #[arg(long, env = "KERF_INVENTORY_CONSUMABLE_CAPACITY")]
     consumable_capacity: bool,
     /// Memory granularity of the scheduler slices [default: 1Gi].
@@ -235,8 +236,8 @@ struct InventoryArgs {
         value_parser = clap::value_parser!(u32).range(1..)
     )]
     max_slices_per_gpu: Option<u32>,
-    /// Publish dynamic-MIG GPUs as counter sets and MIG placements (Kubernetes 1.36
-    /// DRAPartitionableDevices).
+    /// Publish dynamic-MIG GPUs as counter sets and one device per MIG placement (Kubernetes
+    /// 1.36 DRAPartitionableDevices), as the scheduler's.
     #[arg(long, env = "KERF_INVENTORY_PARTITIONABLE_DEVICES")]
     partitionable_devices: bool,
 }
