@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser};
 
+use crate::config::DynamicMigSettings;
 use crate::config::{Discovery, PluginConfig};
 use crate::dynamic_mig::CrashStep;
 use crate::health::{HealthConfig, resend_interval_for};
@@ -108,6 +109,17 @@ pub struct Args {
     /// after-cdi-write), as a SIGKILL there would stop it.
     #[arg(long, env = "KERF_MOCK_CRASH_AT", value_enum)]
     pub mock_crash_at: Option<CrashStep>,
+
+    /// Create MIG devices on demand (dynamic MIG) on GPUs in MIG mode that have no MIG device
+    /// kerf did not create, when the API server serves partitionable devices (1.36+). Off:
+    /// such GPUs are published as before (only their existing MIG devices).
+    #[arg(long, env = "KERF_DYNAMIC_MIG", default_value_t = true, action = clap::ArgAction::Set)]
+    pub dynamic_mig: bool,
+
+    /// Minors of GPUs whose MIG devices the admin partitions by hand (comma-separated, e.g.
+    /// 0,3): never dynamic MIG, their existing MIG devices are published.
+    #[arg(long, env = "KERF_STATIC_MIG_GPUS", value_delimiter = ',')]
+    pub static_mig_gpus: Vec<u32>,
 
     /// Root of the per-GPU MPS daemon directories (<root>/<gpu-uuid>/{pipe,log}) and of the
     /// shared-memory directory <root>/shm, which must also be this container's /dev/shm.
@@ -215,6 +227,15 @@ impl Args {
                 step.as_str()
             ))),
             (step, _) => Ok(step),
+        }
+    }
+
+    /// Which GPUs NVML discovery may make dynamic-MIG GPUs (`--dynamic-mig`,
+    /// `--static-mig-gpus`). Mock inventories carry their own choice.
+    pub fn dynamic_mig_settings(&self) -> DynamicMigSettings {
+        DynamicMigSettings {
+            enabled: self.dynamic_mig,
+            static_gpus: self.static_mig_gpus.iter().copied().collect(),
         }
     }
 
@@ -447,6 +468,26 @@ mod tests {
             .into_config()
             .unwrap_err();
         assert!(err.to_string().contains("--mps-root relative/mps"), "{err}");
+    }
+
+    #[test]
+    fn dynamic_mig_is_on_by_default_and_static_gpus_are_a_list() {
+        let defaults = parse(&["--node-name", "n"]).dynamic_mig_settings();
+        assert!(defaults.enabled);
+        assert!(defaults.static_gpus.is_empty());
+        let set = parse(&[
+            "--node-name",
+            "n",
+            "--dynamic-mig=false",
+            "--static-mig-gpus",
+            "3,0",
+        ])
+        .dynamic_mig_settings();
+        assert!(!set.enabled);
+        assert_eq!(set.static_gpus.into_iter().collect::<Vec<_>>(), vec![0, 3]);
+        assert!(
+            Args::try_parse_from(["x", "--node-name", "n", "--static-mig-gpus", "gpu-1"]).is_err()
+        );
     }
 
     #[test]

@@ -1,10 +1,22 @@
 //! The plugin's resolved configuration, passed in as a value (no env reads in logic).
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::mps_daemons::MpsSettings;
+
+/// Which GPUs NVML discovery may make dynamic-MIG GPUs (kerf creates their MIG devices at
+/// prepare); see [`crate::discovery::DynamicMigPolicy`], which adds the instances kerf's
+/// checkpoint records.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DynamicMigSettings {
+    /// Dynamic MIG at all (`--dynamic-mig`).
+    pub enabled: bool,
+    /// Minors of GPUs the admin partitions by hand (`--static-mig-gpus`).
+    pub static_gpus: BTreeSet<u32>,
+}
 
 /// Where the GPU inventory comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -18,8 +18,10 @@ async fn main() -> anyhow::Result<()> {
     let health = args.health_config()?;
     let claim_device_status = args.claim_device_status;
     let claim_cache = args.claim_cache;
+    let crash_at = args.mock_crash_at()?;
+    let dynamic_mig = args.dynamic_mig_settings();
     let config = args.into_config()?;
-    let inventory = plugin::discover(&config)?;
+    let inventory = plugin::discover_with_dynamic_mig(&config, &dynamic_mig)?;
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
@@ -31,7 +33,8 @@ async fn main() -> anyhow::Result<()> {
     if !claim_cache {
         connections = connections.without_claim_cache();
     }
-    let running = plugin::start_with_health(&config, &health, inventory, connections).await?;
+    let running =
+        plugin::start_with_mig_crash(&config, &health, crash_at, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {
         kerf_ops::signal::terminated().await;

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::checkpoint_store::{CheckpointStore, Opened};
 use crate::claim_events::{ClaimEvents, ClaimWarning, KubeClaimEvents};
 use crate::claim_reader::{CachingClaimReader, ClaimReader};
-use crate::config::PluginConfig;
+use crate::config::{DynamicMigSettings, PluginConfig};
 use crate::dynamic_mig::{CrashStep, DynamicMig};
 use crate::gpu_sharing::GpuSharing;
 use crate::grpc::dra::DraService;
@@ -174,15 +174,61 @@ impl RunningPlugin {
 /// # Errors
 /// No discovery is available, or it fails.
 pub fn discover(config: &PluginConfig) -> Result<Inventory> {
+    discover_with_dynamic_mig(config, &DynamicMigSettings::default())
+}
+
+/// [`discover`], NVML discovery marking the GPUs `dynamic_mig` allows as dynamic-MIG GPUs.
+/// The MIG instances kerf created are read from the checkpoint file as it is now (before the
+/// plugin opens it), so that they do not make their GPU look partitioned by hand.
+///
+/// # Errors
+/// As [`discover`].
+pub fn discover_with_dynamic_mig(
+    config: &PluginConfig,
+    dynamic_mig: &DynamicMigSettings,
+) -> Result<Inventory> {
     let (mock_gpus, mock_file) = match &config.discovery {
         crate::config::Discovery::Nvml => (None, None),
         crate::config::Discovery::MockProfile(spec) => (Some(spec.as_str()), None),
         crate::config::Discovery::MockFile(path) => (None, Some(path.as_path())),
     };
-    let source = discovery::select(mock_gpus, mock_file)?;
+    let policy = discovery::DynamicMigPolicy {
+        enabled: dynamic_mig.enabled,
+        static_gpus: dynamic_mig.static_gpus.clone(),
+        kerf_instances: recorded_mig_instances(&config.checkpoint_file),
+    };
+    let source: discovery::DynamicMigSource = Arc::new(move || policy.clone());
+    let source = discovery::select_with_dynamic_mig(mock_gpus, mock_file, Some(source))?;
     let inventory = source.discover()?;
-    tracing::info!(source = source.source(), gpus = inventory.gpus.len(), driver = %inventory.driver_version, "discovered GPUs");
+    let dynamic = inventory.gpus.iter().filter(|g| g.dynamic_mig).count();
+    tracing::info!(source = source.source(), gpus = inventory.gpus.len(), dynamic_mig_gpus = dynamic, driver = %inventory.driver_version, "discovered GPUs");
     Ok(inventory)
+}
+
+/// The MIG instances the checkpoint at `path` records, read without changing the file (the
+/// checkpoint store deals with a missing or corrupt one when it opens it). An unreadable
+/// checkpoint names no instance: a GPU holding kerf's instances then counts as partitioned
+/// by hand and is left alone, which is the safe side.
+fn recorded_mig_instances(path: &Path) -> discovery::KerfInstances {
+    let checkpoint = match std::fs::read(path) {
+        Ok(bytes) => kerf_core::checkpoint::decode(&bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return discovery::KerfInstances::default();
+        }
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot read the checkpoint for kerf's MIG instances; GPUs with MIG devices count as partitioned by hand");
+            return discovery::KerfInstances::default();
+        }
+    };
+    match checkpoint {
+        Ok(cp) => discovery::KerfInstances::from_records(
+            &kerf_core::mig_reconcile::recorded_instances(&cp),
+        ),
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "cannot decode the checkpoint for kerf's MIG instances; GPUs with MIG devices count as partitioned by hand");
+            discovery::KerfInstances::default()
+        }
+    }
 }
 
 /// Starts every part of the plugin with the default health settings
