@@ -274,13 +274,47 @@ fn consumed_capacity_and_shares_are_slices() {
         ]),
         &json!([]),
     );
+    // Shared by MPS as prepared without a config naming a sharing.
     assert_eq!(
         device_uses(&claim, DRIVER),
         [
-            DeviceUse::slice("n", "gpu-0", 30 * GI, 40),
-            DeviceUse::slice("n", "gpu-1", 10 * GI, 0),
-            DeviceUse::slice("n", "gpu-2", 0, 0),
+            shared("gpu-0", 30 * GI, 40, Sharing::Mps),
+            shared("gpu-1", 10 * GI, 0, Sharing::Mps),
+            shared("gpu-2", 0, 0, Sharing::Mps),
             DeviceUse::whole("n", "gpu-3"),
+        ]
+    );
+}
+
+fn shared(device: &str, memory_bytes: u64, compute_percent: u8, sharing: Sharing) -> DeviceUse {
+    DeviceUse {
+        node: "n".to_owned(),
+        device: device.to_owned(),
+        kind: alloc::UseKind::Slice {
+            memory_bytes,
+            compute_percent,
+            sharing,
+        },
+    }
+}
+
+#[test]
+fn a_share_counts_with_the_sharing_its_class_config_names() {
+    let share = |device: &str, id: &str, request: &str| {
+        json!({ "request": request, "driver": DRIVER, "pool": "n", "device": device,
+            "shareID": id, "consumedCapacity": { "memory": "8Gi", "compute": "20" } })
+    };
+    let claim = allocated(
+        &json!([share("gpu-0", "s1", "a"), share("gpu-0", "s2", "b")]),
+        &json!([{ "source": "FromClass", "requests": ["b"], "opaque": { "driver": DRIVER,
+            "parameters": { "apiVersion": API_VERSION, "kind": "GpuClassParameters",
+                "sharing": { "strategy": "TimeSlicing" } } } }]),
+    );
+    assert_eq!(
+        device_uses(&claim, DRIVER),
+        [
+            shared("gpu-0", 8 * GI, 20, Sharing::Mps),
+            shared("gpu-0", 8 * GI, 20, Sharing::TimeSlicing),
         ]
     );
 }

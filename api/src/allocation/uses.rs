@@ -18,7 +18,11 @@ use super::{CONSUMED_COMPUTE, CONSUMED_MEMORY};
 /// - A result that a `GpuSliceAllocation` entry of this driver names (kerf's controller) is a
 ///   slice of the entry's memory and compute, or the whole GPU when the entry sets neither.
 /// - A result with `consumedCapacity` or a `shareID` (a consumable-capacity share, 1.36+) is
-///   a slice of its consumed `memory` and `compute` (percent); missing ones count as zero.
+///   a slice of its consumed `memory` and `compute` (percent); missing ones count as zero. It
+///   is shared as it is prepared: as the claim's configs say ([`crate::resolve_allocation`]),
+///   MPS when they name no sharing (the Node's shared publication, which may name another, is
+///   not in the claim). Whether it took the whole GPU depends on the GPU's size, which the
+///   published device knows: see kerf-controller's `capacity` module.
 /// - An admin-access result holds nothing.
 /// - Anything else (the scheduler's whole-device allocation) holds the whole device.
 ///
@@ -34,16 +38,45 @@ pub fn device_uses(claim: &ResourceClaim, driver: &str) -> Vec<DeviceUse> {
         return Vec::new();
     };
     let slices = slice_allocations(devices, driver);
-    devices
-        .results
-        .iter()
-        .flatten()
-        .filter(|r| r.driver == driver && r.admin_access != Some(true))
-        .map(|result| DeviceUse {
-            node: result.pool.clone(),
-            device: result.device.clone(),
-            kind: use_kind(result, &slices, driver),
+    let results = || {
+        devices
+            .results
+            .iter()
+            .flatten()
+            .filter(|r| r.driver == driver && r.admin_access != Some(true))
+    };
+    let shares = if results().any(|r| r.share_id.is_some()) {
+        share_sharing(claim, driver)
+    } else {
+        Vec::new()
+    };
+    results()
+        .map(|result| {
+            let mut kind = use_kind(result, &slices, driver);
+            if let (UseKind::Slice { sharing, .. }, Some(share)) = (&mut kind, &result.share_id)
+                && *sharing == Sharing::Exclusive
+            {
+                *sharing = shares
+                    .iter()
+                    .find(|(device, id, _)| *device == result.device && id == share)
+                    .map_or(Sharing::Mps, |(_, _, s)| *s);
+            }
+            DeviceUse {
+                node: result.pool.clone(),
+                device: result.device.clone(),
+                kind,
+            }
         })
+        .collect()
+}
+
+/// The sharing each scheduler share of `claim` is prepared with, by device and share ID, as
+/// the claim's configs resolve it; nothing when they do not resolve (the caller's MPS then).
+fn share_sharing(claim: &ResourceClaim, driver: &str) -> Vec<(String, String, Sharing)> {
+    crate::resolve_allocation(claim, driver)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|d| Some((d.device, d.share_id?, d.sharing)))
         .collect()
 }
 
@@ -90,8 +123,7 @@ fn use_kind(
         value.map_or(Some(0), amount)
     };
     match (consumed(CONSUMED_MEMORY), consumed(CONSUMED_COMPUTE)) {
-        // A scheduler share (consumable capacity) names no strategy in its result; it counts
-        // as unconstrained until the class's strategy travels with it.
+        // The strategy is not in the result; device_uses fills it in from the configs.
         (Some(memory_bytes), Some(compute)) => UseKind::Slice {
             memory_bytes,
             compute_percent: u8::try_from(compute.min(100)).unwrap_or(100),
