@@ -605,6 +605,34 @@ mod tests {
         assert!(view.skipped[0].reason.contains("not node-local"));
     }
 
+    /// The slices the kubelet plugin publishes for 8 dynamic-MIG GPUs with `features`.
+    fn dynamic(partitionable: bool) -> Vec<ResourceSlice> {
+        let inventory = mock::from_spec("h100-sxm-80gb-dynmig").unwrap();
+        let features = crate::resourceslice::SliceFeatures {
+            device_taints: false,
+            partitionable_devices: partitionable,
+        };
+        crate::resourceslice::node_slices(&inventory, DRIVER, "node-1", features)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+            .map(|(i, spec)| slice(&format!("node-1-{i}"), spec))
+            .collect()
+    }
+
+    #[test]
+    fn a_dynamic_mig_pool_gives_the_controller_nothing_to_place_on() {
+        let slices = dynamic(true);
+        assert!(slices.iter().any(|s| s.spec.shared_counters.is_some()));
+        let view = inventory_view(&slices, DRIVER);
+        assert!(view.skipped.is_empty(), "{:?}", view.skipped);
+        assert_eq!(view.nodes["node-1"].gpus, []);
+        assert!(view.shared.is_empty());
+        // The same GPUs published whole (no partitionable devices) are whole GPUs.
+        let view = inventory_view(&dynamic(false), DRIVER);
+        assert_eq!(view.nodes["node-1"].gpus.len(), 8);
+    }
+
     #[test]
     fn a_node_with_an_empty_pool_is_present_without_gpus() {
         let nodes = node_gpus_from_slices(&[node_slice("s", "node-1", 0, Vec::new())], DRIVER);
