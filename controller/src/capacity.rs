@@ -5,8 +5,15 @@
 //! use is counted per device from every allocation that names it, whoever wrote it:
 //! - a device with a `GpuSliceAllocation` entry (written by kerf's controller) uses the slice's
 //!   memory (the whole device when the entry sets none);
-//! - a device allocated as a share (`shareID`, consumable capacity) uses its consumed `memory`;
+//! - a device allocated as a share (`shareID`, consumable capacity) uses its consumed `memory`,
+//!   and the whole device when that is at least the published `memory` request policy's
+//!   `default` (what a request without `capacity.requests` consumes; the plugin prepares such
+//!   a share as the whole GPU, `kerf_api::AllocatedDevice::finish_share`);
 //! - any other allocation holds the whole device.
+//!
+//! A class counts the devices its DeviceClass lets kube-scheduler allocate ([`ClassScope`]):
+//! a sliced Scheduler class only GPUs published shareable (`allowMultipleAllocations`, the
+//! GPUs the Node's shared publication names), a whole-GPU Scheduler class only the others.
 //!
 //! Admin-access results do not count: they give access without consuming the device. A GPU in
 //! MIG mode is published only as its MIG devices, so whole GPUs and MIG devices never share
@@ -24,7 +31,10 @@ use kerf_api::resourceslice::capacities;
 
 use kerf_api::resourceslice::device_memory_bytes;
 
-use crate::selector::DeviceSelector;
+mod scope;
+
+use scope::whole_share_bytes;
+pub use scope::{ClassScope, Shareable};
 
 /// One device of the driver's current ResourceSlices.
 #[derive(Debug, Clone, Copy)]
@@ -88,12 +98,15 @@ pub fn memory_in_use(
     claims: &[Arc<ResourceClaim>],
     driver: &str,
 ) -> MemoryUse {
-    let memory: HashMap<DeviceKey, u64> = devices
+    let memory: HashMap<DeviceKey, (u64, Option<u64>)> = devices
         .iter()
         .map(|d| {
             (
                 (d.pool.to_owned(), d.device.name.clone()),
-                device_memory_bytes(d.device, driver).unwrap_or(0),
+                (
+                    device_memory_bytes(d.device, driver).unwrap_or(0),
+                    whole_share_bytes(d.device, driver),
+                ),
             )
         })
         .collect();
@@ -105,10 +118,10 @@ pub fn memory_in_use(
         let slices = slice_allocations(allocation, driver);
         for result in results_of(allocation, driver) {
             let key = (result.pool.clone(), result.device.clone());
-            let Some(&whole) = memory.get(&key) else {
+            let Some(&(whole, whole_share)) = memory.get(&key) else {
                 continue;
             };
-            let bytes = result_memory(result, &slices, whole);
+            let bytes = result_memory(result, &slices, whole, whole_share);
             let entry = used.entry(key).or_insert(0);
             *entry = entry.saturating_add(bytes).min(whole);
         }
@@ -157,6 +170,7 @@ fn result_memory(
     result: &DeviceRequestAllocationResult,
     slices: &[GpuSliceAllocation],
     whole: u64,
+    whole_share: Option<u64>,
 ) -> u64 {
     let share = result.share_id.as_deref();
     if let Some(slice) = slices
@@ -166,7 +180,9 @@ fn result_memory(
         return slice.memory_bytes.unwrap_or(whole);
     }
     if share.is_some() {
-        return consumed_memory(result.consumed_capacity.as_ref()).unwrap_or(whole);
+        return consumed_memory(result.consumed_capacity.as_ref())
+            .filter(|bytes| whole_share.is_none_or(|w| *bytes < w))
+            .unwrap_or(whole);
     }
     whole
 }
@@ -186,18 +202,32 @@ fn consumed_memory(
 }
 
 /// The compute a class's devices have left, in whole GPUs (1.0 = one GPU's multiprocessors):
-/// a whole-device allocation takes all of a device, a slice its compute percent.
+/// a whole-device allocation takes all of a device, a slice its compute percent, a share of
+/// a shareable GPU's whole memory all of it.
 pub fn free_compute_gpus(
-    selector: &DeviceSelector,
+    scope: &ClassScope<'_>,
     devices: &[PublishedDevice<'_>],
     claims: &[Arc<ResourceClaim>],
     driver: &str,
 ) -> f64 {
+    let whole_shares: HashMap<DeviceKey, u64> = devices
+        .iter()
+        .filter_map(|d| {
+            let bytes = whole_share_bytes(d.device, driver)?;
+            Some(((d.pool.to_owned(), d.device.name.clone()), bytes))
+        })
+        .collect();
     let mut used: HashMap<DeviceKey, u32> = HashMap::new();
     for claim in claims {
         for device_use in kerf_api::allocation::device_uses(claim, driver) {
+            let key = (device_use.node.clone(), device_use.device.clone());
             let percent = match device_use.kind {
                 kerf_core::alloc::UseKind::Whole => 100,
+                kerf_core::alloc::UseKind::Slice { memory_bytes, .. }
+                    if whole_shares.get(&key).is_some_and(|w| memory_bytes >= *w) =>
+                {
+                    100
+                }
                 kerf_core::alloc::UseKind::Slice {
                     compute_percent, ..
                 } => u32::from(compute_percent),
@@ -210,7 +240,7 @@ pub fn free_compute_gpus(
     }
     let free_percent: u32 = devices
         .iter()
-        .filter(|d| selector.matches(d.device, driver))
+        .filter(|d| scope.matches(d.device, driver))
         .map(|d| {
             100 - used
                 .get(&(d.pool.to_owned(), d.device.name.clone()))
@@ -232,16 +262,16 @@ pub struct ClassCapacity {
     pub free_memory_bytes: u64,
 }
 
-/// Counts the devices `selector` matches and their total and free memory.
+/// Counts the devices `scope` matches and their total and free memory.
 pub fn class_capacity(
-    selector: &DeviceSelector,
+    scope: &ClassScope<'_>,
     devices: &[PublishedDevice<'_>],
     usage: &MemoryUse,
     driver: &str,
 ) -> ClassCapacity {
     devices
         .iter()
-        .filter(|d| selector.matches(d.device, driver))
+        .filter(|d| scope.matches(d.device, driver))
         .fold(ClassCapacity::default(), |mut sum, d| {
             let memory = device_memory_bytes(d.device, driver).unwrap_or(0);
             let used = usage.used(d.pool, &d.device.name);
@@ -257,7 +287,7 @@ pub fn class_capacity(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::selector::DeviceKind;
+    use crate::selector::{DeviceKind, DeviceSelector};
     use k8s_openapi::api::resource::v1::{ResourceClaimStatus, ResourceSliceSpec};
     use kerf_api::params::{OpaqueKind, SliceDevice};
     use kerf_api::resourceslice::{attributes, device_attribute};
@@ -336,8 +366,16 @@ mod tests {
             "config": [{"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": slice.to_parameters().unwrap()}}]
         }}));
         let whole = claim(json!({"devices": {"results": [result("n1", "gpu-0")]}}));
-        assert!((free_compute_gpus(&whole_gpus(), &devices, &[], DRIVER) - 2.0).abs() < 1e-9);
-        let free = free_compute_gpus(&whole_gpus(), &devices, &[whole, sliced], DRIVER);
+        assert!(
+            (free_compute_gpus(&ClassScope::all(&whole_gpus()), &devices, &[], DRIVER) - 2.0).abs()
+                < 1e-9
+        );
+        let free = free_compute_gpus(
+            &ClassScope::all(&whole_gpus()),
+            &devices,
+            &[whole, sliced],
+            DRIVER,
+        );
         assert!((free - 0.7).abs() < 1e-9, "{free}");
     }
 
@@ -394,7 +432,7 @@ mod tests {
         let usage = memory_in_use(&devices, &claims, DRIVER);
         assert_eq!(usage.used("node-a", "gpu-0"), whole);
         assert_eq!(usage.used("node-a", "gpu-1"), 4 * GIB);
-        let capacity = class_capacity(&whole_gpus(), &devices, &usage, DRIVER);
+        let capacity = class_capacity(&ClassScope::all(&whole_gpus()), &devices, &usage, DRIVER);
         assert_eq!(
             capacity,
             ClassCapacity {
@@ -483,7 +521,12 @@ mod tests {
             ..whole_gpus()
         };
         assert_eq!(
-            class_capacity(&selector, &devices, &MemoryUse::default(), DRIVER),
+            class_capacity(
+                &ClassScope::all(&selector),
+                &devices,
+                &MemoryUse::default(),
+                DRIVER
+            ),
             ClassCapacity::default()
         );
     }

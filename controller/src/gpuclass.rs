@@ -46,7 +46,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::capacity::{
-    ClassCapacity, class_capacity, current_devices, free_compute_gpus, memory_in_use,
+    ClassCapacity, ClassScope, class_capacity, current_devices, free_compute_gpus, memory_in_use,
 };
 use crate::context::{Context, log_failure};
 use crate::deviceclass::{device_class, is_controlled_by, needs_apply};
@@ -234,9 +234,10 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
     let claims = ctx.caches.claims.state();
     let devices = current_devices(&slices, driver);
     let usage = memory_in_use(&devices, &claims, driver);
-    let capacity = class_capacity(&selector, &devices, &usage, driver);
+    let scope = ClassScope::of_class(&selector, &class.spec.parameters(), consumable_capacity);
+    let capacity = class_capacity(&scope, &devices, &usage, driver);
     ctx.metrics.set_class_capacity(&name, &capacity);
-    let free_compute = free_compute_gpus(&selector, &devices, &claims, driver);
+    let free_compute = free_compute_gpus(&scope, &devices, &claims, driver);
     ctx.metrics.set_class_free_compute(&name, free_compute);
     let readiness = if class.spec.parameters().is_scheduler_sliced() {
         let conflicts = crate::shared::conflicts(

@@ -114,8 +114,9 @@ async fn device_classes_of_sliced_and_whole_scheduler_classes() {
 
     // Through the reconciler: on 1.36 the class is ready and says what it needs; without the
     // feature it is not ready and its DeviceClass selects nothing.
+    // The class counts only GPUs published shareable, as its DeviceClass selects.
     let fake = FakeApi::new();
-    slices(&fake, "node-0");
+    shareable_slices(&fake, "node-0");
     fake.insert_resource(&GpuClass::new("sliced", sliced_spec(25, true)));
     let ctx = class_context(&fake, ApiSupport::all_served()).await;
     let class: GpuClass = fake.get_resource(None, "sliced").unwrap();
@@ -153,6 +154,25 @@ async fn device_classes_of_sliced_and_whole_scheduler_classes() {
         expression(&dc),
         kerf_controller::selector::unavailable_cel(DRIVER)
     );
+}
+
+/// [`slices`] with every device published shareable, as the plugin publishes GPUs the
+/// Node's shared publication names.
+fn shareable_slices(fake: &FakeApi, node: &str) {
+    let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
+    let specs = kerf_api::resource_slices(&inventory, DRIVER, node).unwrap();
+    for (i, mut spec) in specs.into_iter().enumerate() {
+        for device in spec.devices.iter_mut().flatten() {
+            device.allow_multiple_allocations = Some(true);
+        }
+        fake.insert_resource(&ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some(kerf_api::slice_name(node, DRIVER, i)),
+                ..ObjectMeta::default()
+            },
+            spec,
+        });
+    }
 }
 
 #[tokio::test]
