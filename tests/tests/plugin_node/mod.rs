@@ -81,7 +81,10 @@ impl Node {
     /// Starts the plugin publishing, on a Node carrying `annotations` (e.g. the shared
     /// publication kerf-controller writes), and returns once its publisher has read the Node:
     /// the publisher GETs the Node before its first publish, so a slice means it has.
-    #[allow(dead_code, reason = "plugin.rs shares this module and starts no publisher")]
+    #[allow(
+        dead_code,
+        reason = "plugin.rs shares this module and starts no publisher"
+    )]
     pub async fn start_publishing(&self, annotations: Value) -> RunningPlugin {
         self.api.insert(json!({
             "apiVersion": "v1",
