@@ -628,9 +628,9 @@ mod tests {
         assert!(view.skipped.is_empty(), "{:?}", view.skipped);
         assert_eq!(view.nodes["node-1"].gpus, []);
         assert!(view.shared.is_empty());
-        // The same GPUs published whole (no partitionable devices) are whole GPUs.
+        // Without partitionable devices the GPUs, in MIG mode, publish nothing to place on.
         let view = inventory_view(&dynamic(false), DRIVER);
-        assert_eq!(view.nodes["node-1"].gpus.len(), 8);
+        assert_eq!(view.nodes["node-1"].gpus, []);
     }
 
     #[test]

@@ -183,10 +183,12 @@ pub fn publish_owners(specs: &mut [ResourceSliceSpec], record: &Record) {
     for spec in specs.iter_mut() {
         let driver = spec.driver.clone();
         for device in spec.devices.iter_mut().flatten() {
-            let owner = match placement_parent(device, &driver) {
-                Some(parent) => record.owner(&parent),
-                None => record.owner(&device.name),
-            };
+            // A placement follows its GPU where the record names the GPU (one allocator per
+            // GPU); kerf-controller records placements under their own names, since a
+            // dynamic-MIG GPU publishes no whole-GPU device.
+            let owner = placement_parent(device, &driver)
+                .and_then(|parent| record.owner(&parent))
+                .or_else(|| record.owner(&device.name));
             set_published_owner(device, owner);
         }
     }

@@ -99,10 +99,14 @@ pub fn published_slices(
     if features.any() {
         let mut record = Record::default();
         if features.partitionable_devices {
-            // A partitioned GPU's full device consumes its counters; its placements take the
-            // owner recorded for it.
-            for gpu in whole_gpus(&specs).filter(|d| d.consumes_counters.is_some()) {
-                record.0.insert(gpu.name.clone(), Owner::Scheduler);
+            // kerf-controller records every placement (a device consuming counters) as the
+            // scheduler's under its own name: MIG devices are always kube-scheduler's.
+            for placement in specs
+                .iter()
+                .flat_map(|s| s.devices.iter().flatten())
+                .filter(|d| d.consumes_counters.is_some())
+            {
+                record.0.insert(placement.name.clone(), Owner::Scheduler);
             }
         }
         if let Some(slicing) = &features.consumable_capacity {
@@ -146,8 +150,7 @@ fn whole_gpus(specs: &[ResourceSliceSpec]) -> impl Iterator<Item = &Device> {
 /// Records every whole GPU outside MIG mode as the scheduler's and names it in a shared
 /// publication with `slicing`, as kerf-controller does for GPUs a sliced Scheduler GpuClass
 /// selects, then makes them shareable as the plugin does. A GPU in MIG mode (`in_mig_mode`,
-/// by device name) runs no process on the whole GPU, so it holds no shares; published whole,
-/// it is a dynamic-MIG GPU without partitionable devices.
+/// by device name) runs no process on the whole GPU, so it holds no shares.
 fn share_whole_gpus(
     specs: &mut [ResourceSliceSpec],
     record: &mut Record,

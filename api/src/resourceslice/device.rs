@@ -26,10 +26,11 @@ pub(super) fn published_devices(inventory: &Inventory) -> Result<Vec<Device>> {
 
 /// The devices of each GPU, GPUs by minor: a GPU without MIG is its whole GPU; a GPU with MIG
 /// its existing MIG devices; a dynamic-MIG GPU ([`Gpu::dynamic_mig`]) with a catalogue, when
-/// `partitioned`, its full device and one device per placement
-/// ([`super::partitions::gpu_devices`]), else its whole GPU only. The existing MIG devices of
-/// a dynamic-MIG GPU are never published: they are the instances kerf created for allocated
-/// placements, which stay published under the placement's name.
+/// `partitioned`, one device per placement ([`super::partitions::gpu_devices`]), else
+/// nothing. A GPU in MIG mode runs no CUDA work as a whole GPU, so it is never published
+/// whole. The existing MIG devices of a dynamic-MIG GPU are never published: they are the
+/// instances kerf created for allocated placements, which stay published under the
+/// placement's name.
 ///
 /// # Errors
 ///
@@ -58,7 +59,7 @@ fn gpu_group(gpu: &Gpu, inventory: &Inventory, partitioned: bool) -> Result<Vec<
     if gpu.dynamic_mig {
         return match (&gpu.mig_catalog, partitioned) {
             (Some(catalog), true) => super::partitions::gpu_devices(gpu, catalog, inventory),
-            _ => Ok(vec![publish_device(DeviceRef::Gpu(gpu), inventory)?]),
+            _ => Ok(Vec::new()),
         };
     }
     if !gpu.mig_enabled {

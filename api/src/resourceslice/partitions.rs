@@ -6,13 +6,16 @@
 //! - a counter set named [`counter_set_name`] (`gpu-<minor>`) with the GPU's counters
 //!   ([`gpu_counters`]: `memory-slice-0..7`, `compute-slices`, `multiprocessors`, `memory`
 //!   and the engines);
-//! - the full GPU, `gpu-<minor>` as published without dynamic MIG, consuming every counter,
-//!   so it and any placement exclude each other;
 //! - one device per catalogue placement ([`CatalogPlacement::device_name`], e.g.
 //!   `gpu-0-mig-1g-5gb-3`) consuming its profile's figures and the memory slices it covers
 //!   ([`placement_consumption`]), with the attributes of a MIG device except `uuid` (the
 //!   instance does not exist yet) plus `giProfileId`, and the capacities `memory` and
 //!   `multiprocessors` of the profile.
+//!
+//! The full GPU is not published, unlike in NVIDIA's DRA driver, which turns MIG mode off to
+//! prepare it (`nvlib.go` `maybeDisableMigMode`): kerf manages only GPUs already in MIG mode,
+//! where the whole GPU runs no CUDA work, and switching MIG mode needs a GPU reset on A100.
+//! The largest placement (`7g.40gb` on an A100-40GB) is the whole GPU as one MIG device.
 //!
 //! The shape follows NVIDIA's DRA driver (kubernetes-sigs/dra-driver-nvidia-gpu
 //! `cmd/gpu-kubelet-plugin/partitions.go` (`PartSharedCounterSets`), `mig.go`
@@ -28,7 +31,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{Counter, CounterSet, Device, DeviceCounterConsumption};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kerf_core::inventory::{DeviceRef, Gpu, Inventory};
+use kerf_core::inventory::{Gpu, Inventory};
 use kerf_core::mig_catalog::{
     COUNTER_MEMORY, CatalogPlacement, GpuMigCatalog, counter_set_name, gpu_counters,
     placement_consumption,
@@ -53,8 +56,7 @@ pub fn counter_set(gpu: &Gpu, catalog: &GpuMigCatalog) -> CounterSet {
     }
 }
 
-/// The devices of a dynamic-MIG GPU: its full device first, then one per placement in
-/// catalogue order.
+/// The devices of a dynamic-MIG GPU: one per placement, in catalogue order.
 ///
 /// # Errors
 ///
@@ -65,16 +67,10 @@ pub fn gpu_devices(
     catalog: &GpuMigCatalog,
     inventory: &Inventory,
 ) -> Result<Vec<Device>> {
-    let mut full = super::device::publish_device(DeviceRef::Gpu(gpu), inventory)?;
-    full.consumes_counters = Some(vec![DeviceCounterConsumption {
-        counter_set: counter_set_name(gpu.minor),
-        counters: counters(&gpu_counters(catalog)),
-    }]);
-    let mut devices = vec![full];
-    for placement in catalog.placements() {
-        devices.push(placement_device(gpu, placement, inventory)?);
-    }
-    Ok(devices)
+    catalog
+        .placements()
+        .map(|placement| placement_device(gpu, placement, inventory))
+        .collect()
 }
 
 /// The device of one placement of GPU `gpu`.

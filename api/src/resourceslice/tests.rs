@@ -361,16 +361,15 @@ fn mock_profiles_are_publishable() {
         let published = slices(&inventory);
         assert_within_limits(&published);
         let published_count = all_devices(&published).len();
-        // A dynamic-MIG GPU without partitionable devices is its whole GPU.
+        // A GPU in MIG mode is never published whole: a dynamic-MIG GPU without partitionable
+        // devices publishes nothing, a static one its MIG devices.
         let expected: usize = inventory
             .gpus
             .iter()
-            .map(|g| {
-                if g.dynamic_mig || !g.mig_enabled {
-                    1
-                } else {
-                    g.mig_devices.len()
-                }
+            .map(|g| match (g.mig_enabled, g.dynamic_mig) {
+                (false, _) => 1,
+                (true, true) => 0,
+                (true, false) => g.mig_devices.len(),
             })
             .sum();
         assert_eq!(published_count, expected, "{name}");

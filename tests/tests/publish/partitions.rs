@@ -1,6 +1,6 @@
 //! Dynamic MIG: GPUs in MIG mode that kerf partitions on demand are published as a counter set
-//! each, their full device and one device per MIG placement, when the API server keeps
-//! partitionable devices; whole otherwise.
+//! each and one device per MIG placement, when the API server keeps partitionable devices;
+//! not at all otherwise (a GPU in MIG mode runs no CUDA work as a whole GPU).
 
 use std::collections::BTreeMap;
 
@@ -130,7 +130,7 @@ async fn every_dynamic_profile_publishes_counters_and_every_placement() {
             assert_eq!(spec.node_name.as_deref(), Some(NODE));
         }
         check_pool(&specs).unwrap();
-        // 8 counter sets fit one slice; 26 devices per GPU, two GPUs per 64-device slice.
+        // 8 counter sets fit one slice; 25 placements per GPU, two GPUs per 64-device slice.
         let counter_slices: Vec<_> = specs
             .iter()
             .filter(|s| s.shared_counters.is_some())
@@ -144,7 +144,7 @@ async fn every_dynamic_profile_publishes_counters_and_every_placement() {
             .map(|set| (set.name.clone(), values(&set.counters)))
             .collect();
         let published = devices(&slices);
-        assert_eq!(published.len(), 8 * 26, "{profile}");
+        assert_eq!(published.len(), 8 * 25, "{profile}");
         for gpu in &inventory.gpus {
             let catalog = gpu.mig_catalog.as_ref().unwrap();
             let set_name = counter_set_name(gpu.minor);
@@ -155,16 +155,10 @@ async fn every_dynamic_profile_publishes_counters_and_every_placement() {
                 assert_eq!(entries[0].counter_set, set_name);
                 values(&entries[0].counters)
             };
-            let full = published
-                .iter()
-                .find(|d| d.name == gpu.device_name())
-                .unwrap();
-            assert_eq!(
-                consumption(full),
-                sets[&set_name],
-                "the full GPU takes every counter"
+            assert!(
+                published.iter().all(|d| d.name != gpu.device_name()),
+                "{profile}: a GPU in MIG mode is not published whole"
             );
-            assert_eq!(string(full, "type"), Some("gpu"));
             for placement in catalog.placements() {
                 let name = placement.device_name(gpu.minor);
                 let device = published.iter().find(|d| d.name == name).unwrap();
@@ -184,7 +178,7 @@ async fn every_dynamic_profile_publishes_counters_and_every_placement() {
         // No GPU's devices are split across slices.
         for spec in specs.iter().filter(|s| s.devices.is_some()) {
             let devices = spec.devices.as_ref().unwrap();
-            assert_eq!(devices.len(), 52, "{profile}");
+            assert_eq!(devices.len(), 50, "{profile}");
             let sets: std::collections::BTreeSet<&str> = devices
                 .iter()
                 .flat_map(|d| d.consumes_counters.iter().flatten())
@@ -247,18 +241,19 @@ fn created_instances_are_not_published_again_as_static_mig_devices() {
         after, before,
         "the placements stay as they were, no duplicates"
     );
-    // Without partitionable devices the GPU is whole, its instances not published either.
-    let whole = node_slices(&inventory, DRIVER, NODE, SliceFeatures::default()).unwrap();
-    let names: Vec<String> = whole
+    // Without partitionable devices the GPUs, in MIG mode, are not published, and neither
+    // are their instances.
+    let plain = node_slices(&inventory, DRIVER, NODE, SliceFeatures::default()).unwrap();
+    let names: Vec<String> = plain
         .iter()
         .flat_map(|s| s.devices.iter().flatten())
         .map(|d| d.name.clone())
         .collect();
-    assert_eq!(names, ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
+    assert_eq!(names, Vec::<String>::new());
 }
 
 #[tokio::test]
-async fn a_server_without_partitionable_devices_gets_whole_gpus_after_one_probe() {
+async fn a_server_without_partitionable_devices_gets_no_dynamic_gpu_after_one_probe() {
     let s = setup();
     // Kubernetes 1.34/1.35 with the gate off: dropDisabledDRAPartitionableDevicesFields.
     s.fake.drop_field("resourceslices", "spec.sharedCounters");
@@ -271,13 +266,11 @@ async fn a_server_without_partitionable_devices_gets_whole_gpus_after_one_probe(
     let slices = s.slices();
     assert_eq!(slices.len(), 1);
     assert!(slices[0].spec.shared_counters.is_none());
-    let published = devices(&slices);
-    let names: Vec<&str> = published.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(
-        names,
-        (0..8).map(|i| format!("gpu-{i}")).collect::<Vec<_>>()
+        devices(&slices).len(),
+        0,
+        "GPUs in MIG mode without instances offer nothing without partitionable devices"
     );
-    assert!(published.iter().all(|d| d.consumes_counters.is_none()));
     publisher.publish(&inventory).await.unwrap();
     assert_eq!(s.fake.count("POST", SLICES), 2, "probed once");
 }
