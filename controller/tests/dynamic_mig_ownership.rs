@@ -72,7 +72,11 @@ fn published_owners(fake: &FakeApi) -> Vec<(String, Option<Owner>)> {
 async fn dynamic_mig_devices_are_recorded_and_published_as_the_schedulers_on_every_node_policy() {
     for label in ["dynamic", "controller", "scheduler"] {
         let (fake, devices) = dynamic_mig_cluster(label);
-        assert_eq!(devices, 4 * 25, "25 placements per GPU, no whole GPU in MIG mode");
+        assert_eq!(
+            devices,
+            4 * 25,
+            "25 placements per GPU, no whole GPU in MIG mode"
+        );
         let controller = Controller::start(&fake);
         kerf_tests::wait::eventually(
             "every device recorded and published",
