@@ -17,6 +17,10 @@
 //! the one side effect before completion is the spec file, which a crash cannot lose track of
 //! (start-up removes specs no checkpoint entry owns, and the kubelet retries the prepare).
 //! Claims prepare in parallel; two calls for the same claim serialise on a per-claim lock.
+//! A claim allocated a dynamic-MIG placement is the exception: its PrepareStarted entry, with
+//! the instance it is about to create, is made durable before the create, because a MIG
+//! instance is a side effect start-up must be able to find and destroy after a crash
+//! ([`crate::dynamic_mig`]).
 //!
 //! Slices shared by MPS or time-slicing are made real on their GPU ([`GpuSharing`]) after the
 //! claim is recorded and before its spec is written, so the IDs reach the kubelet only once
@@ -27,16 +31,15 @@
 //! asked) so that metrics get their reason label; the gRPC layer makes them the per-claim
 //! message.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::future::join_all;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kerf_api::AllocatedDevice;
-use kerf_core::cdi::{self, ClaimSpec, CommonEdits, DeviceNodePolicy, SpecEncoder};
+use kerf_core::cdi::{self, CommonEdits, DeviceNodePolicy, SpecEncoder};
 use kerf_core::checkpoint::{ClaimEntry, ClaimState, DeviceRecord};
-use kerf_core::inventory::{DeviceRef, Inventory};
+use kerf_core::inventory::Inventory;
 use kerf_core::names;
 use kerf_proto::PreparedDevice;
 
@@ -52,13 +55,12 @@ use crate::spec_writer::SpecWriter;
 use crate::{Error, Result};
 
 pub mod device_status;
+mod plan;
 mod records;
+mod spec_files;
 
 use device_status::DeviceStatusWriter;
-use records::{
-    check_within_claim, conflicts, device_record, finished_share, name_shares, parent_request,
-    pod_claim_name, results_of, spec_device_name,
-};
+use records::{pod_claim_name, results_of};
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -487,138 +489,6 @@ impl Preparer {
         Ok(Arc::new(api_claim))
     }
 
-    /// Turns the allocation results into device records, checking every device against
-    /// this node's inventory.
-    fn plan_devices(
-        &self,
-        claim: &ClaimRef,
-        allocated: &[AllocatedDevice],
-    ) -> Result<Vec<DeviceRecord>> {
-        let mut records: Vec<DeviceRecord> = Vec::new();
-        // Read once, so every share of the claim sees the same publication.
-        let publication = self.publication.get();
-        for (index, device) in allocated.iter().enumerate() {
-            if device.pool != self.config.node_name {
-                return Err(PrepareError::OtherNodePool {
-                    index,
-                    pool: device.pool.clone(),
-                    node: self.config.node_name.clone(),
-                }
-                .into());
-            }
-            let placement = self.inventory.dynamic_placement(&device.device);
-            let Some(found) = self
-                .inventory
-                .device(&device.device)
-                .or(placement.map(|p| DeviceRef::Gpu(p.gpu)))
-            else {
-                return Err(PrepareError::UnknownDevice {
-                    index,
-                    device: device.device.clone(),
-                    node: self.config.node_name.clone(),
-                }
-                .into());
-            };
-            if let Some(expected) = &device.expected_gpu_uuid
-                && found.gpu().uuid != *expected
-            {
-                return Err(PrepareError::GpuMismatch {
-                    device: device.device.clone(),
-                    expected: expected.clone(),
-                    node: self.config.node_name.clone(),
-                    actual: found.gpu().uuid.clone(),
-                }
-                .into());
-            }
-            let finished;
-            let device = if device.share.is_some() {
-                finished = finished_share(found, device, &publication)?;
-                &finished
-            } else {
-                device
-            };
-            let request = parent_request(&device.request).to_owned();
-            // One record per device and share: two shares of one GPU are two devices.
-            if let Some(existing) = records
-                .iter_mut()
-                .find(|r| r.device_name == device.device && r.share_id == device.share_id)
-            {
-                if !existing.request_names.contains(&request) {
-                    existing.request_names.push(request);
-                }
-                if !existing.request_refs.contains(&device.request) {
-                    existing.request_refs.push(device.request.clone());
-                }
-                continue;
-            }
-            let cdi_id = cdi::qualified_name(
-                &self.config.cdi_kind,
-                &cdi::claim_device_name(&claim.uid, &device.device),
-            );
-            let mut record = device_record(found, device, request, cdi_id);
-            if let Some(placement) = &placement {
-                crate::dynamic_mig::manager::mark_intent(&mut record, placement);
-            }
-            check_within_claim(claim, index, &records, &record)?;
-            records.push(record);
-        }
-        name_shares(&mut records, &self.config.cdi_kind, &claim.uid);
-        Ok(records)
-    }
-
-    /// Checks exclusivity against every other prepared claim and records the claim as
-    /// PrepareStarted in memory, atomically with respect to other prepares. Not waiting for
-    /// this to be durable saves one fsync per prepare (see the module docs for why a crash
-    /// here loses nothing); a side effect that start-up could not find again would have to
-    /// wait for it.
-    fn record_started(
-        &self,
-        claim: &ClaimRef,
-        pod_claim_name: Option<String>,
-        devices: &mut [DeviceRecord],
-    ) -> Result<()> {
-        let conflict = self.checkpoint.mutate_lazily(|cp| {
-            let conflict = devices.iter().find_map(|wanted| {
-                cp.claims
-                    .iter()
-                    .filter(|(uid, _)| **uid != claim.uid)
-                    .find_map(|(uid, entry)| {
-                        entry
-                            .devices
-                            .iter()
-                            .find(|held| {
-                                held.device_name == wanted.device_name && conflicts(held, wanted)
-                            })
-                            .map(|_| PrepareError::DeviceHeld {
-                                device: wanted.device_name.clone(),
-                                holder_uid: uid.clone(),
-                                holder_namespace: entry.namespace.clone(),
-                                holder_name: entry.name.clone(),
-                            })
-                    })
-            });
-            if conflict.is_none() {
-                crate::dynamic_mig::manager::carry_over(cp.claims.get(&claim.uid), devices);
-                cp.claims.insert(
-                    claim.uid.clone(),
-                    ClaimEntry {
-                        namespace: claim.namespace.clone(),
-                        name: claim.name.clone(),
-                        pod_claim_name,
-                        state: ClaimState::PrepareStarted,
-                        devices: devices.to_vec(),
-                    },
-                );
-            }
-            conflict
-        });
-        if let Some(held) = conflict {
-            return Err(held.into());
-        }
-        self.update_prepared_gauge();
-        Ok(())
-    }
-
     /// Writes the spec and makes the entry PrepareCompleted durably, at the same time: the
     /// spec's files cost no time beside the checkpoint's fsync. Either order of the two on
     /// disk is safe in a crash, because the kubelet has no answer yet and retries: a durable
@@ -662,97 +532,6 @@ impl Preparer {
             tracing::error!(claim.uid = %claim.uid, error = %e, "rollback: checkpoint update failed");
         }
         self.update_prepared_gauge();
-    }
-
-    /// Writes the claim's metadata files and CDI spec from its checkpoint record alone, so
-    /// that a repeated prepare and the restoration at start-up produce the same paths.
-    async fn write_cdi_spec(
-        &self,
-        claim: &ClaimRef,
-        pod_claim_name: Option<&str>,
-        devices: &[DeviceRecord],
-    ) -> Result<()> {
-        let clients = self.sharing.clients(devices)?;
-        let prepared: Vec<cdi::PreparedDevice> = devices
-            .iter()
-            .zip(clients)
-            .map(|(device, mps)| cdi::PreparedDevice {
-                mps,
-                ..device.prepared_device()
-            })
-            .collect();
-        let requests: Vec<Vec<String>> = devices.iter().map(|d| d.request_names.clone()).collect();
-        let request_refs: Vec<Vec<String>> =
-            devices.iter().map(|d| d.request_refs.clone()).collect();
-        let metadata_dir = self.metadata_dir();
-        let workload = cdi::ClaimWorkload {
-            driver: &self.config.driver_name,
-            pool: &self.config.node_name,
-            requests: &requests,
-            request_refs: &request_refs,
-            pod_claim_name,
-            metadata_dir: &metadata_dir,
-        };
-        let spec = ClaimSpec {
-            claim_uid: &claim.uid,
-            claim_namespace: &claim.namespace,
-            claim_name: &claim.name,
-            devices: &prepared,
-        };
-        // The metadata files name the published devices; the spec's devices are named as
-        // their recorded CDI IDs are (several shares of one GPU each get their own).
-        let files = cdi::metadata_files(&spec, &workload)?;
-        let renamed: Option<Vec<cdi::PreparedDevice>> = devices
-            .iter()
-            .any(|d| spec_device_name(d, &self.config.cdi_kind, &claim.uid).is_some())
-            .then(|| {
-                prepared
-                    .iter()
-                    .zip(devices)
-                    .map(|(device, record)| cdi::PreparedDevice {
-                        name: spec_device_name(record, &self.config.cdi_kind, &claim.uid)
-                            .map_or_else(|| device.name.clone(), str::to_owned),
-                        ..device.clone()
-                    })
-                    .collect()
-            });
-        let spec = ClaimSpec {
-            devices: renamed.as_deref().unwrap_or(&prepared),
-            ..spec
-        };
-        let encoded = self.encoder.encode_for_workload(&spec, &workload)?;
-        let name = cdi::transient_spec_file_name(&self.config.cdi_kind, &claim.uid)?;
-        let uid = claim.uid.clone();
-        // The files exist before the spec that mounts them can be used.
-        self.specs
-            .write_after(name, encoded.bytes, move || {
-                cdi::write_metadata_files(&metadata_dir, &uid, &files).map(|_| ())
-            })
-            .await
-    }
-
-    /// Removes the claim's spec, then the metadata files it mounted.
-    async fn remove_cdi_spec(&self, uid: &str) -> Result<()> {
-        let name = cdi::transient_spec_file_name(&self.config.cdi_kind, uid)?;
-        let metadata_dir = self.metadata_dir();
-        let uid = uid.to_owned();
-        self.specs
-            .remove_then(name, move || {
-                cdi::remove_metadata_files(&metadata_dir, &uid).map(|_| ())
-            })
-            .await
-            .map(|_| ())
-    }
-
-    /// The host directory of the claims' device metadata files: `dra-device-metadata` beside
-    /// the checkpoint (in the plugin directory, as upstream's kubelet plugin library keeps
-    /// them), a path the kubelet's host and the plugin's container share.
-    fn metadata_dir(&self) -> PathBuf {
-        self.checkpoint
-            .path()
-            .parent()
-            .unwrap_or_else(|| Path::new("."))
-            .join(cdi::METADATA_HOST_SUBDIR)
     }
 
     fn update_prepared_gauge(&self) {
