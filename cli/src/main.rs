@@ -303,6 +303,26 @@ struct DemoArgs {
     /// The mock node's name (the pool name).
     #[arg(long, env = "KERF_DEMO_NODE_NAME", default_value = demo::DEFAULT_NODE_NAME)]
     node_name: String,
+    /// The dynamic-MIG node's name: a second mock node whose GPUs in MIG mode are published
+    /// as counter sets and MIG placements (Kubernetes 1.36 partitionable devices), with its
+    /// own plugin creating each allocated placement's MIG instance.
+    #[arg(
+        long,
+        env = "KERF_DEMO_MIG_NODE_NAME",
+        default_value = demo::mig::DEFAULT_MIG_NODE_NAME
+    )]
+    mig_node_name: String,
+    /// Mock GPUs of the dynamic-MIG node, PROFILE[:COUNT] (a100-40gb-dynmig,
+    /// a100-80gb-dynmig, h100-sxm-80gb-dynmig).
+    #[arg(
+        long,
+        env = "KERF_DEMO_MIG_MOCK_GPUS",
+        default_value = demo::mig::DEFAULT_MIG_MOCK_GPUS
+    )]
+    mig_mock_gpus: String,
+    /// Run the main node alone, without the dynamic-MIG node.
+    #[arg(long, env = "KERF_DEMO_NO_MIG_NODE")]
+    no_mig_node: bool,
     /// Log filter for the plugin's and controller's logs on stderr (tracing EnvFilter syntax).
     #[arg(long, env = "KERF_LOG", default_value = "warn")]
     log_filter: String,
@@ -491,6 +511,10 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
         gpu_tools: Some(
             std::env::current_exe().context("finding the kerf binary for the fake GPU tools")?,
         ),
+        mig_node: (!args.no_mig_node).then_some(demo::MigNode {
+            name: args.mig_node_name,
+            discovery: Discovery::MockProfile(args.mig_mock_gpus),
+        }),
     };
     println!(
         "kerf demo — output directory: {}",

@@ -120,7 +120,8 @@ async fn the_examples_on_a_mock_h100_node() {
     whole_gpu_by_the_scheduler(&summary);
     slice_with_limits_in_its_cdi_spec(output.path(), &summary);
     invalid_claim_names_the_field(&summary);
-    nvlink_pair_and_missing_mig(&summary);
+    nvlink_pair(&summary);
+    dynamic_mig_placement_created_and_destroyed(output.path(), &summary);
     deployment_claims_are_packed(&summary);
     mps_slices_share_their_gpus_daemon(output.path(), &summary);
     a_prepared_device_flips_unhealthy_and_back(output.path(), &summary);
@@ -297,9 +298,8 @@ fn invalid_claim_names_the_field(summary: &Summary) {
     assert!(!pod.scheduled);
 }
 
-/// Two whole GPUs for the NVLink pair; no 1g.5gb MIG device on an H100 node, shown with
-/// the reason rather than hidden.
-fn nvlink_pair_and_missing_mig(summary: &Summary) {
+/// Two whole GPUs for the NVLink pair.
+fn nvlink_pair(summary: &Summary) {
     let pair = claim(summary, "nvlink-pair");
     assert_eq!(
         pair.allocated_by,
@@ -313,12 +313,73 @@ fn nvlink_pair_and_missing_mig(summary: &Summary) {
             .iter()
             .all(|d| d.memory_bytes.is_none() && d.cdi_device_ids.len() == 1)
     );
+}
+
+/// The 1g.5gb claim, which no H100 of the main node serves, goes to the dynamic-MIG node:
+/// the scheduler stand-in takes the first placement device that fits its GPU's counters,
+/// that node's plugin creates the MIG instance at prepare (its UUID in the claim's CDI
+/// spec) and destroys it at unprepare; the node's slices carry the counter sets.
+fn dynamic_mig_placement_created_and_destroyed(output: &Path, summary: &Summary) {
     let mig = claim(summary, "mig-1g-5gb");
-    assert_eq!(mig.allocated_by, None);
-    let error = mig.error.as_deref().unwrap();
+    assert_eq!(mig.allocated_by, Some(AllocatedBy::Scheduler), "{mig:#?}");
+    assert_eq!(mig.node.as_deref(), Some("demo-mig-node"));
+    assert!(mig.prepared, "{mig:#?}");
+    let device = &mig.devices[0];
+    assert_eq!(device.device, "gpu-0-mig-1g-5gb-0");
+    assert_eq!(device.device_type, "mig");
+    assert_eq!(device.mig_profile.as_deref(), Some("1g.5gb"));
+    let instance = device
+        .mig_instance
+        .as_ref()
+        .expect("the created MIG instance");
+    assert_eq!(
+        (
+            instance.gpu_minor,
+            instance.placement_start,
+            instance.placement_size
+        ),
+        (0, 0, 1),
+        "{instance:#?}"
+    );
+    assert!(instance.ci_id.is_some(), "{instance:#?}");
+    let uuid = instance.mig_uuid.as_deref().expect("a MIG UUID");
+    assert!(uuid.starts_with("MIG-"), "{uuid}");
+    let spec_file = mig.cdi_spec_file.as_ref().unwrap();
     assert!(
-        error.contains("mig-1g.5gb") && error.contains("no device of the node matches"),
-        "{error}"
+        spec_file.starts_with(output.join("demo-mig-node").join("cdi")),
+        "{}",
+        spec_file.display()
+    );
+    let env = spec_env(mig);
+    assert!(
+        env.iter().any(|e| e.ends_with(&format!("={uuid}"))),
+        "the MIG UUID in the CDI spec: {env:?}"
+    );
+
+    let node = summary.mig_node.as_ref().expect("the dynamic-MIG node");
+    assert_eq!(node.node, "demo-mig-node");
+    assert_eq!(node.gpus.len(), 4, "{node:#?}");
+    assert!(
+        node.gpus
+            .iter()
+            .all(|g| g.contains("counter set gpu-") && g.contains("25 MIG placements")),
+        "{node:#?}"
+    );
+    assert_eq!(node.counter_slices, 1, "{node:#?}");
+    assert_eq!(node.instances_prepared, vec![instance.clone()]);
+    assert!(node.instances_left.is_empty(), "{node:#?}");
+    // Read again now: the emulated driver state has no instance on any GPU.
+    let state = demo::mig::live_instances(&node.mig_state_root).unwrap();
+    assert!(state.is_empty(), "{state:#?}");
+    assert_clean(&output.join("demo-mig-node"));
+    let printed = demo::print::render_summary(summary, false);
+    assert!(
+        printed.contains(&format!(
+            "MIG instance created at prepare: GPU 0 GI {} CI {}",
+            instance.gi_id,
+            instance.ci_id.unwrap()
+        )) && printed.contains("after unprepare: no MIG instance left"),
+        "{printed}"
     );
 }
 
@@ -431,8 +492,14 @@ async fn containers_see_their_cdi_devices() {
     assert_eq!(summary.containers_error, None);
     assert_clean(output.path());
     print!("{}", demo::report::render_containers(&summary));
-    let prepared: Vec<&ClaimReport> = summary.claims.iter().filter(|c| c.prepared).collect();
+    // Containers run on the main node only; the dynamic-MIG node's claim has none.
+    let prepared: Vec<&ClaimReport> = summary
+        .claims
+        .iter()
+        .filter(|c| c.prepared && c.node.as_deref() == Some("demo-node"))
+        .collect();
     assert!(prepared.len() >= 5);
+    assert!(claim(&summary, "mig-1g-5gb").container.is_none());
     for claim in prepared {
         let run = claim
             .container

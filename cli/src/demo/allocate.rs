@@ -4,8 +4,12 @@
 //! [`kerf_api::allocation_status`]); only then can kube-scheduler schedule the pod and
 //! allocate its Scheduler-class claims (emulated by [`super::scheduler`]). A pod whose claims
 //! are all allocated is reserved in each claim's `reservedFor`.
+//!
+//! With several nodes, a pod runs on one: the node kerf's controller placed its controller
+//! claims on, else the node of a claim it shares that is already allocated, else the first
+//! node (in the demo's order) where the scheduler stand-in can allocate all its claims.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{
     ResourceClaim, ResourceClaimConsumerReference, ResourceClaimStatus,
@@ -52,21 +56,30 @@ pub struct ClaimOutcome {
 /// What allocation did to one pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodOutcome {
-    /// `Ok` when every claim is allocated and the pod can run on the node.
-    pub schedulable: Result<(), String>,
+    /// `Ok` with the node it runs on when every claim is allocated there.
+    pub schedulable: Result<String, String>,
 }
 
-/// Allocates every pod's claims on `node`, writing `status.allocation` and `reservedFor`
-/// into the workload's claims. Returns one outcome per claim and per pod, in workload order.
+impl PodOutcome {
+    /// Whether the pod runs on `node`.
+    pub fn runs_on(&self, node: &str) -> bool {
+        self.schedulable.as_deref() == Ok(node)
+    }
+}
+
+/// Allocates every pod's claims on one of `nodes` (at least one, all of one driver),
+/// writing `status.allocation` and `reservedFor` into the workload's claims. Returns one
+/// outcome per claim and per pod, in workload order.
 pub fn allocate_all(
     workload: &mut Workload,
     classes: &Classes,
-    node: &Node<'_>,
+    nodes: &[Node<'_>],
     index: &mut Index,
     now: &Time,
 ) -> (Vec<ClaimOutcome>, Vec<PodOutcome>) {
     let mut claims = vec![ClaimOutcome::default(); workload.claims.len()];
-    let mut held = BTreeSet::new();
+    let mut held = BTreeMap::new();
+    let mut claim_nodes = vec![None; workload.claims.len()];
     let pods = workload.pods.clone();
     let mut pod_outcomes = Vec::with_capacity(pods.len());
     for pod in &pods {
@@ -74,15 +87,17 @@ pub fn allocate_all(
             workload: &mut *workload,
             outcomes: &mut claims,
             classes,
-            node,
+            nodes,
             index: &mut *index,
             held: &mut held,
+            claim_nodes: &mut claim_nodes,
             now,
         };
         let schedulable = allocation.pod(pod);
         pod_outcomes.push(PodOutcome { schedulable });
     }
-    explain_unused(workload, classes, node.driver, &mut claims);
+    let driver = nodes.first().map_or("", |n| n.driver);
+    explain_unused(workload, classes, driver, &mut claims);
     (claims, pod_outcomes)
 }
 
@@ -91,14 +106,17 @@ struct PodAllocation<'a> {
     workload: &'a mut Workload,
     outcomes: &'a mut [ClaimOutcome],
     classes: &'a Classes,
-    node: &'a Node<'a>,
+    nodes: &'a [Node<'a>],
     index: &'a mut Index,
-    held: &'a mut BTreeSet<String>,
+    /// The devices claims hold whole, per node.
+    held: &'a mut BTreeMap<String, BTreeSet<String>>,
+    /// The node of each allocated claim, by workload index.
+    claim_nodes: &'a mut [Option<String>],
     now: &'a Time,
 }
 
 impl PodAllocation<'_> {
-    fn pod(&mut self, pod: &DemoPod) -> Result<(), String> {
+    fn pod(&mut self, pod: &DemoPod) -> Result<String, String> {
         let pod_key = format!("{}/{}", pod.namespace, pod.name);
         let indices: Vec<usize> = pod
             .claims
@@ -116,16 +134,29 @@ impl PodAllocation<'_> {
         let (controller, scheduler): (Vec<usize>, Vec<usize>) = unallocated
             .into_iter()
             .partition(|i| self.is_controller_claim(*i));
-        if let Err(e) = self.controller(&controller) {
-            return Err(self.unschedulable(&pod_key, &indices, &e));
-        }
-        if let Err(e) = self.scheduler(&scheduler) {
-            return Err(self.unschedulable(&pod_key, &indices, &e));
-        }
+        // A claim the pod shares with an earlier pod pins it to that claim's node.
+        let pinned = indices.iter().find_map(|&i| self.claim_nodes[i].clone());
+        let placed = match self.controller(&controller, pinned.as_deref()) {
+            Ok(placed) => placed,
+            Err(e) => return Err(self.unschedulable(&pod_key, &indices, &e)),
+        };
+        let candidates: Vec<&str> = match placed.or(pinned) {
+            Some(node) => self
+                .nodes
+                .iter()
+                .map(|n| n.name)
+                .filter(|n| *n == node)
+                .collect(),
+            None => self.nodes.iter().map(|n| n.name).collect(),
+        };
+        let node = match self.scheduler(&scheduler, &candidates) {
+            Ok(node) => node,
+            Err(e) => return Err(self.unschedulable(&pod_key, &indices, &e)),
+        };
         for &i in &indices {
             self.reserve(i, pod);
         }
-        Ok(())
+        Ok(node)
     }
 
     /// Records why the pod cannot run on every claim of the pod that has no error yet and
@@ -162,12 +193,17 @@ impl PodAllocation<'_> {
             .is_some_and(|c| is_controller_claim(c, |class| self.classes.params(class)))
     }
 
-    /// Places the controller claims together, all or nothing, as the controller does.
-    fn controller(&mut self, indices: &[usize]) -> Result<(), String> {
+    /// Places the controller claims together, all or nothing, as the controller does, on
+    /// `pinned` or any node; returns the node, or `None` without controller claims.
+    fn controller(
+        &mut self,
+        indices: &[usize],
+        pinned: Option<&str>,
+    ) -> Result<Option<String>, String> {
         if indices.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
-        let driver = self.node.driver;
+        let driver = self.nodes.first().map_or("", |n| n.driver);
         let mut request = PodRequest::default();
         for &i in indices {
             let Some(claim) = self.claim(i) else { continue };
@@ -181,7 +217,11 @@ impl PodAllocation<'_> {
                 }
             }
         }
-        let placement = alloc::place(self.index, &request, &[self.node.name]).map_err(|e| {
+        let names: Vec<&str> = match pinned {
+            Some(node) => vec![node],
+            None => self.nodes.iter().map(|n| n.name).collect(),
+        };
+        let placement = alloc::place(self.index, &request, &names).map_err(|e| {
             let message = e.to_string();
             for &i in indices {
                 self.outcomes[i].error = Some(message.clone());
@@ -208,37 +248,73 @@ impl PodAllocation<'_> {
                     .get_or_insert_with(ResourceClaimStatus::default)
                     .allocation = Some(status);
             }
+            self.claim_nodes[i] = Some(node);
             self.outcomes[i].allocated_by = Some(AllocatedBy::Controller);
         }
-        Ok(())
+        Ok(Some(placement.node))
     }
 
-    /// Allocates the scheduler claims of one pod, all or nothing.
-    fn scheduler(&mut self, indices: &[usize]) -> Result<(), String> {
-        let mut tentative = self.held.clone();
+    /// Allocates the scheduler claims of one pod, all or nothing, on the first of
+    /// `candidates` where they all fit; returns that node. When none fits, each failing claim
+    /// gets the reason (per node, when the nodes give different ones).
+    fn scheduler(&mut self, indices: &[usize], candidates: &[&str]) -> Result<String, String> {
+        let mut failures: Vec<(&str, usize, String)> = Vec::new();
+        for &name in candidates {
+            let Some(node) = self.nodes.iter().find(|n| n.name == name) else {
+                continue;
+            };
+            match self.scheduler_on(indices, node) {
+                Ok(()) => return Ok(name.to_owned()),
+                Err((i, e)) => failures.push((name, i, e)),
+            }
+        }
+        let Some(first) = failures.first() else {
+            return Err("no node to schedule the pod on".to_owned());
+        };
+        let same = failures
+            .iter()
+            .all(|(_, i, e)| *i == first.1 && *e == first.2);
+        if same {
+            let (_, i, e) = first;
+            self.outcomes[*i].error = Some(e.clone());
+            let name = &self.workload.claims[*i].name;
+            return Err(format!("scheduler: claim {name}: {e}"));
+        }
+        let mut by_claim: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+        let mut message = Vec::new();
+        for (node, i, e) in &failures {
+            by_claim
+                .entry(*i)
+                .or_default()
+                .push(format!("node {node}: {e}"));
+            let name = &self.workload.claims[*i].name;
+            message.push(format!("node {node}: claim {name}: {e}"));
+        }
+        for (i, reasons) in by_claim {
+            self.outcomes[i].error = Some(reasons.join("; "));
+        }
+        Err(format!("scheduler: {}", message.join("; ")))
+    }
+
+    /// [`Self::scheduler`] on one node; the failing claim and why.
+    fn scheduler_on(&mut self, indices: &[usize], node: &Node<'_>) -> Result<(), (usize, String)> {
+        let mut tentative = self.held.get(node.name).cloned().unwrap_or_default();
         let mut allocations = Vec::new();
         for &i in indices {
             let Some(claim) = self.claim(i) else { continue };
-            match scheduler::allocate(
+            let (allocation, taken) = scheduler::allocate(
                 claim,
                 self.classes,
-                self.node,
+                node,
                 &tentative,
                 self.index,
                 self.now.clone(),
-            ) {
-                Ok((allocation, taken)) => {
-                    tentative.extend(taken);
-                    allocations.push((i, allocation));
-                }
-                Err(e) => {
-                    self.outcomes[i].error = Some(e.clone());
-                    let name = &self.workload.claims[i].name;
-                    return Err(format!("scheduler: claim {name}: {e}"));
-                }
-            }
+            )
+            .map_err(|e| (i, e))?;
+            tentative.extend(taken);
+            allocations.push((i, allocation));
         }
-        *self.held = tentative;
+        self.held.insert(node.name.to_owned(), tentative);
         for (i, allocation) in allocations {
             if let Some(claim) = self.workload.claims[i].claim.as_mut() {
                 claim
@@ -249,8 +325,9 @@ impl PodAllocation<'_> {
                 // The controller learns of the scheduler's devices from the claim, as its
                 // watch would show it.
                 self.index
-                    .set_claim_usage(&uid, kerf_api::device_uses(claim, self.node.driver));
+                    .set_claim_usage(&uid, kerf_api::device_uses(claim, node.driver));
             }
+            self.claim_nodes[i] = Some(node.name.to_owned());
             self.outcomes[i].allocated_by = Some(AllocatedBy::Scheduler);
         }
         Ok(())

@@ -17,6 +17,10 @@
 //! 4. Device health: the kubelet stand-in watches the plugin's health stream, and while the
 //!    claims are prepared the demo flips one prepared device unhealthy and back through the
 //!    plugin's mock fault file ([`health`]).
+//! 5. Dynamic MIG ([`mig`]): a second node, `demo-mig-node`, whose A100s in MIG mode are
+//!    published as counter sets and MIG placements (Kubernetes 1.36 partitionable devices);
+//!    pods whose claims fit nowhere else run there, and its own plugin creates each
+//!    allocated placement's MIG instance at prepare and destroys it at unprepare.
 //!
 //! [`run`] returns the [`Summary`] and writes it to `<output-dir>/summary.json`;
 //! [`print::render_summary`] is the report `kerf demo` prints from it.
@@ -25,16 +29,19 @@ pub mod allocate;
 pub mod claim_store;
 pub mod classes;
 pub mod containers;
+pub mod counters;
 pub mod health;
 pub mod manifests;
+pub mod mig;
 pub mod mps;
 pub mod node;
 pub mod print;
 pub mod report;
 pub mod scheduler;
+mod visit;
 pub mod workload;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -42,19 +49,17 @@ use k8s_openapi::api::resource::v1::Device;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_api::resourceslice::{attributes, device_attribute};
 use kerf_core::cdi;
-use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
-use kerf_kubelet_plugin::mps_daemons::{self, MpsDaemons};
+use kerf_kubelet_plugin::config::Discovery;
 use kerf_kubelet_plugin::plugin::{self, Connections};
-use kerf_kubelet_plugin::preparer::PreparerConfig;
-use kerf_proto::client::{Claim, ClaimResult, KubeletClient, RegisteredPlugin};
 
 use crate::error::{Error, Result};
 use allocate::{ClaimOutcome, PodOutcome};
 use claim_store::MemoryClaimReader;
-use containers::ContainerRun;
 use manifests::ManifestSource;
+pub use mig::{MigNode, MigNodeReport};
 use node::Layout;
 pub use report::{ClaimReport, DeviceReport, MpsReport, PodReport, Summary};
+use visit::{NodeRun, NodeVisit};
 use workload::Workload;
 
 /// The node name the demo uses unless told otherwise.
@@ -77,7 +82,7 @@ pub struct DemoConfig {
     pub classes: ManifestSource,
     /// Where claims, templates, pods and Deployments come from.
     pub claims: ManifestSource,
-    /// Run one busybox container per prepared claim with podman.
+    /// Run one busybox container per claim prepared on the main node with podman.
     pub run_containers: bool,
     /// A static busybox to use instead of `/bin/busybox`.
     pub busybox: Option<PathBuf>,
@@ -87,10 +92,13 @@ pub struct DemoConfig {
     /// enforces MPS slices with one (fake) MPS daemon per GPU; without it, as the plugin's
     /// mock mode without `--mock-driver-root`, slices are accounting only.
     pub gpu_tools: Option<PathBuf>,
+    /// The dynamic-MIG node beside the main one, or `None` for the main node alone.
+    pub mig_node: Option<MigNode>,
 }
 
 impl DemoConfig {
-    /// The defaults: the embedded examples on an `h100-sxm-80gb` node named `demo-node`.
+    /// The defaults: the embedded examples on an `h100-sxm-80gb` node named `demo-node` and
+    /// the dynamic-MIG node `demo-mig-node` (`a100-40gb-dynmig`).
     pub fn new(output_dir: impl Into<PathBuf>) -> Self {
         DemoConfig {
             output_dir: output_dir.into(),
@@ -104,6 +112,7 @@ impl DemoConfig {
             // The running program is only known to be such a tool when it is `kerf` itself,
             // which its main passes explicitly.
             gpu_tools: None,
+            mig_node: Some(MigNode::default()),
         }
     }
 }
@@ -137,68 +146,148 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
     let inventory = node::discover(&plugin_config)?;
     let slices = crate::inventory::resource_slices(&inventory, driver, &config.node_name)?;
     let devices = node::published_devices(&slices);
+    let mig_setup = config
+        .mig_node
+        .as_ref()
+        .map(|m| mig::setup(m, &config.output_dir, driver, config.gpu_tools.as_deref()))
+        .transpose()?;
     let mut index = node::capacity_index(&slices, driver);
+    if let Some(setup) = &mig_setup {
+        // The controller reads every node's slices; partitionable devices give it nothing.
+        for (_, gpus) in kerf_api::node_gpus_from_slices(&setup.slices, driver) {
+            index.upsert_node(gpus);
+        }
+    }
 
     let manifests = manifests::load(&[config.classes.clone(), config.claims.clone()])?;
     let classes = classes::build(&manifests, driver);
     let mut workload = workload::build(&manifests);
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let scheduler_node = scheduler::Node {
+    let mut scheduler_nodes = vec![scheduler::Node {
         name: &config.node_name,
         driver,
         devices: &devices,
-    };
+        counter_sets: &[],
+    }];
+    if let Some(setup) = &mig_setup {
+        scheduler_nodes.push(scheduler::Node {
+            name: &setup.name,
+            driver,
+            devices: &setup.devices,
+            counter_sets: &setup.counter_sets,
+        });
+    }
     let (claim_outcomes, pod_outcomes) =
-        allocate::allocate_all(&mut workload, &classes, &scheduler_node, &mut index, &now);
+        allocate::allocate_all(&mut workload, &classes, &scheduler_nodes, &mut index, &now);
 
     let store = Arc::new(MemoryClaimReader::default());
     for claim in workload.claims.iter().filter_map(|c| c.claim.clone()) {
         store.insert(claim);
     }
-    let runtime = config
-        .run_containers
-        .then(|| containers::find_runtime(config.busybox.as_deref()));
-
-    let running = plugin::start_with_health(
-        &plugin_config,
-        &health::health_config(&layout),
-        inventory,
-        Connections {
-            device_status: None,
-            claim_reader: store,
-            publisher: None,
-            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
-        },
-    )
-    .await?;
-    let visit = NodeVisit {
+    let main_node = MainNode {
+        config,
         layout: &layout,
-        driver,
+        plugin_config: &plugin_config,
         workload: &workload,
         pods: &pod_outcomes,
     };
-    let visited = visit.run(runtime).await;
-    let stopped = running.shutdown().await;
-    // Whatever failed before: no daemon may outlive the demo.
-    let daemons_stopped = stop_leftover_daemons(&plugin_config).await;
-    let node_run = visited?;
-    stopped?;
-    daemons_stopped?;
-    check_clean(&layout, driver)?;
+    let mut node_run = main_node.run(inventory, Arc::clone(&store)).await?;
 
-    let summary = summarize(
+    let mig_report = match &mig_setup {
+        Some(setup) => {
+            let mut mig_run = mig::run_node(setup, &workload, &pod_outcomes, store).await?;
+            let report = mig::report(setup, driver, &mut mig_run)?;
+            node_run.merge(mig_run);
+            Some(report)
+        }
+        None => None,
+    };
+    let node_devices: Vec<(&str, &[Device])> = scheduler_nodes
+        .iter()
+        .map(|n| (n.name, n.devices))
+        .collect();
+    let run = Run {
         config,
-        &layout,
-        &devices,
-        &manifests,
-        &classes,
-        &workload,
-        &claim_outcomes,
-        &pod_outcomes,
-        node_run,
-    );
+        layout: &layout,
+        node_devices: &node_devices,
+        manifests: &manifests,
+        classes: &classes,
+        workload: &workload,
+    };
+    let mut summary = run.summarize(&claim_outcomes, &pod_outcomes, node_run);
+    summary.mig_node = mig_report;
     write_outputs(&layout, &summary, &workload)?;
     Ok(summary)
+}
+
+/// The main node's plugin and the kubelet's visit to it.
+struct MainNode<'a> {
+    config: &'a DemoConfig,
+    layout: &'a Layout,
+    plugin_config: &'a kerf_kubelet_plugin::config::PluginConfig,
+    workload: &'a Workload,
+    pods: &'a [PodOutcome],
+}
+
+impl MainNode<'_> {
+    /// Starts the plugin, prepares and unprepares the node's pods with the health flip and
+    /// the containers, stops the plugin and checks that nothing is left.
+    async fn run(
+        &self,
+        inventory: kerf_core::inventory::Inventory,
+        store: Arc<MemoryClaimReader>,
+    ) -> Result<NodeRun> {
+        let MainNode {
+            config,
+            layout,
+            plugin_config,
+            workload,
+            pods,
+        } = *self;
+        let driver = config.driver_name.as_str();
+        let runtime = config
+            .run_containers
+            .then(|| containers::find_runtime(config.busybox.as_deref()));
+        let running = plugin::start_with_health(
+            plugin_config,
+            &health::health_config(layout),
+            inventory,
+            Connections {
+                device_status: None,
+                claim_reader: store,
+                publisher: None,
+                events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
+            },
+        )
+        .await?;
+        let visit = NodeVisit {
+            layout,
+            driver,
+            node: &config.node_name,
+            workload,
+            pods,
+            health: true,
+            mig_root: None,
+        };
+        let visited = visit.run(runtime).await;
+        let stopped = running.shutdown().await;
+        // Whatever failed before: no daemon may outlive the demo.
+        let daemons_stopped = visit::stop_leftover_daemons(plugin_config).await;
+        let node_run = visited?;
+        stopped?;
+        daemons_stopped?;
+        visit::check_clean(layout, driver)?;
+        Ok(node_run)
+    }
+}
+
+/// How the summary names a node's inventory.
+fn inventory_text(discovery: &Discovery) -> String {
+    match discovery {
+        Discovery::MockProfile(profile) => format!("mock profile {profile}"),
+        Discovery::MockFile(path) => format!("mock inventory {}", path.display()),
+        Discovery::Nvml => "NVML".to_owned(),
+    }
 }
 
 fn check_config(config: &DemoConfig) -> Result<()> {
@@ -228,325 +317,107 @@ fn check_config(config: &DemoConfig) -> Result<()> {
     Ok(())
 }
 
-/// What happened on the node.
-#[derive(Debug, Default)]
-struct NodeRun {
-    prepared: HashMap<String, ClaimResult>,
-    specs: HashMap<String, (PathBuf, serde_json::Value)>,
-    /// The PID of each MPS pipe directory's daemon while the claims were prepared.
-    mps_daemons: HashMap<PathBuf, Option<u32>>,
-    containers: HashMap<String, ContainerRun>,
-    containers_error: Option<String>,
-    container_runtime: Option<String>,
-    health: Option<health::HealthReport>,
-}
-
-/// The kubelet's part of the run.
-struct NodeVisit<'a> {
+/// What the summary is made from, besides the outcomes.
+struct Run<'a> {
+    config: &'a DemoConfig,
     layout: &'a Layout,
-    driver: &'a str,
+    /// Each node's published devices, main node first.
+    node_devices: &'a [(&'a str, &'a [Device])],
+    manifests: &'a manifests::Manifests,
+    classes: &'a classes::Classes,
     workload: &'a Workload,
-    pods: &'a [PodOutcome],
 }
 
-impl NodeVisit<'_> {
-    /// Registers, opens the health stream, prepares every runnable pod, snapshots the CDI
-    /// specs, flips a prepared device's health, runs containers, and unprepares every pod
-    /// again, even when something in between failed.
-    async fn run(&self, runtime: Option<Result<containers::Runtime>>) -> Result<NodeRun> {
-        let kubelet = KubeletClient::new()
-            .register(&self.layout.registration_socket)
-            .await?;
-        // As the kubelet: the health stream is opened as soon as the plugin has registered.
-        let watcher = health::Watcher::open(&kubelet).await;
-        let mut run = NodeRun::default();
-        let prepared = self.prepare_all(&kubelet, &mut run).await;
-        self.snapshot_specs(&mut run);
-        let target = health::target(self.workload, &run.prepared);
-        run.health = Some(health::flip(watcher, &self.layout.fault_file, target).await);
-        match runtime {
-            None => {}
-            Some(Ok(runtime)) => self.run_containers(&runtime, &mut run),
-            Some(Err(e)) => run.containers_error = Some(e.to_string()),
-        }
-        let unprepared = self.unprepare_all(&kubelet).await;
-        prepared?;
-        unprepared?;
-        Ok(run)
-    }
-
-    /// The pods that can run, with their claims as the kubelet names them.
-    fn runnable_pods(&self) -> Vec<Vec<Claim>> {
-        self.workload
+impl Run<'_> {
+    fn summarize(
+        &self,
+        claim_outcomes: &[ClaimOutcome],
+        pod_outcomes: &[PodOutcome],
+        mut node_run: NodeRun,
+    ) -> Summary {
+        let Run {
+            config,
+            layout,
+            node_devices,
+            manifests,
+            classes,
+            workload,
+        } = *self;
+        let driver = config.driver_name.as_str();
+        let devices = node_devices.first().map_or(&[][..], |(_, d)| *d);
+        let claims = workload
+            .claims
+            .iter()
+            .zip(claim_outcomes)
+            .map(|(claim, outcome)| {
+                claim_report(claim, outcome, node_devices, driver, &mut node_run)
+            })
+            .collect();
+        let pods = workload
             .pods
             .iter()
-            .zip(self.pods)
-            .filter(|(_, outcome)| outcome.schedulable.is_ok())
-            .map(|(pod, _)| {
-                pod.claims
+            .zip(pod_outcomes)
+            .map(|(pod, outcome)| PodReport {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                owner: pod.owner.clone(),
+                claims: pod
+                    .claims
                     .iter()
-                    .filter_map(|c| c.claim.as_ref().ok())
-                    .map(|&i| {
-                        let claim = &self.workload.claims[i];
-                        Claim::new(&claim.namespace, &claim.name, claim.uid())
+                    .map(|c| match &c.claim {
+                        Ok(i) => workload.claims[*i].name.clone(),
+                        Err(_) => format!("?{}", c.pod_claim_name),
                     })
-                    .collect()
+                    .collect(),
+                scheduled: outcome.schedulable.is_ok(),
+                node: outcome.schedulable.clone().ok(),
+                error: outcome.schedulable.clone().err(),
             })
-            .collect()
-    }
-
-    async fn prepare_all(&self, kubelet: &RegisteredPlugin, run: &mut NodeRun) -> Result<()> {
-        for claims in self.runnable_pods() {
-            if claims.is_empty() {
-                continue;
-            }
-            let answers = kubelet.prepare(&claims).await?;
-            for (uid, answer) in answers {
-                // A claim shared by pods keeps its first answer (later ones repeat it).
-                run.prepared.entry(uid).or_insert(answer);
-            }
-        }
-        Ok(())
-    }
-
-    fn snapshot_specs(&self, run: &mut NodeRun) {
-        let kind = PreparerConfig::cdi_kind_for(self.driver);
-        for (uid, answer) in &run.prepared {
-            if answer.is_err() {
-                continue;
-            }
-            let Ok(file_name) = cdi::transient_spec_file_name(&kind, uid) else {
-                continue;
-            };
-            let path = self.layout.cdi_dir.join(file_name);
-            let spec = std::fs::read(&path)
-                .ok()
-                .and_then(|bytes| serde_json::from_slice(&bytes).ok());
-            if let Some(spec) = spec {
-                // Read now: the daemon and its PID file go with the GPU's last unprepare.
-                for pipe in mps::pipe_mounts(&spec) {
-                    let pid = mps_daemons::daemon_in(&pipe.host).map(|d| d.pid);
-                    run.mps_daemons.entry(pipe.host).or_insert(pid);
-                }
-                run.specs.insert(uid.clone(), (path, spec));
-            }
-        }
-    }
-
-    fn run_containers(&self, runtime: &containers::Runtime, run: &mut NodeRun) {
-        run.container_runtime = Some(runtime.version.clone());
-        let rootfs = match containers::make_rootfs(runtime, &self.layout.root) {
-            Ok(rootfs) => rootfs,
-            Err(e) => {
-                run.containers_error = Some(e.to_string());
-                return;
-            }
-        };
-        let empty = self.layout.root.join("empty");
-        if let Err(e) = std::fs::create_dir_all(&empty) {
-            run.containers_error = Some(Error::io("create directory", &empty, e).to_string());
-            return;
-        }
-        for claim in &self.workload.claims {
-            let Some(Ok(devices)) = run.prepared.get(claim.uid()) else {
-                continue;
-            };
-            let mut ids: Vec<String> = Vec::new();
-            for id in devices.iter().flat_map(|d| &d.cdi_device_ids) {
-                if !ids.contains(id) {
-                    ids.push(id.clone());
-                }
-            }
-            match containers::run(runtime, &self.layout.cdi_dir, &empty, &rootfs, &ids) {
-                Ok(container) => {
-                    run.containers.insert(claim.uid().to_owned(), container);
-                }
-                Err(e) => {
-                    run.containers_error = Some(e.to_string());
-                    return;
-                }
-            }
-        }
-    }
-
-    /// One `NodeUnprepareResources` per pod, last pod first; a claim shared with a pod not
-    /// yet torn down stays prepared until that pod goes, as in the kubelet.
-    async fn unprepare_all(&self, kubelet: &RegisteredPlugin) -> Result<()> {
-        let mut pods = self.runnable_pods();
-        let mut failures = Vec::new();
-        while let Some(claims) = pods.pop() {
-            let still_used = |c: &Claim| pods.iter().flatten().any(|o| o.uid == c.uid);
-            let batch: Vec<Claim> = claims.into_iter().filter(|c| !still_used(c)).collect();
-            if batch.is_empty() {
-                continue;
-            }
-            match kubelet.unprepare(&batch).await {
-                Ok(answers) => failures.extend(
-                    answers
-                        .into_iter()
-                        .filter_map(|(uid, r)| r.err().map(|e| format!("claim {uid}: {e}"))),
-                ),
-                Err(e) => failures.push(e.to_string()),
-            }
-        }
-        if failures.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Unprepare(failures.join("; ")))
-        }
-    }
-}
-
-/// Stops every MPS daemon still running under the demo's MPS root once the plugin has
-/// stopped. The plugin stops a GPU's daemon at the GPU's last unprepare and keeps running
-/// ones across its own restarts (on a node they outlive the plugin on purpose), so after the
-/// demo unprepared every claim none should be left; one that is, is stopped here (the
-/// daemons run in their own process groups, so nothing else would end them) and reported
-/// as an error.
-async fn stop_leftover_daemons(config: &PluginConfig) -> Result<()> {
-    let Some(settings) = config.mps_settings() else {
-        return Ok(());
-    };
-    let daemons = MpsDaemons::new(settings);
-    let mut left = Vec::new();
-    for gpu in daemons.known_gpus() {
-        let dirs = daemons.directories(&gpu)?;
-        let Some(daemon) = daemons.running(&dirs) else {
-            continue;
-        };
-        let stopped = match daemons.stop(&gpu).await {
-            Ok(()) => "stopped".to_owned(),
-            Err(e) => format!("cannot stop it: {e}"),
-        };
-        left.push(format!("GPU {gpu}: daemon {} ({stopped})", daemon.pid));
-    }
-    if left.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "MPS daemons still ran after every claim was unprepared: {}",
-            left.join("; ")
-        )))
-    }
-}
-
-/// Fails when the plugin left a socket or one of this driver's CDI specs behind, or the
-/// demo its fault file.
-fn check_clean(layout: &Layout, driver: &str) -> Result<()> {
-    let sockets = layout.leftover_sockets();
-    if !sockets.is_empty() {
-        return Err(Error::Config(format!(
-            "the plugin left sockets behind after shutdown: {sockets:?}"
-        )));
-    }
-    if std::fs::symlink_metadata(&layout.fault_file).is_ok() {
-        return Err(Error::Config(format!(
-            "the mock fault file was left behind: {}",
-            layout.fault_file.display()
-        )));
-    }
-    let kind = PreparerConfig::cdi_kind_for(driver);
-    let (vendor, class) = cdi::parse_kind(&kind)?;
-    let prefix = format!("{vendor}-{class}_");
-    let specs: Vec<PathBuf> = std::fs::read_dir(&layout.cdi_dir)
-        .map_err(|e| Error::io("read directory", &layout.cdi_dir, e))?
-        .filter_map(std::result::Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
-        .map(|e| e.path())
-        .collect();
-    if !specs.is_empty() {
-        return Err(Error::Config(format!(
-            "CDI specs left behind after unprepare: {specs:?}"
-        )));
-    }
-    Ok(())
-}
-
-#[allow(clippy::too_many_arguments)] // one call site; the pieces are the run's results
-fn summarize(
-    config: &DemoConfig,
-    layout: &Layout,
-    devices: &[Device],
-    manifests: &manifests::Manifests,
-    classes: &classes::Classes,
-    workload: &Workload,
-    claim_outcomes: &[ClaimOutcome],
-    pod_outcomes: &[PodOutcome],
-    mut node_run: NodeRun,
-) -> Summary {
-    let driver = config.driver_name.as_str();
-    let claims = workload
-        .claims
-        .iter()
-        .zip(claim_outcomes)
-        .map(|(claim, outcome)| claim_report(claim, outcome, devices, driver, &mut node_run))
-        .collect();
-    let pods = workload
-        .pods
-        .iter()
-        .zip(pod_outcomes)
-        .map(|(pod, outcome)| PodReport {
-            namespace: pod.namespace.clone(),
-            name: pod.name.clone(),
-            owner: pod.owner.clone(),
-            claims: pod
-                .claims
+            .collect();
+        Summary {
+            node: config.node_name.clone(),
+            driver: driver.to_owned(),
+            inventory: inventory_text(&config.discovery),
+            devices: report::describe_devices(devices, driver),
+            output_dir: layout.root.clone(),
+            classes: classes.reports.clone(),
+            claims,
+            pods,
+            invalid_manifests: manifests
+                .invalid
                 .iter()
-                .map(|c| match &c.claim {
-                    Ok(i) => workload.claims[*i].name.clone(),
-                    Err(_) => format!("?{}", c.pod_claim_name),
+                .filter(|i| {
+                    !matches!(
+                        i.kind.as_str(),
+                        "ResourceClaim" | "GpuClass" | "DeviceClass"
+                    )
+                })
+                .map(|i| {
+                    let what = if i.kind.is_empty() {
+                        String::new()
+                    } else {
+                        format!("{}/{} ", i.kind, i.name)
+                    };
+                    format!("{what}({}): {}", i.origin, i.error)
                 })
                 .collect(),
-            scheduled: outcome.schedulable.is_ok(),
-            error: outcome.schedulable.clone().err(),
-        })
-        .collect();
-    Summary {
-        node: config.node_name.clone(),
-        driver: driver.to_owned(),
-        inventory: match &config.discovery {
-            Discovery::MockProfile(profile) => format!("mock profile {profile}"),
-            Discovery::MockFile(path) => format!("mock inventory {}", path.display()),
-            Discovery::Nvml => "NVML".to_owned(),
-        },
-        devices: report::describe_devices(devices, driver),
-        output_dir: layout.root.clone(),
-        classes: classes.reports.clone(),
-        claims,
-        pods,
-        invalid_manifests: manifests
-            .invalid
-            .iter()
-            .filter(|i| {
-                !matches!(
-                    i.kind.as_str(),
-                    "ResourceClaim" | "GpuClass" | "DeviceClass"
-                )
-            })
-            .map(|i| {
-                let what = if i.kind.is_empty() {
-                    String::new()
-                } else {
-                    format!("{}/{} ", i.kind, i.name)
-                };
-                format!("{what}({}): {}", i.origin, i.error)
-            })
-            .collect(),
-        ignored: manifests.ignored.clone(),
-        containers_error: node_run.containers_error.take(),
-        container_runtime: node_run.container_runtime.take(),
-        gpu_tools_root: config
-            .gpu_tools
-            .as_ref()
-            .map(|_| layout.gpu_tools_root.clone()),
-        device_health: node_run.health.take(),
+            ignored: manifests.ignored.clone(),
+            containers_error: node_run.containers_error.take(),
+            container_runtime: node_run.container_runtime.take(),
+            gpu_tools_root: config
+                .gpu_tools
+                .as_ref()
+                .map(|_| layout.gpu_tools_root.clone()),
+            device_health: node_run.health.take(),
+            mig_node: None,
+        }
     }
 }
 
 fn claim_report(
     claim: &workload::DemoClaim,
     outcome: &ClaimOutcome,
-    devices: &[Device],
+    node_devices: &[(&str, &[Device])],
     driver: &str,
     node_run: &mut NodeRun,
 ) -> ClaimReport {
@@ -590,7 +461,10 @@ fn claim_report(
                     daemon_pid: node_run.mps_daemons.get(&pipe.host).copied().flatten(),
                 })
             });
-            let published = devices.iter().find(|d| d.name == a.device);
+            let published = node_devices
+                .iter()
+                .find(|(node, _)| *node == a.pool)
+                .and_then(|(_, devices)| devices.iter().find(|d| d.name == a.device));
             let string = |name: &str| {
                 published
                     .and_then(|d| device_attribute(d, driver, name))
@@ -606,6 +480,8 @@ fn claim_report(
                 sharing: a.sharing.to_string(),
                 cdi_device_ids: cdi_ids.get(&a.device).cloned().unwrap_or_default(),
                 mps,
+                mig_instance: published
+                    .and_then(|d| mig::instance_of(d, driver, &node_run.mig_prepared)),
             }
         })
         .collect();

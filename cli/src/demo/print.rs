@@ -21,6 +21,16 @@ pub fn render_summary(summary: &Summary, run_containers: bool) -> String {
     for device in &summary.devices {
         let _ = writeln!(out, "  {device}");
     }
+    if let Some(mig) = &summary.mig_node {
+        let _ = writeln!(
+            out,
+            "node {} ({}), dynamic MIG: partitionable devices (Kubernetes 1.36), {} ResourceSlices, {} of them counter sets only:",
+            mig.node, mig.inventory, mig.slices, mig.counter_slices
+        );
+        for gpu in &mig.gpus {
+            let _ = writeln!(out, "  {gpu}");
+        }
+    }
     out.push_str("classes:\n");
     out.push_str(&report::render_classes(summary));
     for problem in &summary.invalid_manifests {
@@ -58,6 +68,7 @@ pub fn render_summary(summary: &Summary, run_containers: bool) -> String {
     };
     out.push('\n');
     out.push_str(&report::render_health(summary));
+    render_mig_part(&mut out, summary);
     let _ = writeln!(
         out,
         "\nall claims unprepared, {daemons}plugin stopped, sockets removed. Summary: {}",
@@ -68,6 +79,31 @@ pub fn render_summary(summary: &Summary, run_containers: bool) -> String {
         let _ = writeln!(out, "containers that failed: {}", failed.join(", "));
     }
     out
+}
+
+/// The dynamic-MIG node's instances: created at prepare, none left after unprepare.
+fn render_mig_part(out: &mut String, summary: &Summary) {
+    let Some(mig) = &summary.mig_node else {
+        return;
+    };
+    let _ = writeln!(
+        out,
+        "\nDynamic MIG on {}, in the emulated driver state under {}:",
+        mig.node,
+        mig.mig_state_root.display()
+    );
+    if mig.instances_prepared.is_empty() {
+        out.push_str("  no MIG instance while the claims were prepared\n");
+    }
+    for instance in &mig.instances_prepared {
+        let _ = writeln!(out, "  while prepared: {}", instance.text());
+    }
+    if mig.instances_left.is_empty() {
+        out.push_str("  after unprepare: no MIG instance left\n");
+    }
+    for instance in &mig.instances_left {
+        let _ = writeln!(out, "  LEFT after unprepare: {}", instance.text());
+    }
 }
 
 /// The containers section: what each container saw, or why none ran.
@@ -161,6 +197,7 @@ mod tests {
             container_runtime: None,
             gpu_tools_root: None,
             device_health: None,
+            mig_node: None,
         }
     }
 

@@ -12,6 +12,7 @@ use super::allocate::AllocatedBy;
 use super::classes::ClassReport;
 use super::containers::ContainerRun;
 use super::health::HealthReport;
+use super::mig::{LiveInstance, MigNodeReport};
 
 /// Everything `<output-dir>/summary.json` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,6 +50,9 @@ pub struct Summary {
     /// device unhealthy and back; `None` when the node was not visited.
     #[serde(default)]
     pub device_health: Option<HealthReport>,
+    /// The dynamic-MIG node, when the run had one.
+    #[serde(default)]
+    pub mig_node: Option<MigNodeReport>,
 }
 
 /// One claim.
@@ -110,6 +114,10 @@ pub struct DeviceReport {
     /// The MPS daemon of an MPS slice, as its CDI spec names it.
     #[serde(default)]
     pub mps: Option<MpsReport>,
+    /// The MIG instance the plugin created for a dynamic-MIG placement, as the emulated
+    /// driver state showed it while the claim was prepared.
+    #[serde(default)]
+    pub mig_instance: Option<LiveInstance>,
 }
 
 /// The MPS daemon a slice is a client of, as seen while its claim was prepared (the
@@ -170,6 +178,9 @@ pub struct PodReport {
     pub claims: Vec<String>,
     /// Whether all its claims were allocated, so that it could run.
     pub scheduled: bool,
+    /// The node it runs on.
+    #[serde(default)]
+    pub node: Option<String>,
     /// Why it could not.
     pub error: Option<String>,
 }
@@ -262,6 +273,12 @@ pub fn render_table(summary: &Summary) -> String {
                 device.cdi_device_ids.join(" ")
             });
             let mut notes: Vec<String> = device.mps.iter().map(MpsReport::text).collect();
+            notes.extend(
+                device
+                    .mig_instance
+                    .iter()
+                    .map(|i| format!("MIG instance created at prepare: {}", i.text())),
+            );
             if i + 1 == claim.devices.len() {
                 notes.extend(claim.error.iter().cloned());
             }
@@ -421,6 +438,7 @@ mod tests {
             memory_bytes: memory,
             compute_percent: compute,
             sharing: "Exclusive".into(),
+            mig_instance: None,
             cdi_device_ids: vec!["k8s.gpu.kerf.dev/gpu=u-gpu-0".into()],
             mps: None,
         }
@@ -491,6 +509,7 @@ mod tests {
             containers_error: None,
             container_runtime: None,
             gpu_tools_root: None,
+            mig_node: None,
             device_health: None,
         };
         let table = render_table(&summary);

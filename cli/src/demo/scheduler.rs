@@ -7,12 +7,15 @@
 //! CEL in claims is not evaluated. `matchAttribute` constraints are honoured by trying each
 //! value of the attribute in turn. A device is free when no claim holds it (the scheduler
 //! counts every device named in any allocation, the controller's slices included) and, for
-//! a MIG device, when its parent GPU is free too (and the other way round).
+//! a MIG device, when its parent GPU is free too (and the other way round). Partitionable
+//! devices (dynamic-MIG placements, which consume their GPU's shared counters) are instead free when no claim holds them and they fit what the allocated
+//! devices left of the counters ([`Counters`], as 1.36's allocator checks them); taken in
+//! slice order without backtracking, unlike kube-scheduler's exhaustive search.
 
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, Device, DeviceAllocationConfiguration, DeviceAllocationResult,
+    AllocationResult, CounterSet, Device, DeviceAllocationConfiguration, DeviceAllocationResult,
     DeviceAttribute, DeviceConstraint, DeviceRequest, DeviceRequestAllocationResult,
     DeviceSubRequest, ResourceClaim,
 };
@@ -23,6 +26,7 @@ use kerf_controller::selector::DeviceSelector;
 use kerf_core::alloc::Index;
 
 use super::classes::Classes;
+use super::counters::Counters;
 
 /// What the scheduler stand-in needs to know about the node.
 pub struct Node<'a> {
@@ -32,6 +36,8 @@ pub struct Node<'a> {
     pub driver: &'a str,
     /// The node's published devices, in ResourceSlice order.
     pub devices: &'a [Device],
+    /// The counter sets of the node's slices (`sharedCounters`), for partitionable devices.
+    pub counter_sets: &'a [CounterSet],
 }
 
 /// One way to satisfy a request: the request itself, or one of its `firstAvailable`
@@ -77,9 +83,20 @@ pub fn allocate(
         .filter(|d| is_free(d, node, held, index))
         .collect();
     let choices = constraint_choices(constraints, &free, node.driver)?;
+    let counters = Counters::available(node.counter_sets, node.devices, held);
     let mut last_error = None;
     for choice in &choices {
-        match allocate_with(requests, constraints, choice, &free, classes, node) {
+        let mut counters = counters.clone();
+        let picked = allocate_with(
+            requests,
+            constraints,
+            choice,
+            &free,
+            classes,
+            node,
+            &mut counters,
+        );
+        match picked {
             Ok(results) => {
                 let taken = results.iter().map(|r| r.device.clone()).collect();
                 let allocation = allocation(claim, results, classes, node, now);
@@ -145,6 +162,7 @@ fn allocate_with(
     free: &[&Device],
     classes: &Classes,
     node: &Node<'_>,
+    counters: &mut Counters,
 ) -> Result<Vec<DeviceRequestAllocationResult>, String> {
     let mut results: Vec<DeviceRequestAllocationResult> = Vec::new();
     for (i, request) in requests.iter().enumerate() {
@@ -169,7 +187,7 @@ fn allocate_with(
                 .copied()
                 .filter(|d| !taken.contains(d.name.as_str()) && constrained(d))
                 .collect();
-            match pick(alternative, at, &candidates, classes, node) {
+            match pick(alternative, at, &candidates, classes, node, counters) {
                 Ok(devices) => {
                     results.extend(devices.into_iter().map(|device| {
                         DeviceRequestAllocationResult {
@@ -244,13 +262,15 @@ fn alternatives<'a>(
         .collect())
 }
 
-/// The devices of `candidates` (free, in slice order) that one alternative takes.
+/// The devices of `candidates` (free, in slice order) that one alternative takes; a
+/// partitionable device only when it fits the counters left, which it then consumes.
 fn pick(
     alternative: &Alternative<'_>,
     at: &str,
     candidates: &[&Device],
     classes: &Classes,
     node: &Node<'_>,
+    counters: &mut Counters,
 ) -> Result<Vec<String>, String> {
     let unsupported =
         |field: &str| format!("{at}.{field} is not supported by the demo's scheduler stand-in");
@@ -277,13 +297,14 @@ fn pick(
     })?;
     let selector = DeviceSelector::new(&params, &format!("DeviceClass {class:?} parameters"))
         .map_err(|e| e.to_string())?;
-    let matching: Vec<String> = candidates
+    let matching: Vec<&Device> = candidates
         .iter()
+        .copied()
         .filter(|d| selector.matches(d, node.driver))
-        .map(|d| d.name.clone())
         .collect();
     let wanted = match alternative.mode {
         Some("All") => {
+            let matching = take_fitting(&matching, usize::MAX, counters);
             if matching.is_empty() {
                 return Err(format!(
                     "{at}: no free device of class {class:?} on node {} (allocationMode All)",
@@ -299,6 +320,7 @@ fn pick(
         .ok()
         .filter(|w| *w >= 1)
         .ok_or_else(|| format!("{at}.count: {wanted} is not a positive count"))?;
+    let matching = take_fitting(&matching, wanted, counters);
     if matching.len() < wanted {
         let on_node = node
             .devices
@@ -318,7 +340,26 @@ fn pick(
             node.name
         ));
     }
-    Ok(matching.into_iter().take(wanted).collect())
+    Ok(matching)
+}
+
+/// Up to `wanted` of `devices` in order, a partitionable one only when it fits the counters
+/// left (its consumption is then taken from them).
+fn take_fitting(devices: &[&Device], wanted: usize, counters: &mut Counters) -> Vec<String> {
+    let mut taken = Vec::new();
+    for device in devices {
+        if taken.len() == wanted {
+            break;
+        }
+        if Counters::consumes(device) {
+            if !counters.fits(device) {
+                continue;
+            }
+            counters.subtract(device);
+        }
+        taken.push(device.name.clone());
+    }
+    taken
 }
 
 /// The allocation the scheduler writes: results, the class configs (`FromClass`, per
@@ -410,6 +451,10 @@ fn class_of(claim: &ResourceClaim, result_request: &str) -> Option<String> {
 fn is_free(device: &Device, node: &Node<'_>, held: &BTreeSet<String>, index: &Index) -> bool {
     if held.contains(&device.name) {
         return false;
+    }
+    if Counters::consumes(device) {
+        // Its counters say whether it fits beside what is allocated.
+        return true;
     }
     let string = |d: &Device, name: &str| -> Option<String> {
         device_attribute(d, node.driver, name).and_then(|a| a.string.clone())
