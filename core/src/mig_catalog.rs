@@ -256,7 +256,7 @@ fn memory_slice_counter(slice: u32) -> String {
 /// `pkg/nvml/mock/dgxa100/dgxa100.go` (`MIGProfiles`), which mirrors a DGX A100); memory sizes
 /// and multiprocessors of the A100-80GB and H100-80GB from `nvidia-smi mig -lgip` (NVIDIA MIG
 /// user guide, "Supported MIG Profiles"), engines from the same guide's profile tables;
-/// placements from `nvidia-smi mig -lgipp` (the same for all three: research table §4). The
+/// placements from `nvidia-smi mig -lgipp` (the same for all three). The
 /// real plugin should prefer what NVML reports on the node; these serve mock mode and GPUs
 /// whose NVML lacks the placement call.
 pub fn catalog_for(product_name: &str) -> Option<&'static GpuMigCatalog> {

@@ -1,7 +1,8 @@
 //! Manifests and checks for the scheduler-slice and dynamic-MIG e2e tests
 //! (tests/tests/e2e_scheduler_slices.rs): a sliced Scheduler GpuClass, a MIG-profile
-//! Scheduler GpuClass, and claims whose request carries `capacity.requests` (research §7.1:
-//! capacity names as the GPU publishes them, `memory` and `compute`).
+//! Scheduler GpuClass, and claims whose request carries `capacity.requests` (capacity
+//! names as the GPU publishes them, `memory` and `compute`: the 1.36 allocator looks them up
+//! by exact name).
 
 use std::collections::BTreeMap;
 

@@ -107,10 +107,10 @@ async fn run_reporting_pod(env: &TestEnv, name: &str) -> Result<ContainerReport>
 /// container carries its slice limits. Once the pods are gone, kube-controller-manager
 /// deallocates both claims.
 ///
-/// Assumes kerf's controller publishes the GPUs a sliced Scheduler class selects as
-/// shareable (`allowMultipleAllocations`, capacities `memory` and `compute` with request
-/// policies, research §7.1) and that the plugin turns a share into the same limits as a
-/// controller slice (`KERF_SLICE_*`, `CUDA_MPS_*`).
+/// kerf-controller names the GPUs a sliced Scheduler class selects in the Node's shared
+/// publication, the plugin publishes them shareable (`allowMultipleAllocations`, `memory` and
+/// `compute` with request policies) and turns a share into the same limits as a controller
+/// slice (`KERF_SLICE_*`, `CUDA_MPS_*`).
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn kube_scheduler_allocates_two_slices_of_one_gpu() -> Result<()> {
@@ -210,10 +210,10 @@ async fn kube_scheduler_allocates_two_slices_of_one_gpu() -> Result<()> {
 /// creates the MIG device and the container gets it. Prints `SKIPPED` and passes when no
 /// kerf pool publishes counter sets (no dynamic-MIG node in the cluster).
 ///
-/// Assumes the placement devices are named `gpu-<minor>-mig-1g-5gb-<start>` with
-/// attributes `type: mig` and `profile: 1g.5gb`, and that the container's env names the
-/// device in `KERF_DEVICES` and a created MIG device's UUID (`MIG-…`) in
-/// `KERF_DEVICE_UUIDS`, with `/dev/nvidia-caps` present.
+/// Placement devices are named `gpu-<minor>-mig-1g-5gb-<start>` with attributes
+/// `type: mig` and `profile: 1g.5gb`; the container's env names the device in
+/// `KERF_DEVICES` and the created MIG device's UUID (`MIG-…`) in `KERF_DEVICE_UUIDS`, and it
+/// has `/dev/nvidia-caps`.
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn kube_scheduler_allocates_a_dynamic_mig_device() -> Result<()> {

@@ -1,5 +1,6 @@
-//! Hand-written ResourceSlices for scheduler slices and dynamic MIG, as research §7.1/§7.2
-//! lays them out (not the plugin's publication), the DeviceClasses kerf's GpuClass reconciler
+//! Hand-written ResourceSlices for scheduler slices and dynamic MIG in the shape kerf publishes
+//! them (not the plugin's publication itself; the dynamic-MIG GPU also has the full-GPU device
+//! NVIDIA's driver publishes), the DeviceClasses kerf's GpuClass reconciler
 //! makes on a cluster with DRAConsumableCapacity, claims with capacity requests and
 //! constraints, and the independent checks of what the claims in the API hold.
 
@@ -65,7 +66,7 @@ fn string(value: &str) -> Value {
     json!({"string": value})
 }
 
-/// A GPU published for scheduler slices (research §7.1): memory defaults to all of it,
+/// A GPU published for scheduler slices: memory defaults to all of it,
 /// compute to 100 %, multiprocessors are visible but never consumed.
 pub fn shareable_gpu(minor: u32, memory_gi: u32) -> Value {
     let memory = format!("{memory_gi}Gi");
@@ -88,7 +89,8 @@ pub fn shareable_gpu(minor: u32, memory_gi: u32) -> Value {
 }
 
 /// MIG placements of the stand-in's dynamic-MIG GPU: (profile, sanitized name, size in
-/// memory slices, compute slices, starts), A100-40GB shaped (research §4).
+/// memory slices, compute slices, starts), A100-40GB shaped (NVIDIA MIG user guide,
+/// "Supported MIG Profiles").
 pub const PLACEMENTS: [(&str, &str, u32, u32, &[u32]); 3] = [
     ("1g.5gb", "1g-5gb", 1, 1, &[0, 1, 2, 3, 4, 5, 6]),
     ("2g.10gb", "2g-10gb", 2, 2, &[0, 2, 4]),

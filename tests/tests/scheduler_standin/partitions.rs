@@ -1,5 +1,6 @@
-//! Dynamic MIG: placement devices and the full GPU share one counter set (research §2.2,
-//! §7.2); the stand-in never lets their counters run over.
+//! Dynamic MIG: placement devices and a full-GPU device share one counter set, as NVIDIA's
+//! DRA driver publishes them (`cmd/gpu-kubelet-plugin/partitions.go`); the stand-in never
+//! lets their counters run over (`allocator_incubating.go` `checkAvailableCounters`).
 
 use serde_json::json;
 

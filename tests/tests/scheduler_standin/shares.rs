@@ -1,4 +1,5 @@
-//! Scheduler slices: consumable capacity on shareable GPUs (research §1.3, §7.1).
+//! Scheduler slices: consumable capacity on shareable GPUs (k/k
+//! `structured/internal/incubating`: every capacity of a shareable device is consumed).
 
 use std::collections::BTreeMap;
 

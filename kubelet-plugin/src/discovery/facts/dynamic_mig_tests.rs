@@ -4,7 +4,7 @@ use kerf_core::mig_catalog::A100_SXM4_40GB;
 use super::super::RawMig;
 use super::*;
 
-/// What NVML answers on an A100-SXM4-40GB (research §4; NVIDIA go-nvml
+/// What NVML answers on an A100-SXM4-40GB (NVIDIA go-nvml
 /// `pkg/nvml/mock/dgxa100/dgxa100.go` (`MIGProfiles`)): profile index, id, name, compute
 /// slices, instance count, SMs, engines, MiB and placement starts and size.
 fn a100_40gb(named: bool) -> Vec<RawGiProfile> {
