@@ -33,8 +33,11 @@ async fn main() -> anyhow::Result<()> {
     if !claim_cache {
         connections = connections.without_claim_cache();
     }
-    let running =
-        plugin::start_with_mig_crash(&config, &health, crash_at, inventory, connections).await?;
+    let options = plugin::StartOptions {
+        health,
+        mock_crash_at: crash_at,
+    };
+    let running = plugin::start_with(&config, &options, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {
         kerf_ops::signal::terminated().await;

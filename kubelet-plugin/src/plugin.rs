@@ -205,6 +205,24 @@ pub fn discover_with_dynamic_mig(
     Ok(inventory)
 }
 
+/// Serves `/metrics`, `/healthz` and `/readyz` on `address` until `shutdown`.
+async fn spawn_http(
+    address: std::net::SocketAddr,
+    registry: &Arc<Registry>,
+    health: &Health,
+    shutdown: &CancellationToken,
+) -> Result<Task> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| Error::io("bind metrics address", address.to_string(), e))?;
+    tracing::info!(%address, "serving /metrics, /healthz and /readyz");
+    let (registry, health, token) = (Arc::clone(registry), health.clone(), shutdown.clone());
+    Ok((
+        "http",
+        tokio::spawn(crate::http::serve(listener, registry, health, token)),
+    ))
+}
+
 /// The MIG instances the checkpoint at `path` records, read without changing the file (the
 /// checkpoint store deals with a missing or corrupt one when it opens it). An unreadable
 /// checkpoint names no instance: a GPU holding kerf's instances then counts as partitioned
@@ -231,45 +249,52 @@ fn recorded_mig_instances(path: &Path) -> discovery::KerfInstances {
     }
 }
 
-/// Starts every part of the plugin with the default health settings
-/// ([`HealthConfig::defaults`]) and returns once the sockets serve.
+/// What [`start_with`] takes beyond the configuration: the health settings and, in mock mode's
+/// crash tests only, the dynamic-MIG prepare step to abort after.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// Device health: sources, timeouts, taint effects.
+    pub health: HealthConfig,
+    /// Abort the process right after this step of every dynamic-MIG prepare
+    /// (`--mock-crash-at`); `None` on a real node.
+    pub mock_crash_at: Option<CrashStep>,
+}
+
+impl StartOptions {
+    /// The defaults: [`HealthConfig::defaults`] for the mode, no crash.
+    pub fn defaults(mock: bool) -> Self {
+        StartOptions {
+            health: HealthConfig::defaults(mock),
+            mock_crash_at: None,
+        }
+    }
+}
+
+/// Starts every part of the plugin with [`StartOptions::defaults`] and returns once the
+/// sockets serve.
 ///
 /// # Errors
-/// As [`start_with_health`].
+/// As [`start_with`].
 pub async fn start(
     config: &PluginConfig,
     inventory: Inventory,
     connections: Connections,
 ) -> Result<RunningPlugin> {
-    let health = HealthConfig::defaults(config.discovery.is_mock());
-    start_with_health(config, &health, inventory, connections).await
+    let options = StartOptions::defaults(config.discovery.is_mock());
+    start_with(config, &options, inventory, connections).await
 }
 
 /// Starts every part of the plugin and returns once the sockets serve.
 ///
 /// # Errors
 /// The checkpoint, CDI directory, sockets or HTTP address cannot be set up.
-pub async fn start_with_health(
+pub async fn start_with(
     config: &PluginConfig,
-    health_config: &HealthConfig,
+    options: &StartOptions,
     inventory: Inventory,
     connections: Connections,
 ) -> Result<RunningPlugin> {
-    start_with_mig_crash(config, health_config, None, inventory, connections).await
-}
-
-/// [`start_with_health`], aborting the process right after `crash_at` of every dynamic-MIG
-/// prepare (mock mode's crash tests, `--mock-crash-at`).
-///
-/// # Errors
-/// As [`start_with_health`].
-pub async fn start_with_mig_crash(
-    config: &PluginConfig,
-    health_config: &HealthConfig,
-    crash_at: Option<CrashStep>,
-    inventory: Inventory,
-    connections: Connections,
-) -> Result<RunningPlugin> {
+    let health_config = &options.health;
     let shutdown = CancellationToken::new();
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
@@ -277,7 +302,12 @@ pub async fn start_with_mig_crash(
         let settings = DeviceStatusConfig::new(&config.driver_name, &config.node_name);
         DeviceStatusWriter::start(client, settings, &mut registry, shutdown.clone())
     });
-    let mig = crate::dynamic_mig::node::for_node(config, &inventory, &mut registry, crash_at)?;
+    let mig = crate::dynamic_mig::node::for_node(
+        config,
+        &inventory,
+        &mut registry,
+        options.mock_crash_at,
+    )?;
     let registry = Arc::new(registry);
     let health = Health::new();
     let inventory = Arc::new(inventory);
@@ -342,15 +372,7 @@ pub async fn start_with_mig_crash(
         None => None,
     };
     if let Some(address) = config.metrics_address {
-        let listener = tokio::net::TcpListener::bind(address)
-            .await
-            .map_err(|e| Error::io("bind metrics address", address.to_string(), e))?;
-        tracing::info!(%address, "serving /metrics, /healthz and /readyz");
-        let (registry, health, token) = (Arc::clone(&registry), health.clone(), shutdown.clone());
-        tasks.push((
-            "http",
-            tokio::spawn(crate::http::serve(listener, registry, health, token)),
-        ));
+        tasks.push(spawn_http(address, &registry, &health, &shutdown).await?);
     }
 
     tracing::info!(

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use common::{NODE, TestNode, eventually, uid};
 use kerf_kubelet_plugin::claim_events::{ClaimEvents as _, ClaimWarning, KubeClaimEvents};
-use kerf_kubelet_plugin::health::HealthConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections};
 use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_proto::client::{KNOWN_SERVICES, KubeletClient};
@@ -29,8 +28,8 @@ async fn every_write_of_the_plugin_names_kerf_kubelet_plugin() {
     let mut config = node.config();
     config.publish_resources = true;
     let connections = Connections::kube(node.api.client(), NODE, true);
-    let health = HealthConfig::defaults(true);
-    let running = plugin::start_with_health(&config, &health, node.inventory(), connections)
+    let options = plugin::StartOptions::defaults(true);
+    let running = plugin::start_with(&config, &options, node.inventory(), connections)
         .await
         .unwrap();
 

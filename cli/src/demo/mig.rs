@@ -185,14 +185,17 @@ pub(super) async fn run_node(
     store: Arc<MemoryClaimReader>,
 ) -> Result<NodeRun> {
     let driver = setup.plugin_config.driver_name.as_str();
-    let health = HealthConfig {
-        // The demo has no Node object whose annotation could declare faults.
-        mock_annotation: false,
-        ..HealthConfig::defaults(true)
+    let options = plugin::StartOptions {
+        health: HealthConfig {
+            // The demo has no Node object whose annotation could declare faults.
+            mock_annotation: false,
+            ..HealthConfig::defaults(true)
+        },
+        mock_crash_at: None,
     };
-    let running = plugin::start_with_health(
+    let running = plugin::start_with(
         &setup.plugin_config,
-        &health,
+        &options,
         setup.inventory.clone(),
         Connections {
             device_status: None,

@@ -248,9 +248,12 @@ impl MainNode<'_> {
         let runtime = config
             .run_containers
             .then(|| containers::find_runtime(config.busybox.as_deref()));
-        let running = plugin::start_with_health(
+        let running = plugin::start_with(
             plugin_config,
-            &health::health_config(layout),
+            &plugin::StartOptions {
+                health: health::health_config(layout),
+                mock_crash_at: None,
+            },
             inventory,
             Connections {
                 device_status: None,

@@ -28,9 +28,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if !claim_cache {
         connections = connections.without_claim_cache();
     }
-    let health = kerf_kubelet_plugin::health::HealthConfig::defaults(config.discovery.is_mock());
-    let running =
-        plugin::start_with_mig_crash(&config, &health, crash_at, inventory, connections).await?;
+    let options = plugin::StartOptions {
+        mock_crash_at: crash_at,
+        ..plugin::StartOptions::defaults(config.discovery.is_mock())
+    };
+    let running = plugin::start_with(&config, &options, inventory, connections).await?;
     let token = running.shutdown_token();
     tokio::spawn(async move {
         wait_for_termination().await;

@@ -166,7 +166,11 @@ impl TestNode {
             publisher: publish.then_some(client),
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
         };
-        plugin::start_with_health(&config, health, self.inventory(), connections)
+        let options = plugin::StartOptions {
+            health: health.clone(),
+            mock_crash_at: None,
+        };
+        plugin::start_with(&config, &options, self.inventory(), connections)
             .await
             .unwrap()
     }
