@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::{DRIVER, PluginProcess, TestNode, cdi_spec_file, uid};
 use kerf_proto::PreparedDevice;
-use kerf_proto::client::{Claim, KubeletClient, RegisteredPlugin};
+use kerf_proto::client::{Claim, RegisteredPlugin};
 use kerf_tests::api_server::ApiServer;
 use serde_json::Value;
 
@@ -112,21 +112,9 @@ impl Cluster {
 
 /// Registers with the plugin as the kubelet does, retrying until its socket answers.
 async fn register(cluster: &Cluster, plugin: &PluginProcess) -> RegisteredPlugin {
-    let started = Instant::now();
-    loop {
-        match KubeletClient::new()
-            .register(&cluster.registration_socket())
-            .await
-        {
-            Ok(registered) => return registered,
-            Err(e) => assert!(
-                started.elapsed() < STARTED_IN,
-                "the plugin did not register: {e}; plugin log:\n{}",
-                plugin.log()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    plugin
+        .register(&cluster.registration_socket(), STARTED_IN)
+        .await
 }
 
 async fn prepare(

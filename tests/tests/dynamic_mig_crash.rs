@@ -19,12 +19,12 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-use common::{TestNode, uid};
+use std::time::Duration;
+
+use common::{PluginProcess, TestNode, uid};
 use kerf_fake_gpu_tools::mig::{GpuInstance, MockMig};
-use kerf_proto::client::{Claim, KubeletClient, RegisteredPlugin};
+use kerf_proto::client::{Claim, RegisteredPlugin};
 use kerf_tests::api_server::ApiServer;
 use serde_json::Value;
 
@@ -37,38 +37,6 @@ struct Cluster {
     node: TestNode,
     kubeconfig: PathBuf,
     _server: ApiServer,
-}
-
-/// The plugin as a process, with extra flags (the shared helper takes none).
-struct Plugin {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Plugin {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until the process ended by itself (the injected abort).
-    fn wait_for_exit(&mut self) {
-        let started = Instant::now();
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(
-                started.elapsed() < STARTED_IN,
-                "the plugin did not abort; log:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Plugin {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Cluster {
@@ -84,40 +52,26 @@ impl Cluster {
         }
     }
 
-    fn spawn(&self, generation: u32, crash_at: Option<&str>) -> Plugin {
-        let log = self.node.root.join(format!("plugin-{generation}.log"));
-        let mut args = self.node.plugin_args();
-        args.extend(crash_at.map(|step| format!("--mock-crash-at={step}")));
-        let child = Command::new(PLUGIN_BINARY)
-            .args(args)
-            .env_clear()
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Plugin { child, log }
+    fn spawn(&self, generation: u32, crash_at: Option<&str>) -> PluginProcess {
+        let extra: Vec<String> = crash_at
+            .map(|step| format!("--mock-crash-at={step}"))
+            .into_iter()
+            .collect();
+        PluginProcess::spawn_with(
+            PLUGIN_BINARY,
+            &self.node,
+            &self.kubeconfig,
+            generation,
+            &extra,
+        )
     }
 
-    async fn register(&self, plugin: &Plugin) -> RegisteredPlugin {
+    async fn register(&self, plugin: &PluginProcess) -> RegisteredPlugin {
         let socket = self
             .node
             .registry_dir()
             .join(format!("{}-reg.sock", common::DRIVER));
-        let started = Instant::now();
-        loop {
-            match KubeletClient::new().register(&socket).await {
-                Ok(registered) => return registered,
-                Err(e) => assert!(
-                    started.elapsed() < STARTED_IN,
-                    "the plugin did not register: {e}; log:\n{}",
-                    plugin.log()
-                ),
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        plugin.register(&socket, STARTED_IN).await
     }
 
     /// The emulated MIG instances of GPU 0.
@@ -132,7 +86,7 @@ impl Cluster {
 async fn prepare(
     registered: &RegisteredPlugin,
     claim: &Claim,
-    plugin: &Plugin,
+    plugin: &PluginProcess,
 ) -> Result<Vec<kerf_proto::PreparedDevice>, String> {
     let mut answers = registered
         .prepare(std::slice::from_ref(claim))
@@ -171,7 +125,7 @@ async fn crash_after(step: &str, kept: bool) {
         answer.is_err(),
         "the plugin answered before aborting at {step}"
     );
-    first.wait_for_exit();
+    first.wait_for_exit(STARTED_IN);
     drop(registered);
     let left = cluster.instances();
     assert_eq!(

@@ -24,7 +24,7 @@ use kerf_core::slice::Sharing;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
-use kerf_proto::client::Claim;
+use kerf_proto::client::{Claim, KubeletClient, RegisteredPlugin};
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::fake_kubelet::{KubeletConfig, RetryPolicy};
 use serde_json::{Value, json};
@@ -354,9 +354,21 @@ pub struct PluginProcess {
 
 impl PluginProcess {
     pub fn spawn(binary: &str, node: &TestNode, kubeconfig: &Path, generation: u32) -> Self {
+        Self::spawn_with(binary, node, kubeconfig, generation, &[])
+    }
+
+    /// [`PluginProcess::spawn`] with `extra_args` after the node's own flags.
+    pub fn spawn_with(
+        binary: &str,
+        node: &TestNode,
+        kubeconfig: &Path,
+        generation: u32,
+        extra_args: &[String],
+    ) -> Self {
         let log = node.root.join(format!("plugin-{generation}.log"));
         let child = Command::new(binary)
             .args(node.plugin_args())
+            .args(extra_args)
             .env_clear()
             .env("KUBECONFIG", kubeconfig)
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -380,6 +392,36 @@ impl PluginProcess {
 
     pub fn is_running(&mut self) -> bool {
         self.child.try_wait().unwrap().is_none()
+    }
+
+    /// Waits until the process ended by itself (an injected abort), failing after `within`.
+    pub fn wait_for_exit(&mut self, within: Duration) {
+        let started = Instant::now();
+        while self.is_running() {
+            assert!(
+                started.elapsed() < within,
+                "the plugin did not exit; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Registers with the plugin on `socket` as the kubelet does, retrying until the socket
+    /// answers, failing after `within`.
+    pub async fn register(&self, socket: &Path, within: Duration) -> RegisteredPlugin {
+        let started = Instant::now();
+        loop {
+            match KubeletClient::new().register(socket).await {
+                Ok(registered) => return registered,
+                Err(e) => assert!(
+                    started.elapsed() < within,
+                    "the plugin did not register: {e}; plugin log:\n{}",
+                    self.log()
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
