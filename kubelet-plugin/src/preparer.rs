@@ -285,16 +285,13 @@ impl Preparer {
             .set_up(&claim.uid, &mut devices, &self.checkpoint)
             .await;
         let created = mig.is_ok();
-        let prepared = match mig {
-            Ok(()) => match self.sharing.set_up(&devices, &self.checkpoint).await {
-                Ok(()) => {
-                    self.finish_prepare(claim, pod_claim_name.as_deref(), &devices)
-                        .await
-                }
-                Err(e) => Err(e),
-            },
-            Err(e) => Err(e),
-        };
+        let prepared = async {
+            mig?;
+            self.sharing.set_up(&devices, &self.checkpoint).await?;
+            self.finish_prepare(claim, pod_claim_name.as_deref(), &devices)
+                .await
+        }
+        .await;
         if let Err(e) = prepared {
             self.forget_claim(claim).await;
             self.sharing.release(&devices, &self.checkpoint).await;
