@@ -34,6 +34,7 @@
 
 mod faults;
 mod fixtures;
+mod identity;
 mod patch;
 mod routing;
 mod selectors;
@@ -44,6 +45,7 @@ mod watch;
 
 pub use faults::describe_requests;
 pub use fixtures::StoreView;
+pub use identity::{Identity, KERF_NAMESPACE, NODE_NAME_EXTRA};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
@@ -113,6 +115,8 @@ pub struct RecordedRequest {
     pub query: String,
     /// The `Content-Type` header, when sent.
     pub content_type: Option<String>,
+    /// Who sent it ([`Identity::username`]).
+    pub user: String,
     /// When the fake received it (Tokio's clock, so paused-time tests see their own time).
     pub at: tokio::time::Instant,
 }
@@ -323,6 +327,19 @@ impl FakeApi {
     /// Must be called inside a Tokio runtime: the client spawns its request buffer there.
     pub fn client(&self) -> kube::Client {
         kube::Client::new(self.clone(), "default")
+    }
+
+    /// A kube client whose requests this fake serves as sent by `identity` (a component's
+    /// ServiceAccount: [`Identity::kerf_controller`], [`Identity::kerf_kubelet_plugin`]).
+    /// Its default namespace is `default`.
+    ///
+    /// Must be called inside a Tokio runtime: the client spawns its request buffer there.
+    pub fn client_as(&self, identity: Identity) -> kube::Client {
+        let service = identity::AsIdentity {
+            api: self.clone(),
+            identity: Arc::new(identity),
+        };
+        kube::Client::new(service, "default")
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

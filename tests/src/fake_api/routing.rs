@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -12,7 +13,7 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, Full};
 use serde_json::Value;
 
-use super::{ApiError, ApiResult, FakeApi, FakeBody, ObjKey, RecordedRequest};
+use super::{ApiError, ApiResult, FakeApi, FakeBody, Identity, ObjKey, RecordedRequest};
 
 impl tower::Service<Request<kube::client::Body>> for FakeApi {
     type Response = Response<FakeBody>;
@@ -34,6 +35,8 @@ pub(super) struct ApiRequest {
     pub(super) query: Query,
     pub(super) content_type: Option<String>,
     pub(super) body: Bytes,
+    /// Who sent it (the admin when the client set no [`Identity`]).
+    pub(super) user: Arc<Identity>,
 }
 
 impl ApiRequest {
@@ -290,6 +293,11 @@ fn streaming_response(body: FakeBody) -> Response<FakeBody> {
 impl FakeApi {
     pub(super) async fn handle(self, request: Request<kube::client::Body>) -> Response<FakeBody> {
         let (parts, body) = request.into_parts();
+        let user = parts
+            .extensions
+            .get::<Arc<Identity>>()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(Identity::admin()));
         let path = parts.uri.path().to_owned();
         let raw_query = parts.uri.query().unwrap_or("").to_owned();
         let content_type = parts
@@ -308,6 +316,7 @@ impl FakeApi {
             path,
             query: raw_query,
             content_type: content_type.clone(),
+            user: user.username.clone(),
             at: tokio::time::Instant::now(),
         };
         let delay = self.take_delay(&record);
@@ -336,6 +345,7 @@ impl FakeApi {
             query,
             content_type,
             body,
+            user,
         };
         if verb == "watch" {
             return match self.watch(&request) {
