@@ -38,6 +38,7 @@ pub mod resourceslice;
 mod schema;
 pub mod shared_publication;
 pub mod watch_backoff;
+pub mod write_failure;
 
 pub use allocation::{allocation_status, claim_request, device_uses};
 pub use claim::{AllocatedDevice, resolve_allocation};
