@@ -1,10 +1,12 @@
 //! kerf-ops: what kerf's binaries share to be operable — the `/healthz`, `/readyz` and
-//! `/metrics` endpoint ([`http`]), log set-up ([`logging`]), shutdown signals ([`signal`]) and
-//! the parsing of listen addresses ([`parse_listen_address`]).
+//! `/metrics` endpoint ([`http`]), log set-up ([`logging`]), shutdown signals ([`signal`]), the
+//! counter of writes the API server would not take ([`write_failures`]) and the parsing of
+//! listen addresses ([`parse_listen_address`]).
 
 pub mod http;
 pub mod logging;
 pub mod signal;
+pub mod write_failures;
 
 use std::net::SocketAddr;
 
