@@ -13,13 +13,30 @@ use serde_json::Value;
 use super::routing::{ApiRequest, error_response};
 use super::{ApiError, ApiResult, FakeApi, FakeBody, ObjKey, Outage, RecordedRequest, State};
 
-/// A scripted failure: the next `times` matching requests get `code`.
+/// A scripted failure: the next `times` matching requests get `code`, with the Status reason
+/// and message of `answer` when given (else `code`'s reason and "injected fault").
 #[derive(Debug, Clone)]
 pub(super) struct Fault {
     method: String,
     path_prefix: String,
     code: u16,
+    answer: Option<(&'static str, String)>,
     remaining: usize,
+}
+
+impl Fault {
+    /// The Status the faulted request is answered with.
+    fn error(&self) -> ApiError {
+        match &self.answer {
+            Some((reason, message)) => ApiError {
+                code: self.code,
+                reason,
+                message: message.clone(),
+                details: None,
+            },
+            None => ApiError::new(self.code, "injected fault"),
+        }
+    }
 }
 
 /// A scripted delay: the next `remaining` matching requests are answered `delay` late.
@@ -113,6 +130,33 @@ impl FakeApi {
             method: method.to_owned(),
             path_prefix: path_prefix.to_owned(),
             code: status_code,
+            answer: None,
+            remaining: times,
+        });
+    }
+
+    /// [`FakeApi::fail_next`] with the Status a real API server sends: `reason` (a
+    /// `metav1.StatusReason` such as `Forbidden` or `Invalid`) and `message`, e.g. the words of
+    /// kube-apiserver's RBAC denial (`forbiddenMessage` in kubernetes/kubernetes
+    /// `staging/src/k8s.io/apiserver/pkg/endpoints/handlers/responsewriters/errors.go`:
+    /// `pods "p" is forbidden: User "…" cannot patch resource "pods" in API group "" in the
+    /// namespace "default"`) or of a validation error (`NewInvalid` in apimachinery's
+    /// `pkg/api/errors/errors.go`: `ResourceClaim.resource.k8s.io "c" is invalid: spec: Invalid
+    /// value: …: field is immutable`). The message is sent as given.
+    pub fn fail_next_with(
+        &self,
+        method: &str,
+        path_prefix: &str,
+        status_code: u16,
+        reason: &'static str,
+        message: &str,
+        times: usize,
+    ) {
+        self.state().faults.push(Fault {
+            method: method.to_owned(),
+            path_prefix: path_prefix.to_owned(),
+            code: status_code,
+            answer: Some((reason, message.to_owned())),
             remaining: times,
         });
     }
@@ -171,19 +215,19 @@ impl FakeApi {
         delay
     }
 
-    pub(super) fn record_and_check_faults(&self, record: RecordedRequest) -> Option<u16> {
+    pub(super) fn record_and_check_faults(&self, record: RecordedRequest) -> Option<ApiError> {
         let mut state = self.state();
         let fault = state
             .faults
             .iter_mut()
             .find(|f| f.remaining > 0 && record.matches(&f.method, &f.path_prefix));
-        let code = fault.map(|f| {
+        let error = fault.map(|f| {
             f.remaining -= 1;
-            f.code
+            f.error()
         });
         state.faults.retain(|f| f.remaining > 0);
         state.requests.push(record);
-        code
+        error
     }
 }
 
