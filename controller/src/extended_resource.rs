@@ -21,6 +21,10 @@
 //! and the claim the controller would have to allocate only exists after the scheduler has
 //! allocated it. The name is therefore written for Scheduler classes only.
 //!
+//! A pod asking by extended resource has no ResourceClaim before kube-scheduler's PreBind,
+//! so kerf-controller counts its requests as scheduler demand itself
+//! (`claims::ownership`, [`device_class_for`] maps the name as kube-scheduler does).
+//!
 //! Two DeviceClasses with one name: the API documents (`DeviceClassSpec.ExtendedResourceName`)
 //! that the class created later is picked, and of classes created in the same second the one
 //! whose name sorts first. The controller still writes the name — what the admin asked, and
@@ -147,6 +151,44 @@ enum Shared {
     PicksOther(String),
 }
 
+/// The extended resource name every DeviceClass carries implicitly, before its own name
+/// (`resourceapi.ResourceDeviceClassPrefix`).
+pub const IMPLICIT_NAME_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+
+/// The DeviceClass kube-scheduler serves extended resource `resource` from, among
+/// `device_classes`: the class named after [`IMPLICIT_NAME_PREFIX`], or of the classes whose
+/// `spec.extendedResourceName` is `resource` the one created last, then the first name (the
+/// pick [`decide`] reports). kubernetes/kubernetes
+/// `pkg/scheduler/framework/plugins/dynamicresources/extended/cache.go`
+/// (`ExtendedResourceCache.OnDeviceClassEvent`: the explicit name and the implicit one) and
+/// `extendeddynamicresources.go` (`hasDeviceClassMappedExtendedResource`: only a resource that
+/// maps to a class is served by DRA).
+pub fn device_class_for<'a>(
+    resource: &str,
+    device_classes: &'a [std::sync::Arc<DeviceClass>],
+) -> Option<&'a DeviceClass> {
+    let mut classes = device_classes.iter().map(AsRef::as_ref);
+    if let Some(class) = resource.strip_prefix(IMPLICIT_NAME_PREFIX) {
+        return classes.find(|dc| dc.name_any() == class);
+    }
+    classes
+        .filter(|dc| dc.spec.extended_resource_name.as_deref() == Some(resource))
+        .max_by_key(|dc| pick_key(created_second(dc), dc.name_any()))
+}
+
+/// The order in which kube-scheduler prefers DeviceClasses of one extended resource name:
+/// the latest creation (whole seconds on the wire), then the smallest name.
+fn pick_key(created: Option<i64>, name: String) -> (Option<i64>, std::cmp::Reverse<String>) {
+    (created, std::cmp::Reverse(name))
+}
+
+fn created_second(dc: &DeviceClass) -> Option<i64> {
+    dc.metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+}
+
 /// Which DeviceClass kube-scheduler picks among those naming `name`. `own` not created yet
 /// counts as created now, i.e. after every other.
 fn picked_other(
@@ -165,21 +207,13 @@ fn picked_other(
         return Shared::Alone;
     }
     let own_created = own.and_then(|dc| dc.metadata.creation_timestamp.as_ref());
-    // The pick: the latest creation (whole seconds on the wire), then the smallest name.
-    let key = |created: Option<i64>, name: String| (created, std::cmp::Reverse(name));
-    let seconds = |dc: &DeviceClass| {
-        dc.metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0.as_second())
-    };
-    others.sort_by_key(|dc| std::cmp::Reverse(key(seconds(dc), dc.name_any())));
+    others.sort_by_key(|dc| std::cmp::Reverse(pick_key(created_second(dc), dc.name_any())));
     let best_other = others[0];
     let ours_wins = match own_created {
         None => true,
         Some(t) => {
-            key(Some(t.0.as_second()), class.to_owned())
-                > key(seconds(best_other), best_other.name_any())
+            pick_key(Some(t.0.as_second()), class.to_owned())
+                > pick_key(created_second(best_other), best_other.name_any())
         }
     };
     if ours_wins {
@@ -290,5 +324,45 @@ mod tests {
         let d = decide("b", &s, &Probed::Served, None, &[dc("z", Some(GPU), 200)]);
         assert_eq!(d.verdict.unwrap().reason, reasons::NAME_SHARED);
         assert_eq!(d.name.as_deref(), Some(GPU));
+    }
+
+    #[test]
+    fn a_resource_maps_to_the_class_kube_scheduler_picks() {
+        let name = |dc: Option<&DeviceClass>| dc.map(ResourceExt::name_any);
+        let classes = [
+            dc("old", Some(GPU), 50),
+            dc("new", Some(GPU), 100),
+            dc("same-second", Some(GPU), 100),
+            dc("plain", None, 10),
+        ];
+        assert_eq!(
+            name(device_class_for(GPU, &classes)).as_deref(),
+            Some("new")
+        );
+        assert_eq!(
+            name(device_class_for(
+                "deviceclass.resource.kubernetes.io/plain",
+                &classes
+            ))
+            .as_deref(),
+            Some("plain")
+        );
+        // The implicit name of a class that names another resource still maps to it.
+        assert_eq!(
+            name(device_class_for(
+                "deviceclass.resource.kubernetes.io/old",
+                &classes
+            ))
+            .as_deref(),
+            Some("old")
+        );
+        assert_eq!(name(device_class_for("other.dev/x", &classes)), None);
+        assert_eq!(
+            name(device_class_for(
+                "deviceclass.resource.kubernetes.io/missing",
+                &classes
+            )),
+            None
+        );
     }
 }

@@ -3,15 +3,21 @@
 //!
 //! A pod counts when it is live, not bound, carries no scheduling gate, and has unallocated
 //! claims whose requests ask for whole GPUs of a kerf Scheduler class (MIG classes are served
-//! by MIG devices, which are always the scheduler's). The match is by count and node: the
-//! pod's node selector, affinity and taints are honoured, a class's GPU selector is not (a
-//! device lent that the pod's selector refuses goes back after the linger period).
+//! by MIG devices, which are always the scheduler's), or asks for devices of such a class by
+//! extended resource name and kube-scheduler has not made its claim yet ([`super::extended`]):
+//! `N` of the name count as a claim of the class asking for `N`. The match is by count and
+//! node: the pod's node selector, affinity and taints are honoured, a class's GPU selector is
+//! not (a device lent that the pod's selector refuses goes back after the linger period).
+//!
+//! A sliced Scheduler class counts like a whole one, one GPU per device asked for, whether by
+//! claim or by extended resource name: the shares of one GPU may need fewer, and what is lent
+//! beyond the need goes back after the linger period.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceRequest, ResourceClaim};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceRequest, ResourceClaim};
 use kerf_api::Allocator;
 use kube::runtime::reflector::ObjectRef;
 
@@ -19,14 +25,25 @@ use super::super::consumers;
 use super::super::context::ClaimsContext;
 use super::super::nodes::node_fits;
 use super::super::state::allocation_of;
+use super::extended;
 
 /// A pending pod and how many whole GPUs of the scheduler it needs on one node.
 #[derive(Debug, Clone)]
 pub struct SchedulerNeed {
     /// The pod.
     pub pod: Arc<Pod>,
-    /// Whole GPUs its unallocated Scheduler-class claims ask for.
+    /// Whole GPUs its unallocated Scheduler-class claims and its extended resources not yet
+    /// claimed ask for.
     pub gpus: usize,
+}
+
+/// What the demand of every pod is read against, gathered once per tick.
+struct Lookup<'a> {
+    ctx: &'a ClaimsContext,
+    /// Every DeviceClass, for extended resource names.
+    device_classes: Vec<Arc<DeviceClass>>,
+    /// Pods (name, UID) whose extended-resource claim kube-scheduler has made.
+    claimed: HashSet<(String, String)>,
 }
 
 /// Every pending pod's need, oldest pod first.
@@ -47,9 +64,17 @@ pub fn pending_needs(ctx: &ClaimsContext) -> Vec<SchedulerNeed> {
         };
         key(a).cmp(&key(b))
     });
+    if pods.is_empty() {
+        return Vec::new();
+    }
+    let lookup = Lookup {
+        ctx,
+        device_classes: ctx.base.caches.device_classes.state(),
+        claimed: extended::claim_owners(&ctx.claims.state()),
+    };
     pods.into_iter()
         .filter_map(|pod| {
-            let gpus = whole_gpus_needed(&pod, ctx);
+            let gpus = whole_gpus_needed(&pod, ctx) + extended_gpus_needed(&pod, &lookup);
             (gpus > 0).then_some(SchedulerNeed { pod, gpus })
         })
         .collect()
@@ -73,21 +98,48 @@ fn whole_gpus_needed(pod: &Pod, ctx: &ClaimsContext) -> usize {
         .sum()
 }
 
+/// Whole GPUs the pod asks for by extended resource name, while kube-scheduler has not made
+/// its claim: per name, the count kube-scheduler would request of the DeviceClass the name
+/// maps to ([`crate::extended_resource::device_class_for`]), as a claim of that class asking
+/// for that count.
+fn extended_gpus_needed(pod: &Pod, lookup: &Lookup<'_>) -> usize {
+    let requests = extended::requests(pod);
+    if requests.values().all(|n| *n == 0) || extended::has_claim(pod, &lookup.claimed) {
+        return 0;
+    }
+    requests
+        .iter()
+        .filter(|(_, count)| **count > 0)
+        .filter_map(|(name, count)| {
+            let class = crate::extended_resource::device_class_for(name, &lookup.device_classes)?;
+            let class = class.metadata.name.as_deref()?;
+            let count = i64::try_from(*count).ok();
+            Some(scheduler_whole_gpus(lookup.ctx, class, "ExactCount", count))
+        })
+        .sum()
+}
+
+/// Whole GPUs one request of `count` devices of DeviceClass `class` asks of kerf's Scheduler
+/// classes: none for another class. `All` counts as one: how many the scheduler would take is
+/// not known before it sees the devices.
+fn scheduler_whole_gpus(ctx: &ClaimsContext, class: &str, mode: &str, count: Option<i64>) -> usize {
+    let scheduler_whole = ctx
+        .class_params(class)
+        .is_some_and(|p| p.allocator == Allocator::Scheduler && p.selector.mig_profile.is_none());
+    if !scheduler_whole {
+        return 0;
+    }
+    if mode == "All" {
+        return 1;
+    }
+    count.and_then(|c| usize::try_from(c).ok()).unwrap_or(1)
+}
+
 /// Whole GPUs a claim asks of kerf's Scheduler classes: `exactly` requests by their count, a
-/// `firstAvailable` list by its first kerf choice. `All` counts as one: how many the scheduler
-/// would take is not known before it sees the devices.
+/// `firstAvailable` list by its first kerf choice ([`scheduler_whole_gpus`]).
 fn claim_whole_gpus(claim: &ResourceClaim, ctx: &ClaimsContext) -> usize {
     let whole = |class: &str, mode: &str, count: Option<i64>| -> usize {
-        let scheduler_whole = ctx.class_params(class).is_some_and(|p| {
-            p.allocator == Allocator::Scheduler && p.selector.mig_profile.is_none()
-        });
-        if !scheduler_whole {
-            return 0;
-        }
-        if mode == "All" {
-            return 1;
-        }
-        count.and_then(|c| usize::try_from(c).ok()).unwrap_or(1)
+        scheduler_whole_gpus(ctx, class, mode, count)
     };
     claim
         .spec

@@ -13,6 +13,7 @@
 mod book;
 mod conflicts;
 mod demand;
+mod extended;
 mod guard;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -32,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 pub use book::{Change, DeviceFacts, OwnershipBook, OwnershipTiming};
 
 use super::context::ClaimsContext;
-use super::report::publish;
+use super::report::{node_write_failed, node_write_key, publish};
 use super::state::annotated_node;
 use demand::IdleGpus;
 
@@ -367,7 +368,13 @@ async fn write_records(
             .get(node)
             .is_some_and(|(_, current)| current == record);
         let publication_same = current_publication(ctx, node).as_ref() == Some(publication);
-        if record_same && publication_same {
+        let backoff_key = node_write_key(node);
+        if (record_same && publication_same)
+            || ctx
+                .base
+                .backoff
+                .backing_off(&ctx.base.config.backoff, &backoff_key)
+        {
             continue;
         }
         let mut annotations = serde_json::Map::new();
@@ -386,16 +393,17 @@ async fn write_records(
         let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
         match api.patch(node, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
+                ctx.base.backoff.succeeded(&backoff_key);
                 let record = record.to_annotation();
                 let shared = publication.to_annotation_value();
                 tracing::debug!(%node, %record, %shared, "ownership record written");
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {
+                ctx.base.backoff.forget(&backoff_key);
                 tracing::debug!(%node, "node deleted before its ownership record was written");
             }
-            Err(error) => {
-                tracing::warn!(%node, %error, "could not write the ownership record; retrying next tick");
-            }
+            // Backed off per node, and told on the Node when refused or persistent.
+            Err(error) => node_write_failed(ctx, node, &error).await,
         }
     }
 }
