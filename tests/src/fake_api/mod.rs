@@ -36,6 +36,7 @@ mod faults;
 mod fixtures;
 mod identity;
 mod patch;
+mod rbac;
 mod routing;
 mod selectors;
 mod store;
@@ -46,6 +47,7 @@ mod watch;
 pub use faults::describe_requests;
 pub use fixtures::StoreView;
 pub use identity::{Identity, KERF_NAMESPACE, NODE_NAME_EXTRA};
+pub use rbac::{Attributes, Check, Grant, KERF_RBAC_MANIFESTS, Policy, RbacError, RuleSource};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
@@ -75,6 +77,8 @@ struct Inner {
     events: broadcast::Sender<Broadcast>,
     /// The outage in progress, if any ([`FakeApi::set_outage`]).
     outage: tokio::sync::watch::Sender<Option<Outage>>,
+    /// Authorizes requests of users outside `system:masters` (`rbac`).
+    rbac: Arc<rbac::Authorizer>,
 }
 
 /// How the fake is unreachable during an injected outage ([`FakeApi::set_outage`]).
@@ -318,6 +322,7 @@ impl FakeApi {
                 state: Mutex::new(state),
                 events,
                 outage: tokio::sync::watch::Sender::new(None),
+                rbac: Arc::new(rbac::Authorizer::kerf()),
             }),
         }
     }

@@ -74,6 +74,7 @@ impl State {
             }
         }
         let next = self.patched_object(request, &key, &current, patched);
+        request.authorize_write(&key, Some(&current), &next)?;
         Ok((200, self.commit(events, key, next, Some(current))))
     }
 
@@ -141,6 +142,7 @@ impl State {
                 return Err(ApiError::conflict(&key, "the object does not exist"));
             }
             let key = Self::key_in_collection(&request.parsed, &mut body, key.name.clone())?;
+            request.authorize_write(&key, None, &body)?;
             let created = self.create_object(events, key, body);
             self.applied.insert(applied_key, config);
             return Ok((201, created));
@@ -157,6 +159,7 @@ impl State {
             // A no-op apply does not write, so the resourceVersion stays, as on a real server.
             return Ok((200, current));
         }
+        request.authorize_write(&key, Some(&current), &next)?;
         Ok((200, self.commit(events, key, next, Some(current))))
     }
 }

@@ -13,6 +13,7 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt as _, Full};
 use serde_json::Value;
 
+use super::rbac::{Attributes, Authorizer};
 use super::{ApiError, ApiResult, FakeApi, FakeBody, Identity, ObjKey, RecordedRequest};
 
 impl tower::Service<Request<kube::client::Body>> for FakeApi {
@@ -37,6 +38,11 @@ pub(super) struct ApiRequest {
     pub(super) body: Bytes,
     /// Who sent it (the admin when the client set no [`Identity`]).
     pub(super) user: Arc<Identity>,
+    /// What the authorizer was asked about it.
+    pub(super) attributes: Attributes,
+    /// The fake's authorizer, for the checks a write makes once its objects are known
+    /// ([`ApiRequest::authorize_write`]).
+    pub(super) rbac: Arc<Authorizer>,
 }
 
 impl ApiRequest {
@@ -310,6 +316,7 @@ impl FakeApi {
         let verb = parsed
             .as_ref()
             .map_or("", |p| verb_of(&parts.method, p, &query));
+        let attributes = Attributes::from_request(parts.method.as_str(), &path, &raw_query);
         let record = RecordedRequest {
             method: parts.method.to_string(),
             verb,
@@ -330,6 +337,11 @@ impl FakeApi {
         if let Some(fault) = fault {
             return error_response(&ApiError::new(fault, "injected fault"));
         }
+        // kube-apiserver's authorization filter runs before any handler, so a request the
+        // user may not make is 403 even where the path names nothing.
+        if let Err(err) = self.inner.rbac.authorize(&user, &attributes) {
+            return error_response(&err);
+        }
         let parsed = match parsed {
             Ok(parsed) => parsed,
             Err(err) => return error_response(&err),
@@ -346,6 +358,8 @@ impl FakeApi {
             content_type,
             body,
             user,
+            attributes,
+            rbac: Arc::clone(&self.inner.rbac),
         };
         if verb == "watch" {
             return match self.watch(&request) {

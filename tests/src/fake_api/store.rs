@@ -448,6 +448,7 @@ impl State {
             Self::key_in_collection(&request.parsed, &mut body, key.name.clone())?;
             self.next_main_object(&key, &current, body)
         };
+        request.authorize_write(&key, Some(&current), &next)?;
         Ok(self.commit(events, key, next, Some(current)))
     }
 
