@@ -144,12 +144,17 @@ pub fn server_message(error: &kube::Error) -> String {
 }
 
 /// What the user can do about a refused write of `verb` on `resource` (plural, with the
-/// subresource, e.g. `pods` or `resourceclaims/status`) by the ServiceAccount `account`;
-/// `None` when the Status message says it all.
-pub fn advice(failure: WriteFailure, verb: &str, resource: &str, account: &str) -> Option<String> {
+/// subresource, e.g. `pods` or `resourceclaims/status`) by `component` (`kerf-controller`,
+/// `kerf-kubelet-plugin`); `None` when the Status message says it all.
+pub fn advice(
+    failure: WriteFailure,
+    verb: &str,
+    resource: &str,
+    component: &str,
+) -> Option<String> {
     match failure {
         WriteFailure::Forbidden => Some(format!(
-            "the ServiceAccount {account} lacks `{verb}` on `{resource}`; check its ClusterRole \
+            "{component}'s ServiceAccount lacks `{verb}` on `{resource}`; check its ClusterRole \
              (deploy/base/*rbac*.yaml) against the cluster's"
         )),
         WriteFailure::FieldImmutable if resource.starts_with("resourceclaims") => Some(
@@ -159,7 +164,7 @@ pub fn advice(failure: WriteFailure, verb: &str, resource: &str, account: &str) 
                 .to_owned(),
         ),
         WriteFailure::Unauthorized => Some(format!(
-            "the API server does not accept the credentials of {account}; check its token"
+            "the API server does not accept {component}'s credentials; check its token"
         )),
         WriteFailure::TooLarge => Some(format!(
             "the {resource} write is larger than the API server accepts"
@@ -222,14 +227,12 @@ mod tests {
 
     #[test]
     fn advice_names_the_right_and_the_way_out() {
-        let forbidden = advice(
-            WriteFailure::Forbidden,
-            "patch",
-            "pods",
-            "kerf-system/kerf-controller",
-        )
-        .unwrap();
-        assert!(forbidden.contains("`patch` on `pods`"), "{forbidden}");
+        let forbidden =
+            advice(WriteFailure::Forbidden, "patch", "pods", "kerf-controller").unwrap();
+        assert!(
+            forbidden.contains("kerf-controller's ServiceAccount lacks `patch` on `pods`"),
+            "{forbidden}"
+        );
         assert!(forbidden.contains("deploy/"), "{forbidden}");
         let immutable =
             advice(WriteFailure::FieldImmutable, "patch", "resourceclaims", "a").unwrap();

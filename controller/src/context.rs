@@ -2,6 +2,7 @@
 //! the caches, diagnostics and the per-object back-off.
 
 mod events;
+mod write_failures;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,6 +18,7 @@ use crate::features::ApiSupport;
 use crate::metrics::Metrics;
 
 pub use events::EventRecorder;
+pub use write_failures::{Reported, WRITE_FAILING, WRITE_REFUSED, Write, assess};
 
 /// Field manager of every write of the controller: server-side apply, merge patches, creates
 /// and Events. The default of [`ControllerConfig::field_manager`], through which it is passed.
@@ -126,6 +128,16 @@ impl ObjectBackoff {
             count: entry.0,
             retry_in: config.delay(entry.0),
         }
+    }
+
+    /// Whether `key` failed recently enough that its next attempt is not due yet: less than
+    /// the delay after its consecutive failures has passed since the last one. For writers
+    /// outside kube-runtime's requeue (a periodic tick), which must skip an object in back-off
+    /// themselves.
+    pub fn backing_off(&self, config: &BackoffConfig, key: &str) -> bool {
+        self.lock()
+            .get(key)
+            .is_some_and(|(count, last)| last.elapsed() < config.delay(*count))
     }
 
     /// Forgets the failures of `key` after it succeeded.

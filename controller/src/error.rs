@@ -19,6 +19,16 @@ pub enum Error {
     /// A watch stream failed for good.
     #[error("watch: {0}")]
     Watch(#[from] kube::runtime::watcher::Error),
+    /// A write to the API server failed; names the write, so that its failure can be told on
+    /// the objects it concerns ([`crate::context::Context::report_write_failure`]).
+    #[error("{write}: Kubernetes API: {source}")]
+    Write {
+        /// The write.
+        write: Box<crate::context::Write>,
+        /// The API's answer.
+        #[source]
+        source: kube::Error,
+    },
     /// Serialising an object to send to the API server failed.
     #[error("serialising {what}: {source}")]
     Serialize {
@@ -76,7 +86,7 @@ impl Error {
     /// A short, stable, low-cardinality label for metrics.
     pub fn reason(&self) -> &'static str {
         match self {
-            Error::Kube(e) => kube_reason(e),
+            Error::Kube(e) | Error::Write { source: e, .. } => kube_reason(e),
             Error::Api(e) => e.reason(),
             Error::Core(e) => e.reason(),
             Error::Watch(_) => "watch",
@@ -99,6 +109,14 @@ impl Error {
     /// and only [`Error::reason`] counts them, unless the same object keeps failing.
     pub fn is_routine(&self) -> bool {
         matches!(self.reason(), "kube_conflict" | "kube_not_found")
+    }
+
+    /// Builds an [`Error::Write`]: `write` failed with `source`.
+    pub fn write(write: crate::context::Write, source: kube::Error) -> Self {
+        Error::Write {
+            write: Box::new(write),
+            source,
+        }
     }
 
     /// Builds an [`Error::Serialize`] for `what`.
@@ -146,6 +164,21 @@ mod tests {
         assert!(!api_error(403, "Forbidden").is_routine());
         assert!(!api_error(500, "InternalError").is_routine());
         assert!(!Error::Config("x".to_owned()).is_routine());
+    }
+
+    #[test]
+    fn a_failed_write_is_classified_by_its_answer() {
+        let Error::Kube(conflict) = api_error(409, "Conflict") else {
+            unreachable!()
+        };
+        let write = crate::context::Write::patch("pods", Some("ns"), "p");
+        let error = Error::write(write, conflict);
+        assert_eq!(error.reason(), "kube_conflict");
+        assert!(error.is_routine());
+        assert!(
+            error.to_string().starts_with("patch pods ns/p: "),
+            "{error}"
+        );
     }
 
     #[test]

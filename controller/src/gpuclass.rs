@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::{
     ClassCapacity, ClassScope, class_capacity, current_devices, free_compute_gpus, memory_in_use,
 };
-use crate::context::{Context, log_failure};
+use crate::context::{Context, Write, log_failure};
 use crate::deviceclass::{device_class, is_controlled_by, needs_apply};
 use crate::error::{Error, Result};
 use crate::extended_resource::{self, Verdict};
@@ -120,7 +120,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
 ///
 /// # Errors
 ///
-/// API errors writing the DeviceClass or the status, and a GpuClass without name or UID;
+/// API errors writing the DeviceClass or the status ([`Error::Write`], told on the class as a
+/// Warning Event when refused or persistent), and a GpuClass without name or UID;
 /// [`error_policy`] retries them with per-object back-off.
 pub async fn reconcile(class: Arc<GpuClass>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
@@ -131,6 +132,14 @@ pub async fn reconcile(class: Arc<GpuClass>, ctx: Arc<Context>) -> Result<Action
         result.as_ref().map(|_| ()).map_err(Error::reason),
         started.elapsed(),
     );
+    if let Err(Error::Write { write, source }) = &result {
+        // The DeviceClass and the status are the class's: `kubectl describe gpuclass` is
+        // where the user looks. error_policy counts this failure after the return.
+        let attempts = ctx.backoff.failures(&key).saturating_add(1);
+        let regarding = [class.object_ref(&())];
+        ctx.report_write_failure(write, source, attempts, &regarding)
+            .await;
+    }
     if result.is_ok() {
         ctx.backoff.succeeded(&key);
     }
@@ -227,7 +236,8 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
                 &PatchParams::apply(&ctx.config.field_manager).force(),
                 &Patch::Apply(&desired),
             )
-            .await?;
+            .await
+            .map_err(|e| Error::write(Write::patch("deviceclasses", None, &name), e))?;
     }
 
     let slices = ctx.caches.slices.state();
@@ -380,7 +390,11 @@ async fn write_status(
             &PatchParams::apply(&ctx.config.field_manager).force(),
             &Patch::Apply(&patch),
         )
-        .await?;
+        .await
+        .map_err(|e| {
+            let write = Write::patch("gpuclasses/status", None, &class.name_any());
+            Error::write(write, e)
+        })?;
     if changed(previous, &condition) {
         publish_event(class, ctx, &readiness).await;
     }

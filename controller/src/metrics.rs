@@ -21,7 +21,10 @@
 //!
 //! One series has no `kerf_controller_` prefix, because it counts what kerf as a whole must
 //! never do: `kerf_allocation_conflicts_total` (counter, `allocator` of the other claim:
-//! `scheduler`/`controller`), a device found in two exclusive allocations.
+//! `scheduler`/`controller`), a device found in two exclusive allocations. Neither has
+//! `kerf_api_write_failures_total{component="controller",resource,reason}`, which the kubelet
+//! plugin counts too: writes the API server would not take and that were reported as Warning
+//! Events ([`kerf_ops::write_failures`]).
 
 use std::collections::BTreeSet;
 use std::sync::atomic::AtomicU64;
@@ -34,6 +37,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use kerf_ops::write_failures::ApiWriteFailures;
 
 use crate::capacity::ClassCapacity;
 
@@ -127,6 +132,7 @@ pub struct Metrics {
     ownership_devices: Family<OwnerLabels, Gauge>,
     conflicts: Family<ConflictLabels, Counter>,
     claim_node_labels: Family<LabelActionLabels, Counter>,
+    write_failures: ApiWriteFailures,
     /// Classes that have per-class series: a `Family` cannot list its label sets.
     classes: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -149,6 +155,7 @@ impl Metrics {
             ownership_devices: Family::default(),
             conflicts: Family::default(),
             claim_node_labels: Family::default(),
+            write_failures: ApiWriteFailures::new("controller", registry),
             classes: Arc::default(),
         };
         registry.register(
@@ -226,6 +233,12 @@ impl Metrics {
             "Writes of the claim node label alone (claims the controller did not allocate), by action",
             self.claim_node_labels.clone(),
         );
+    }
+
+    /// The counter of writes the API server would not take (`kerf_api_write_failures_total`,
+    /// `component="controller"`).
+    pub fn api_write_failures(&self) -> &ApiWriteFailures {
+        &self.write_failures
     }
 
     /// Counts a write of a claim's node label alone; `action` is `set` or `removed`.

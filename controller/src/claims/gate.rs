@@ -8,6 +8,7 @@ use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
 use super::context::ClaimsContext;
+use crate::context::Write;
 use crate::error::{Error, Result};
 use kerf_api::controller_claims::SCHEDULING_GATE;
 
@@ -21,13 +22,22 @@ pub(super) fn gate_index(pod: &Pod) -> Option<usize> {
         .position(|gate| gate.name == SCHEDULING_GATE)
 }
 
+/// The message of kube-apiserver's 422 for a JSON patch that does not apply, a failed `test`
+/// op among them: `applyJSPatch` in kubernetes/kubernetes
+/// `staging/src/k8s.io/apiserver/pkg/endpoints/handlers/patch.go` answers
+/// `NewGenericServerResponse(http.StatusUnprocessableEntity, …)`, whose message for 422 is this
+/// generic sentence (apimachinery `pkg/api/errors/errors.go`); a validation error of the
+/// patched pod is also 422, but names the pod and the field.
+const PATCH_NOT_APPLICABLE: &str = "the server rejected our request due to an error in our request";
+
 /// Removes the kerf gate from `pod` (nothing to do without one). A JSON patch that tests the
 /// gate's position first, so a concurrent change of the gates fails the write instead of
 /// removing someone else's gate; the pod's next event brings it back.
 ///
 /// # Errors
-/// [`Error::Kube`] when the write fails for another reason than the pod being gone or its
-/// gates having changed meanwhile.
+/// [`Error::Write`] when the write fails for another reason than the pod being gone or its
+/// gates having changed meanwhile: a refusal (403 when kerf-controller may not patch pods)
+/// is reported on the pod by the claim reconciler.
 pub(super) async fn release(pod: &Pod, ctx: &ClaimsContext) -> Result<()> {
     let Some(index) = gate_index(pod) else {
         return Ok(());
@@ -53,8 +63,16 @@ pub(super) async fn release(pod: &Pod, ctx: &ClaimsContext) -> Result<()> {
             Ok(())
         }
         // Gone, or the gates changed under us (the test op failed): nothing to release now.
-        Err(kube::Error::Api(status)) if matches!(status.code, 404 | 409 | 422) => Ok(()),
-        Err(source) => Err(Error::Kube(source)),
+        Err(kube::Error::Api(status))
+            if matches!(status.code, 404 | 409)
+                || (status.code == 422 && status.message == PATCH_NOT_APPLICABLE) =>
+        {
+            Ok(())
+        }
+        Err(source) => {
+            let write = Write::patch("pods", Some(&namespace), &pod.name_any());
+            Err(Error::write(write, source))
+        }
     }
 }
 

@@ -64,4 +64,7 @@ pub mod reasons {
     pub const DEALLOCATED: &str = "Deallocated";
     /// The scheduler cleared an allocation the controller wrote: the node is avoided for the pod.
     pub const NODE_REJECTED: &str = "NodeRejected";
+    /// The API server refused a write of one of the pod's claims (condition False; the
+    /// Warning Events on the claim and the pod, reason `WriteRefused`, quote its answer).
+    pub const CLAIM_WRITE_REFUSED: &str = "ClaimWriteRefused";
 }

@@ -27,12 +27,12 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::applier;
 use kube::runtime::controller::{self, Action, Config as ApplierConfig, ReconcileRequest};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, ResourceExt as _};
+use kube::{Api, Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::state::{allocation_of, annotated_node};
-use crate::context::{Context, log_failure};
+use crate::context::{Context, Write, log_failure};
 use crate::error::{Error, Result};
 
 /// The label reconciler's name in metrics, back-off keys and logs.
@@ -140,6 +140,19 @@ pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<LabelContext>) -> Res
         result.as_ref().copied().map_err(Error::reason),
         started.elapsed(),
     );
+    if let Err(Error::Write { write, source }) = &result {
+        // Told on the claim: a refused label write leaves the kubelet plugin's label-selected
+        // watch without the claim. error_policy counts this failure after the return.
+        let attempts = ctx
+            .base
+            .backoff
+            .failures(&backoff_key(&claim))
+            .saturating_add(1);
+        let regarding = [claim.object_ref(&())];
+        ctx.base
+            .report_write_failure(write, source, attempts, &regarding)
+            .await;
+    }
     if result.is_ok() {
         ctx.base.backoff.succeeded(&backoff_key(&claim));
     }
@@ -164,7 +177,12 @@ async fn sync_label(claim: &ResourceClaim, ctx: &Context) -> Result<()> {
         ..PatchParams::default()
     };
     let patch = json!({"metadata": {"labels": labels}});
-    api.patch(name, &params, &Patch::Merge(&patch)).await?;
+    api.patch(name, &params, &Patch::Merge(&patch))
+        .await
+        .map_err(|e| {
+            let write = Write::patch("resourceclaims", claim.metadata.namespace.as_deref(), name);
+            Error::write(write, e)
+        })?;
     let action = if desired.is_some() {
         ACTION_SET
     } else {

@@ -33,7 +33,7 @@ use kube::runtime::events::EventType;
 use super::allocate::allocate_for_pod;
 use super::commit::deallocate;
 use super::context::ClaimsContext;
-use super::report::publish;
+use super::report::{self, publish};
 use super::state::{allocation_of, annotated_node, claim_uid, has_finalizer, is_reserved, pod_uid};
 use super::write::{self, claim_api};
 use super::yielding::{notify_yielders, scheduler_conflict};
@@ -44,7 +44,9 @@ use crate::error::{Error, Result};
 /// The controller's name in metrics, back-off keys and logs.
 pub(super) const CONTROLLER: &str = "resourceclaim";
 
-/// Reconciles one ResourceClaim (see the module documentation).
+/// Reconciles one ResourceClaim (see the module documentation). A write the API server
+/// refuses, or that keeps failing, is told on the claim and its pods (Warning Events, the pod
+/// condition, the write-failure metric) before it is returned.
 ///
 /// # Errors
 /// API failures (retried with per-object back-off by [`error_policy`]).
@@ -58,6 +60,11 @@ pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<ClaimsContext>) -> Re
         started.elapsed(),
     );
     let key = backoff_key(&claim);
+    if let Err(Error::Write { write, source }) = &result {
+        // error_policy counts this failure after the reconcile returns.
+        let attempts = ctx.base.backoff.failures(&key).saturating_add(1);
+        report::write_failed(&ctx, write, source, attempts).await;
+    }
     if result.is_ok() {
         ctx.base.backoff.succeeded(&key);
     }

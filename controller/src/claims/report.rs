@@ -1,18 +1,23 @@
 //! What the controller says about a pod's claims: Events on claims and pods, and the pod
-//! condition, in words an admin can act on.
+//! condition, in words an admin can act on — also when the API server will not take the
+//! controller's writes ([`write_failed`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_api::write_failure::FailureKind;
 use kerf_core::alloc::{ClaimPlacement, Unplaceable};
 use kube::runtime::events::{Event, EventType};
-use kube::{Resource as _, ResourceExt as _};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt as _};
 
 use super::context::ClaimsContext;
-use super::reasons;
 use super::write::{self, PodCondition};
+use super::{consumers, reasons};
+use crate::context::Write;
+use crate::error::Error;
 
 /// The allocator's sentence, prefixed with the failing claim's name (its message names only
 /// the request) and followed by the nodes that were not considered and why.
@@ -147,12 +152,115 @@ pub(super) async fn report_invalid(
     set_condition(ctx, pod, &condition).await;
 }
 
-/// Conditions are best effort, like Events: a pod that is gone or a failed write only logs.
+/// A write of a claim reconcile failed at its `attempts`-th consecutive try: told where the
+/// user looks ([`crate::context::Context::report_write_failure`] decides whether it is worth
+/// telling). A claim write is told on the claim and on each live pod using it, whose
+/// allocation it blocks; when the server refused it, those pods that wait for their
+/// allocation also get the condition False with reason [`reasons::CLAIM_WRITE_REFUSED`]. A pod
+/// write is told on the pod.
+pub(super) async fn write_failed(
+    ctx: &ClaimsContext,
+    write: &Write,
+    error: &kube::Error,
+    attempts: u32,
+) {
+    let namespace = write.namespace.as_deref().unwrap_or_default();
+    let mut regarding = Vec::new();
+    let mut pods = Vec::new();
+    if write.resource.starts_with("resourceclaims") {
+        match ctx.claim(namespace, &write.name) {
+            Some(claim) => {
+                regarding.push(claim.object_ref(&()));
+                pods = ctx.consumers(&claim);
+            }
+            // Gone from the cache: the claim is named without its UID.
+            None => regarding.push(reference::<ResourceClaim>(write)),
+        }
+        regarding.extend(pods.iter().map(|pod| pod.object_ref(&())));
+    } else if write.resource.starts_with("pods") {
+        let pod = ctx
+            .pods
+            .get(&ObjectRef::<Pod>::new(&write.name).within(namespace));
+        regarding.push(pod.map_or_else(|| reference::<Pod>(write), |p| p.object_ref(&())));
+    }
+    let Some(reported) = ctx
+        .base
+        .report_write_failure(write, error, attempts, &regarding)
+        .await
+    else {
+        return;
+    };
+    if reported.failure.kind() != FailureKind::Refused || pods.is_empty() {
+        return;
+    }
+    let condition = PodCondition {
+        allocated: false,
+        reason: reasons::CLAIM_WRITE_REFUSED,
+        message: reported.note,
+    };
+    for pod in pods.iter().filter(|p| consumers::awaits_allocation(p)) {
+        set_condition(ctx, pod, &condition).await;
+    }
+}
+
+/// The back-off key of the ownership record write on `node`.
+pub(super) fn node_write_key(node: &str) -> String {
+    format!("ownership//{node}")
+}
+
+/// The ownership record write on `node` failed (not with NotFound): counted for the node's
+/// back-off — the ownership tick skips the node until its next attempt is due, instead of
+/// writing every tick — and told on the Node when refused or persistent.
+pub(super) async fn node_write_failed(ctx: &ClaimsContext, node: &str, error: &kube::Error) {
+    let failure = ctx
+        .base
+        .backoff
+        .failed(&ctx.base.config.backoff, &node_write_key(node));
+    let write = Write::patch("nodes", None, node);
+    let regarding = [ctx
+        .nodes
+        .get(&ObjectRef::<Node>::new(node))
+        .map_or_else(|| reference::<Node>(&write), |n| n.object_ref(&()))];
+    let reported = ctx
+        .base
+        .report_write_failure(&write, error, failure.count, &regarding)
+        .await;
+    if reported.is_none() {
+        tracing::warn!(%node, %error, retry_in = ?failure.retry_in, "could not write the ownership record; retrying");
+    }
+}
+
+/// A reference to the object `write` names, of kind `K`, for an object not in the caches.
+fn reference<K: Resource<DynamicType = ()>>(write: &Write) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(K::api_version(&()).into_owned()),
+        kind: Some(K::kind(&()).into_owned()),
+        namespace: write.namespace.clone(),
+        name: Some(write.name.clone()),
+        ..ObjectReference::default()
+    }
+}
+
+/// Conditions are best effort, like Events: a pod that is gone only logs, and a write the API
+/// server refuses is told on the pod (a Warning Event and the write-failure metric).
 async fn set_condition(ctx: &ClaimsContext, pod: &Pod, condition: &PodCondition) {
     match write::set_pod_condition(&ctx.base, pod, condition).await {
         // The pod was deleted meanwhile: nobody is left to read the condition.
         Err(error) if error.is_routine() => {
             tracing::debug!(pod = %pod.name_any(), %error, "could not set the pod condition");
+        }
+        Err(Error::Write { write, source }) => {
+            // Not retried on its own: the next reconcile of the pod's claims writes it again,
+            // so a transient failure counts as the first attempt and is not told.
+            let regarding = [pod.object_ref(&())];
+            if ctx
+                .base
+                .report_write_failure(&write, &source, 1, &regarding)
+                .await
+                .is_none()
+            {
+                tracing::warn!(pod = %pod.name_any(), error = %source, "could not set the pod condition");
+            }
         }
         Err(error) => {
             tracing::warn!(pod = %pod.name_any(), %error, "could not set the pod condition");
@@ -173,7 +281,7 @@ pub(super) async fn publish(
 
 pub(super) async fn publish_on(
     ctx: &ClaimsContext,
-    regarding: &k8s_openapi::api::core::v1::ObjectReference,
+    regarding: &ObjectReference,
     type_: EventType,
     reason: &str,
     note: String,

@@ -15,8 +15,14 @@ use serde_json::{Value, json};
 use super::node_label::{self, labels_patch};
 use super::state::allocation_of;
 use super::{ALLOCATED_NODE_ANNOTATION, CONDITION_TYPE, FINALIZER};
-use crate::context::Context;
+use crate::context::{Context, Write};
 use crate::error::{Error, Result};
+
+/// The claim write named for its failure report: a patch of `resource` (`resourceclaims` or
+/// `resourceclaims/status`) of claim `name`.
+fn claim_write(resource: &'static str, claim: &ResourceClaim, name: &str) -> Write {
+    Write::patch(resource, claim.metadata.namespace.as_deref(), name)
+}
 
 fn name_and_version(claim: &ResourceClaim) -> Result<(String, String)> {
     let name = claim.metadata.name.clone().ok_or(Error::MissingField {
@@ -68,7 +74,7 @@ pub fn claim_api(ctx: &Context, claim: &ResourceClaim) -> ClaimApi {
 /// label-selected watch sees the allocation arrive on an already labelled claim.
 ///
 /// # Errors
-/// The API call failed (a conflict when the claim changed meanwhile).
+/// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
 pub async fn mark_allocating(
     api: &ClaimApi,
     claim: &ResourceClaim,
@@ -88,16 +94,16 @@ pub async fn mark_allocating(
         "annotations": {ALLOCATED_NODE_ANNOTATION: node},
         "labels": {CLAIM_NODE_LABEL: label},
     }});
-    Ok(api
-        .api
+    api.api
         .patch(&name, &api.params, &Patch::Merge(&patch))
-        .await?)
+        .await
+        .map_err(|e| Error::write(claim_write("resourceclaims", claim, &name), e))
 }
 
 /// Writes `status.allocation`, guarded by the claim's resourceVersion.
 ///
 /// # Errors
-/// The API call failed (a conflict when the claim changed meanwhile).
+/// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
 pub async fn write_allocation(
     api: &ClaimApi,
     claim: &ResourceClaim,
@@ -108,24 +114,24 @@ pub async fn write_allocation(
         serde_json::to_value(allocation).map_err(|e| Error::serialize("status.allocation", e))?;
     let patch =
         json!({"metadata": {"resourceVersion": version}, "status": {"allocation": allocation}});
-    Ok(api
-        .api
+    api.api
         .patch_status(&name, &api.params, &Patch::Merge(&patch))
-        .await?)
+        .await
+        .map_err(|e| Error::write(claim_write("resourceclaims/status", claim, &name), e))
 }
 
 /// Clears `status.allocation` and `status.devices` (the driver's device status belongs to the
 /// allocation), guarded by the claim's resourceVersion; only called for unreserved claims.
 ///
 /// # Errors
-/// The API call failed (a conflict when the claim changed meanwhile).
+/// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
 pub async fn clear_allocation(api: &ClaimApi, claim: &ResourceClaim) -> Result<ResourceClaim> {
     let (name, version) = name_and_version(claim)?;
     let patch = json!({"metadata": {"resourceVersion": version}, "status": {"allocation": null, "devices": null}});
-    Ok(api
-        .api
+    api.api
         .patch_status(&name, &api.params, &Patch::Merge(&patch))
-        .await?)
+        .await
+        .map_err(|e| Error::write(claim_write("resourceclaims/status", claim, &name), e))
 }
 
 /// Removes the node annotation and, with `drop_finalizer`, the finalizer, guarded by the
@@ -134,7 +140,7 @@ pub async fn clear_allocation(api: &ClaimApi, claim: &ResourceClaim) -> Result<R
 /// returns `None`.
 ///
 /// # Errors
-/// The API call failed (a conflict when the claim changed meanwhile).
+/// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
 pub async fn unmark(
     api: &ClaimApi,
     claim: &ResourceClaim,
@@ -166,11 +172,11 @@ pub async fn unmark(
         metadata["finalizers"] = json!(finalizers);
     }
     let patch = json!({"metadata": metadata});
-    Ok(Some(
-        api.api
-            .patch(&name, &api.params, &Patch::Merge(&patch))
-            .await?,
-    ))
+    api.api
+        .patch(&name, &api.params, &Patch::Merge(&patch))
+        .await
+        .map(Some)
+        .map_err(|e| Error::write(claim_write("resourceclaims", claim, &name), e))
 }
 
 /// The pod condition the controller reports on, as it should be.
@@ -201,7 +207,7 @@ fn pod_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition>
 /// whether it wrote.
 ///
 /// # Errors
-/// The API call failed.
+/// [`Error::Write`] when the API call failed.
 pub async fn set_pod_condition(ctx: &Context, pod: &Pod, condition: &PodCondition) -> Result<bool> {
     let status = if condition.allocated { "True" } else { "False" };
     let current = pod_condition(pod);
@@ -231,7 +237,9 @@ pub async fn set_pod_condition(ctx: &Context, pod: &Pod, condition: &PodConditio
         "message": condition.message,
         "lastTransitionTime": transition,
     }]}});
+    let write = Write::patch("pods/status", pod.metadata.namespace.as_deref(), &name);
     api.patch_status(&name, &params(ctx), &Patch::Strategic(&patch))
-        .await?;
+        .await
+        .map_err(|e| Error::write(write, e))?;
     Ok(true)
 }
