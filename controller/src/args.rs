@@ -105,7 +105,9 @@ pub struct Args {
     pub unplaceable_retry: Duration,
 
     /// Serve the mutating admission webhook that puts the scheduling gate
-    /// `gpu.kerf.dev/allocation` on pods with Controller-class claims (every replica serves it).
+    /// `gpu.kerf.dev/allocation` on pods with Controller-class claims, and checks and
+    /// normalizes kerf's parameters in ResourceClaims and ResourceClaimTemplates being created
+    /// (every replica serves it).
     #[arg(long, env = "KERF_WEBHOOK", default_value_t = true, action = ArgAction::Set)]
     pub webhook: bool,
 
@@ -122,14 +124,23 @@ pub struct Args {
     #[arg(long, env = "KERF_WEBHOOK_NAMESPACE", default_value = "kerf-system")]
     pub webhook_namespace: String,
 
-    /// The MutatingWebhookConfiguration whose caBundle the controller keeps (self-made
-    /// certificates only).
+    /// The MutatingWebhookConfiguration of the pod webhook, whose caBundle the controller
+    /// keeps (self-made certificates only).
     #[arg(
         long,
         env = "KERF_WEBHOOK_CONFIGURATION",
         default_value = "kerf-scheduling-gate"
     )]
     pub webhook_configuration: String,
+
+    /// The MutatingWebhookConfiguration of the claim webhooks, whose caBundle the controller
+    /// keeps too (self-made certificates only); empty: none.
+    #[arg(
+        long,
+        env = "KERF_WEBHOOK_CLAIM_CONFIGURATION",
+        default_value = "kerf-claim-parameters"
+    )]
+    pub webhook_claim_configuration: String,
 
     /// Directory with `tls.crt` and `tls.key` (e.g. a cert-manager Secret), reloaded when they
     /// change; then the controller makes no certificate and leaves caBundle alone.
@@ -259,7 +270,14 @@ impl Args {
             let settings = SelfSigned {
                 service: self.webhook_service.clone(),
                 namespace: self.webhook_namespace.clone(),
-                webhook_configuration: self.webhook_configuration.clone(),
+                webhook_configurations: [
+                    &self.webhook_configuration,
+                    &self.webhook_claim_configuration,
+                ]
+                .into_iter()
+                .filter(|name| !name.is_empty())
+                .cloned()
+                .collect(),
                 validity: self.webhook_cert_validity,
                 renew_before: self.webhook_renew_before,
             };
@@ -361,7 +379,19 @@ mod tests {
             panic!("self-signed by default");
         };
         assert_eq!(settings.service, "kerf-webhook");
-        assert_eq!(settings.webhook_configuration, "kerf-scheduling-gate");
+        assert_eq!(
+            settings.webhook_configurations,
+            ["kerf-scheduling-gate", "kerf-claim-parameters"]
+        );
+        let Certificates::SelfSigned(without) = parse(&["--webhook-claim-configuration", ""])
+            .webhook_config()
+            .unwrap()
+            .unwrap()
+            .certificates
+        else {
+            panic!("self-signed by default");
+        };
+        assert_eq!(without.webhook_configurations, ["kerf-scheduling-gate"]);
         assert!(settings.renew_before < settings.validity);
         let files = parse(&["--webhook-cert-dir", "/certs"])
             .webhook_config()

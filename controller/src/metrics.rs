@@ -15,6 +15,7 @@
 //! | `allocation_duration_seconds` | histogram | – |
 //! | `leader` | gauge | – |
 //! | `admissions_total` | counter | `outcome` (`gated`/`not_gated`/`error`) |
+//! | `claim_admissions_total` | counter | `resource` (`resourceclaims`/`resourceclaimtemplates`), `outcome` (`normalized`/`no_kerf_config`/`denied`/`error`) |
 //! | `ownership_moves_total` | counter | `to` (`scheduler`/`controller`) |
 //! | `ownership_devices` | gauge | `owner` (`scheduler`/`controller`/`settling`) |
 //! | `claim_node_labels_total` | counter | `action` (`set`/`removed`) |
@@ -68,6 +69,13 @@ struct ClassLabels {
 /// Labels of an admission review's outcome.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct AdmissionLabels {
+    outcome: &'static str,
+}
+
+/// Labels of a claim or template admission review.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimAdmissionLabels {
+    resource: &'static str,
     outcome: &'static str,
 }
 
@@ -128,6 +136,7 @@ pub struct Metrics {
     allocation_duration: Histogram,
     leader: Gauge,
     admissions: Family<AdmissionLabels, Counter>,
+    claim_admissions: Family<ClaimAdmissionLabels, Counter>,
     ownership_moves: Family<MoveLabels, Counter>,
     ownership_devices: Family<OwnerLabels, Gauge>,
     conflicts: Family<ConflictLabels, Counter>,
@@ -151,6 +160,7 @@ impl Metrics {
             allocation_duration: latency_histogram(),
             leader: Gauge::default(),
             admissions: Family::default(),
+            claim_admissions: Family::default(),
             ownership_moves: Family::default(),
             ownership_devices: Family::default(),
             conflicts: Family::default(),
@@ -217,6 +227,11 @@ impl Metrics {
             "admissions",
             "Pods reviewed by the admission webhook, by outcome (gated, not_gated, error)",
             self.admissions.clone(),
+        );
+        registry.register(
+            "claim_admissions",
+            "ResourceClaims and ResourceClaimTemplates reviewed by the admission webhook, by resource and outcome (normalized, no_kerf_config, denied, error)",
+            self.claim_admissions.clone(),
         );
         registry.register(
             "ownership_moves",
@@ -364,6 +379,14 @@ impl Metrics {
             .inc();
     }
 
+    /// Counts one claim or template review of `resource` with `outcome` (`normalized`,
+    /// `no_kerf_config`, `denied` or `error`).
+    pub fn record_claim_admission(&self, resource: &'static str, outcome: &'static str) {
+        self.claim_admissions
+            .get_or_create(&ClaimAdmissionLabels { resource, outcome })
+            .inc();
+    }
+
     /// Sets whether this replica is the leader.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
@@ -471,6 +494,7 @@ mod tests {
         metrics.record_admission("gated");
         metrics.record_admission("gated");
         metrics.record_admission("error");
+        metrics.record_claim_admission("resourceclaims", "denied");
         metrics.record_claim_node_label("set");
         let text = encoded(&registry);
         assert!(
@@ -483,6 +507,12 @@ mod tests {
         );
         assert!(
             text.contains(r#"kerf_controller_admissions_total{outcome="error"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"kerf_controller_claim_admissions_total{resource="resourceclaims",outcome="denied"} 1"#
+            ),
             "{text}"
         );
     }

@@ -35,7 +35,7 @@ use hyper_util::rt::TokioIo;
 use kerf_api::controller_claims::SCHEDULING_GATE;
 use kerf_controller::Metrics;
 use kerf_controller::webhook::{self, Certificates, SelfSigned, WebhookConfig};
-use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::{FakeApi, Identity};
 use prometheus_client::registry::Registry;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -114,12 +114,17 @@ fn start(
         certificates: Certificates::SelfSigned(SelfSigned {
             service: "kerf-webhook".to_owned(),
             namespace: "kerf-system".to_owned(),
-            webhook_configuration: CONFIGURATION.to_owned(),
+            webhook_configurations: vec![CONFIGURATION.to_owned()],
             validity,
             renew_before,
         }),
     };
-    tokio::spawn(webhook::run(config, fake.client(), metrics, stop.clone()));
+    tokio::spawn(webhook::run(
+        config,
+        fake.client_as(Identity::kerf_controller()),
+        metrics,
+        stop.clone(),
+    ));
     (port, registry)
 }
 

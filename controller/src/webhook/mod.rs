@@ -1,17 +1,25 @@
-//! The mutating admission webhook that holds pods with Controller-class claims behind the
-//! scheduling gate [`SCHEDULING_GATE`] until kerf-controller has allocated their claims.
+//! The mutating admission webhook, with two jobs:
+//! - pods with Controller-class claims get the scheduling gate [`SCHEDULING_GATE`] so they wait
+//!   until kerf-controller has allocated their claims (`failurePolicy: Ignore`: whenever it
+//!   cannot answer, pods are admitted unchanged, as before the webhook existed);
+//! - ResourceClaims and ResourceClaimTemplates being created with a config for kerf's driver
+//!   are checked (invalid `GpuClaimParameters` are denied, naming field and value) and their
+//!   parameters rewritten in the form kube-apiserver's later re-encodings keep byte for byte
+//!   (`failurePolicy: Fail`, scoped by `matchConditions` to objects with a kerf config; see
+//!   `deploy/base/webhook.yaml`).
 //!
-//! - [`decide`]: the pure decision and its JSONPatch;
-//! - [`review`]: AdmissionReview v1 in, AdmissionReview v1 out;
+//! - [`decide`]: the pure pod decision and its JSONPatch;
+//! - [`claims`]: the pure claim decision and its JSONPatch;
+//! - [`canonical`]: the JSON form kube-apiserver keeps;
+//! - [`review`]: AdmissionReview v1 in, AdmissionReview v1 out, routed by resource;
 //! - [`server`]: HTTPS (rustls, hyper) with a certificate swapped without a restart;
 //! - [`tls`]: a self-made CA and serving certificate, or PEM files (cert-manager);
-//! - [`ca_bundle`]: keeps this replica's CA in the MutatingWebhookConfiguration;
-//! - [`lookup`]: the watch caches the decisions read, on every replica.
-//!
-//! The webhook is registered with `failurePolicy: Ignore`: whenever it cannot answer, pods are
-//! admitted unchanged, as before the webhook existed.
+//! - [`ca_bundle`]: keeps this replica's CA in the MutatingWebhookConfigurations;
+//! - [`lookup`]: the watch caches the pod decisions read, on every replica.
 
 pub mod ca_bundle;
+pub mod canonical;
+pub mod claims;
 pub mod decide;
 pub mod lookup;
 pub mod review;
@@ -27,6 +35,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
+pub use claims::{ClaimDecision, ClaimResource, decide_claim};
 pub use decide::{ClaimLookup, Decision, Skip, decide};
 pub use kerf_api::controller_claims::SCHEDULING_GATE;
 pub use lookup::WebhookCaches;
@@ -46,7 +55,7 @@ const FILE_POLL: Duration = Duration::from_secs(10);
 pub struct WebhookConfig {
     /// Where to listen for HTTPS.
     pub address: SocketAddr,
-    /// The DRA driver whose classes count.
+    /// The DRA driver whose classes count and whose claim configs are checked.
     pub driver_name: String,
     /// The field manager of the caBundle patch.
     pub field_manager: String,
@@ -58,7 +67,7 @@ pub struct WebhookConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Certificates {
     /// Made by the controller, signed by a CA of its own, rotated before expiry; the CA goes
-    /// into the MutatingWebhookConfiguration's `caBundle`.
+    /// into the `caBundle` of every webhook of the MutatingWebhookConfigurations.
     SelfSigned(SelfSigned),
     /// `tls.crt` and `tls.key` in a directory (a Secret cert-manager writes and whose CA its
     /// CA injector puts into the `caBundle`), read again when they change.
@@ -87,8 +96,9 @@ pub struct SelfSigned {
     pub service: String,
     /// The Service's namespace.
     pub namespace: String,
-    /// The MutatingWebhookConfiguration whose `caBundle` to keep.
-    pub webhook_configuration: String,
+    /// The MutatingWebhookConfigurations whose `caBundle`s to keep (the pod webhook's and the
+    /// claim webhooks').
+    pub webhook_configurations: Vec<String>,
     /// How long each certificate is valid.
     pub validity: Duration,
     /// How long before expiry a new certificate replaces it.
@@ -197,6 +207,7 @@ where
         listener,
         tls::server_config(resolver)?,
         lookup,
+        Arc::from(config.driver_name.as_str()),
         metrics,
         shutdown,
     )
@@ -222,25 +233,13 @@ async fn keep_self_signed(
     let mut pending: Option<tls::Issued> = None;
     loop {
         let candidate = pending.as_ref().unwrap_or(&current);
-        let written = ca_bundle::ensure_ca(
+        let bundle_ok = ensure_all(
             &api,
-            &settings.webhook_configuration,
+            &settings.webhook_configurations,
             &candidate.ca_pem,
             &field_manager,
         )
         .await;
-        let bundle_ok = match written {
-            Ok(wrote) => {
-                if wrote {
-                    tracing::info!(configuration = %settings.webhook_configuration, "webhook: CA added to caBundle");
-                }
-                true
-            }
-            Err(error) => {
-                tracing::warn!(%error, configuration = %settings.webhook_configuration, "webhook: cannot update caBundle");
-                false
-            }
-        };
         if let Some(next) = pending.take() {
             if bundle_ok || SystemTime::now() >= current.not_after {
                 resolver.swap(next.key.clone());
@@ -273,6 +272,34 @@ async fn keep_self_signed(
             }
         }
     }
+}
+
+/// Puts `ca` into the `caBundle` of every webhook of each configuration in `names`; true when
+/// each one trusts it now. A configuration that does not exist counts as done (it has no
+/// webhook that could call this replica; one created later gets the CA on the next round,
+/// at most [`BUNDLE_RECHECK`] later), so a removed claim configuration cannot hold up the
+/// rotation of the pod webhook's certificate; it is logged every round.
+async fn ensure_all(
+    api: &Api<MutatingWebhookConfiguration>,
+    names: &[String],
+    ca: &str,
+    field_manager: &str,
+) -> bool {
+    let mut all = true;
+    for name in names {
+        match ca_bundle::ensure_ca(api, name, ca, field_manager).await {
+            Ok(true) => tracing::info!(configuration = %name, "webhook: CA added to caBundle"),
+            Ok(false) => {}
+            Err(Error::Kube(kube::Error::Api(status))) if status.is_not_found() => {
+                tracing::warn!(configuration = %name, "webhook: configuration not found; its webhooks cannot call this replica (empty the flag naming it if it is gone on purpose)");
+            }
+            Err(error) => {
+                tracing::warn!(%error, configuration = %name, "webhook: cannot update caBundle");
+                all = false;
+            }
+        }
+    }
+    all
 }
 
 /// Cert-manager mode: reloads the files when their modification time or size changes; a

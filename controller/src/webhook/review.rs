@@ -13,6 +13,7 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde_json::{Value, json};
 
+use super::claims::{ClaimDecision, ClaimResource, decide_claim};
 use super::decide::{ClaimLookup, Decision, Skip, decide};
 
 /// How one review ended, for metrics and logs.
@@ -22,18 +23,46 @@ pub enum Outcome {
     Gated,
     /// The pod is admitted unchanged.
     NotGated(Skip),
+    /// A ResourceClaim or ResourceClaimTemplate was reviewed.
+    Claim(ClaimResource, ClaimOutcome),
     /// The review could not be handled; the pod is admitted unchanged (or the body was not a
     /// review at all).
     Error(String),
 }
 
 impl Outcome {
-    /// The metric label: `gated`, `not_gated` or `error`.
+    /// The metric label of a pod review: `gated`, `not_gated` or `error` (a claim review
+    /// counts as `error` here; its own label is [`ClaimOutcome::label`]).
     pub fn label(&self) -> &'static str {
         match self {
             Outcome::Gated => "gated",
             Outcome::NotGated(_) => "not_gated",
-            Outcome::Error(_) => "error",
+            Outcome::Claim(..) | Outcome::Error(_) => "error",
+        }
+    }
+}
+
+/// How the review of a claim or template ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// Admitted with a patch rewriting this many kerf configs in canonical form.
+    Normalized(usize),
+    /// Admitted unchanged: no config for kerf's driver.
+    NoKerfConfig,
+    /// Denied: a kerf config is invalid (the message names field and value).
+    Denied(String),
+    /// Not handled (not a CREATE, no object); admitted unchanged.
+    Error(String),
+}
+
+impl ClaimOutcome {
+    /// The metric label: `normalized`, `no_kerf_config`, `denied` or `error`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ClaimOutcome::Normalized(_) => "normalized",
+            ClaimOutcome::NoKerfConfig => "no_kerf_config",
+            ClaimOutcome::Denied(_) => "denied",
+            ClaimOutcome::Error(_) => "error",
         }
     }
 }
@@ -49,15 +78,21 @@ pub struct Answer {
     pub outcome: Outcome,
 }
 
-/// Handles one AdmissionReview request body.
+/// Handles one AdmissionReview request body; `driver` is kerf's DRA driver name.
 ///
-/// A review that parses is always answered `allowed: true` (the webhook only ever adds a
+/// Reviews are routed by the request's `resource`, not by the URL path (both webhooks may
+/// point at the same path): `resource.k8s.io` `resourceclaims` and `resourceclaimtemplates`
+/// go to [`decide_claim`], everything else to the pod decision.
+///
+/// A pod review that parses is always answered `allowed: true` (the webhook only ever adds a
 /// gate, it never refuses a pod), with a base64 JSONPatch when the pod needs the gate. A
 /// review for anything but the CREATE of a pod, or whose pod does not decode, is allowed
-/// unchanged with the reason in `status.message`. A body that is not an `admission.k8s.io/v1`
-/// AdmissionReview with a `request` gets HTTP 400 and a `Status` naming the problem; under
-/// `failurePolicy: Ignore` the API server then admits the pod unchanged.
-pub fn handle(body: &[u8], lookup: &impl ClaimLookup) -> Answer {
+/// unchanged with the reason in `status.message`. A claim review is denied (`allowed: false`,
+/// `status.code` 422, `reason: Invalid`) when a kerf config is invalid, and answered with a
+/// JSONPatch normalizing kerf's configs otherwise. A body that is not an
+/// `admission.k8s.io/v1` AdmissionReview with a `request` gets HTTP 400 and a `Status` naming
+/// the problem; the API server then applies the webhook's failure policy.
+pub fn handle(body: &[u8], lookup: &impl ClaimLookup, driver: &str) -> Answer {
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
         Ok(review) => review,
         Err(e) => return bad_request(format!("not an AdmissionReview: {e}")),
@@ -72,12 +107,22 @@ pub fn handle(body: &[u8], lookup: &impl ClaimLookup) -> Answer {
         Ok(request) => request,
         Err(e) => return bad_request(format!("AdmissionReview without request: {e}")),
     };
-    let response = AdmissionResponse::from(&request);
-    let (outcome, patch) = review_pod(&request, lookup);
-    let mut response = serde_json::to_value(response.into_review()).unwrap_or_else(|_| json!({}));
+    let mut response = serde_json::to_value(AdmissionResponse::from(&request).into_review())
+        .unwrap_or_else(|_| json!({}));
     let answer = &mut response["response"];
     answer["uid"] = json!(request.uid);
     answer["allowed"] = json!(true);
+    if let Some(resource) =
+        ClaimResource::from_request(&request.resource.group, &request.resource.resource)
+    {
+        let outcome = review_claim(&request, resource, driver, answer);
+        return Answer {
+            status: 200,
+            body: response.to_string().into_bytes(),
+            outcome: Outcome::Claim(resource, outcome),
+        };
+    }
+    let (outcome, patch) = review_pod(&request, lookup);
     if let Some(patch) = patch {
         answer["patchType"] = json!("JSONPatch");
         answer["patch"] = json!(STANDARD.encode(patch.to_string()));
@@ -90,6 +135,67 @@ pub fn handle(body: &[u8], lookup: &impl ClaimLookup) -> Answer {
         status: 200,
         body: response.to_string().into_bytes(),
         outcome,
+    }
+}
+
+/// Decides for a claim or template and writes the decision into `answer` (the review's
+/// `response`, already `allowed: true` with the request's uid).
+fn review_claim(
+    request: &AdmissionRequest<DynamicObject>,
+    resource: ClaimResource,
+    driver: &str,
+    answer: &mut Value,
+) -> ClaimOutcome {
+    // UPDATE needs no review: kube-apiserver refuses any change of a claim's spec.
+    if request.operation != Operation::Create || request.sub_resource.is_some() {
+        let message = format!(
+            "kerf's claim webhook handles the CREATE of {}, not {:?}",
+            resource.label(),
+            request.operation
+        );
+        answer["status"] = json!({"message": message});
+        return ClaimOutcome::Error(message);
+    }
+    let object = request
+        .object
+        .as_ref()
+        .ok_or_else(|| "request without object".to_owned())
+        .and_then(|o| serde_json::to_value(o).map_err(|e| e.to_string()));
+    let object = match object {
+        Ok(object) => object,
+        Err(e) => {
+            let message = format!("cannot read the {}: {e}", resource.kind());
+            answer["status"] = json!({"message": message});
+            return ClaimOutcome::Error(message);
+        }
+    };
+    match decide_claim(&object, resource, driver) {
+        ClaimDecision::Normalize { patch, configs } => {
+            answer["patchType"] = json!("JSONPatch");
+            answer["patch"] = json!(STANDARD.encode(patch));
+            ClaimOutcome::Normalized(configs)
+        }
+        ClaimDecision::NoKerfConfig => ClaimOutcome::NoKerfConfig,
+        ClaimDecision::Invalid { field, message } => {
+            let text = format!("{field}: {message}");
+            answer["allowed"] = json!(false);
+            // The shape of kube-apiserver's own validation errors (a 422 `Invalid` with a
+            // `FieldValueInvalid` cause), which ToStatusErr passes on with the webhook's name
+            // in front of the message.
+            answer["status"] = json!({
+                "status": "Failure",
+                "code": 422,
+                "reason": "Invalid",
+                "message": text,
+                "details": {
+                    "name": request.name,
+                    "group": "resource.k8s.io",
+                    "kind": resource.kind(),
+                    "causes": [{"reason": "FieldValueInvalid", "message": message, "field": field}],
+                },
+            });
+            ClaimOutcome::Denied(text)
+        }
     }
 }
 

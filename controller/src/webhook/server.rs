@@ -16,7 +16,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::decide::ClaimLookup;
-use super::review::{self, Outcome};
+use super::review::{self, ClaimOutcome, Outcome};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -25,8 +25,9 @@ const MAX_BODY: usize = 4 << 20;
 /// How long a client may take for the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves AdmissionReviews on `listener` with `tls` until `shutdown` is cancelled; reviews
-/// read `lookup` and are counted in `metrics`. Connections in flight are dropped at shutdown.
+/// Serves AdmissionReviews on `listener` with `tls` until `shutdown` is cancelled; pod reviews
+/// read `lookup`, claim reviews check the configs of `driver`, and all are counted in
+/// `metrics`. Connections in flight are dropped at shutdown.
 ///
 /// # Errors
 ///
@@ -35,6 +36,7 @@ pub async fn serve<L>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
     lookup: Arc<L>,
+    driver: Arc<str>,
     metrics: Metrics,
     shutdown: CancellationToken,
 ) -> Result<()>
@@ -59,6 +61,7 @@ where
             Err(error) => return Err(Error::Webhook(error)),
         };
         let (acceptor, lookup, metrics) = (acceptor.clone(), lookup.clone(), metrics.clone());
+        let driver = driver.clone();
         connections.spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
@@ -72,8 +75,10 @@ where
                 }
             };
             let service = service_fn(move |request| {
-                let (lookup, metrics) = (lookup.clone(), metrics.clone());
-                async move { Ok::<_, Infallible>(answer(request, &*lookup, &metrics).await) }
+                let (lookup, driver, metrics) = (lookup.clone(), driver.clone(), metrics.clone());
+                async move {
+                    Ok::<_, Infallible>(answer(request, (&*lookup, &driver), &metrics).await)
+                }
             });
             if let Err(error) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tls), service)
@@ -99,7 +104,7 @@ fn is_transient(error: &std::io::Error) -> bool {
 
 async fn answer(
     request: Request<Incoming>,
-    lookup: &impl ClaimLookup,
+    (lookup, driver): (&impl ClaimLookup, &str),
     metrics: &Metrics,
 ) -> Response<Full<Bytes>> {
     if request.method() != Method::POST {
@@ -115,11 +120,29 @@ async fn answer(
             );
         }
     };
-    let answer = review::handle(&body, lookup);
-    metrics.record_admission(answer.outcome.label());
+    let answer = review::handle(&body, lookup, driver);
     match &answer.outcome {
-        Outcome::Error(message) => tracing::warn!(%message, "webhook: review not handled"),
-        outcome => tracing::debug!(?outcome, "webhook: reviewed a pod"),
+        Outcome::Claim(resource, outcome) => {
+            metrics.record_claim_admission(resource.label(), outcome.label());
+            match outcome {
+                ClaimOutcome::Error(message) => {
+                    tracing::warn!(%message, "webhook: claim review not handled");
+                }
+                // The user reads the denial in the API server's answer; the log says which.
+                ClaimOutcome::Denied(message) => {
+                    tracing::info!(%message, resource = resource.label(), "webhook: denied");
+                }
+                outcome => tracing::debug!(?outcome, "webhook: reviewed a claim"),
+            }
+        }
+        Outcome::Error(message) => {
+            metrics.record_admission(answer.outcome.label());
+            tracing::warn!(%message, "webhook: review not handled");
+        }
+        outcome => {
+            metrics.record_admission(outcome.label());
+            tracing::debug!(?outcome, "webhook: reviewed a pod");
+        }
     }
     let mut response = Response::new(Full::new(Bytes::from(answer.body)));
     *response.status_mut() =

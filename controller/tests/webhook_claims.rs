@@ -1,0 +1,324 @@
+//! The claim webhook over real HTTPS: AdmissionReviews for ResourceClaims and
+//! ResourceClaimTemplates, as kube-apiserver sends them, and the answers checked as it checks
+//! them.
+//!
+//! Upstream, read in kubernetes/kubernetes:
+//! - `callAttrMutatingHook` in
+//!   `staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/mutating/dispatcher.go`: a
+//!   denial (`allowed: false`) becomes `ToStatusErr(webhook, response.status)`
+//!   (`staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/errors/statuserror.go`), which
+//!   keeps the status' code, reason and details and puts
+//!   `admission webhook "<name>" denied the request: ` before its message; a non-empty
+//!   JSONPatch is applied with `gopkg.in/evanphx/json-patch.v4`, whose `replace` keeps the
+//!   value's bytes as the patch holds them (hence the exact text checked below);
+//! - with `matchPolicy: Equivalent`, a request made through `resource.k8s.io/v1beta1` reaches a
+//!   webhook registered for v1 with `kind`/`resource` v1 and the object converted to v1, and
+//!   `requestKind`/`requestResource` naming v1beta1 (`admission/v1` `AdmissionRequest` docs in
+//!   `staging/src/k8s.io/api/admission/v1/types.go`).
+//!
+//! The review bodies are written as text, the claim's part as Python's `json.dumps` writes it
+//! (`", "` and `": "` separators), the way the official Python client sends claims.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "helpers outside #[test] functions fail the test the same way"
+)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
+use http::{Request, header};
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use kerf_controller::Metrics;
+use kerf_controller::webhook::{self, Certificates, SelfSigned, WebhookConfig};
+use kerf_tests::fake_api::{FakeApi, Identity};
+use prometheus_client::registry::Registry;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+const DRIVER: &str = "gpu.kerf.dev";
+const POD_CONFIGURATION: &str = "kerf-scheduling-gate";
+const CLAIM_CONFIGURATION: &str = "kerf-claim-parameters";
+const HOST: &str = "kerf-webhook.kerf-system.svc";
+const DEADLINE: Duration = Duration::from_secs(15);
+
+fn configuration(name: &str, webhooks: &[&str]) -> Value {
+    let webhooks: Vec<Value> = webhooks
+        .iter()
+        .map(|webhook| {
+            json!({
+                "name": webhook,
+                "clientConfig": {"service": {"name": "kerf-webhook", "namespace": "kerf-system", "path": "/mutate"}},
+                "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name}, "webhooks": webhooks,
+    })
+}
+
+fn cluster() -> FakeApi {
+    let fake = FakeApi::new();
+    fake.insert(configuration(
+        POD_CONFIGURATION,
+        &["scheduling-gate.gpu.kerf.dev"],
+    ));
+    fake.insert(configuration(
+        CLAIM_CONFIGURATION,
+        &[
+            "claim-parameters.gpu.kerf.dev",
+            "claim-template-parameters.gpu.kerf.dev",
+        ],
+    ));
+    fake
+}
+
+/// Starts the webhook as kerf-controller (self-signed mode, both configurations) on a free
+/// port; returns the port and the metrics registry.
+fn start(fake: &FakeApi, stop: &CancellationToken) -> (u16, Registry) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let config = WebhookConfig {
+        address: ([127, 0, 0, 1], port).into(),
+        driver_name: DRIVER.to_owned(),
+        field_manager: "kerf-controller".to_owned(),
+        certificates: Certificates::SelfSigned(SelfSigned {
+            service: "kerf-webhook".to_owned(),
+            namespace: "kerf-system".to_owned(),
+            webhook_configurations: vec![
+                POD_CONFIGURATION.to_owned(),
+                CLAIM_CONFIGURATION.to_owned(),
+            ],
+            validity: Duration::from_secs(3600),
+            renew_before: Duration::from_secs(600),
+        }),
+    };
+    let client = fake.client_as(Identity::kerf_controller());
+    tokio::spawn(webhook::run(config, client, metrics, stop.clone()));
+    (port, registry)
+}
+
+/// The decoded caBundle of every webhook of configuration `name`, when all are set.
+fn bundles(fake: &FakeApi, name: &str) -> Option<Vec<String>> {
+    let config = fake.get(&format!(
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
+    ))?;
+    config["webhooks"]
+        .as_array()?
+        .iter()
+        .map(|webhook| {
+            let encoded = webhook["clientConfig"]["caBundle"].as_str()?;
+            Some(String::from_utf8(STANDARD.decode(encoded).unwrap()).unwrap())
+        })
+        .collect()
+}
+
+/// POSTs `body` over HTTPS trusting only `bundle`; returns the HTTP status and JSON answer.
+async fn post(port: u16, bundle: &str, body: String) -> Result<(u16, Value), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(bundle.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from(HOST).unwrap().to_owned(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let request = Request::post("/mutate?timeout=5s")
+        .header(header::HOST, HOST)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    Ok((status, serde_json::from_slice(&bytes).unwrap()))
+}
+
+/// An AdmissionReview for the CREATE of `object` (JSON text, inserted as written) of `kind`
+/// through `request_version` (v1 or, converted to v1 by matchPolicy Equivalent, a beta).
+fn review(uid: &str, kind: &str, request_version: &str, object: &str) -> String {
+    let resource = format!("{}s", kind.to_lowercase());
+    format!(
+        r#"{{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {{
+            "uid": "{uid}",
+            "kind": {{"group": "resource.k8s.io", "version": "v1", "kind": "{kind}"}},
+            "resource": {{"group": "resource.k8s.io", "version": "v1", "resource": "{resource}"}},
+            "requestKind": {{"group": "resource.k8s.io", "version": "{request_version}", "kind": "{kind}"}},
+            "requestResource": {{"group": "resource.k8s.io", "version": "{request_version}", "resource": "{resource}"}},
+            "name": "c", "namespace": "default", "operation": "CREATE",
+            "userInfo": {{"username": "python-client"}},
+            "object": {object},
+            "oldObject": null, "dryRun": false,
+            "options": {{"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"}}}}}}"#
+    )
+}
+
+/// A claim as Python's `json.dumps` writes it, with `parameters` (also written so) as config.
+fn python_claim(parameters: &str) -> String {
+    format!(
+        r#"{{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {{"name": "c", "namespace": "default"}}, "spec": {{"devices": {{"requests": [{{"name": "gpu", "exactly": {{"deviceClassName": "slices"}}}}], "config": [{{"requests": ["gpu"], "opaque": {{"driver": "other.example.com", "parameters": {{"b": 1, "a": 2}}}}}}, {{"requests": ["gpu"], "opaque": {{"driver": "gpu.kerf.dev", "parameters": {parameters}}}}}]}}}}}}"#
+    )
+}
+
+fn python_template(parameters: &str) -> String {
+    format!(
+        r#"{{"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {{"name": "c", "namespace": "default"}}, "spec": {{"spec": {{"devices": {{"requests": [{{"name": "gpu", "exactly": {{"deviceClassName": "slices"}}}}], "config": [{{"opaque": {{"driver": "gpu.kerf.dev", "parameters": {parameters}}}}}]}}}}}}}}"#
+    )
+}
+
+/// Checks the answer as `VerifyAdmissionResponse` does; returns `response`.
+fn response<'a>(uid: &str, answer: &'a Value) -> &'a Value {
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1", "{answer}");
+    assert_eq!(answer["kind"], "AdmissionReview", "{answer}");
+    let response = &answer["response"];
+    assert_eq!(response["uid"], uid, "{answer}");
+    assert_eq!(
+        response.get("patch").is_some(),
+        response.get("patchType").is_some(),
+        "patch and patchType come together: {answer}"
+    );
+    response
+}
+
+/// The JSONPatch of an allowed answer, as text.
+fn patch_text(response: &Value) -> String {
+    assert_eq!(response["allowed"], true, "{response}");
+    assert_eq!(response["patchType"], "JSONPatch", "{response}");
+    let bytes = STANDARD
+        .decode(response["patch"].as_str().unwrap())
+        .unwrap();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[tokio::test]
+async fn claims_and_templates_are_checked_and_normalized_over_https() {
+    let fake = cluster();
+    let stop = CancellationToken::new();
+    let (port, registry) = start(&fake, &stop);
+    // The CA is in every webhook of both configurations.
+    let (pod, claim) = kerf_tests::wait::eventually("both caBundles", DEADLINE, || {
+        std::future::ready(
+            bundles(&fake, POD_CONFIGURATION).zip(bundles(&fake, CLAIM_CONFIGURATION)),
+        )
+    })
+    .await;
+    assert_eq!(claim.len(), 2);
+    assert!(claim.iter().all(|b| b == &pod[0]), "{claim:?} vs {pod:?}");
+    let bundle = pod[0].clone();
+
+    // A claim written by Python: the kerf config becomes compact and sorted.
+    let spaced = r#"{"memory": "10Gi", "kind": "GpuClaimParameters", "apiVersion": "gpu.kerf.dev/v1alpha1", "compute": 50}"#;
+    let body = review("uid-py", "ResourceClaim", "v1", &python_claim(spaced));
+    let (status, answer) = kerf_tests::wait::eventually("the webhook", DEADLINE, || async {
+        post(port, &bundle, body.clone()).await.ok()
+    })
+    .await;
+    assert_eq!(status, 200);
+    let patch = patch_text(response("uid-py", &answer));
+    assert_eq!(
+        patch,
+        r#"[{"op":"replace","path":"/spec/devices/config/1/opaque/parameters","value":{"apiVersion":"gpu.kerf.dev/v1alpha1","compute":50,"kind":"GpuClaimParameters","memory":"10Gi"}}]"#
+    );
+    let mut object: Value = serde_json::from_str(&python_claim(spaced)).unwrap();
+    let before = object.clone();
+    let operations: json_patch::Patch = serde_json::from_str(&patch).unwrap();
+    json_patch::patch(&mut object, &operations).unwrap();
+    assert_eq!(object, before, "the same values, only their bytes change");
+
+    // Through v1beta1 (converted to v1 by matchPolicy Equivalent): the same answer.
+    let body = review(
+        "uid-beta",
+        "ResourceClaim",
+        "v1beta1",
+        &python_claim(spaced),
+    );
+    let (_, answer) = post(port, &bundle, body).await.unwrap();
+    assert_eq!(patch_text(response("uid-beta", &answer)), patch);
+
+    // A template, at its own path.
+    let parameters = r#"{"kind": "GpuClaimParameters", "apiVersion": "gpu.kerf.dev/v1alpha1", "sharing": "MPS"}"#;
+    let body = review(
+        "uid-t",
+        "ResourceClaimTemplate",
+        "v1",
+        &python_template(parameters),
+    );
+    let (_, answer) = post(port, &bundle, body).await.unwrap();
+    assert_eq!(
+        patch_text(response("uid-t", &answer)),
+        r#"[{"op":"replace","path":"/spec/spec/devices/config/0/opaque/parameters","value":{"apiVersion":"gpu.kerf.dev/v1alpha1","kind":"GpuClaimParameters","sharing":"MPS"}}]"#
+    );
+
+    // Invalid parameters: denied as kube-apiserver denies invalid fields, naming field and value.
+    let invalid =
+        r#"{"apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters", "compute": 150}"#;
+    let body = review("uid-bad", "ResourceClaim", "v1", &python_claim(invalid));
+    let (status, answer) = post(port, &bundle, body).await.unwrap();
+    assert_eq!(status, 200);
+    let denied = response("uid-bad", &answer);
+    assert_eq!(denied["allowed"], false, "{answer}");
+    assert!(denied.get("patch").is_none(), "{answer}");
+    assert_eq!(denied["status"]["code"], 422, "{answer}");
+    assert_eq!(denied["status"]["reason"], "Invalid", "{answer}");
+    assert_eq!(
+        denied["status"]["message"],
+        "spec.devices.config[1].opaque.parameters.compute: 150 is out of range 1-100"
+    );
+    assert_eq!(
+        denied["status"]["details"]["causes"][0]["field"],
+        "spec.devices.config[1].opaque.parameters.compute"
+    );
+
+    // Another driver's config only: admitted unchanged.
+    let other = python_claim(r#"{"x": 1}"#).replace("gpu.kerf.dev", "else.example.com");
+    let body = review("uid-other", "ResourceClaim", "v1", &other);
+    let (_, answer) = post(port, &bundle, body).await.unwrap();
+    let unchanged = response("uid-other", &answer);
+    assert_eq!(unchanged["allowed"], true, "{answer}");
+    assert!(unchanged.get("patch").is_none(), "{answer}");
+
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for (resource, outcome, count) in [
+        ("resourceclaims", "normalized", 2),
+        ("resourceclaimtemplates", "normalized", 1),
+        ("resourceclaims", "denied", 1),
+        ("resourceclaims", "no_kerf_config", 1),
+    ] {
+        let line = format!(
+            r#"kerf_controller_claim_admissions_total{{resource="{resource}",outcome="{outcome}"}} {count}"#
+        );
+        assert!(text.contains(&line), "{line}\n{text}");
+    }
+    stop.cancel();
+}
