@@ -50,13 +50,31 @@ where
     F: FnOnce(TestEnv) -> Fut,
     Fut: Future<Output = Result<()>>,
 {
+    run(test, true, body).await
+}
+
+/// [`e2e`] for a test that installs kerf itself: the cluster must serve DRA, not yet kerf's
+/// CRD.
+pub async fn e2e_installing_kerf<F, Fut>(test: &str, body: F) -> Result<()>
+where
+    F: FnOnce(TestEnv) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    run(test, false, body).await
+}
+
+async fn run<F, Fut>(test: &str, needs_kerf: bool, body: F) -> Result<()>
+where
+    F: FnOnce(TestEnv) -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
     let _serial = SERIAL.lock().await;
     let settings = Settings::from_env()?;
     let config = kube::Config::infer()
         .await
         .context("no cluster to test: set KUBECONFIG to a cluster where kerf runs")?;
     let client = Client::try_from(config.clone()).context("building the API client")?;
-    preflight(&client).await?;
+    preflight(&client, needs_kerf).await?;
     let created = Api::<Namespace>::all(client.clone())
         .create(&PostParams::default(), &manifests::namespace(test))
         .await
@@ -95,13 +113,16 @@ where
     }
 }
 
-/// Fails early, in words, when the cluster lacks the DRA API or kerf's CRD.
-async fn preflight(client: &Client) -> Result<()> {
+/// Fails early, in words, when the cluster lacks the DRA API or, with `needs_kerf`, kerf's CRD.
+async fn preflight(client: &Client, needs_kerf: bool) -> Result<()> {
     let one = ListParams::default().limit(1);
     Api::<ResourceSlice>::all(client.clone())
         .list(&one)
         .await
         .context("listing resource.k8s.io/v1 ResourceSlices failed: the suite needs Kubernetes 1.35+ (DRA v1)")?;
+    if !needs_kerf {
+        return Ok(());
+    }
     Api::<GpuClass>::all(client.clone())
         .list(&one)
         .await

@@ -394,6 +394,7 @@ mod tests {
             image: "registry.local/busybox:1.36".to_owned(),
             pull_policy: "Never".to_owned(),
             timeout: Duration::from_secs(10),
+            kubectl: "kubectl".to_owned(),
         }
     }
 

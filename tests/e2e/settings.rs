@@ -8,6 +8,8 @@ use anyhow::{Context as _, Result, bail};
 pub const DEFAULT_DRIVER: &str = "gpu.kerf.dev";
 /// A small image with `sh`, `env`, `ls` and `sleep`.
 pub const DEFAULT_IMAGE: &str = "busybox:1.36";
+/// The kubectl the install test runs unless `KERF_E2E_KUBECTL` says otherwise.
+pub const DEFAULT_KUBECTL: &str = "kubectl";
 /// Pull policy unless `KERF_E2E_PULL_POLICY` says otherwise.
 pub const DEFAULT_PULL_POLICY: &str = "IfNotPresent";
 /// Bound of every wait unless `KERF_E2E_TIMEOUT` (seconds) says otherwise. Generous because
@@ -27,6 +29,9 @@ pub struct Settings {
     pub pull_policy: String,
     /// Bound of each wait (`KERF_E2E_TIMEOUT`, seconds).
     pub timeout: Duration,
+    /// The kubectl the install test runs (`KERF_E2E_KUBECTL`); it reads `KUBECONFIG` as the
+    /// suite does.
+    pub kubectl: String,
 }
 
 impl Settings {
@@ -64,6 +69,7 @@ impl Settings {
             image: get("KERF_E2E_IMAGE", DEFAULT_IMAGE),
             pull_policy,
             timeout,
+            kubectl: get("KERF_E2E_KUBECTL", DEFAULT_KUBECTL),
         })
     }
 }
@@ -88,6 +94,7 @@ mod tests {
         assert_eq!(s.image, "busybox:1.36");
         assert_eq!(s.pull_policy, "IfNotPresent");
         assert_eq!(s.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(s.kubectl, "kubectl");
         assert_eq!(
             settings(&[("KERF_E2E_IMAGE", "  ")]).unwrap().image,
             DEFAULT_IMAGE
@@ -101,8 +108,10 @@ mod tests {
             ("KERF_E2E_IMAGE", "registry.local/busybox:1.36"),
             ("KERF_E2E_PULL_POLICY", "Never"),
             ("KERF_E2E_TIMEOUT", "30"),
+            ("KERF_E2E_KUBECTL", "/opt/bin/kubectl"),
         ])
         .unwrap();
+        assert_eq!(s.kubectl, "/opt/bin/kubectl");
         assert_eq!(s.driver, "gpu.example.com");
         assert_eq!(s.image, "registry.local/busybox:1.36");
         assert_eq!(s.pull_policy, "Never");

@@ -32,6 +32,8 @@ mod extended;
 mod health;
 #[path = "../e2e/issue13.rs"]
 mod issue13;
+#[path = "../e2e/issue26.rs"]
+mod issue26;
 #[path = "../e2e/manifests.rs"]
 mod manifests;
 #[path = "../e2e/settings.rs"]
@@ -718,4 +720,29 @@ async fn extended_resource_pod_gets_a_kerf_gpu() -> Result<()> {
 #[ignore = "needs cluster"]
 async fn health_flip_visible_in_pod_status() -> Result<()> {
     e2e("health", issue13::health_flip).await
+}
+
+/// A controller-class claim created as a Python client creates it: through a raw request
+/// whose body is JSON with spaces after `,` and `:` (`json.dumps`), not re-encoded by kube's
+/// `Api::create`. A pod using the claim runs, kerf's controller allocated the claim a 10Gi /
+/// 25 % slice, and the container sees the slice's limits. While the pod waits, the wait's
+/// message shows the Warning Events about the claim, so a claim kerf cannot handle fails with
+/// kerf's own words.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn spaced_json_claim_runs() -> Result<()> {
+    e2e("spaced", issue26::spaced_json_claim).await
+}
+
+/// kerf installed the way the README says, with one `kubectl apply -f deploy/kerf.yaml`: the
+/// controller Deployment and the kubelet-plugin DaemonSet it names become ready, the
+/// controller creates the default class `slice.gpu.kerf.dev` from the manifest's ConfigMap,
+/// and a pod with a 10Gi / 25 % slice claim of that class runs to completion (`Succeeded`)
+/// with kerf's controller's `Allocated` Event on the claim and the slice's limits in its
+/// container. Needs nothing but DRA from the cluster (not kerf's CRD), `kubectl`
+/// (`KERF_E2E_KUBECTL`) and the image `kerf:dev` on the nodes; kerf stays installed.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn kubectl_apply_installs_kerf() -> Result<()> {
+    cluster::e2e_installing_kerf("install", issue26::kubectl_apply_installs_kerf).await
 }

@@ -84,12 +84,8 @@ fn devices_with<'a>(
         .collect()
 }
 
-fn string_attribute(device: &k8s_openapi::api::resource::v1::Device, name: &str) -> Option<String> {
-    device.attributes.as_ref()?.get(name)?.string.clone()
-}
-
-/// Runs a pod of `claim` that reports and sleeps, and returns its report once Running.
-async fn run_reporting_pod(env: &TestEnv, name: &str) -> Result<ContainerReport> {
+/// Creates pod `name` of claim `name`, reporting and then sleeping.
+async fn create_reporting_pod(env: &TestEnv, name: &str) -> Result<()> {
     let spec = manifests::pod_spec(
         &env.settings,
         PodClaim::Claim(name),
@@ -97,19 +93,33 @@ async fn run_reporting_pod(env: &TestEnv, name: &str) -> Result<ContainerReport>
         "Always",
     );
     env.create(&manifests::pod(name, spec, false)).await?;
+    Ok(())
+}
+
+/// Waits until pod `name` runs and returns its report.
+async fn wait_reporting_pod(env: &TestEnv, name: &str) -> Result<ContainerReport> {
     env.wait_pod(name, PodState::Running).await?;
     env.wait_report(name).await
 }
 
-/// Two claims ask a sliced Scheduler class for 10Gi / 30 % each, pinned by CEL to one
-/// shareable GPU: kube-scheduler allocates two shares of that GPU (own shareIDs,
-/// `consumedCapacity` memory 10Gi and compute 30), both pods run at the same time, and each
-/// container carries its slice limits. Once the pods are gone, kube-controller-manager
-/// deallocates both claims.
+/// Runs a pod of `claim` that reports and sleeps, and returns its report once Running.
+async fn run_reporting_pod(env: &TestEnv, name: &str) -> Result<ContainerReport> {
+    create_reporting_pod(env, name).await?;
+    wait_reporting_pod(env, name).await
+}
+
+/// Two claims ask a sliced Scheduler class for 10Gi / 30 % each and land on one GPU:
+/// kube-scheduler allocates two shares of that GPU (own shareIDs, `consumedCapacity` memory
+/// 10Gi and compute 30), both pods run at the same time, and each container carries its
+/// slice limits. Once the pods are gone, kube-controller-manager deallocates both claims.
 ///
-/// kerf-controller names the GPUs a sliced Scheduler class selects in the Node's shared
-/// publication, the plugin publishes them shareable (`allowMultipleAllocations`, `memory` and
-/// `compute` with request policies) and turns a share into the same limits as a controller
+/// The demand comes first, as a user makes it: kerf-controller lends a GPU to kube-scheduler
+/// only for pending pods that ask for one, so the class, the first claim and its pod are
+/// created before any GPU is shareable, and the test then waits for kerf-controller to name
+/// a GPU in the Node's shared publication, for the plugin to publish it shareable
+/// (`allowMultipleAllocations`, `memory` and `compute` with request policies) and for the pod
+/// to run. The second claim is pinned by CEL to the first one's GPU (by its `uuid`), which its
+/// share keeps the scheduler's; kerf turns each share into the same limits as a controller
 /// slice (`KERF_SLICE_*`, `CUDA_MPS_*`).
 #[tokio::test]
 #[ignore = "needs cluster"]
@@ -119,77 +129,52 @@ async fn kube_scheduler_allocates_two_slices_of_one_gpu() -> Result<()> {
         let class = env
             .gpu_class("sched-slices", scheduler_slices::sliced_scheduler_class_spec())
             .await?;
-        let (pool, device, uuid) = wait::until(
-            "a kerf GPU published shareable (allowMultipleAllocations) for the sliced class",
+        let capacity = [("memory", SLICE_MEMORY), ("compute", SLICE_COMPUTE)];
+        let first = scheduler_slices::capacity_claim_spec(&class, &capacity, &[]);
+        env.create(&manifests::resource_claim("share-a", first)).await?;
+        create_reporting_pod(&env, "share-a").await?;
+        wait::until(
+            "kerf-controller to lend a GPU for pending pod share-a and the plugin to publish it shareable (allowMultipleAllocations)",
             env.settings.timeout,
             || async {
                 let slices = env.kerf_slices().await?;
                 let shareable = devices_with(&slices, &driver, |d| {
                     d.allow_multiple_allocations == Some(true)
                 });
-                Ok(match shareable.first() {
-                    Some((pool, d)) => Poll::Ready((
-                        (*pool).to_owned(),
-                        d.name.clone(),
-                        string_attribute(d, "uuid").unwrap_or_default(),
-                    )),
-                    None => Poll::Pending(format!(
-                        "no shareable kerf device among {} slice(s)",
-                        slices.len()
-                    )),
+                Ok(if shareable.is_empty() {
+                    Poll::Pending(format!(
+                        "no shareable kerf device among {} slice(s); pod share-a: {}",
+                        slices.len(),
+                        env.api::<Pod>()
+                            .get("share-a")
+                            .await
+                            .map(|p| cluster::describe_pod(&p))
+                            .unwrap_or_else(|e| e.to_string())
+                    ))
+                } else {
+                    Poll::Ready(())
                 })
             },
         )
         .await?;
-        let pin = manifests::uuid_selector(&driver, &uuid);
-        let capacity = [("memory", SLICE_MEMORY), ("compute", SLICE_COMPUTE)];
-        let mut reports = Vec::new();
-        for name in ["share-a", "share-b"] {
-            let spec = scheduler_slices::capacity_claim_spec(&class, &capacity, std::slice::from_ref(&pin));
-            env.create(&manifests::resource_claim(name, spec)).await?;
-            reports.push(run_reporting_pod(&env, name).await?);
-        }
-        let mut found: Vec<Share> = Vec::new();
-        for name in ["share-a", "share-b"] {
-            let claim = env.claim(name).await?;
-            let share = match shares(&claim, &driver).as_slice() {
-                [one] => one.clone(),
-                other => anyhow::bail!("claim {name} should hold one share, it holds {other:?}"),
-            };
-            ensure!(
-                share.pool == pool && share.device == device,
-                "claim {name} got {}/{}, expected the pinned GPU {pool}/{device}",
-                share.pool,
-                share.device
-            );
-            ensure!(share.id.is_some(), "claim {name}'s result has no shareID");
-            ensure!(
-                share.consumed.get("memory").map(String::as_str) == Some(SLICE_MEMORY)
-                    && share.consumed.get("compute").map(String::as_str) == Some(SLICE_COMPUTE),
-                "claim {name} consumed {:?}, expected memory {SLICE_MEMORY} and compute {SLICE_COMPUTE}",
-                share.consumed
-            );
-            found.push(share);
-        }
+        let mut reports = vec![wait_reporting_pod(&env, "share-a").await?];
+        let (pool, device) = match shares(&env.claim("share-a").await?, &driver).as_slice() {
+            [one] => (one.pool.clone(), one.device.clone()),
+            other => anyhow::bail!("claim share-a should hold one share, it holds {other:?}"),
+        };
+        let gpu = env.published_device(&pool, &device).await?;
         ensure!(
-            found[0].id != found[1].id,
-            "both shares carry shareID {:?}",
-            found[0].id
+            gpu.owner.as_deref() == Some("scheduler"),
+            "share-a got {pool}/{device}, published with allocator {:?}, not the scheduler's",
+            gpu.owner
         );
-        for report in &reports {
-            report.expect_env("KERF_DEVICES", &device)?;
-            report.expect_env("KERF_SLICE_MEMORY_BYTES", &SLICE_BYTES.to_string())?;
-            report.expect_env("KERF_SLICE_COMPUTE_PERCENT", SLICE_COMPUTE)?;
-            report.expect_env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", SLICE_COMPUTE)?;
-            report.expect_env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=10240M")?;
-        }
-        let pods = env.api::<Pod>();
-        for name in ["share-a", "share-b"] {
-            ensure!(
-                pods.get(name).await?.status.and_then(|s| s.phase).as_deref() == Some("Running"),
-                "pod {name} stopped while both shares should run side by side"
-            );
-        }
+        let pin = manifests::uuid_selector(&driver, &gpu.uuid);
+        let second =
+            scheduler_slices::capacity_claim_spec(&class, &capacity, std::slice::from_ref(&pin));
+        env.create(&manifests::resource_claim("share-b", second)).await?;
+        create_reporting_pod(&env, "share-b").await?;
+        reports.push(wait_reporting_pod(&env, "share-b").await?);
+        check_two_shares(&env, &pool, &device, &reports).await?;
         for name in ["share-a", "share-b"] {
             env.delete_pod(name).await?;
         }
@@ -202,6 +187,61 @@ async fn kube_scheduler_allocates_two_slices_of_one_gpu() -> Result<()> {
         Ok(())
     })
     .await
+}
+
+/// Both claims hold one share each of `pool`/`device`, with their own shareIDs and the asked
+/// capacity, and both pods still run with the slice's limits in their containers.
+async fn check_two_shares(
+    env: &TestEnv,
+    pool: &str,
+    device: &str,
+    reports: &[ContainerReport],
+) -> Result<()> {
+    let driver = &env.settings.driver;
+    let mut found: Vec<Share> = Vec::new();
+    for name in ["share-a", "share-b"] {
+        let claim = env.claim(name).await?;
+        let share = match shares(&claim, driver).as_slice() {
+            [one] => one.clone(),
+            other => anyhow::bail!("claim {name} should hold one share, it holds {other:?}"),
+        };
+        ensure!(
+            share.pool == pool && share.device == device,
+            "claim {name} got {}/{}, expected the GPU {pool}/{device}",
+            share.pool,
+            share.device
+        );
+        ensure!(share.id.is_some(), "claim {name}'s result has no shareID");
+        ensure!(
+            share.consumed.get("memory").map(String::as_str) == Some(SLICE_MEMORY)
+                && share.consumed.get("compute").map(String::as_str) == Some(SLICE_COMPUTE),
+            "claim {name} consumed {:?}, expected memory {SLICE_MEMORY} and compute {SLICE_COMPUTE}",
+            share.consumed
+        );
+        found.push(share);
+    }
+    ensure!(
+        found[0].id != found[1].id,
+        "both shares carry shareID {:?}",
+        found[0].id
+    );
+    for report in reports {
+        report.expect_env("KERF_DEVICES", device)?;
+        report.expect_env("KERF_SLICE_MEMORY_BYTES", &SLICE_BYTES.to_string())?;
+        report.expect_env("KERF_SLICE_COMPUTE_PERCENT", SLICE_COMPUTE)?;
+        report.expect_env("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", SLICE_COMPUTE)?;
+        report.expect_env("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=10240M")?;
+    }
+    let pods = env.api::<Pod>();
+    for name in ["share-a", "share-b"] {
+        let pod = pods.get(name).await?;
+        ensure!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"),
+            "pod {name} stopped while both shares should run side by side: {}",
+            cluster::describe_pod(&pod)
+        );
+    }
+    Ok(())
 }
 
 /// A claim of a Scheduler class for MIG profile 1g.5gb on a node publishing dynamic MIG
