@@ -26,7 +26,7 @@ use kerf_controller::context::KEEPS_FAILING_AFTER;
 use kerf_controller::{
     BackoffConfig, Config, Context, ControllerConfig, Metrics, controllers, run_controllers,
 };
-use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::{FakeApi, Identity};
 use kerf_tests::logs::CapturedLogs;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
@@ -168,7 +168,7 @@ async fn every_write_of_a_controller_run_names_the_kerf_controller_field_manager
             leader_election: None,
             metrics_address: None,
         },
-        fake.client(),
+        fake.client_as(Identity::kerf_controller()),
         shutdown.clone(),
         controllers(),
     ));
@@ -275,7 +275,7 @@ impl Harness {
         )
         .unwrap();
         fake.insert_resource::<DeviceClass>(&dc);
-        let client = fake.client();
+        let client = fake.client_as(Identity::kerf_controller());
         let (caches, fill) = Caches::start(&client, DRIVER);
         tokio::spawn(fill);
         caches.wait_ready().await.unwrap();

@@ -18,7 +18,7 @@ use kerf_api::{GpuClass, GpuClassSpec};
 use kerf_controller::BackoffConfig;
 use kerf_controller::args::Args;
 use kerf_controller::default_classes::{DefaultClasses, RECORD_CONFIGMAP, Report, ensure};
-use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::{FakeApi, Identity};
 use kube::api::ObjectMeta;
 use tokio_util::sync::CancellationToken;
 
@@ -40,9 +40,14 @@ fn defaults() -> DefaultClasses {
 
 async fn run(fake: &FakeApi, defaults: &DefaultClasses) -> Report {
     let stop = CancellationToken::new();
-    ensure(&fake.client(), defaults, "kerf-controller", &stop)
-        .await
-        .unwrap()
+    ensure(
+        &fake.client_as(Identity::kerf_controller()),
+        defaults,
+        "kerf-controller",
+        &stop,
+    )
+    .await
+    .unwrap()
 }
 
 fn stored(fake: &FakeApi, name: &str) -> Option<GpuClass> {
@@ -155,9 +160,14 @@ async fn waiting_for_the_crd_ends_when_stopped() {
     fake.fail_next("list", GPU_CLASSES, 404, usize::MAX);
     let stop = CancellationToken::new();
     stop.cancel();
-    let report = ensure(&fake.client(), &defaults(), "kerf-controller", &stop)
-        .await
-        .unwrap();
+    let report = ensure(
+        &fake.client_as(Identity::kerf_controller()),
+        &defaults(),
+        "kerf-controller",
+        &stop,
+    )
+    .await
+    .unwrap();
     assert_eq!(report, Report::default());
     assert_eq!(fake.count("create", GPU_CLASSES), 0);
 }

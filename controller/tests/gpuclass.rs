@@ -20,7 +20,7 @@ use kerf_api::{GpuClass, GpuClassSpec, decode_opaque, params::OpaqueConfig};
 use kerf_controller::cache::Caches;
 use kerf_controller::gpuclass::{self, error_policy, reconcile};
 use kerf_controller::{Config, Context, ControllerConfig, Metrics, run_controllers};
-use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::{FakeApi, Identity};
 use kube::api::ObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
@@ -110,7 +110,7 @@ struct Harness {
 
 impl Harness {
     async fn new(fake: &FakeApi) -> Self {
-        let client = fake.client();
+        let client = fake.client_as(Identity::kerf_controller());
         let (caches, fill) = Caches::start(&client, DRIVER);
         tokio::spawn(fill);
         caches.wait_ready().await.unwrap();
@@ -569,7 +569,7 @@ async fn the_controller_stops_when_asked_before_the_caches_are_ready() {
     let fake = FakeApi::new();
     // Every list fails, so the caches never become ready.
     fake.fail_next("list", "/apis/resource.k8s.io", 503, usize::MAX);
-    let client = fake.client();
+    let client = fake.client_as(Identity::kerf_controller());
     let (caches, fill) = Caches::start(&client, DRIVER);
     tokio::spawn(fill);
     let mut registry = Registry::default();
@@ -605,7 +605,7 @@ async fn run_controllers_reports_a_controller_that_stops_on_its_own() {
     let quitter = kerf_controller::ControllerTask::new("quitter", |_ctx, _stop| async { Ok(()) });
     let error = run_controllers(
         config,
-        fake.client(),
+        fake.client_as(Identity::kerf_controller()),
         CancellationToken::new(),
         vec![quitter],
     )

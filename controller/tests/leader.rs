@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kerf_controller::{ControllerTask, LeaderElector, run_controllers};
-use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::{FakeApi, Identity};
 use lease_fixture::{GUARD, LEASE, NAMESPACE, acquire, holder, lease_config, replica_config};
 use tokio_util::sync::CancellationToken;
 
@@ -29,16 +29,22 @@ const LEASE_PATH: &str =
 #[tokio::test]
 async fn one_leader_and_a_standby_that_takes_over_when_renewals_stop() {
     let fake = FakeApi::new();
-    let mut a = LeaderElector::start(fake.client(), lease_config("a"))
-        .await
-        .unwrap();
+    let mut a = LeaderElector::start(
+        fake.client_as(Identity::kerf_controller()),
+        lease_config("a"),
+    )
+    .await
+    .unwrap();
     acquire(&mut a).await;
     assert!(a.is_leader());
     assert_eq!(holder(&fake).as_deref(), Some("a"));
 
-    let mut b = LeaderElector::start(fake.client(), lease_config("b"))
-        .await
-        .unwrap();
+    let mut b = LeaderElector::start(
+        fake.client_as(Identity::kerf_controller()),
+        lease_config("b"),
+    )
+    .await
+    .unwrap();
     // For longer than a Lease duration the leader keeps renewing and the standby waits.
     let waited = tokio::time::timeout(Duration::from_secs(6), b.acquired()).await;
     assert!(
@@ -59,13 +65,19 @@ async fn one_leader_and_a_standby_that_takes_over_when_renewals_stop() {
 #[tokio::test]
 async fn a_leader_whose_renewals_fail_steps_down_before_a_standby_takes_over() {
     let fake = FakeApi::new();
-    let mut a = LeaderElector::start(fake.client(), lease_config("a"))
-        .await
-        .unwrap();
+    let mut a = LeaderElector::start(
+        fake.client_as(Identity::kerf_controller()),
+        lease_config("a"),
+    )
+    .await
+    .unwrap();
     acquire(&mut a).await;
-    let mut b = LeaderElector::start(fake.client(), lease_config("b"))
-        .await
-        .unwrap();
+    let mut b = LeaderElector::start(
+        fake.client_as(Identity::kerf_controller()),
+        lease_config("b"),
+    )
+    .await
+    .unwrap();
     let b_acquired = tokio::spawn(async move {
         acquire(&mut b).await;
         (tokio::time::Instant::now(), b)
@@ -105,7 +117,12 @@ async fn only_the_leader_runs_controllers_and_a_standby_follows_on_shutdown() {
             },
         );
         let config = replica_config(identity);
-        tokio::spawn(run_controllers(config, fake.client(), shutdown, vec![task]))
+        tokio::spawn(run_controllers(
+            config,
+            fake.client_as(Identity::kerf_controller()),
+            shutdown,
+            vec![task],
+        ))
     };
     let stop_a = CancellationToken::new();
     let stop_b = CancellationToken::new();
@@ -154,7 +171,7 @@ async fn losing_the_lease_stops_the_controllers_and_ends_the_run() {
     let config = replica_config("a");
     let run = tokio::spawn(run_controllers(
         config,
-        fake.client(),
+        fake.client_as(Identity::kerf_controller()),
         CancellationToken::new(),
         vec![task],
     ));

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use kerf_api::watch_backoff::MAX_DELAY;
 use kerf_controller::{ControllerTask, Error, LeaderElector, run_controllers};
-use kerf_tests::fake_api::{FakeApi, Outage};
+use kerf_tests::fake_api::{FakeApi, Identity, Outage};
 use lease_fixture::{GUARD, acquire, holder, lease_config, replica_config};
 use running::RunningController;
 use tokio::time::Instant;
@@ -33,9 +33,12 @@ use tokio_util::sync::CancellationToken;
 #[tokio::test]
 async fn a_leader_facing_a_frozen_api_server_steps_down_at_its_renew_deadline() {
     let fake = FakeApi::new();
-    let mut a = LeaderElector::start(fake.client(), lease_config("a"))
-        .await
-        .unwrap();
+    let mut a = LeaderElector::start(
+        fake.client_as(Identity::kerf_controller()),
+        lease_config("a"),
+    )
+    .await
+    .unwrap();
     acquire(&mut a).await;
     fake.set_outage(Some(Outage::Frozen));
     let frozen = Instant::now();
@@ -71,7 +74,7 @@ async fn a_replica_started_during_an_outage_waits_for_the_server_instead_of_exit
     let config = replica_config("a");
     let replica = tokio::spawn(run_controllers(
         config,
-        fake.client(),
+        fake.client_as(Identity::kerf_controller()),
         shutdown.clone(),
         vec![task],
     ));
@@ -102,13 +105,19 @@ async fn a_replica_started_during_an_outage_waits_for_the_server_instead_of_exit
 #[tokio::test]
 async fn a_standby_takes_the_lease_within_a_few_retry_periods_of_the_servers_return() {
     let fake = FakeApi::new();
-    let mut a = LeaderElector::start(fake.client(), lease_config("a"))
-        .await
-        .unwrap();
+    let mut a = LeaderElector::start(
+        fake.client_as(Identity::kerf_controller()),
+        lease_config("a"),
+    )
+    .await
+    .unwrap();
     acquire(&mut a).await;
-    let mut b = LeaderElector::start(fake.client(), lease_config("b"))
-        .await
-        .unwrap();
+    let mut b = LeaderElector::start(
+        fake.client_as(Identity::kerf_controller()),
+        lease_config("b"),
+    )
+    .await
+    .unwrap();
     // The leader goes away with the server, as a leader that lost its Lease and exits does;
     // during the outage the standby's Lease reads fail and kube-lease-manager's back-off grows
     // (1 s doubling towards 30 s, reset only by a success).

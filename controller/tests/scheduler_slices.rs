@@ -29,7 +29,7 @@ use kerf_controller::cache::Caches;
 use kerf_controller::features::ApiSupport;
 use kerf_controller::gpuclass::{reasons, reconcile};
 use kerf_controller::{Context, ControllerConfig, Metrics};
-use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::{FakeApi, Identity};
 use kube::api::{ObjectMeta, Patch, PatchParams};
 use serde_json::json;
 
@@ -76,7 +76,7 @@ fn expression(dc: &DeviceClass) -> String {
 
 /// A GpuClass reconciler context over `fake`, with `support`.
 async fn class_context(fake: &FakeApi, support: ApiSupport) -> Arc<Context> {
-    let client = fake.client();
+    let client = fake.client_as(Identity::kerf_controller());
     let (caches, fill) = Caches::start(&client, DRIVER);
     tokio::spawn(fill);
     caches.wait_ready().await.unwrap();

@@ -40,7 +40,7 @@ impl CacheNode {
     /// The plugin with the claim cache (`cache`) or without it (`--claim-cache=false`).
     async fn start(cache: bool) -> Self {
         let node = TestNode::new("h100-sxm-80gb");
-        let mut connections = Connections::kube(node.api.client(), NODE, false);
+        let mut connections = Connections::kube(node.plugin_client(), NODE, false);
         connections = connections.without_device_status();
         if !cache {
             connections = connections.without_claim_cache();

@@ -27,6 +27,7 @@ use common::{DRIVER, PluginProcess, TestNode, cdi_spec_file, uid};
 use kerf_proto::PreparedDevice;
 use kerf_proto::client::{Claim, RegisteredPlugin};
 use kerf_tests::api_server::ApiServer;
+use kerf_tests::fake_api::Identity;
 use serde_json::Value;
 
 const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
@@ -69,7 +70,9 @@ impl Cluster {
         let node = TestNode::new("h100-sxm-80gb");
         let server = ApiServer::start(node.api.clone()).await.unwrap();
         let kubeconfig = node.root.join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).unwrap();
+        server
+            .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(common::NODE))
+            .unwrap();
         Cluster {
             node,
             kubeconfig,

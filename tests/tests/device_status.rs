@@ -55,8 +55,12 @@ impl StatusNode {
             initial_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(40),
         };
-        let (writer, _task) =
-            DeviceStatusWriter::start(node.api.client(), config, &mut registry, shutdown.clone());
+        let (writer, _task) = DeviceStatusWriter::start(
+            node.plugin_client(),
+            config,
+            &mut registry,
+            shutdown.clone(),
+        );
         std::fs::create_dir_all(node.plugin_dir()).unwrap();
         std::fs::create_dir_all(node.cdi_dir()).unwrap();
         let (checkpoint, _) = CheckpointStore::open(&node.checkpoint_file(), "boot-1")
@@ -75,7 +79,7 @@ impl StatusNode {
             },
             Arc::new(node.inventory()),
             Arc::new(kerf_kubelet_plugin::claim_reader::ApiClaimReader::new(
-                node.api.client(),
+                node.plugin_client(),
             )),
             checkpoint,
             GpuSharing::new(None),

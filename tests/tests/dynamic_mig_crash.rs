@@ -26,6 +26,7 @@ use common::{PluginProcess, TestNode, uid};
 use kerf_fake_gpu_tools::mig::{GpuInstance, MockMig};
 use kerf_proto::client::{Claim, RegisteredPlugin};
 use kerf_tests::api_server::ApiServer;
+use kerf_tests::fake_api::Identity;
 use serde_json::Value;
 
 const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
@@ -44,7 +45,9 @@ impl Cluster {
         let node = TestNode::new("a100-40gb-dynmig");
         let server = ApiServer::start(node.api.clone()).await.unwrap();
         let kubeconfig = node.root.join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).unwrap();
+        server
+            .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(common::NODE))
+            .unwrap();
         Cluster {
             node,
             kubeconfig,

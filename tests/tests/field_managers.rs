@@ -27,7 +27,7 @@ async fn every_write_of_the_plugin_names_kerf_kubelet_plugin() {
     node.device_claim("whole", &claim_uid, "gpu-0");
     let mut config = node.config();
     config.publish_resources = true;
-    let connections = Connections::kube(node.api.client(), NODE, true);
+    let connections = Connections::kube(node.plugin_client(), NODE, true);
     let options = plugin::StartOptions::defaults(true);
     let running = plugin::start_with(&config, &options, node.inventory(), connections)
         .await
@@ -66,7 +66,7 @@ async fn every_write_of_the_plugin_names_kerf_kubelet_plugin() {
             .is_empty()
     })
     .await;
-    KubeClaimEvents::new(node.api.client(), NODE)
+    KubeClaimEvents::new(node.plugin_client(), NODE)
         .warn(ClaimWarning {
             claim: ClaimRef {
                 uid: claim_uid.clone(),

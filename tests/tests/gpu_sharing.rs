@@ -28,6 +28,7 @@ use kerf_kubelet_plugin::plugin::RunningPlugin;
 use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_proto::client::Claim;
 use kerf_tests::api_server::ApiServer;
+use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_gpu_tools::{Call, fail_next_mps_start};
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
 use serde_json::Value;
@@ -477,7 +478,9 @@ async fn a_plugin_killed_with_daemons_running_adopts_them_and_stops_orphans() {
     let node = &sharing.node;
     let server = ApiServer::start(node.api.clone()).await.unwrap();
     let kubeconfig = node.root.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
+    server
+        .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(common::NODE))
+        .unwrap();
     let (gpu0, gpu1) = (sharing.gpu_uuid(0), sharing.gpu_uuid(1));
     let kept = node.slice_claim("kept", &uid(1), 0, 10 * GIB, 25);
     let gone = node.slice_claim("gone", &uid(2), 1, 10 * GIB, 25);

@@ -25,6 +25,7 @@ use kerf_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
 };
 use kerf_tests::api_server::ApiServer;
+use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_kubelet::{
     Call, FakeKubelet, KubeletConfig, KubeletError, Method, Pod, PreparedPod, RetryPolicy, cdi_ids,
 };
@@ -534,7 +535,9 @@ async fn a_plugin_killed_in_the_middle_of_a_batch_restarts_and_the_kubelet_retri
     let node = TestNode::new("h100-sxm-80gb");
     let server = ApiServer::start(node.api.clone()).await.unwrap();
     let kubeconfig = node.root.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
+    server
+        .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(NODE))
+        .unwrap();
     let mut claims: Vec<Claim> = (0..3)
         .map(|i| node.device_claim(&format!("c{i}"), &uid(i + 1), &format!("gpu-{i}")))
         .collect();

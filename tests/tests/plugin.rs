@@ -573,7 +573,7 @@ async fn mig_devices_get_their_capability_nodes() {
     node.add_claim(whole_gpu_claim("mig", UID_A, &device));
     let connections = Connections {
         device_status: None,
-        claim_reader: Arc::new(ApiClaimReader::new(node.api.client())),
+        claim_reader: Arc::new(ApiClaimReader::new(node.plugin_client())),
         publisher: None,
         events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
     };

@@ -13,6 +13,7 @@ use kerf_api::ownership::{Owner, RECORD_ANNOTATION, published_owner};
 use kerf_core::inventory::Inventory;
 use kerf_kubelet_plugin::metrics::Metrics;
 use kerf_kubelet_plugin::publish::{CONTENT_HASH_ANNOTATION, Publisher};
+use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_api::{FakeApi, describe_requests};
 use kerf_tests::logs::CapturedLogs;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -61,7 +62,7 @@ impl Setup {
 
     fn publisher_for(&self, node: &str, driver: &str) -> Publisher {
         Publisher::new(
-            self.fake.client(),
+            self.fake.client_as(Identity::kerf_kubelet_plugin(node)),
             driver.to_owned(),
             node.to_owned(),
             self.metrics.clone(),

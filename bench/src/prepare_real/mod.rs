@@ -31,7 +31,7 @@ use kerf_kubelet_plugin::config::PluginConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_proto::client::Claim;
 use kerf_tests::api_server::ApiServer;
-use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::{FakeApi, Identity};
 
 use crate::node::{Kubelet, NAMESPACE, NODE, NodeLayout, numbered_claim, slice_claim};
 use crate::prepare::{WARMUP, disk_work_dir, tmpfs_dir};
@@ -221,8 +221,9 @@ async fn start(options: &BenchOptions, claims: usize) -> Result<(RealNode, RealC
         .map_err(|e| Error::io("serve", "the fake API server on 127.0.0.1", e))?;
     server.set_latency(options.api_latency);
     let kubeconfig = dir.path().join("kubeconfig");
+    // The plugin's own ServiceAccount on its node, so that it pays RBAC as in production.
     server
-        .write_kubeconfig(&kubeconfig)
+        .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(NODE))
         .map_err(|e| Error::io("write", &kubeconfig, e))?;
     let client = client_from_kubeconfig(&kubeconfig).await?;
     let connections = Connections::kube(client.clone(), NODE, false);

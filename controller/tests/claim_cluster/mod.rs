@@ -17,7 +17,7 @@ use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::claims;
 use kerf_controller::{BackoffConfig, Config, ControllerConfig, ControllerTask, run_controllers};
-use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::{FakeApi, Identity};
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -187,7 +187,7 @@ impl Controller {
         tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
         let task = tokio::spawn(run_controllers(
             config,
-            fake.client(),
+            fake.client_as(Identity::kerf_controller()),
             shutdown.clone(),
             vec![task],
         ));

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kerf_controller::{Config, ControllerConfig};
-use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::{FakeApi, Identity};
 use tokio_util::sync::CancellationToken;
 
 /// The whole controller process (`kerf_controller::run`, no leader election, no metrics
@@ -25,7 +25,7 @@ impl RunningController {
         };
         let task = tokio::spawn(kerf_controller::run(
             config,
-            fake.client(),
+            fake.client_as(Identity::kerf_controller()),
             shutdown.clone(),
         ));
         RunningController { shutdown, task }

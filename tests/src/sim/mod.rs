@@ -46,7 +46,7 @@ use kube::{Api, Client, ResourceExt as _};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::fake_api::FakeApi;
+use crate::fake_api::{FakeApi, Identity};
 use crate::scheduler::{
     BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, SnapshotSource, SpawnConfig,
     StandInConfig, StandInHandle, StepReport,
@@ -225,9 +225,12 @@ impl Sim {
         let (monitor, task) = monitor::spawn(&client, DRIVER, &devices, shutdown.clone());
         tasks.push(task);
         for node in &config.nodes {
-            tasks.push(spawn_publisher(&client, node, &config, shutdown.clone())?);
+            // Each component talks as its own ServiceAccount, so RBAC limits it as on a cluster.
+            let plugin = fake.client_as(Identity::kerf_kubelet_plugin(&node.name));
+            tasks.push(spawn_publisher(&plugin, node, &config, shutdown.clone())?);
         }
-        tasks.push(spawn_controller(&client, &config, shutdown.clone()));
+        let controller = fake.client_as(Identity::kerf_controller());
+        tasks.push(spawn_controller(&controller, &config, shutdown.clone()));
         let pods = PodWatch::default();
         tasks.push(spawn_pod_watch(&client, pods.clone(), shutdown.clone()));
         let stand_in =

@@ -26,6 +26,7 @@ use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_proto::client::{Claim, KubeletClient, RegisteredPlugin};
 use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_kubelet::{KubeletConfig, RetryPolicy};
 use serde_json::{Value, json};
 
@@ -132,6 +133,12 @@ impl TestNode {
         ]
     }
 
+    /// A client of the in-memory API as the kubelet plugin on this node talks to it (its
+    /// ServiceAccount, its token bound to [`NODE`]), so that RBAC limits it as on a cluster.
+    pub fn plugin_client(&self) -> kube::Client {
+        self.api.client_as(Identity::kerf_kubelet_plugin(NODE))
+    }
+
     pub fn inventory(&self) -> Inventory {
         plugin::discover(&self.config()).unwrap()
     }
@@ -141,7 +148,7 @@ impl TestNode {
         let config = self.config();
         let connections = Connections {
             device_status: None,
-            claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
+            claim_reader: Arc::new(ApiClaimReader::new(self.plugin_client())),
             publisher: None,
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
         };
@@ -159,7 +166,7 @@ impl TestNode {
     ) -> RunningPlugin {
         let mut config = self.config();
         config.publish_resources = publish;
-        let client = self.api.client();
+        let client = self.plugin_client();
         let connections = Connections {
             device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(client.clone())),

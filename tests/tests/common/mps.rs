@@ -64,7 +64,7 @@ impl MpsNode {
     pub async fn start(&self) -> RunningPlugin {
         let connections = Connections {
             device_status: None,
-            claim_reader: Arc::new(ApiClaimReader::new(self.node.api.client())),
+            claim_reader: Arc::new(ApiClaimReader::new(self.node.plugin_client())),
             publisher: None,
             events: Arc::clone(&self.events) as _,
         };

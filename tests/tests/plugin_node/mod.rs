@@ -11,6 +11,7 @@ use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_proto::client::{Claim, KubeletClient, RegisteredPlugin};
 use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fake_api::Identity;
 use serde_json::{Value, json};
 
 pub const DRIVER: &str = "gpu.kerf.dev";
@@ -64,12 +65,17 @@ impl Node {
         }
     }
 
+    /// A client of the in-memory API as the kubelet plugin on [`NODE`] talks to it.
+    pub fn plugin_client(&self) -> kube::Client {
+        self.api.client_as(Identity::kerf_kubelet_plugin(NODE))
+    }
+
     pub async fn start(&self) -> RunningPlugin {
         let config = self.config();
         let inventory = plugin::discover(&config).unwrap();
         let connections = Connections {
             device_status: None,
-            claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
+            claim_reader: Arc::new(ApiClaimReader::new(self.plugin_client())),
             publisher: None,
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
         };
@@ -95,8 +101,8 @@ impl Node {
         let inventory = plugin::discover(&config).unwrap();
         let connections = Connections {
             device_status: None,
-            claim_reader: Arc::new(ApiClaimReader::new(self.api.client())),
-            publisher: Some(self.api.client()),
+            claim_reader: Arc::new(ApiClaimReader::new(self.plugin_client())),
+            publisher: Some(self.plugin_client()),
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
         };
         let running = plugin::start(&config, inventory, connections)
