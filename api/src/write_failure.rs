@@ -79,7 +79,7 @@ impl WriteFailure {
             422 => Self::Invalid,
             400 => Self::BadRequest,
             413 => Self::TooLarge,
-            400..=499 => Self::OtherRefusal,
+            402 | 405..=408 | 411 | 412 | 414..=421 | 423..=428 | 430..=499 => Self::OtherRefusal,
             // 5xx, and codes no API server sends: whatever it is, the server had trouble.
             _ => Self::ServerError,
         }
