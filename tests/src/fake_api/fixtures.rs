@@ -118,6 +118,8 @@ impl FakeApi {
         };
         let mut state = self.state();
         state.learn_kind(&key, &obj);
+        // A fixture's opaque parameters are as serde_json writes them, as kube-rs sends them.
+        state.set_raw_params(&key, BTreeMap::new());
         let old = state.objects.get(&key).cloned();
         if let Some(old) = &old {
             copy_identity(old, &mut obj);

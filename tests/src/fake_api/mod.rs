@@ -11,15 +11,35 @@
 //! made, and faults can be scripted ([`FakeApi::fail_next`], [`FakeApi::delay_next`]) to
 //! exercise error handling.
 //!
-//! Deliberate simplifications, none of which kube clients observe in practice:
-//! - any resource name is accepted (no discovery, no schema validation, no defaulting);
+//! What every cluster does on top of storing objects is done here too: TaintNodesByCondition
+//! and the node lifecycle controller's NoSchedule taints (`admission`), kerf's
+//! ValidatingAdmissionPolicy from `deploy/base/resourceslice-policy.yaml`
+//! (`admission_policy`), the immutable spec of ResourceClaims and ResourceClaimTemplates with
+//! their opaque parameters kept as the bytes the client sent (`claims`), and the update rules
+//! of object metadata (`meta_rules`).
+//!
+//! Where FakeApi still differs from kube-apiserver 1.36:
+//! - authorization: see `rbac`;
+//! - any resource name is accepted (no discovery, no schema validation, no defaulting), and
+//!   objects are stored as [`Value`]s, so JSON keys come back sorted and numbers as serde_json
+//!   writes them; only the opaque `parameters` of a claim's or template's `spec` keep their
+//!   text (compacted as Go does, key order kept), not those in a claim's `status.allocation`;
 //! - server-side apply is "create or merge, forcing": fields are merged like a JSON merge
 //!   patch, and fields the same field manager applied before but omits now are removed (lists
 //!   are atomic); there is no conflict detection between managers and no `managedFields`;
-//! - strategic merge patches are treated as JSON merge patches;
+//! - strategic merge patches are treated as JSON merge patches (no patch strategies or merge
+//!   keys), except that they re-encode a claim's parameters as a real one does;
+//! - a JSON or merge patch that descends *into* a claim's parameters re-encodes them wholly
+//!   (keys sorted); a real server keeps the text of the sub-objects it does not descend into;
+//! - a claim's `Invalid value` shows the new spec as JSON, where the real server prints Go's
+//!   `%#v` of its internal struct; the causes and reason are the real ones;
+//! - admission plugins other than TaintNodesByCondition and kerf's policy do not run
+//!   (no NodeRestriction, no LimitRanger, no webhooks); the node lifecycle controller's
+//!   tainting is synchronous and waits for a Ready condition (see `admission`), and it
+//!   neither adds NoExecute taints nor marks silent nodes Unknown;
 //! - field selectors accept any dotted field path; list pagination returns everything at once;
 //! - `dryRun=All` is simulated for CREATE only (the answer is what would be stored, nothing
-//!   is); on other verbs it is rejected with 400.
+//!   is; no admission runs); on other verbs it is rejected with 400.
 //!
 //! [`FakeApi::drop_field`] makes the fake behave like an API server whose feature gate for a
 //! field is off: kube-apiserver's registry strategies call `dropDisabledFields` (e.g.
@@ -30,18 +50,28 @@
 //! Layout: this module holds the shared types; `routing` the HTTP side and verb dispatch,
 //! `store` objects and their lifecycle, `patch` PATCH and server-side apply, `watch` change
 //! history and watch streams, `selectors` field and label selectors, `faults` the request log
-//! and injected faults, `fixtures` the test-side API that bypasses HTTP.
+//! and injected faults, `fixtures` the test-side API that bypasses HTTP, `raw_json` JSON text
+//! as Go's encoder handles it.
 
+mod admission;
+mod admission_policy;
+mod claims;
 mod faults;
 mod fixtures;
 mod identity;
+mod meta_rules;
 mod patch;
+mod raw_json;
 mod rbac;
 mod routing;
 mod selectors;
 mod store;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_admission;
+#[cfg(test)]
+mod tests_claims;
 mod watch;
 
 pub use faults::describe_requests;
@@ -161,6 +191,8 @@ struct Change {
     key: ObjKey,
     old: Option<Value>,
     new: Value,
+    /// The texts of `new`'s opaque parameters as stored (ResourceClaims and templates only).
+    raw: Option<Arc<claims::RawParams>>,
 }
 
 #[derive(Debug, Clone)]
@@ -186,6 +218,11 @@ struct State {
     delays: Vec<Delay>,
     /// Fields removed from every write, per resource (plural).
     dropped_fields: Vec<(String, String)>,
+    /// The texts of the opaque parameters of stored ResourceClaims and templates, as the
+    /// request that wrote them sent them (`claims`).
+    raw_params: HashMap<ObjKey, Arc<claims::RawParams>>,
+    /// The ValidatingAdmissionPolicies in force (`admission_policy`).
+    policies: Arc<admission_policy::Policies>,
 }
 
 /// An API error, rendered as a `Status` object.
@@ -194,6 +231,8 @@ struct ApiError {
     code: u16,
     reason: &'static str,
     message: String,
+    /// `details` of the `Status` (e.g. the causes of a 422), when there are any.
+    details: Option<Value>,
 }
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -204,6 +243,7 @@ impl ApiError {
             code,
             reason: reason_for(code),
             message: message.into(),
+            details: None,
         }
     }
 
@@ -230,7 +270,7 @@ impl ApiError {
     }
 
     fn to_status(&self) -> Value {
-        json!({
+        let mut status = json!({
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
@@ -238,7 +278,11 @@ impl ApiError {
             "message": self.message,
             "reason": self.reason,
             "code": self.code,
-        })
+        });
+        if let Some(details) = &self.details {
+            status["details"] = details.clone();
+        }
+        status
     }
 }
 
@@ -316,6 +360,8 @@ impl FakeApi {
             faults: Vec::new(),
             delays: Vec::new(),
             dropped_fields: Vec::new(),
+            raw_params: HashMap::new(),
+            policies: Arc::new(admission_policy::Policies::kerf()),
         };
         Self {
             inner: Arc::new(Inner {

@@ -4,6 +4,8 @@
 use serde_json::Value;
 use tokio::sync::broadcast;
 
+use super::claims::Write;
+use super::meta_rules::{FieldError, group_of, invalid};
 use super::routing::ApiRequest;
 use super::store::{metadata_mut, str_at, with_status_of};
 use super::{ApiError, ApiResult, Broadcast, ObjKey, State};
@@ -39,6 +41,25 @@ fn applied_config(body: &Value) -> Value {
 }
 
 impl State {
+    /// A patch may not change the UID: `rest.BeforeUpdate` keeps only an empty one, and
+    /// `ValidateObjectMetaUpdate` refuses a different one as immutable.
+    fn check_patched_uid(&self, key: &ObjKey, current: &Value, patched: &Value) -> ApiResult<()> {
+        let uid = str_at(patched, "/metadata/uid");
+        if uid.is_empty() || uid == str_at(current, "/metadata/uid") {
+            return Ok(());
+        }
+        Err(invalid(
+            &group_of(key),
+            &self.kind_of(&key.prefix, &key.resource),
+            &key.name,
+            &[FieldError::invalid(
+                "metadata.uid",
+                &format!("{uid:?}"),
+                "field is immutable",
+            )],
+        ))
+    }
+
     pub(super) fn patch(
         &mut self,
         events: &broadcast::Sender<Broadcast>,
@@ -52,17 +73,24 @@ impl State {
         }
         let current = self.existing(&key)?;
         let mut patched = current.clone();
+        let text = std::str::from_utf8(&request.body).unwrap_or("");
+        let patch = request.json_body()?;
         match media {
             "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
-                let patch = request.json_body()?;
                 Self::check_resource_version(&key, &current, &patch)?;
                 json_patch::merge(&mut patched, &patch);
             }
             "application/json-patch+json" => {
-                let patch: json_patch::Patch = serde_json::from_slice(&request.body)
+                let ops: json_patch::Patch = serde_json::from_value(patch.clone())
                     .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-                json_patch::patch(&mut patched, &patch.0).map_err(|e| {
-                    ApiError::new(422, format!("the JSON patch does not apply: {e}"))
+                // kube-apiserver's words (`applyJSPatch` in apiserver's handlers/patch.go:
+                // `NewGenericServerResponse(422, …)`, whose message is this generic sentence;
+                // the op that failed is only in the Status causes, which this fake omits).
+                json_patch::patch(&mut patched, &ops.0).map_err(|_| {
+                    ApiError::new(
+                        422,
+                        "the server rejected our request due to an error in our request",
+                    )
                 })?;
                 Self::check_resource_version(&key, &current, &patched)?;
             }
@@ -73,8 +101,17 @@ impl State {
                 ));
             }
         }
+        let write = match media {
+            "application/merge-patch+json" => Write::MergePatch(text, &patch),
+            "application/json-patch+json" => Write::JsonPatch(text, &patch),
+            _ => Write::Reencoded,
+        };
+        if !request.parsed.status {
+            self.check_patched_uid(&key, &current, &patched)?;
+        }
         let next = self.patched_object(request, &key, &current, patched);
         request.authorize_write(&key, Some(&current), &next)?;
+        self.admit(request, &key, Some(&current), &next, &write)?;
         Ok((200, self.commit(events, key, next, Some(current))))
     }
 
@@ -143,6 +180,7 @@ impl State {
             }
             let key = Self::key_in_collection(&request.parsed, &mut body, key.name.clone())?;
             request.authorize_write(&key, None, &body)?;
+            self.admit(request, &key, None, &body, &Write::Reencoded)?;
             let created = self.create_object(events, key, body);
             self.applied.insert(applied_key, config);
             return Ok((201, created));
@@ -154,12 +192,15 @@ impl State {
         }
         json_patch::merge(&mut patched, &config);
         let next = self.patched_object(request, &key, &current, patched);
+        request.authorize_write(&key, Some(&current), &next)?;
+        // Validation runs before the storage layer notices a no-op, so a no-op apply is
+        // refused like any other write that fails it.
+        self.admit(request, &key, Some(&current), &next, &Write::Reencoded)?;
         self.applied.insert(applied_key, config);
         if next == current {
             // A no-op apply does not write, so the resourceVersion stays, as on a real server.
             return Ok((200, current));
         }
-        request.authorize_write(&key, Some(&current), &next)?;
         Ok((200, self.commit(events, key, next, Some(current))))
     }
 }

@@ -375,7 +375,15 @@ impl FakeApi {
             };
         }
         match self.dispatch(verb, &request) {
-            Ok((code, value)) => json_response(code, &value),
+            // Written as the store holds it: a claim's opaque parameters as their stored text.
+            Ok((code, value)) => bytes_response(
+                code,
+                self.state().render_object(
+                    &request.parsed.prefix,
+                    &request.parsed.resource,
+                    &value,
+                ),
+            ),
             Err(err) => error_response(&err),
         }
     }

@@ -4,7 +4,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::routing::{ParsedPath, Query};
-use super::watch::event_line;
+use super::watch::object_event_line;
 use super::{ApiError, ApiResult, Change, ChangeKind, ObjKey};
 
 /// One field-selector term.
@@ -81,7 +81,11 @@ impl Filter {
             (ChangeKind::Modified, true, false) | (ChangeKind::Deleted, _, true) => "DELETED",
             _ => return None,
         };
-        Some(event_line(event, &change.new))
+        let object = match &change.raw {
+            Some(raw) => raw.render(&change.new),
+            None => serde_json::to_vec(&change.new).unwrap_or_default(),
+        };
+        Some(object_event_line(event, &object))
     }
 }
 

@@ -2,12 +2,14 @@
 //! resourceVersions, generations, UIDs and the `/status` subresource, and the list
 //! documents, as kube clients see them.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
+use super::admission;
+use super::claims::{RawParams, Write};
+use super::meta_rules::{FieldError, invalid};
 use super::routing::{ApiRequest, ParsedPath, api_version_of};
 use super::selectors::Filter;
 use super::{
@@ -115,55 +117,86 @@ pub(super) fn with_status_of(current: &Value, next: &Value) -> Value {
     out
 }
 
-fn check_delete_preconditions(key: &ObjKey, current: &Value, options: &Value) -> ApiResult<()> {
-    let wanted_uid = str_at(options, "/preconditions/uid");
-    if !wanted_uid.is_empty() && wanted_uid != str_at(current, "/metadata/uid") {
-        return Err(ApiError::conflict(
+/// kube-apiserver's `storage.Preconditions.Check` (kubernetes/kubernetes
+/// `staging/src/k8s.io/apiserver/pkg/storage/interfaces.go`): a failed precondition is a
+/// `StorageError` of code `ErrCodeInvalidObj` (4), which `InterpretDeleteError` /
+/// `InterpretUpdateError` turn into a 409 Conflict carrying the storage error's text. The
+/// key is the etcd key (`/registry/<resource>/[<namespace>/]<name>`).
+pub(super) fn check_preconditions(
+    key: &ObjKey,
+    current: &Value,
+    wanted_uid: &str,
+    wanted_rv: &str,
+) -> ApiResult<()> {
+    let storage_error = |detail: String| {
+        let etcd_key = if key.namespace.is_empty() {
+            format!("/registry/{}/{}", key.resource, key.name)
+        } else {
+            format!("/registry/{}/{}/{}", key.resource, key.namespace, key.name)
+        };
+        ApiError::conflict(
             key,
-            "Precondition failed: UID in precondition does not match the object",
-        ));
+            &format!(
+                "StorageError: invalid object, Code: 4, Key: {etcd_key}, ResourceVersion: 0, AdditionalErrorMsg: {detail}"
+            ),
+        )
+    };
+    let uid = str_at(current, "/metadata/uid");
+    if !wanted_uid.is_empty() && wanted_uid != uid {
+        return Err(storage_error(format!(
+            "Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: {uid}"
+        )));
     }
-    let wanted_rv = str_at(options, "/preconditions/resourceVersion");
-    if !wanted_rv.is_empty() && wanted_rv != str_at(current, "/metadata/resourceVersion") {
-        return Err(ApiError::conflict(
-            key,
-            "Precondition failed: ResourceVersion in precondition does not match the object",
-        ));
+    let rv = str_at(current, "/metadata/resourceVersion");
+    if !wanted_rv.is_empty() && wanted_rv != rv {
+        return Err(storage_error(format!(
+            "Precondition failed: ResourceVersion in precondition: {wanted_rv}, ResourceVersion in meta: {rv}"
+        )));
     }
     Ok(())
 }
 
-/// A list response as [`State::list_bytes`] writes it.
+fn check_delete_preconditions(key: &ObjKey, current: &Value, options: &Value) -> ApiResult<()> {
+    check_preconditions(
+        key,
+        current,
+        str_at(options, "/preconditions/uid"),
+        str_at(options, "/preconditions/resourceVersion"),
+    )
+}
+
+/// `names.SimpleNameGenerator` (kubernetes/kubernetes
+/// `staging/src/k8s.io/apiserver/pkg/storage/names/generate.go`): the prefix cut to 58
+/// bytes, then 5 characters of `utilrand`'s alphabet (no vowels, no confusable digits).
+fn generated_name(prefix: &str, counter: u64) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut cut = prefix.len().min(58);
+    while !prefix.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let seed = uid_from(counter);
+    let suffix: String = seed
+        .bytes()
+        .take(5)
+        .map(|b| char::from(ALPHABET[usize::from(b) % ALPHABET.len()]))
+        .collect();
+    format!("{}{suffix}", &prefix[..cut])
+}
+
+/// A list response as [`State::list_bytes`] writes it, without its items.
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-struct ListDocument<'a> {
+struct ListDocument {
     api_version: String,
     kind: String,
     metadata: ListMeta,
-    items: ListedItems<'a>,
+    items: [(); 0],
 }
 
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ListMeta {
     resource_version: String,
-}
-
-/// The stored objects a filter selects, serialized in key order as they are iterated.
-struct ListedItems<'a> {
-    objects: &'a BTreeMap<ObjKey, Value>,
-    filter: &'a Filter,
-}
-
-impl serde::Serialize for ListedItems<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(
-            self.objects
-                .iter()
-                .filter(|(k, v)| self.filter.matches(k, v))
-                .map(|(_, v)| v),
-        )
-    }
 }
 
 impl State {
@@ -220,15 +253,18 @@ impl State {
             return self.commit_delete(events, key, obj);
         }
         self.drop_disabled_fields(&key, &mut obj);
+        admission::taint_nodes_by_condition(&key, old.is_none(), &mut obj);
         self.rv += 1;
-        metadata_mut(&mut obj).insert("resourceVersion".to_owned(), json!(self.rv.to_string()));
+        let rv = self.rv.to_string();
+        metadata_mut(&mut obj).insert("resourceVersion".to_owned(), json!(rv));
         let kind = if old.is_some() {
             ChangeKind::Modified
         } else {
             ChangeKind::Added
         };
+        let raw = self.seal_raw_params(&key, &rv);
         self.objects.insert(key.clone(), obj.clone());
-        self.record_change(events, kind, key, old, obj.clone());
+        self.record_change(events, kind, key, old, obj.clone(), raw);
         obj
     }
 
@@ -242,7 +278,8 @@ impl State {
         metadata_mut(&mut obj).insert("resourceVersion".to_owned(), json!(self.rv.to_string()));
         self.objects.remove(&key);
         self.applied.retain(|(k, _, _), _| *k != key);
-        self.record_change(events, ChangeKind::Deleted, key, None, obj.clone());
+        let raw = self.raw_params.remove(&key);
+        self.record_change(events, ChangeKind::Deleted, key, None, obj.clone(), raw);
         obj
     }
 
@@ -253,6 +290,7 @@ impl State {
         key: ObjKey,
         old: Option<Value>,
         new: Value,
+        raw: Option<Arc<RawParams>>,
     ) {
         let change = Arc::new(Change {
             rv: self.rv,
@@ -260,6 +298,7 @@ impl State {
             key,
             old,
             new,
+            raw,
         });
         self.history.push(Arc::clone(&change));
         // No watcher listening is not an error.
@@ -293,13 +332,23 @@ impl State {
             metadata: ListMeta {
                 resource_version: self.rv.to_string(),
             },
-            items: ListedItems {
-                objects: &self.objects,
-                filter: &filter,
-            },
+            items: [],
         };
-        serde_json::to_vec(&document)
-            .map_err(|e| ApiError::new(500, format!("cannot serialize the list: {e}")))
+        let mut out = serde_json::to_vec(&document)
+            .map_err(|e| ApiError::new(500, format!("cannot serialize the list: {e}")))?;
+        // The items go last: replace the empty list's `[]}` with the rendered objects, each
+        // with its opaque parameters as stored ([`State::render_object`]).
+        out.truncate(out.len().saturating_sub(3));
+        out.push(b'[');
+        let selected = self.objects.iter().filter(|(k, v)| filter.matches(k, v));
+        for (i, (key, obj)) in selected.enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend(self.render_object(&key.prefix, &key.resource, obj));
+        }
+        out.extend_from_slice(b"]}");
+        Ok(out)
     }
 
     fn list_document(&self, path: &ParsedPath, items: Vec<Value>) -> Value {
@@ -320,16 +369,29 @@ impl State {
             return Err(ApiError::new(405, "create needs a collection path"));
         }
         let mut obj = request.object_body()?;
-        let name = self.name_for_create(&obj)?;
-        let key = Self::key_in_collection(&request.parsed, &mut obj, name)?;
-        if self.objects.contains_key(&key) {
-            let mut err = ApiError::new(
-                409,
-                format!("{} {:?} already exists", qualified_resource(&key), key.name),
-            );
-            err.reason = "AlreadyExists";
-            return Err(err);
-        }
+        // kube-apiserver's create handler retries a generated name that is taken
+        // (RetryGenerateName, on since 1.31): up to 7 more names before AlreadyExists.
+        let generated = str_at(&obj, "/metadata/name").is_empty();
+        let mut tries = 0;
+        let key = loop {
+            let name = self.name_for_create(&obj)?;
+            let key = Self::key_in_collection(&request.parsed, &mut obj, name)?;
+            if !self.objects.contains_key(&key) {
+                break key;
+            }
+            tries += 1;
+            if !generated || tries > 7 {
+                let mut err = ApiError::new(
+                    409,
+                    format!("{} {:?} already exists", qualified_resource(&key), key.name),
+                );
+                err.reason = "AlreadyExists";
+                return Err(err);
+            }
+            metadata_mut(&mut obj).remove("name");
+        };
+        let text = std::str::from_utf8(&request.body).unwrap_or("");
+        self.admit(request, &key, None, &obj, &Write::Body(text))?;
         Ok(self.create_object(events, key, obj))
     }
 
@@ -366,18 +428,21 @@ impl State {
         }
         let generate = str_at(obj, "/metadata/generateName");
         if generate.is_empty() {
-            return Err(ApiError::new(
-                422,
-                "metadata.name: Required value: name or generateName is required",
+            // The group is not known here; the body's apiVersion names it.
+            let api_version = str_at(obj, "/apiVersion");
+            let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+            return Err(invalid(
+                group,
+                str_at(obj, "/kind"),
+                "",
+                &[FieldError::required(
+                    "metadata.name",
+                    "name or generateName is required",
+                )],
             ));
         }
         self.uids += 1;
-        let suffix: String = uid_from(self.uids)
-            .chars()
-            .filter(char::is_ascii_alphanumeric)
-            .take(5)
-            .collect();
-        Ok(format!("{generate}{suffix}"))
+        Ok(generated_name(generate, self.uids))
     }
 
     /// The key of `obj` in the collection at `path`, after checking and filling in its
@@ -441,6 +506,8 @@ impl State {
                 key.name
             )));
         }
+        // A PUT's UID is a precondition (`rest.DefaultUpdatedObjectInfo.Preconditions`).
+        check_preconditions(&key, &current, str_at(&body, "/metadata/uid"), "")?;
         Self::check_resource_version(&key, &current, &body)?;
         let next = if request.parsed.status {
             with_status_of(&current, &body)
@@ -449,6 +516,8 @@ impl State {
             self.next_main_object(&key, &current, body)
         };
         request.authorize_write(&key, Some(&current), &next)?;
+        let text = std::str::from_utf8(&request.body).unwrap_or("");
+        self.admit(request, &key, Some(&current), &next, &Write::Body(text))?;
         Ok(self.commit(events, key, next, Some(current)))
     }
 
@@ -480,6 +549,7 @@ impl State {
             let options = request.json_body()?;
             check_delete_preconditions(&key, &current, &options)?;
         }
+        self.admit_delete(request, &key, &current)?;
         Ok(self.delete_object(events, key, current))
     }
 
@@ -519,10 +589,21 @@ impl State {
             .filter(|(k, v)| filter.matches(k, v))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let deleted = doomed
-            .into_iter()
-            .map(|(key, obj)| self.delete_object(events, key, obj))
-            .collect();
-        Ok(self.list_document(&request.parsed, deleted))
+        // Validating admission runs per object (`DeleteCollection` calls `deleteValidation`
+        // for each); the objects it allows are deleted and the first denial is the answer.
+        let mut deleted = Vec::new();
+        let mut denied = None;
+        for (key, obj) in doomed {
+            match self.admit_delete(request, &key, &obj) {
+                Ok(()) => deleted.push(self.delete_object(events, key, obj)),
+                Err(err) => {
+                    denied.get_or_insert(err);
+                }
+            }
+        }
+        match denied {
+            Some(err) => Err(err),
+            None => Ok(self.list_document(&request.parsed, deleted)),
+        }
     }
 }

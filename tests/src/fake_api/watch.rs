@@ -23,6 +23,15 @@ pub(super) fn event_line(event: &str, object: &Value) -> Bytes {
     Bytes::from(line)
 }
 
+/// A watch event line around an object already serialized (with its opaque parameters as
+/// stored, which a [`Value`] cannot carry).
+pub(super) fn object_event_line(event: &str, object: &[u8]) -> Bytes {
+    let mut line = format!("{{\"type\":\"{event}\",\"object\":").into_bytes();
+    line.extend_from_slice(object);
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
+}
+
 fn expired_line(since: u64) -> Bytes {
     let err = ApiError::new(410, format!("too old resource version: {since}"));
     event_line("ERROR", &err.to_status())
@@ -136,7 +145,8 @@ impl State {
         if initial || rv.is_empty() || rv == "0" {
             for (key, obj) in &self.objects {
                 if filter.matches(key, obj) {
-                    backlog.push_back(event_line("ADDED", obj));
+                    let object = self.render_object(&key.prefix, &key.resource, obj);
+                    backlog.push_back(object_event_line("ADDED", &object));
                 }
             }
             if initial && query.flag("allowWatchBookmarks") {
