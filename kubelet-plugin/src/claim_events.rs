@@ -1,6 +1,8 @@
 //! Warning Events on prepared claims, for what happens to them on the node after prepare
-//! (an MPS daemon of their GPU died and was restarted): `kubectl describe resourceclaim`
-//! shows them next to the controller's allocation Events.
+//! (an MPS daemon of their GPU died and was restarted, the API server refused their status):
+//! `kubectl describe resourceclaim` shows them next to the controller's allocation Events.
+//! What concerns the node as a whole (its ResourceSlices cannot be published) goes on the
+//! Node, as the kubelet reports node matters.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -28,11 +30,24 @@ pub struct ClaimWarning {
     pub note: String,
 }
 
-/// Where the plugin's Warning Events about claims go.
+/// A Warning Event about this plugin's Node: what concerns the node as a whole, such as its
+/// ResourceSlices, which the kubelet-side component reports on the Node as the kubelet does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeWarning {
+    /// CamelCase reason, e.g. `WriteRefused`.
+    pub reason: &'static str,
+    /// What happened, for people.
+    pub note: String,
+}
+
+/// Where the plugin's Warning Events about claims (and about its Node) go.
 pub trait ClaimEvents: Send + Sync + 'static {
     /// Publishes `warning`. Failing to publish is logged, never fatal: an Event is a report,
     /// and what it reports has been logged and counted already.
     fn warn(&self, warning: ClaimWarning) -> BoxFuture<'_, ()>;
+
+    /// Publishes `warning` about this plugin's Node, on the same terms as [`ClaimEvents::warn`].
+    fn warn_node(&self, warning: NodeWarning) -> BoxFuture<'_, ()>;
 }
 
 /// Events through the API server (`events.k8s.io/v1`), reported as
@@ -81,16 +96,63 @@ impl ClaimEvents for KubeClaimEvents {
     fn warn(&self, warning: ClaimWarning) -> BoxFuture<'_, ()> {
         Box::pin(async move {
             let uid = warning.claim.uid.clone();
-            let api: Api<Event> = Api::namespaced(self.client.clone(), &warning.claim.namespace);
             let event = self.event(warning, Timestamp::now());
-            let params = PostParams {
-                field_manager: Some(REPORTING_CONTROLLER.to_owned()),
-                ..PostParams::default()
-            };
-            if let Err(error) = api.create(&params, &event).await {
+            if let Err(error) = self.create(event).await {
                 tracing::warn!(claim.uid = %uid, %error, "cannot publish a claim Event");
             }
         })
+    }
+
+    fn warn_node(&self, warning: NodeWarning) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let event = self.node_event(warning, Timestamp::now());
+            if let Err(error) = self.create(event).await {
+                tracing::warn!(node = %self.node, %error, "cannot publish a Node Event");
+            }
+        })
+    }
+}
+
+impl KubeClaimEvents {
+    /// Creates `event` in its namespace under the plugin's field manager.
+    async fn create(&self, event: Event) -> Result<Event, kube::Error> {
+        let namespace = event.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let params = PostParams {
+            field_manager: Some(REPORTING_CONTROLLER.to_owned()),
+            ..PostParams::default()
+        };
+        api.create(&params, &event).await
+    }
+
+    /// A Warning about the Node as the kubelet reports on its Node: regarding the reference
+    /// `NewMainKubelet` builds for Events (kubernetes/kubernetes `pkg/kubelet/kubelet.go`:
+    /// kind `Node`, the node's name as name and as UID, no namespace), in namespace `default`,
+    /// where client-go's recorder puts Events of a reference without one (`makeEvent` in
+    /// `staging/src/k8s.io/client-go/tools/record/event.go`).
+    fn node_event(&self, warning: NodeWarning, now: Timestamp) -> Event {
+        Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{}.{:x}", self.node, now.as_nanosecond())),
+                namespace: Some("default".to_owned()),
+                ..ObjectMeta::default()
+            },
+            type_: Some("Warning".to_owned()),
+            reason: Some(warning.reason.to_owned()),
+            note: Some(warning.note),
+            action: Some("Publish".to_owned()),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(self.node.clone()),
+                uid: Some(self.node.clone()),
+                ..ObjectReference::default()
+            }),
+            reporting_controller: Some(REPORTING_CONTROLLER.to_owned()),
+            reporting_instance: Some(self.node.clone()),
+            ..Event::default()
+        }
     }
 }
 
@@ -109,6 +171,7 @@ fn claim_reference(claim: &ClaimRef) -> ObjectReference {
 #[derive(Debug, Default)]
 pub struct MemoryClaimEvents {
     warnings: Mutex<Vec<ClaimWarning>>,
+    node_warnings: Mutex<Vec<NodeWarning>>,
 }
 
 impl MemoryClaimEvents {
@@ -119,11 +182,27 @@ impl MemoryClaimEvents {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+
+    /// The warnings about the Node published so far, oldest first.
+    pub fn node_warnings(&self) -> Vec<NodeWarning> {
+        self.node_warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl ClaimEvents for MemoryClaimEvents {
     fn warn(&self, warning: ClaimWarning) -> BoxFuture<'_, ()> {
         self.warnings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(warning);
+        Box::pin(async {})
+    }
+
+    fn warn_node(&self, warning: NodeWarning) -> BoxFuture<'_, ()> {
+        self.node_warnings
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(warning);

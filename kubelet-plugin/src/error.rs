@@ -19,6 +19,20 @@ pub enum Error {
     /// A Kubernetes API call failed.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// A write to the API server failed; names it, so that its failure can be told on the
+    /// object it concerns ([`crate::write_failures`]).
+    #[error("{verb} {resource} {name}: Kubernetes API: {source}")]
+    Write {
+        /// RBAC verb: `patch`, `create`, `delete`.
+        verb: &'static str,
+        /// Plural resource with subresource, e.g. `resourceslices`.
+        resource: &'static str,
+        /// The object's name.
+        name: String,
+        /// The API's answer.
+        #[source]
+        source: kube::Error,
+    },
     /// NVML could not be loaded or queried.
     #[error("NVML: {0}")]
     Nvml(String),
@@ -98,7 +112,7 @@ impl Error {
         match self {
             Error::Core(e) => e.reason(),
             Error::Api(e) => e.reason(),
-            Error::Kube(_) => "kube_api",
+            Error::Kube(_) | Error::Write { .. } => "kube_api",
             Error::Nvml(_) => "nvml",
             Error::NoDiscovery(_) => "no_discovery",
             Error::Transport(_) => "transport",
@@ -119,6 +133,21 @@ impl Error {
         Error::Internal {
             what,
             detail: detail.to_string(),
+        }
+    }
+
+    /// Builds an [`Error::Write`]: `verb` of `resource` object `name` failed with `source`.
+    pub fn write(
+        verb: &'static str,
+        resource: &'static str,
+        name: &str,
+        source: kube::Error,
+    ) -> Self {
+        Error::Write {
+            verb,
+            resource,
+            name: name.to_owned(),
+            source,
         }
     }
 

@@ -28,6 +28,7 @@ pub mod prepare_error;
 pub mod preparer;
 pub mod publish;
 pub mod spec_writer;
+pub mod write_failures;
 
 pub use error::{Error, Result};
 pub use prepare_error::PrepareError;

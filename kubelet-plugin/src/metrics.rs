@@ -2,10 +2,14 @@
 //!
 //! Every metric lives in a [`Registry`] the caller owns (no process-wide globals), under the
 //! prefix `kerf_plugin_`. [`Metrics`] is a cheap handle: the metric families share their
-//! state, so clones record into the same series.
+//! state, so clones record into the same series. Two have no prefix:
+//! `kerf_mps_daemon_restarts_total` and `kerf_api_write_failures_total{component="kubelet-plugin",
+//! resource,reason}`, the writes the API server would not take, told as Warning Events
+//! ([`crate::write_failures`]), counted alike for every kerf component.
 
 use std::time::Duration;
 
+use kerf_ops::write_failures::ApiWriteFailures;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -84,6 +88,7 @@ pub struct Metrics {
     device_health: Family<HealthLabels, Gauge>,
     faults: Family<FaultLabels, Counter>,
     claim_lookups: Family<LookupLabels, Counter>,
+    write_failures: ApiWriteFailures,
 }
 
 /// Labels of the device health gauge: `healthy`, `unhealthy` or `unknown`.
@@ -122,6 +127,7 @@ impl Metrics {
             device_health: Family::default(),
             faults: Family::default(),
             claim_lookups: Family::default(),
+            write_failures: ApiWriteFailures::new("kubelet-plugin", registry),
         };
         // Named without the plugin prefix: `kerf_mps_daemon_restarts_total` is the name admins
         // alert on, and only the plugin runs MPS daemons.
@@ -132,6 +138,12 @@ impl Metrics {
         );
         metrics.register(registry.sub_registry_with_prefix(PREFIX));
         metrics
+    }
+
+    /// The counter of writes the API server would not take (`kerf_api_write_failures_total`,
+    /// `component="kubelet-plugin"`).
+    pub fn api_write_failures(&self) -> &ApiWriteFailures {
+        &self.write_failures
     }
 
     fn register(&self, registry: &mut Registry) {

@@ -32,6 +32,7 @@ use crate::mps_daemons::MpsDaemons;
 use crate::preparer::device_status::{DeviceStatusConfig, DeviceStatusWriter};
 use crate::preparer::{Preparer, PreparerConfig};
 use crate::publish::{Publisher, SharedPublicationHandle};
+use crate::write_failures::WriteFailureReports;
 use crate::{Error, Result, discovery};
 
 /// Device nodes every CUDA process needs besides its GPUs.
@@ -298,9 +299,13 @@ pub async fn start_with(
     let shutdown = CancellationToken::new();
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
+    let reports = WriteFailureReports::new(
+        Arc::clone(&connections.events),
+        metrics.api_write_failures().clone(),
+        &config.node_name,
+    );
     let device_status = connections.device_status.map(|client| {
-        let settings = DeviceStatusConfig::new(&config.driver_name, &config.node_name);
-        DeviceStatusWriter::start(client, settings, &mut registry, shutdown.clone())
+        start_device_status(config, client, &mut registry, &shutdown, reports.clone())
     });
     let mig = crate::dynamic_mig::node::for_node(
         config,
@@ -314,7 +319,8 @@ pub async fn start_with(
 
     let (status_writer, status_task) = device_status.unzip();
     let claim_cache = connections.claim_reader.cache_task(shutdown.clone());
-    let (publisher, publication) = build_publisher(config, connections.publisher, &metrics);
+    let (publisher, publication) =
+        build_publisher(config, connections.publisher, &metrics, reports);
     let preparer = open_preparer(
         config,
         &inventory,
@@ -393,6 +399,25 @@ pub async fn start_with(
     })
 }
 
+/// Starts the per-device claim status writer, telling the writes the API server refuses
+/// through `reports`.
+fn start_device_status(
+    config: &PluginConfig,
+    client: kube::Client,
+    registry: &mut Registry,
+    shutdown: &CancellationToken,
+    reports: WriteFailureReports,
+) -> (DeviceStatusWriter, JoinHandle<Result<()>>) {
+    let settings = DeviceStatusConfig::new(&config.driver_name, &config.node_name);
+    DeviceStatusWriter::start_with_reports(
+        client,
+        settings,
+        registry,
+        shutdown.clone(),
+        Some(reports),
+    )
+}
+
 /// Opens the checkpoint and CDI directory, builds the preparer (with the per-device claim
 /// status writer, if any, and the Node's shared publication as the publisher reads it) and
 /// restores the node's state from the checkpoint: GPU sharing, then the CDI specs.
@@ -459,6 +484,7 @@ fn build_publisher(
     config: &PluginConfig,
     client: Option<kube::Client>,
     metrics: &Metrics,
+    reports: WriteFailureReports,
 ) -> (Option<(kube::Client, Publisher)>, SharedPublicationHandle) {
     let Some(client) = client else {
         return (None, SharedPublicationHandle::default());
@@ -468,7 +494,8 @@ fn build_publisher(
         config.driver_name.clone(),
         config.node_name.clone(),
         metrics.clone(),
-    );
+    )
+    .with_write_failure_reports(reports);
     let publication = publisher.shared_publication();
     (Some((client, publisher)), publication)
 }

@@ -64,6 +64,7 @@ use tokio::sync::watch;
 use crate::health::mock::NodeAnnotationSource;
 pub use shared::SharedPublicationHandle;
 
+mod failures;
 mod partitions;
 mod run;
 mod shared;
@@ -106,6 +107,8 @@ pub struct Publisher {
     taints: Option<DeviceTaints>,
     fault_annotation: Option<NodeAnnotationSource>,
     publication: SharedPublicationHandle,
+    /// Where slice writes the API server will not take are told (Warning on the Node).
+    reports: Option<crate::write_failures::WriteFailureReports>,
 }
 
 /// Where device taints come from.
@@ -147,6 +150,8 @@ struct PublishState {
     shared: shared::SharedState,
     /// Whether the server keeps partitionable devices; `None` until probed.
     partitionable: Option<bool>,
+    /// Failed slice writes in a row, and the note last told about them.
+    write_failures: failures::FailedWrites,
 }
 
 /// What one publish did.
@@ -179,7 +184,19 @@ impl Publisher {
             taints: None,
             fault_annotation: None,
             publication: SharedPublicationHandle::default(),
+            reports: None,
         }
+    }
+
+    /// Tells slice writes the API server refuses, or that keep failing, through `reports`:
+    /// a Warning Event on the Node and the write-failure metric (see `publish/failures.rs`).
+    #[must_use]
+    pub fn with_write_failure_reports(
+        mut self,
+        reports: crate::write_failures::WriteFailureReports,
+    ) -> Self {
+        self.reports = Some(reports);
+        self
     }
 
     /// Taints unhealthy devices as `policy` says, from the health `health` carries, and
@@ -244,6 +261,7 @@ impl Publisher {
         let result = self.publish_once(inventory).await;
         self.metrics
             .record_publish(result.as_ref().map(|_| ()).map_err(Error::reason));
+        self.tell_write_failure(result.as_ref().err()).await;
         match result {
             Ok(outcome) if outcome.written + outcome.deleted > 0 => {
                 tracing::info!(
@@ -393,7 +411,8 @@ impl Publisher {
         let stored = self
             .slices
             .patch(&desired.name, &params, &Patch::Apply(&slice))
-            .await?;
+            .await
+            .map_err(|e| Error::write("patch", "resourceslices", &desired.name, e))?;
         if let Some(rv) = stored.metadata.resource_version {
             self.state().written.insert(desired.name.clone(), rv);
         }
@@ -405,7 +424,7 @@ impl Publisher {
         let deleted = match self.slices.delete(name, &DeleteParams::default()).await {
             Ok(_) => true,
             Err(kube::Error::Api(status)) if status.code == 404 => false,
-            Err(err) => return Err(err.into()),
+            Err(err) => return Err(Error::write("delete", "resourceslices", name, err)),
         };
         self.state().written.remove(name);
         Ok(deleted)

@@ -54,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::gpu_sharing::GpuSharing;
 use crate::preparer::ClaimRef;
+use crate::write_failures::WriteFailureReports;
 
 /// The field manager of the plugin's writes, the same name as its Events' reporter.
 pub const FIELD_MANAGER: &str = crate::claim_events::REPORTING_CONTROLLER;
@@ -173,6 +174,8 @@ struct Shared {
     /// Claims whose entries this process applied and has not withdrawn: a repeated prepare
     /// of one of them writes nothing.
     written: Mutex<HashSet<String>>,
+    /// Where writes the API server refuses, or that fail all their attempts, are told.
+    reports: Option<WriteFailureReports>,
 }
 
 /// The handle the preparer gives status work to. Cloning is cheap; every clone feeds the same
@@ -202,6 +205,19 @@ impl DeviceStatusWriter {
         registry: &mut Registry,
         shutdown: CancellationToken,
     ) -> (Self, JoinHandle<crate::Result<()>>) {
+        Self::start_with_reports(client, config, registry, shutdown, None)
+    }
+
+    /// [`DeviceStatusWriter::start`], telling through `reports` the writes the API server
+    /// refuses (403, 422 other than a deallocated device), and those that fail every attempt:
+    /// a Warning Event on the claim and the write-failure metric, once per write.
+    pub fn start_with_reports(
+        client: kube::Client,
+        config: DeviceStatusConfig,
+        registry: &mut Registry,
+        shutdown: CancellationToken,
+        reports: Option<WriteFailureReports>,
+    ) -> (Self, JoinHandle<crate::Result<()>>) {
         let metrics = StatusMetrics::default();
         metrics.register(registry);
         metrics.enabled.set(1);
@@ -213,6 +229,7 @@ impl DeviceStatusWriter {
             disabled: AtomicBool::new(false),
             overflow_logged: AtomicBool::new(false),
             written: Mutex::new(HashSet::new()),
+            reports,
         });
         let task = tokio::spawn(Arc::clone(&shared).run(client, shutdown));
         (DeviceStatusWriter { shared }, task)
@@ -460,8 +477,13 @@ impl Shared {
                 Outcome::Dropped { label, warn } => {
                     self.metrics.count(label);
                     lock(&self.written).remove(&claim.uid);
-                    let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+                    let error = result
+                        .as_ref()
+                        .err()
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
                     if warn {
+                        self.tell(&claim, &result, (attempt, attempt)).await;
                         tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, %error, "the API server refused the per-device claim status");
                     } else {
                         tracing::debug!(claim.uid = %claim.uid, outcome = label, %error, "per-device claim status not written: the claim is gone or no longer allocated");
@@ -469,13 +491,22 @@ impl Shared {
                     return;
                 }
                 Outcome::Disable { label, why } => {
+                    if !self.is_disabled() {
+                        // Told once: the writer stops for the process lifetime.
+                        self.tell(&claim, &result, (attempt, attempt)).await;
+                    }
                     self.disable(label, &why);
                     return;
                 }
                 Outcome::Retry => {
-                    let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+                    let error = result
+                        .as_ref()
+                        .err()
+                        .map(ToString::to_string)
+                        .unwrap_or_default();
                     if attempt >= self.config.retry.attempts {
                         self.metrics.count("gave_up");
+                        self.tell(&claim, &result, (attempt, attempt)).await;
                         tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, attempts = attempt, %error, "giving up on the per-device claim status");
                         return;
                     }
@@ -489,6 +520,21 @@ impl Shared {
                     }
                 }
             }
+        }
+    }
+
+    /// Tells about the failed write of `claim`'s status at its `attempts` (attempt, budget).
+    async fn tell(
+        &self,
+        claim: &ClaimRef,
+        result: &Result<bool, kube::Error>,
+        attempts: (u32, u32),
+    ) {
+        if let (Some(reports), Err(error)) = (&self.reports, result) {
+            let write = ("patch", "resourceclaims/status");
+            reports
+                .claim_write_failed(claim, write, error, attempts)
+                .await;
         }
     }
 
@@ -530,70 +576,4 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use kube::core::Status;
-
-    fn api_error(code: u16, message: &str) -> Result<bool, kube::Error> {
-        Err(kube::Error::Api(
-            Status::failure(message, "").with_code(code).boxed(),
-        ))
-    }
-
-    #[test]
-    fn answers_are_classified_as_upstream_gives_them() {
-        assert_eq!(classify(&Ok(true), true), Outcome::Done("written"));
-        assert_eq!(classify(&Ok(true), false), Outcome::Done("withdrawn"));
-        assert!(matches!(
-            classify(&Ok(false), true),
-            Outcome::Disable {
-                label: "field_dropped",
-                ..
-            }
-        ));
-        assert_eq!(
-            classify(&api_error(404, "not found"), true),
-            Outcome::Dropped {
-                label: "claim_gone",
-                warn: false
-            }
-        );
-        assert!(matches!(
-            classify(&api_error(403, "forbidden"), true),
-            Outcome::Disable {
-                label: "forbidden",
-                ..
-            }
-        ));
-        let granular = r#"ResourceClaim.resource.k8s.io "c" is invalid: status.devices: Forbidden: changing status.devices requires resource="resourceclaims/driver", verb="[associated-node:patch arbitrary-node:patch]" permission"#;
-        assert!(matches!(
-            classify(&api_error(422, granular), true),
-            Outcome::Disable {
-                label: "forbidden",
-                ..
-            }
-        ));
-        let deallocated = r#"status.devices[0]: Invalid value: "gpu.kerf.dev/node-1/gpu-0": must be an allocated device in the claim"#;
-        assert_eq!(
-            classify(&api_error(422, deallocated), true),
-            Outcome::Dropped {
-                label: "deallocated",
-                warn: false
-            }
-        );
-        assert_eq!(
-            classify(&api_error(422, "status.devices[0].data: Too long"), true),
-            Outcome::Dropped {
-                label: "invalid",
-                warn: true
-            }
-        );
-        for transient in [409, 429, 500, 503, 504] {
-            assert_eq!(
-                classify(&api_error(transient, "busy"), true),
-                Outcome::Retry,
-                "{transient}"
-            );
-        }
-    }
-}
+mod tests;
