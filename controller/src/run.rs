@@ -137,7 +137,8 @@ pub async fn run_controllers(
 /// [`run_controllers`] plus, when `webhook` is given, the admission webhook
 /// ([`webhook::run`]), which serves on every replica, leader or standby. A webhook that fails
 /// is logged and does not stop the controllers: the API server admits pods unchanged while it
-/// is away (`failurePolicy: Ignore`).
+/// is away (`failurePolicy: Ignore`), and refuses claims and templates with a kerf config that
+/// it sends to this replica (`failurePolicy: Fail`, see `deploy/base/webhook.yaml`).
 ///
 /// # Errors
 ///
@@ -156,7 +157,7 @@ pub async fn run_controllers_and_webhook(
         let (client, metrics, stop) = (client.clone(), metrics.clone(), webhook_shutdown.clone());
         tokio::spawn(async move {
             if let Err(error) = webhook::run(webhook, client, metrics, stop).await {
-                tracing::error!(%error, "admission webhook stopped; pods are admitted without the scheduling gate");
+                tracing::error!(%error, "admission webhook stopped; pods are admitted without the scheduling gate, and claims with a kerf config sent to this replica are refused");
             }
         })
     });

@@ -92,7 +92,7 @@ fn write_number(out: &mut String, number: &Number) {
 /// least 1e21, with the exponent's leading zero dropped (`e-07` → `e-7`).
 fn go_float(f: f64) -> String {
     let magnitude = f.abs();
-    if magnitude != 0.0 && (magnitude < 1e-6 || magnitude >= 1e21) {
+    if magnitude != 0.0 && !(1e-6..1e21).contains(&magnitude) {
         // Rust's `{:e}` gives the same shortest digits as `'e', -1`, without a `+` on
         // positive exponents and without leading zeros.
         let text = format!("{f:e}");
