@@ -173,6 +173,79 @@ pub fn advice(
     }
 }
 
+/// Event reason of a write the API server refused.
+pub const WRITE_REFUSED: &str = "WriteRefused";
+/// Event reason of a write that keeps failing after its retries.
+pub const WRITE_FAILING: &str = "WriteFailing";
+
+/// One write of a component, named for its failure report: `verb` on `resource` (plural, with
+/// the subresource, as RBAC names it) of `object` (`namespace/name`, or the name of a
+/// cluster-scoped object).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteAttempt<'a> {
+    /// The component that writes: `kerf-controller`, `kerf-kubelet-plugin`.
+    pub component: &'a str,
+    /// RBAC verb: `patch`, `create`, `update`, `delete`.
+    pub verb: &'a str,
+    /// Plural resource and subresource, e.g. `resourceclaims/status`.
+    pub resource: &'a str,
+    /// The object written.
+    pub object: &'a str,
+}
+
+/// A failed write as the user is told about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// How the API server's answer was classified.
+    pub failure: WriteFailure,
+    /// The Event reason: [`WRITE_REFUSED`] or [`WRITE_FAILING`].
+    pub reason: &'static str,
+    /// The Event note: the write, the server's words and what to do.
+    pub note: String,
+}
+
+/// What to tell the user about `error` from `write` at its `attempts`-th consecutive failure;
+/// `None` when the failure is expected, or transient and within its `retry_budget` attempts.
+/// The note holds no attempt count: a failure repeated on every retry reads the same, so an
+/// event recorder can count the repeats in one Event's series.
+pub fn assess(
+    write: &WriteAttempt<'_>,
+    error: &kube::Error,
+    attempts: u32,
+    retry_budget: u32,
+) -> Option<Report> {
+    let failure = WriteFailure::of(error);
+    let WriteAttempt {
+        component,
+        verb,
+        resource,
+        object,
+    } = *write;
+    let said = server_message(error);
+    let (reason, mut note) = match failure.kind() {
+        FailureKind::Expected => return None,
+        FailureKind::Transient if attempts < retry_budget => return None,
+        FailureKind::Transient => (
+            WRITE_FAILING,
+            format!(
+                "{component} keeps failing to {verb} {resource} {object}, retrying with back-off: {said}"
+            ),
+        ),
+        FailureKind::Refused => (
+            WRITE_REFUSED,
+            format!("{component} could not {verb} {resource} {object}: {said}"),
+        ),
+    };
+    if let Some(advice) = advice(failure, verb, resource, component) {
+        note = format!("{note}. {advice}");
+    }
+    Some(Report {
+        failure,
+        reason,
+        note,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

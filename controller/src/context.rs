@@ -18,7 +18,8 @@ use crate::features::ApiSupport;
 use crate::metrics::Metrics;
 
 pub use events::EventRecorder;
-pub use write_failures::{Reported, WRITE_FAILING, WRITE_REFUSED, Write, assess};
+pub use kerf_api::write_failure::{Report, WRITE_FAILING, WRITE_REFUSED};
+pub use write_failures::{Write, assess};
 
 /// Field manager of every write of the controller: server-side apply, merge patches, creates
 /// and Events. The default of [`ControllerConfig::field_manager`], through which it is passed.

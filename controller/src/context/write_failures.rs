@@ -2,8 +2,8 @@
 //! write concerns, quoting the server's own words and what to do, and the counter
 //! `kerf_api_write_failures_total{component="controller",resource,reason}`.
 //!
-//! Which failures: refusals ([`FailureKind::Refused`]: 403, 422, 400, 413, …) at once, since
-//! retrying cannot help until someone acts; transient ones ([`FailureKind::Transient`]) only
+//! Which failures: refusals ([`kerf_api::write_failure::FailureKind::Refused`]: 403, 422, 400, 413, …) at once, since
+//! retrying cannot help until someone acts; transient ones ([`FailureKind::Transient`](kerf_api::write_failure::FailureKind::Transient)) only
 //! once they outlast the retry budget ([`KEEPS_FAILING_AFTER`] attempts); expected ones
 //! (conflict, NotFound, Gone) never — they are optimistic concurrency at work. The Event of a
 //! failure that repeats on every retry keeps the same reason and note, so the recorder folds
@@ -11,15 +11,10 @@
 //! themselves follow the object's back-off ([`super::ObjectBackoff`]).
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kerf_api::write_failure::{FailureKind, WriteFailure, advice, server_message};
+use kerf_api::write_failure::{self, Report, WriteAttempt};
 use kube::runtime::events::{Event, EventType};
 
 use super::{Context, KEEPS_FAILING_AFTER};
-
-/// Event reason of a write the API server refused.
-pub const WRITE_REFUSED: &str = "WriteRefused";
-/// Event reason of a write that keeps failing after its retries.
-pub const WRITE_FAILING: &str = "WriteFailing";
 
 /// One write of the controller, named for its failure report: `verb` on `resource` (plural,
 /// with the subresource, as RBAC names it) of object `name` in `namespace`.
@@ -60,47 +55,26 @@ impl std::fmt::Display for Write {
     }
 }
 
-/// A failed write as the user is told about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Reported {
-    /// How the API server's answer was classified.
-    pub failure: WriteFailure,
-    /// The Event reason: [`WRITE_REFUSED`] or [`WRITE_FAILING`].
-    pub reason: &'static str,
-    /// The Event note: the write, the server's words and what to do.
-    pub note: String,
-}
-
-/// What to tell the user about `error` from `write` at its `attempts`-th consecutive failure;
-/// `None` when the failure is expected, or transient and still within its retries.
+/// What to tell the user about `error` from `write` at its `attempts`-th consecutive failure
+/// by `component`; `None` when the failure is expected, or transient and still within its
+/// retries ([`KEEPS_FAILING_AFTER`] attempts). See [`kerf_api::write_failure::assess`].
 pub fn assess(
     write: &Write,
     error: &kube::Error,
     attempts: u32,
     component: &str,
-) -> Option<Reported> {
-    let failure = WriteFailure::of(error);
-    let reason = match failure.kind() {
-        FailureKind::Expected => return None,
-        FailureKind::Transient if attempts < KEEPS_FAILING_AFTER => return None,
-        FailureKind::Transient => WRITE_FAILING,
-        FailureKind::Refused => WRITE_REFUSED,
+) -> Option<Report> {
+    let object = match &write.namespace {
+        Some(namespace) => format!("{namespace}/{}", write.name),
+        None => write.name.clone(),
     };
-    let said = server_message(error);
-    // No attempt count in the note: the same failure must read the same on every retry for
-    // the recorder to count it in one Event's series.
-    let mut note = match failure.kind() {
-        FailureKind::Refused => format!("{component} could not {write}: {said}"),
-        _ => format!("{component} keeps failing to {write}, retrying with back-off: {said}"),
+    let attempt = WriteAttempt {
+        component,
+        verb: write.verb,
+        resource: write.resource,
+        object: &object,
     };
-    if let Some(advice) = advice(failure, write.verb, write.resource, component) {
-        note = format!("{note}. {advice}");
-    }
-    Some(Reported {
-        failure,
-        reason,
-        note,
-    })
+    write_failure::assess(&attempt, error, attempts, KEEPS_FAILING_AFTER)
 }
 
 impl Context {
@@ -113,7 +87,7 @@ impl Context {
         error: &kube::Error,
         attempts: u32,
         regarding: &[ObjectReference],
-    ) -> Option<Reported> {
+    ) -> Option<Report> {
         let reported = assess(write, error, attempts, &self.config.field_manager)?;
         self.metrics
             .api_write_failures()
@@ -138,6 +112,7 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kerf_api::write_failure::{WRITE_FAILING, WRITE_REFUSED};
 
     fn api(code: u16, reason: &str, message: &str) -> kube::Error {
         kube::Error::Api(
@@ -162,7 +137,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(reported.reason, WRITE_REFUSED);
-        assert_eq!(reported.failure, WriteFailure::Forbidden);
+        assert_eq!(
+            reported.failure,
+            kerf_api::write_failure::WriteFailure::Forbidden
+        );
         assert!(reported.note.contains(denied), "{}", reported.note);
         assert!(
             reported.note.contains("patch pods default/p"),
