@@ -321,7 +321,16 @@ impl TestNode {
     }
 }
 
+/// A claim allocated on [`NODE`]: an allocation without a node selector gets the one
+/// kube-scheduler's allocator writes for a node-local pool (kubernetes/kubernetes
+/// `staging/src/k8s.io/dynamic-resource-allocation/structured/allocator.go`,
+/// `createNodeSelector`: one term, `matchFields metadata.name In [<node>]`), which 1.36's
+/// device-status authorization needs to let the plugin write as `associated-node`.
 pub fn allocated_claim(name: &str, uid: &str, allocation: &Value) -> Value {
+    let mut allocation = allocation.clone();
+    if allocation.get("nodeSelector").is_none() {
+        allocation["nodeSelector"] = node_selector(NODE);
+    }
     json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
@@ -329,6 +338,13 @@ pub fn allocated_claim(name: &str, uid: &str, allocation: &Value) -> Value {
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
         "status": {"allocation": allocation}
     })
+}
+
+/// The node selector of an allocation on `node`'s local devices.
+pub fn node_selector(node: &str) -> Value {
+    json!({"nodeSelectorTerms": [{"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": [node]}
+    ]}]})
 }
 
 /// A driver root with the files a real one has, so that the mounts can be checked.

@@ -188,7 +188,14 @@ pub fn allocated_claim(
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default", "uid": uid},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.kerf.dev"}}]}},
-        "status": {"allocation": {"devices": {"results": results, "config": config}}}
+        "status": {"allocation": {
+            "devices": {"results": results, "config": config},
+            // As kube-scheduler pins a node-local allocation, which 1.36's device-status
+            // authorization needs to let the plugin write as `associated-node`.
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}
+            ]}]},
+        }}
     })
 }
 
