@@ -220,31 +220,77 @@ fn patch_text(response: &Value) -> String {
     String::from_utf8(bytes).unwrap()
 }
 
-#[tokio::test]
-async fn claims_and_templates_are_checked_and_normalized_over_https() {
-    let fake = cluster();
-    let stop = CancellationToken::new();
-    let (port, registry) = start(&fake, &stop);
-    // The CA is in every webhook of both configurations.
-    let (pod, claim) = kerf_tests::wait::eventually("both caBundles", DEADLINE, || {
-        std::future::ready(
-            bundles(&fake, POD_CONFIGURATION).zip(bundles(&fake, CLAIM_CONFIGURATION)),
-        )
-    })
-    .await;
-    assert_eq!(claim.len(), 2);
-    assert!(claim.iter().all(|b| b == &pod[0]), "{claim:?} vs {pod:?}");
-    let bundle = pod[0].clone();
+/// A running webhook: its port, the CA bundle to trust and its metrics.
+struct Served {
+    port: u16,
+    bundle: String,
+    registry: Registry,
+    stop: CancellationToken,
+    _fake: FakeApi,
+}
 
-    // A claim written by Python: the kerf config becomes compact and sorted.
+impl Served {
+    /// Starts the webhook and waits until its CA is in every webhook of both configurations
+    /// and it answers.
+    async fn start() -> Self {
+        let fake = cluster();
+        let stop = CancellationToken::new();
+        let (port, registry) = start(&fake, &stop);
+        let (pod, claim) = kerf_tests::wait::eventually("both caBundles", DEADLINE, || {
+            std::future::ready(
+                bundles(&fake, POD_CONFIGURATION).zip(bundles(&fake, CLAIM_CONFIGURATION)),
+            )
+        })
+        .await;
+        assert_eq!(claim.len(), 2);
+        assert!(claim.iter().all(|b| b == &pod[0]), "{claim:?} vs {pod:?}");
+        let bundle = pod[0].clone();
+        // Not a review (HTTP 400): counted apart from the claim reviews the tests count.
+        let probe = "{}".to_owned();
+        kerf_tests::wait::eventually("the webhook", DEADLINE, || async {
+            post(port, &bundle, probe.clone()).await.ok()
+        })
+        .await;
+        Self {
+            port,
+            bundle,
+            registry,
+            stop,
+            _fake: fake,
+        }
+    }
+
+    /// Posts a review; returns its `response` after the checks of `VerifyAdmissionResponse`.
+    async fn review(&self, uid: &str, kind: &str, request_version: &str, object: &str) -> Value {
+        let body = review(uid, kind, request_version, object);
+        let (status, answer) = post(self.port, &self.bundle, body).await.unwrap();
+        assert_eq!(status, 200, "{answer}");
+        response(uid, &answer).clone()
+    }
+
+    fn metrics(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
+        text
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+#[tokio::test]
+async fn claims_written_by_python_are_normalized_over_https() {
+    let served = Served::start().await;
+    // A claim written by Python: the kerf config (index 1) becomes compact and sorted; the
+    // other driver's config (index 0) is not touched.
     let spaced = r#"{"memory": "10Gi", "kind": "GpuClaimParameters", "apiVersion": "gpu.kerf.dev/v1alpha1", "compute": 50}"#;
-    let body = review("uid-py", "ResourceClaim", "v1", &python_claim(spaced));
-    let (status, answer) = kerf_tests::wait::eventually("the webhook", DEADLINE, || async {
-        post(port, &bundle, body.clone()).await.ok()
-    })
-    .await;
-    assert_eq!(status, 200);
-    let patch = patch_text(response("uid-py", &answer));
+    let answer = served
+        .review("uid-py", "ResourceClaim", "v1", &python_claim(spaced))
+        .await;
+    let patch = patch_text(&answer);
     assert_eq!(
         patch,
         r#"[{"op":"replace","path":"/spec/devices/config/1/opaque/parameters","value":{"apiVersion":"gpu.kerf.dev/v1alpha1","compute":50,"kind":"GpuClaimParameters","memory":"10Gi"}}]"#
@@ -256,69 +302,72 @@ async fn claims_and_templates_are_checked_and_normalized_over_https() {
     assert_eq!(object, before, "the same values, only their bytes change");
 
     // Through v1beta1 (converted to v1 by matchPolicy Equivalent): the same answer.
-    let body = review(
-        "uid-beta",
-        "ResourceClaim",
-        "v1beta1",
-        &python_claim(spaced),
-    );
-    let (_, answer) = post(port, &bundle, body).await.unwrap();
-    assert_eq!(patch_text(response("uid-beta", &answer)), patch);
+    let answer = served
+        .review(
+            "uid-beta",
+            "ResourceClaim",
+            "v1beta1",
+            &python_claim(spaced),
+        )
+        .await;
+    assert_eq!(patch_text(&answer), patch);
 
     // A template, at its own path.
     let parameters = r#"{"kind": "GpuClaimParameters", "apiVersion": "gpu.kerf.dev/v1alpha1", "sharing": "MPS"}"#;
-    let body = review(
-        "uid-t",
-        "ResourceClaimTemplate",
-        "v1",
-        &python_template(parameters),
-    );
-    let (_, answer) = post(port, &bundle, body).await.unwrap();
+    let template = python_template(parameters);
+    let answer = served
+        .review("uid-t", "ResourceClaimTemplate", "v1", &template)
+        .await;
     assert_eq!(
-        patch_text(response("uid-t", &answer)),
+        patch_text(&answer),
         r#"[{"op":"replace","path":"/spec/spec/devices/config/0/opaque/parameters","value":{"apiVersion":"gpu.kerf.dev/v1alpha1","kind":"GpuClaimParameters","sharing":"MPS"}}]"#
     );
+    let text = served.metrics();
+    for (resource, count) in [("resourceclaims", 2), ("resourceclaimtemplates", 1)] {
+        let line = format!(
+            r#"kerf_controller_claim_admissions_total{{resource="{resource}",outcome="normalized"}} {count}"#
+        );
+        assert!(text.contains(&line), "{line}\n{text}");
+    }
+}
 
-    // Invalid parameters: denied as kube-apiserver denies invalid fields, naming field and value.
+#[tokio::test]
+async fn invalid_parameters_are_denied_naming_field_and_value() {
+    let served = Served::start().await;
     let invalid =
         r#"{"apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters", "compute": 150}"#;
-    let body = review("uid-bad", "ResourceClaim", "v1", &python_claim(invalid));
-    let (status, answer) = post(port, &bundle, body).await.unwrap();
-    assert_eq!(status, 200);
-    let denied = response("uid-bad", &answer);
-    assert_eq!(denied["allowed"], false, "{answer}");
-    assert!(denied.get("patch").is_none(), "{answer}");
-    assert_eq!(denied["status"]["code"], 422, "{answer}");
-    assert_eq!(denied["status"]["reason"], "Invalid", "{answer}");
+    let denied = served
+        .review("uid-bad", "ResourceClaim", "v1", &python_claim(invalid))
+        .await;
+    assert_eq!(denied["allowed"], false, "{denied}");
+    assert!(denied.get("patch").is_none(), "{denied}");
+    // As kube-apiserver refuses an invalid field: 422 Invalid, a FieldValueInvalid cause.
+    assert_eq!(denied["status"]["code"], 422, "{denied}");
+    assert_eq!(denied["status"]["reason"], "Invalid", "{denied}");
     assert_eq!(
         denied["status"]["message"],
         "spec.devices.config[1].opaque.parameters.compute: 150 is out of range 1-100"
     );
+    let cause = &denied["status"]["details"]["causes"][0];
     assert_eq!(
-        denied["status"]["details"]["causes"][0]["field"],
+        cause["field"],
         "spec.devices.config[1].opaque.parameters.compute"
     );
+    assert_eq!(cause["reason"], "FieldValueInvalid");
+    let line =
+        r#"kerf_controller_claim_admissions_total{resource="resourceclaims",outcome="denied"} 1"#;
+    assert!(served.metrics().contains(line), "{}", served.metrics());
+}
 
-    // Another driver's config only: admitted unchanged.
+#[tokio::test]
+async fn claims_without_a_kerf_config_are_admitted_unchanged() {
+    let served = Served::start().await;
     let other = python_claim(r#"{"x": 1}"#).replace("gpu.kerf.dev", "else.example.com");
-    let body = review("uid-other", "ResourceClaim", "v1", &other);
-    let (_, answer) = post(port, &bundle, body).await.unwrap();
-    let unchanged = response("uid-other", &answer);
-    assert_eq!(unchanged["allowed"], true, "{answer}");
-    assert!(unchanged.get("patch").is_none(), "{answer}");
-
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    for (resource, outcome, count) in [
-        ("resourceclaims", "normalized", 2),
-        ("resourceclaimtemplates", "normalized", 1),
-        ("resourceclaims", "denied", 1),
-        ("resourceclaims", "no_kerf_config", 1),
-    ] {
-        let line = format!(
-            r#"kerf_controller_claim_admissions_total{{resource="{resource}",outcome="{outcome}"}} {count}"#
-        );
-        assert!(text.contains(&line), "{line}\n{text}");
-    }
-    stop.cancel();
+    let unchanged = served
+        .review("uid-other", "ResourceClaim", "v1", &other)
+        .await;
+    assert_eq!(unchanged["allowed"], true, "{unchanged}");
+    assert!(unchanged.get("patch").is_none(), "{unchanged}");
+    let line = r#"kerf_controller_claim_admissions_total{resource="resourceclaims",outcome="no_kerf_config"} 1"#;
+    assert!(served.metrics().contains(line), "{}", served.metrics());
 }
