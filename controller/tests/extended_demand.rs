@@ -14,6 +14,10 @@
     clippy::panic,
     reason = "test code: a failed unwrap is a failed test"
 )]
+#![allow(
+    clippy::needless_pass_by_value,
+    reason = "fixtures take JSON values as the tests write them"
+)]
 
 mod claim_cluster;
 

@@ -148,8 +148,7 @@ async fn kube_scheduler_allocates_two_slices_of_one_gpu() -> Result<()> {
                         env.api::<Pod>()
                             .get("share-a")
                             .await
-                            .map(|p| cluster::describe_pod(&p))
-                            .unwrap_or_else(|e| e.to_string())
+                            .map_or_else(|e| e.to_string(), |p| cluster::describe_pod(&p))
                     ))
                 } else {
                     Poll::Ready(())

@@ -9,7 +9,9 @@
 //! asks `count: <quantity>` devices of the class per container; the claim only reaches the
 //! API server at PreBind (`createExtendedResourceClaimInAPI`), already placed. Until then
 //! nothing in the cluster names the devices the pod waits for, so kerf-controller reads the
-//! pod's requests itself.
+//! pod's requests itself. A node whose device plugin advertises the name serves the pod
+//! without DRA (`filterExtendedResources`); a GPU lent for such a pod goes back after the
+//! linger period, like one lent for a pod whose selector refuses it.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -129,6 +131,10 @@ fn keep_max(into: &mut BTreeMap<String, u64>, from: &BTreeMap<String, u64>) {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::needless_pass_by_value,
+    reason = "fixtures take JSON values as the tests write them"
+)]
 mod tests {
     use super::*;
     use serde_json::json;
