@@ -116,7 +116,7 @@ impl Attributes {
     /// requires) or `deletecollection`.
     fn settle_collection_verb(&mut self, query: &Query) {
         if self.name.is_empty() && self.verb == "get" {
-            self.verb = if query.flag("watch") { "watch" } else { "list" }.to_owned();
+            if query.flag("watch") { "watch" } else { "list" }.clone_into(&mut self.verb);
         }
         if self.name.is_empty() && matches!(self.verb.as_str(), "list" | "watch") {
             self.name = query

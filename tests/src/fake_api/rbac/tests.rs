@@ -19,7 +19,12 @@ fn rbac_manifests_are_every_rbac_file_of_deploy_base() {
     let mut on_disk: Vec<String> = std::fs::read_dir(&base)
         .unwrap()
         .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-        .filter(|name| name.contains("rbac") && name.ends_with(".yaml"))
+        .filter(|name| {
+            name.contains("rbac")
+                && std::path::Path::new(name)
+                    .extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("yaml"))
+        })
         .map(|name| format!("deploy/base/{name}"))
         .collect();
     on_disk.sort();
