@@ -3,7 +3,7 @@
 //! at once, a transient failure once it outlasts [`RETRY_BUDGET`] publishes in a row. One
 //! Warning per distinct failure until a publish succeeds: the publisher retries with its own
 //! back-off, and each retry's failure reads the same, so telling it again would only repeat
-//! the first Event. The write-failure metric counts every told failure.
+//! the first Event. The write-failure metric counts each of those failures, told or repeated.
 
 use kerf_api::write_failure::Report;
 
@@ -53,10 +53,14 @@ impl Publisher {
             attempts,
             RETRY_BUDGET,
         );
-        let Some(Report { note, .. }) = assessed else {
+        let Some(Report { note, failure, .. }) = assessed else {
             return;
         };
         if self.state().write_failures.told.as_ref() == Some(&note) {
+            // Told already: only counted.
+            self.metrics
+                .api_write_failures()
+                .record(resource, failure.label());
             return;
         }
         let told = reports
