@@ -335,7 +335,7 @@ impl FakeApi {
             tokio::time::sleep(delay).await;
         }
         if let Some(fault) = fault {
-            return error_response(&ApiError::new(fault, "injected fault"));
+            return error_response(&fault);
         }
         // kube-apiserver's authorization filter runs before any handler, so a request the
         // user may not make is 403 even where the path names nothing.
