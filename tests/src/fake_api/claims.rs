@@ -144,7 +144,6 @@ enum Effect {
 /// evanphx json-patch v4 `Patch.Apply`: ancestors of every `path`/`from` are decoded (so an
 /// operation inside the parameters re-encodes them), `add`/`replace` at or above them put the
 /// patch's own text, `test` at an ancestor compares (and so decodes) the whole subtree.
-
 fn json_patch_effect(body: &str, ops: &Value, pointer: &str) -> Effect {
     let mut effect = Effect::Untouched;
     let inside = |path: &str| {
