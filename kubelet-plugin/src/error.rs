@@ -29,9 +29,10 @@ pub enum Error {
         resource: &'static str,
         /// The object's name.
         name: String,
-        /// The API's answer.
+        /// The API's answer, boxed so that this variant keeps the error no larger than
+        /// [`Error::Kube`] (errors travel by value through every `Result`).
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// NVML could not be loaded or queried.
     #[error("NVML: {0}")]
@@ -147,7 +148,7 @@ impl Error {
             verb,
             resource,
             name: name.to_owned(),
-            source,
+            source: Box::new(source),
         }
     }
 

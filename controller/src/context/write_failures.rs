@@ -139,7 +139,7 @@ mod tests {
         assert_eq!(reported.reason, WRITE_REFUSED);
         assert_eq!(
             reported.failure,
-            kerf_api::write_failure::WriteFailure::Forbidden
+            write_failure::WriteFailure::Forbidden
         );
         assert!(reported.note.contains(denied), "{}", reported.note);
         assert!(
