@@ -137,10 +137,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(reported.reason, WRITE_REFUSED);
-        assert_eq!(
-            reported.failure,
-            write_failure::WriteFailure::Forbidden
-        );
+        assert_eq!(reported.failure, write_failure::WriteFailure::Forbidden);
         assert!(reported.note.contains(denied), "{}", reported.note);
         assert!(
             reported.note.contains("patch pods default/p"),
