@@ -1,0 +1,317 @@
+//! The flow of `permissions.rs`: the kubelet plugin and kerf-controller (with its webhook)
+//! doing, against one [`FakeApi`] and as their ServiceAccounts, everything deploy/ grants
+//! them rights for. Objects a user, kube-scheduler or the kubelet would write are written as
+//! the cluster admin.
+#![allow(
+    clippy::unwrap_used,
+    reason = "the flow's steps fail the test the same way inside or outside #[test] functions"
+)]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::time::Duration;
+
+use kerf_api::claim_node_label::CLAIM_NODE_LABEL;
+use kerf_api::controller_claims::{FINALIZER, SCHEDULING_GATE};
+use kerf_controller::claims::ownership::OwnershipTiming;
+use kerf_controller::claims::{CONDITION_TYPE, ClaimSettings};
+use kerf_controller::default_classes::{self, DefaultClasses};
+use kerf_controller::webhook::{Certificates, SelfSigned, WebhookConfig};
+use kerf_controller::{BackoffConfig, Config, ControllerConfig, FIELD_MANAGER, LeaseConfig};
+use kerf_kubelet_plugin::claim_events::{ClaimEvents as _, ClaimWarning, KubeClaimEvents};
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_kubelet_plugin::preparer::ClaimRef;
+use kerf_proto::client::{KNOWN_SERVICES, KubeletClient};
+use kerf_tests::fake_api::{FakeApi, Identity, KERF_NAMESPACE};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::common::{self, DRIVER, NODE, TestNode, eventually, uid};
+
+const WAIT: Duration = Duration::from_secs(20);
+/// The default class kerf-controller allocates (`deploy/base/gpuclasses.yaml`).
+const CONTROLLER_CLASS: &str = "slice.gpu.kerf.dev";
+/// The MutatingWebhookConfigurations of `deploy/base/webhook.yaml`, whose caBundle the
+/// webhook keeps.
+const WEBHOOK_CONFIGURATIONS: [&str; 2] = ["kerf-scheduling-gate", "kerf-claim-parameters"];
+const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
+const PODS: &str = "/api/v1/namespaces/default/pods";
+
+/// The node as the kubelet registers it: Ready, with its host name label.
+pub fn ready_node(fake: &FakeApi) {
+    fake.insert(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }));
+}
+
+/// The plugin publishes its slices (watching its Node), prepares a claim kube-scheduler
+/// allocated (reading it, writing its device status as `associated-node`), reports a claim
+/// Event and unprepares. It keeps running, publishing, for the controller's flow; its
+/// shutdown deletes the slices.
+pub async fn plugin(node: &TestNode) -> RunningPlugin {
+    let claim_uid = uid(1);
+    node.device_claim("whole", &claim_uid, "gpu-0");
+    let mut config = node.config();
+    config.publish_resources = true;
+    let connections = Connections::kube(node.plugin_client(), NODE, true);
+    let options = plugin::StartOptions::defaults(true);
+    let running = plugin::start_with(&config, &options, node.inventory(), connections)
+        .await
+        .unwrap();
+    let kubelet = KubeletClient::new()
+        .knowing(&KNOWN_SERVICES)
+        .register(&config.registration_socket)
+        .await
+        .unwrap();
+    let claim = kerf_proto::client::Claim::new(common::NAMESPACE, "whole", &claim_uid);
+    let answers = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();
+    assert!(answers[&claim_uid].is_ok(), "{answers:?}");
+    let path = format!("{CLAIMS}/whole");
+    eventually("the claim's device status", WAIT, || {
+        node.api.get(&path).is_some_and(|c| {
+            c["status"]["devices"]
+                .as_array()
+                .is_some_and(|d| !d.is_empty())
+        })
+    })
+    .await;
+    eventually("the slices are published", WAIT, || {
+        !node
+            .api
+            .list("/apis/resource.k8s.io/v1/resourceslices")
+            .is_empty()
+    })
+    .await;
+    KubeClaimEvents::new(node.plugin_client(), NODE)
+        .warn(ClaimWarning {
+            claim: ClaimRef {
+                uid: claim_uid.clone(),
+                namespace: common::NAMESPACE.to_owned(),
+                name: "whole".to_owned(),
+            },
+            reason: "PermissionCheck",
+            note: "an Event the test sends".to_owned(),
+        })
+        .await;
+    let answers = kubelet.unprepare(&[claim]).await.unwrap();
+    assert!(answers[&claim_uid].is_ok(), "{answers:?}");
+    eventually("the device status withdrawn", WAIT, || {
+        node.api
+            .get(&path)
+            .is_some_and(|c| c["status"]["devices"].as_array().is_none_or(Vec::is_empty))
+    })
+    .await;
+    running
+}
+
+/// kerf-controller as `main` runs it (leader election, the controllers, the default classes,
+/// the webhook with a self-signed certificate): it creates the default GpuClasses and their
+/// record, turns each into a DeviceClass and its status, keeps the webhooks' caBundle, fills
+/// the webhook's caches (claims, claim templates, DeviceClasses), and then allocates a
+/// claim end to end ([`claim_path`]).
+pub async fn controller(fake: &FakeApi) {
+    for name in WEBHOOK_CONFIGURATIONS {
+        fake.insert(json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{"name": format!("{name}.gpu.kerf.dev"), "clientConfig": {}}],
+        }));
+    }
+    // A template a pod would name: the webhook's cache lists it.
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "slice-template", "namespace": common::NAMESPACE},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": CONTROLLER_CLASS}}
+        ]}}},
+    }));
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/gpuclasses.yaml");
+    let defaults = DefaultClasses::load(&shipped, KERF_NAMESPACE).unwrap();
+    let mut controllers = kerf_controller::controllers();
+    controllers.push(default_classes::task(defaults));
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(kerf_controller::run_controllers_and_webhook(
+        config(),
+        Some(webhook()),
+        fake.client_as(Identity::kerf_controller()),
+        stop.clone(),
+        controllers,
+    ));
+    eventually("the caBundle of both webhook configurations", WAIT, || {
+        WEBHOOK_CONFIGURATIONS.iter().all(|name| {
+            fake.get(&format!(
+                "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
+            ))
+            .is_some_and(|c| c["webhooks"][0]["clientConfig"]["caBundle"].is_string())
+        })
+    })
+    .await;
+    eventually("the webhook's template cache filled", WAIT, || {
+        checked(fake, "watch", "resourceclaimtemplates")
+    })
+    .await;
+    eventually("the controller class's DeviceClass", WAIT, || {
+        fake.get(&format!(
+            "/apis/resource.k8s.io/v1/deviceclasses/{CONTROLLER_CLASS}"
+        ))
+        .is_some()
+    })
+    .await;
+    claim_path(fake).await;
+    stop.cancel();
+    run.await.unwrap().unwrap();
+}
+
+/// Whether kerf-controller was allowed `verb` on `resource` (`resource/subresource`).
+fn checked(fake: &FakeApi, verb: &str, resource: &str) -> bool {
+    let user = Identity::kerf_controller().username;
+    fake.authorization_checks().iter().any(|c| {
+        c.allowed
+            && c.user == user
+            && c.attributes.verb == verb
+            && c.attributes.combined_resource() == resource
+    })
+}
+
+/// A pod gated as the webhook gates it gets its controller-class claim allocated (finalizer,
+/// node label, status through `binding`), its gate removed and the claim's Event; a pod
+/// whose claim fits nowhere gets the condition that says so and the repeated Warning as a
+/// series patch; once the first pod is deleted, its claim is deallocated and released.
+async fn claim_path(fake: &FakeApi) {
+    claim(fake, "train", 1);
+    pod(fake, "train", "train");
+    let allocated = |c: &Value| !c["status"]["allocation"].is_null();
+    eventually("claim train allocated and labelled", WAIT, || {
+        fake.get(&format!("{CLAIMS}/train"))
+            .is_some_and(|c| allocated(&c) && c["metadata"]["labels"][CLAIM_NODE_LABEL] == NODE)
+    })
+    .await;
+    eventually("the pod's scheduling gate removed", WAIT, || {
+        fake.get(&format!("{PODS}/train")).is_some_and(|p| {
+            p["spec"]["schedulingGates"]
+                .as_array()
+                .is_none_or(Vec::is_empty)
+        })
+    })
+    .await;
+
+    // More GPUs than the node has: the pod's condition says why, and the retries repeat the
+    // Warning.
+    claim(fake, "too-big", 3);
+    pod(fake, "waits", "too-big");
+    eventually("the waiting pod's condition", WAIT, || {
+        fake.get(&format!("{PODS}/waits")).is_some_and(|p| {
+            p["status"]["conditions"]
+                .as_array()
+                .is_some_and(|conditions| {
+                    conditions
+                        .iter()
+                        .any(|c| c["type"] == CONDITION_TYPE && c["status"] == "False")
+                })
+        })
+    })
+    .await;
+    eventually("a repeated Warning patched into its series", WAIT, || {
+        checked(fake, "patch", "events")
+    })
+    .await;
+
+    fake.remove(&format!("{PODS}/train"));
+    eventually("claim train deallocated and released", WAIT, || {
+        fake.get(&format!("{CLAIMS}/train")).is_some_and(|c| {
+            !allocated(&c)
+                && c["metadata"]["finalizers"]
+                    .as_array()
+                    .is_none_or(|f| !f.iter().any(|f| f == FINALIZER))
+        })
+    })
+    .await;
+}
+
+/// A user's claim of `count` slices of the controller class.
+fn claim(fake: &FakeApi, name: &str, count: u32) {
+    let parameters = json!({
+        "apiVersion": "gpu.kerf.dev/v1alpha1",
+        "kind": "GpuClaimParameters",
+        "memory": "10Gi",
+        "compute": 10,
+    });
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": common::NAMESPACE},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": CONTROLLER_CLASS, "count": count, "allocationMode": "ExactCount",
+            }}],
+            "config": [{"opaque": {"driver": DRIVER, "parameters": parameters}}],
+        }},
+    }));
+}
+
+/// An unscheduled pod `name` using `claim`, created with kerf's scheduling gate as the
+/// webhook adds it.
+fn pod(fake: &FakeApi, name: &str, claim: &str) {
+    fake.insert(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": common::NAMESPACE},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "schedulingGates": [{"name": SCHEDULING_GATE}],
+        },
+        "status": {"phase": "Pending"},
+    }));
+}
+
+/// The flags `deploy/base/controller.yaml` sets, with timings short enough for a test.
+fn config() -> Config {
+    let settings = ClaimSettings {
+        unplaceable_retry: Duration::from_millis(200),
+        pending_retry: Duration::from_millis(100),
+        ownership: OwnershipTiming {
+            settle: Duration::from_millis(50),
+            linger: Duration::from_secs(1),
+        },
+        ownership_tick: Duration::from_millis(20),
+        ..ClaimSettings::default()
+    };
+    Config {
+        controller: ControllerConfig {
+            backoff: BackoffConfig {
+                base: Duration::from_millis(50),
+                max: Duration::from_secs(1),
+            },
+            claims: settings,
+            ..ControllerConfig::new(DRIVER)
+        },
+        leader_election: Some(LeaseConfig::new(
+            "kerf-controller",
+            KERF_NAMESPACE,
+            "replica-a",
+        )),
+        metrics_address: None,
+    }
+}
+
+/// The webhook with its self-signed certificate, on a port of its own.
+fn webhook() -> WebhookConfig {
+    WebhookConfig {
+        address: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        driver_name: DRIVER.to_owned(),
+        field_manager: FIELD_MANAGER.to_owned(),
+        certificates: Certificates::SelfSigned(SelfSigned {
+            service: "kerf-webhook".to_owned(),
+            namespace: KERF_NAMESPACE.to_owned(),
+            webhook_configurations: WEBHOOK_CONFIGURATIONS.map(str::to_owned).to_vec(),
+            validity: Duration::from_secs(3600),
+            renew_before: Duration::from_secs(600),
+        }),
+    }
+}
