@@ -4,7 +4,7 @@
 mod events;
 mod write_failures;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -113,6 +113,8 @@ pub struct Failure {
 #[derive(Debug, Default)]
 pub struct ObjectBackoff {
     failures: Mutex<HashMap<String, (u32, Instant)>>,
+    /// Keys whose last failure was refused by the API server ([`ObjectBackoff::hold`]).
+    held: Mutex<HashSet<String>>,
 }
 
 impl ObjectBackoff {
@@ -141,14 +143,46 @@ impl ObjectBackoff {
             .is_some_and(|(count, last)| last.elapsed() < config.delay(*count))
     }
 
+    /// How much longer `key`'s next attempt must wait, when its last failure was a refused
+    /// write ([`ObjectBackoff::hold`]) and the delay after its consecutive failures has not
+    /// passed yet.
+    pub fn held_for(&self, config: &BackoffConfig, key: &str) -> Option<Duration> {
+        let failures = self.lock();
+        let (count, last) = failures.get(key)?;
+        if !self.held(key) {
+            return None;
+        }
+        config
+            .delay(*count)
+            .checked_sub(last.elapsed())
+            .filter(|d| !d.is_zero())
+    }
+
+    /// Marks `key`'s current failure as one the API server refused: until its back-off delay
+    /// has passed, [`ObjectBackoff::held_for`] tells reconciles to wait. A refusal does not
+    /// go away by itself, and the object's own watch events (a rollback of the failed
+    /// write's earlier steps changes it) would otherwise bring it back at once, in a loop.
+    pub fn hold(&self, key: &str) {
+        self.held_keys().insert(key.to_owned());
+    }
+
+    fn held(&self, key: &str) -> bool {
+        self.held_keys().contains(key)
+    }
+
+    fn held_keys(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Forgets the failures of `key` after it succeeded.
     pub fn succeeded(&self, key: &str) {
-        self.lock().remove(key);
+        self.forget(key);
     }
 
     /// Forgets `key`, whose object is gone.
     pub fn forget(&self, key: &str) {
         self.lock().remove(key);
+        self.held_keys().remove(key);
     }
 
     /// Consecutive failures of `key` so far.

@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_api::write_failure::{FailureKind, WriteFailure};
 use kube::ResourceExt as _;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
@@ -52,6 +53,10 @@ pub(super) const CONTROLLER: &str = "resourceclaim";
 /// API failures (retried with per-object back-off by [`error_policy`]).
 pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<ClaimsContext>) -> Result<Action> {
     ctx.wait_ready().await?;
+    let key = backoff_key(&claim);
+    if let Some(wait) = ctx.base.backoff.held_for(&ctx.base.config.backoff, &key) {
+        return Ok(Action::requeue(wait));
+    }
     let started = Instant::now();
     let result = reconcile_claim(&claim, &ctx).await;
     ctx.base.metrics.record_reconcile(
@@ -59,11 +64,13 @@ pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<ClaimsContext>) -> Re
         result.as_ref().map(|_| ()).map_err(Error::reason),
         started.elapsed(),
     );
-    let key = backoff_key(&claim);
     if let Err(Error::Write { write, source }) = &result {
         // error_policy counts this failure after the reconcile returns.
         let attempts = ctx.base.backoff.failures(&key).saturating_add(1);
         report::write_failed(&ctx, write, source, attempts).await;
+        if WriteFailure::of(source).kind() == FailureKind::Refused {
+            ctx.base.backoff.hold(&key);
+        }
     }
     if result.is_ok() {
         ctx.base.backoff.succeeded(&key);

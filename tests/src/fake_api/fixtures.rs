@@ -209,3 +209,35 @@ impl FakeApi {
         self.state().rv
     }
 }
+
+impl FakeApi {
+    /// Sends `body` byte for byte as the cluster admin, as a client that writes its own JSON
+    /// (Python's `json.dumps`, curl) does — `kube::Api` would re-encode it — and answers the
+    /// status code and the response's JSON (`null` when it is none).
+    pub async fn request_raw(
+        &self,
+        method: &str,
+        path: &str,
+        content_type: &str,
+        body: &[u8],
+    ) -> (u16, Value) {
+        use http_body_util::BodyExt as _;
+        use tower::ServiceExt as _;
+        let request = match http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(kube::client::Body::from(body.to_vec()))
+        {
+            Ok(request) => request,
+            Err(e) => fixture_bug(&format!("{method} {path}: {e}")),
+        };
+        let Ok(response) = self.clone().oneshot(request).await;
+        let code = response.status().as_u16();
+        let bytes = match response.into_body().collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(never) => match never {},
+        };
+        (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+}
