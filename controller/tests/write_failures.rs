@@ -293,3 +293,32 @@ async fn a_claim_whose_writes_are_immutable_is_told_on_claim_and_pod_and_backed_
     );
     controller.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allocation_refused_after_the_claim_was_marked_is_not_retried_in_a_loop() {
+    // The metadata patch (finalizer, node annotation) succeeds, the status write is refused,
+    // and the rollback of the metadata changes the claim again: its watch events must not
+    // bring the claim back before its back-off is over.
+    let fake = cluster();
+    claim(&fake, "status-refused");
+    gated_pod(&fake, "waits-for-status", "status-refused");
+    let status = format!("{CLAIMS}/status-refused/status");
+    fake.fail_next_with(
+        "PATCH",
+        &status,
+        403,
+        "Forbidden",
+        r#"resourceclaims.resource.k8s.io "status-refused" is forbidden: User "system:serviceaccount:kerf-system:kerf-controller" cannot patch resource "resourceclaims/status" in API group "resource.k8s.io" in the namespace "default""#,
+        usize::MAX,
+    );
+    let controller = Controller::start(&fake);
+    warning(&fake, "ResourceClaim", "status-refused", "WriteRefused").await;
+    let before = fake.count("PATCH", &status);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let attempts = fake.count("PATCH", &status) - before;
+    assert!(
+        attempts <= 8,
+        "{attempts} status writes in 4 s: the refused claim is retried without back-off"
+    );
+    controller.stop().await;
+}
