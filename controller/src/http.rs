@@ -3,7 +3,10 @@
 //!
 //! `/readyz` answers 200 once this replica takes part in the election (or runs without one),
 //! as leader or standby: a standby that reported not-ready would block rolling updates of the
-//! Deployment without making anything safer. The body says which role the replica has.
+//! Deployment without making anything safer. The body says which role the replica has. A
+//! replica that runs the admission webhook is ready only while the webhook serves: the
+//! webhook Service sends reviews to ready replicas, and kube-apiserver refuses a claim with a
+//! kerf config whose review finds no answer (`failurePolicy: Fail`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +23,8 @@ use crate::error::{Error, Result};
 pub struct Health {
     started: Arc<AtomicBool>,
     leader: Arc<AtomicBool>,
+    /// Set when this replica runs the webhook: whether it serves now.
+    webhook: Option<Arc<AtomicBool>>,
 }
 
 impl Health {
@@ -38,9 +43,23 @@ impl Health {
         self.leader.store(leader, Ordering::Release);
     }
 
+    /// This replica runs the admission webhook, which sets `serving` while it serves.
+    #[must_use]
+    pub fn with_webhook(mut self, serving: Arc<AtomicBool>) -> Self {
+        self.webhook = Some(serving);
+        self
+    }
+
     /// Whether the replica is ready.
     pub fn is_ready(&self) -> bool {
-        self.started.load(Ordering::Acquire)
+        self.started.load(Ordering::Acquire) && self.webhook_serving()
+    }
+
+    /// Whether the webhook serves, or the replica runs none.
+    fn webhook_serving(&self) -> bool {
+        self.webhook
+            .as_ref()
+            .is_none_or(|serving| serving.load(Ordering::Acquire))
     }
 
     /// Whether the replica leads.
@@ -51,6 +70,9 @@ impl Health {
 
 impl kerf_ops::http::Readiness for Health {
     fn readiness(&self) -> Result<String, String> {
+        if !self.webhook_serving() {
+            return Err("the admission webhook is not serving".to_owned());
+        }
         match (self.is_ready(), self.is_leader()) {
             (true, true) => Ok("ok: leader".to_owned()),
             (true, false) => Ok("ok: standby".to_owned()),
@@ -129,5 +151,21 @@ mod tests {
 
         shutdown.cancel();
         task.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_replica_with_a_webhook_is_ready_only_while_it_serves() {
+        use kerf_ops::http::Readiness as _;
+        let serving = Arc::new(AtomicBool::new(false));
+        let health = Health::new().with_webhook(Arc::clone(&serving));
+        health.set_started(true);
+        assert_eq!(
+            health.readiness(),
+            Err("the admission webhook is not serving".to_owned())
+        );
+        serving.store(true, Ordering::Release);
+        assert_eq!(health.readiness(), Ok("ok: standby".to_owned()));
+        serving.store(false, Ordering::Release);
+        assert!(!health.is_ready());
     }
 }

@@ -11,6 +11,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use futures::StreamExt as _;
@@ -153,15 +154,19 @@ pub async fn run_controllers_and_webhook(
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
     let webhook_shutdown = CancellationToken::new();
-    let webhook_task = webhook.map(|webhook| {
+    let serving = webhook.as_ref().map(|_| Arc::new(AtomicBool::new(false)));
+    let health = match &serving {
+        Some(serving) => Health::new().with_webhook(Arc::clone(serving)),
+        None => Health::new(),
+    };
+    let webhook_task = webhook.zip(serving).map(|(webhook, serving)| {
         let (client, metrics, stop) = (client.clone(), metrics.clone(), webhook_shutdown.clone());
         tokio::spawn(async move {
-            if let Err(error) = webhook::run(webhook, client, metrics, stop).await {
+            if let Err(error) = webhook::run(webhook, client, metrics, serving, stop).await {
                 tracing::error!(%error, "admission webhook stopped; pods are admitted without the scheduling gate, and claims with a kerf config sent to this replica are refused");
             }
         })
     });
-    let health = Health::new();
     let http_shutdown = CancellationToken::new();
     let http = match config.metrics_address {
         Some(address) => {

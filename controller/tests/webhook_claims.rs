@@ -26,6 +26,7 @@
 )]
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -83,8 +84,8 @@ fn cluster() -> FakeApi {
 }
 
 /// Starts the webhook as kerf-controller (self-signed mode, both configurations) on a free
-/// port; returns the port and the metrics registry.
-fn start(fake: &FakeApi, stop: &CancellationToken) -> (u16, Registry) {
+/// port; returns the port, the metrics registry and the flag it sets while serving.
+fn start(fake: &FakeApi, stop: &CancellationToken) -> (u16, Registry, Arc<AtomicBool>) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -108,8 +109,15 @@ fn start(fake: &FakeApi, stop: &CancellationToken) -> (u16, Registry) {
         }),
     };
     let client = fake.client_as(Identity::kerf_controller());
-    tokio::spawn(webhook::run(config, client, metrics, stop.clone()));
-    (port, registry)
+    let serving = Arc::new(AtomicBool::new(false));
+    tokio::spawn(webhook::run(
+        config,
+        client,
+        metrics,
+        Arc::clone(&serving),
+        stop.clone(),
+    ));
+    (port, registry, serving)
 }
 
 /// The decoded caBundle of every webhook of configuration `name`, when all are set.
@@ -235,7 +243,7 @@ impl Served {
     async fn start() -> Self {
         let fake = cluster();
         let stop = CancellationToken::new();
-        let (port, registry) = start(&fake, &stop);
+        let (port, registry, serving) = start(&fake, &stop);
         let (pod, claim) = kerf_tests::wait::eventually("both caBundles", DEADLINE, || {
             std::future::ready(
                 bundles(&fake, POD_CONFIGURATION).zip(bundles(&fake, CLAIM_CONFIGURATION)),
@@ -251,6 +259,10 @@ impl Served {
             post(port, &bundle, probe.clone()).await.ok()
         })
         .await;
+        assert!(
+            serving.load(Ordering::Acquire),
+            "an answering webhook counts as serving (the replica's readiness)"
+        );
         Self {
             port,
             bundle,

@@ -29,6 +29,7 @@ pub mod tls;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -123,7 +124,10 @@ impl SelfSigned {
 }
 
 /// Serves the webhook until `shutdown` is cancelled: starts the caches, makes or loads the
-/// certificate, binds `config.address`, and keeps the certificate fresh.
+/// certificate, binds `config.address`, and keeps the certificate fresh. `serving` is true
+/// while connections are accepted: the replica's readiness includes it, so that the Service
+/// never sends a review to a replica that cannot answer (claims with a kerf config would be
+/// refused there: `failurePolicy: Fail`).
 ///
 /// # Errors
 ///
@@ -134,6 +138,7 @@ pub async fn run(
     config: WebhookConfig,
     client: Client,
     metrics: Metrics,
+    serving: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) -> Result<()> {
     let (caches, fill) = WebhookCaches::start(&client, &config.driver_name);
@@ -143,6 +148,7 @@ pub async fn run(
         client,
         Arc::new(caches.clone()),
         metrics,
+        serving,
         shutdown,
         async { caches.wait_ready().await },
     )
@@ -161,6 +167,7 @@ pub async fn run_with<L>(
     client: Client,
     lookup: Arc<L>,
     metrics: Metrics,
+    serving: Arc<AtomicBool>,
     shutdown: CancellationToken,
     ready: impl Future<Output = Result<()>>,
 ) -> Result<()>
@@ -202,16 +209,19 @@ where
     let listener = tokio::net::TcpListener::bind(config.address)
         .await
         .map_err(Error::Webhook)?;
+    let tls = tls::server_config(resolver)?;
     tracing::info!(address = %config.address, "admission webhook serving");
+    serving.store(true, Ordering::Release);
     let result = server::serve(
         listener,
-        tls::server_config(resolver)?,
+        tls,
         lookup,
         Arc::from(config.driver_name.as_str()),
         metrics,
         shutdown,
     )
     .await;
+    serving.store(false, Ordering::Release);
     keeper.abort();
     result
 }
