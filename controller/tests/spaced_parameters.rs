@@ -16,7 +16,9 @@ mod claim_cluster;
 
 use std::time::Duration;
 
-use claim_cluster::{CLAIMS, Controller, DRIVER, NS, PODS, SLICES, allocation, cluster, get_claim};
+use claim_cluster::{
+    CLAIMS, Controller, DRIVER, NS, PODS, SLICES, allocation, cluster, gated_pod, get_claim,
+};
 use kerf_api::controller_claims::SCHEDULING_GATE;
 use kerf_controller::webhook::{ClaimDecision, ClaimResource, decide_claim};
 use kerf_tests::fake_api::FakeApi;
@@ -42,22 +44,6 @@ async fn create_claim(fake: &FakeApi, body: &str) {
         .request_raw("POST", CLAIMS, "application/json", body.as_bytes())
         .await;
     assert_eq!(code, 201, "create: {answer}");
-}
-
-/// An unscheduled pod using `claim`, held by kerf's scheduling gate as the pod webhook
-/// leaves it.
-fn gated_pod(fake: &FakeApi, name: &str, claim: &str) {
-    fake.insert(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "containers": [{"name": "main", "image": "busybox"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-            "schedulingGates": [{"name": SCHEDULING_GATE}],
-        },
-        "status": {"phase": "Pending"},
-    }));
 }
 
 fn warning_about(fake: &FakeApi, kind: &str, name: &str) -> Option<Value> {

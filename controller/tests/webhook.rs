@@ -123,7 +123,7 @@ fn start(
         config,
         fake.client_as(Identity::kerf_controller()),
         metrics,
-        std::sync::Arc::default(),
+        Arc::default(),
         stop.clone(),
     ));
     (port, registry)

@@ -16,7 +16,9 @@ mod claim_cluster;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use claim_cluster::{CLAIMS, DRIVER, NS, PODS, SLICES, allocation, cluster, get_claim, settings};
+use claim_cluster::{
+    CLAIMS, DRIVER, NS, PODS, SLICES, allocation, cluster, gated_pod, get_claim, settings,
+};
 use kerf_api::controller_claims::SCHEDULING_GATE;
 use kerf_controller::claims::{self, CONDITION_TYPE};
 use kerf_controller::{
@@ -128,22 +130,6 @@ fn claim(fake: &FakeApi, name: &str) {
                 "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters", "memory": "1Gi"
             }}}],
         }},
-    }));
-}
-
-/// An unscheduled pod using claim `claim`, held by kerf's scheduling gate as the admission
-/// webhook leaves it.
-fn gated_pod(fake: &FakeApi, name: &str, claim: &str) {
-    fake.insert(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "containers": [{"name": "main", "image": "busybox"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
-            "schedulingGates": [{"name": SCHEDULING_GATE}],
-        },
-        "status": {"phase": "Pending"},
     }));
 }
 

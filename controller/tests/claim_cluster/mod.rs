@@ -211,3 +211,19 @@ pub fn get_claim(fake: &FakeApi, name: &str) -> Option<Value> {
 pub fn allocation(claim: &Value) -> Option<&Value> {
     claim.pointer("/status/allocation").filter(|a| !a.is_null())
 }
+
+/// An unscheduled pod using claim `claim`, held by kerf's scheduling gate as the admission
+/// webhook leaves it.
+pub fn gated_pod(fake: &FakeApi, name: &str, claim: &str) {
+    fake.insert(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "containers": [{"name": "main", "image": "busybox"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimName": claim}],
+            "schedulingGates": [{"name": kerf_api::controller_claims::SCHEDULING_GATE}],
+        },
+        "status": {"phase": "Pending"},
+    }));
+}
