@@ -22,29 +22,22 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
+mod webhook_server;
+
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use http::{Request, header};
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use kerf_api::controller_claims::SCHEDULING_GATE;
-use kerf_controller::Metrics;
-use kerf_controller::webhook::{self, Certificates, SelfSigned, WebhookConfig};
-use kerf_tests::fake_api::{FakeApi, Identity};
-use prometheus_client::registry::Registry;
+use kerf_tests::fake_api::FakeApi;
+use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+use webhook_server::{DRIVER, bundles, configuration};
 
-const DRIVER: &str = "gpu.kerf.dev";
 const CONFIGURATION: &str = "kerf-scheduling-gate";
-const HOST: &str = "kerf-webhook.kerf-system.svc";
 const DEADLINE: Duration = Duration::from_secs(15);
 
 fn class(fake: &FakeApi, name: &str, allocator: &str) {
@@ -77,56 +70,28 @@ fn cluster() -> FakeApi {
             "spec": {"spec": {"devices": devices(class)}},
         }));
     }
-    fake.insert(json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": CONFIGURATION},
-        "webhooks": [{
-            "name": "scheduling-gate.gpu.kerf.dev",
-            "clientConfig": {"service": {"name": "kerf-webhook", "namespace": "kerf-system", "path": "/mutate"}},
-            "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Ignore",
-        }],
-    }));
+    fake.insert(configuration(
+        CONFIGURATION,
+        &["scheduling-gate.gpu.kerf.dev"],
+        "Ignore",
+    ));
     fake
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The caBundle of the configuration's webhook, decoded, if set.
+fn ca_bundle(fake: &FakeApi) -> Option<String> {
+    bundles(fake, CONFIGURATION)?.into_iter().next()
 }
 
-/// Starts the webhook (self-signed mode) on a free port; returns the port and the registry.
-fn start(
-    fake: &FakeApi,
-    validity: Duration,
-    renew_before: Duration,
-    stop: &CancellationToken,
-) -> (u16, Registry) {
-    let port = free_port();
-    let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
-    let config = WebhookConfig {
-        address: ([127, 0, 0, 1], port).into(),
-        driver_name: DRIVER.to_owned(),
-        field_manager: "kerf-controller".to_owned(),
-        certificates: Certificates::SelfSigned(SelfSigned {
-            service: "kerf-webhook".to_owned(),
-            namespace: "kerf-system".to_owned(),
-            webhook_configurations: vec![CONFIGURATION.to_owned()],
-            validity,
-            renew_before,
-        }),
-    };
-    tokio::spawn(webhook::run(
-        config,
-        fake.client_as(Identity::kerf_controller()),
-        metrics,
-        Arc::default(),
-        stop.clone(),
-    ));
-    (port, registry)
+/// POSTs `body` to the webhook; returns the HTTP status, the JSON answer and the certificate
+/// the server presented.
+async fn post(
+    port: u16,
+    bundle: &str,
+    body: &Value,
+) -> Result<(u16, Value, CertificateDer<'static>), String> {
+    let answer = webhook_server::post(port, bundle, body.to_string()).await?;
+    Ok((answer.status, answer.body, answer.certificate))
 }
 
 /// Polls `check` until it returns `Some`, failing the test after [`DEADLINE`].
@@ -135,58 +100,6 @@ async fn eventually<T, Fut: Future<Output = Option<T>>>(
     check: impl FnMut() -> Fut,
 ) -> T {
     kerf_tests::wait::eventually(what, DEADLINE, check).await
-}
-
-/// The caBundle of the configuration's webhook, decoded, if set.
-fn ca_bundle(fake: &FakeApi) -> Option<String> {
-    let config = fake.get(&format!(
-        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{CONFIGURATION}"
-    ))?;
-    let encoded = config["webhooks"][0]["clientConfig"]["caBundle"].as_str()?;
-    Some(String::from_utf8(STANDARD.decode(encoded).unwrap()).unwrap())
-}
-
-/// POSTs `body` over HTTPS, trusting only the CAs in `bundle`; returns the HTTP status, the
-/// JSON answer and the certificate the server presented.
-async fn post(
-    port: u16,
-    bundle: &str,
-    body: &Value,
-) -> Result<(u16, Value, CertificateDer<'static>), String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(bundle.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from(HOST).unwrap().to_owned(), tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    let served = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    let request = Request::post("/mutate?timeout=5s")
-        .header(header::HOST, HOST)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status().as_u16();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    Ok((status, serde_json::from_slice(&bytes).unwrap(), served))
 }
 
 #[allow(clippy::needless_pass_by_value)] // callers pass json!() literals
@@ -248,8 +161,9 @@ fn claims(refs: Value) -> Value {
 async fn reviews_over_https_gate_only_pods_with_controller_claims() {
     let fake = cluster();
     let stop = CancellationToken::new();
-    let (port, registry) = start(
+    let webhook_server::Started { port, registry, .. } = webhook_server::start(
         &fake,
+        &[CONFIGURATION],
         Duration::from_secs(3600),
         Duration::from_secs(600),
         &stop,
@@ -356,8 +270,9 @@ async fn the_certificate_is_rotated_into_the_ca_bundle_without_a_restart() {
     let fake = cluster();
     let stop = CancellationToken::new();
     // Renewed 1.5 s after issue.
-    let (port, _registry) = start(
+    let webhook_server::Started { port, .. } = webhook_server::start(
         &fake,
+        &[CONFIGURATION],
         Duration::from_secs(4),
         Duration::from_millis(2500),
         &stop,

@@ -25,53 +25,29 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+mod webhook_server;
+
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use http::{Request, header};
-use http_body_util::{BodyExt as _, Full};
-use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
-use kerf_controller::Metrics;
-use kerf_controller::webhook::{self, Certificates, SelfSigned, WebhookConfig};
-use kerf_tests::fake_api::{FakeApi, Identity};
+use kerf_tests::fake_api::FakeApi;
 use prometheus_client::registry::Registry;
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, ServerName};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
+use webhook_server::{Answer, Started, bundles, configuration, post, start};
 
-const DRIVER: &str = "gpu.kerf.dev";
 const POD_CONFIGURATION: &str = "kerf-scheduling-gate";
 const CLAIM_CONFIGURATION: &str = "kerf-claim-parameters";
-const HOST: &str = "kerf-webhook.kerf-system.svc";
 const DEADLINE: Duration = Duration::from_secs(15);
-
-fn configuration(name: &str, webhooks: &[&str]) -> Value {
-    let webhooks: Vec<Value> = webhooks
-        .iter()
-        .map(|webhook| {
-            json!({
-                "name": webhook,
-                "clientConfig": {"service": {"name": "kerf-webhook", "namespace": "kerf-system", "path": "/mutate"}},
-                "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
-            })
-        })
-        .collect();
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name}, "webhooks": webhooks,
-    })
-}
 
 fn cluster() -> FakeApi {
     let fake = FakeApi::new();
     fake.insert(configuration(
         POD_CONFIGURATION,
         &["scheduling-gate.gpu.kerf.dev"],
+        "Ignore",
     ));
     fake.insert(configuration(
         CLAIM_CONFIGURATION,
@@ -79,97 +55,9 @@ fn cluster() -> FakeApi {
             "claim-parameters.gpu.kerf.dev",
             "claim-template-parameters.gpu.kerf.dev",
         ],
+        "Fail",
     ));
     fake
-}
-
-/// Starts the webhook as kerf-controller (self-signed mode, both configurations) on a free
-/// port; returns the port, the metrics registry and the flag it sets while serving.
-fn start(fake: &FakeApi, stop: &CancellationToken) -> (u16, Registry, Arc<AtomicBool>) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
-    let config = WebhookConfig {
-        address: ([127, 0, 0, 1], port).into(),
-        driver_name: DRIVER.to_owned(),
-        field_manager: "kerf-controller".to_owned(),
-        certificates: Certificates::SelfSigned(SelfSigned {
-            service: "kerf-webhook".to_owned(),
-            namespace: "kerf-system".to_owned(),
-            webhook_configurations: vec![
-                POD_CONFIGURATION.to_owned(),
-                CLAIM_CONFIGURATION.to_owned(),
-            ],
-            validity: Duration::from_secs(3600),
-            renew_before: Duration::from_secs(600),
-        }),
-    };
-    let client = fake.client_as(Identity::kerf_controller());
-    let serving = Arc::new(AtomicBool::new(false));
-    tokio::spawn(webhook::run(
-        config,
-        client,
-        metrics,
-        Arc::clone(&serving),
-        stop.clone(),
-    ));
-    (port, registry, serving)
-}
-
-/// The decoded caBundle of every webhook of configuration `name`, when all are set.
-fn bundles(fake: &FakeApi, name: &str) -> Option<Vec<String>> {
-    let config = fake.get(&format!(
-        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
-    ))?;
-    config["webhooks"]
-        .as_array()?
-        .iter()
-        .map(|webhook| {
-            let encoded = webhook["clientConfig"]["caBundle"].as_str()?;
-            Some(String::from_utf8(STANDARD.decode(encoded).unwrap()).unwrap())
-        })
-        .collect()
-}
-
-/// POSTs `body` over HTTPS trusting only `bundle`; returns the HTTP status and JSON answer.
-async fn post(port: u16, bundle: &str, body: String) -> Result<(u16, Value), String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(bundle.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from(HOST).unwrap().to_owned(), tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(connection);
-    let request = Request::post("/mutate?timeout=5s")
-        .header(header::HOST, HOST)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .unwrap();
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status().as_u16();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    Ok((status, serde_json::from_slice(&bytes).unwrap()))
 }
 
 /// An AdmissionReview for the CREATE of `object` (JSON text, inserted as written) of `kind`
@@ -243,7 +131,17 @@ impl Served {
     async fn start() -> Self {
         let fake = cluster();
         let stop = CancellationToken::new();
-        let (port, registry, serving) = start(&fake, &stop);
+        let Started {
+            port,
+            registry,
+            serving,
+        } = start(
+            &fake,
+            &[POD_CONFIGURATION, CLAIM_CONFIGURATION],
+            Duration::from_secs(3600),
+            Duration::from_secs(600),
+            &stop,
+        );
         let (pod, claim) = kerf_tests::wait::eventually("both caBundles", DEADLINE, || {
             std::future::ready(
                 bundles(&fake, POD_CONFIGURATION).zip(bundles(&fake, CLAIM_CONFIGURATION)),
@@ -275,7 +173,11 @@ impl Served {
     /// Posts a review; returns its `response` after the checks of `VerifyAdmissionResponse`.
     async fn review(&self, uid: &str, kind: &str, request_version: &str, object: &str) -> Value {
         let body = review(uid, kind, request_version, object);
-        let (status, answer) = post(self.port, &self.bundle, body).await.unwrap();
+        let Answer {
+            status,
+            body: answer,
+            ..
+        } = post(self.port, &self.bundle, body).await.unwrap();
         assert_eq!(status, 200, "{answer}");
         response(uid, &answer).clone()
     }
