@@ -9,8 +9,17 @@
 //! What they imitate (NVIDIA's MPS documentation; the pipe directory of a running daemon as
 //! NVIDIA's device plugin documents it: `control`, `control_privileged`, `log`,
 //! `nvidia-cuda-mps-control.pid`):
-//! - `nvidia-cuda-mps-control -d` starts a daemon in the background and returns once it runs;
-//!   the daemon takes `CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`) and
+//! - `nvidia-cuda-mps-control -d` starts a daemon in the background and returns once it runs
+//!   ("Start daemon in background process", NVIDIA MPS docs, Common Tasks). It daemonizes as
+//!   the real one was seen to on an H100 (issue 27: each start left a `[nvidia-cuda-mps]
+//!   <defunct>` under a PID 1 that does not reap): a double fork. `-d` runs an intermediate
+//!   process that calls `setsid` and starts the daemon, then exits at once; `-d` reaps the
+//!   intermediate and waits for the daemon's PID file. The daemon is thus an orphan from its
+//!   first instant, re-parented to the nearest child subreaper or PID 1, which must reap it
+//!   after `quit` (the caller of `-d` never can). Without `unsafe` there is no `fork()`, so each
+//!   "fork" is a fresh run of this program with a hidden argument; what matters for reaping
+//!   (whose child the daemon is) is the same.
+//!   The daemon takes `CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`) and
 //!   `CUDA_MPS_LOG_DIRECTORY` (default `/var/log/nvidia-mps`), creates both, listens on
 //!   `<pipe>/control`, writes its PID to `<pipe>/nvidia-cuda-mps-control.pid` and a line to
 //!   `<log>/control.log`. A second `-d` on the same pipe directory fails as the real one does.
@@ -31,7 +40,6 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::{BufRead as _, BufReader, Read, Write as _};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -45,6 +53,9 @@ mod smi_mig;
 pub const TOOLS: [&str; 2] = ["nvidia-cuda-mps-control", "nvidia-smi"];
 /// The hidden argument the background daemon is started with.
 const DAEMON_ARG: &str = "--kerf-fake-daemon";
+/// The hidden argument of the intermediate process of the double fork: it starts the daemon
+/// in a new session and exits without waiting for it.
+const DAEMONIZE_ARG: &str = "--kerf-fake-daemonize";
 /// Where the fake keeps its call log and switches, under the driver root.
 const STATE_DIR: &str = "kerf-fake-tools";
 /// How long `-d` waits for the daemon to write its PID file.
@@ -133,6 +144,9 @@ pub fn run(args: Vec<OsString>, stdin: impl Read) -> i32 {
     match tool.as_str() {
         "nvidia-cuda-mps-control" if rest.first().map(String::as_str) == Some(DAEMON_ARG) => {
             daemon(&root)
+        }
+        "nvidia-cuda-mps-control" if rest.first().map(String::as_str) == Some(DAEMONIZE_ARG) => {
+            daemonize(&args[0])
         }
         "nvidia-cuda-mps-control" => mps_control(&root, &args[0], &rest, stdin),
         "nvidia-smi" => {
@@ -270,17 +284,24 @@ fn start_daemon(root: &Path, program: &str) -> i32 {
         eprintln!("An instance of this daemon is already running");
         return 1;
     }
-    let spawned = Command::new(program)
-        .arg(DAEMON_ARG)
+    // The first fork: the intermediate, which this process waits for (as the real `-d` does
+    // for its first child; only the daemon is left to whoever adopts it).
+    let intermediate = Command::new(program)
+        .arg(DAEMONIZE_ARG)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
-        // Its own process group: the daemon outlives the caller, as `-d` does.
-        .process_group(0)
-        .spawn();
-    if let Err(error) = spawned {
-        eprintln!("cannot start the daemon: {error}");
-        return 1;
+        .status();
+    match intermediate {
+        Ok(status) if status.success() => {}
+        Ok(status) => {
+            eprintln!("cannot start the daemon: the intermediate process failed ({status})");
+            return 1;
+        }
+        Err(error) => {
+            eprintln!("cannot start the daemon: {error}");
+            return 1;
+        }
     }
     let deadline = Instant::now() + START_TIMEOUT;
     while Instant::now() < deadline {
@@ -291,6 +312,29 @@ fn start_daemon(root: &Path, program: &str) -> i32 {
     }
     eprintln!("the daemon did not start within {START_TIMEOUT:?}");
     1
+}
+
+/// The intermediate of the double fork: a new session (no controlling terminal, no signal of
+/// the caller's terminal or process group reaches the daemon), the daemon started in it, and
+/// an exit without waiting, which leaves the daemon an orphan.
+fn daemonize(program: &str) -> i32 {
+    if let Err(error) = rustix::process::setsid() {
+        eprintln!("cannot start the daemon: setsid: {error}");
+        return 1;
+    }
+    match Command::new(program)
+        .arg(DAEMON_ARG)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+    {
+        Ok(_daemon) => 0,
+        Err(error) => {
+            eprintln!("cannot start the daemon: {error}");
+            1
+        }
+    }
 }
 
 fn daemon(root: &Path) -> i32 {

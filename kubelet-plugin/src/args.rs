@@ -130,6 +130,18 @@ pub struct Args {
     #[arg(long, env = "KERF_MPS_STOP_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub mps_stop_timeout: Duration,
 
+    /// Run behind a minimal init that reaps the orphans of the tools the plugin starts (the
+    /// MPS control daemons daemonize): `auto` when the process is PID 1, as in a container;
+    /// `always`; `never`. See the README, "Slices on the GPU".
+    #[arg(
+        long,
+        env = "KERF_INIT",
+        value_enum,
+        default_value = "auto",
+        overrides_with = "init"
+    )]
+    pub init: crate::reaper::InitMode,
+
     /// How often the MPS daemons of GPUs with MPS claims are checked and restarted if dead.
     #[arg(long, env = "KERF_MPS_CHECK_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub mps_check_interval: Duration,
@@ -530,5 +542,17 @@ mod tests {
             .into_config()
             .unwrap_err();
         assert!(err.to_string().contains("--metrics-address"), "{err}");
+    }
+
+    #[test]
+    fn the_inits_child_argument_wins_over_the_users_init() {
+        use crate::reaper::{CHILD_ARG, InitMode};
+        assert_eq!(parse(&["--node-name", "n"]).init, InitMode::Auto);
+        let child = parse(&["--node-name", "n", "--init", "always", CHILD_ARG]);
+        assert_eq!(
+            child.init,
+            InitMode::Child,
+            "else the child would start an init again"
+        );
     }
 }

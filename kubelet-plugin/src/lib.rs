@@ -27,6 +27,7 @@ pub mod plugin;
 pub mod prepare_error;
 pub mod preparer;
 pub mod publish;
+pub mod reaper;
 pub mod spec_writer;
 pub mod write_failures;
 

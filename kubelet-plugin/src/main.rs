@@ -1,9 +1,11 @@
-//! `kerf-kubelet-plugin`: parses flags and runs the plugin until SIGTERM or Ctrl-C.
+//! `kerf-kubelet-plugin`: parses flags and runs the plugin until SIGTERM or Ctrl-C; as PID 1
+//! (or with `--init=always`) first becomes the plugin's minimal init
+//! ([`kerf_kubelet_plugin::reaper`]).
 
 use anyhow::Context as _;
 use clap::Parser;
 use kerf_kubelet_plugin::args::Args;
-use kerf_kubelet_plugin::plugin;
+use kerf_kubelet_plugin::{plugin, reaper};
 
 /// mimalloc rather than the system allocator: the prepare path allocates from many threads
 /// (gRPC workers, the blocking pool of the file writers), where glibc's malloc spent a
@@ -11,10 +13,21 @@ use kerf_kubelet_plugin::plugin;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // In the init too: what it cannot do (forward a signal) is logged.
     kerf_ops::logging::init(args.log_format, &args.log_filter)?;
+    // Before any runtime or thread exists: the init re-executes this program as its child.
+    if let Some(code) = reaper::enter(args.init, std::env::args_os().collect())
+        .context("starting the plugin's init")?
+    {
+        std::process::exit(code);
+    }
+    run(args)
+}
+
+#[tokio::main]
+async fn run(args: Args) -> anyhow::Result<()> {
     let health = args.health_config()?;
     let claim_device_status = args.claim_device_status;
     let claim_cache = args.claim_cache;

@@ -8,11 +8,19 @@
 
 use clap::Parser as _;
 use kerf_kubelet_plugin::args::Args;
-use kerf_kubelet_plugin::plugin;
+use kerf_kubelet_plugin::{plugin, reaper};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    // `--init`, as kerf-kubelet-plugin's main takes it: the init re-executes this program.
+    if let Some(code) = reaper::enter(args.init, std::env::args_os().collect())? {
+        std::process::exit(code);
+    }
+    run(args)
+}
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Plain text on stderr, which the test captures: the log format flag does not matter here.
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log_filter)?)
