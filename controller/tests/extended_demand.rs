@@ -23,18 +23,15 @@ mod claim_cluster;
 
 use std::time::Duration;
 
-use claim_cluster::{DRIVER, NS, mirror_ownership_records, node, settings, slices};
+use claim_cluster::{Controller, DRIVER, NS, node, settings, slices};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kerf_api::ownership::{Owner, Record};
 use kerf_api::params::{Allocator, GpuSelector};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::claims;
-use kerf_controller::{BackoffConfig, Config, ControllerConfig, ControllerTask, run_controllers};
-use kerf_tests::fake_api::{FakeApi, Identity};
+use kerf_tests::fake_api::FakeApi;
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "node-0";
 const GPUS: usize = 8;
@@ -91,57 +88,17 @@ fn cluster() -> FakeApi {
     fake
 }
 
-/// kerf-controller's claim controller (with the ownership tick), as `kerf-controller` runs
-/// it, talking as its ServiceAccount; and the plugin's publication of the ownership record.
-struct Controller {
-    shutdown: CancellationToken,
-    task: JoinHandle<kerf_controller::Result<()>>,
-}
-
-impl Controller {
-    fn start(fake: &FakeApi) -> Self {
-        let shutdown = CancellationToken::new();
-        let config = Config {
-            controller: ControllerConfig {
-                backoff: BackoffConfig {
-                    base: Duration::from_millis(50),
-                    max: Duration::from_secs(1),
-                },
-                ..ControllerConfig::new(DRIVER)
-            },
-            leader_election: None,
-            metrics_address: None,
-        };
-        let settings = claims::ClaimSettings {
-            // Long enough that a loan never goes back while a test looks at it.
-            ownership: claims::ownership::OwnershipTiming {
-                settle: Duration::from_millis(50),
-                linger: Duration::from_secs(60),
-            },
-            ..settings()
-        };
-        let task = ControllerTask::new("resourceclaim", move |ctx, stop| {
-            claims::run(ctx, stop, settings)
-        });
-        tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
-        let client = fake.client_as(Identity::kerf_controller());
-        let task = tokio::spawn(run_controllers(
-            config,
-            client,
-            shutdown.clone(),
-            vec![task],
-        ));
-        Self { shutdown, task }
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("the controller stops on shutdown")
-            .unwrap()
-            .unwrap();
-    }
+/// kerf-controller's claim controller (with the ownership tick) as `claim_cluster` runs it,
+/// lending for 60 s: long enough that a loan never goes back while a test looks at it.
+fn start_controller(fake: &FakeApi) -> Controller {
+    let settings = claims::ClaimSettings {
+        ownership: claims::ownership::OwnershipTiming {
+            settle: Duration::from_millis(50),
+            linger: Duration::from_secs(60),
+        },
+        ..settings()
+    };
+    Controller::start_with(fake, settings)
 }
 
 /// The node's ownership record as kerf-controller wrote it.
@@ -227,7 +184,7 @@ fn claim_pod(fake: &FakeApi, name: &str, count: i64) {
 #[tokio::test]
 async fn a_pod_asking_by_extended_resource_gets_a_gpu_lent_to_the_scheduler() {
     let fake = cluster();
-    let controller = Controller::start(&fake);
+    let controller = start_controller(&fake);
     all_controllers(&fake).await;
 
     pod(
@@ -250,7 +207,7 @@ async fn a_pod_asking_by_extended_resource_gets_a_gpu_lent_to_the_scheduler() {
 #[tokio::test]
 async fn init_containers_count_by_their_peak_and_every_scheduler_class_name_counts() {
     let fake = cluster();
-    let controller = Controller::start(&fake);
+    let controller = start_controller(&fake);
     all_controllers(&fake).await;
 
     // max(init 3, apps 1 + 1) = 3 whole GPUs, plus 1 of the sliced class: 4.
@@ -340,7 +297,7 @@ async fn a_pod_whose_claim_kube_scheduler_made_or_that_is_done_asks_for_nothing(
         "status": {"phase": "Pending"},
     }));
     claim_pod(&fake, "barrier", 1);
-    let controller = Controller::start(&fake);
+    let controller = start_controller(&fake);
     let all = lent(&fake, 1, "the barrier claim").await;
     assert_eq!(
         all.len(),
