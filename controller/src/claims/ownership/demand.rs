@@ -138,9 +138,6 @@ fn scheduler_whole_gpus(ctx: &ClaimsContext, class: &str, mode: &str, count: Opt
 /// Whole GPUs a claim asks of kerf's Scheduler classes: `exactly` requests by their count, a
 /// `firstAvailable` list by its first kerf choice ([`scheduler_whole_gpus`]).
 fn claim_whole_gpus(claim: &ResourceClaim, ctx: &ClaimsContext) -> usize {
-    let whole = |class: &str, mode: &str, count: Option<i64>| -> usize {
-        scheduler_whole_gpus(ctx, class, mode, count)
-    };
     claim
         .spec
         .devices
@@ -151,7 +148,7 @@ fn claim_whole_gpus(claim: &ResourceClaim, ctx: &ClaimsContext) -> usize {
         .map(|request: &DeviceRequest| {
             if let Some(exact) = &request.exactly {
                 let mode = exact.allocation_mode.as_deref().unwrap_or("ExactCount");
-                return whole(&exact.device_class_name, mode, exact.count);
+                return scheduler_whole_gpus(ctx, &exact.device_class_name, mode, exact.count);
             }
             request
                 .first_available
@@ -159,7 +156,7 @@ fn claim_whole_gpus(claim: &ResourceClaim, ctx: &ClaimsContext) -> usize {
                 .flatten()
                 .map(|sub| {
                     let mode = sub.allocation_mode.as_deref().unwrap_or("ExactCount");
-                    whole(&sub.device_class_name, mode, sub.count)
+                    scheduler_whole_gpus(ctx, &sub.device_class_name, mode, sub.count)
                 })
                 .find(|n| *n > 0)
                 .unwrap_or(0)
