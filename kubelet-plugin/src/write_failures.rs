@@ -74,12 +74,14 @@ impl WriteFailureReports {
 
     /// Tells about the failed `verb` of `resource` (e.g. `resourceslices`) object `object`,
     /// which concerns the node as a whole, at its `attempts`-th try out of `retry_budget`, on
-    /// the Node. Returns what was told.
+    /// the Node — unless its note is `told` already, when it is only counted (a writer that
+    /// retries the same write would otherwise repeat its first Event). Returns the report.
     pub async fn node_write_failed(
         &self,
         (verb, resource, object): (&'static str, &'static str, &str),
         error: &kube::Error,
         (attempts, retry_budget): (u32, u32),
+        told: Option<&str>,
     ) -> Option<Report> {
         let attempt = WriteAttempt {
             component: COMPONENT,
@@ -89,6 +91,9 @@ impl WriteFailureReports {
         };
         let report = assess(&attempt, error, attempts, retry_budget)?;
         self.counter.record(resource, report.failure.label());
+        if told == Some(report.note.as_str()) {
+            return Some(report);
+        }
         self.events
             .warn_node(NodeWarning {
                 reason: report.reason,
@@ -122,7 +127,9 @@ mod tests {
         let counter = ApiWriteFailures::new("kubelet-plugin", &mut Registry::default());
         let reports = WriteFailureReports::new(events.clone(), counter.clone(), "n");
         let write = ("patch", "resourceslices", "n-gpu.kerf.dev-0");
-        let told = reports.node_write_failed(write, &denied(), (1, 5)).await;
+        let told = reports
+            .node_write_failed(write, &denied(), (1, 5), None)
+            .await;
         assert!(told.is_some());
         let warnings = events.node_warnings();
         assert_eq!(warnings.len(), 1);
@@ -150,7 +157,7 @@ mod tests {
         let write = ("patch", "resourceslices", "s");
         assert!(
             reports
-                .node_write_failed(write, &conflict, (9, 5))
+                .node_write_failed(write, &conflict, (9, 5), None)
                 .await
                 .is_none()
         );

@@ -5,8 +5,6 @@
 //! back-off, and each retry's failure reads the same, so telling it again would only repeat
 //! the first Event. The write-failure metric counts each of those failures, told or repeated.
 
-use kerf_api::write_failure::Report;
-
 use super::Publisher;
 use crate::Error;
 
@@ -42,30 +40,17 @@ impl Publisher {
         let Some(reports) = &self.reports else {
             return;
         };
-        let assessed = kerf_api::write_failure::assess(
-            &kerf_api::write_failure::WriteAttempt {
-                component: crate::claim_events::REPORTING_CONTROLLER,
-                verb,
-                resource,
-                object: name,
-            },
-            source,
-            attempts,
-            RETRY_BUDGET,
-        );
-        let Some(Report { note, failure, .. }) = assessed else {
-            return;
-        };
-        if self.state().write_failures.told.as_ref() == Some(&note) {
-            // Told already: only counted.
-            self.metrics
-                .api_write_failures()
-                .record(resource, failure.label());
-            return;
-        }
-        let told = reports
-            .node_write_failed((verb, resource, name), source, (attempts, RETRY_BUDGET))
+        let told = self.state().write_failures.told.clone();
+        let reported = reports
+            .node_write_failed(
+                (verb, resource, name),
+                source,
+                (attempts, RETRY_BUDGET),
+                told.as_deref(),
+            )
             .await;
-        self.state().write_failures.told = told.map(|report| report.note);
+        if let Some(report) = reported {
+            self.state().write_failures.told = Some(report.note);
+        }
     }
 }
