@@ -18,12 +18,12 @@ use std::time::Duration;
 
 use claim_cluster::{
     CLAIMS, Controller, DRIVER, NODES, NS, PODS, SLICES, WHOLE, allocation, classes, cluster,
-    get_claim, node, settings, slices,
+    condition, get_claim, node, settings, slices,
 };
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_api::decode_opaque;
 use kerf_api::params::OpaqueConfig;
-use kerf_controller::claims::{self, ALLOCATED_NODE_ANNOTATION, CONDITION_TYPE, FINALIZER};
+use kerf_controller::claims::{self, ALLOCATED_NODE_ANNOTATION, FINALIZER};
 use kerf_tests::fake_api::FakeApi;
 use kube::Api;
 use kube::api::DeleteParams;
@@ -159,16 +159,6 @@ async fn event(fake: &FakeApi, name: &str, reason: &str) -> Value {
         events(fake, name, reason).into_iter().next()
     })
     .await
-}
-
-/// The pod's `gpu.kerf.dev/GpuAllocation` condition.
-fn condition(fake: &FakeApi, pod: &str) -> Option<Value> {
-    let pod = fake.get(&format!("{PODS}/{pod}"))?;
-    pod.pointer("/status/conditions")?
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == CONDITION_TYPE)
-        .cloned()
 }
 
 async fn condition_is(fake: &FakeApi, pod: &str, status: &str, reason: &str) -> Value {

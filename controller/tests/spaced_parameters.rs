@@ -25,7 +25,6 @@ use kerf_tests::fake_api::FakeApi;
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(15);
-const EVENTS: &str = "/apis/events.k8s.io/v1/events";
 
 /// The parameters as `json.dumps` writes them: `", "` and `": "` separators.
 const SPACED: &str =
@@ -47,9 +46,7 @@ async fn create_claim(fake: &FakeApi, body: &str) {
 }
 
 fn warning_about(fake: &FakeApi, kind: &str, name: &str) -> Option<Value> {
-    fake.list(EVENTS).into_iter().find(|e| {
-        e["type"] == "Warning" && e["regarding"]["kind"] == kind && e["regarding"]["name"] == name
-    })
+    fake.warning_events(kind, name).into_iter().next()
 }
 
 fn gates(fake: &FakeApi, pod: &str) -> Value {

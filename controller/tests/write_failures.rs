@@ -17,10 +17,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use claim_cluster::{
-    CLAIMS, DRIVER, NS, PODS, SLICES, allocation, cluster, gated_pod, get_claim, settings,
+    CLAIMS, DRIVER, NS, PODS, SLICES, allocation, cluster, condition, gated_pod, get_claim,
+    settings,
 };
 use kerf_api::controller_claims::SCHEDULING_GATE;
-use kerf_controller::claims::{self, CONDITION_TYPE};
+use kerf_controller::claims;
 use kerf_controller::{
     BackoffConfig, Config, ControllerConfig, ControllerTask, Metrics, run_controllers,
 };
@@ -29,7 +30,6 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-const EVENTS: &str = "/apis/events.k8s.io/v1/events";
 const DEADLINE: Duration = Duration::from_secs(10);
 /// Delay after a first failure; doubled per failure up to [`BACKOFF_MAX`] (the shipped
 /// default is 1 s up to 5 min: scaled down so the test sees several retries).
@@ -135,14 +135,9 @@ fn claim(fake: &FakeApi, name: &str) {
 
 /// Warning Events about object `name` with `reason`.
 fn warnings(fake: &FakeApi, kind: &str, name: &str, reason: &str) -> Vec<Value> {
-    fake.list(EVENTS)
+    fake.warning_events(kind, name)
         .into_iter()
-        .filter(|e| {
-            e["regarding"]["kind"] == kind
-                && e["regarding"]["name"] == name
-                && e["reason"] == reason
-                && e["type"] == "Warning"
-        })
+        .filter(|e| e["reason"] == reason)
         .collect()
 }
 
@@ -157,16 +152,6 @@ async fn warning(fake: &FakeApi, kind: &str, name: &str, reason: &str) -> Value 
 
 fn note(event: &Value) -> &str {
     event["note"].as_str().unwrap_or_default()
-}
-
-/// The pod's `gpu.kerf.dev/GpuAllocation` condition.
-fn condition(fake: &FakeApi, pod: &str) -> Option<Value> {
-    let pod = fake.get(&format!("{PODS}/{pod}"))?;
-    pod.pointer("/status/conditions")?
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == CONDITION_TYPE)
-        .cloned()
 }
 
 fn gates(fake: &FakeApi, pod: &str) -> Value {

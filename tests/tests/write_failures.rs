@@ -31,7 +31,6 @@ use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-const EVENTS: &str = "/apis/events.k8s.io/v1/events";
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
 const WAIT: Duration = Duration::from_secs(10);
@@ -45,14 +44,9 @@ fn reports(node: &TestNode, metrics: &Metrics) -> WriteFailureReports {
 
 /// Warning Events with `reason` regarding the `kind` object `name`.
 fn warnings(api: &FakeApi, kind: &str, name: &str, reason: &str) -> Vec<Value> {
-    api.list(EVENTS)
+    api.warning_events(kind, name)
         .into_iter()
-        .filter(|e| {
-            e["regarding"]["kind"] == kind
-                && e["regarding"]["name"] == name
-                && e["reason"] == reason
-                && e["type"] == "Warning"
-        })
+        .filter(|e| e["reason"] == reason)
         .collect()
 }
 

@@ -227,3 +227,13 @@ pub fn gated_pod(fake: &FakeApi, name: &str, claim: &str) {
         "status": {"phase": "Pending"},
     }));
 }
+
+/// The pod's `gpu.kerf.dev/GpuAllocation` condition.
+pub fn condition(fake: &FakeApi, pod: &str) -> Option<Value> {
+    let pod = fake.get(&format!("{PODS}/{pod}"))?;
+    pod.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == claims::CONDITION_TYPE)
+        .cloned()
+}

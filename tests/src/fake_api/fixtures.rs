@@ -211,6 +211,19 @@ impl FakeApi {
 }
 
 impl FakeApi {
+    /// The Warning Events (`events.k8s.io/v1`, every namespace) regarding the `kind` object
+    /// `name`, oldest first.
+    pub fn warning_events(&self, kind: &str, name: &str) -> Vec<Value> {
+        self.list("/apis/events.k8s.io/v1/events")
+            .into_iter()
+            .filter(|e| {
+                e["type"] == "Warning"
+                    && e["regarding"]["kind"] == kind
+                    && e["regarding"]["name"] == name
+            })
+            .collect()
+    }
+
     /// Sends `body` byte for byte as the cluster admin, as a client that writes its own JSON
     /// (Python's `json.dumps`, curl) does — `kube::Api` would re-encode it — and answers the
     /// status code and the response's JSON (`null` when it is none).
