@@ -52,6 +52,10 @@ pub fn plugin_config(root: &Path) -> PluginConfig {
         mps_stop_timeout: Duration::from_secs(10),
         // As the resync: the periodic daemon check would run in the middle of measurements.
         mps_check_interval: Duration::from_secs(3600),
+        mps_daemons: kerf_kubelet_plugin::config::MpsDaemonMode::Process,
+        mps_daemon_image: None,
+        mps_start_timeout: Duration::from_secs(60),
+        own_pod: None,
     }
 }
 

@@ -146,6 +146,37 @@ pub struct Args {
     #[arg(long, env = "KERF_MPS_CHECK_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub mps_check_interval: Duration,
 
+    /// Where the MPS control daemons run: `pod`, one pod per GPU in the plugin's namespace,
+    /// created through the API and run by the kubelet, so that no plugin restart, upgrade or
+    /// OOM kill stops one (needs --pod-name and --pod-namespace); `process`, children of the
+    /// plugin that daemonize (no cluster, `kerf demo`). See the README, "Slices on the GPU".
+    #[arg(long, env = "KERF_MPS_DAEMONS", value_enum, default_value = "process")]
+    pub mps_daemons: crate::config::MpsDaemonMode,
+
+    /// Image of the MPS daemon pods [default: the plugin's own image, read from its pod].
+    #[arg(long, env = "KERF_MPS_DAEMON_IMAGE")]
+    pub mps_daemon_image: Option<String>,
+
+    /// How long a new MPS daemon (its pod scheduled, pulled and started) may take to accept
+    /// connections before the prepare that needs it fails.
+    #[arg(long, env = "KERF_MPS_START_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub mps_start_timeout: Duration,
+
+    /// Name of the plugin's own pod (downward API `metadata.name`).
+    #[arg(long, env = "POD_NAME")]
+    pub pod_name: Option<String>,
+
+    /// Namespace of the plugin's own pod (downward API `metadata.namespace`); MPS daemon pods
+    /// are created there.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
+
+    /// UID of the plugin's own pod (downward API `metadata.uid`): the registration and DRA
+    /// sockets carry it, so that two plugin instances run side by side during a rolling
+    /// update (kubelet 1.33+).
+    #[arg(long, env = "POD_UID")]
+    pub pod_uid: Option<String>,
+
     /// Publish this node's GPUs as ResourceSlices (switch off for tests).
     #[arg(long, env = "KERF_PUBLISH_RESOURCES", default_value_t = true, action = ArgAction::Set)]
     pub publish_resources: bool,
@@ -291,6 +322,12 @@ impl Args {
             }
             (_, mock_root) => mock_root,
         };
+        let own_pod = own_pod(self.pod_name, self.pod_namespace, self.pod_uid)?;
+        if self.mps_daemons == crate::config::MpsDaemonMode::Pod && own_pod.is_none() {
+            return Err(Error::Config(
+                "--mps-daemons=pod needs --pod-name and --pod-namespace (POD_NAME, POD_NAMESPACE from the downward API)".into(),
+            ));
+        }
         Ok(PluginConfig {
             registration_socket: self
                 .registry_dir
@@ -305,6 +342,10 @@ impl Args {
             mps_root: self.mps_root,
             mps_stop_timeout: self.mps_stop_timeout,
             mps_check_interval: self.mps_check_interval,
+            mps_daemons: self.mps_daemons,
+            mps_daemon_image: self.mps_daemon_image,
+            mps_start_timeout: self.mps_start_timeout,
+            own_pod,
             discovery,
             mock_device_node: self.mock_device_node,
             publish_resources: self.publish_resources,
@@ -312,6 +353,30 @@ impl Args {
             metrics_address,
             boot_id_file: self.boot_id_file,
         })
+    }
+}
+
+/// The plugin's own pod, when the downward API names it: name and namespace together, the UID
+/// optional (older manifests do not pass it).
+fn own_pod(
+    name: Option<String>,
+    namespace: Option<String>,
+    uid: Option<String>,
+) -> Result<Option<crate::config::OwnPod>> {
+    match (name, namespace) {
+        (Some(name), Some(namespace)) => {
+            kerf_core::names::object_name("--pod-name", &name)?;
+            kerf_core::names::object_name("--pod-namespace", &namespace)?;
+            Ok(Some(crate::config::OwnPod {
+                name,
+                namespace,
+                uid: uid.filter(|u| !u.is_empty()),
+            }))
+        }
+        (None, None) => Ok(None),
+        (Some(_), None) | (None, Some(_)) => Err(Error::Config(
+            "--pod-name and --pod-namespace go together".into(),
+        )),
     }
 }
 

@@ -18,6 +18,27 @@ pub struct DynamicMigSettings {
     pub static_gpus: BTreeSet<u32>,
 }
 
+/// Where MPS control daemons run (`--mps-daemons`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MpsDaemonMode {
+    /// Daemonized children of the plugin: for a plugin without a cluster or outside a pod.
+    Process,
+    /// One pod per GPU, created through the API in the plugin's namespace and run by the
+    /// kubelet, independent of the plugin's container.
+    Pod,
+}
+
+/// The plugin's own pod, from the downward API.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnPod {
+    /// `metadata.name`.
+    pub name: String,
+    /// `metadata.namespace`.
+    pub namespace: String,
+    /// `metadata.uid`, when passed.
+    pub uid: Option<String>,
+}
+
 /// Where the GPU inventory comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Discovery {
@@ -90,6 +111,14 @@ pub struct PluginConfig {
     pub mps_stop_timeout: Duration,
     /// Period of the MPS daemon liveness check.
     pub mps_check_interval: Duration,
+    /// Where MPS control daemons run.
+    pub mps_daemons: MpsDaemonMode,
+    /// Image of MPS daemon pods; `None`: the plugin's own.
+    pub mps_daemon_image: Option<String>,
+    /// Bound on a new MPS daemon's start.
+    pub mps_start_timeout: Duration,
+    /// The plugin's own pod, when it runs in one and the downward API names it.
+    pub own_pod: Option<OwnPod>,
     /// Inventory source.
     pub discovery: Discovery,
     /// Host device backing every device node in mock mode.

@@ -57,6 +57,10 @@ impl MpsNode {
             mps_root: self.mps_root(),
             mps_stop_timeout: Duration::from_secs(2),
             mps_check_interval: Duration::from_millis(50),
+            mps_daemons: kerf_kubelet_plugin::config::MpsDaemonMode::Process,
+            mps_daemon_image: None,
+            mps_start_timeout: Duration::from_secs(60),
+            own_pod: None,
             ..self.node.config()
         }
     }

@@ -62,6 +62,10 @@ impl Node {
             mps_root: self.root.join("mps"),
             mps_stop_timeout: Duration::from_secs(10),
             mps_check_interval: Duration::from_secs(5),
+            mps_daemons: kerf_kubelet_plugin::config::MpsDaemonMode::Process,
+            mps_daemon_image: None,
+            mps_start_timeout: Duration::from_secs(60),
+            own_pod: None,
         }
     }
 
