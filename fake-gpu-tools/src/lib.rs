@@ -23,6 +23,21 @@
 //!   `CUDA_MPS_LOG_DIRECTORY` (default `/var/log/nvidia-mps`), creates both, listens on
 //!   `<pipe>/control`, writes its PID to `<pipe>/nvidia-cuda-mps-control.pid` and a line to
 //!   `<log>/control.log`. A second `-d` on the same pipe directory fails as the real one does.
+//! - `nvidia-cuda-mps-control -f` is the same daemon in the foreground ("Start daemon in
+//!   foreground", NVIDIA MPS docs, Common Tasks; NVIDIA/k8s-dra-driver's
+//!   `templates/mps-control-daemon.tmpl.yaml` ran it so as a Deployment's container, with a
+//!   startup probe on `<pipe>/control`): no fork, so the process that runs `-f` is the daemon.
+//!   What the real one does, as run on an H200 (driver 580.159.04, MPS control binary 13000,
+//!   issue 27): it writes its own PID to `<pipe>/nvidia-cuda-mps-control.pid` as `-d`'s daemon
+//!   does (NVIDIA's MPS docs: "the control daemon creates a nvidia-cuda-mps-control.pid file
+//!   that contains the PID of the control daemon process in the CUDA_MPS_PIPE_DIRECTORY", for
+//!   either mode) and listens on `<pipe>/control`; it prints its log lines on stdout instead of
+//!   `<log>/control.log` (which it does not create); a second `-f` or a `-d` on the same pipe
+//!   directory fails with "An instance of this daemon is already running" (exit 1); after
+//!   `quit` it exits 0 having removed its PID file but left its socket files (which then refuse
+//!   connections); SIGTERM ends it by the default action (exit 143) with its PID file left, as
+//!   does SIGKILL, and a new `-f` over those leftovers starts. The fake does all of that; it
+//!   removes `control` on `quit` in `-d` mode only, as it always has.
 //! - `nvidia-cuda-mps-control` without arguments is the client: it sends each line of its
 //!   stdin to the daemon of its pipe directory; `quit` stops the daemon, which removes its PID
 //!   file and socket. Without a daemon it fails.
@@ -246,6 +261,10 @@ fn mps_control(root: &Path, program: &str, args: &[String], mut stdin: impl Read
         record(root, "nvidia-cuda-mps-control", args, "");
         return start_daemon(root, program);
     }
+    if args.iter().any(|a| a == "-f") {
+        record(root, "nvidia-cuda-mps-control", args, "");
+        return foreground(root);
+    }
     let mut input = String::new();
     let _ = stdin.read_to_string(&mut input);
     record(root, "nvidia-cuda-mps-control", args, &input);
@@ -272,16 +291,25 @@ fn mps_control(root: &Path, program: &str, args: &[String], mut stdin: impl Read
     0
 }
 
-fn start_daemon(root: &Path, program: &str) -> i32 {
+/// Why a daemon must not start: the switch of [`fail_next_mps_start`] (consumed), or a live
+/// daemon that owns the pipe directory. Prints the message as the real tool does.
+fn refuse_start(root: &Path, pipe: &Path) -> bool {
     let switch = root.join(STATE_DIR).join("fail-mps-start");
     if let Ok(message) = std::fs::read_to_string(&switch) {
         let _ = std::fs::remove_file(&switch);
         eprintln!("{}", message.trim());
-        return 1;
+        return true;
     }
-    let pipe = pipe_dir();
-    if running_pid(&pipe).is_some() {
+    if running_pid(pipe).is_some() {
         eprintln!("An instance of this daemon is already running");
+        return true;
+    }
+    false
+}
+
+fn start_daemon(root: &Path, program: &str) -> i32 {
+    let pipe = pipe_dir();
+    if refuse_start(root, &pipe) {
         return 1;
     }
     // The first fork: the intermediate, which this process waits for (as the real `-d` does
@@ -337,10 +365,34 @@ fn daemonize(program: &str) -> i32 {
     }
 }
 
+/// How a daemon runs: started by `-d` (the background daemon) or `-f` (in the foreground).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Logs to `<log>/control.log`; removes its socket on `quit`.
+    Background,
+    /// Logs to stdout; leaves its socket file on `quit`, as the real `-f` was seen to.
+    Foreground,
+}
+
+/// The background daemon, started by the double fork of `-d`.
 fn daemon(root: &Path) -> i32 {
-    let (pipe, log) = (pipe_dir(), log_dir());
     record(root, "mps-daemon", &[], "");
-    if std::fs::create_dir_all(&pipe).is_err() || std::fs::create_dir_all(&log).is_err() {
+    serve(&pipe_dir(), &log_dir(), Mode::Background)
+}
+
+/// `-f`: the refusals of `-d`, then this process is the daemon until `quit`.
+fn foreground(root: &Path) -> i32 {
+    let pipe = pipe_dir();
+    if refuse_start(root, &pipe) {
+        return 1;
+    }
+    serve(&pipe, &log_dir(), Mode::Foreground)
+}
+
+/// Creates the pipe and log directories, listens on `<pipe>/control`, writes the PID file and
+/// answers commands until `quit`.
+fn serve(pipe: &Path, log: &Path, mode: Mode) -> i32 {
+    if std::fs::create_dir_all(pipe).is_err() || std::fs::create_dir_all(log).is_err() {
         return 1;
     }
     let socket = pipe.join("control");
@@ -348,18 +400,27 @@ fn daemon(root: &Path) -> i32 {
     let Ok(listener) = UnixListener::bind(&socket) else {
         return 1;
     };
-    let _ = std::fs::write(pid_file(&pipe), format!("{}\n", std::process::id()));
-    append_log(&log, "daemon started");
+    let _ = std::fs::write(pid_file(pipe), format!("{}\n", std::process::id()));
+    let say = |message: &str| match mode {
+        Mode::Background => append_log(log, message),
+        // Not `println!`: a closed stdout must not end the daemon.
+        Mode::Foreground => {
+            let _ = writeln!(std::io::stdout(), "[pid {}] {message}", std::process::id());
+        }
+    };
+    say("daemon started");
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         let mut line = String::new();
         let _ = BufReader::new(&stream).read_line(&mut line);
         let command = line.trim();
-        append_log(&log, &format!("command {command}"));
+        say(&format!("command {command}"));
         if command == "quit" {
-            let _ = std::fs::remove_file(pid_file(&pipe));
-            let _ = std::fs::remove_file(&socket);
-            append_log(&log, "daemon stopped");
+            let _ = std::fs::remove_file(pid_file(pipe));
+            if mode == Mode::Background {
+                let _ = std::fs::remove_file(&socket);
+            }
+            say("daemon stopped");
             return 0;
         }
         let _ = writeln!(stream, "{}", reply_to(command));

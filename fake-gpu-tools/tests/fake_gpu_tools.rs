@@ -130,3 +130,127 @@ fn nvidia_smi_sets_compute_modes_and_time_slices() {
     assert!(recorded.iter().all(|c| c.tool == "nvidia-smi"));
     assert_eq!(recorded[1].args[4], "3");
 }
+
+/// Waits (bounded: a hang guard, not a speed check) until `path` exists.
+fn wait_for(path: &Path) {
+    for _ in 0..2500 {
+        if path.exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert!(path.exists(), "{} did not appear", path.display());
+}
+
+#[test]
+fn the_foreground_daemon_is_the_process_that_runs_it_and_exits_0_after_quit() {
+    let (dir, root) = root();
+    let pipe = dir.path().join("mps").join(UUID).join("pipe");
+    let log = pipe.with_file_name("log");
+    let daemon = Command::new(root.join("usr/bin/nvidia-cuda-mps-control"))
+        .arg("-f")
+        .env("CUDA_VISIBLE_DEVICES", UUID)
+        .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+        .env("CUDA_MPS_LOG_DIRECTORY", &log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let daemon_pid = daemon.id();
+    let pid_file = pipe.join("nvidia-cuda-mps-control.pid");
+    wait_for(&pid_file);
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap().trim(),
+        daemon_pid.to_string(),
+        "no fork: the PID file names the process that ran -f"
+    );
+    assert!(std::os::unix::net::UnixStream::connect(pipe.join("control")).is_ok());
+
+    for refused in [["-f"], ["-d"]] {
+        let again = mps_control(&root, &pipe, &refused, "");
+        assert_eq!(again.status.code(), Some(1), "{refused:?}: {again:?}");
+        assert!(String::from_utf8_lossy(&again.stderr).contains("already running"));
+    }
+
+    assert!(mps_control(&root, &pipe, &[], "quit\n").status.success());
+    let ended = daemon.wait_with_output().unwrap();
+    assert_eq!(ended.status.code(), Some(0), "{ended:?}");
+    assert!(!pid_file.exists(), "quit removes the PID file");
+    assert!(
+        std::os::unix::net::UnixStream::connect(pipe.join("control")).is_err(),
+        "nothing listens after quit"
+    );
+    let stdout = String::from_utf8_lossy(&ended.stdout);
+    assert!(stdout.contains("daemon started"), "{stdout}");
+    assert!(stdout.contains("daemon stopped"), "{stdout}");
+    assert!(
+        !log.join("control.log").exists(),
+        "the foreground daemon logs to stdout"
+    );
+
+    let recorded = calls(&root);
+    let tools: Vec<(&str, Vec<&str>)> = recorded
+        .iter()
+        .map(|c| (c.tool.as_str(), c.args.iter().map(String::as_str).collect()))
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            ("nvidia-cuda-mps-control", vec!["-f"]),
+            ("nvidia-cuda-mps-control", vec!["-f"]),
+            ("nvidia-cuda-mps-control", vec!["-d"]),
+            ("nvidia-cuda-mps-control", vec![]),
+        ],
+        "one record per run; no separate daemon record without a fork"
+    );
+    assert_eq!(recorded[0].pid, daemon_pid);
+    assert_eq!(recorded[0].env["CUDA_VISIBLE_DEVICES"], UUID);
+}
+
+#[test]
+fn a_foreground_start_over_a_killed_daemons_leftovers_succeeds_and_can_be_made_to_fail() {
+    let (dir, root) = root();
+    let pipe = dir.path().join("pipe");
+    let start = || {
+        Command::new(root.join("usr/bin/nvidia-cuda-mps-control"))
+            .arg("-f")
+            .env("CUDA_MPS_PIPE_DIRECTORY", &pipe)
+            .env("CUDA_MPS_LOG_DIRECTORY", dir.path().join("log"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let pid_file = pipe.join("nvidia-cuda-mps-control.pid");
+    let mut killed = start();
+    wait_for(&pid_file);
+    killed.kill().unwrap();
+    killed.wait().unwrap();
+    assert!(pid_file.exists(), "SIGKILL leaves the PID file");
+
+    fail_next_mps_start(&root, "NVML: GPU is lost").unwrap();
+    let failed = start().wait_with_output().unwrap();
+    assert_eq!(failed.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&failed.stderr).contains("GPU is lost"));
+
+    let daemon = start();
+    for _ in 0..2500 {
+        if std::fs::read_to_string(&pid_file)
+            .unwrap_or_default()
+            .trim()
+            == daemon.id().to_string()
+        {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&pid_file).unwrap().trim(),
+        daemon.id().to_string(),
+        "a dead daemon's PID file does not stop a new one"
+    );
+    assert!(mps_control(&root, &pipe, &[], "quit\n").status.success());
+    assert_eq!(daemon.wait_with_output().unwrap().status.code(), Some(0));
+}
