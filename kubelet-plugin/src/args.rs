@@ -159,7 +159,7 @@ pub struct Args {
 
     /// How long a new MPS daemon (its pod scheduled, pulled and started) may take to accept
     /// connections before the prepare that needs it fails.
-    #[arg(long, env = "KERF_MPS_START_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "KERF_MPS_START_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub mps_start_timeout: Duration,
 
     /// Name of the plugin's own pod (downward API `metadata.name`).
@@ -328,11 +328,15 @@ impl Args {
                 "--mps-daemons=pod needs --pod-name and --pod-namespace (POD_NAME, POD_NAMESPACE from the downward API)".into(),
             ));
         }
+        let (registration_socket, dra_socket) = socket_paths(
+            &self.registry_dir,
+            &plugin_dir,
+            &self.driver_name,
+            own_pod.as_ref().and_then(|p| p.uid.as_deref()),
+        )?;
         Ok(PluginConfig {
-            registration_socket: self
-                .registry_dir
-                .join(format!("{}-reg.sock", self.driver_name)),
-            dra_socket: plugin_dir.join("dra.sock"),
+            registration_socket,
+            dra_socket,
             driver_name: self.driver_name,
             node_name: self.node_name,
             cdi_dir: self.cdi_dir,
@@ -380,6 +384,32 @@ fn own_pod(
     }
 }
 
+/// The registration and DRA sockets, named as upstream's helper names them
+/// (`k8s.io/dynamic-resource-allocation/kubeletplugin`, `draplugin.go`, `Start` with the
+/// `RollingUpdate(uid)` option): `<registry>/<driver>-<uid>-reg.sock` and
+/// `<plugin-dir>/dra-<uid>.sock` with the pod's UID, so that the instance of a rolling update
+/// binds its own sockets beside the old instance's and the kubelet (1.33+, which keeps every
+/// registered endpoint of a driver) holds both; without a UID the fixed names
+/// `<driver>-reg.sock` and `dra.sock`, which one instance at a time uses.
+///
+/// # Errors
+/// [`Error::Config`] for a UID that is not a valid UID (it becomes part of a file name).
+fn socket_paths(
+    registry_dir: &std::path::Path,
+    plugin_dir: &std::path::Path,
+    driver_name: &str,
+    pod_uid: Option<&str>,
+) -> Result<(PathBuf, PathBuf)> {
+    let uid_part = match pod_uid {
+        Some(uid) => format!("-{}", kerf_core::names::claim_uid("--pod-uid", uid)?),
+        None => String::new(),
+    };
+    Ok((
+        registry_dir.join(format!("{driver_name}{uid_part}-reg.sock")),
+        plugin_dir.join(format!("dra{uid_part}.sock")),
+    ))
+}
+
 /// The MPS root ends up in CDI specs (JSON) and in mounts: absolute and UTF-8.
 fn check_mps_root(root: &std::path::Path) -> Result<()> {
     if root.is_absolute() && root.to_str().is_some() {
@@ -424,6 +454,48 @@ mod tests {
         );
         assert_eq!(config.discovery, Discovery::Nvml);
         assert!(config.publish_resources);
+    }
+
+    #[test]
+    fn the_pod_uid_names_the_sockets_for_rolling_updates() {
+        let uid = "0f3c2a9e-6a52-4c1e-9b3d-2f1e8c7d6b5a";
+        let pod = ["--pod-name", "kerf-abc", "--pod-namespace", "kerf-system"];
+        let with_uid = |uid: &str| {
+            let mut args = vec!["--node-name", "n", "--driver-name", "gpu.example.com"];
+            args.extend(pod);
+            args.extend(["--pod-uid", uid]);
+            parse(&args).into_config()
+        };
+        let config = with_uid(uid).unwrap();
+        assert_eq!(
+            config.registration_socket,
+            PathBuf::from(format!(
+                "/var/lib/kubelet/plugins_registry/gpu.example.com-{uid}-reg.sock"
+            ))
+        );
+        assert_eq!(
+            config.dra_socket,
+            PathBuf::from(format!(
+                "/var/lib/kubelet/plugins/gpu.example.com/dra-{uid}.sock"
+            ))
+        );
+        assert_eq!(
+            config.checkpoint_file,
+            PathBuf::from("/var/lib/kubelet/plugins/gpu.example.com/checkpoint.json"),
+            "both instances share the checkpoint"
+        );
+        // An empty UID (a downward API without it) keeps the fixed names.
+        let config = with_uid("").unwrap();
+        assert_eq!(
+            config.registration_socket,
+            PathBuf::from("/var/lib/kubelet/plugins_registry/gpu.example.com-reg.sock")
+        );
+        assert_eq!(
+            config.dra_socket,
+            PathBuf::from("/var/lib/kubelet/plugins/gpu.example.com/dra.sock")
+        );
+        let err = with_uid("../x").unwrap_err().to_string();
+        assert!(err.contains("--pod-uid"), "{err}");
     }
 
     #[test]

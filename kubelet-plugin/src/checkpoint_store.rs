@@ -8,7 +8,35 @@
 //! The writer is a thread of its own, not a task that hands each write to the blocking pool:
 //! a lone prepare then waits for one wake-up of the writer and one of itself, not for four
 //! hand-overs between the runtime's threads, and the write is most of what it waits for.
+//!
+//! # Two instances, one file
+//!
+//! During a rolling update (pod UID sockets, DaemonSet `maxSurge: 1`) an old and a new plugin
+//! instance run side by side on one node and share this file; the kubelet may send a claim's
+//! prepare to one and its unprepare to the other (upstream's `RollingUpdate` option in
+//! `k8s.io/dynamic-resource-allocation/kubeletplugin/draplugin.go`: "each instance must be
+//! entirely stateless across method calls"). Upstream's helper serializes every call of both
+//! instances on a `flock`; kerf keeps its concurrent prepares and makes each access safe:
+//!
+//! - **Writes** hold an exclusive `flock` on `<checkpoint>.lock` from "has the file changed
+//!   since this process last saw it?" through the durable write: if it has, the file is read
+//!   and merged in first ([`shared_file::merge`]: per claim, per GPU, what this process did
+//!   not change since it last saw the file takes the file's value). Neither instance's write
+//!   can therefore drop a claim the other one made durable.
+//! - **Reads and in-memory mutations** first compare the file's device and inode with the file
+//!   this process last read or wrote (kept open, so the inode number cannot be reused): one
+//!   `stat`, no parse. Only a file replaced by the other instance is read and merged. A read
+//!   thus sees every change the other instance had made durable when the read began; what the
+//!   other instance holds only in memory (a prepare it started and has not finished) is not
+//!   seen, so a device check across instances covers finished prepares only.
+//! - While this process's own writer replaces the file under the lock, a changed inode is its
+//!   own write and needs no read.
+//!
+//! A plugin from before this contract does not take the lock; the rolling update that
+//! installs this version overlaps with such an instance, which the kubelet sends no calls once
+//! the new one is registered.
 
+use std::fs::File;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -18,6 +46,10 @@ use kerf_core::checkpoint::{self, Checkpoint, LoadOutcome};
 use tokio::sync::watch;
 
 use crate::{Error, Result};
+
+mod shared_file;
+
+use shared_file::{Exclusive, FileId, KnownFile};
 
 /// Progress of the writer: everything up to `durable` is on disk; a write covering up to
 /// `failed` failed with `error` (and nothing later has succeeded since).
@@ -43,6 +75,32 @@ struct State {
     seq: u64,
     /// Latest mutation somebody waits to see on disk; lazy mutations do not raise it.
     wanted: u64,
+    /// The checkpoint as the file held it when this process last read or wrote it: what the
+    /// other instance's changes are told from this process's own.
+    base: Checkpoint,
+    /// The file that held `base`.
+    known: Option<KnownFile>,
+    /// This process's writer holds the lock and is replacing the file.
+    writing: bool,
+    /// How often the file was read again because the other instance had replaced it.
+    reloads: u64,
+}
+
+impl State {
+    fn known_id(&self) -> Option<FileId> {
+        self.known.as_ref().map(KnownFile::id)
+    }
+
+    /// Takes in `theirs`, read from `known`, unless that file is already the known one.
+    fn take_in(&mut self, known: KnownFile, theirs: &Checkpoint) {
+        if self.known_id() == Some(known.id()) {
+            return;
+        }
+        shared_file::merge(&self.base, &mut self.checkpoint, theirs);
+        self.base = theirs.clone();
+        self.known = Some(known);
+        self.reloads += 1;
+    }
 }
 
 struct Shared {
@@ -51,6 +109,11 @@ struct Shared {
     /// Signalled (with `state`) when a mutation somebody waits for is pending.
     wake: Condvar,
     progress: watch::Sender<Progress>,
+    /// `<checkpoint>.lock`, whose `flock` the writes of every instance hold.
+    lock_file: File,
+    /// Serializes this process's reloads and writes, so that `base` and `known` change
+    /// together.
+    sync: Mutex<()>,
 }
 
 /// Handle to the checkpoint. Cheap to clone.
@@ -88,10 +151,22 @@ impl CheckpointStore {
     /// not be started, or the first write of a fresh checkpoint failing (e.g. the directory
     /// is not writable).
     pub async fn open(path: &Path, boot_id: &str) -> Result<(Self, Opened)> {
+        let lock_path = shared_file::lock_path(path);
+        let lock_file =
+            shared_file::open_lock(&lock_path).map_err(|e| Error::io("open", &lock_path, e))?;
         let read_path = path.to_owned();
-        let outcome = tokio::task::spawn_blocking(move || checkpoint::load(&read_path))
-            .await
-            .map_err(|e| Error::internal("the checkpoint loader task", e))??;
+        let (lock_file, outcome, known) = tokio::task::spawn_blocking(move || {
+            // Under the lock: another instance's write cannot slip between the load and the
+            // identity of the file loaded.
+            let locked = Exclusive::take(&lock_file).map_err(|e| Error::io("lock", &lock_path, e));
+            let loaded = locked.and_then(|_held| {
+                let outcome = checkpoint::load(&read_path)?;
+                Ok((outcome, shared_file::open_known(&read_path)))
+            });
+            loaded.map(|(outcome, known)| (lock_file, outcome, known))
+        })
+        .await
+        .map_err(|e| Error::internal("the checkpoint loader task", e))??;
         let (mut cp, opened) = match outcome {
             LoadOutcome::Missing => (Checkpoint::default(), Opened::Fresh),
             LoadOutcome::Loaded(cp) => {
@@ -103,6 +178,7 @@ impl CheckpointStore {
                 Opened::MovedAside { moved_to, reason },
             ),
         };
+        let base = cp.clone();
         boot_id.clone_into(&mut cp.boot_id);
         let (progress, _) = watch::channel(Progress::default());
         let shared = Arc::new(Shared {
@@ -111,9 +187,15 @@ impl CheckpointStore {
                 checkpoint: cp,
                 seq: 0,
                 wanted: 0,
+                base,
+                known,
+                writing: false,
+                reloads: 0,
             }),
             wake: Condvar::new(),
             progress,
+            lock_file,
+            sync: Mutex::new(()),
         });
         let writer_shared = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -127,9 +209,10 @@ impl CheckpointStore {
         Ok((store, opened))
     }
 
-    /// Reads the in-memory checkpoint.
+    /// Reads the in-memory checkpoint, after taking in what another instance wrote to the
+    /// file since this process last saw it (see the module docs).
     pub fn read<T>(&self, f: impl FnOnce(&Checkpoint) -> T) -> T {
-        f(&self.lock().checkpoint)
+        f(&self.fresh().checkpoint)
     }
 
     /// Mutates the checkpoint in memory only: the change reaches the disk with the next write
@@ -137,7 +220,7 @@ impl CheckpointStore {
     /// in a crash is harmless, such as a prepare that has started; waking the writer for it
     /// would put a disk write nobody waits for in front of the ones callers do wait for.
     pub fn mutate_lazily<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> T {
-        let mut guard = self.lock();
+        let mut guard = self.fresh();
         let out = f(&mut guard.checkpoint);
         guard.seq += 1;
         out
@@ -146,7 +229,7 @@ impl CheckpointStore {
     /// Mutates the checkpoint in memory, wakes the writer, and returns the sequence number
     /// to pass to [`CheckpointStore::persisted`].
     fn mutate<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> (T, u64) {
-        let mut guard = self.lock();
+        let mut guard = self.fresh();
         let out = f(&mut guard.checkpoint);
         guard.seq += 1;
         let seq = guard.seq;
@@ -199,30 +282,56 @@ impl CheckpointStore {
         &self.shared.path
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the checkpoint half-mutated in a way
-        // that matters more than stopping would: keep serving.
-        self.shared
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    /// How often the file was read again because another instance had replaced it.
+    pub fn reloads(&self) -> u64 {
+        self.lock().reloads
     }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        lock_state(&self.shared)
+    }
+
+    /// The state, with what another instance made durable taken in. The fast path, an
+    /// unchanged file, costs one `stat`.
+    fn fresh(&self) -> MutexGuard<'_, State> {
+        let on_disk = shared_file::current_id(&self.shared.path);
+        let guard = self.lock();
+        if guard.writing || on_disk == guard.known_id() || on_disk.is_none() {
+            return guard;
+        }
+        drop(guard);
+        let _sync = self
+            .shared
+            .sync
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if shared_file::current_id(&self.shared.path) != self.lock().known_id() {
+            match shared_file::read(&self.shared.path) {
+                Ok(Some((known, theirs))) => self.lock().take_in(known, &theirs),
+                Ok(None) => {}
+                Err(reason) => {
+                    tracing::error!(path = %self.shared.path.display(), %reason, "cannot read the checkpoint another plugin instance wrote; going on with this instance's");
+                }
+            }
+        }
+        self.lock()
+    }
+}
+
+fn lock_state(shared: &Shared) -> MutexGuard<'_, State> {
+    // A panic while holding the lock cannot leave the checkpoint half-mutated in a way
+    // that matters more than stopping would: keep serving.
+    shared.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Persists snapshots whenever mutations are pending; exits when every handle is gone.
 fn writer(shared: &Arc<Shared>) {
     let mut written = 0;
     loop {
-        let Some((snapshot, seq)) = next_snapshot(shared, written) else {
+        if !work_pending(shared, written) {
             return;
-        };
-        let outcome = match catch_unwind(AssertUnwindSafe(|| {
-            checkpoint::save(&shared.path, &snapshot)
-        })) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(WriteFailure::Save(e.to_string().into())),
-            Err(panic) => Err(WriteFailure::Panicked(panic_message(panic.as_ref()).into())),
-        };
+        }
+        let (seq, outcome) = write_once(shared);
         written = seq;
         shared.progress.send_modify(|p| match outcome {
             Ok(()) => {
@@ -239,13 +348,70 @@ fn writer(shared: &Arc<Shared>) {
     }
 }
 
-/// Waits until a mutation after `written` is wanted on disk and returns a snapshot that
-/// includes it; `None` once the writer holds the last reference to the store.
-fn next_snapshot(shared: &Arc<Shared>, written: u64) -> Option<(Checkpoint, u64)> {
-    let mut guard = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+/// One write under the lock: takes in the other instance's changes, writes a snapshot, and
+/// returns the snapshot's sequence number with the outcome.
+fn write_once(shared: &Shared) -> (u64, std::result::Result<(), WriteFailure>) {
+    let _sync = shared.sync.lock().unwrap_or_else(PoisonError::into_inner);
+    let locked = Exclusive::take(&shared.lock_file);
+    let mut state = lock_state(shared);
+    let held = match locked {
+        Ok(held) => held,
+        Err(e) => {
+            let reason = format!(
+                "lock {}: {e}",
+                shared_file::lock_path(&shared.path).display()
+            );
+            return (state.seq, Err(WriteFailure::Save(reason.into())));
+        }
+    };
+    if shared_file::current_id(&shared.path) != state.known_id() {
+        drop(state);
+        let read = shared_file::read(&shared.path);
+        state = lock_state(shared);
+        match read {
+            Ok(Some((known, theirs))) => state.take_in(known, &theirs),
+            Ok(None) => {}
+            Err(reason) => {
+                // Writing over a file that does not decode would lose the other instance's
+                // claims for good; fail the write instead, and say why.
+                return (state.seq, Err(WriteFailure::Save(reason.into())));
+            }
+        }
+    }
+    let (snapshot, seq) = (state.checkpoint.clone(), state.seq);
+    state.writing = true;
+    drop(state);
+    let outcome = match catch_unwind(AssertUnwindSafe(|| {
+        checkpoint::save(&shared.path, &snapshot)
+    })) {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(WriteFailure::Save(e.to_string().into())),
+        Err(panic) => Err(WriteFailure::Panicked(panic_message(panic.as_ref()).into())),
+    };
+    let known = outcome
+        .is_ok()
+        .then(|| shared_file::open_known(&shared.path))
+        .flatten();
+    let mut state = lock_state(shared);
+    state.writing = false;
+    if outcome.is_ok() {
+        state.base = snapshot;
+        state.known = known;
+    }
+    // Only now may the other instance write: until `known` names this write, a replaced
+    // file here would be taken for this process's own.
+    drop(state);
+    drop(held);
+    (seq, outcome)
+}
+
+/// Waits until a mutation after `written` is wanted on disk; `false` once the writer holds
+/// the last reference to the store.
+fn work_pending(shared: &Arc<Shared>, written: u64) -> bool {
+    let mut guard = lock_state(shared);
     while guard.wanted <= written {
         if Arc::strong_count(shared) == 1 {
-            return None;
+            return false;
         }
         // Wake up now and then to notice that the store was dropped.
         guard = shared
@@ -254,7 +420,7 @@ fn next_snapshot(shared: &Arc<Shared>, written: u64) -> Option<(Checkpoint, u64)
             .unwrap_or_else(PoisonError::into_inner)
             .0;
     }
-    Some((guard.checkpoint.clone(), guard.seq))
+    true
 }
 
 /// The message of a panic's payload, as the standard library prints it.
@@ -322,5 +488,78 @@ mod tests {
             result.unwrap();
         }
         assert_eq!(on_disk(&path).claims.len(), 32);
+    }
+
+    fn entry() -> ClaimEntry {
+        ClaimEntry::default()
+    }
+
+    #[tokio::test]
+    async fn two_instances_keep_each_others_claims() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        let (old, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
+        let (new, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
+        old.update(|cp| cp.claims.insert("a".into(), entry()))
+            .await
+            .unwrap();
+        new.update(|cp| cp.claims.insert("b".into(), entry()))
+            .await
+            .unwrap();
+        // A lazy mutation of the old instance is kept through the new one's write.
+        old.mutate_lazily(|cp| cp.claims.insert("c".into(), entry()));
+        new.update(|cp| cp.remove_claim("a")).await.unwrap();
+        assert!(
+            !old.read(|cp| cp.claims.contains_key("a")),
+            "the old instance sees the new one's unprepare"
+        );
+        old.update(|cp| cp.claims.insert("d".into(), entry()))
+            .await
+            .unwrap();
+        let uids: Vec<String> = on_disk(&path).claims.into_keys().collect();
+        assert_eq!(uids, ["b", "c", "d"]);
+        assert_eq!(new.read(|cp| cp.claims.len()), 3);
+    }
+
+    #[tokio::test]
+    async fn an_unchanged_file_is_not_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        let (store, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
+        for i in 0..20 {
+            store
+                .update(|cp| cp.claims.insert(format!("c{i}"), entry()))
+                .await
+                .unwrap();
+            assert_eq!(store.read(|cp| cp.claims.len()), i + 1);
+        }
+        assert_eq!(store.reloads(), 0, "its own writes are not read back");
+        let (other, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
+        other.update(|cp| cp.remove_claim("c0")).await.unwrap();
+        assert_eq!(store.read(|cp| cp.claims.len()), 19);
+        assert_eq!(store.read(|cp| cp.claims.len()), 19);
+        assert_eq!(store.reloads(), 1, "read once after the other's write");
+    }
+
+    #[tokio::test]
+    async fn concurrent_writers_in_two_instances_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        let (a, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
+        let (b, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
+        let updates = (0..40).map(|i| {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            async move {
+                store
+                    .update(|cp| cp.claims.insert(format!("claim-{i}"), entry()))
+                    .await
+            }
+        });
+        for result in futures::future::join_all(updates).await {
+            result.unwrap();
+        }
+        assert_eq!(on_disk(&path).claims.len(), 40);
+        assert_eq!(a.read(|cp| cp.claims.len()), 40);
+        assert_eq!(b.read(|cp| cp.claims.len()), 40);
     }
 }

@@ -1,4 +1,10 @@
 //! Unix socket listeners that replace stale sockets on start and remove theirs on drop.
+//!
+//! "Theirs" is checked: during a rolling update without per-instance socket names (no pod
+//! UID), the new instance replaces the old one's socket file at the same path, and the old
+//! instance's shutdown must then not remove the new instance's socket. The pluginwatcher's
+//! rule (kubernetes `pkg/kubelet/pluginmanager/pluginwatcher/README.md`): "A plugin should NOT
+//! remove any sockets belonging to other plugins".
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +24,8 @@ const SUN_PATH_MAX: usize = 108;
 pub struct BoundSocket {
     path: PathBuf,
     listener: Option<UnixListener>,
+    /// Device and inode of the file this value bound, to leave a successor's file alone.
+    identity: Option<(u64, u64)>,
 }
 
 impl BoundSocket {
@@ -44,6 +52,7 @@ impl BoundSocket {
         Ok(BoundSocket {
             path: path.to_owned(),
             listener: Some(listener),
+            identity: file_identity(path),
         })
     }
 
@@ -76,12 +85,25 @@ impl BoundSocket {
 
 impl Drop for BoundSocket {
     fn drop(&mut self) {
+        let current = file_identity(&self.path);
+        if current.is_some() && current != self.identity {
+            tracing::info!(path = %self.path.display(), "socket replaced by another instance; leaving it");
+            return;
+        }
         if let Err(e) = std::fs::remove_file(&self.path)
             && e.kind() != std::io::ErrorKind::NotFound
         {
             tracing::warn!(path = %self.path.display(), error = %e, "could not remove socket");
         }
     }
+}
+
+/// Device and inode of the file at `path`, `None` when there is none.
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|meta| (meta.dev(), meta.ino()))
 }
 
 fn remove_stale(path: &Path) -> Result<()> {
@@ -114,6 +136,21 @@ mod tests {
         let bound = BoundSocket::bind(&path).unwrap();
         assert!(path.exists());
         drop(bound);
+        assert!(!path.exists());
+    }
+
+    #[tokio::test]
+    async fn leaves_a_successors_socket_at_the_same_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.sock");
+        let old = BoundSocket::bind(&path).unwrap();
+        let new = BoundSocket::bind(&path).unwrap();
+        drop(old);
+        assert!(
+            path.exists(),
+            "the old instance removed the new one's socket"
+        );
+        drop(new);
         assert!(!path.exists());
     }
 
