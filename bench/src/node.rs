@@ -221,6 +221,7 @@ impl BenchNode {
         let (config, inventory) = lay_out(root, layout)?;
         let claim_reader = Arc::new(MemoryClaimReader::default());
         let connections = Connections {
+            mps_daemon_pods: None,
             device_status: None,
             claim_reader: Arc::clone(&claim_reader) as Arc<dyn ClaimReader>,
             publisher: None,

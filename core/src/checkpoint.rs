@@ -67,6 +67,10 @@ pub struct GpuSharingEntry {
     /// The MPS root under which the GPU's control daemon was started, while one may run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mps_root: Option<PathBuf>,
+    /// Which daemon served the GPU when the plugin last looked (opaque: a PID, or a daemon
+    /// pod's UID and restart count): a different one found later was restarted meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_daemon: Option<String>,
     /// The time slice set on the GPU, while one is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time_slice: Option<TimeSliceInterval>,
@@ -75,7 +79,7 @@ pub struct GpuSharingEntry {
 impl GpuSharingEntry {
     /// True when nothing is set up on the GPU any more.
     pub fn is_empty(&self) -> bool {
-        self.mps_root.is_none() && self.time_slice.is_none()
+        self.mps_root.is_none() && self.mps_daemon.is_none() && self.time_slice.is_none()
     }
 }
 

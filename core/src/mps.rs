@@ -29,9 +29,14 @@
 //! runtime applied last, all three from that one device, so they never mix two daemons. A
 //! launcher that runs one process per GPU sets each process's variables from the keyed ones.
 //!
-//! Shared memory: the daemons inherit the kubelet plugin's `/dev/shm`, so the plugin's
-//! container mounts the node-wide `<mps-root>/shm` there and every client mounts the same
-//! directory at `/dev/shm` (NVIDIA's device plugin does the same with one `ShmDir` per
+//! Shared memory: a client and its server share `/dev/shm`. A daemon run in its own pod has
+//! its GPU's own `<mps-root>/<gpu-uuid>/shm` mounted there, and the clients of that GPU mount
+//! the same directory ([`MpsDirectories::client_with_gpu_shm`]), so pods on different GPUs
+//! share no memory directory (NVIDIA's DRA driver mounts one shm directory into its daemon
+//! pod and its clients the same way, `GetCDIContainerEdits` in
+//! `cmd/gpu-kubelet-plugin/sharing.go`). A daemonized child of the plugin inherits the
+//! plugin's `/dev/shm`, the node-wide `<mps-root>/shm`, which its clients then mount
+//! ([`MpsDirectories::client`]; NVIDIA's device plugin does the same with one `ShmDir` per
 //! resource, `internal/plugin/mps.go` `updateReponse` in `NVIDIA/k8s-device-plugin`).
 
 use std::path::{Path, PathBuf};
@@ -107,6 +112,12 @@ impl MpsDirectories {
         self.root.join(SHM_DIRECTORY_NAME)
     }
 
+    /// The GPU's own shared-memory directory, `<root>/<gpu-uuid>/shm`: the `/dev/shm` of a
+    /// daemon pod and of its clients.
+    pub fn gpu_shm(&self) -> PathBuf {
+        self.base.join(SHM_DIRECTORY_NAME)
+    }
+
     /// The daemon's PID file.
     pub fn pid_file(&self) -> PathBuf {
         self.pipe().join(PID_FILE)
@@ -122,11 +133,22 @@ impl MpsDirectories {
         ]
     }
 
-    /// What a client container of this daemon is given.
+    /// What a client container of a daemon that shares the node-wide shared-memory
+    /// directory is given.
     pub fn client(&self) -> MpsClient {
+        self.client_sharing(&self.shm())
+    }
+
+    /// What a client container of a daemon with its GPU's own shared-memory directory is
+    /// given.
+    pub fn client_with_gpu_shm(&self) -> MpsClient {
+        self.client_sharing(&self.gpu_shm())
+    }
+
+    fn client_sharing(&self, shm: &Path) -> MpsClient {
         MpsClient {
             pipe_directory: path_string(&self.pipe()),
-            shm_directory: path_string(&self.shm()),
+            shm_directory: path_string(shm),
             container_pipe_directory: format!("{CONTAINER_PIPE_ROOT}/{}", self.gpu_uuid),
         }
     }
@@ -138,7 +160,8 @@ impl MpsDirectories {
 pub struct MpsClient {
     /// The daemon's pipe directory on the host.
     pub pipe_directory: String,
-    /// The node-wide shared-memory directory on the host, mounted at `/dev/shm`.
+    /// The shared-memory directory on the host (the node-wide one or the GPU's own), mounted
+    /// at `/dev/shm`.
     pub shm_directory: String,
     /// Where the container sees the pipe directory: `/run/kerf/mps/<gpu-uuid>`, the value of
     /// `CUDA_MPS_PIPE_DIRECTORY`.
@@ -253,6 +276,18 @@ mod tests {
             let error = MpsDirectories::new(Path::new("/r"), bad).unwrap_err();
             assert!(error.to_string().contains("gpuUUID"), "{bad:?}: {error}");
         }
+    }
+
+    #[test]
+    fn a_daemon_pods_client_gets_its_gpus_own_shm() {
+        let dirs = MpsDirectories::new(Path::new("/r"), UUID).unwrap();
+        let client = dirs.client_with_gpu_shm();
+        assert_eq!(client.shm_directory, format!("/r/{UUID}/shm"));
+        assert_eq!(client.pipe_directory, dirs.client().pipe_directory);
+        assert!(
+            dirs.gpu_shm().starts_with(dirs.base()),
+            "removed with the daemon's files"
+        );
     }
 
     #[test]

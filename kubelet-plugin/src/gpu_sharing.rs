@@ -13,6 +13,11 @@
 //! with the claim's own durable write, so that a restarted plugin finds it again: start-up
 //! ([`GpuSharing::restore`]) adopts or restarts the daemons prepared claims need, sets their
 //! time slices again after a reboot, and undoes everything else (orphans).
+//!
+//! Each GPU's record also names the daemon that served it ([`Incarnation`]). Whenever the
+//! plugin finds another one — at start-up, in the periodic check, at a prepare — the daemon
+//! was replaced and its clients lost their server: that is reported once per replacement
+//! ([`Restarted`]), whoever restarted it (the plugin, or the kubelet restarting a daemon pod).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -23,7 +28,7 @@ use kerf_core::slice::Sharing;
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
-use crate::mps_daemons::MpsDaemons;
+use crate::mps_daemons::{ControlDaemons, Incarnation};
 use crate::preparer::ClaimRef;
 use crate::{Error, Result};
 
@@ -69,6 +74,9 @@ pub struct SharingRestore {
     pub adopted: Vec<String>,
     /// GPUs whose daemon was started (after a reboot, or because it had died).
     pub started: Vec<String>,
+    /// GPUs whose daemon is not the one recorded: replaced while the plugin was down. Their
+    /// claims are reported by the next [`GpuSharing::check_daemons`].
+    pub replaced: Vec<String>,
     /// GPUs whose daemon no prepared claim needed, stopped.
     pub orphans_stopped: Vec<String>,
     /// GPUs whose time slice was set again.
@@ -79,7 +87,7 @@ pub struct SharingRestore {
     pub failures: Vec<Error>,
 }
 
-/// A daemon the periodic check found dead and started again.
+/// A daemon found replaced (dead and started again, by the plugin or by the kubelet).
 #[derive(Debug)]
 pub struct Restarted {
     /// The GPU.
@@ -93,16 +101,19 @@ pub struct Restarted {
 /// MPS daemons and time slices of the node's GPUs (see the module docs). Without GPU tools
 /// (mock mode without a mock driver root) nothing is enforced and slices stay accounting.
 pub struct GpuSharing {
-    tools: Option<MpsDaemons>,
+    tools: Option<ControlDaemons>,
     gpu_locks: ClaimLocks,
+    /// Replacements found outside the periodic check, reported by its next run.
+    replaced: std::sync::Mutex<Vec<Restarted>>,
 }
 
 impl GpuSharing {
     /// Sharing enforced with `tools`, or not at all when `None`.
-    pub fn new(tools: Option<MpsDaemons>) -> Self {
+    pub fn new(tools: Option<ControlDaemons>) -> Self {
         GpuSharing {
             tools,
             gpu_locks: ClaimLocks::default(),
+            replaced: std::sync::Mutex::default(),
         }
     }
 
@@ -120,7 +131,7 @@ impl GpuSharing {
         devices
             .iter()
             .map(|device| match (&self.tools, mps_gpu(device)) {
-                (Some(tools), Some(gpu)) => Ok(Some(tools.directories(gpu)?.client())),
+                (Some(tools), Some(gpu)) => Ok(Some(tools.client(gpu)?)),
                 _ => Ok(None),
             })
             .collect()
@@ -144,11 +155,8 @@ impl GpuSharing {
         };
         for gpu in devices.iter().filter_map(mps_gpu).collect::<BTreeSet<_>>() {
             let _gpu = self.gpu_locks.lock(gpu).await;
-            tools.ensure(gpu).await?;
-            let root = tools.settings().root.clone();
-            checkpoint.mutate_lazily(|cp| {
-                cp.gpu_sharing.entry(gpu.to_owned()).or_default().mps_root = Some(root);
-            });
+            let incarnation = tools.ensure(gpu).await?;
+            self.record_daemon(tools, gpu, &incarnation, checkpoint);
         }
         let time_sliced: BTreeMap<&str, TimeSliceInterval> =
             devices.iter().filter_map(time_sliced_gpu).collect();
@@ -205,18 +213,20 @@ impl GpuSharing {
             checkpoint.read(|cp| cp.gpu_sharing.clone());
         for gpu in &needed_mps {
             let _gpu = self.gpu_locks.lock(gpu).await;
-            let adopted = tools
-                .directories(gpu)
-                .is_ok_and(|d| tools.running(&d).is_some());
+            let found = tools.current(gpu).await.ok().flatten();
             match tools.ensure(gpu).await {
-                Ok(_) if adopted => report.adopted.push(gpu.clone()),
-                Ok(_) => report.started.push(gpu.clone()),
+                Ok(incarnation) => {
+                    if found.as_ref() == Some(&incarnation) {
+                        report.adopted.push(gpu.clone());
+                    } else {
+                        report.started.push(gpu.clone());
+                    }
+                    if self.record_daemon(tools, gpu, &incarnation, checkpoint) {
+                        report.replaced.push(gpu.clone());
+                    }
+                }
                 Err(error) => report.failures.push(error),
             }
-            let root = tools.settings().root.clone();
-            checkpoint.mutate_lazily(|cp| {
-                cp.gpu_sharing.entry(gpu.clone()).or_default().mps_root = Some(root);
-            });
         }
         self.stop_orphans(tools, &needed_mps, &recorded, checkpoint, &mut report)
             .await;
@@ -233,7 +243,7 @@ impl GpuSharing {
 
     async fn stop_orphans(
         &self,
-        tools: &MpsDaemons,
+        tools: &ControlDaemons,
         needed: &BTreeSet<String>,
         recorded: &BTreeMap<String, GpuSharingEntry>,
         checkpoint: &CheckpointStore,
@@ -241,6 +251,7 @@ impl GpuSharing {
     ) {
         let mut orphans: BTreeMap<String, PathBuf> = tools
             .known_gpus()
+            .await
             .into_iter()
             .map(|gpu| (gpu, tools.settings().root.clone()))
             .collect();
@@ -253,7 +264,7 @@ impl GpuSharing {
             let _gpu = self.gpu_locks.lock(&gpu).await;
             match tools.with_root(root).stop(&gpu).await {
                 Ok(()) => {
-                    checkpoint.mutate_lazily(|cp| clear(cp, &gpu, |e| e.mps_root = None));
+                    checkpoint.mutate_lazily(|cp| clear(cp, &gpu, forget_daemon));
                     report.orphans_stopped.push(gpu);
                 }
                 Err(error) => report.failures.push(error),
@@ -263,7 +274,7 @@ impl GpuSharing {
 
     async fn restore_time_slices(
         &self,
-        tools: &MpsDaemons,
+        tools: &ControlDaemons,
         needed: &BTreeMap<String, TimeSliceInterval>,
         recorded: &BTreeMap<String, GpuSharingEntry>,
         checkpoint: &CheckpointStore,
@@ -302,33 +313,99 @@ impl GpuSharing {
         }
     }
 
-    /// Starts again the daemons that died on GPUs that still have MPS claims. Returns one
-    /// entry per dead daemon found.
+    /// Starts again the daemons that died on GPUs that still have MPS claims, and reports
+    /// every daemon found replaced since the plugin last looked (here, at start-up or at a
+    /// prepare). Returns one entry per replaced daemon.
     pub async fn check_daemons(&self, checkpoint: &CheckpointStore) -> Vec<Restarted> {
         let Some(tools) = &self.tools else {
             return Vec::new();
         };
         let (needed, _) = checkpoint.read(needed_set_up);
-        let mut restarted = Vec::new();
         for gpu in needed {
             let _gpu = self.gpu_locks.lock(&gpu).await;
-            let Ok(dirs) = tools.directories(&gpu) else {
-                continue;
-            };
-            let still_needed = checkpoint.read(|cp| users(cp, &gpu).mps > 0);
-            if !still_needed || tools.running(&dirs).is_some() {
+            if !checkpoint.read(|cp| users(cp, &gpu).mps > 0) {
                 continue;
             }
-            let error = tools.ensure(&gpu).await.err();
-            let claims = checkpoint.read(|cp| mps_claims(cp, &gpu));
-            restarted.push(Restarted { gpu, claims, error });
+            let current = match tools.current(&gpu).await {
+                Ok(current) => current,
+                Err(error) => {
+                    tracing::warn!(gpu, %error, "cannot check the MPS daemon");
+                    continue;
+                }
+            };
+            let outcome = match current {
+                Some(incarnation) => Ok(incarnation),
+                None => tools.ensure(&gpu).await,
+            };
+            match outcome {
+                Ok(incarnation) => {
+                    self.record_daemon(tools, &gpu, &incarnation, checkpoint);
+                }
+                Err(error) => {
+                    let claims = checkpoint.read(|cp| mps_claims(cp, &gpu));
+                    self.lock_replaced().push(Restarted {
+                        gpu,
+                        claims,
+                        error: Some(error),
+                    });
+                }
+            }
         }
-        restarted
+        std::mem::take(&mut *self.lock_replaced())
+    }
+
+    /// Records `incarnation` as the daemon of `gpu`; when another one was recorded, the
+    /// daemon was replaced: queues the report and returns true. The caller holds the GPU's
+    /// lock.
+    fn record_daemon(
+        &self,
+        tools: &ControlDaemons,
+        gpu: &str,
+        incarnation: &Incarnation,
+        checkpoint: &CheckpointStore,
+    ) -> bool {
+        let root = tools.settings().root.clone();
+        let previous =
+            checkpoint.read(|cp| cp.gpu_sharing.get(gpu).and_then(|e| e.mps_daemon.clone()));
+        if previous.as_deref() != Some(incarnation.as_str()) {
+            checkpoint.mutate_lazily(|cp| {
+                let entry = cp.gpu_sharing.entry(gpu.to_owned()).or_default();
+                entry.mps_root = Some(root);
+                entry.mps_daemon = Some(incarnation.as_str().to_owned());
+            });
+        }
+        let Some(previous) = previous.filter(|p| p != incarnation.as_str()) else {
+            return false;
+        };
+        tracing::warn!(gpu, %previous, current = %incarnation, "MPS daemon was replaced");
+        let claims = checkpoint.read(|cp| mps_claims(cp, gpu));
+        self.lock_replaced().push(Restarted {
+            gpu: gpu.to_owned(),
+            claims,
+            error: None,
+        });
+        true
+    }
+
+    fn lock_replaced(&self) -> std::sync::MutexGuard<'_, Vec<Restarted>> {
+        // A panic while holding it cannot leave the list half-changed: push and take only.
+        self.replaced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
+fn forget_daemon(entry: &mut GpuSharingEntry) {
+    entry.mps_root = None;
+    entry.mps_daemon = None;
+}
+
 /// Undoes on one GPU what no claim needs any more; the caller holds the GPU's lock.
-async fn release_gpu(tools: &MpsDaemons, gpu: &str, checkpoint: &CheckpointStore) -> Result<()> {
+async fn release_gpu(
+    tools: &ControlDaemons,
+    gpu: &str,
+    checkpoint: &CheckpointStore,
+) -> Result<()> {
     let (users, entry) = checkpoint.read(|cp| (users(cp, gpu), cp.gpu_sharing.get(gpu).cloned()));
     let entry = entry.unwrap_or_default();
     let has_daemon_files = tools.directories(gpu).is_ok_and(|d| d.base().exists());
@@ -338,7 +415,7 @@ async fn release_gpu(tools: &MpsDaemons, gpu: &str, checkpoint: &CheckpointStore
             .clone()
             .unwrap_or_else(|| tools.settings().root.clone());
         tools.with_root(root).stop(gpu).await?;
-        checkpoint.mutate_lazily(|cp| clear(cp, gpu, |e| e.mps_root = None));
+        checkpoint.mutate_lazily(|cp| clear(cp, gpu, forget_daemon));
     }
     if users.time_sliced == 0 && entry.time_slice.is_some() {
         tools

@@ -15,20 +15,19 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint_store::{CheckpointStore, Opened};
-use crate::claim_events::{ClaimEvents, ClaimWarning, KubeClaimEvents};
+use crate::claim_events::{ClaimEvents, KubeClaimEvents};
 use crate::claim_reader::{CachingClaimReader, ClaimReader};
 use crate::config::{DynamicMigSettings, PluginConfig};
 use crate::dynamic_mig::{CrashStep, DynamicMig};
-use crate::gpu_sharing::GpuSharing;
 use crate::grpc::dra::DraService;
 use crate::grpc::health::HealthService;
+use crate::grpc::instances::OtherInstances;
 use crate::grpc::registration::RegistrationService;
 use crate::grpc::socket::BoundSocket;
 use crate::health::mock::NodeAnnotationSource;
 use crate::health::{HealthConfig, HealthMonitor};
 use crate::http::Health;
 use crate::metrics::Metrics;
-use crate::mps_daemons::MpsDaemons;
 use crate::preparer::device_status::{DeviceStatusConfig, DeviceStatusWriter};
 use crate::preparer::{Preparer, PreparerConfig};
 use crate::publish::{Publisher, SharedPublicationHandle};
@@ -52,6 +51,9 @@ pub struct Connections {
     /// Client that writes prepared claims' per-device status (`status.devices`); `None`
     /// disables it.
     pub device_status: Option<kube::Client>,
+    /// Client that creates, reads and deletes MPS daemon pods (`--mps-daemons=pod`); unused
+    /// with daemon processes.
+    pub mps_daemon_pods: Option<kube::Client>,
 }
 
 impl Connections {
@@ -62,6 +64,7 @@ impl Connections {
             claim_reader: Arc::new(CachingClaimReader::new(client.clone(), node)),
             events: Arc::new(KubeClaimEvents::new(client.clone(), node)),
             device_status: Some(client.clone()),
+            mps_daemon_pods: Some(client.clone()),
             publisher: publish.then_some(client),
         }
     }
@@ -321,13 +324,13 @@ pub async fn start_with(
     let claim_cache = connections.claim_reader.cache_task(shutdown.clone());
     let (publisher, publication) =
         build_publisher(config, connections.publisher, &metrics, reports);
-    let preparer = open_preparer(
+    let preparer = Box::pin(open_preparer(
         config,
         &inventory,
         connections.claim_reader,
         &metrics,
-        (status_writer, publication, mig),
-    )
+        (status_writer, publication, mig, connections.mps_daemon_pods),
+    ))
     .await?;
 
     let device_health = HealthMonitor::new(Arc::clone(&inventory), metrics.clone());
@@ -357,7 +360,9 @@ pub async fn start_with(
         let (token, period) = (shutdown.clone(), config.mps_check_interval);
         tasks.push((
             "mps-daemon-check",
-            tokio::spawn(check_mps_daemons(preparer, metrics, events, period, token)),
+            tokio::spawn(crate::mps_checks::check_mps_daemons(
+                preparer, metrics, events, period, token,
+            )),
         ));
     }
 
@@ -426,12 +431,14 @@ async fn open_preparer(
     inventory: &Arc<Inventory>,
     claim_reader: Arc<dyn ClaimReader>,
     metrics: &Metrics,
-    (status_writer, publication, mig): (
+    (status_writer, publication, mig, mps_daemon_pods): (
         Option<DeviceStatusWriter>,
         SharedPublicationHandle,
         DynamicMig,
+        Option<kube::Client>,
     ),
 ) -> Result<Arc<Preparer>> {
+    let sharing = Box::pin(crate::mps_checks::gpu_sharing(config, mps_daemon_pods)).await?;
     let checkpoint = open_checkpoint(config).await?;
     std::fs::create_dir_all(&config.cdi_dir)
         .map_err(|e| Error::io("create CDI directory", &config.cdi_dir, e))?;
@@ -440,7 +447,7 @@ async fn open_preparer(
         Arc::clone(inventory),
         claim_reader,
         checkpoint,
-        gpu_sharing(config)?,
+        sharing,
         metrics.clone(),
     )?
     .with_shared_publication(publication);
@@ -449,7 +456,7 @@ async fn open_preparer(
     }
     let preparer = Arc::new(preparer.with_dynamic_mig(mig));
     crate::dynamic_mig::node::log_restore(&preparer.restore_dynamic_mig().await?);
-    log_sharing_restore(&preparer.restore_sharing().await);
+    crate::mps_checks::log_sharing_restore(&preparer.restore_sharing().await);
     let restored = preparer.restore_cdi_specs().await?;
     tracing::info!(
         prepared = preparer.prepared_claims(),
@@ -496,6 +503,11 @@ fn build_publisher(
         metrics.clone(),
     )
     .with_write_failure_reports(reports);
+    let publisher =
+        match OtherInstances::of_socket(&config.driver_name, &config.registration_socket) {
+            Some(others) => publisher.with_other_instances(others),
+            None => publisher,
+        };
     let publication = publisher.shared_publication();
     (Some((client, publisher)), publication)
 }
@@ -580,94 +592,6 @@ fn spawn_health_sources(
 }
 
 type Task = (&'static str, JoinHandle<Result<()>>);
-
-/// The MPS daemons and time slices of the node, run with the configured GPU tools; not
-/// enforced in mock mode without a mock driver root.
-fn gpu_sharing(config: &PluginConfig) -> Result<GpuSharing> {
-    let Some(settings) = config.mps_settings() else {
-        tracing::info!(
-            "mock mode without --mock-driver-root: MPS and time-slicing are not enforced, slices are accounting only"
-        );
-        return Ok(GpuSharing::new(None));
-    };
-    create_shm_directory(&config.mps_root.join(kerf_core::mps::SHM_DIRECTORY_NAME))?;
-    Ok(GpuSharing::new(Some(MpsDaemons::new(settings))))
-}
-
-/// The node-wide shared-memory directory of MPS, with `/dev/shm`'s mode (world-writable,
-/// sticky): MPS clients of any user create their segments there, and none may remove
-/// another's. A kubelet-created hostPath directory is 0755 root, which would lock out every
-/// client not running as root.
-fn create_shm_directory(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt as _;
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::io("create MPS shared-memory directory", dir, e))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
-        .map_err(|e| Error::io("set the mode of the MPS shared-memory directory", dir, e))
-}
-
-fn log_sharing_restore(report: &crate::gpu_sharing::SharingRestore) {
-    for error in &report.failures {
-        tracing::error!(%error, "start-up: GPU sharing set-up failed; the daemon check retries MPS daemons");
-    }
-    tracing::info!(
-        adopted = ?report.adopted,
-        started = ?report.started,
-        orphans_stopped = ?report.orphans_stopped,
-        time_slices_set = ?report.time_slices_set,
-        time_slices_restored = ?report.time_slices_restored,
-        "GPU sharing restored"
-    );
-}
-
-/// Every `period`, starts again the MPS daemons that died; each restart is logged, counted
-/// and reported as a Warning Event on the GPU's MPS claims, whose processes lost their server.
-async fn check_mps_daemons(
-    preparer: Arc<Preparer>,
-    metrics: Metrics,
-    events: Arc<dyn ClaimEvents>,
-    period: std::time::Duration,
-    shutdown: CancellationToken,
-) -> Result<()> {
-    let mut ticks = tokio::time::interval(period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            _ = ticks.tick() => {}
-        }
-        for restarted in preparer.check_mps_daemons().await {
-            metrics.record_mps_daemon_restart(&restarted.gpu, restarted.error.is_none());
-            let (reason, note) = match &restarted.error {
-                None => {
-                    tracing::warn!(gpu = %restarted.gpu, claims = restarted.claims.len(), "MPS daemon had died; started again");
-                    let note = format!(
-                        "the MPS control daemon of GPU {} had died and was started again; CUDA processes of this claim that were connected to it must be restarted",
-                        restarted.gpu
-                    );
-                    ("MpsDaemonRestarted", note)
-                }
-                Some(error) => {
-                    tracing::error!(gpu = %restarted.gpu, %error, "MPS daemon had died and cannot be started again; retrying");
-                    let note = format!(
-                        "the MPS control daemon of GPU {} died and cannot be started again: {error}",
-                        restarted.gpu
-                    );
-                    ("MpsDaemonRestartFailed", note)
-                }
-            };
-            for claim in restarted.claims {
-                events
-                    .warn(ClaimWarning {
-                        claim,
-                        reason,
-                        note: note.clone(),
-                    })
-                    .await;
-            }
-        }
-    }
-}
 
 fn spawn_dra_server(
     config: &PluginConfig,

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kerf_kubelet_plugin::mps_daemons::{MpsDaemons, MpsSettings};
+use kerf_kubelet_plugin::mps_daemons::{ProcessDaemons, MpsSettings};
 use kerf_tests::fake_gpu_tools::{Call, calls, fail_next_mps_start, install};
 
 const GPU_A: &str = "GPU-2f4e0e00-e140-bcbd-d4fd-278c95116d02";
@@ -18,14 +18,14 @@ const GPU_B: &str = "GPU-8a1b2c3d-0000-1111-2222-333344445555";
 struct Node {
     _dir: tempfile::TempDir,
     root: PathBuf,
-    daemons: MpsDaemons,
+    daemons: ProcessDaemons,
 }
 
 fn node() -> Node {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("driver");
     install(&root, Path::new(env!("CARGO_BIN_EXE_kerf-test-gpu-tools"))).unwrap();
-    let daemons = MpsDaemons::new(MpsSettings {
+    let daemons = ProcessDaemons::new(MpsSettings {
         root: dir.path().join("mps"),
         driver_root: root.clone(),
         stop_timeout: Duration::from_secs(2),

@@ -572,6 +572,7 @@ async fn mig_devices_get_their_capability_nodes() {
     let device = mig.device_name(parent);
     node.add_claim(whole_gpu_claim("mig", UID_A, &device));
     let connections = Connections {
+        mps_daemon_pods: None,
         device_status: None,
         claim_reader: Arc::new(ApiClaimReader::new(node.plugin_client())),
         publisher: None,

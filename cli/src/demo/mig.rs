@@ -198,6 +198,7 @@ pub(super) async fn run_node(
         &options,
         setup.inventory.clone(),
         Connections {
+            mps_daemon_pods: None,
             device_status: None,
             claim_reader: store,
             publisher: None,

@@ -256,6 +256,7 @@ impl MainNode<'_> {
             },
             inventory,
             Connections {
+                mps_daemon_pods: None,
                 device_status: None,
                 claim_reader: store,
                 publisher: None,

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use kerf_core::cdi;
 use kerf_kubelet_plugin::config::PluginConfig;
-use kerf_kubelet_plugin::mps_daemons::{self, MpsDaemons};
+use kerf_kubelet_plugin::mps_daemons::{self, ProcessDaemons};
 use kerf_kubelet_plugin::preparer::PreparerConfig;
 use kerf_proto::client::{Claim, ClaimResult, KubeletClient, RegisteredPlugin};
 
@@ -232,7 +232,7 @@ pub(super) async fn stop_leftover_daemons(config: &PluginConfig) -> Result<()> {
     let Some(settings) = config.mps_settings() else {
         return Ok(());
     };
-    let daemons = MpsDaemons::new(settings);
+    let daemons = ProcessDaemons::new(settings);
     let mut left = Vec::new();
     for gpu in daemons.known_gpus() {
         let dirs = daemons.directories(&gpu)?;

@@ -151,6 +151,7 @@ impl TestNode {
     pub async fn start_plugin(&self) -> RunningPlugin {
         let config = self.config();
         let connections = Connections {
+            mps_daemon_pods: None,
             device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(self.plugin_client())),
             publisher: None,
@@ -172,6 +173,7 @@ impl TestNode {
         config.publish_resources = publish;
         let client = self.plugin_client();
         let connections = Connections {
+            mps_daemon_pods: None,
             device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
             publisher: publish.then_some(client),

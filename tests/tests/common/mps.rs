@@ -67,6 +67,7 @@ impl MpsNode {
 
     pub async fn start(&self) -> RunningPlugin {
         let connections = Connections {
+            mps_daemon_pods: None,
             device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(self.node.plugin_client())),
             publisher: None,

@@ -78,6 +78,7 @@ impl Node {
         let config = self.config();
         let inventory = plugin::discover(&config).unwrap();
         let connections = Connections {
+            mps_daemon_pods: None,
             device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(self.plugin_client())),
             publisher: None,
@@ -104,6 +105,7 @@ impl Node {
         let config = self.config();
         let inventory = plugin::discover(&config).unwrap();
         let connections = Connections {
+            mps_daemon_pods: None,
             device_status: None,
             claim_reader: Arc::new(ApiClaimReader::new(self.plugin_client())),
             publisher: Some(self.plugin_client()),

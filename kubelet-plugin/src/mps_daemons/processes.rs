@@ -1,5 +1,5 @@
-//! One CUDA MPS control daemon per shared GPU: started before the first MPS slice of a GPU is
-//! prepared, stopped after its last one is unprepared, adopted after a plugin restart.
+//! Control daemons as daemonized children of the plugin (`--mps-daemons=process`): for a
+//! plugin without a cluster or outside a container. In a container they die with it.
 //!
 //! The daemon runs from the driver root (`<driver-root>/usr/bin/nvidia-cuda-mps-control -d`,
 //! or the fake of `kerf-fake-gpu-tools` in a mock driver root) with only its GPU visible and
@@ -14,36 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use kerf_core::mps::{
-    CONTROL_PROGRAM, ComputeMode, MpsDirectories, PID_FILE, QUIT_COMMAND, TimeSliceInterval,
-    compute_mode_args, timeslice_args,
-};
+use kerf_core::mps::{CONTROL_PROGRAM, ComputeMode, MpsDirectories, PID_FILE, QUIT_COMMAND};
 use tokio::io::AsyncWriteExt as _;
-use tokio::process::Command;
 
+use super::MpsSettings;
+use super::tools::{clean_up, control, mps_error, set_compute_mode};
 use crate::error::{Error, Result};
-
-/// `nvidia-smi`, looked up next to the control program.
-const SMI_PROGRAM: &str = "nvidia-smi";
-
-/// Where a driver root keeps the driver's libraries (Debian-style multiarch and RPM-style
-/// layouts), relative to the root.
-const DRIVER_LIBRARY_DIRS: [&str; 3] = [
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib64",
-    "usr/lib/aarch64-linux-gnu",
-];
-
-/// Where the daemons live and how they are run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MpsSettings {
-    /// Root of the per-GPU directories, `/var/run/kerf/mps` by default.
-    pub root: PathBuf,
-    /// The driver root whose `usr/bin` holds `nvidia-cuda-mps-control` and `nvidia-smi`.
-    pub driver_root: PathBuf,
-    /// How long a daemon may take to stop after `quit` before it is killed.
-    pub stop_timeout: Duration,
-}
 
 /// A daemon found running for a GPU.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,11 +30,11 @@ pub struct RunningDaemon {
 
 /// Starts, finds and stops the control daemons (see the module documentation).
 #[derive(Debug, Clone)]
-pub struct MpsDaemons {
+pub struct ProcessDaemons {
     settings: MpsSettings,
 }
 
-impl MpsDaemons {
+impl ProcessDaemons {
     /// Daemons run with `settings`.
     pub fn new(settings: MpsSettings) -> Self {
         Self { settings }
@@ -81,29 +57,12 @@ impl MpsDaemons {
         }
     }
 
-    /// Sets the time slice of `gpu_uuid` (`nvidia-smi compute-policy --set-timeslice`).
-    ///
-    /// # Errors
-    /// [`Error::TimeSlice`] naming the GPU and `nvidia-smi`'s own message.
-    pub async fn set_time_slice(&self, gpu_uuid: &str, interval: TimeSliceInterval) -> Result<()> {
-        self.smi(gpu_uuid, &timeslice_args(gpu_uuid, interval))
-            .await
-            .map_err(|error| match error {
-                Error::Mps { gpu, message } => Error::TimeSlice { gpu, message },
-                other => other,
-            })
-    }
-
     /// The directories of the daemon of `gpu_uuid`.
     ///
     /// # Errors
     /// [`Error::Core`] when `gpu_uuid` is not a GPU UUID.
     pub fn directories(&self, gpu_uuid: &str) -> Result<MpsDirectories> {
         Ok(MpsDirectories::new(&self.settings.root, gpu_uuid)?)
-    }
-
-    fn program(&self, name: &str) -> PathBuf {
-        self.settings.driver_root.join("usr/bin").join(name)
     }
 
     /// The daemon of `dirs` when its PID file names a live `nvidia-cuda-mps-control`.
@@ -125,7 +84,7 @@ impl MpsDaemons {
         match self.start(&dirs).await {
             Ok(running) => Ok((dirs, running)),
             Err(error) => {
-                self.clean_up(&dirs).await;
+                clean_up(&self.settings.driver_root, &dirs).await;
                 Err(error)
             }
         }
@@ -150,10 +109,13 @@ impl MpsDaemons {
                 .await
                 .map_err(|e| Error::io("create MPS directory", &dir, e))?;
         }
-        self.smi(gpu, &compute_mode_args(gpu, ComputeMode::ExclusiveProcess))
-            .await?;
-        let output = self
-            .control(dirs)
+        set_compute_mode(
+            &self.settings.driver_root,
+            gpu,
+            ComputeMode::ExclusiveProcess,
+        )
+        .await?;
+        let output = control(&self.settings.driver_root, dirs)
             .arg("-d")
             .stdin(Stdio::null())
             .output()
@@ -202,27 +164,17 @@ impl MpsDaemons {
                 }
             }
         }
-        self.clean_up(&dirs).await;
+        clean_up(&self.settings.driver_root, &dirs).await;
         Ok(())
     }
 
     /// GPUs with a daemon directory under the MPS root, running or not.
     pub fn known_gpus(&self) -> Vec<String> {
-        let Ok(entries) = std::fs::read_dir(&self.settings.root) else {
-            return Vec::new();
-        };
-        let mut gpus: Vec<String> = entries
-            .filter_map(std::result::Result::ok)
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|name| kerf_core::names::gpu_uuid("mpsRoot", name).is_ok())
-            .collect();
-        gpus.sort();
-        gpus
+        gpus_with_files(&self.settings.root)
     }
 
     async fn quit(&self, dirs: &MpsDirectories) {
-        let child = self
-            .control(dirs)
+        let child = control(&self.settings.driver_root, dirs)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -245,78 +197,20 @@ impl MpsDaemons {
         }
         !is_control_daemon(pid)
     }
-
-    async fn clean_up(&self, dirs: &MpsDirectories) {
-        if let Err(error) = tokio::fs::remove_dir_all(dirs.base()).await
-            && error.kind() != std::io::ErrorKind::NotFound
-        {
-            tracing::warn!(gpu = dirs.gpu_uuid(), %error, "cannot remove MPS directories");
-        }
-        let gpu = dirs.gpu_uuid();
-        if let Err(error) = self
-            .smi(gpu, &compute_mode_args(gpu, ComputeMode::Default))
-            .await
-        {
-            tracing::warn!(gpu, %error, "cannot restore compute mode DEFAULT");
-        }
-    }
-
-    /// A driver tool with a clean environment except the driver root's library directories:
-    /// the tools (and the MPS server the daemon spawns) load the driver's libraries, which
-    /// are not on the plugin image's search path when the driver lives in a driver root
-    /// such as `/run/nvidia/driver`.
-    fn tool(&self, name: &str) -> Command {
-        let mut command = Command::new(self.program(name));
-        command
-            .env_clear()
-            .env("LD_LIBRARY_PATH", self.library_path());
-        command
-    }
-
-    fn library_path(&self) -> std::ffi::OsString {
-        let dirs: Vec<PathBuf> = DRIVER_LIBRARY_DIRS
-            .iter()
-            .map(|dir| self.settings.driver_root.join(dir))
-            .collect();
-        std::env::join_paths(dirs).unwrap_or_default()
-    }
-
-    /// The control program with only this GPU, this pipe and this log directory.
-    fn control(&self, dirs: &MpsDirectories) -> Command {
-        let mut command = self.tool(CONTROL_PROGRAM);
-        command.envs(dirs.control_env()).kill_on_drop(false);
-        command
-    }
-
-    async fn smi(&self, gpu: &str, args: &[String]) -> Result<()> {
-        let output = self
-            .tool(SMI_PROGRAM)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .await
-            .map_err(|e| mps_error(gpu, format!("cannot run {SMI_PROGRAM}: {e}")))?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(mps_error(
-                gpu,
-                format!(
-                    "{SMI_PROGRAM} {} failed ({}): {}",
-                    args.join(" "),
-                    output.status,
-                    String::from_utf8_lossy(&output.stderr).trim()
-                ),
-            ))
-        }
-    }
 }
 
-fn mps_error(gpu: &str, message: String) -> Error {
-    Error::Mps {
-        gpu: gpu.to_owned(),
-        message,
-    }
+/// GPUs with a daemon directory under `root`, sorted.
+pub(crate) fn gpus_with_files(root: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    let mut gpus: Vec<String> = entries
+        .filter_map(std::result::Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|name| kerf_core::names::gpu_uuid("mpsRoot", name).is_ok())
+        .collect();
+    gpus.sort();
+    gpus
 }
 
 /// The daemon whose pipe directory is `pipe`, when its PID file names a live
@@ -362,28 +256,5 @@ fn kill(pid: u32) {
     };
     if let Err(error) = rustix::process::kill_process(pid, rustix::process::Signal::KILL) {
         tracing::warn!(pid = pid.as_raw_nonzero().get(), %error, "cannot kill MPS daemon");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tools_find_the_driver_roots_libraries() {
-        let daemons = MpsDaemons::new(MpsSettings {
-            root: PathBuf::from("/var/run/kerf/mps"),
-            driver_root: PathBuf::from("/run/nvidia/driver"),
-            stop_timeout: Duration::from_secs(1),
-        });
-        assert_eq!(
-            daemons.library_path(),
-            "/run/nvidia/driver/usr/lib/x86_64-linux-gnu:/run/nvidia/driver/usr/lib64:/run/nvidia/driver/usr/lib/aarch64-linux-gnu"
-        );
-        let command = daemons.tool(SMI_PROGRAM);
-        let std = command.as_std();
-        assert_eq!(std.get_program(), "/run/nvidia/driver/usr/bin/nvidia-smi");
-        let env: Vec<_> = std.get_envs().collect();
-        assert_eq!(env.len(), 1, "nothing of the plugin's environment: {env:?}");
     }
 }

@@ -1,0 +1,149 @@
+//! The driver's tools as both daemon runners call them: `nvidia-smi` for compute modes and
+//! time slices, `nvidia-cuda-mps-control` as the control client.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use kerf_core::mps::{CONTROL_PROGRAM, ComputeMode, MpsDirectories, compute_mode_args};
+use tokio::process::Command;
+
+use crate::error::{Error, Result};
+
+/// `nvidia-smi`, looked up next to the control program.
+const SMI_PROGRAM: &str = "nvidia-smi";
+
+/// Where a driver root keeps the driver's libraries (Debian-style multiarch and RPM-style
+/// layouts), relative to the root.
+const DRIVER_LIBRARY_DIRS: [&str; 3] = [
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib64",
+    "usr/lib/aarch64-linux-gnu",
+];
+
+/// A driver tool of `tools_root` with a clean environment except the driver root's library
+/// directories: the tools (and the MPS server the daemon spawns) load the driver's libraries,
+/// which are not on the plugin image's search path when the driver lives in a driver root
+/// such as `/run/nvidia/driver`.
+pub(crate) fn tool(tools_root: &Path, name: &str) -> Command {
+    let mut command = Command::new(tools_root.join("usr/bin").join(name));
+    command
+        .env_clear()
+        .env("LD_LIBRARY_PATH", library_path(tools_root));
+    command
+}
+
+/// The control program of `tools_root` with only this GPU, this pipe and this log directory.
+pub(crate) fn control(tools_root: &Path, dirs: &MpsDirectories) -> Command {
+    let mut command = tool(tools_root, CONTROL_PROGRAM);
+    command.envs(dirs.control_env()).kill_on_drop(false);
+    command
+}
+
+pub(crate) fn library_path(tools_root: &Path) -> std::ffi::OsString {
+    let dirs: Vec<PathBuf> = DRIVER_LIBRARY_DIRS
+        .iter()
+        .map(|dir| tools_root.join(dir))
+        .collect();
+    std::env::join_paths(dirs).unwrap_or_default()
+}
+
+/// Puts `gpu` in compute mode `mode`.
+///
+/// # Errors
+/// [`Error::Mps`] naming the GPU and `nvidia-smi`'s own message.
+pub(crate) async fn set_compute_mode(
+    tools_root: &Path,
+    gpu: &str,
+    mode: ComputeMode,
+) -> Result<()> {
+    smi(tools_root, gpu, &compute_mode_args(gpu, mode)).await
+}
+
+/// Runs `nvidia-smi args` for `gpu`.
+///
+/// # Errors
+/// [`Error::Mps`] naming the GPU and the tool's own message.
+pub(crate) async fn smi(tools_root: &Path, gpu: &str, args: &[String]) -> Result<()> {
+    let output = tool(tools_root, SMI_PROGRAM)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| mps_error(gpu, format!("cannot run {SMI_PROGRAM}: {e}")))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(mps_error(
+            gpu,
+            format!(
+                "{SMI_PROGRAM} {} failed ({}): {}",
+                args.join(" "),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+        ))
+    }
+}
+
+pub(crate) fn mps_error(gpu: &str, message: String) -> Error {
+    Error::Mps {
+        gpu: gpu.to_owned(),
+        message,
+    }
+}
+
+/// Removes the daemon's files and puts its GPU back in compute mode `DEFAULT`, once no
+/// daemon runs for it. Failures are logged: the next start or start-up tries again.
+pub(crate) async fn clean_up(tools_root: &Path, dirs: &MpsDirectories) {
+    if let Err(error) = tokio::fs::remove_dir_all(dirs.base()).await
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(gpu = dirs.gpu_uuid(), %error, "cannot remove MPS directories");
+    }
+    let gpu = dirs.gpu_uuid();
+    if let Err(error) = set_compute_mode(tools_root, gpu, ComputeMode::Default).await {
+        tracing::warn!(gpu, %error, "cannot restore compute mode DEFAULT");
+    }
+}
+
+/// A shared-memory directory with `/dev/shm`'s mode (world-writable, sticky): MPS clients of
+/// any user create their segments there, and none may remove another's. A kubelet-created
+/// hostPath directory is 0755 root, which would lock out every client not running as root.
+///
+/// # Errors
+/// [`Error::Io`] when it cannot be created or its mode set.
+pub(crate) fn create_shm_directory(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io("create MPS shared-memory directory", dir, e))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| Error::io("set the mode of the MPS shared-memory directory", dir, e))
+}
+
+/// Whether the daemon of `dirs` accepts connections on its control socket: what every MPS
+/// client (and the control client) needs, and readable across PID namespaces, unlike the PID
+/// file.
+pub(crate) async fn accepts_connections(dirs: &MpsDirectories) -> bool {
+    tokio::net::UnixStream::connect(dirs.pipe().join("control"))
+        .await
+        .is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tools_find_the_driver_roots_libraries() {
+        let root = Path::new("/run/nvidia/driver");
+        assert_eq!(
+            library_path(root),
+            "/run/nvidia/driver/usr/lib/x86_64-linux-gnu:/run/nvidia/driver/usr/lib64:/run/nvidia/driver/usr/lib/aarch64-linux-gnu"
+        );
+        let command = tool(root, SMI_PROGRAM);
+        let std = command.as_std();
+        assert_eq!(std.get_program(), "/run/nvidia/driver/usr/bin/nvidia-smi");
+        let env: Vec<_> = std.get_envs().collect();
+        assert_eq!(env.len(), 1, "nothing of the plugin's environment: {env:?}");
+    }
+}
