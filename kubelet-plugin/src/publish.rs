@@ -109,6 +109,8 @@ pub struct Publisher {
     publication: SharedPublicationHandle,
     /// Where slice writes the API server will not take are told (Warning on the Node).
     reports: Option<crate::write_failures::WriteFailureReports>,
+    /// Other instances of the driver on this node, which keep the slices at shutdown.
+    others: Option<crate::grpc::instances::OtherInstances>,
 }
 
 /// Where device taints come from.
@@ -185,7 +187,16 @@ impl Publisher {
             fault_annotation: None,
             publication: SharedPublicationHandle::default(),
             reports: None,
+            others: None,
         }
+    }
+
+    /// At shutdown, leaves the slices alone while another instance of the driver serves
+    /// this node (a rolling update's newer instance; see [`crate::grpc::instances`]).
+    #[must_use]
+    pub fn with_other_instances(mut self, others: crate::grpc::instances::OtherInstances) -> Self {
+        self.others = Some(others);
+        self
     }
 
     /// Tells slice writes the API server refuses, or that keep failing, through `reports`:

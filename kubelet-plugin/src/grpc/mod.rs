@@ -2,5 +2,6 @@
 
 pub mod dra;
 pub mod health;
+pub mod instances;
 pub mod registration;
 pub mod socket;

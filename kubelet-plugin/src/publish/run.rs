@@ -25,8 +25,9 @@ impl Publisher {
     /// Publishes `inventory` and keeps it published until `shutdown`: republishes after a
     /// short debounce when a slice disappears or is changed by someone else, or when the
     /// Node's ownership record changes; checks again every `resync`, and retries failures
-    /// with exponential backoff. At shutdown it deletes this node's slices of this driver and
-    /// returns.
+    /// with exponential backoff. At shutdown it deletes this node's slices of this driver
+    /// (unless another instance of the driver serves the node, [`Publisher::with_other_instances`])
+    /// and returns.
     ///
     /// # Errors
     ///
@@ -246,6 +247,13 @@ impl Publisher {
     }
 
     async fn delete_at_shutdown(&self) -> Result<()> {
+        if let Some(others) = &self.others {
+            let serving = others.serving().await;
+            if !serving.is_empty() {
+                tracing::info!(instances = ?serving, "another instance of the driver serves this node; leaving the ResourceSlices to it");
+                return Ok(());
+            }
+        }
         let mut backoff = Backoff::new(self.retry_backoff);
         let mut attempt = 1;
         loop {
