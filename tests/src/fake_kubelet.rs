@@ -7,6 +7,17 @@
 //!   `supported_versions` it knows, `NotifyRegistrationStatus`. A socket that is replaced (a
 //!   restarted plugin binds a new one) is registered again; one that disappears is
 //!   deregistered;
+//! - keeps every registered instance of a driver, as kubelet 1.33+ does for rolling updates
+//!   (kubernetes `pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go`: `DRAPluginManager.add`
+//!   appends an instance per endpoint, `get` picks the most recently registered one,
+//!   `remove` drops only the instance whose socket went away, so an old instance's
+//!   deregistration leaves the driver with the newer one; 1.33's `plugins_store.go`
+//!   `Store.add/get/remove` do the same). Before 1.33, `RegistrationHandler.DeRegisterPlugin`
+//!   (`registration.go`) deleted the driver by name whatever instance left, which is why
+//!   per-instance socket names need kubelet 1.33+. Upstream's `get` also prefers an instance
+//!   whose gRPC connection is up (`monitoredPlugin.HandleConn`); the fake does not track
+//!   connections: a plugin that stops removes its registration socket, and that deregisters
+//!   it here;
 //! - sends the `:authority` the kubelet sends: registration calls carry the registration
 //!   socket's path (the plugin watcher's `dial` in kubernetes
 //!   `pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go` dials the bare
@@ -246,8 +257,9 @@ struct ClaimInfo {
 struct Shared {
     config: KubeletConfig,
     client: KubeletClient,
-    /// Registered plugins by driver name, with the socket they registered through.
-    plugins: Mutex<HashMap<String, (PathBuf, Arc<RegisteredPlugin>)>>,
+    /// Registered instances by driver name, oldest first, with the socket each registered
+    /// through.
+    plugins: Mutex<HashMap<String, Vec<(PathBuf, Arc<RegisteredPlugin>)>>>,
     registrations: Mutex<Vec<Registration>>,
     registration_count: watch::Sender<usize>,
     claims: Mutex<HashMap<String, ClaimInfo>>,
@@ -324,11 +336,20 @@ impl FakeKubelet {
             .ok_or_else(missing)
     }
 
-    /// The plugin registered for `driver`, if any.
+    /// The instance of `driver` that DRA calls go to: the most recently registered one.
     pub fn plugin(&self, driver: &str) -> Option<Arc<RegisteredPlugin>> {
         lock(&self.shared.plugins)
             .get(driver)
+            .and_then(|instances| instances.last())
             .map(|(_, p)| Arc::clone(p))
+    }
+
+    /// The registration sockets of `driver`'s registered instances, oldest first.
+    pub fn instances(&self, driver: &str) -> Vec<PathBuf> {
+        lock(&self.shared.plugins)
+            .get(driver)
+            .map(|instances| instances.iter().map(|(s, _)| s.clone()).collect())
+            .unwrap_or_default()
     }
 
     /// The health the kubelet knows of its plugins' devices.
@@ -611,8 +632,12 @@ impl Shared {
                 let driver = plugin.info.name.clone();
                 let version = plugin.version;
                 let plugin = Arc::new(plugin);
-                lock(&self.plugins)
-                    .insert(driver.clone(), (socket.to_owned(), Arc::clone(&plugin)));
+                let mut plugins = lock(&self.plugins);
+                let instances = plugins.entry(driver.clone()).or_default();
+                // A socket bound again (a restarted instance) replaces its old registration.
+                instances.retain(|(registered_at, _)| registered_at != socket);
+                instances.push((socket.to_owned(), Arc::clone(&plugin)));
+                drop(plugins);
                 if let Some(retry) = self.config.health_retry {
                     let watcher = tokio::spawn(health::watch(
                         plugin,
@@ -636,8 +661,14 @@ impl Shared {
         true
     }
 
+    /// Drops the instance registered through `socket`; the driver stays registered while
+    /// another instance is (`DRAPluginManager.remove`).
     fn deregister(&self, socket: &Path) {
-        lock(&self.plugins).retain(|_, (registered_at, _)| registered_at != socket);
+        let mut plugins = lock(&self.plugins);
+        for instances in plugins.values_mut() {
+            instances.retain(|(registered_at, _)| registered_at != socket);
+        }
+        plugins.retain(|_, instances| !instances.is_empty());
     }
 }
 
