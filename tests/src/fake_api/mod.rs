@@ -38,6 +38,8 @@
 //!   tainting is synchronous and waits for a Ready condition (see `admission`), and it
 //!   neither adds NoExecute taints nor marks silent nodes Unknown;
 //! - field selectors accept any dotted field path; list pagination returns everything at once;
+//! - pods are deleted gracefully only on nodes named by [`FakeApi::graceful_pod_deletion_on`]
+//!   (`pod_deletion`); elsewhere at once, as if their kubelet had confirmed at once;
 //! - `dryRun=All` is simulated for CREATE only (the answer is what would be stored, nothing
 //!   is; no admission runs); on other verbs it is rejected with 400.
 //!
@@ -61,6 +63,7 @@ mod fixtures;
 mod identity;
 mod meta_rules;
 mod patch;
+mod pod_deletion;
 mod raw_json;
 mod rbac;
 mod routing;
@@ -223,6 +226,8 @@ struct State {
     raw_params: HashMap<ObjKey, Arc<claims::RawParams>>,
     /// The ValidatingAdmissionPolicies in force (`admission_policy`).
     policies: Arc<admission_policy::Policies>,
+    /// Nodes whose pods are deleted gracefully (`pod_deletion`).
+    kubelet_nodes: HashSet<String>,
 }
 
 /// An API error, rendered as a `Status` object.
@@ -362,6 +367,7 @@ impl FakeApi {
             dropped_fields: Vec::new(),
             raw_params: HashMap::new(),
             policies: Arc::new(admission_policy::Policies::kerf()),
+            kubelet_nodes: HashSet::new(),
         };
         Self {
             inner: Arc::new(Inner {

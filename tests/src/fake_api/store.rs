@@ -42,6 +42,7 @@ pub(super) fn copy_identity(old: &Value, new: &mut Value) {
         "uid",
         "creationTimestamp",
         "deletionTimestamp",
+        "deletionGracePeriodSeconds",
         "generation",
     ] {
         match old.pointer(&format!("/metadata/{field}")).cloned() {
@@ -156,6 +157,15 @@ pub(super) fn check_preconditions(
     Ok(())
 }
 
+/// The `DeleteOptions` a DELETE sent as its body (null when it sent none).
+fn delete_options(request: &ApiRequest) -> ApiResult<Value> {
+    if request.body.is_empty() {
+        Ok(Value::Null)
+    } else {
+        request.json_body()
+    }
+}
+
 fn check_delete_preconditions(key: &ObjKey, current: &Value, options: &Value) -> ApiResult<()> {
     check_preconditions(
         key,
@@ -241,10 +251,15 @@ impl State {
         mut obj: Value,
         old: Option<Value>,
     ) -> Value {
+        // `shouldDeleteDuringUpdate`: not a pod still in its grace period (`pod_deletion`).
         let finalizers_done = obj
             .pointer("/metadata/finalizers")
             .and_then(Value::as_array)
-            .is_none_or(Vec::is_empty);
+            .is_none_or(Vec::is_empty)
+            && obj
+                .pointer("/metadata/deletionGracePeriodSeconds")
+                .and_then(Value::as_i64)
+                .is_none_or(|grace| grace <= 0);
         if obj
             .pointer("/metadata/deletionTimestamp")
             .is_some_and(|t| !t.is_null())
@@ -545,15 +560,13 @@ impl State {
     ) -> ApiResult<Value> {
         let key = request.object_key()?;
         let current = self.existing(&key)?;
-        if !request.body.is_empty() {
-            let options = request.json_body()?;
-            check_delete_preconditions(&key, &current, &options)?;
-        }
+        let options = delete_options(request)?;
+        check_delete_preconditions(&key, &current, &options)?;
         self.admit_delete(request, &key, &current)?;
-        Ok(self.delete_object(events, key, current))
+        Ok(self.delete_with_options(events, key, current, &options))
     }
 
-    fn delete_object(
+    pub(super) fn delete_object(
         &mut self,
         events: &broadcast::Sender<Broadcast>,
         key: ObjKey,
@@ -583,6 +596,7 @@ impl State {
         request: &ApiRequest,
     ) -> ApiResult<Value> {
         let filter = Filter::new(&request.parsed, &request.query)?;
+        let options = delete_options(request)?;
         let doomed: Vec<(ObjKey, Value)> = self
             .objects
             .iter()
@@ -595,7 +609,7 @@ impl State {
         let mut denied = None;
         for (key, obj) in doomed {
             match self.admit_delete(request, &key, &obj) {
-                Ok(()) => deleted.push(self.delete_object(events, key, obj)),
+                Ok(()) => deleted.push(self.delete_with_options(events, key, obj, &options)),
                 Err(err) => {
                     denied.get_or_insert(err);
                 }
