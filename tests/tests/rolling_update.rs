@@ -1,0 +1,318 @@
+//! Two plugin instances side by side, as a DaemonSet rolling update with `maxSurge: 1` runs
+//! them: different pod UIDs (so different registration and DRA sockets), one plugin
+//! directory, checkpoint, CDI directory and registry. The fake kubelet registers both and
+//! sends its calls to the newest (kubelet 1.33+); the test also calls both instances
+//! directly, in random interleavings, because upstream promises no more than that "it is not
+//! predictable which instance the kubelet will use for which request"
+//! (kubernetes `pkg/kubelet/pluginmanager/pluginwatcher/README.md`, "Seamless Upgrade").
+//! Then the old instance shuts down cleanly. Afterwards the checkpoint holds exactly the
+//! claims prepared and not unprepared, the CDI specs match, no call failed, and the node's
+//! ResourceSlices existed throughout.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Parser as _;
+use futures::FutureExt as _;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kerf_kubelet_plugin::args::Args;
+use kerf_kubelet_plugin::claim_events::MemoryClaimEvents;
+use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
+use kerf_kubelet_plugin::config::PluginConfig;
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin, StartOptions};
+use kerf_proto::client::{Claim, KNOWN_SERVICES, KubeletClient, RegisteredPlugin};
+use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
+use serde_json::json;
+
+use common::{DRIVER, NODE, TestNode};
+
+const WAIT: Duration = Duration::from_secs(20);
+const OLD_UID: &str = "11111111-1111-4111-8111-111111111111";
+const NEW_UID: &str = "22222222-2222-4222-8222-222222222222";
+const GPUS: usize = 8;
+
+/// SplitMix64: a seeded, dependency-free generator, so that a failing seed replays.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        usize::try_from(self.next() % n as u64).unwrap()
+    }
+}
+
+/// The configuration `kerf-kubelet-plugin` builds from its flags in the pod `uid`, with
+/// publishing on.
+fn config_for(node: &TestNode, uid: &str) -> PluginConfig {
+    let mut args = node.plugin_args();
+    args.extend([
+        format!("--pod-name=kerf-kubelet-plugin-{}", &uid[..8]),
+        "--pod-namespace=kerf-system".to_owned(),
+        format!("--pod-uid={uid}"),
+    ]);
+    let argv = std::iter::once("kerf-kubelet-plugin".to_owned()).chain(args);
+    let mut config = Args::try_parse_from(argv).unwrap().into_config().unwrap();
+    config.publish_resources = true;
+    config
+}
+
+async fn start(node: &TestNode, config: &PluginConfig) -> RunningPlugin {
+    let client = node.plugin_client();
+    let connections = Connections {
+        claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
+        publisher: Some(client),
+        events: Arc::new(MemoryClaimEvents::default()),
+        device_status: None,
+        mps_daemon_pods: None,
+    };
+    let options = StartOptions::defaults(true);
+    plugin::start_with(config, &options, node.inventory(), connections)
+        .await
+        .unwrap()
+}
+
+/// A client of one instance, as a kubelet that picked it would call it.
+async fn direct(config: &PluginConfig) -> RegisteredPlugin {
+    KubeletClient::new()
+        .knowing(&KNOWN_SERVICES)
+        .register(&config.registration_socket)
+        .await
+        .unwrap()
+}
+
+fn slices(node: &TestNode) -> usize {
+    node.api.list_resources::<ResourceSlice>(None).len()
+}
+
+/// Watches the node's slices every few milliseconds; `gone` is set if none are seen once.
+fn watch_slices(node: &TestNode) -> (Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
+    let gone = Arc::new(AtomicBool::new(false));
+    let api = node.api.clone();
+    let flag = Arc::clone(&gone);
+    let task = tokio::spawn(async move {
+        loop {
+            if api.list_resources::<ResourceSlice>(None).is_empty() {
+                flag.store(true, Ordering::SeqCst);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    });
+    (gone, task)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Prepare(usize),
+    Unprepare(usize),
+}
+
+/// One call on one instance; a failure fails the test with the seed.
+async fn apply(plugin: &RegisteredPlugin, op: Op, claims: &[Claim]) {
+    match op {
+        Op::Prepare(i) => {
+            let answer = plugin.prepare_response(&claims[i..=i]).await.unwrap();
+            answer.all_prepared().unwrap();
+        }
+        Op::Unprepare(i) => {
+            let answer = plugin.unprepare_response(&claims[i..=i]).await.unwrap();
+            answer.all_unprepared().unwrap();
+        }
+    }
+}
+
+/// A batch of calls on distinct claims, each sent to either instance while the old one runs,
+/// all at once.
+fn batch(rng: &mut Rng, both: bool) -> Vec<(bool, Op)> {
+    let mut used = BTreeSet::new();
+    let size = 1 + rng.below(4);
+    let mut ops = Vec::new();
+    for _ in 0..size {
+        let claim = rng.below(GPUS);
+        if !used.insert(claim) {
+            continue;
+        }
+        let op = if rng.below(3) == 0 {
+            Op::Unprepare(claim)
+        } else {
+            Op::Prepare(claim)
+        };
+        ops.push((both && rng.below(2) == 0, op));
+    }
+    ops
+}
+
+async fn scenario(seed: u64) {
+    let mut rng = Rng(seed);
+    let node = TestNode::new(&format!("h100-sxm-80gb:{GPUS}"));
+    node.api
+        .insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let claims: Vec<Claim> = (0..GPUS)
+        .map(|i| {
+            node.device_claim(
+                &format!("c{i}"),
+                &common::uid(100 + u32::try_from(i).unwrap()),
+                &format!("gpu-{i}"),
+            )
+        })
+        .collect();
+    let old_config = config_for(&node, OLD_UID);
+    let new_config = config_for(&node, NEW_UID);
+    assert_ne!(
+        old_config.registration_socket,
+        new_config.registration_socket
+    );
+    assert_ne!(old_config.dra_socket, new_config.dra_socket);
+    assert_eq!(old_config.checkpoint_file, new_config.checkpoint_file);
+
+    let old = start(&node, &old_config).await;
+    let kubelet = FakeKubelet::start(node.kubelet_config());
+    common::eventually("the old instance's slices", WAIT, || slices(&node) > 0).await;
+    common::eventually("the old instance registered", WAIT, || {
+        kubelet.instances(DRIVER).len() == 1
+    })
+    .await;
+    let (gone, watcher) = watch_slices(&node);
+    let old_client = direct(&old_config).await;
+    let mut prepared = BTreeSet::new();
+    for _ in 0..rng.below(4) {
+        let claim = rng.below(GPUS);
+        apply(&old_client, Op::Prepare(claim), &claims).await;
+        prepared.insert(claim);
+    }
+
+    // The new instance starts beside the old one; the kubelet serves through the newest.
+    let new = start(&node, &new_config).await;
+    common::eventually("both instances registered", WAIT, || {
+        kubelet.instances(DRIVER)
+            == [
+                old_config.registration_socket.clone(),
+                new_config.registration_socket.clone(),
+            ]
+    })
+    .await;
+    let serving = kubelet.plugin(DRIVER).unwrap();
+    assert_eq!(
+        PathBuf::from(&serving.info.endpoint),
+        new_config.dra_socket,
+        "the newest instance serves"
+    );
+    let new_client = direct(&new_config).await;
+
+    let rounds = 6 + rng.below(6);
+    let old_stops_after = rng.below(rounds);
+    let mut old = Some(old);
+    for round in 0..rounds {
+        let ops = batch(&mut rng, old.is_some());
+        let calls = ops.iter().map(|(on_old, op)| {
+            let client = if *on_old { &old_client } else { &new_client };
+            apply(client, *op, &claims)
+        });
+        futures::future::join_all(calls).await;
+        for (_, op) in ops {
+            match op {
+                Op::Prepare(i) => prepared.insert(i),
+                Op::Unprepare(i) => prepared.remove(&i),
+            };
+        }
+        if round == old_stops_after
+            && let Some(old) = old.take()
+        {
+            old.shutdown().await.unwrap();
+            common::eventually("the old instance deregistered", WAIT, || {
+                kubelet.instances(DRIVER) == [new_config.registration_socket.clone()]
+            })
+            .await;
+        }
+    }
+    if let Some(old) = old.take() {
+        old.shutdown().await.unwrap();
+    }
+
+    // The kubelet still reaches the driver through the new instance.
+    let extra = node.device_claim("extra", &common::uid(999), "gpu-0");
+    let pod = Pod::new("pod-extra").with_claim(DRIVER, extra.clone());
+    if !prepared.contains(&0) {
+        kubelet.prepare_pod(&pod).await.unwrap();
+        kubelet.unprepare_pod(&pod).await.unwrap();
+    }
+
+    // Give a wrongly deleting publisher the time to show up, then check.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    watcher.abort();
+    assert!(
+        !gone.load(Ordering::SeqCst),
+        "the node had no ResourceSlices at some point"
+    );
+    assert!(slices(&node) > 0);
+
+    let expected: Vec<(String, String)> = prepared
+        .iter()
+        .map(|i| (claims[*i].uid.clone(), "PrepareCompleted".to_owned()))
+        .collect();
+    assert_eq!(node.checkpoint_claims(), expected, "checkpoint");
+    let specs: Vec<String> = node
+        .cdi_files()
+        .into_iter()
+        .filter(|name| name.starts_with("k8s.") && name.ends_with(".json"))
+        .collect();
+    let expected_specs: Vec<String> = prepared
+        .iter()
+        .map(|i| common::cdi_spec_file(&claims[*i].uid))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(specs, expected_specs, "CDI specs");
+    new.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_share_the_node_through_a_rolling_update() {
+    for seed in [1, 2, 3, 0x5eed, 0xdead_beef] {
+        if let Err(panic) = std::panic::AssertUnwindSafe(scenario(seed))
+            .catch_unwind()
+            .await
+        {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default();
+            panic!("seed {seed:#x} failed: {message}");
+        }
+    }
+}
+
+/// Without a pod UID the sockets keep their fixed names, as before rolling updates.
+#[test]
+fn without_a_pod_uid_the_sockets_keep_their_names() {
+    let node = TestNode::new("h100-sxm-80gb:1");
+    let argv = std::iter::once("kerf-kubelet-plugin".to_owned()).chain(node.plugin_args());
+    let config = Args::try_parse_from(argv).unwrap().into_config().unwrap();
+    let legacy = node.config();
+    assert_eq!(config.registration_socket, legacy.registration_socket);
+    assert_eq!(config.dra_socket, legacy.dra_socket);
+    let with_uid = config_for(&node, NEW_UID);
+    assert_eq!(
+        with_uid.registration_socket,
+        node.registry_dir()
+            .join(format!("{DRIVER}-{NEW_UID}-reg.sock"))
+    );
+    assert_eq!(
+        with_uid.dra_socket,
+        node.plugin_dir().join(format!("dra-{NEW_UID}.sock"))
+    );
+}
