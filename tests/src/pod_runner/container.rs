@@ -93,7 +93,7 @@ impl Backoff {
             return None;
         }
         let since = now.saturating_duration_since(finished);
-        (since < backoff).then(|| backoff - since)
+        backoff.checked_sub(since).filter(|left| !left.is_zero())
     }
 
     /// The window being waited (`Backoff.Get`).
@@ -234,14 +234,13 @@ impl ContainerTask {
             grace = self.kill.wait_for(Option::is_some) => grace.ok().and_then(|g| *g),
         };
         signal(instance.pid, Signal::TERM, false);
-        let status =
-            match tokio::time::timeout(grace.unwrap_or_default(), instance.child.wait()).await {
-                Ok(status) => status,
-                Err(_) => {
-                    kill_group(instance.pid);
-                    instance.child.wait().await
-                }
-            };
+        let waited = tokio::time::timeout(grace.unwrap_or_default(), instance.child.wait()).await;
+        let status = if let Ok(status) = waited {
+            status
+        } else {
+            kill_group(instance.pid);
+            instance.child.wait().await
+        };
         kill_group(instance.pid);
         (exit_of(&instance, status), true)
     }

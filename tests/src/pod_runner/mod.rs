@@ -28,6 +28,7 @@ mod worker;
 pub use plan::UnemulatedMount;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -194,7 +195,7 @@ impl PodRunner {
                     .unwrap_or_else(|e| format!("(cannot read {}: {e})\n", path.display())),
                 None => "(never started)\n".to_owned(),
             };
-            out.push_str(&format!("--- {namespace}/{name} {container}\n{text}"));
+            let _ = write!(out, "--- {namespace}/{name} {container}\n{text}");
         }
         out
     }
@@ -259,15 +260,12 @@ async fn watch_pods(ctx: Arc<Context>, node: String) {
                 if let Some(listed) = &mut listed {
                     listed.insert(uid.clone());
                 }
-                match workers.get(&uid) {
-                    Some(sender) => {
-                        sender.send_replace((pod, false));
-                    }
-                    None => {
-                        let (sender, updates) = watch::channel((pod, false));
-                        workers.insert(uid, sender);
-                        tasks.spawn(worker::run_pod(Arc::clone(&ctx), updates));
-                    }
+                if let Some(sender) = workers.get(&uid) {
+                    sender.send_replace((pod, false));
+                } else {
+                    let (sender, updates) = watch::channel((pod, false));
+                    workers.insert(uid, sender);
+                    tasks.spawn(worker::run_pod(Arc::clone(&ctx), updates));
                 }
             }
             Some(Ok(watcher::Event::Delete(pod))) => {

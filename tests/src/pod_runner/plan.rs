@@ -290,13 +290,12 @@ pub(super) fn expand(input: &str, vars: &BTreeMap<&str, &str>) -> String {
             && let Some(close) = inner.find(')')
         {
             let name = &inner[..close];
-            match vars.get(name) {
-                Some(value) => out.push_str(value),
-                None => {
-                    out.push_str("$(");
-                    out.push_str(name);
-                    out.push(')');
-                }
+            if let Some(value) = vars.get(name) {
+                out.push_str(value);
+            } else {
+                out.push_str("$(");
+                out.push_str(name);
+                out.push(')');
             }
             rest = &inner[close + 1..];
         } else {
