@@ -395,16 +395,20 @@ async fn workload_intact(env: &TestEnv, name: &str) -> Result<()> {
     daemon_checks::workload_intact(&pod)
 }
 
-/// After the last workload on `pod`'s GPU is gone, its daemon pod goes too (the plugin stops a
-/// daemon no prepared claim uses). Skipped, with a line saying so, when another claim in the
-/// cluster still holds that GPU.
+/// After the last workload on `pod`'s GPU is gone (the pod deleted, so the kubelet has
+/// unprepared its claim), its daemon pod goes too: the plugin stops a daemon no prepared claim
+/// uses. Skipped, with a line saying so, when another claim in the cluster still holds that GPU.
 async fn daemon_left_behind(env: &TestEnv, pod: &MpsPod) -> Result<()> {
     let others: Vec<String> = env
         .all_claims()
         .await?
         .iter()
         .filter(|c| {
-            checks::allocation_results(c, &env.settings.driver)
+            // The pod's own claim may not be deallocated yet; its prepare is undone already
+            // (the kubelet unprepares before the pod object goes).
+            let own = c.namespace().as_deref() == Some(env.namespace.as_str())
+                && c.name_any() == pod.name;
+            !own && checks::allocation_results(c, &env.settings.driver)
                 .iter()
                 .any(|r| r.pool == pod.node && r.device == pod.device)
         })
