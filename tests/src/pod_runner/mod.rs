@@ -84,7 +84,17 @@ impl Default for PodRunnerSettings {
 #[derive(Debug)]
 pub(crate) struct PodRecord {
     uid: String,
-    containers: BTreeMap<String, ContainerRecord>,
+    /// In the pod's order.
+    containers: Vec<(String, ContainerRecord)>,
+}
+
+impl PodRecord {
+    fn container(&self, name: &str) -> Option<&ContainerRecord> {
+        self.containers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, c)| c)
+    }
 }
 
 #[derive(Debug, Default)]
@@ -145,14 +155,14 @@ impl PodRunner {
     pub fn pid(&self, namespace: &str, name: &str) -> Option<u32> {
         let shared = self.shared();
         let record = shared.pods.get(&(namespace.to_owned(), name.to_owned()))?;
-        record.containers.values().next()?.pid
+        record.containers.first()?.1.pid
     }
 
     /// The process of the named container of the pod, while it runs.
     pub fn container_pid(&self, namespace: &str, name: &str, container: &str) -> Option<u32> {
         let shared = self.shared();
         let record = shared.pods.get(&(namespace.to_owned(), name.to_owned()))?;
-        record.containers.get(container)?.pid
+        record.container(container)?.pid
     }
 
     /// The UID of the pod the runner runs (or last ran) under this name.
@@ -171,7 +181,7 @@ impl PodRunner {
     pub fn log_path(&self, namespace: &str, name: &str, container: &str) -> Option<PathBuf> {
         let shared = self.shared();
         let record = shared.pods.get(&(namespace.to_owned(), name.to_owned()))?;
-        record.containers.get(container)?.log.clone()
+        record.container(container)?.log.clone()
     }
 
     /// The latest log of every container of the pod, headed by the container's name: for
@@ -228,7 +238,7 @@ impl PodRunner {
         }
         let shared = self.shared();
         for record in shared.pods.values() {
-            for pid in record.containers.values().filter_map(|c| c.pid) {
+            for pid in record.containers.iter().filter_map(|(_, c)| c.pid) {
                 container::kill_group(pid);
             }
         }

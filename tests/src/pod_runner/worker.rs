@@ -289,7 +289,7 @@ impl Worker {
         else {
             return;
         };
-        if let Some(container) = record.containers.get_mut(name) {
+        if let Some((_, container)) = record.containers.iter_mut().find(|(n, _)| n == name) {
             container.pid = pid;
             if log.is_some() {
                 container.log = log;
