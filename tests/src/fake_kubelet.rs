@@ -246,6 +246,9 @@ struct SocketId {
     ctime_nsec: i64,
 }
 
+/// One registered instance of a driver: the socket it registered through, and its client.
+type Instance = (PathBuf, Arc<RegisteredPlugin>);
+
 struct ClaimInfo {
     claim: Claim,
     driver: String,
@@ -259,7 +262,7 @@ struct Shared {
     client: KubeletClient,
     /// Registered instances by driver name, oldest first, with the socket each registered
     /// through.
-    plugins: Mutex<HashMap<String, Vec<(PathBuf, Arc<RegisteredPlugin>)>>>,
+    plugins: Mutex<HashMap<String, Vec<Instance>>>,
     registrations: Mutex<Vec<Registration>>,
     registration_count: watch::Sender<usize>,
     claims: Mutex<HashMap<String, ClaimInfo>>,

@@ -155,71 +155,55 @@ fn batch(rng: &mut Rng, both: bool) -> Vec<(bool, Op)> {
     ops
 }
 
-async fn scenario(seed: u64) {
-    let mut rng = Rng(seed);
+/// The node, its claims (one whole GPU each) and the two instances' configurations.
+struct Setup {
+    node: TestNode,
+    claims: Vec<Claim>,
+    old: PluginConfig,
+    new: PluginConfig,
+}
+
+fn setup() -> Setup {
     let node = TestNode::new(&format!("h100-sxm-80gb:{GPUS}"));
     node.api
         .insert(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
-    let claims: Vec<Claim> = (0..GPUS)
+    let claims = (0..GPUS)
         .map(|i| {
-            node.device_claim(
-                &format!("c{i}"),
-                &common::uid(100 + u32::try_from(i).unwrap()),
-                &format!("gpu-{i}"),
-            )
+            let uid = common::uid(100 + u32::try_from(i).unwrap());
+            node.device_claim(&format!("c{i}"), &uid, &format!("gpu-{i}"))
         })
         .collect();
-    let old_config = config_for(&node, OLD_UID);
-    let new_config = config_for(&node, NEW_UID);
-    assert_ne!(
-        old_config.registration_socket,
-        new_config.registration_socket
-    );
-    assert_ne!(old_config.dra_socket, new_config.dra_socket);
-    assert_eq!(old_config.checkpoint_file, new_config.checkpoint_file);
-
-    let old = start(&node, &old_config).await;
-    let kubelet = FakeKubelet::start(node.kubelet_config());
-    common::eventually("the old instance's slices", WAIT, || slices(&node) > 0).await;
-    common::eventually("the old instance registered", WAIT, || {
-        kubelet.instances(DRIVER).len() == 1
-    })
-    .await;
-    let (gone, watcher) = watch_slices(&node);
-    let old_client = direct(&old_config).await;
-    let mut prepared = BTreeSet::new();
-    for _ in 0..rng.below(4) {
-        let claim = rng.below(GPUS);
-        apply(&old_client, Op::Prepare(claim), &claims).await;
-        prepared.insert(claim);
+    let old = config_for(&node, OLD_UID);
+    let new = config_for(&node, NEW_UID);
+    assert_ne!(old.registration_socket, new.registration_socket);
+    assert_ne!(old.dra_socket, new.dra_socket);
+    assert_eq!(old.checkpoint_file, new.checkpoint_file);
+    Setup {
+        node,
+        claims,
+        old,
+        new,
     }
+}
 
-    // The new instance starts beside the old one; the kubelet serves through the newest.
-    let new = start(&node, &new_config).await;
-    common::eventually("both instances registered", WAIT, || {
-        kubelet.instances(DRIVER)
-            == [
-                old_config.registration_socket.clone(),
-                new_config.registration_socket.clone(),
-            ]
-    })
-    .await;
-    let serving = kubelet.plugin(DRIVER).unwrap();
-    assert_eq!(
-        PathBuf::from(&serving.info.endpoint),
-        new_config.dra_socket,
-        "the newest instance serves"
-    );
-    let new_client = direct(&new_config).await;
-
+/// Rounds of concurrent calls on both instances; the old one shuts down cleanly after a
+/// random round, and the kubelet then holds only the new one. Returns what is prepared.
+async fn interleave(
+    rng: &mut Rng,
+    s: &Setup,
+    kubelet: &FakeKubelet,
+    old: RunningPlugin,
+    mut prepared: BTreeSet<usize>,
+) -> BTreeSet<usize> {
+    let (old_client, new_client) = (direct(&s.old).await, direct(&s.new).await);
     let rounds = 6 + rng.below(6);
     let old_stops_after = rng.below(rounds);
     let mut old = Some(old);
     for round in 0..rounds {
-        let ops = batch(&mut rng, old.is_some());
+        let ops = batch(rng, old.is_some());
         let calls = ops.iter().map(|(on_old, op)| {
             let client = if *on_old { &old_client } else { &new_client };
-            apply(client, *op, &claims)
+            apply(client, *op, &s.claims)
         });
         futures::future::join_all(calls).await;
         for (_, op) in ops {
@@ -233,49 +217,89 @@ async fn scenario(seed: u64) {
         {
             old.shutdown().await.unwrap();
             common::eventually("the old instance deregistered", WAIT, || {
-                kubelet.instances(DRIVER) == [new_config.registration_socket.clone()]
+                kubelet.instances(DRIVER) == [s.new.registration_socket.clone()]
             })
             .await;
         }
     }
-    if let Some(old) = old.take() {
-        old.shutdown().await.unwrap();
+    prepared
+}
+
+/// The checkpoint holds exactly `prepared`, all completed, and the CDI specs match.
+fn check_files(s: &Setup, prepared: &BTreeSet<usize>) {
+    let expected: Vec<(String, String)> = prepared
+        .iter()
+        .map(|i| (s.claims[*i].uid.clone(), "PrepareCompleted".to_owned()))
+        .collect();
+    assert_eq!(s.node.checkpoint_claims(), expected, "checkpoint");
+    let is_spec = |name: &String| {
+        name.starts_with("k8s.")
+            && std::path::Path::new(name)
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    };
+    let specs: Vec<String> = s.node.cdi_files().into_iter().filter(is_spec).collect();
+    let expected_specs: Vec<String> = prepared
+        .iter()
+        .map(|i| common::cdi_spec_file(&s.claims[*i].uid))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(specs, expected_specs, "CDI specs");
+}
+
+async fn scenario(seed: u64) {
+    let mut rng = Rng(seed);
+    let s = setup();
+    let old = start(&s.node, &s.old).await;
+    let kubelet = FakeKubelet::start(s.node.kubelet_config());
+    common::eventually("the old instance's slices", WAIT, || slices(&s.node) > 0).await;
+    common::eventually("the old instance registered", WAIT, || {
+        kubelet.instances(DRIVER).len() == 1
+    })
+    .await;
+    let (gone, watcher) = watch_slices(&s.node);
+    let mut prepared = BTreeSet::new();
+    let old_client = direct(&s.old).await;
+    for _ in 0..rng.below(4) {
+        let claim = rng.below(GPUS);
+        apply(&old_client, Op::Prepare(claim), &s.claims).await;
+        prepared.insert(claim);
     }
 
+    // The new instance starts beside the old one; the kubelet serves through the newest.
+    let new = start(&s.node, &s.new).await;
+    let both = [
+        s.old.registration_socket.clone(),
+        s.new.registration_socket.clone(),
+    ];
+    common::eventually("both instances registered", WAIT, || {
+        kubelet.instances(DRIVER) == both
+    })
+    .await;
+    let serving = kubelet.plugin(DRIVER).unwrap();
+    assert_eq!(
+        PathBuf::from(&serving.info.endpoint),
+        s.new.dra_socket,
+        "the newest instance serves"
+    );
+    let prepared = interleave(&mut rng, &s, &kubelet, old, prepared).await;
+
     // The kubelet still reaches the driver through the new instance.
-    let extra = node.device_claim("extra", &common::uid(999), "gpu-0");
-    let pod = Pod::new("pod-extra").with_claim(DRIVER, extra.clone());
     if !prepared.contains(&0) {
+        let extra = s.node.device_claim("extra", &common::uid(999), "gpu-0");
+        let pod = Pod::new("pod-extra").with_claim(DRIVER, extra);
         kubelet.prepare_pod(&pod).await.unwrap();
         kubelet.unprepare_pod(&pod).await.unwrap();
     }
-
-    // Give a wrongly deleting publisher the time to show up, then check.
+    // Give a wrongly deleting publisher the time to show, then check.
     tokio::time::sleep(Duration::from_millis(200)).await;
     watcher.abort();
     assert!(
         !gone.load(Ordering::SeqCst),
         "the node had no ResourceSlices at some point"
     );
-    assert!(slices(&node) > 0);
-
-    let expected: Vec<(String, String)> = prepared
-        .iter()
-        .map(|i| (claims[*i].uid.clone(), "PrepareCompleted".to_owned()))
-        .collect();
-    assert_eq!(node.checkpoint_claims(), expected, "checkpoint");
-    let specs: Vec<String> = node
-        .cdi_files()
-        .into_iter()
-        .filter(|name| name.starts_with("k8s.") && name.ends_with(".json"))
-        .collect();
-    let expected_specs: Vec<String> = prepared
-        .iter()
-        .map(|i| common::cdi_spec_file(&claims[*i].uid))
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    assert_eq!(specs, expected_specs, "CDI specs");
+    check_files(&s, &prepared);
     new.shutdown().await.unwrap();
 }
 
