@@ -103,6 +103,18 @@ fn kill9(pid: u32) {
     rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
 }
 
+/// Waits until pod `p`'s shell has set its trap and said `ready`: a SIGTERM before that
+/// would end it by the default action, on a real node too.
+async fn trap_set(runner: &PodRunner) {
+    let log = runner.log_path(NS, "p", "main").unwrap();
+    eventually("the trap set", PATIENCE, || async {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|text| text.contains("ready"))
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_pod_runs_with_its_environment_and_reports_running() {
     let dir = tempfile::tempdir().unwrap();
@@ -209,12 +221,13 @@ async fn a_deleted_pod_gets_sigterm_and_is_then_deleted_by_the_runner() {
     let runner = runner(&fake, dir.path(), Duration::from_millis(100));
     let marker = dir.path().join("terminated");
     let script = format!(
-        "trap 'echo term > {}; exit 0' TERM; sleep 30 & wait",
+        "trap 'echo term > {}; exit 0' TERM; echo ready; sleep 30 & wait",
         marker.display()
     );
     create(&fake, shell_pod("p", &script)).await;
     status_where(&fake, "p", "the pod running", running_container).await;
     let pid = runner.pid(NS, "p").unwrap();
+    trap_set(&runner).await;
 
     let answer = pods(&fake)
         .delete("p", &DeleteParams::default())
@@ -255,13 +268,11 @@ async fn a_container_that_ignores_sigterm_is_killed_after_the_grace_period() {
     let dir = tempfile::tempdir().unwrap();
     let fake = FakeApi::new();
     let runner = runner(&fake, dir.path(), Duration::from_millis(100));
-    create(
-        &fake,
-        shell_pod("p", "trap '' TERM; sleep 30 & wait; sleep 30"),
-    )
-    .await;
+    let script = "trap '' TERM; echo ready; sleep 30 & wait; sleep 30";
+    create(&fake, shell_pod("p", script)).await;
     status_where(&fake, "p", "the pod running", running_container).await;
     let pid = runner.pid(NS, "p").unwrap();
+    trap_set(&runner).await;
     let params = DeleteParams {
         grace_period_seconds: Some(1),
         ..DeleteParams::default()
