@@ -335,7 +335,7 @@ impl GpuSharing {
             };
             let outcome = match current {
                 Some(incarnation) => Ok(incarnation),
-                None => tools.ensure(&gpu).await,
+                None => tools.restart(&gpu).await,
             };
             match outcome {
                 Ok(incarnation) => {

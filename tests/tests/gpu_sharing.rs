@@ -147,6 +147,14 @@ fn device_env(node: &TestNode, claim: &Claim) -> Vec<String> {
         .collect()
 }
 
+/// The directory an open handle holds, even if its path now names another one.
+fn seen_through(held: &std::fs::File) -> PathBuf {
+    PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(held)
+    ))
+}
+
 fn assert_shm_is_for_every_user(sharing: &MpsNode) {
     let mode = std::os::unix::fs::PermissionsExt::mode(
         &std::fs::metadata(sharing.mps_root().join("shm"))
@@ -354,6 +362,8 @@ async fn a_dead_daemon_is_restarted_counted_and_reported_on_its_claims() {
     let refs: Vec<&Claim> = claims.iter().collect();
     assert!(prepare(&plugin, &refs).await.iter().all(Result::is_ok));
     let first = sharing.daemon_pid(&gpu).unwrap();
+    // As a running container's bind mount holds it.
+    let mounted_pipe = std::fs::File::open(sharing.pipe(&gpu)).unwrap();
 
     Command::new("kill")
         .args(["-9", &first.to_string()])
@@ -362,6 +372,12 @@ async fn a_dead_daemon_is_restarted_counted_and_reported_on_its_claims() {
     eventually("the daemon restarted", Duration::from_secs(10), || {
         sharing.daemon_pid(&gpu).is_some_and(|pid| pid != first)
     })
+    .await;
+    eventually(
+        "the new daemon's socket in the pipe directory containers have mounted",
+        Duration::from_secs(10),
+        || seen_through(&mounted_pipe).join("control").exists(),
+    )
     .await;
     assert_eq!(sharing.starts(&gpu).len(), 2);
     eventually(

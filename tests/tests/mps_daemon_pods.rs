@@ -389,6 +389,14 @@ async fn a_plugin_killed_and_restarted_adopts_the_running_daemon_pod_untouched()
     second.wait().unwrap();
 }
 
+/// The directory an open handle holds, even if its path now names another one.
+fn seen_through(held: &std::fs::File) -> PathBuf {
+    PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(held)
+    ))
+}
+
 fn kill_daemon(on: &PodNode, gpu: &str) {
     let pid = on.sharing.daemon_pid(gpu).unwrap();
     Command::new("kill")
@@ -421,6 +429,8 @@ async fn a_daemon_that_dies_is_restarted_by_the_kubelet_and_reported_on_each_cla
     prepare(&plugin, &[&a, &b]).await;
     let (pod_uid, restarts) = on.incarnation(&gpu).unwrap();
     assert_eq!(restarts, 0);
+    // As a running container's bind mount holds it.
+    let mounted_pipe = std::fs::File::open(sharing.pipe(&gpu)).unwrap();
 
     kill_daemon(&on, &gpu);
     eventually(
@@ -440,6 +450,12 @@ async fn a_daemon_that_dies_is_restarted_by_the_kubelet_and_reported_on_each_cla
         "the new daemon accepts clients",
         Duration::from_secs(10),
         || std::os::unix::net::UnixStream::connect(sharing.pipe(&gpu).join("control")).is_ok(),
+    )
+    .await;
+    eventually(
+        "the new daemon's socket in the pipe directory containers have mounted",
+        Duration::from_secs(10),
+        || seen_through(&mounted_pipe).join("control").exists(),
     )
     .await;
     let mut text = String::new();

@@ -149,6 +149,22 @@ impl ControlDaemons {
         }
     }
 
+    /// As [`ControlDaemons::ensure`] for a GPU whose clients run (a dead daemon found by the
+    /// periodic check): a failed start leaves the GPU's files, which their containers have
+    /// mounted, for the next try.
+    ///
+    /// # Errors
+    /// As [`ControlDaemons::ensure`].
+    pub async fn restart(&self, gpu_uuid: &str) -> Result<Incarnation> {
+        match self {
+            ControlDaemons::Processes(daemons) => {
+                let (_, running) = daemons.restart(gpu_uuid).await?;
+                Ok(Incarnation::process(running.pid))
+            }
+            ControlDaemons::Pods(daemons) => daemons.restart(gpu_uuid).await,
+        }
+    }
+
     /// Stops the daemon of `gpu_uuid`, removes its directories and puts the GPU back in
     /// compute mode `DEFAULT`. A GPU without a daemon only gets the clean-up.
     ///

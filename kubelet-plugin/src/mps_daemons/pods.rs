@@ -126,6 +126,19 @@ impl PodDaemons {
     /// kubelet reports), [`Error::Write`] when the pod cannot be created; a pod this call
     /// created is deleted again and the GPU's files and compute mode restored.
     pub async fn ensure(&self, gpu: &str) -> Result<Incarnation> {
+        self.start(gpu, true).await
+    }
+
+    /// As [`PodDaemons::ensure`] for a GPU whose clients run: a failed start deletes the pod
+    /// but keeps the GPU's files, which their containers have mounted.
+    ///
+    /// # Errors
+    /// As [`PodDaemons::ensure`].
+    pub async fn restart(&self, gpu: &str) -> Result<Incarnation> {
+        self.start(gpu, false).await
+    }
+
+    async fn start(&self, gpu: &str, clean_up_on_failure: bool) -> Result<Incarnation> {
         let dirs = self.directories(gpu)?;
         let name = self.name(gpu);
         match self.pods.get_opt(&name).await? {
@@ -133,18 +146,21 @@ impl PodDaemons {
             Some(pod) => self.delete_and_wait(gpu, &pod).await?,
             None => {}
         }
-        match self.create(&dirs).await {
-            Ok(incarnation) => Ok(incarnation),
-            Err(error) => {
-                if let Err(cleanup) = self.stop(gpu).await {
-                    tracing::warn!(gpu, error = %cleanup, "cannot undo a failed MPS daemon start");
-                }
-                Err(error)
-            }
+        let Err(error) = self.create(&dirs).await else {
+            return self.wait_ready(&dirs).await;
+        };
+        let undone = if clean_up_on_failure {
+            self.stop(gpu).await
+        } else {
+            self.delete(gpu).await
+        };
+        if let Err(undo) = undone {
+            tracing::warn!(gpu, error = %undo, "cannot undo a failed MPS daemon start");
         }
+        Err(error)
     }
 
-    async fn create(&self, dirs: &MpsDirectories) -> Result<Incarnation> {
+    async fn create(&self, dirs: &MpsDirectories) -> Result<()> {
         let gpu = dirs.gpu_uuid();
         for dir in [dirs.base().to_path_buf(), dirs.log()] {
             tokio::fs::create_dir_all(&dir)
@@ -174,7 +190,7 @@ impl PodDaemons {
             Err(kube::Error::Api(status)) if status.code == 409 => {}
             Err(error) => return Err(Error::write("create", "pods", &self.name(gpu), error)),
         }
-        self.wait_ready(dirs).await
+        Ok(())
     }
 
     /// Waits until the daemon accepts connections on its control socket, failing early on
@@ -231,11 +247,17 @@ impl PodDaemons {
     /// next start-up tries again.
     pub async fn stop(&self, gpu: &str) -> Result<()> {
         let dirs = self.directories(gpu)?;
+        self.delete(gpu).await?;
+        clean_up(&self.settings.driver_root, &dirs).await;
+        Ok(())
+    }
+
+    /// Deletes the daemon pod of `gpu`, if any, and waits until the kubelet removed it.
+    async fn delete(&self, gpu: &str) -> Result<()> {
         if let Some(pod) = self.pods.get_opt(&self.name(gpu)).await? {
             self.delete_and_wait(gpu, &pod).await?;
             tracing::info!(gpu, pod = %self.name(gpu), "MPS daemon pod deleted");
         }
-        clean_up(&self.settings.driver_root, &dirs).await;
         Ok(())
     }
 

@@ -18,7 +18,7 @@ use kerf_core::mps::{CONTROL_PROGRAM, ComputeMode, MpsDirectories, PID_FILE, QUI
 use tokio::io::AsyncWriteExt as _;
 
 use super::MpsSettings;
-use super::tools::{clean_up, control, mps_error, set_compute_mode};
+use super::tools::{clean_up, clear_directory, control, mps_error, set_compute_mode};
 use crate::error::{Error, Result};
 
 /// A daemon found running for a GPU.
@@ -78,16 +78,25 @@ impl ProcessDaemons {
     /// be set or the daemon does not start; nothing is left behind then.
     pub async fn ensure(&self, gpu_uuid: &str) -> Result<(MpsDirectories, RunningDaemon)> {
         let dirs = self.directories(gpu_uuid)?;
+        let started = self.restart(gpu_uuid).await;
+        if started.is_err() {
+            clean_up(&self.settings.driver_root, &dirs).await;
+        }
+        started
+    }
+
+    /// As [`ProcessDaemons::ensure`] for a GPU whose clients run: a failed start keeps the
+    /// GPU's files, which their containers have mounted.
+    ///
+    /// # Errors
+    /// As [`ProcessDaemons::ensure`].
+    pub async fn restart(&self, gpu_uuid: &str) -> Result<(MpsDirectories, RunningDaemon)> {
+        let dirs = self.directories(gpu_uuid)?;
         if let Some(running) = self.running(&dirs) {
             return Ok((dirs, running));
         }
-        match self.start(&dirs).await {
-            Ok(running) => Ok((dirs, running)),
-            Err(error) => {
-                clean_up(&self.settings.driver_root, &dirs).await;
-                Err(error)
-            }
-        }
+        let running = self.start(&dirs).await?;
+        Ok((dirs, running))
     }
 
     async fn start(&self, dirs: &MpsDirectories) -> Result<RunningDaemon> {
@@ -95,14 +104,12 @@ impl ProcessDaemons {
         // No live daemon owns the pipe directory (ensure checked): what a dead one left there
         // (its PID file, naming a PID that may be a zombie or reused, and its sockets) would
         // make the new one believe it already runs.
-        if let Err(error) = tokio::fs::remove_dir_all(dirs.pipe()).await
-            && error.kind() != std::io::ErrorKind::NotFound
-        {
-            return Err(mps_error(
+        clear_directory(&dirs.pipe()).await.map_err(|error| {
+            mps_error(
                 gpu,
                 format!("cannot clear the stale pipe directory: {error}"),
-            ));
-        }
+            )
+        })?;
         // The shared-memory directory is the node's, kept when a daemon stops.
         for dir in [dirs.pipe(), dirs.log(), dirs.shm()] {
             tokio::fs::create_dir_all(&dir)

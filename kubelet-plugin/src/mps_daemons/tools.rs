@@ -106,6 +106,33 @@ pub(crate) async fn clean_up(tools_root: &Path, dirs: &MpsDirectories) {
     }
 }
 
+/// Empties `dir` but keeps the directory itself: running client containers have it
+/// bind-mounted, and a directory replaced by a new one would leave them looking at the old
+/// one, where a restarted daemon's sockets never appear. A missing directory is fine.
+///
+/// # Errors
+/// The I/O error of reading the directory or removing an entry.
+pub async fn clear_directory(dir: &Path) -> std::io::Result<()> {
+    let mut entries = match tokio::fs::read_dir(dir).await {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    while let Some(entry) = entries.next_entry().await? {
+        let path = entry.path();
+        let removed = if entry.file_type().await?.is_dir() {
+            tokio::fs::remove_dir_all(&path).await
+        } else {
+            tokio::fs::remove_file(&path).await
+        };
+        match removed {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// A shared-memory directory with `/dev/shm`'s mode (world-writable, sticky): MPS clients of
 /// any user create their segments there, and none may remove another's. A kubelet-created
 /// hostPath directory is 0755 root, which would lock out every client not running as root.
