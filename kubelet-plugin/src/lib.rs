@@ -22,6 +22,7 @@ pub mod grpc;
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod mps_control_daemon;
 pub mod mps_checks;
 pub mod mps_daemons;
 pub mod plugin;

@@ -1,11 +1,12 @@
 //! `kerf-kubelet-plugin`: parses flags and runs the plugin until SIGTERM or Ctrl-C; as PID 1
 //! (or with `--init=always`) first becomes the plugin's minimal init
-//! ([`kerf_kubelet_plugin::reaper`]).
+//! ([`kerf_kubelet_plugin::reaper`]). `kerf-kubelet-plugin mps-control-daemon …` is the program
+//! of an MPS daemon pod instead ([`kerf_kubelet_plugin::mps_control_daemon`]).
 
 use anyhow::Context as _;
 use clap::Parser;
 use kerf_kubelet_plugin::args::Args;
-use kerf_kubelet_plugin::{plugin, reaper};
+use kerf_kubelet_plugin::{mps_control_daemon, plugin, reaper};
 
 /// mimalloc rather than the system allocator: the prepare path allocates from many threads
 /// (gRPC workers, the blocking pool of the file writers), where glibc's malloc spent a
@@ -14,6 +15,12 @@ use kerf_kubelet_plugin::{plugin, reaper};
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> anyhow::Result<()> {
+    let argv: Vec<_> = std::env::args_os().collect();
+    // The program of an MPS daemon pod: the same image, another first argument.
+    if mps_control_daemon::is_invoked(&argv) {
+        let code = mps_control_daemon::main_from(argv).context("mps-control-daemon")?;
+        std::process::exit(code);
+    }
     let args = Args::parse();
     // In the init too: what it cannot do (forward a signal) is logged.
     kerf_ops::logging::init(args.log_format, &args.log_filter)?;

@@ -1,16 +1,28 @@
 //! `kerf-test-plugin`: the kubelet plugin library run as its own process, for tests that must
 //! kill the plugin (SIGKILL) and start it again. It takes exactly the flags of
 //! `kerf-kubelet-plugin` (`--mock-crash-at` included) and reads the API server from `KUBECONFIG`; SIGTERM or Ctrl-C stop
-//! it cleanly.
+//! it cleanly. `kerf-test-plugin mps-control-daemon …` runs the MPS daemon pod's program, as
+//! `kerf-kubelet-plugin mps-control-daemon …` does.
 //!
 //! It lives in kerf-tests because Cargo builds a package's own binaries for that package's
 //! integration tests (`CARGO_BIN_EXE_kerf-test-plugin`), but not another package's.
 
 use clap::Parser as _;
 use kerf_kubelet_plugin::args::Args;
-use kerf_kubelet_plugin::{plugin, reaper};
+use kerf_kubelet_plugin::{mps_control_daemon, plugin, reaper};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let argv: Vec<_> = std::env::args_os().collect();
+    // `kerf-test-plugin mps-control-daemon …`, as kerf-kubelet-plugin dispatches it.
+    if mps_control_daemon::is_invoked(&argv) {
+        match mps_control_daemon::main_from(argv) {
+            Ok(code) => std::process::exit(code),
+            Err(error) => {
+                eprintln!("Error: {error}");
+                std::process::exit(1);
+            }
+        }
+    }
     let args = Args::parse();
     // `--init`, as kerf-kubelet-plugin's main takes it: the init re-executes this program.
     if let Some(code) = reaper::enter(args.init, std::env::args_os().collect())? {
