@@ -31,6 +31,15 @@
 //!   seen, so a device check across instances covers finished prepares only.
 //! - While this process's own writer replaces the file under the lock, a changed inode is its
 //!   own write and needs no read.
+//! - **Start-up against running operations**: an instance's start-up removes what no
+//!   checkpoint entry owns (CDI specs, unfinished dynamic-MIG instances, MPS daemons and time
+//!   slices no claim needs). The other instance's prepare in flight owns such things before
+//!   its entry is durable. So every prepare (past its API read, like upstream's helper, which
+//!   fetches claims "before serializing") and unprepare holds a shared `flock` on
+//!   `<checkpoint>.operations.lock` ([`CheckpointStore::operation`]), and start-up's
+//!   clean-up holds it exclusively ([`CheckpointStore::start_up_hold`]): it waits for the other
+//!   instance's operations to end, and the other instance's next ones wait for it. A prepare of
+//!   a claim already prepared takes no hold: nothing start-up removes belongs to it.
 //!
 //! A plugin from before this contract does not take the lock; the rolling update that
 //! installs this version overlaps with such an instance, which the kubelet sends no calls once
@@ -114,6 +123,14 @@ struct Shared {
     /// Serializes this process's reloads and writes, so that `base` and `known` change
     /// together.
     sync: Mutex<()>,
+}
+
+/// A hold on the operations of every instance that shares the checkpoint: shared by prepares
+/// and unprepares, exclusive during an instance's start-up clean-up (see the module docs).
+/// Released on drop (closing its own descriptor releases its `flock`).
+#[derive(Debug)]
+pub struct OperationsHold {
+    _file: File,
 }
 
 /// Handle to the checkpoint. Cheap to clone.
@@ -282,6 +299,54 @@ impl CheckpointStore {
         &self.shared.path
     }
 
+    /// Holds the operations lock shared, for one prepare or unprepare.
+    ///
+    /// # Errors
+    /// The lock file cannot be opened or locked.
+    pub async fn operation(&self) -> Result<OperationsHold> {
+        self.hold(false).await
+    }
+
+    /// Holds the operations lock exclusively, for start-up's clean-up: waits until the other
+    /// instance's operations have ended.
+    ///
+    /// # Errors
+    /// The lock file cannot be opened or locked.
+    pub async fn start_up_hold(&self) -> Result<OperationsHold> {
+        self.hold(true).await
+    }
+
+    async fn hold(&self, exclusive: bool) -> Result<OperationsHold> {
+        let path = shared_file::operations_lock_path(&self.shared.path);
+        // A descriptor of its own: `flock` locks belong to the open file description, so
+        // holds sharing one would release each other's.
+        let file = shared_file::open_lock(&path).map_err(|e| Error::io("open", &path, e))?;
+        let quick = if exclusive {
+            file.try_lock()
+        } else {
+            file.try_lock_shared()
+        };
+        match quick {
+            Ok(()) => return Ok(OperationsHold { _file: file }),
+            Err(std::fs::TryLockError::WouldBlock) => {}
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", &path, e)),
+        }
+        tracing::info!(path = %path.display(), exclusive, "waiting for another plugin instance (start-up clean-up or operations in flight)");
+        let lock_path = path.clone();
+        let file = tokio::task::spawn_blocking(move || {
+            let locked = if exclusive {
+                file.lock()
+            } else {
+                file.lock_shared()
+            };
+            locked.map(|()| file)
+        })
+        .await
+        .map_err(|e| Error::internal("the operations lock task", e))?
+        .map_err(|e| Error::io("lock", &lock_path, e))?;
+        Ok(OperationsHold { _file: file })
+    }
+
     /// How often the file was read again because another instance had replaced it.
     pub fn reloads(&self) -> u64 {
         self.lock().reloads
@@ -433,133 +498,4 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::panic)] // Test helpers may fail loudly.
-
-    use kerf_core::checkpoint::ClaimEntry;
-
-    use super::*;
-
-    fn on_disk(path: &Path) -> Checkpoint {
-        match checkpoint::load(path).unwrap() {
-            LoadOutcome::Loaded(cp) => cp,
-            other => panic!("expected a checkpoint, got {other:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_lazy_mutation_reaches_the_disk_with_the_next_awaited_write() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("checkpoint.json");
-        let (store, opened) = CheckpointStore::open(&path, "boot-1").await.unwrap();
-        assert_eq!(opened, Opened::Fresh);
-        store.mutate_lazily(|cp| {
-            cp.claims.insert("lazy".into(), ClaimEntry::default());
-        });
-        assert!(store.read(|cp| cp.claims.contains_key("lazy")));
-        store
-            .update(|cp| {
-                cp.claims.insert("awaited".into(), ClaimEntry::default());
-            })
-            .await
-            .unwrap();
-        let cp = on_disk(&path);
-        assert!(cp.claims.contains_key("lazy") && cp.claims.contains_key("awaited"));
-        assert_eq!(cp.boot_id, "boot-1");
-    }
-
-    #[tokio::test]
-    async fn concurrent_updates_are_all_durable_when_they_return() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("checkpoint.json");
-        let (store, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
-        let updates = (0..32).map(|i| {
-            let store = store.clone();
-            async move {
-                store
-                    .update(|cp| {
-                        cp.claims
-                            .insert(format!("claim-{i}"), ClaimEntry::default());
-                    })
-                    .await
-            }
-        });
-        for result in futures::future::join_all(updates).await {
-            result.unwrap();
-        }
-        assert_eq!(on_disk(&path).claims.len(), 32);
-    }
-
-    fn entry() -> ClaimEntry {
-        ClaimEntry::default()
-    }
-
-    #[tokio::test]
-    async fn two_instances_keep_each_others_claims() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("checkpoint.json");
-        let (old, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
-        let (new, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
-        old.update(|cp| cp.claims.insert("a".into(), entry()))
-            .await
-            .unwrap();
-        new.update(|cp| cp.claims.insert("b".into(), entry()))
-            .await
-            .unwrap();
-        // A lazy mutation of the old instance is kept through the new one's write.
-        old.mutate_lazily(|cp| cp.claims.insert("c".into(), entry()));
-        new.update(|cp| cp.remove_claim("a")).await.unwrap();
-        assert!(
-            !old.read(|cp| cp.claims.contains_key("a")),
-            "the old instance sees the new one's unprepare"
-        );
-        old.update(|cp| cp.claims.insert("d".into(), entry()))
-            .await
-            .unwrap();
-        let uids: Vec<String> = on_disk(&path).claims.into_keys().collect();
-        assert_eq!(uids, ["b", "c", "d"]);
-        assert_eq!(new.read(|cp| cp.claims.len()), 3);
-    }
-
-    #[tokio::test]
-    async fn an_unchanged_file_is_not_read_again() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("checkpoint.json");
-        let (store, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
-        for i in 0..20 {
-            store
-                .update(|cp| cp.claims.insert(format!("c{i}"), entry()))
-                .await
-                .unwrap();
-            assert_eq!(store.read(|cp| cp.claims.len()), i + 1);
-        }
-        assert_eq!(store.reloads(), 0, "its own writes are not read back");
-        let (other, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
-        other.update(|cp| cp.remove_claim("c0")).await.unwrap();
-        assert_eq!(store.read(|cp| cp.claims.len()), 19);
-        assert_eq!(store.read(|cp| cp.claims.len()), 19);
-        assert_eq!(store.reloads(), 1, "read once after the other's write");
-    }
-
-    #[tokio::test]
-    async fn concurrent_writers_in_two_instances_lose_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("checkpoint.json");
-        let (a, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
-        let (b, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
-        let updates = (0..40).map(|i| {
-            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
-            async move {
-                store
-                    .update(|cp| cp.claims.insert(format!("claim-{i}"), entry()))
-                    .await
-            }
-        });
-        for result in futures::future::join_all(updates).await {
-            result.unwrap();
-        }
-        assert_eq!(on_disk(&path).claims.len(), 40);
-        assert_eq!(a.read(|cp| cp.claims.len()), 40);
-        assert_eq!(b.read(|cp| cp.claims.len()), 40);
-    }
-}
+mod tests;

@@ -440,6 +440,8 @@ async fn open_preparer(
 ) -> Result<Arc<Preparer>> {
     let sharing = Box::pin(crate::mps_checks::gpu_sharing(config, mps_daemon_pods)).await?;
     let checkpoint = open_checkpoint(config).await?;
+    // Until the clean-up below is done, another instance's prepares wait (rolling update).
+    let start_up = checkpoint.start_up_hold().await?;
     std::fs::create_dir_all(&config.cdi_dir)
         .map_err(|e| Error::io("create CDI directory", &config.cdi_dir, e))?;
     let mut preparer = Preparer::new(
@@ -458,6 +460,7 @@ async fn open_preparer(
     crate::dynamic_mig::node::log_restore(&preparer.restore_dynamic_mig().await?);
     crate::mps_checks::log_sharing_restore(&preparer.restore_sharing().await);
     let restored = preparer.restore_cdi_specs().await?;
+    drop(start_up);
     tracing::info!(
         prepared = preparer.prepared_claims(),
         rewritten = restored.rewritten,

@@ -277,6 +277,8 @@ impl Preparer {
         let allocated = kerf_api::resolve_allocation(&api_claim, &self.config.driver_name)
             .map_err(PrepareError::Allocation)?;
         let mut devices = self.plan_devices(claim, &allocated)?;
+        // Another plugin instance's start-up clean-up must not run beside this prepare.
+        let _operation = self.checkpoint.operation().await?;
         self.record_started(claim, pod_claim_name.clone(), &mut devices)?;
         // Dynamic MIG makes its intent durable and creates the instances; it undoes them
         // itself when it fails.
@@ -321,6 +323,7 @@ impl Preparer {
         if !known {
             return Ok(());
         }
+        let _operation = self.checkpoint.operation().await?;
         self.remove_cdi_spec(&claim.uid).await?;
         // A MIG instance still in use fails the unprepare with the entry kept: the kubelet
         // retries, and the instance is never forgotten while it exists.

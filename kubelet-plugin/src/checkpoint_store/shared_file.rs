@@ -74,13 +74,22 @@ pub(super) fn read(path: &Path) -> Result<Option<(KnownFile, Checkpoint)>, Strin
     Ok(Some((known, checkpoint)))
 }
 
-/// The lock file beside the checkpoint: `<checkpoint>.lock`.
+/// The lock file of the writes beside the checkpoint: `<checkpoint>.lock`.
 pub(super) fn lock_path(checkpoint: &Path) -> PathBuf {
+    beside(checkpoint, ".lock")
+}
+
+/// The lock file of the operations beside the checkpoint: `<checkpoint>.operations.lock`.
+pub(super) fn operations_lock_path(checkpoint: &Path) -> PathBuf {
+    beside(checkpoint, ".operations.lock")
+}
+
+fn beside(checkpoint: &Path, suffix: &str) -> PathBuf {
     let mut name = checkpoint
         .file_name()
         .map(std::ffi::OsStr::to_os_string)
         .unwrap_or_default();
-    name.push(".lock");
+    name.push(suffix);
     checkpoint.with_file_name(name)
 }
 
