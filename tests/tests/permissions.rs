@@ -13,7 +13,7 @@ mod flow;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::TestNode;
+use common::mps::MpsNode;
 use kerf_tests::fake_api::{Attributes, Check, FakeApi, Grant, Identity, Policy, RuleSource};
 
 /// Rights deploy/ grants that no flow can show to be needed, each with why it is granted.
@@ -139,13 +139,14 @@ fn unused_rights(policy: &Policy, checks: &[Check]) -> BTreeSet<Right> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_request_is_allowed_and_every_granted_right_is_used() {
-    let node = TestNode::new("h100-sxm-80gb:2");
-    flow::ready_node(&node.api);
-    let plugin = flow::plugin(&node).await;
-    flow::controller(&node.api).await;
+    let on = MpsNode::with_profile("h100-sxm-80gb:2");
+    flow::ready_node(&on.node.api);
+    let (plugin, runner) = flow::plugin(&on).await;
+    flow::controller(&on.node.api).await;
     // On a clean shutdown the plugin deletes its slices.
     plugin.shutdown().await.unwrap();
-    let fake: &FakeApi = &node.api;
+    drop(runner);
+    let fake: &FakeApi = &on.node.api;
     let checks = fake.authorization_checks();
     print_surface(&checks);
     let denied: Vec<&Check> = checks.iter().filter(|c| !c.allowed).collect();

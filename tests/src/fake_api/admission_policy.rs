@@ -3,9 +3,10 @@
 //! `staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating/`: `dispatcher.go`,
 //! `validator.go`), with the [`cel`] crate.
 //!
-//! The fake loads the policy and binding kerf ships (`deploy/base/resourceslice-policy.yaml`).
-//! For a request its `matchConstraints.resourceRules` match (main resource only; the fake
-//! has no `resourceslices/status` rules to match), it evaluates
+//! The fake loads the policies and bindings kerf ships ([`KERF_POLICY_MANIFESTS`]: the
+//! kubelet plugin's ResourceSlices and its MPS daemon pods). For a request a policy's
+//! `matchConstraints.resourceRules` match (main resource only; no policy kerf ships names a
+//! subresource), it evaluates
 //! - `matchConditions` in order: one that is false makes the policy not apply;
 //! - `variables` in order, each seeing the ones before it as `variables.<name>`;
 //! - `validations` in order: the first that is false denies with its `messageExpression`
@@ -16,6 +17,10 @@
 //! CREATE), `request` (`operation`, `name`, `namespace`, `userInfo.username`/`groups`/
 //! `extra`, `resource`, `subResource`, `dryRun`), `params` and `namespaceObject` (null).
 //! An evaluation error denies (`failurePolicy: Fail`) or skips the policy (`Ignore`).
+//!
+//! Every policy that matches is evaluated, in the order of the manifests; as upstream's
+//! `dispatcher.Dispatch` collects the denied decisions of all of them and reports the first,
+//! the fake stops at the first denial, which is the same one.
 //!
 //! A denial is what the dispatcher returns: `admission.NewForbidden` (`<resource>.<group>
 //! "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>' with binding '<binding>'
@@ -37,8 +42,18 @@ use super::identity::Identity;
 use super::meta_rules::group_of;
 use super::{ApiError, ApiResult, ObjKey, qualified_resource};
 
-/// The manifest of the policy kerf ships, compiled in so the fake cannot drift from it.
-const KERF_POLICY_MANIFEST: &str = include_str!("../../../deploy/base/resourceslice-policy.yaml");
+/// The manifests of the policies kerf ships, each with its path, compiled in so that the fake
+/// cannot drift from them.
+const KERF_POLICY_MANIFESTS: [(&str, &str); 2] = [
+    (
+        "deploy/base/resourceslice-policy.yaml",
+        include_str!("../../../deploy/base/resourceslice-policy.yaml"),
+    ),
+    (
+        "deploy/base/mps-daemon-pod-policy.yaml",
+        include_str!("../../../deploy/base/mps-daemon-pod-policy.yaml"),
+    ),
+];
 
 /// One ValidatingAdmissionPolicy and the binding that puts it in force with `Deny`.
 #[derive(Debug, Clone)]
@@ -57,17 +72,29 @@ pub(super) struct Policies {
 }
 
 impl Policies {
-    /// The policy and binding of `deploy/base/resourceslice-policy.yaml`.
+    /// The policies and bindings of [`KERF_POLICY_MANIFESTS`].
     pub(super) fn kerf() -> Self {
-        Self::from_manifests(KERF_POLICY_MANIFEST)
+        Self::from_files(&KERF_POLICY_MANIFESTS)
     }
 
     /// The bound policies of a multi-document YAML manifest.
+    #[cfg(test)]
     pub(super) fn from_manifests(text: &str) -> Self {
+        Self::from_files(&[("policy manifest", text)])
+    }
+
+    /// The bound policies of several multi-document YAML manifests, each named by its path;
+    /// a binding may name a policy of any of them, as in a cluster where all are applied.
+    fn from_files(files: &[(&str, &str)]) -> Self {
         let env = Arc::new(Env::stdlib());
-        let loaded = serde_saphyr::from_multiple::<Value>(text)
-            .map_err(|e| format!("policy manifest is not YAML: {e}"))
-            .and_then(|docs| bind(&docs, &env));
+        let loaded = files
+            .iter()
+            .map(|(path, text)| {
+                serde_saphyr::from_multiple::<Value>(text)
+                    .map_err(|e| format!("{path} is not YAML: {e}"))
+            })
+            .collect::<Result<Vec<Vec<Value>>, String>>()
+            .and_then(|docs| bind(&docs.concat(), &env));
         Self { loaded, env }
     }
 

@@ -11,6 +11,7 @@
 )]
 
 pub mod mps;
+pub mod plugin_pod;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

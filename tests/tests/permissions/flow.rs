@@ -1,16 +1,18 @@
 //! The flow of `permissions.rs`: the kubelet plugin and kerf-controller (with its webhook)
 //! doing, against one [`FakeApi`] and as their ServiceAccounts, everything deploy/ grants
 //! them rights for. Objects a user, kube-scheduler or the kubelet would write are written as
-//! the cluster admin.
+//! the cluster admin; the kubelet's running of pods is the pod runner's.
 #![allow(
     clippy::unwrap_used,
     reason = "the flow's steps fail the test the same way inside or outside #[test] functions"
 )]
 
+use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
 use kerf_api::claim_node_label::CLAIM_NODE_LABEL;
 use kerf_api::controller_claims::{FINALIZER, SCHEDULING_GATE};
 use kerf_controller::claims::ownership::OwnershipTiming;
@@ -19,16 +21,23 @@ use kerf_controller::default_classes::{self, DefaultClasses};
 use kerf_controller::webhook::{Certificates, SelfSigned, WebhookConfig};
 use kerf_controller::{BackoffConfig, Config, ControllerConfig, FIELD_MANAGER, LeaseConfig};
 use kerf_kubelet_plugin::claim_events::{ClaimEvents as _, ClaimWarning, KubeClaimEvents};
+use kerf_kubelet_plugin::config::{MpsDaemonMode, OwnPod};
+use kerf_kubelet_plugin::mps_daemons::daemon_pod_name;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_proto::client::{KNOWN_SERVICES, KubeletClient};
 use kerf_tests::fake_api::{FakeApi, Identity, KERF_NAMESPACE};
+use kerf_tests::pod_runner::{PodRunner, PodRunnerSettings};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{self, DRIVER, NODE, TestNode, eventually, uid};
+use crate::common::mps::MpsNode;
+use crate::common::plugin_pod::{IMAGE_PROGRAM, PLUGIN_POD, plugin_pod_from_manifest};
+use crate::common::{self, DRIVER, GIB, NODE, eventually, uid};
 
 const WAIT: Duration = Duration::from_secs(20);
+/// The plugin as a program, which the daemon pods run (`kerf-test-plugin mps-control-daemon`).
+const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
 /// The default class kerf-controller allocates (`deploy/base/gpuclasses.yaml`).
 const CONTROLLER_CLASS: &str = "slice.gpu.kerf.dev";
 /// The MutatingWebhookConfigurations of `deploy/base/webhook.yaml`, whose caBundle the
@@ -47,15 +56,39 @@ pub fn ready_node(fake: &FakeApi) {
     }));
 }
 
-/// The plugin publishes its slices (watching its Node), prepares a claim kube-scheduler
-/// allocated (reading it, writing its device status as `associated-node`), reports a claim
-/// Event and unprepares. It keeps running, publishing, for the controller's flow; its
-/// shutdown deletes the slices.
-pub async fn plugin(node: &TestNode) -> RunningPlugin {
-    let claim_uid = uid(1);
-    node.device_claim("whole", &claim_uid, "gpu-0");
-    let mut config = node.config();
+/// The plugin publishes its slices (watching its Node), prepares two claims kube-scheduler
+/// allocated (reading them, writing their device status as `associated-node`): a whole GPU,
+/// and an MPS slice whose prepare creates its GPU's control daemon pod (`--mps-daemons=pod`:
+/// reading its own pod at start-up, listing its node's daemon pods, reading and creating the
+/// GPU's); it reports a claim Event and unprepares both, the slice's unprepare deleting the
+/// daemon pod. The pod runner plays the kubelet that runs the daemon pod. The plugin keeps
+/// running, publishing, for the controller's flow; its shutdown deletes the slices.
+pub async fn plugin(on: &MpsNode) -> (RunningPlugin, PodRunner) {
+    let node = &on.node;
+    node.api
+        .insert(serde_json::to_value(plugin_pod_from_manifest(NODE)).unwrap());
+    let runner = PodRunner::start(
+        &node.api,
+        NODE,
+        BTreeMap::from([(IMAGE_PROGRAM.to_owned(), PathBuf::from(PLUGIN_BINARY))]),
+        PodRunnerSettings {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(1),
+            ..PodRunnerSettings::default()
+        },
+    );
+    let whole = node.device_claim("whole", &uid(1), "gpu-0");
+    let slice = node.slice_claim("slice", &uid(2), 1, 10 * GIB, 25);
+    let mut config = on.config();
     config.publish_resources = true;
+    config.mps_daemons = MpsDaemonMode::Pod;
+    config.mps_start_timeout = WAIT;
+    config.own_pod = Some(OwnPod {
+        name: PLUGIN_POD.to_owned(),
+        namespace: KERF_NAMESPACE.to_owned(),
+        uid: None,
+    });
+    // The plugin's client for everything, daemon pods included.
     let connections = Connections::kube(node.plugin_client(), NODE, true);
     let options = plugin::StartOptions::defaults(true);
     let running = plugin::start_with(&config, &options, node.inventory(), connections)
@@ -66,18 +99,31 @@ pub async fn plugin(node: &TestNode) -> RunningPlugin {
         .register(&config.registration_socket)
         .await
         .unwrap();
-    let claim = kerf_proto::client::Claim::new(common::NAMESPACE, "whole", &claim_uid);
-    let answers = kubelet.prepare(std::slice::from_ref(&claim)).await.unwrap();
-    assert!(answers[&claim_uid].is_ok(), "{answers:?}");
-    let path = format!("{CLAIMS}/whole");
-    eventually("the claim's device status", WAIT, || {
-        node.api.get(&path).is_some_and(|c| {
-            c["status"]["devices"]
-                .as_array()
-                .is_some_and(|d| !d.is_empty())
+    let claims = [whole.clone(), slice.clone()];
+    let answers = kubelet.prepare(&claims).await.unwrap();
+    for claim in &claims {
+        assert!(answers[&claim.uid].is_ok(), "{answers:?}");
+    }
+    let daemon_pod = daemon_pod_name(NODE, &on.gpu_uuid(1));
+    assert!(
+        node.api
+            .get_resource::<Pod>(Some(KERF_NAMESPACE), &daemon_pod)
+            .is_some(),
+        "the slice's prepare created its GPU's daemon pod; runner: {:?}",
+        runner.problems()
+    );
+    for claim in &claims {
+        eventually("the claim's device status", WAIT, || {
+            node.api
+                .get(&format!("{CLAIMS}/{}", claim.name))
+                .is_some_and(|c| {
+                    c["status"]["devices"]
+                        .as_array()
+                        .is_some_and(|d| !d.is_empty())
+                })
         })
-    })
-    .await;
+        .await;
+    }
     eventually("the slices are published", WAIT, || {
         !node
             .api
@@ -88,23 +134,34 @@ pub async fn plugin(node: &TestNode) -> RunningPlugin {
     KubeClaimEvents::new(node.plugin_client(), NODE)
         .warn(ClaimWarning {
             claim: ClaimRef {
-                uid: claim_uid.clone(),
+                uid: whole.uid.clone(),
                 namespace: common::NAMESPACE.to_owned(),
-                name: "whole".to_owned(),
+                name: whole.name.clone(),
             },
             reason: "PermissionCheck",
             note: "an Event the test sends".to_owned(),
         })
         .await;
-    let answers = kubelet.unprepare(&[claim]).await.unwrap();
-    assert!(answers[&claim_uid].is_ok(), "{answers:?}");
-    eventually("the device status withdrawn", WAIT, || {
+    let answers = kubelet.unprepare(&claims).await.unwrap();
+    for claim in &claims {
+        assert!(answers[&claim.uid].is_ok(), "{answers:?}");
+        eventually("the device status withdrawn", WAIT, || {
+            node.api
+                .get(&format!("{CLAIMS}/{}", claim.name))
+                .is_some_and(|c| c["status"]["devices"].as_array().is_none_or(Vec::is_empty))
+        })
+        .await;
+    }
+    assert!(
         node.api
-            .get(&path)
-            .is_some_and(|c| c["status"]["devices"].as_array().is_none_or(Vec::is_empty))
-    })
-    .await;
-    running
+            .get_resource::<Pod>(Some(KERF_NAMESPACE), &daemon_pod)
+            .is_none(),
+        "the slice's unprepare deleted the daemon pod"
+    );
+    // Its user deletes the slice's claim: its GPU is free for the controller's flow, as
+    // before the slice (the whole GPU's claim stays, keeping its GPU taken).
+    node.api.remove(&format!("{CLAIMS}/{}", slice.name));
+    (running, runner)
 }
 
 /// kerf-controller as `main` runs it (leader election, the controllers, the default classes,
