@@ -13,10 +13,10 @@
 //!
 //! What every cluster does on top of storing objects is done here too: TaintNodesByCondition
 //! and the node lifecycle controller's NoSchedule taints (`admission`), kerf's
-//! ValidatingAdmissionPolicy from `deploy/base/resourceslice-policy.yaml`
-//! (`admission_policy`), the immutable spec of ResourceClaims and ResourceClaimTemplates with
-//! their opaque parameters kept as the bytes the client sent (`claims`), and the update rules
-//! of object metadata (`meta_rules`).
+//! ValidatingAdmissionPolicies from `deploy/base/resourceslice-policy.yaml` and
+//! `mps-daemon-pod-policy.yaml` (`admission_policy`), the immutable spec of ResourceClaims
+//! and ResourceClaimTemplates with their opaque parameters kept as the bytes the client sent
+//! (`claims`), and the update rules of object metadata (`meta_rules`).
 //!
 //! Where FakeApi still differs from kube-apiserver 1.36:
 //! - authorization: see `rbac`;
