@@ -100,11 +100,12 @@ fn changed(change: impl FnOnce(&mut Value)) -> Value {
     pod
 }
 
-#[tokio::test]
-async fn the_plugin_may_create_no_other_pod() {
-    let fake = FakeApi::new();
-    let pods = plugin_pods(&fake);
-    let cases: Vec<(&str, Value, &str)> = vec![
+/// A refused create: what differs, the pod, the policy's message.
+type Case = (&'static str, Value, &'static str);
+
+/// Pods on another node, of another identity or without the daemon label.
+fn elsewhere_or_as_another() -> Vec<Case> {
+    vec![
         (
             "another node",
             changed(|p| p["spec"]["nodeName"] = json!("node-2")),
@@ -137,6 +138,29 @@ async fn the_plugin_may_create_no_other_pod() {
             }),
             "spec.automountServiceAccountToken must be false, not unset",
         ),
+        (
+            "no component label",
+            changed(|p| {
+                let labels = p["metadata"]["labels"].as_object_mut().unwrap();
+                labels.remove("app.kubernetes.io/component");
+            }),
+            "the kubelet plugin may only create MPS control daemon pods: label \
+             app.kubernetes.io/component must be 'mps-control-daemon', not ''",
+        ),
+        (
+            "another component",
+            changed(|p| {
+                p["metadata"]["labels"]["app.kubernetes.io/component"] = json!("controller");
+            }),
+            "the kubelet plugin may only create MPS control daemon pods: label \
+             app.kubernetes.io/component must be 'mps-control-daemon', not 'controller'",
+        ),
+    ]
+}
+
+/// Pods in the host's namespaces, with other volumes or other containers.
+fn with_more_than_a_daemon_needs() -> Vec<Case> {
+    vec![
         (
             "the host's network",
             changed(|p| p["spec"]["hostNetwork"] = json!(true)),
@@ -174,23 +198,6 @@ async fn the_plugin_may_create_no_other_pod() {
             "every volume must be a hostPath volume, not spec.volumes 'token'",
         ),
         (
-            "no component label",
-            changed(|p| {
-                let labels = p["metadata"]["labels"].as_object_mut().unwrap();
-                labels.remove("app.kubernetes.io/component");
-            }),
-            "the kubelet plugin may only create MPS control daemon pods: label \
-             app.kubernetes.io/component must be 'mps-control-daemon', not ''",
-        ),
-        (
-            "another component",
-            changed(|p| {
-                p["metadata"]["labels"]["app.kubernetes.io/component"] = json!("controller");
-            }),
-            "the kubelet plugin may only create MPS control daemon pods: label \
-             app.kubernetes.io/component must be 'mps-control-daemon', not 'controller'",
-        ),
-        (
             "a second container",
             changed(|p| {
                 let containers = p["spec"]["containers"].as_array_mut().unwrap();
@@ -211,7 +218,16 @@ async fn the_plugin_may_create_no_other_pod() {
             "exactly one container and no init containers, not 1 in spec.containers and 1 \
              in spec.initContainers",
         ),
-    ];
+    ]
+}
+
+#[tokio::test]
+async fn the_plugin_may_create_no_other_pod() {
+    let fake = FakeApi::new();
+    let pods = plugin_pods(&fake);
+    let cases = elsewhere_or_as_another()
+        .into_iter()
+        .chain(with_more_than_a_daemon_needs());
     for (what, pod, message) in cases {
         let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
         assert_eq!(refusal(create(&pods, &pod).await), message, "{what}");
