@@ -262,7 +262,7 @@ async fn scenario(seed: u64) {
     // The new instance starts while the old one prepares: its start-up clean-up (orphan
     // specs, unfinished entries) must not take what the old one's prepares are making.
     let old_client = direct(&s.old).await;
-    let early: BTreeSet<usize> = (0..1 + rng.below(4)).map(|_| rng.below(GPUS)).collect();
+    let early: BTreeSet<usize> = (0..=rng.below(4)).map(|_| rng.below(GPUS)).collect();
     let early_prepares = early
         .iter()
         .map(|claim| apply(&old_client, Op::Prepare(*claim), &s.claims));
