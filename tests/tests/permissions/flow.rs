@@ -25,7 +25,7 @@ use kerf_kubelet_plugin::config::{MpsDaemonMode, OwnPod};
 use kerf_kubelet_plugin::mps_daemons::daemon_pod_name;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_kubelet_plugin::preparer::ClaimRef;
-use kerf_proto::client::{KNOWN_SERVICES, KubeletClient};
+use kerf_proto::client::{Claim, KNOWN_SERVICES, KubeletClient};
 use kerf_tests::fake_api::{FakeApi, Identity, KERF_NAMESPACE};
 use kerf_tests::pod_runner::{PodRunner, PodRunnerSettings};
 use serde_json::{Value, json};
@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::mps::MpsNode;
 use crate::common::plugin_pod::{IMAGE_PROGRAM, PLUGIN_POD, plugin_pod_from_manifest};
-use crate::common::{self, DRIVER, GIB, NODE, eventually, uid};
+use crate::common::{self, DRIVER, GIB, NODE, TestNode, eventually, uid};
 
 const WAIT: Duration = Duration::from_secs(20);
 /// The plugin as a program, which the daemon pods run (`kerf-test-plugin mps-control-daemon`).
@@ -65,6 +65,67 @@ pub fn ready_node(fake: &FakeApi) {
 /// running, publishing, for the controller's flow; its shutdown deletes the slices.
 pub async fn plugin(on: &MpsNode) -> (RunningPlugin, PodRunner) {
     let node = &on.node;
+    let whole = node.device_claim("whole", &uid(1), "gpu-0");
+    let slice = node.slice_claim("slice", &uid(2), 1, 10 * GIB, 25);
+    let (running, runner) = start_with_daemon_pods(on).await;
+    let kubelet = KubeletClient::new()
+        .knowing(&KNOWN_SERVICES)
+        .register(&on.config().registration_socket)
+        .await
+        .unwrap();
+    let claims = [whole.clone(), slice.clone()];
+    let answers = kubelet.prepare(&claims).await.unwrap();
+    for claim in &claims {
+        assert!(answers[&claim.uid].is_ok(), "{answers:?}");
+    }
+    let daemon_pod = daemon_pod_name(NODE, &on.gpu_uuid(1));
+    let daemon_pod_exists = || {
+        node.api
+            .get_resource::<Pod>(Some(KERF_NAMESPACE), &daemon_pod)
+            .is_some()
+    };
+    assert!(
+        daemon_pod_exists(),
+        "the slice's prepare created its GPU's daemon pod; runner: {:?}",
+        runner.problems()
+    );
+    for claim in &claims {
+        eventually("the claim's device status", WAIT, || {
+            device_status(&node.api, claim).is_some_and(|d| !d.is_empty())
+        })
+        .await;
+    }
+    eventually("the slices are published", WAIT, || {
+        !node
+            .api
+            .list("/apis/resource.k8s.io/v1/resourceslices")
+            .is_empty()
+    })
+    .await;
+    warn(node, &whole).await;
+    let answers = kubelet.unprepare(&claims).await.unwrap();
+    for claim in &claims {
+        assert!(answers[&claim.uid].is_ok(), "{answers:?}");
+        eventually("the device status withdrawn", WAIT, || {
+            device_status(&node.api, claim).is_none_or(|d| d.is_empty())
+        })
+        .await;
+    }
+    assert!(
+        !daemon_pod_exists(),
+        "the slice's unprepare deleted the daemon pod"
+    );
+    // Its user deletes the slice's claim: its GPU is free for the controller's flow, as
+    // before the slice (the whole GPU's claim stays, keeping its GPU taken).
+    node.api.remove(&format!("{CLAIMS}/{}", slice.name));
+    (running, runner)
+}
+
+/// The plugin as the DaemonSet runs it, publishing and with `--mps-daemons=pod` (its own pod
+/// as `deploy/kerf.yaml` makes it, the fake tools as the driver's), and the pod runner that
+/// runs its node's pods with the `kerf-test-plugin` binary as the image's program.
+async fn start_with_daemon_pods(on: &MpsNode) -> (RunningPlugin, PodRunner) {
+    let node = &on.node;
     node.api
         .insert(serde_json::to_value(plugin_pod_from_manifest(NODE)).unwrap());
     let runner = PodRunner::start(
@@ -77,8 +138,6 @@ pub async fn plugin(on: &MpsNode) -> (RunningPlugin, PodRunner) {
             ..PodRunnerSettings::default()
         },
     );
-    let whole = node.device_claim("whole", &uid(1), "gpu-0");
-    let slice = node.slice_claim("slice", &uid(2), 1, 10 * GIB, 25);
     let mut config = on.config();
     config.publish_resources = true;
     config.mps_daemons = MpsDaemonMode::Pod;
@@ -94,74 +153,29 @@ pub async fn plugin(on: &MpsNode) -> (RunningPlugin, PodRunner) {
     let running = plugin::start_with(&config, &options, node.inventory(), connections)
         .await
         .unwrap();
-    let kubelet = KubeletClient::new()
-        .knowing(&KNOWN_SERVICES)
-        .register(&config.registration_socket)
-        .await
-        .unwrap();
-    let claims = [whole.clone(), slice.clone()];
-    let answers = kubelet.prepare(&claims).await.unwrap();
-    for claim in &claims {
-        assert!(answers[&claim.uid].is_ok(), "{answers:?}");
-    }
-    let daemon_pod = daemon_pod_name(NODE, &on.gpu_uuid(1));
-    assert!(
-        node.api
-            .get_resource::<Pod>(Some(KERF_NAMESPACE), &daemon_pod)
-            .is_some(),
-        "the slice's prepare created its GPU's daemon pod; runner: {:?}",
-        runner.problems()
-    );
-    for claim in &claims {
-        eventually("the claim's device status", WAIT, || {
-            node.api
-                .get(&format!("{CLAIMS}/{}", claim.name))
-                .is_some_and(|c| {
-                    c["status"]["devices"]
-                        .as_array()
-                        .is_some_and(|d| !d.is_empty())
-                })
-        })
-        .await;
-    }
-    eventually("the slices are published", WAIT, || {
-        !node
-            .api
-            .list("/apis/resource.k8s.io/v1/resourceslices")
-            .is_empty()
-    })
-    .await;
+    (running, runner)
+}
+
+/// A Warning Event on `claim`, as the plugin reports one.
+async fn warn(node: &TestNode, claim: &Claim) {
     KubeClaimEvents::new(node.plugin_client(), NODE)
         .warn(ClaimWarning {
             claim: ClaimRef {
-                uid: whole.uid.clone(),
+                uid: claim.uid.clone(),
                 namespace: common::NAMESPACE.to_owned(),
-                name: whole.name.clone(),
+                name: claim.name.clone(),
             },
             reason: "PermissionCheck",
             note: "an Event the test sends".to_owned(),
         })
         .await;
-    let answers = kubelet.unprepare(&claims).await.unwrap();
-    for claim in &claims {
-        assert!(answers[&claim.uid].is_ok(), "{answers:?}");
-        eventually("the device status withdrawn", WAIT, || {
-            node.api
-                .get(&format!("{CLAIMS}/{}", claim.name))
-                .is_some_and(|c| c["status"]["devices"].as_array().is_none_or(Vec::is_empty))
-        })
-        .await;
-    }
-    assert!(
-        node.api
-            .get_resource::<Pod>(Some(KERF_NAMESPACE), &daemon_pod)
-            .is_none(),
-        "the slice's unprepare deleted the daemon pod"
-    );
-    // Its user deletes the slice's claim: its GPU is free for the controller's flow, as
-    // before the slice (the whole GPU's claim stays, keeping its GPU taken).
-    node.api.remove(&format!("{CLAIMS}/{}", slice.name));
-    (running, runner)
+}
+
+/// The entries of `claim`'s `status.devices`, if it has the field.
+fn device_status(fake: &FakeApi, claim: &Claim) -> Option<Vec<Value>> {
+    fake.get(&format!("{CLAIMS}/{}", claim.name))?["status"]["devices"]
+        .as_array()
+        .cloned()
 }
 
 /// kerf-controller as `main` runs it (leader election, the controllers, the default classes,
