@@ -237,28 +237,124 @@ fn progress(out: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// The test node with the real GPU: FakeApi over HTTP with the plugin's pod, the pod runner,
+/// the wrapped tools and the GPU NVML finds first.
+struct GpuNode {
+    node: TestNode,
+    tools: PathBuf,
+    inventory: Inventory,
+    gpu: String,
+    runner: PodRunner,
+    server: ApiServer,
+    kubeconfig: PathBuf,
+}
+
+impl GpuNode {
+    async fn start() -> Self {
+        let node = TestNode::new("h100-sxm-80gb:1");
+        let tools = wrapped_tools(&node.root);
+        let mut config = node.config();
+        config.discovery = Discovery::Nvml;
+        config.driver_root.clone_from(&tools);
+        let inventory = kerf_kubelet_plugin::plugin::discover(&config).unwrap();
+        let gpu = first_gpu(&inventory).uuid.clone();
+        node.api.insert(plugin_pod());
+        let runner = PodRunner::start(
+            &node.api,
+            NODE,
+            BTreeMap::from([(IMAGE_PROGRAM.to_owned(), plugin_binary())]),
+            PodRunnerSettings::default(),
+        );
+        let server = ApiServer::start(node.api.clone()).await.unwrap();
+        let kubeconfig = node.root.join("kubeconfig");
+        server
+            .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(NODE))
+            .unwrap();
+        GpuNode {
+            node,
+            tools,
+            inventory,
+            gpu,
+            runner,
+            server,
+            kubeconfig,
+        }
+    }
+}
+
+/// What the wrapped `nvidia-smi`, the daemon pod and both plugins logged.
+fn logs(node: &TestNode, runner: &PodRunner, gpu: &str) -> Value {
+    let read = |name: &str| std::fs::read_to_string(node.root.join(name)).unwrap_or_default();
+    json!({
+        "nvidia_smi_calls": read("nvidia-smi.log"),
+        "daemon": runner.logs(NAMESPACE, &daemon_pod_name(NODE, gpu)),
+        "plugin": [read("plugin-1.log"), read("plugin-2.log")],
+    })
+}
+
+/// Prints the report and writes it to `KERF_GPU_REPORT`, if set.
+fn publish(report: &Value) -> String {
+    let text = serde_json::to_string_pretty(report).unwrap();
+    println!("{text}");
+    if let Some(path) = std::env::var_os("KERF_GPU_REPORT") {
+        std::fs::write(path, &text).unwrap();
+    }
+    text
+}
+
+/// One PyTorch process per claim with its MPS environment, as `(result file, process)`.
+fn start_workloads(node: &TestNode, claims: &[Claim]) -> Vec<(PathBuf, Child)> {
+    let python = std::env::var("KERF_GPU_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let script = node.root.join("workload.py");
+    std::fs::write(&script, WORKLOAD).unwrap();
+    claims
+        .iter()
+        .map(|claim| {
+            let out = node.root.join(format!("{}.json", claim.name));
+            let child = Command::new(&python)
+                .arg(&script)
+                .arg(&out)
+                .arg(WORK_SECONDS.to_string())
+                .envs(mps_env(node, claim))
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(out.with_extension("err")).unwrap())
+                .spawn()
+                .unwrap();
+            (out, child)
+        })
+        .collect()
+}
+
+/// Waits for every workload; its exit code and its result (or its stderr).
+fn finish_workloads(workloads: &mut [(PathBuf, Child)]) -> Vec<Value> {
+    workloads
+        .iter_mut()
+        .map(|(out, child)| {
+            let status = child.wait().unwrap();
+            let result: Value = std::fs::read_to_string(&*out)
+                .ok()
+                .and_then(|s| serde_json::from_str(&s).ok())
+                .unwrap_or_else(|| {
+                    let stderr = std::fs::read_to_string(out.with_extension("err"));
+                    json!({"stderr": stderr.unwrap_or_default()})
+                });
+            json!({"exit": status.code(), "result": result})
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs an NVIDIA GPU, its driver and PyTorch"]
 async fn mps_slices_keep_running_while_the_plugin_is_killed_and_restarted() {
-    let node = TestNode::new("h100-sxm-80gb:1");
-    let tools = wrapped_tools(&node.root);
-    let mut config = node.config();
-    config.discovery = Discovery::Nvml;
-    config.driver_root.clone_from(&tools);
-    let inventory = kerf_kubelet_plugin::plugin::discover(&config).unwrap();
-    let gpu = first_gpu(&inventory).uuid.clone();
-    node.api.insert(plugin_pod());
-    let runner = PodRunner::start(
-        &node.api,
-        NODE,
-        BTreeMap::from([(IMAGE_PROGRAM.to_owned(), plugin_binary())]),
-        PodRunnerSettings::default(),
-    );
-    let server = ApiServer::start(node.api.clone()).await.unwrap();
-    let kubeconfig = node.root.join("kubeconfig");
-    server
-        .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(NODE))
-        .unwrap();
+    let GpuNode {
+        node,
+        tools,
+        inventory,
+        gpu,
+        runner,
+        server: _server,
+        kubeconfig,
+    } = GpuNode::start().await;
     let claims = [
         slice_claim(&node, &inventory, "slice-a", &uid(1)),
         slice_claim(&node, &inventory, "slice-b", &uid(2)),
@@ -281,25 +377,7 @@ async fn mps_slices_keep_running_while_the_plugin_is_killed_and_restarted() {
     let prepare_ms = started.elapsed().as_millis();
     let before = incarnation(&node, &gpu).unwrap();
 
-    let python = std::env::var("KERF_GPU_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let script = node.root.join("workload.py");
-    std::fs::write(&script, WORKLOAD).unwrap();
-    let mut workloads: Vec<(PathBuf, Child)> = claims
-        .iter()
-        .map(|claim| {
-            let out = node.root.join(format!("{}.json", claim.name));
-            let child = Command::new(&python)
-                .arg(&script)
-                .arg(&out)
-                .arg(WORK_SECONDS.to_string())
-                .envs(mps_env(&node, claim))
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(out.with_extension("err")).unwrap())
-                .spawn()
-                .unwrap();
-            (out, child)
-        })
-        .collect();
+    let mut workloads = start_workloads(&node, &claims);
     let deadline = Instant::now() + Duration::from_secs(120);
     while workloads.iter().any(|(out, _)| progress(out) == 0) {
         assert!(
@@ -326,15 +404,7 @@ async fn mps_slices_keep_running_while_the_plugin_is_killed_and_restarted() {
         .collect();
     let after = incarnation(&node, &gpu);
 
-    let mut results = Vec::new();
-    for (out, child) in &mut workloads {
-        let status = child.wait().unwrap();
-        let result: Value = std::fs::read_to_string(&*out)
-            .ok()
-            .and_then(|s| serde_json::from_str(&s).ok())
-            .unwrap_or_else(|| json!({"stderr": std::fs::read_to_string(out.with_extension("err")).unwrap_or_default()}));
-        results.push(json!({"exit": status.code(), "result": result}));
-    }
+    let results = finish_workloads(&mut workloads);
     let warnings: Vec<Value> = claims
         .iter()
         .flat_map(|c| node.api.warning_events("ResourceClaim", &c.name))
@@ -343,9 +413,6 @@ async fn mps_slices_keep_running_while_the_plugin_is_killed_and_restarted() {
         kubelet.unprepare_pod(pod).await.unwrap();
     }
     let daemon_gone = incarnation(&node, &gpu).is_none();
-    let plugin_logs = [1, 2].map(|g| {
-        std::fs::read_to_string(node.root.join(format!("plugin-{g}.log"))).unwrap_or_default()
-    });
     let report = json!({
         "gpu": gpu,
         "gpu_name": first_gpu(&inventory).product_name,
@@ -358,15 +425,9 @@ async fn mps_slices_keep_running_while_the_plugin_is_killed_and_restarted() {
         "workloads": results,
         "warnings": warnings,
         "daemon_pod_deleted_after_unprepare": daemon_gone,
-        "nvidia_smi_calls": std::fs::read_to_string(node.root.join("nvidia-smi.log")).unwrap_or_default(),
-        "daemon_logs": runner.logs(NAMESPACE, &daemon_pod_name(NODE, &gpu)),
-        "plugin_logs": plugin_logs,
+        "logs": logs(&node, &runner, &gpu),
     });
-    let text = serde_json::to_string_pretty(&report).unwrap();
-    println!("{text}");
-    if let Some(path) = std::env::var_os("KERF_GPU_REPORT") {
-        std::fs::write(path, &text).unwrap();
-    }
+    let text = publish(&report);
     plugin.kill().unwrap();
     plugin.wait().unwrap();
     runner.stop().await;
