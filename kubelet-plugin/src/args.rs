@@ -121,8 +121,9 @@ pub struct Args {
     #[arg(long, env = "KERF_STATIC_MIG_GPUS", value_delimiter = ',')]
     pub static_mig_gpus: Vec<u32>,
 
-    /// Root of the per-GPU MPS daemon directories (<root>/<gpu-uuid>/{pipe,log}) and of the
-    /// shared-memory directory <root>/shm, which must also be this container's /dev/shm.
+    /// Root of the per-GPU MPS daemon directories (<root>/<gpu-uuid>/{pipe,log,shm}, the shm
+    /// one a daemon pod's /dev/shm) and, with daemon processes, of the shared-memory directory
+    /// <root>/shm, which must then also be this process's /dev/shm.
     #[arg(long, env = "KERF_MPS_ROOT", default_value = kerf_core::mps::DEFAULT_MPS_ROOT)]
     pub mps_root: PathBuf,
 
