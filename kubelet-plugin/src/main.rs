@@ -45,6 +45,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API")?;
+    // Per-instance socket names only where the kubelet keeps both instances (1.33+).
+    let config =
+        kerf_kubelet_plugin::grpc::kubelet_version::sockets_for_kubelet(config, &client).await;
     let mut connections =
         plugin::Connections::kube(client, &config.node_name, config.publish_resources);
     if !claim_device_status {

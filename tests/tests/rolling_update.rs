@@ -344,3 +344,28 @@ fn without_a_pod_uid_the_sockets_keep_their_names() {
         node.plugin_dir().join(format!("dra-{NEW_UID}.sock"))
     );
 }
+
+/// On a kubelet older than 1.33 the plugin falls back to the fixed socket names: such a
+/// kubelet drops the driver when any instance deregisters.
+#[tokio::test]
+async fn an_old_kubelet_gets_the_fixed_socket_names() {
+    use kerf_kubelet_plugin::grpc::kubelet_version::sockets_for_kubelet;
+    for (kubelet, fixed) in [("v1.32.4", true), ("v1.33.0", false), ("v1.36.2", false)] {
+        let node = TestNode::new("h100-sxm-80gb:1");
+        node.api.insert(json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": NODE},
+            "status": {"nodeInfo": {"kubeletVersion": kubelet}},
+        }));
+        let config = sockets_for_kubelet(config_for(&node, NEW_UID), &node.plugin_client()).await;
+        let legacy = node.config();
+        assert_eq!(
+            config.registration_socket == legacy.registration_socket,
+            fixed,
+            "{kubelet}: {}",
+            config.registration_socket.display()
+        );
+        assert_eq!(config.dra_socket == legacy.dra_socket, fixed, "{kubelet}");
+    }
+}

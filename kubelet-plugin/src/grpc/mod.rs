@@ -3,5 +3,6 @@
 pub mod dra;
 pub mod health;
 pub mod instances;
+pub mod kubelet_version;
 pub mod registration;
 pub mod socket;
