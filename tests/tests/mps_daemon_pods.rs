@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::mps::{CONTROL, MpsNode};
+use common::plugin_pod::{IMAGE_PROGRAM, PLUGIN_POD, plugin_pod_from_manifest};
 use common::{GIB, NODE, eventually, uid};
 use k8s_openapi::api::core::v1::Pod;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
@@ -31,13 +32,9 @@ use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod as KubeletPod};
 use kerf_tests::pod_runner::{PodRunner, PodRunnerSettings};
-use serde_json::{Value, json};
 
 const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
-const NAMESPACE: &str = "kerf-system";
-const PLUGIN_POD: &str = "kerf-kubelet-plugin-x7k2p";
-/// The plugin's program in its image (`deploy/base/kubelet-plugin.yaml`).
-const IMAGE_PROGRAM: &str = "/usr/local/bin/kerf-kubelet-plugin";
+const NAMESPACE: &str = kerf_tests::fake_api::KERF_NAMESPACE;
 
 /// A node whose plugin runs MPS daemons as pods, which the pod runner runs.
 struct PodNode {
@@ -49,7 +46,7 @@ struct PodNode {
 impl PodNode {
     fn new() -> Self {
         let sharing = MpsNode::new();
-        let plugin_pod = plugin_pod_from_manifest();
+        let plugin_pod = plugin_pod_from_manifest(NODE);
         sharing
             .node
             .api
@@ -146,32 +143,6 @@ impl Drop for PodNode {
         // The runner's processes die with it; the daemons are its containers' children.
         drop(self.runner.take());
     }
-}
-
-/// The plugin's pod as the DaemonSet of `deploy/kerf.yaml` (the mock overlay) creates it on
-/// this node, with the image kustomize sets.
-fn plugin_pod_from_manifest() -> Pod {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kerf.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    let documents: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
-    let daemon_set = documents
-        .into_iter()
-        .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == "kerf-kubelet-plugin")
-        .unwrap();
-    let template = &daemon_set["spec"]["template"];
-    let mut spec = template["spec"].clone();
-    spec["nodeName"] = json!(NODE);
-    serde_json::from_value(json!({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": PLUGIN_POD,
-            "namespace": NAMESPACE,
-            "labels": template["metadata"]["labels"],
-        },
-        "spec": spec,
-    }))
-    .unwrap()
 }
 
 fn claim_ref(claim: &Claim) -> ClaimRef {
