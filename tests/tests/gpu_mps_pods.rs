@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::plugin_pod::{IMAGE_PROGRAM, PLUGIN_POD, plugin_pod_from};
 use common::{DRIVER, GIB, NODE, TestNode, uid};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -42,9 +43,8 @@ use kerf_tests::fake_kubelet::{FakeKubelet, Pod as KubeletPod};
 use kerf_tests::pod_runner::{PodRunner, PodRunnerSettings};
 use serde_json::{Value, json};
 
-const NAMESPACE: &str = "kerf-system";
-const PLUGIN_POD: &str = "kerf-kubelet-plugin-gpu01";
-const IMAGE_PROGRAM: &str = "/usr/local/bin/kerf-kubelet-plugin";
+const NAMESPACE: &str = kerf_tests::fake_api::KERF_NAMESPACE;
+/// Compiled in: the check runs where the source tree may not be.
 const MANIFEST: &str = include_str!("../../deploy/kerf.yaml");
 /// How long each PyTorch process runs its matmuls.
 const WORK_SECONDS: u64 = 40;
@@ -101,21 +101,6 @@ fn wrapped_tools(root: &Path) -> PathBuf {
     )
     .unwrap();
     tools
-}
-
-fn plugin_pod() -> Value {
-    let documents: Vec<Value> = serde_saphyr::from_multiple(MANIFEST).unwrap();
-    let daemon_set = documents
-        .into_iter()
-        .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == "kerf-kubelet-plugin")
-        .unwrap();
-    let mut spec = daemon_set["spec"]["template"]["spec"].clone();
-    spec["nodeName"] = json!(NODE);
-    json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": PLUGIN_POD, "namespace": NAMESPACE},
-        "spec": spec,
-    })
 }
 
 fn plugin_binary() -> PathBuf {
@@ -258,7 +243,8 @@ impl GpuNode {
         config.driver_root.clone_from(&tools);
         let inventory = kerf_kubelet_plugin::plugin::discover(&config).unwrap();
         let gpu = first_gpu(&inventory).uuid.clone();
-        node.api.insert(plugin_pod());
+        node.api
+            .insert(serde_json::to_value(plugin_pod_from(MANIFEST, NODE)).unwrap());
         let runner = PodRunner::start(
             &node.api,
             NODE,

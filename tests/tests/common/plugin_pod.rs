@@ -18,8 +18,12 @@ pub const IMAGE_PROGRAM: &str = "/usr/local/bin/kerf-kubelet-plugin";
 /// of the DaemonSet's template in `deploy/kerf.yaml` (the image kustomize sets included).
 pub fn plugin_pod_from_manifest(node: &str) -> Pod {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kerf.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    let documents: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    plugin_pod_from(&std::fs::read_to_string(path).unwrap(), node)
+}
+
+/// As [`plugin_pod_from_manifest`], from the text of such a manifest.
+pub fn plugin_pod_from(manifest: &str, node: &str) -> Pod {
+    let documents: Vec<Value> = serde_saphyr::from_multiple(manifest).unwrap();
     let daemon_set = documents
         .into_iter()
         .find(|d| d["kind"] == "DaemonSet" && d["metadata"]["name"] == "kerf-kubelet-plugin")
