@@ -98,6 +98,15 @@ fn slices(node: &TestNode) -> usize {
     node.api.list_resources::<ResourceSlice>(None).len()
 }
 
+/// The pool generations of the node's slices.
+fn generations(node: &TestNode) -> BTreeSet<i64> {
+    node.api
+        .list_resources::<ResourceSlice>(None)
+        .iter()
+        .map(|s| s.spec.pool.generation)
+        .collect()
+}
+
 /// Watches the node's slices every few milliseconds; `gone` is set if none are seen once.
 fn watch_slices(node: &TestNode) -> (Arc<AtomicBool>, tokio::task::JoinHandle<()>) {
     let gone = Arc::new(AtomicBool::new(false));
@@ -259,6 +268,7 @@ async fn scenario(seed: u64) {
     })
     .await;
     let (gone, watcher) = watch_slices(&s.node);
+    let published = generations(&s.node);
     // The new instance starts while the old one prepares: its start-up clean-up (orphan
     // specs, unfinished entries) must not take what the old one's prepares are making.
     let old_client = direct(&s.old).await;
@@ -303,6 +313,8 @@ async fn scenario(seed: u64) {
         !gone.load(Ordering::SeqCst),
         "the node had no ResourceSlices at some point"
     );
+    // Both instances publish the same devices: neither rewrites what the other wrote.
+    assert_eq!(generations(&s.node), published, "the publishers fought");
     check_files(&s, &prepared);
     new.shutdown().await.unwrap();
 }
