@@ -13,27 +13,22 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::mps::{CONTROL, MpsNode};
+use common::mps::{CONTROL, MpsNode, prepare, seen_through, unprepare};
 use common::{GIB, TestNode, eventually, uid};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::mps::TimeSliceInterval;
 use kerf_core::slice::Sharing;
-use kerf_kubelet_plugin::plugin::RunningPlugin;
-use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_proto::client::Claim;
 use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_gpu_tools::{Call, fail_next_mps_start};
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
-use serde_json::Value;
-
-const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
 
 /// A time-sliced (or other non-MPS) slice allocated as the controller writes it.
 fn shared_claim(
@@ -74,43 +69,6 @@ fn shared_claim(
     ))
 }
 
-fn claim_ref(claim: &Claim) -> ClaimRef {
-    ClaimRef {
-        namespace: claim.namespace.clone(),
-        uid: claim.uid.clone(),
-        name: claim.name.clone(),
-    }
-}
-
-async fn prepare(plugin: &RunningPlugin, claims: &[&Claim]) -> Vec<Result<Value, String>> {
-    let refs: Vec<ClaimRef> = claims.iter().map(|c| claim_ref(c)).collect();
-    plugin
-        .preparer()
-        .prepare(&refs)
-        .await
-        .into_iter()
-        .map(|(_, result)| {
-            result
-                .map(|devices| {
-                    Value::Array(
-                        devices
-                            .iter()
-                            .map(|d| Value::from(d.cdi_device_ids.clone()))
-                            .collect(),
-                    )
-                })
-                .map_err(|e| e.to_string())
-        })
-        .collect()
-}
-
-async fn unprepare(plugin: &RunningPlugin, claim: &Claim) {
-    let results = plugin.preparer().unprepare(&[claim_ref(claim)]).await;
-    for (uid, result) in results {
-        assert!(result.is_ok(), "unprepare {uid}: {result:?}");
-    }
-}
-
 /// The MPS mounts of a claim's spec (pipe directories and `/dev/shm`; not the device-metadata
 /// files every claim gets), as `(host, container)`.
 fn mounts(node: &TestNode, claim: &Claim) -> Vec<(String, String)> {
@@ -145,14 +103,6 @@ fn device_env(node: &TestNode, claim: &Claim) -> Vec<String> {
         .iter()
         .map(|e| e.as_str().unwrap().to_owned())
         .collect()
-}
-
-/// The directory an open handle holds, even if its path now names another one.
-fn seen_through(held: &std::fs::File) -> PathBuf {
-    PathBuf::from(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(held)
-    ))
 }
 
 fn assert_shm_is_for_every_user(sharing: &MpsNode) {
@@ -472,18 +422,8 @@ async fn time_slices_are_set_by_the_first_claim_and_restored_after_the_last() {
 
 /// The plugin as its own process with the fake tools, so that it can be SIGKILLed.
 fn spawn_plugin(sharing: &MpsNode, kubeconfig: &Path, generation: u32) -> Child {
-    let log = sharing.node.root.join(format!("plugin-{generation}.log"));
-    let path = |p: PathBuf| p.to_string_lossy().into_owned();
-    Command::new(PLUGIN_BINARY)
-        .args(sharing.node.plugin_args())
-        .arg(format!("--mock-driver-root={}", path(sharing.tools_root())))
-        .arg(format!("--mps-root={}", path(sharing.mps_root())))
-        .arg("--mps-stop-timeout=2s")
-        .env_clear()
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
+    sharing
+        .plugin_command(kubeconfig, &generation.to_string(), &[])
         .spawn()
         .unwrap()
 }

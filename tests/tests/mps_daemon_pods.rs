@@ -14,11 +14,11 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::mps::{CONTROL, MpsNode};
+use common::mps::{CONTROL, MpsNode, PLUGIN_BINARY, kill_9, prepare, seen_through, unprepare};
 use common::plugin_pod::{IMAGE_PROGRAM, PLUGIN_POD, plugin_pod_from_manifest};
 use common::{GIB, NODE, eventually, uid};
 use k8s_openapi::api::core::v1::Pod;
@@ -26,14 +26,12 @@ use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::{MpsDaemonMode, OwnPod, PluginConfig};
 use kerf_kubelet_plugin::mps_daemons::daemon_pod_name;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
-use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_proto::client::Claim;
 use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod as KubeletPod};
 use kerf_tests::pod_runner::{PodRunner, PodRunnerSettings};
 
-const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
 const NAMESPACE: &str = kerf_tests::fake_api::KERF_NAMESPACE;
 
 /// A node whose plugin runs MPS daemons as pods, which the pod runner runs.
@@ -145,25 +143,9 @@ impl Drop for PodNode {
     }
 }
 
-fn claim_ref(claim: &Claim) -> ClaimRef {
-    ClaimRef {
-        namespace: claim.namespace.clone(),
-        uid: claim.uid.clone(),
-        name: claim.name.clone(),
-    }
-}
-
-async fn prepare(plugin: &RunningPlugin, claims: &[&Claim]) {
-    let refs: Vec<ClaimRef> = claims.iter().map(|c| claim_ref(c)).collect();
-    for (uid, result) in plugin.preparer().prepare(&refs).await {
-        assert!(result.is_ok(), "prepare {uid}: {result:?}");
-    }
-}
-
-async fn unprepare(plugin: &RunningPlugin, claim: &Claim) {
-    for (uid, result) in plugin.preparer().unprepare(&[claim_ref(claim)]).await {
-        assert!(result.is_ok(), "unprepare {uid}: {result:?}");
-    }
+async fn prepare_all(plugin: &RunningPlugin, claims: &[&Claim]) {
+    let results = prepare(plugin, claims).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
 }
 
 fn shm_mounts(on: &MpsNode, claim: &Claim) -> Vec<String> {
@@ -192,8 +174,8 @@ async fn a_daemon_pod_per_gpu_made_from_the_plugins_pod_and_deleted_after_the_la
     let a = sharing.node.slice_claim("a", &uid(1), 0, 10 * GIB, 25);
     let b = sharing.node.slice_claim("b", &uid(2), 0, 10 * GIB, 25);
     let c = sharing.node.slice_claim("c", &uid(3), 1, 10 * GIB, 25);
-    prepare(&plugin, &[&a, &b]).await;
-    prepare(&plugin, &[&c]).await;
+    prepare_all(&plugin, &[&a, &b]).await;
+    prepare_all(&plugin, &[&c]).await;
 
     assert_eq!(on.foreground_starts(&gpu0), 1, "{}", on.diagnostics(&gpu0));
     assert_eq!(on.foreground_starts(&gpu1), 1, "{}", on.diagnostics(&gpu1));
@@ -277,23 +259,12 @@ async fn a_daemon_pod_per_gpu_made_from_the_plugins_pod_and_deleted_after_the_la
 
 /// The plugin as its own process in daemon-pod mode, so that it can be SIGKILLed.
 fn spawn_plugin(on: &PodNode, kubeconfig: &Path, generation: u32) -> Child {
-    let sharing = &on.sharing;
-    let log = sharing.node.root.join(format!("plugin-{generation}.log"));
-    let path = |p: PathBuf| p.to_string_lossy().into_owned();
-    Command::new(PLUGIN_BINARY)
-        .args(sharing.node.plugin_args())
-        .arg(format!("--mock-driver-root={}", path(sharing.tools_root())))
-        .arg(format!("--mps-root={}", path(sharing.mps_root())))
-        .arg("--mps-stop-timeout=2s")
+    on.sharing
+        .plugin_command(kubeconfig, &generation.to_string(), &[])
         .arg("--mps-check-interval=100ms")
         .arg("--mps-daemons=pod")
         .arg(format!("--pod-name={PLUGIN_POD}"))
         .arg(format!("--pod-namespace={NAMESPACE}"))
-        .env_clear()
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap()
 }
@@ -360,20 +331,8 @@ async fn a_plugin_killed_and_restarted_adopts_the_running_daemon_pod_untouched()
     second.wait().unwrap();
 }
 
-/// The directory an open handle holds, even if its path now names another one.
-fn seen_through(held: &std::fs::File) -> PathBuf {
-    PathBuf::from(format!(
-        "/proc/self/fd/{}",
-        std::os::fd::AsRawFd::as_raw_fd(held)
-    ))
-}
-
 fn kill_daemon(on: &PodNode, gpu: &str) {
-    let pid = on.sharing.daemon_pid(gpu).unwrap();
-    Command::new("kill")
-        .args(["-9", &pid.to_string()])
-        .status()
-        .unwrap();
+    kill_9(on.sharing.daemon_pid(gpu).unwrap());
 }
 
 fn assert_warned(on: &PodNode, gpu: &str, claims: &[&str]) {
@@ -397,7 +356,7 @@ async fn a_daemon_that_dies_is_restarted_by_the_kubelet_and_reported_on_each_cla
     let gpu = sharing.gpu_uuid(0);
     let a = sharing.node.slice_claim("a", &uid(1), 0, 10 * GIB, 25);
     let b = sharing.node.slice_claim("b", &uid(2), 0, 10 * GIB, 25);
-    prepare(&plugin, &[&a, &b]).await;
+    prepare_all(&plugin, &[&a, &b]).await;
     let (pod_uid, restarts) = on.incarnation(&gpu).unwrap();
     assert_eq!(restarts, 0);
     // As a running container's bind mount holds it.
@@ -449,7 +408,7 @@ async fn a_daemon_restarted_while_the_plugin_was_down_is_reported_at_start_up() 
     let gpu = sharing.gpu_uuid(0);
     let a = sharing.node.slice_claim("a", &uid(1), 0, 10 * GIB, 25);
     let plugin = on.start().await;
-    prepare(&plugin, &[&a]).await;
+    prepare_all(&plugin, &[&a]).await;
     let (pod_uid, _) = on.incarnation(&gpu).unwrap();
     plugin.shutdown().await.unwrap();
 
@@ -484,7 +443,7 @@ async fn a_deleted_daemon_pod_is_created_again_and_reported() {
     let plugin = on.start().await;
     let gpu = sharing.gpu_uuid(0);
     let a = sharing.node.slice_claim("a", &uid(1), 0, 10 * GIB, 25);
-    prepare(&plugin, &[&a]).await;
+    prepare_all(&plugin, &[&a]).await;
     let (first_uid, _) = on.incarnation(&gpu).unwrap();
 
     let pods: kube::Api<Pod> = kube::Api::namespaced(sharing.node.api.client(), NAMESPACE);

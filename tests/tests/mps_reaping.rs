@@ -28,7 +28,6 @@ use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
 
-const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
 const CYCLES: u32 = 50;
 
 /// One process as `/proc/<pid>/stat` shows it.
@@ -117,27 +116,9 @@ fn zombies_after(root: u32, settle: Duration) -> Vec<(u32, Process)> {
 /// The plugin process: `launcher` (such as `unshare …`) then `kerf-test-plugin` with the
 /// fake tools, `--init=<init>`.
 fn spawn_plugin(sharing: &MpsNode, kubeconfig: &Path, launcher: &[&str], init: &str) -> Child {
-    let log = sharing.node.root.join(format!("plugin-{init}.log"));
-    let path = |p: &Path| p.to_string_lossy().into_owned();
-    let (program, before) = match launcher.split_first() {
-        Some((program, rest)) => (*program, [rest, &[PLUGIN_BINARY]].concat()),
-        None => (PLUGIN_BINARY, Vec::new()),
-    };
-    Command::new(program)
-        .args(before)
-        .args(sharing.node.plugin_args())
-        .arg(format!(
-            "--mock-driver-root={}",
-            path(&sharing.tools_root())
-        ))
-        .arg(format!("--mps-root={}", path(&sharing.mps_root())))
-        .arg("--mps-stop-timeout=2s")
+    sharing
+        .plugin_command(kubeconfig, init, launcher)
         .arg(format!("--init={init}"))
-        .env_clear()
-        .env("KUBECONFIG", kubeconfig)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap()
 }

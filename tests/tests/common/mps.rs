@@ -3,7 +3,7 @@
 //! test.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +12,10 @@ use kerf_kubelet_plugin::claim_events::MemoryClaimEvents;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::PluginConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
+use kerf_kubelet_plugin::preparer::ClaimRef;
+use kerf_proto::client::Claim;
 use kerf_tests::fake_gpu_tools::{Call, calls, install};
+use serde_json::Value;
 
 use super::TestNode;
 
@@ -20,6 +23,8 @@ use super::TestNode;
 pub const TOOLS: &str = env!("CARGO_BIN_EXE_kerf-test-gpu-tools");
 /// The MPS control program's name.
 pub const CONTROL: &str = "nvidia-cuda-mps-control";
+/// The plugin as a process, as this package builds it.
+pub const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
 
 /// A mock node whose plugin runs the fake GPU tools of `kerf-fake-gpu-tools` (built here
 /// as `kerf-test-gpu-tools`) in a mock driver root, so that MPS and time slices are enforced.
@@ -78,6 +83,31 @@ impl MpsNode {
             .unwrap()
     }
 
+    /// The plugin as its own process (`kerf-test-plugin`) with the fake tools, reading the API
+    /// server from `kubeconfig`, its stderr in `plugin-<log>.log`: callers add their flags
+    /// and spawn it; `program` and `before` put a launcher in front of it.
+    pub fn plugin_command(&self, kubeconfig: &Path, log: &str, launcher: &[&str]) -> Command {
+        let path = |p: PathBuf| p.to_string_lossy().into_owned();
+        let (program, before) = match launcher.split_first() {
+            Some((program, rest)) => (*program, [rest, &[PLUGIN_BINARY]].concat()),
+            None => (PLUGIN_BINARY, Vec::new()),
+        };
+        let log = self.node.root.join(format!("plugin-{log}.log"));
+        let mut command = Command::new(program);
+        command
+            .args(before)
+            .args(self.node.plugin_args())
+            .arg(format!("--mock-driver-root={}", path(self.tools_root())))
+            .arg(format!("--mps-root={}", path(self.mps_root())))
+            .arg("--mps-stop-timeout=2s")
+            .env_clear()
+            .env("KUBECONFIG", kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap());
+        command
+    }
+
     pub fn gpu_uuid(&self, minor: u32) -> String {
         self.node
             .inventory()
@@ -127,4 +157,58 @@ impl Drop for MpsNode {
             }
         }
     }
+}
+
+pub fn claim_ref(claim: &Claim) -> ClaimRef {
+    ClaimRef {
+        namespace: claim.namespace.clone(),
+        uid: claim.uid.clone(),
+        name: claim.name.clone(),
+    }
+}
+
+/// Prepares `claims` in one call; per claim its CDI device IDs or the error's text.
+pub async fn prepare(plugin: &RunningPlugin, claims: &[&Claim]) -> Vec<Result<Value, String>> {
+    let refs: Vec<ClaimRef> = claims.iter().map(|c| claim_ref(c)).collect();
+    plugin
+        .preparer()
+        .prepare(&refs)
+        .await
+        .into_iter()
+        .map(|(_, result)| {
+            result
+                .map(|devices| {
+                    Value::Array(
+                        devices
+                            .iter()
+                            .map(|d| Value::from(d.cdi_device_ids.clone()))
+                            .collect(),
+                    )
+                })
+                .map_err(|e| e.to_string())
+        })
+        .collect()
+}
+
+pub async fn unprepare(plugin: &RunningPlugin, claim: &Claim) {
+    let results = plugin.preparer().unprepare(&[claim_ref(claim)]).await;
+    for (uid, result) in results {
+        assert!(result.is_ok(), "unprepare {uid}: {result:?}");
+    }
+}
+
+/// The directory an open handle holds, even if its path now names another one: what a
+/// running container's bind mount of it sees.
+pub fn seen_through(held: &std::fs::File) -> PathBuf {
+    PathBuf::from(format!(
+        "/proc/self/fd/{}",
+        std::os::fd::AsRawFd::as_raw_fd(held)
+    ))
+}
+
+pub fn kill_9(pid: u32) {
+    Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
 }
