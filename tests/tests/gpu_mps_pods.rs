@@ -47,7 +47,7 @@ const NAMESPACE: &str = kerf_tests::fake_api::KERF_NAMESPACE;
 /// Compiled in: the check runs where the source tree may not be.
 const MANIFEST: &str = include_str!("../../deploy/kerf.yaml");
 /// How long each PyTorch process runs its matmuls.
-const WORK_SECONDS: u64 = 40;
+const WORK_SECONDS: u64 = 20;
 
 const WORKLOAD: &str = r#"
 import json, sys, time, torch
@@ -95,12 +95,39 @@ fn wrapped_tools(root: &Path) -> PathBuf {
         smi = real("nvidia-smi"),
     );
     std::fs::write(bin.join("nvidia-smi"), wrapper).unwrap();
+    // The tools run with only the driver root's library directories on their search path
+    // (as on a node); here the driver's libraries may live elsewhere (a GPU container's
+    // /usr/local/nvidia/lib64), so the wrapped root points its lib64 there.
+    if let Some(libraries) = driver_library_dir() {
+        std::os::unix::fs::symlink(libraries, tools.join("usr/lib64")).unwrap();
+    }
     std::fs::set_permissions(
         bin.join("nvidia-smi"),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
     tools
+}
+
+/// The directory of `libcuda.so.1`: on `LD_LIBRARY_PATH`, else in the loader's cache.
+fn driver_library_dir() -> Option<PathBuf> {
+    let from_env = std::env::var_os("LD_LIBRARY_PATH").and_then(|paths| {
+        std::env::split_paths(&paths).find(|dir| dir.join("libcuda.so.1").exists())
+    });
+    from_env.or_else(|| {
+        let cache = Command::new("ldconfig").arg("-p").output().ok()?;
+        let text = String::from_utf8_lossy(&cache.stdout).into_owned();
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with("libcuda.so.1"))?;
+        let path = PathBuf::from(line.rsplit(" => ").next()?.trim());
+        path.parent().map(Path::to_path_buf)
+    })
+}
+
+/// A step of the check, on stderr, so that a run cut short shows how far it got.
+fn step(started: Instant, what: &str) {
+    eprintln!("[gpu {:6.1}s] {what}", started.elapsed().as_secs_f64());
 }
 
 fn plugin_binary() -> PathBuf {
@@ -288,6 +315,34 @@ fn publish(report: &Value) -> String {
     text
 }
 
+/// One pod per claim, prepared in turn; the pods and how long both prepares took (ms).
+async fn prepare_pods(kubelet: &FakeKubelet, claims: &[Claim]) -> (Vec<KubeletPod>, u128) {
+    let pods: Vec<KubeletPod> = claims
+        .iter()
+        .map(|c| KubeletPod::new(&format!("pod-{}", c.name)).with_claim(DRIVER, c.clone()))
+        .collect();
+    let started = Instant::now();
+    for pod in &pods {
+        tokio::time::timeout(Duration::from_secs(60), kubelet.prepare_pod(pod))
+            .await
+            .expect("a prepare within 60 s")
+            .unwrap();
+    }
+    (pods, started.elapsed().as_millis())
+}
+
+/// Until every workload has finished a matmul (CUDA and its MPS client are up).
+async fn wait_for_matmuls(workloads: &[(PathBuf, Child)]) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while workloads.iter().any(|(out, _)| progress(out) == 0) {
+        assert!(
+            Instant::now() < deadline,
+            "the workloads never started their matmuls"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// One PyTorch process per claim with its MPS environment, as `(result file, process)`.
 fn start_workloads(node: &TestNode, claims: &[Claim]) -> Vec<(PathBuf, Child)> {
     let python = std::env::var("KERF_GPU_PYTHON").unwrap_or_else(|_| "python3".to_owned());
@@ -311,11 +366,16 @@ fn start_workloads(node: &TestNode, claims: &[Claim]) -> Vec<(PathBuf, Child)> {
         .collect()
 }
 
-/// Waits for every workload; its exit code and its result (or its stderr).
-fn finish_workloads(workloads: &mut [(PathBuf, Child)]) -> Vec<Value> {
+/// Waits for every workload (killing what still runs after `deadline`); its exit code and
+/// its result (or its stderr).
+fn finish_workloads(workloads: &mut [(PathBuf, Child)], deadline: Instant) -> Vec<Value> {
     workloads
         .iter_mut()
         .map(|(out, child)| {
+            while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let _ = child.kill();
             let status = child.wait().unwrap();
             let result: Value = std::fs::read_to_string(&*out)
                 .ok()
@@ -346,33 +406,22 @@ async fn mps_slices_keep_running_while_the_plugin_is_killed_and_restarted() {
         slice_claim(&node, &inventory, "slice-b", &uid(2)),
     ];
 
+    let t0 = Instant::now();
+    step(t0, "starting the plugin");
     let mut plugin = spawn_plugin(&node, &tools, &kubeconfig, 1);
     let kubelet = FakeKubelet::start(node.kubelet_config());
     kubelet
         .wait_for_registration(1, Duration::from_secs(30))
         .await
         .unwrap();
-    let pods: Vec<KubeletPod> = claims
-        .iter()
-        .map(|c| KubeletPod::new(&format!("pod-{}", c.name)).with_claim(DRIVER, c.clone()))
-        .collect();
-    let started = Instant::now();
-    for pod in &pods {
-        kubelet.prepare_pod(pod).await.unwrap();
-    }
-    let prepare_ms = started.elapsed().as_millis();
+    step(t0, "registered; preparing two slices");
+    let (pods, prepare_ms) = prepare_pods(&kubelet, &claims).await;
+    step(t0, "prepared; starting the workloads");
     let before = incarnation(&node, &gpu).unwrap();
 
     let mut workloads = start_workloads(&node, &claims);
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while workloads.iter().any(|(out, _)| progress(out) == 0) {
-        assert!(
-            Instant::now() < deadline,
-            "the workloads never started their matmuls"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-
+    wait_for_matmuls(&workloads).await;
+    step(t0, "matmuls running; killing the plugin");
     plugin.kill().unwrap();
     plugin.wait().unwrap();
     let during_outage: Vec<u64> = workloads.iter().map(|(out, _)| progress(out)).collect();
@@ -389,8 +438,13 @@ async fn mps_slices_keep_running_while_the_plugin_is_killed_and_restarted() {
         .map(|(_, child)| child.try_wait().unwrap().is_none())
         .collect();
     let after = incarnation(&node, &gpu);
+    step(t0, "plugin restarted; waiting for the workloads");
 
-    let results = finish_workloads(&mut workloads);
+    let results = finish_workloads(
+        &mut workloads,
+        Instant::now() + Duration::from_secs(WORK_SECONDS + 60),
+    );
+    step(t0, "workloads ended; unpreparing");
     let warnings: Vec<Value> = claims
         .iter()
         .flat_map(|c| node.api.warning_events("ResourceClaim", &c.name))
