@@ -149,11 +149,34 @@ pub(crate) fn create_shm_directory(dir: &Path) -> Result<()> {
 
 /// Whether the daemon of `dirs` accepts connections on its control socket: what every MPS
 /// client (and the control client) needs, and readable across PID namespaces, unlike the PID
-/// file.
-pub(crate) async fn accepts_connections(dirs: &MpsDirectories) -> bool {
-    tokio::net::UnixStream::connect(dirs.pipe().join("control"))
+/// file. A stale socket file (its daemon gone) refuses.
+pub async fn accepts_connections(dirs: &MpsDirectories) -> bool {
+    let path = dirs.pipe().join("control");
+    tokio::task::spawn_blocking(move || control_socket_answers(&path))
         .await
-        .is_ok()
+        .unwrap_or(false)
+}
+
+/// Connects with the control socket's own type. NVIDIA's daemon does not listen on a stream
+/// socket: a stream connect to it fails with `EPROTOTYPE` (seen on an H200 with driver
+/// 580.159.04, where it never answered a stream probe), so each type is tried in turn; only a
+/// socket someone listens on accepts, a stale one refuses with `ECONNREFUSED`.
+fn control_socket_answers(path: &Path) -> bool {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+    let Ok(address) = SocketAddrUnix::new(path) else {
+        return false;
+    };
+    for kind in [SocketType::STREAM, SocketType::SEQPACKET, SocketType::DGRAM] {
+        let Ok(socket) = rustix::net::socket(AddressFamily::UNIX, kind, None) else {
+            continue;
+        };
+        match rustix::net::connect(&socket, &address) {
+            Ok(()) => return true,
+            Err(rustix::io::Errno::PROTOTYPE) => {}
+            Err(_) => return false,
+        }
+    }
+    false
 }
 
 #[cfg(test)]
