@@ -157,10 +157,11 @@ pub async fn accepts_connections(dirs: &MpsDirectories) -> bool {
         .unwrap_or(false)
 }
 
-/// Connects with the control socket's own type. NVIDIA's daemon does not listen on a stream
-/// socket: a stream connect to it fails with `EPROTOTYPE` (seen on an H200 with driver
-/// 580.159.04, where it never answered a stream probe), so each type is tried in turn; only a
-/// socket someone listens on accepts, a stale one refuses with `ECONNREFUSED`.
+/// Connects with the control socket's own type, trying stream, seqpacket and datagram in
+/// turn: a connect of the wrong type fails with `EPROTOTYPE`, one to a stale socket file (its
+/// daemon gone) with `ECONNREFUSED` (Linux `net/unix/af_unix.c`, `unix_find_bsd`). On an H200
+/// (driver 580.159.04) a stream connect never reached NVIDIA's daemon — its log showed no
+/// connection in 30 s while its own control client got through — so the type is not assumed.
 fn control_socket_answers(path: &Path) -> bool {
     use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
     let Ok(address) = SocketAddrUnix::new(path) else {
@@ -182,6 +183,36 @@ fn control_socket_answers(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
+
+    fn bound(path: &Path, kind: SocketType, listening: bool) -> rustix::fd::OwnedFd {
+        let socket = rustix::net::socket(AddressFamily::UNIX, kind, None).unwrap();
+        rustix::net::bind(&socket, &SocketAddrUnix::new(path).unwrap()).unwrap();
+        if listening {
+            rustix::net::listen(&socket, 4).unwrap();
+        }
+        socket
+    }
+
+    #[test]
+    fn a_control_socket_of_any_type_answers_and_a_stale_one_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, kind, listening) in [
+            ("stream", SocketType::STREAM, true),
+            ("seqpacket", SocketType::SEQPACKET, true),
+            ("datagram", SocketType::DGRAM, false),
+        ] {
+            let path = dir.path().join(name);
+            let socket = bound(&path, kind, listening);
+            assert!(control_socket_answers(&path), "{name}");
+            drop(socket);
+            assert!(
+                !control_socket_answers(&path),
+                "{name}: stale after its daemon is gone"
+            );
+        }
+        assert!(!control_socket_answers(&dir.path().join("missing")));
+    }
 
     #[test]
     fn tools_find_the_driver_roots_libraries() {
