@@ -161,7 +161,8 @@ pub async fn accepts_connections(dirs: &MpsDirectories) -> bool {
 /// turn: a connect of the wrong type fails with `EPROTOTYPE`, one to a stale socket file (its
 /// daemon gone) with `ECONNREFUSED` (Linux `net/unix/af_unix.c`, `unix_find_bsd`). On an H200
 /// (driver 580.159.04) a stream connect never reached NVIDIA's daemon — its log showed no
-/// connection in 30 s while its own control client got through — so the type is not assumed.
+/// connection in 30 s while its own control client got through — so the type is not assumed,
+/// and any other refusal of a bound socket counts as a daemon.
 fn control_socket_answers(path: &Path) -> bool {
     use rustix::net::{AddressFamily, SocketAddrUnix, SocketType};
     let Ok(address) = SocketAddrUnix::new(path) else {
@@ -174,7 +175,11 @@ fn control_socket_answers(path: &Path) -> bool {
         match rustix::net::connect(&socket, &address) {
             Ok(()) => return true,
             Err(rustix::io::Errno::PROTOTYPE) => {}
-            Err(_) => return false,
+            // No file, or a file nobody is bound to: no daemon.
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED) => return false,
+            // Anything else (a full backlog, a refusal by permission) means a socket is bound
+            // there: a daemon runs.
+            Err(_) => return true,
         }
     }
     false
