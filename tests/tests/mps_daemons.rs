@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kerf_kubelet_plugin::mps_daemons::{ProcessDaemons, MpsSettings};
+use kerf_kubelet_plugin::mps_daemons::{MpsSettings, ProcessDaemons};
 use kerf_tests::fake_gpu_tools::{Call, calls, fail_next_mps_start, install};
 
 const GPU_A: &str = "GPU-2f4e0e00-e140-bcbd-d4fd-278c95116d02";

@@ -173,13 +173,12 @@ fn control_socket_answers(path: &Path) -> bool {
             continue;
         };
         match rustix::net::connect(&socket, &address) {
-            Ok(()) => return true,
             Err(rustix::io::Errno::PROTOTYPE) => {}
             // No file, or a file nobody is bound to: no daemon.
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::CONNREFUSED) => return false,
-            // Anything else (a full backlog, a refusal by permission) means a socket is bound
-            // there: a daemon runs.
-            Err(_) => return true,
+            // Connected, or refused otherwise (a full backlog, a permission): a socket is bound
+            // there, so a daemon runs.
+            Ok(()) | Err(_) => return true,
         }
     }
     false
