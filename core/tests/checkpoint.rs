@@ -452,6 +452,7 @@ fn gpu_sharing_and_time_slices_round_trip_and_a_bad_record_is_dropped_alone() {
         "GPU-1".into(),
         GpuSharingEntry {
             mps_root: Some("/var/run/kerf/mps".into()),
+            mps_daemon: Some("pod 8d3e… restarts 2".into()),
             time_slice: None,
         },
     );
@@ -459,6 +460,7 @@ fn gpu_sharing_and_time_slices_round_trip_and_a_bad_record_is_dropped_alone() {
         "GPU-2".into(),
         GpuSharingEntry {
             mps_root: None,
+            mps_daemon: None,
             time_slice: Some(TimeSliceInterval::Long),
         },
     );
