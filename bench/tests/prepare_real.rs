@@ -70,4 +70,32 @@ fn a_small_real_path_run_reports_shares_and_counts_the_gets_it_saved() {
         summary.report().contains("claim cache:"),
         "the report says what the cache did"
     );
+    // The miss path: claims allocated right before their prepare. kube-scheduler's have no
+    // node label, so no node watch ever holds them and each prepare GETs; kerf-controller's
+    // race the watch, so they may or may not.
+    assert!(number("scheduler_gets") >= 12.0, "{summary}");
+    assert!(number("controller_gets") <= 24.0, "{summary}");
+    for key in [
+        "scheduler_p99_ms",
+        "controller_p99_ms",
+        "scheduler_ratio_p99",
+        "controller_ratio_p99",
+    ] {
+        assert!(number(key) > 0.0, "{key} in {summary}");
+    }
+    // The miss floor holds a GET: at least the API server's latency more than the floor.
+    assert!(number("miss_floor_p50_ms") >= 1.0, "{summary}");
+    assert!(["met", "missed"].contains(&figure("miss_ratio_p99_target")));
+    // The tail runs, each a plugin of its own: status writer off, files on a tmpfs, a busy disk.
+    for name in ["status_off", "tmpfs", "disk_load"] {
+        assert!(
+            number(&format!("{name}_p99_ms")) > 0.0,
+            "{name} in {summary}"
+        );
+        assert!(
+            number(&format!("{name}_floor_p99_ms")) > 0.0,
+            "{name} in {summary}"
+        );
+    }
+    assert!(number("disk_load_writes_per_s") > 0.0, "{summary}");
 }

@@ -8,15 +8,26 @@
 //! claims' device metadata files on disk (the work directory), the CDI specs on a tmpfs
 //! (under `--node-cdi-dir`), as `/var/run/cdi` is on most nodes.
 //!
-//! Two series run interleaved on the same plugin, one claim at a time over its Unix socket:
-//! labelled claims, which a plugin with a watch-fed claim cache prepares without a GET, and
-//! unlabelled ones, which no node-scoped watch sees, so every prepare GETs its claim. Between
-//! them, in the same run: the floor (an empty `NodePrepareResources`, one durable write of
-//! the checkpoint's size, one lookup in a map of as many claims as the cache holds) and each
-//! part on its own (a GET of a claim through the same client and latency, the durable write,
-//! the spec and metadata files written without fsync, the empty call), from which each
-//! part's share of a prepare is reported.
+//! Four series run interleaved on the same plugin, one claim at a time over its Unix socket:
+//! labelled claims allocated long before, which a plugin with a watch-fed claim cache
+//! prepares without a GET; unlabelled ones allocated long before, which no node-scoped watch
+//! sees, so every prepare GETs its claim; and the miss path ([`miss`]): claims whose
+//! allocation kube-scheduler (no label) or kerf-controller (labelled before) writes right
+//! before the prepare. Between them, in the same run: the floor (an empty
+//! `NodePrepareResources`, one durable write of the checkpoint's size, one lookup in a map of
+//! as many claims as the cache holds), the miss path's floor (a GET through the same client
+//! added to the floor of the same round) and each part on its own (a GET of a claim, the
+//! durable write with and without the directory fsync, the spec and metadata files written
+//! without fsync, the empty call), from which each part's share of a prepare is reported.
+//!
+//! Then the p99 tail taken apart, each a run of its own with a fresh plugin and its own floor
+//! (labelled claims only): the claim status writer off; the plugin's directory on a tmpfs,
+//! where the checkpoint's fsyncs cost nothing (status writer off too); and, status writer on,
+//! a thread making fsync'd writes on the plugin's disk all along ([`disk_writer`]), as etcd
+//! does on a node that holds the API server.
 
+mod disk_writer;
+mod miss;
 mod parts;
 mod report;
 
@@ -38,12 +49,16 @@ use crate::prepare::{WARMUP, disk_work_dir, tmpfs_dir};
 use crate::summary::Summary;
 use crate::{BenchOptions, Error, Result};
 
-use parts::{Floor, PartRuns, Parts};
+use disk_writer::{DiskWriter, Written};
+use miss::{Allocator, MissClaim, Writer};
+use parts::{Floor, PartRuns, Parts, Series};
 
 /// Claim series, apart from the other benchmarks' (see `prepare.rs`).
 const SERIES_WARMUP: u64 = 20;
 const SERIES_CACHED: u64 = 21;
 const SERIES_GET: u64 = 22;
+const SERIES_SCHEDULER: u64 = 23;
+const SERIES_CONTROLLER: u64 = 24;
 /// How long the plugin has to start a watch of ResourceClaims after it started; a plugin
 /// without a claim cache never does, so this is what deciding so costs.
 const WATCH_GRACE: Duration = Duration::from_secs(2);
@@ -124,6 +139,8 @@ struct RealClaims {
     warmup: Vec<Claim>,
     cached: Vec<Claim>,
     get: Vec<Claim>,
+    scheduler: Vec<MissClaim>,
+    controller: Vec<MissClaim>,
     /// Every labelled claim by (namespace, name): the floor's lookup map.
     labelled: HashMap<(String, String), ResourceClaim>,
 }
@@ -182,14 +199,107 @@ async fn client_from_kubeconfig(path: &Path) -> Result<kube::Client> {
     kube::Client::try_from(config).map_err(|e| api_client(e.to_string()))
 }
 
-/// Lays out a node under the work directory, serves the API server over HTTP with every
-/// claim already in it, and starts the plugin with a client read from a kubeconfig.
-async fn start(options: &BenchOptions, claims: usize) -> Result<(RealNode, RealClaims)> {
+/// How a run's node differs from the plugin as deployed, and which series it measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Variant {
+    /// What the report calls the run.
+    pub name: &'static str,
+    /// The per-device claim status writer runs, as in production.
+    pub device_status: bool,
+    /// The plugin's directory (checkpoint, device metadata files, sockets) and the floor's
+    /// files on a tmpfs, where an fsync returns at once.
+    pub tmpfs_root: bool,
+    /// A thread makes fsync'd writes on the plugin's disk all along ([`disk_writer`]).
+    pub disk_writer: bool,
+    /// The GET and miss-path series run beside the cached one.
+    pub all_series: bool,
+}
+
+/// The plugin as deployed, with every series.
+const MAIN: Variant = Variant {
+    name: "main",
+    device_status: true,
+    tmpfs_root: false,
+    disk_writer: false,
+    all_series: true,
+};
+
+/// The runs that take the cached path's p99 apart.
+const TAIL: [Variant; 3] = [
+    Variant {
+        name: "status_off",
+        device_status: false,
+        tmpfs_root: false,
+        disk_writer: false,
+        all_series: false,
+    },
+    Variant {
+        name: "tmpfs",
+        device_status: false,
+        tmpfs_root: true,
+        disk_writer: false,
+        all_series: false,
+    },
+    Variant {
+        name: "disk_load",
+        device_status: true,
+        tmpfs_root: false,
+        disk_writer: true,
+        all_series: false,
+    },
+];
+
+/// The node's root directory: on the work directory's disk, or on a tmpfs for
+/// [`Variant::tmpfs_root`]; with its file system's type.
+fn node_root(options: &BenchOptions, variant: Variant) -> Result<(tempfile::TempDir, String)> {
+    if variant.tmpfs_root {
+        let dir = tmpfs_dir(&options.node_cdi_dir)?;
+        let fs_type = crate::sys::fs_type(dir.path())?;
+        return Ok((dir, fs_type));
+    }
     let fs_type = disk_work_dir(&options.work_dir)?;
     let dir = tempfile::Builder::new()
         .prefix("real-")
         .tempdir_in(&options.work_dir)
         .map_err(|e| Error::io("create", &options.work_dir, e))?;
+    Ok((dir, fs_type))
+}
+
+/// Stores every series' claims in the API server (the series besides the cached one only
+/// with [`Variant::all_series`]).
+fn insert_all(
+    fake: &FakeApi,
+    inventory: &Inventory,
+    variant: Variant,
+    claims: usize,
+) -> Result<RealClaims> {
+    let others = if variant.all_series { claims } else { 0 };
+    let mut labelled = HashMap::new();
+    let warmup = WARMUP + SYNC_SPARE;
+    Ok(RealClaims {
+        warmup: insert_claims(fake, inventory, SERIES_WARMUP, warmup, Some(&mut labelled))?,
+        cached: insert_claims(fake, inventory, SERIES_CACHED, claims, Some(&mut labelled))?,
+        get: insert_claims(fake, inventory, SERIES_GET, others, None)?,
+        scheduler: miss::insert(fake, inventory, SERIES_SCHEDULER, others, Writer::Scheduler)?,
+        controller: miss::insert(
+            fake,
+            inventory,
+            SERIES_CONTROLLER,
+            others,
+            Writer::Controller,
+        )?,
+        labelled,
+    })
+}
+
+/// Lays out a node, serves the API server over HTTP with every claim already in it, and
+/// starts the plugin with a client read from a kubeconfig.
+async fn start(
+    options: &BenchOptions,
+    variant: Variant,
+    claims: usize,
+) -> Result<(RealNode, RealClaims)> {
+    let (dir, fs_type) = node_root(options, variant)?;
     let spec_dir = tmpfs_dir(&options.node_cdi_dir)?;
     let layout = NodeLayout {
         cdi_dir: Some(&spec_dir.path().join("cdi")),
@@ -197,25 +307,7 @@ async fn start(options: &BenchOptions, claims: usize) -> Result<(RealNode, RealC
     };
     let (config, inventory) = crate::node::lay_out(dir.path(), &layout)?;
     let fake = FakeApi::new();
-    let mut labelled = HashMap::new();
-    let real_claims = RealClaims {
-        warmup: insert_claims(
-            &fake,
-            &inventory,
-            SERIES_WARMUP,
-            WARMUP + SYNC_SPARE,
-            Some(&mut labelled),
-        )?,
-        cached: insert_claims(
-            &fake,
-            &inventory,
-            SERIES_CACHED,
-            claims,
-            Some(&mut labelled),
-        )?,
-        get: insert_claims(&fake, &inventory, SERIES_GET, claims, None)?,
-        labelled,
-    };
+    let real_claims = insert_all(&fake, &inventory, variant, claims)?;
     let server = ApiServer::start(fake.clone())
         .await
         .map_err(|e| Error::io("serve", "the fake API server on 127.0.0.1", e))?;
@@ -226,7 +318,10 @@ async fn start(options: &BenchOptions, claims: usize) -> Result<(RealNode, RealC
         .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(NODE))
         .map_err(|e| Error::io("write", &kubeconfig, e))?;
     let client = client_from_kubeconfig(&kubeconfig).await?;
-    let connections = Connections::kube(client.clone(), NODE, false);
+    let mut connections = Connections::kube(client.clone(), NODE, false);
+    if !variant.device_status {
+        connections = connections.without_device_status();
+    }
     let plugin = plugin::start(&config, inventory, connections).await?;
     let kubelet = Kubelet::connect(&config).await?;
     let node = RealNode {
@@ -296,8 +391,9 @@ async fn warm_up(node: &RealNode, claims: &[Claim]) -> Result<(CacheUse, parts::
     Ok((cache, sizes))
 }
 
-/// What `prepare-real` measured.
+/// What one run of `prepare-real` measured.
 struct RealRuns {
+    variant: Variant,
     claims: usize,
     fs_type: String,
     cdi_fs_type: String,
@@ -306,19 +402,20 @@ struct RealRuns {
     /// Labelled claims the floor's lookup map held.
     cache_size: usize,
     sizes: parts::Sizes,
-    /// GETs of the measured labelled claims, and of the unlabelled ones.
+    /// GETs of the measured claims of each series.
     cached_gets: usize,
     get_gets: usize,
+    scheduler_gets: usize,
+    controller_gets: usize,
+    /// What the disk writer did, when it ran.
+    written: Option<Written>,
     parts: PartRuns,
 }
 
-/// The `prepare-real` benchmark.
-///
-/// # Errors
-/// The node or the API server cannot be set up, or a call fails.
-pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
+/// One run: a fresh node as `variant` says, warmed up, then every series and part measured.
+async fn run(options: &BenchOptions, variant: Variant) -> Result<RealRuns> {
     let claims = options.prepare_real_claims;
-    let (node, real_claims) = start(options, claims).await?;
+    let (node, real_claims) = start(options, variant, claims).await?;
     let (cache, sizes) = warm_up(&node, &real_claims.warmup).await?;
     let floor_dir = node.dir.path().join("floor");
     let floor = Floor::new(&floor_dir, &sizes, real_claims.labelled)?;
@@ -328,16 +425,30 @@ pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
         &sizes,
         &node.client,
     )?;
+    let allocator = Allocator::new(&node.fake);
+    let series = Series {
+        cached: &real_claims.cached,
+        get: &real_claims.get,
+        scheduler: &real_claims.scheduler,
+        controller: &real_claims.controller,
+    };
     node.fake.clear_requests();
-    let runs = parts::measure(
+    let writer = if variant.disk_writer {
+        Some(DiskWriter::start(node.dir.path())?)
+    } else {
+        None
+    };
+    let measured = parts::measure(
         &node.kubelet,
-        &floor,
-        &parts,
-        (&real_claims.cached, &real_claims.get),
+        (&floor, &parts),
+        &series,
+        &allocator,
         &real_claims.warmup,
     )
-    .await?;
+    .await;
+    let written = writer.map(DiskWriter::stop).transpose()?;
     let runs = RealRuns {
+        variant,
         claims,
         fs_type: node.fs_type.clone(),
         cdi_fs_type: crate::sys::fs_type(&node.config.cdi_dir)?,
@@ -347,7 +458,10 @@ pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
         sizes,
         cached_gets: gets_of_series(&node.fake, SERIES_CACHED),
         get_gets: gets_of_series(&node.fake, SERIES_GET),
-        parts: runs,
+        scheduler_gets: gets_of_series(&node.fake, SERIES_SCHEDULER),
+        controller_gets: gets_of_series(&node.fake, SERIES_CONTROLLER),
+        written,
+        parts: measured?,
     };
     let RealNode {
         dir,
@@ -357,5 +471,18 @@ pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
     } = node;
     plugin.shutdown().await?;
     drop((dir, spec_dir));
-    Ok(report::summary(&runs))
+    Ok(runs)
+}
+
+/// The `prepare-real` benchmark.
+///
+/// # Errors
+/// The node or the API server cannot be set up, or a call fails.
+pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
+    let main = run(options, MAIN).await?;
+    let mut tail = Vec::with_capacity(TAIL.len());
+    for variant in TAIL {
+        tail.push(run(options, variant).await?);
+    }
+    Ok(report::summary(&main, &tail))
 }

@@ -10,6 +10,7 @@ use kerf_kubelet_plugin::config::PluginConfig;
 use kerf_proto::client::Claim;
 use kube::Api;
 
+use super::miss::{Allocator, MissClaim, Writer};
 use crate::floor::FloorWrites;
 use crate::node::{Kubelet, NAMESPACE, spec_path};
 use crate::prepare::timed;
@@ -131,6 +132,8 @@ pub(super) struct Parts {
     plain: PlainWrites,
     /// GETs of claims through the plugin's client, at the API server's latency.
     api: Api<ResourceClaim>,
+    /// Where the durable write without the directory fsync goes, and what it writes.
+    no_dir_sync: (PathBuf, Vec<u8>),
 }
 
 impl Parts {
@@ -141,7 +144,22 @@ impl Parts {
             checkpoint: FloorWrites::new(dir, "part-checkpoint", &[sizes.checkpoint])?,
             plain: PlainWrites::new(&dir.join("plain"), spec_dir, sizes)?,
             api: Api::namespaced(client.clone(), NAMESPACE),
+            no_dir_sync: (dir.to_owned(), vec![b'x'; sizes.checkpoint]),
         })
+    }
+
+    /// The checkpoint's write as dra-example-driver makes its own (`writeCheckpoint` in
+    /// `cmd/dra-example-kubeletplugin/checkpoint.go`): a temporary file, fsync, rename, and no
+    /// fsync of the directory, so the rename itself may not survive a power loss.
+    fn without_dir_sync(&self) -> Result<()> {
+        let (dir, contents) = &self.no_dir_sync;
+        let temp = dir.join(".part-no-dir-sync.tmp");
+        let mut file = std::fs::File::create(&temp).map_err(|e| Error::io("create", &temp, e))?;
+        std::io::Write::write_all(&mut file, contents).map_err(|e| Error::io("write", &temp, e))?;
+        file.sync_data().map_err(|e| Error::io("fsync", &temp, e))?;
+        drop(file);
+        let target = dir.join("part-no-dir-sync.json");
+        std::fs::rename(&temp, &target).map_err(|e| Error::io("rename", &target, e))
     }
 }
 
@@ -213,61 +231,128 @@ pub(super) struct PartRuns {
     /// Prepares of labelled claims (from the cache when the plugin has one).
     pub cached: Vec<Duration>,
     pub cached_unprepare: Vec<Duration>,
-    /// Prepares of unlabelled claims: every one GETs.
+    /// Prepares of unlabelled claims allocated long before: every one GETs.
     pub get: Vec<Duration>,
     pub get_unprepare: Vec<Duration>,
+    /// Prepares right after kube-scheduler wrote the allocation (no node label).
+    pub scheduler: Vec<Duration>,
+    /// Prepares right after kerf-controller wrote the allocation of a labelled claim.
+    pub controller: Vec<Duration>,
     pub floor: Vec<Duration>,
-    /// The parts: a GET, the durable write, the writes without fsync, the empty call, the
-    /// floor's lookup.
+    /// The parts: a GET, the durable write, the same without the directory fsync, the writes
+    /// without fsync, the empty call, the floor's lookup.
     pub api: Vec<Duration>,
     pub durable: Vec<Duration>,
+    pub durable_no_dir_sync: Vec<Duration>,
     pub plain: Vec<Duration>,
     pub rpc: Vec<Duration>,
     pub lookup: Vec<Duration>,
 }
 
-/// One claim of each series at a time: each prepared and unprepared, then a floor sample,
-/// then every part once, so that all see the same disk and machine noise. The parts' GETs
-/// read `extra` claims in turn (neither series', so that the series' GET counts stay theirs).
+impl PartRuns {
+    /// The miss path's floor, sample by sample: the GET and the floor measured in the same
+    /// round, added.
+    pub fn miss_floor(&self) -> Vec<Duration> {
+        self.api
+            .iter()
+            .zip(&self.floor)
+            .map(|(get, floor)| *get + *floor)
+            .collect()
+    }
+}
+
+/// The claims of each series; the series other than `cached` may be empty (the tail runs).
+pub(super) struct Series<'a> {
+    pub cached: &'a [Claim],
+    pub get: &'a [Claim],
+    pub scheduler: &'a [MissClaim],
+    pub controller: &'a [MissClaim],
+}
+
+/// Prepares and unprepares `claims`, pushing the prepare's time to `prepares` and the
+/// unprepare's to `unprepares` when given.
+async fn prepare_once(
+    kubelet: &Kubelet,
+    claim: &Claim,
+    prepares: &mut Vec<Duration>,
+    unprepares: Option<&mut Vec<Duration>>,
+) -> Result<()> {
+    let one = std::slice::from_ref(claim);
+    prepares.push(timed(kubelet.prepare(one)).await?);
+    let unprepare = timed(kubelet.unprepare(one)).await?;
+    if let Some(unprepares) = unprepares {
+        unprepares.push(unprepare);
+    }
+    Ok(())
+}
+
+/// One claim of each series at a time: each prepared and unprepared (a miss-path claim right
+/// after its allocation is written), then a floor sample, then every part once, so that all
+/// see the same disk and machine noise. The parts' GETs read `extra` claims in turn (neither
+/// series', so that the series' GET counts stay theirs).
 pub(super) async fn measure(
     kubelet: &Kubelet,
-    floor: &Floor,
-    parts: &Parts,
-    series: (&[Claim], &[Claim]),
+    (floor, parts): (&Floor, &Parts),
+    series: &Series<'_>,
+    allocator: &Allocator,
     extra: &[Claim],
 ) -> Result<PartRuns> {
-    let (cached, get) = series;
     let mut runs = PartRuns::default();
-    for ((cached, get), extra) in cached.iter().zip(get).zip(extra.iter().cycle()) {
-        let (one, other) = (std::slice::from_ref(cached), std::slice::from_ref(get));
-        runs.cached.push(timed(kubelet.prepare(one)).await?);
-        runs.cached_unprepare
-            .push(timed(kubelet.unprepare(one)).await?);
-        runs.get.push(timed(kubelet.prepare(other)).await?);
-        runs.get_unprepare
-            .push(timed(kubelet.unprepare(other)).await?);
-        runs.floor.push(floor.once(kubelet, cached).await?);
-        let started = Instant::now();
-        parts
-            .api
-            .get(&extra.name)
-            .await
-            .map_err(|e| Error::Workload(format!("GET of claim {}: {e}", extra.name)))?;
-        runs.api.push(started.elapsed());
-        runs.durable
-            .push(timed_sync(|| parts.checkpoint.write_all())?);
-        runs.plain.push(timed_sync(|| parts.plain.write())?);
-        parts.plain.clean()?;
-        runs.rpc.push(timed(kubelet.empty_prepare()).await?);
-        let started = Instant::now();
-        let found = std::hint::black_box(floor.lookup(cached));
-        runs.lookup.push(started.elapsed());
-        if !found {
-            return Err(Error::Workload(format!(
-                "claim {} is not in the floor's map",
-                cached.name
-            )));
+    for (n, (cached, extra)) in series.cached.iter().zip(extra.iter().cycle()).enumerate() {
+        prepare_once(
+            kubelet,
+            cached,
+            &mut runs.cached,
+            Some(&mut runs.cached_unprepare),
+        )
+        .await?;
+        if let Some(get) = series.get.get(n) {
+            prepare_once(kubelet, get, &mut runs.get, Some(&mut runs.get_unprepare)).await?;
         }
+        if let Some(miss) = series.scheduler.get(n) {
+            allocator.allocate(miss, Writer::Scheduler).await?;
+            prepare_once(kubelet, &miss.claim, &mut runs.scheduler, None).await?;
+        }
+        if let Some(miss) = series.controller.get(n) {
+            allocator.allocate(miss, Writer::Controller).await?;
+            prepare_once(kubelet, &miss.claim, &mut runs.controller, None).await?;
+        }
+        runs.floor.push(floor.once(kubelet, cached).await?);
+        measure_parts(kubelet, (floor, parts), cached, extra, &mut runs).await?;
     }
     Ok(runs)
+}
+
+/// Each part once, on its own.
+async fn measure_parts(
+    kubelet: &Kubelet,
+    (floor, parts): (&Floor, &Parts),
+    cached: &Claim,
+    extra: &Claim,
+    runs: &mut PartRuns,
+) -> Result<()> {
+    let started = Instant::now();
+    parts
+        .api
+        .get(&extra.name)
+        .await
+        .map_err(|e| Error::Workload(format!("GET of claim {}: {e}", extra.name)))?;
+    runs.api.push(started.elapsed());
+    runs.durable
+        .push(timed_sync(|| parts.checkpoint.write_all())?);
+    runs.durable_no_dir_sync
+        .push(timed_sync(|| parts.without_dir_sync())?);
+    runs.plain.push(timed_sync(|| parts.plain.write())?);
+    parts.plain.clean()?;
+    runs.rpc.push(timed(kubelet.empty_prepare()).await?);
+    let started = Instant::now();
+    let found = std::hint::black_box(floor.lookup(cached));
+    runs.lookup.push(started.elapsed());
+    if !found {
+        return Err(Error::Workload(format!(
+            "claim {} is not in the floor's map",
+            cached.name
+        )));
+    }
+    Ok(())
 }
