@@ -13,9 +13,12 @@
 //! - `prepare-real`: `prepare` on the real path: the plugin started as in production with a
 //!   kube client that talks HTTP to the in-memory API server, which answers every request
 //!   1 ms late; claims labelled with their node (served from the plugin's claim cache when it
-//!   has one) and unlabelled ones (every prepare GETs), against the empty call + one durable
-//!   checkpoint write + a map lookup, with each part's share of a prepare; CDI specs on a
-//!   tmpfs as on a node.
+//!   has one), unlabelled ones (every prepare GETs), and the miss path (the allocation
+//!   written by kube-scheduler or kerf-controller right before the prepare), against the
+//!   empty call + one durable checkpoint write + a map lookup (and one GET more for the miss
+//!   path), with each part's share of a prepare; CDI specs on a tmpfs as on a node. Then the
+//!   cached path's p99 taken apart: runs with the claim status writer off, with the plugin's
+//!   files on a tmpfs, and beside a thread making fsync'd writes on the same disk.
 //! - `prepare-parallel`: 64 claims at once, as 64 calls and as one batched call, against one
 //!   single-claim prepare, with every file on disk.
 //! - `prepare-parallel-node`: the same with the CDI specs on a tmpfs, as `/var/run/cdi` is on
