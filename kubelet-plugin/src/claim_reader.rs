@@ -1,8 +1,8 @@
 //! The claim reader: where the plugin reads the ResourceClaims the kubelet names.
 //!
-//! A reader may keep a watch-fed cache of this node's claims ([`CachingClaimReader`]); the
-//! preparer then takes a claim from it when [`Cached::usable`] says it can stand in for the GET,
-//! and GETs it otherwise.
+//! A reader may keep a watch-fed cache of this node's claims ([`CachingClaimReader`]); a
+//! prepare ([`read`]) then takes a claim from it when [`Cached::usable`] says it can stand in
+//! for the GET, and otherwise races the API server's answer against the watch (see [`miss`]).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -10,12 +10,15 @@ use std::sync::{Arc, PoisonError, RwLock};
 use futures::future::BoxFuture;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
+use kube::api::GetParams;
 use kube::core::Status;
 use tokio_util::sync::CancellationToken;
 
 mod cache;
+pub mod miss;
 
 pub use cache::{CachingClaimReader, ClaimCache};
+pub use miss::{Lookup, ReadError, Wanted, read};
 
 /// Reads one ResourceClaim. The kubelet sends only namespace, name and UID; the allocation
 /// comes from the API server.
@@ -31,6 +34,36 @@ pub trait ClaimReader: Send + Sync + 'static {
         namespace: &'a str,
         name: &'a str,
     ) -> BoxFuture<'a, Result<ResourceClaim, kube::Error>>;
+
+    /// GETs the claim `namespace/name` with `resourceVersion=0`: kube-apiserver answers from
+    /// its watch cache, possibly with an older version than a quorum GET's (see [`miss`]).
+    /// A reader that has no such read GETs.
+    ///
+    /// # Errors
+    /// As [`ClaimReader::get`].
+    fn get_any<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, kube::Error>> {
+        self.get(namespace, name)
+    }
+
+    /// Whether a usable answer of [`ClaimReader::get_any`] may stand in for a quorum GET of the
+    /// claim with `uid`: only when the reader knows the claim was not unprepared here since
+    /// its allocation was last seen cleared (see [`ClaimReader::unprepared`]), so a reader
+    /// without a cache answers `false`.
+    fn may_read_any(&self, uid: &str) -> bool {
+        let _ = uid;
+        false
+    }
+
+    /// Resolves once the reader's cache holds a copy of the claim usable for `wanted`
+    /// ([`Wanted::usable`]); never, for a reader without a cache.
+    fn until_cached<'a>(&'a self, wanted: &'a Wanted) -> BoxFuture<'a, Arc<ResourceClaim>> {
+        let _ = wanted;
+        Box::pin(std::future::pending())
+    }
 
     /// The claim `namespace/name` as the reader's cache holds it, without a request; a reader
     /// without a cache answers [`Cached::Off`].
@@ -202,6 +235,18 @@ impl ClaimReader for ApiClaimReader {
         Box::pin(async move {
             Api::<ResourceClaim>::namespaced(self.client.clone(), namespace)
                 .get(name)
+                .await
+        })
+    }
+
+    fn get_any<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<ResourceClaim, kube::Error>> {
+        Box::pin(async move {
+            Api::<ResourceClaim>::namespaced(self.client.clone(), namespace)
+                .get_with(name, &GetParams::any())
                 .await
         })
     }

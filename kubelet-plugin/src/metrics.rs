@@ -199,7 +199,7 @@ impl Metrics {
         );
         registry.register(
             "claim_lookups",
-            "Claims a prepare read, by source (cache, or api with the reason the cache was not used)",
+            "Claims a prepare read, by source (cache; or watch, api_any, api with the reason the cache could not answer at once)",
             self.claim_lookups.clone(),
         );
     }
@@ -221,6 +221,16 @@ impl Metrics {
             .get_or_create(&OutcomeLabels::from_result(result))
             .inc();
         self.prepare_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one claim read by a prepare from `source` (`cache`, `watch`: the cache's watch
+    /// delivered it while the API read was in flight, `api_any`: a `resourceVersion=0` GET,
+    /// `api`: a quorum GET), for `reason` (why the cache could not answer at once; empty for
+    /// `cache`).
+    pub fn record_claim_lookup_from(&self, source: &'static str, reason: &'static str) {
+        self.claim_lookups
+            .get_or_create(&LookupLabels { source, reason })
+            .inc();
     }
 
     /// Counts one claim read by a prepare: from the cache (`fallback` is `None`), or from the

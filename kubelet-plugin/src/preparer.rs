@@ -45,7 +45,7 @@ use kerf_proto::PreparedDevice;
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
-use crate::claim_reader::ClaimReader;
+use crate::claim_reader::{self, ClaimReader, ReadError};
 use crate::dynamic_mig::{CrashStep, DynamicMig, startup::MigRestore};
 use crate::gpu_sharing::{GpuSharing, Restarted, SharingRestore};
 use crate::metrics::Metrics;
@@ -453,29 +453,31 @@ impl Preparer {
         Ok((entry.state == ClaimState::PrepareCompleted).then_some(entry))
     }
 
-    /// The claim from the reader's cache when it can stand in for a GET, else GETs it.
+    /// The claim from the reader's cache when it can stand in for a GET, else from the API
+    /// server raced against the cache's watch ([`claim_reader::read`]).
     async fn fetch_claim(&self, claim: &ClaimRef) -> Result<Arc<ResourceClaim>> {
-        let cached = self.claim_reader.cached(&claim.namespace, &claim.name);
-        match cached.usable(&claim.uid, &self.config.driver_name, &self.config.node_name) {
-            Ok(found) => {
-                self.metrics.record_claim_lookup(None);
-                return Ok(found);
-            }
-            Err(fallback) => self.metrics.record_claim_lookup(Some(fallback.reason())),
-        }
-        let api_claim = self
-            .claim_reader
-            .get(&claim.namespace, &claim.name)
-            .await
-            .map_err(|e| match e {
-                kube::Error::Api(status) if status.code == 404 => {
-                    Error::from(PrepareError::ClaimNotFound {
-                        namespace: claim.namespace.clone(),
-                        name: claim.name.clone(),
-                    })
-                }
-                other => Error::Kube(other),
-            })?;
+        let wanted = claim_reader::Wanted {
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            uid: claim.uid.clone(),
+            driver: self.config.driver_name.clone(),
+            node: self.config.node_name.clone(),
+        };
+        let read = claim_reader::read(&self.claim_reader, &wanted).await;
+        let lookup = read.as_ref().map_or_else(ReadError::lookup, |(_, lookup)| *lookup);
+        self.metrics
+            .record_claim_lookup_from(lookup.source(), lookup.reason());
+        let (api_claim, _) = read.map_err(|e| match e {
+            ReadError::Api {
+                error: kube::Error::Api(status),
+                ..
+            } if status.code == 404 => Error::from(PrepareError::ClaimNotFound {
+                namespace: claim.namespace.clone(),
+                name: claim.name.clone(),
+            }),
+            ReadError::Api { error, .. } => Error::Kube(error),
+            ReadError::Task { error, .. } => Error::internal("the claim read task", error),
+        })?;
         let actual = api_claim.metadata.uid.as_deref().unwrap_or_default();
         if actual != claim.uid {
             return Err(PrepareError::UidMismatch {
@@ -486,7 +488,7 @@ impl Preparer {
             }
             .into());
         }
-        Ok(Arc::new(api_claim))
+        Ok(api_claim)
     }
 
     /// Writes the spec and makes the entry PrepareCompleted durably, at the same time: the

@@ -11,6 +11,9 @@
 //! after an error (when the store still holds the old list and may miss deletions), every
 //! lookup is [`Cached::NotSynced`] and the prepare GETs; nothing ever waits for the cache.
 //!
+//! A prepare that misses can wait for the watch ([`ClaimCache::until_usable`]): every event the
+//! watch applies wakes the waiters, which look their claim up again.
+//!
 //! A claim unprepared here is held back ([`Cached::HeldBack`]) until the watch shows its
 //! allocation cleared or the claim gone: a claim reused by a later pod may be deallocated and
 //! allocated anew under the same UID, and until the watch has caught up the cached copy would
@@ -29,9 +32,10 @@ use kube::runtime::WatchStreamExt as _;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, ResourceExt as _};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{ApiClaimReader, Cached, ClaimReader};
+use super::{ApiClaimReader, Cached, ClaimReader, Wanted};
 use crate::Result;
 
 /// This node's ResourceClaims as one label-selected watch sees them.
@@ -43,6 +47,8 @@ pub struct ClaimCache {
     held_back: HeldBack,
     /// What the watch task needs, until [`ClaimCache::task`] takes it.
     source: Mutex<Option<Source>>,
+    /// Counts the events the watch applied, so that [`ClaimCache::until_usable`] wakes up.
+    changes: Arc<watch::Sender<u64>>,
 }
 
 struct Source {
@@ -65,6 +71,7 @@ impl ClaimCache {
                 selector: node_label_selector(node),
                 writer,
             })),
+            changes: Arc::new(watch::Sender::new(0)),
         }
     }
 
@@ -80,6 +87,29 @@ impl ClaimCache {
             Some(claim) => Cached::Found(claim),
             None => Cached::Absent,
         }
+    }
+
+    /// Resolves with the cached claim once it is usable for `wanted` ([`Wanted::usable`]): at
+    /// once when it is, else after the watch event that makes it so. Never resolves when no
+    /// such event comes; the caller races it against a GET.
+    pub async fn until_usable(&self, wanted: &Wanted) -> Arc<ResourceClaim> {
+        let mut changes = self.changes.subscribe();
+        loop {
+            // Marked seen before the lookup, so an event applied after it wakes the wait.
+            changes.borrow_and_update();
+            if let Ok(claim) = wanted.usable(self.lookup(&wanted.namespace, &wanted.name)) {
+                return claim;
+            }
+            if changes.changed().await.is_err() {
+                // Unreachable while `self` holds the sender; wait for the GET then.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Whether the claim with `uid` is held back (see [`ClaimCache::hold_back`]).
+    pub fn is_held_back(&self, uid: &str) -> bool {
+        self.held_back.contains(Some(uid))
     }
 
     /// Holds back the claim with `uid`, unprepared here, until the watch shows its allocation
@@ -111,28 +141,37 @@ impl ClaimCache {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()?;
-        let live = Arc::clone(&self.live);
-        let held_back = self.held_back.clone();
-        let store = self.store.clone();
-        Some(Box::pin(run_watch(
-            source, live, held_back, store, shutdown,
-        )))
+        let watched = Watched {
+            live: Arc::clone(&self.live),
+            held_back: self.held_back.clone(),
+            store: self.store.clone(),
+            changes: Arc::clone(&self.changes),
+        };
+        Some(Box::pin(run_watch(source, watched, shutdown)))
     }
 }
 
-/// Applies the watch's events to the store and keeps `live` in step with it.
-async fn run_watch(
-    source: Source,
+/// What the watch task shares with the lookups.
+struct Watched {
     live: Arc<AtomicBool>,
     held_back: HeldBack,
     store: Store<ResourceClaim>,
-    shutdown: CancellationToken,
-) -> Result<()> {
+    changes: Arc<watch::Sender<u64>>,
+}
+
+/// Applies the watch's events to the store and keeps `live` in step with it.
+async fn run_watch(source: Source, watched: Watched, shutdown: CancellationToken) -> Result<()> {
     let Source {
         claims,
         selector,
         writer,
     } = source;
+    let Watched {
+        live,
+        held_back,
+        store,
+        changes,
+    } = watched;
     tracing::info!(selector = %selector, "watching this node's ResourceClaims for the prepare cache");
     let events = watcher::watcher(claims, watcher::Config::default().labels(&selector))
         .backoff(WatchBackoff::default())
@@ -181,6 +220,8 @@ async fn run_watch(
             }
             None => break,
         }
+        // The store and `live` already show the event; a waiting prepare looks again.
+        changes.send_modify(|n| *n = n.wrapping_add(1));
     }
     live.store(false, Ordering::Release);
     Ok(())
@@ -215,6 +256,26 @@ impl ClaimReader for CachingClaimReader {
         name: &'a str,
     ) -> BoxFuture<'a, std::result::Result<ResourceClaim, kube::Error>> {
         self.api.get(namespace, name)
+    }
+
+    fn get_any<'a>(
+        &'a self,
+        namespace: &'a str,
+        name: &'a str,
+    ) -> BoxFuture<'a, std::result::Result<ResourceClaim, kube::Error>> {
+        self.api.get_any(namespace, name)
+    }
+
+    /// A claim held back may have been allocated anew, and kube-apiserver's watch cache may
+    /// lag behind that as this cache's watch may; every other claim is one whose
+    /// `resourceVersion=0` answer is as good as a cached copy, for the reasons
+    /// [`Cached::usable`] gives (the watch cache is what this cache's watch reads from).
+    fn may_read_any(&self, uid: &str) -> bool {
+        !self.cache.is_held_back(uid)
+    }
+
+    fn until_cached<'a>(&'a self, wanted: &'a Wanted) -> BoxFuture<'a, Arc<ResourceClaim>> {
+        Box::pin(self.cache.until_usable(wanted))
     }
 
     fn cached(&self, namespace: &str, name: &str) -> Cached {
