@@ -410,6 +410,9 @@ async fn a_claim_error_from_the_get_is_the_same_with_the_cache() {
 #[path = "claim_cache/race.rs"]
 mod race;
 
+#[path = "claim_cache/miss.rs"]
+mod miss;
+
 /// Holds the cache at what it has now: the watch ends and its resumption waits an hour, so
 /// later writes reach the API server but not the cache (which stays in step as far as it
 /// knows: a watch that ends without an error resumes where it was).

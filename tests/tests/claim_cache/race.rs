@@ -16,7 +16,7 @@ const STEPS: usize = 60;
 const SEEDS: [u64; 4] = [1, 7, 42, 2026];
 
 /// SplitMix64: a seeded sequence, so that a failing seed can be run again.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -27,7 +27,7 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: usize) -> usize {
+    pub(crate) fn below(&mut self, n: usize) -> usize {
         usize::try_from(self.next() % n as u64).unwrap()
     }
 
