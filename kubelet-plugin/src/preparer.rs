@@ -464,7 +464,9 @@ impl Preparer {
             node: self.config.node_name.clone(),
         };
         let read = claim_reader::read(&self.claim_reader, &wanted).await;
-        let lookup = read.as_ref().map_or_else(ReadError::lookup, |(_, lookup)| *lookup);
+        let lookup = read
+            .as_ref()
+            .map_or_else(ReadError::lookup, |(_, lookup)| *lookup);
         self.metrics
             .record_claim_lookup_from(lookup.source(), lookup.reason());
         let (api_claim, _) = read.map_err(|e| match e {

@@ -302,7 +302,7 @@ impl Samples {
         line("prepare", &self.total);
         line("cache lookup", &self.lookups);
         for (what, samples) in &self.reads {
-            line(&format!("{what}"), samples);
+            line(what, samples);
         }
         println!(
             "  requests that reached the API server during the prepares (watches left out): {:?}; status writes among them: {}",
