@@ -213,7 +213,9 @@ impl Cached {
 }
 
 /// Reads claims straight from the API server, one GET per claim and no client-side rate
-/// limit, so prepares never queue behind each other.
+/// limit, so prepares never queue behind each other. Alone (`--claim-cache=false`) it never
+/// lets a `resourceVersion=0` answer stand in for a quorum GET
+/// ([`ClaimReader::may_read_any`]): it does not know which claims were unprepared here.
 #[derive(Clone)]
 pub struct ApiClaimReader {
     client: kube::Client,

@@ -3,8 +3,9 @@
 //!
 //! A prepare GETs its claim only on a cache miss: a claim the watch-fed cache of this node's
 //! claims holds with the kubelet's UID, not being deleted and allocated here is taken from it
-//! ([`crate::claim_reader::Cached::usable`] says why that is safe); any other claim costs one
-//! GET. Then comes one durable write: the checkpoint entry as PrepareCompleted, durable before
+//! ([`crate::claim_reader::Cached::usable`] says why that is safe); any other claim is read
+//! from the API server, raced against the cache's watch ([`crate::claim_reader::miss`]). Then
+//! comes one durable write: the checkpoint entry as PrepareCompleted, durable before
 //! the IDs are returned. The CDI spec and the claim's device metadata files (KEP-5304, mounted
 //! read-only by the spec) are written atomically but without an fsync of their own
 //! ([`crate::spec_writer`]), on one blocking thread while the checkpoint's write is on its way
