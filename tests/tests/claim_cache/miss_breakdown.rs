@@ -175,6 +175,8 @@ pub struct HttpNode {
     pub connections: Arc<AtomicUsize>,
     pub plugin: RunningPlugin,
     pub reader: Arc<Timed>,
+    /// A client of its own from the same kubeconfig, for GETs outside the plugin.
+    pub alone: kube::Api<ResourceClaim>,
 }
 
 impl HttpNode {
@@ -199,7 +201,8 @@ impl HttpNode {
         )
         .await
         .unwrap();
-        let client = kube::Client::try_from(config).unwrap();
+        let client = kube::Client::try_from(config.clone()).unwrap();
+        let alone = kube::Api::namespaced(kube::Client::try_from(config).unwrap(), NAMESPACE);
         let mut connections_of = Connections::kube(client, NODE, false);
         if !device_status {
             connections_of = connections_of.without_device_status();
@@ -215,6 +218,7 @@ impl HttpNode {
             connections,
             plugin,
             reader,
+            alone,
         };
         eventually(
             "the claim cache's first list",
@@ -359,6 +363,14 @@ async fn once(
         samples.reads.entry(what).or_default().push(elapsed);
     }
     samples.add_requests(&node.node.api.requests()[before..]);
+    // The same GET outside the plugin, on an idle connection of a client of its own.
+    let started = Instant::now();
+    node.alone.get(name).await.unwrap();
+    samples
+        .reads
+        .entry("GET alone, outside the plugin".into())
+        .or_default()
+        .push(started.elapsed());
     for (uid, answer) in node.plugin.preparer().unprepare(&[claim]).await {
         answer.unwrap_or_else(|e| panic!("unprepare {uid}: {e}"));
     }
@@ -368,9 +380,23 @@ async fn once(
 /// they share the machine's noise.
 async fn series(node: &HttpNode, series: Series, base: u32, modes: &[Mode]) {
     let mut samples: Vec<Samples> = modes.iter().map(|_| Samples::default()).collect();
+    // A claim from the cache before each turn: the reference, in the same noise.
+    let mut reference = Samples::default();
     let connections_before = node.connections.load(Ordering::SeqCst);
     let lookups_before = lookup_counts(node);
     for n in 0..CLAIMS {
+        let number = base + 50_000 + u32::try_from(n).unwrap();
+        let name = format!("c-{number}");
+        let device = format!("gpu-{}", n % 8);
+        once(
+            node,
+            Series::Cached,
+            &uid(number),
+            &name,
+            &device,
+            &mut reference,
+        )
+        .await;
         for (m, mode) in modes.iter().enumerate() {
             node.reader.set_mode(*mode);
             let number = base + u32::try_from(n * modes.len() + m).unwrap();
@@ -380,6 +406,9 @@ async fn series(node: &HttpNode, series: Series, base: u32, modes: &[Mode]) {
         }
     }
     node.reader.set_mode(Mode::RaceAny);
+    reference.print(&format!(
+        "{series:?}: the reference, claims from the cache in turn with it"
+    ));
     for (mode, samples) in modes.iter().zip(&samples) {
         samples.print(&format!("{series:?}, {mode:?}"));
     }
@@ -415,7 +444,6 @@ async fn miss_path_breakdown() {
         let node = HttpNode::start(device_status).await;
         // Warm-up: connections, allocator, files.
         series(&node, Series::Unlabelled, 10_000, &[Mode::RaceAny]).await;
-        series(&node, Series::Cached, 100_000, &[Mode::RaceAny]).await;
         series(&node, Series::Unlabelled, 200_000, &all).await;
         series(&node, Series::LabelRacing, 300_000, &all).await;
         node.plugin.shutdown().await.unwrap();
