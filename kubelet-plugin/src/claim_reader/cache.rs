@@ -186,15 +186,7 @@ async fn run_watch(source: Source, watched: Watched, shutdown: CancellationToken
         };
         match item {
             Some(Ok(Event::InitDone)) => {
-                // Claims the new list lacks were deleted (or moved) meanwhile.
-                if !held_back.is_empty() {
-                    let listed: HashSet<String> = store
-                        .state()
-                        .iter()
-                        .filter_map(|claim| claim.metadata.uid.clone())
-                        .collect();
-                    held_back.retain(|uid| listed.contains(uid));
-                }
+                forget_unlisted(&held_back, &store);
                 if !live.swap(true, Ordering::AcqRel) {
                     tracing::info!("prepare cache synced: known claims prepare without a GET");
                 }
@@ -225,6 +217,18 @@ async fn run_watch(source: Source, watched: Watched, shutdown: CancellationToken
     }
     live.store(false, Ordering::Release);
     Ok(())
+}
+
+/// Stops holding back claims a new list lacks: they were deleted (or moved) meanwhile.
+fn forget_unlisted(held_back: &HeldBack, store: &Store<ResourceClaim>) {
+    if !held_back.is_empty() {
+        let listed: HashSet<String> = store
+            .state()
+            .iter()
+            .filter_map(|claim| claim.metadata.uid.clone())
+            .collect();
+        held_back.retain(|uid| listed.contains(uid));
+    }
 }
 
 /// Reads claims from this node's [`ClaimCache`] when it holds them, and GETs them from the API
