@@ -109,9 +109,13 @@ impl Program {
     }
 
     /// Waits until the daemon accepts connections on its control socket.
+    /// Until the daemon accepts connections and has written its PID file (the fake binds its
+    /// socket first, so under load the file can come a moment later).
     fn wait_accepting(&mut self) {
         let deadline = Instant::now() + PATIENCE;
-        while UnixStream::connect(self.pipe.join("control")).is_err() {
+        while UnixStream::connect(self.pipe.join("control")).is_err()
+            || !self.pipe.join(PID_FILE).exists()
+        {
             let exited = self.child.as_mut().unwrap().try_wait().unwrap();
             assert!(exited.is_none(), "the program ended: {:?}", self.finish());
             assert!(Instant::now() < deadline, "the daemon never accepted");
