@@ -89,11 +89,7 @@ impl Node {
     }
 
     fn daemon_pid(&self) -> Option<u32> {
-        std::fs::read_to_string(self.pipe().join(PID_FILE))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()
+        pid_in(&self.pipe())
     }
 }
 
@@ -110,11 +106,11 @@ impl Program {
 
     /// Waits until the daemon accepts connections on its control socket.
     /// Until the daemon accepts connections and has written its PID file (the fake binds its
-    /// socket first, so under load the file can come a moment later).
+    /// socket first, so under load the file can come, or be half written, a moment later).
     fn wait_accepting(&mut self) {
         let deadline = Instant::now() + PATIENCE;
         while UnixStream::connect(self.pipe.join("control")).is_err()
-            || !self.pipe.join(PID_FILE).exists()
+            || pid_in(&self.pipe).is_none()
         {
             let exited = self.child.as_mut().unwrap().try_wait().unwrap();
             assert!(exited.is_none(), "the program ended: {:?}", self.finish());
@@ -164,6 +160,15 @@ impl Drop for Program {
             kill("-9", pid);
         }
     }
+}
+
+/// The PID in the pipe directory's PID file, once it is written whole.
+fn pid_in(pipe: &Path) -> Option<u32> {
+    std::fs::read_to_string(pipe.join(PID_FILE))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn kill(signal: &str, pid: u32) {
