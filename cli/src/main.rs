@@ -99,8 +99,9 @@ struct BenchArgs {
     /// Claims prepared one at a time by `prepare`.
     #[arg(long, env = "KERF_BENCH_PREPARE_CLAIMS", default_value_t = 2_000)]
     prepare_claims: usize,
-    /// Claims of each series of `prepare-real` (from the claim cache, and with a GET); a p99
-    /// of 3,000 is the 30th slowest, steady where a disk's hiccups decide the 10th.
+    /// Claims of each series of `prepare-real` (from the claim cache, with a GET, and missing
+    /// the cache right after the allocation); a p99 of 3,000 is the 30th slowest, steady
+    /// where a disk's hiccups decide the 10th.
     #[arg(long, env = "KERF_BENCH_PREPARE_REAL_CLAIMS", default_value_t = 3_000)]
     prepare_real_claims: usize,
     /// How late the API server of `prepare-real` answers every request, in microseconds.
