@@ -91,6 +91,11 @@ impl MpsDirectories {
         &self.gpu_uuid
     }
 
+    /// The MPS root these directories are under.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// `<root>/<gpu-uuid>`: everything of this daemon, removed when it stops.
     pub fn base(&self) -> &Path {
         &self.base

@@ -412,7 +412,10 @@ fn socket_paths(
 }
 
 /// The MPS root ends up in CDI specs (JSON) and in mounts: absolute and UTF-8.
-fn check_mps_root(root: &std::path::Path) -> Result<()> {
+///
+/// # Errors
+/// [`Error::Config`] naming `--mps-root` and its value.
+pub(crate) fn check_mps_root(root: &std::path::Path) -> Result<()> {
     if root.is_absolute() && root.to_str().is_some() {
         Ok(())
     } else {

@@ -35,9 +35,8 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use clap::Parser;
-use kerf_core::mps::{CONTROL_PROGRAM, MpsDirectories, PID_FILE, QUIT_COMMAND};
+use kerf_core::mps::{CONTROL_PROGRAM, MpsDirectories, PID_FILE};
 use kerf_ops::logging::LogFormat;
-use tokio::io::AsyncWriteExt as _;
 use tokio::process::Child;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -102,12 +101,7 @@ impl DaemonArgs {
     /// # Errors
     /// [`Error::Config`] naming the flag and its value.
     pub fn directories(&self) -> Result<MpsDirectories> {
-        if !self.mps_root.is_absolute() || self.mps_root.to_str().is_none() {
-            return Err(Error::Config(format!(
-                "--mps-root {}: must be an absolute UTF-8 path",
-                self.mps_root.display()
-            )));
-        }
+        crate::args::check_mps_root(&self.mps_root)?;
         if !self.tools_root.is_absolute() {
             return Err(Error::Config(format!(
                 "--tools-root {}: must be an absolute path",
@@ -172,7 +166,7 @@ pub async fn run(args: &DaemonArgs, dirs: &MpsDirectories) -> Result<i32> {
         .map_err(|e| mps_error(dirs, format!("cannot run {CONTROL_PROGRAM} -f: {e}")))?;
     let gpu = dirs.gpu_uuid();
     tracing::info!(gpu, pid = daemon.id(), pipe = %dirs.pipe().display(), "MPS control daemon started");
-    let mut ready = std::pin::pin!(accepting(dirs.pipe().join("control")));
+    let mut ready = std::pin::pin!(accepting(dirs));
     let mut announced = false;
     loop {
         tokio::select! {
@@ -221,9 +215,10 @@ async fn prepare_directories(dirs: &MpsDirectories) -> Result<()> {
     Ok(())
 }
 
-/// Resolves once `socket` accepts a connection.
-async fn accepting(socket: PathBuf) {
-    while tokio::net::UnixStream::connect(&socket).await.is_err() {
+/// Resolves once the daemon of `dirs` accepts connections (the probe the plugin's readiness
+/// uses, which tries the control socket's own type).
+async fn accepting(dirs: &MpsDirectories) {
+    while !accepts_connections(dirs).await {
         tokio::time::sleep(READY_POLL).await;
     }
 }
@@ -234,7 +229,7 @@ async fn stop(daemon: &mut Child, tools_root: &Path, dirs: &MpsDirectories, time
     let gpu = dirs.gpu_uuid();
     tracing::info!(gpu, "stopping the MPS control daemon (quit)");
     let deadline = tokio::time::Instant::now() + timeout;
-    if let Err(message) = send_quit(tools_root, dirs, deadline).await {
+    if let Err(message) = tools::send_quit(tools_root, dirs, deadline).await {
         tracing::warn!(gpu, %message, "the control client could not deliver quit");
     }
     match tokio::time::timeout_at(deadline, daemon.wait()).await {
@@ -264,39 +259,6 @@ async fn kill(daemon: &mut Child, dirs: &MpsDirectories, timeout: Duration) {
         .is_ok_and(|text| pid.is_some_and(|pid| text.trim() == pid.to_string()));
     if names_it && let Err(error) = tokio::fs::remove_file(&pid_file).await {
         tracing::warn!(gpu, %error, "cannot remove the killed daemon's PID file");
-    }
-}
-
-/// Writes `quit` to the control client of `dirs` and waits for it until `deadline`.
-///
-/// # Errors
-/// The client's failure, as a message: it cannot run, it fails (no daemon listens) or it does
-/// not finish in time (it is then killed).
-pub(crate) async fn send_quit(
-    tools_root: &Path,
-    dirs: &MpsDirectories,
-    deadline: tokio::time::Instant,
-) -> std::result::Result<(), String> {
-    let mut client = control_command(tools_root, dirs)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot run {CONTROL_PROGRAM}: {e}"))?;
-    if let Some(mut stdin) = client.stdin.take() {
-        // A daemon already gone makes the client fail; its status says so below.
-        let _ = stdin.write_all(QUIT_COMMAND.as_bytes()).await;
-    }
-    match tokio::time::timeout_at(deadline, client.wait_with_output()).await {
-        Ok(Ok(output)) if output.status.success() => Ok(()),
-        Ok(Ok(output)) => Err(format!(
-            "{CONTROL_PROGRAM} failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr).trim()
-        )),
-        Ok(Err(error)) => Err(format!("cannot wait for {CONTROL_PROGRAM}: {error}")),
-        Err(_) => Err(format!("{CONTROL_PROGRAM} did not finish in time")),
     }
 }
 

@@ -96,7 +96,7 @@ impl DaemonPodTemplate {
     /// The daemon pod of `dirs`' GPU on `node`, with the tools of `tools_root`.
     pub fn pod(&self, node: &str, dirs: &MpsDirectories, tools_root: &Path, stop: Duration) -> Pod {
         let gpu = dirs.gpu_uuid();
-        let root = dirs.base().parent().unwrap_or(dirs.base());
+        let root = dirs.root();
         let mut mounts = vec![
             host_directory("mps-root", root, root, "DirectoryOrCreate"),
             host_directory(
@@ -151,7 +151,7 @@ impl DaemonPodTemplate {
         stop: Duration,
         volume_mounts: Vec<VolumeMount>,
     ) -> Container {
-        let root = dirs.base().parent().unwrap_or(dirs.base());
+        let root = dirs.root();
         Container {
             name: CONTAINER.to_owned(),
             image: Some(self.image.clone()),

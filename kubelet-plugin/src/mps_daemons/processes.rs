@@ -14,11 +14,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use kerf_core::mps::{CONTROL_PROGRAM, ComputeMode, MpsDirectories, PID_FILE, QUIT_COMMAND};
-use tokio::io::AsyncWriteExt as _;
+use kerf_core::mps::{CONTROL_PROGRAM, ComputeMode, MpsDirectories, PID_FILE};
 
 use super::MpsSettings;
-use super::tools::{clean_up, clear_directory, control, mps_error, set_compute_mode};
+use super::tools::{clean_up, clear_directory, control, mps_error, send_quit, set_compute_mode};
 use crate::error::{Error, Result};
 
 /// A daemon found running for a GPU.
@@ -181,17 +180,11 @@ impl ProcessDaemons {
     }
 
     async fn quit(&self, dirs: &MpsDirectories) {
-        let child = control(&self.settings.driver_root, dirs)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn();
-        let Ok(mut child) = child else { return };
-        if let Some(mut stdin) = child.stdin.take() {
-            // A daemon that is already gone makes the client fail; the wait below decides.
-            let _ = stdin.write_all(QUIT_COMMAND.as_bytes()).await;
+        let deadline = tokio::time::Instant::now() + self.settings.stop_timeout;
+        // A daemon that is already gone makes the client fail; the wait for it decides.
+        if let Err(message) = send_quit(&self.settings.driver_root, dirs, deadline).await {
+            tracing::debug!(gpu = dirs.gpu_uuid(), %message, "quit not delivered");
         }
-        let _ = tokio::time::timeout(self.settings.stop_timeout, child.wait()).await;
     }
 
     async fn wait_gone(&self, pid: u32) -> bool {

@@ -4,7 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use kerf_core::mps::{CONTROL_PROGRAM, ComputeMode, MpsDirectories, compute_mode_args};
+use kerf_core::mps::{
+    CONTROL_PROGRAM, ComputeMode, MpsDirectories, QUIT_COMMAND, compute_mode_args,
+};
+use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
 
 use crate::error::{Error, Result};
@@ -45,6 +48,39 @@ pub(crate) fn library_path(tools_root: &Path) -> std::ffi::OsString {
         .map(|dir| tools_root.join(dir))
         .collect();
     std::env::join_paths(dirs).unwrap_or_default()
+}
+
+/// Writes `quit` to the control client of `dirs` and waits for it until `deadline`.
+///
+/// # Errors
+/// The client's failure, as a message: it cannot run, it fails (no daemon listens) or it does
+/// not finish in time (it is then killed).
+pub(crate) async fn send_quit(
+    tools_root: &Path,
+    dirs: &MpsDirectories,
+    deadline: tokio::time::Instant,
+) -> std::result::Result<(), String> {
+    let mut client = control(tools_root, dirs)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot run {CONTROL_PROGRAM}: {e}"))?;
+    if let Some(mut stdin) = client.stdin.take() {
+        // A daemon already gone makes the client fail; its status says so below.
+        let _ = stdin.write_all(QUIT_COMMAND.as_bytes()).await;
+    }
+    match tokio::time::timeout_at(deadline, client.wait_with_output()).await {
+        Ok(Ok(output)) if output.status.success() => Ok(()),
+        Ok(Ok(output)) => Err(format!(
+            "{CONTROL_PROGRAM} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        )),
+        Ok(Err(error)) => Err(format!("cannot wait for {CONTROL_PROGRAM}: {error}")),
+        Err(_) => Err(format!("{CONTROL_PROGRAM} did not finish in time")),
+    }
 }
 
 /// Puts `gpu` in compute mode `mode`.
