@@ -18,7 +18,7 @@ use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::mps::{CONTROL, MpsNode, prepare, seen_through, unprepare};
+use common::mps::{CONTROL, MpsNode, assert_restarts_counted, prepare, seen_through, unprepare};
 use common::{GIB, TestNode, eventually, uid};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
@@ -336,23 +336,8 @@ async fn a_dead_daemon_is_restarted_counted_and_reported_on_its_claims() {
         || sharing.events.warnings().len() >= 2,
     )
     .await;
-    let warnings = sharing.events.warnings();
-    let mut warned: Vec<&str> = warnings.iter().map(|w| w.claim.name.as_str()).collect();
-    warned.sort_unstable();
-    assert_eq!(warned, ["a", "b"]);
-    assert!(
-        warnings
-            .iter()
-            .all(|w| w.reason == "MpsDaemonRestarted" && w.note.contains(&gpu))
-    );
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, plugin.registry()).unwrap();
-    assert!(
-        text.contains(&format!(
-            "kerf_mps_daemon_restarts_total{{gpu=\"{gpu}\",result=\"ok\"}} 1"
-        )),
-        "{text}"
-    );
+    sharing.assert_restart_warned(&gpu, &["a", "b"]);
+    assert_restarts_counted(&plugin, &gpu, 1);
     for claim in &claims {
         unprepare(&plugin, claim).await;
     }

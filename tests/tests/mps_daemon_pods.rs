@@ -18,7 +18,10 @@ use std::process::Child;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::mps::{CONTROL, MpsNode, PLUGIN_BINARY, kill_9, prepare, seen_through, unprepare};
+use common::mps::{
+    CONTROL, MpsNode, PLUGIN_BINARY, assert_restarts_counted, kill_9, prepare, seen_through,
+    unprepare,
+};
 use common::plugin_pod::{IMAGE_PROGRAM, PLUGIN_POD, plugin_pod_from_manifest};
 use common::{GIB, NODE, eventually, uid};
 use k8s_openapi::api::core::v1::Pod;
@@ -335,19 +338,6 @@ fn kill_daemon(on: &PodNode, gpu: &str) {
     kill_9(on.sharing.daemon_pid(gpu).unwrap());
 }
 
-fn assert_warned(on: &PodNode, gpu: &str, claims: &[&str]) {
-    let warnings = on.sharing.events.warnings();
-    let mut warned: Vec<&str> = warnings.iter().map(|w| w.claim.name.as_str()).collect();
-    warned.sort_unstable();
-    assert_eq!(warned, claims, "{warnings:#?}");
-    assert!(
-        warnings
-            .iter()
-            .all(|w| w.reason == "MpsDaemonRestarted" && w.note.contains(gpu)),
-        "{warnings:#?}"
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_that_dies_is_restarted_by_the_kubelet_and_reported_on_each_claim() {
     let on = PodNode::new();
@@ -375,7 +365,7 @@ async fn a_daemon_that_dies_is_restarted_by_the_kubelet_and_reported_on_each_cla
         || on.sharing.events.warnings().len() >= 2,
     )
     .await;
-    assert_warned(&on, &gpu, &["a", "b"]);
+    on.sharing.assert_restart_warned(&gpu, &["a", "b"]);
     eventually(
         "the new daemon accepts clients",
         Duration::from_secs(10),
@@ -388,14 +378,7 @@ async fn a_daemon_that_dies_is_restarted_by_the_kubelet_and_reported_on_each_cla
         || seen_through(&mounted_pipe).join("control").exists(),
     )
     .await;
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, plugin.registry()).unwrap();
-    assert!(
-        text.contains(&format!(
-            "kerf_mps_daemon_restarts_total{{gpu=\"{gpu}\",result=\"ok\"}} 1"
-        )),
-        "{text}"
-    );
+    assert_restarts_counted(&plugin, &gpu, 1);
     unprepare(&plugin, &a).await;
     unprepare(&plugin, &b).await;
     plugin.shutdown().await.unwrap();
@@ -426,7 +409,7 @@ async fn a_daemon_restarted_while_the_plugin_was_down_is_reported_at_start_up() 
         || !on.sharing.events.warnings().is_empty(),
     )
     .await;
-    assert_warned(&on, &gpu, &["a"]);
+    on.sharing.assert_restart_warned(&gpu, &["a"]);
     assert_eq!(
         on.incarnation(&gpu),
         Some((pod_uid, 1)),
@@ -462,7 +445,7 @@ async fn a_deleted_daemon_pod_is_created_again_and_reported() {
         !on.sharing.events.warnings().is_empty()
     })
     .await;
-    assert_warned(&on, &gpu, &["a"]);
+    on.sharing.assert_restart_warned(&gpu, &["a"]);
     unprepare(&plugin, &a).await;
     assert!(on.daemon_pod(&gpu).is_none());
     plugin.shutdown().await.unwrap();

@@ -108,6 +108,21 @@ impl MpsNode {
         command
     }
 
+    /// Every Warning Event so far is `MpsDaemonRestarted` for `gpu`, one on each of `claims`
+    /// (names, sorted).
+    pub fn assert_restart_warned(&self, gpu: &str, claims: &[&str]) {
+        let warnings = self.events.warnings();
+        let mut warned: Vec<&str> = warnings.iter().map(|w| w.claim.name.as_str()).collect();
+        warned.sort_unstable();
+        assert_eq!(warned, claims, "{warnings:#?}");
+        assert!(
+            warnings
+                .iter()
+                .all(|w| w.reason == "MpsDaemonRestarted" && w.note.contains(gpu)),
+            "{warnings:#?}"
+        );
+    }
+
     pub fn gpu_uuid(&self, minor: u32) -> String {
         self.node
             .inventory()
@@ -211,4 +226,16 @@ pub fn kill_9(pid: u32) {
         .args(["-9", &pid.to_string()])
         .status()
         .unwrap();
+}
+
+/// The plugin's metrics count `restarts` successful restarts of `gpu`'s daemon.
+pub fn assert_restarts_counted(plugin: &RunningPlugin, gpu: &str, restarts: u32) {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, plugin.registry()).unwrap();
+    assert!(
+        text.contains(&format!(
+            "kerf_mps_daemon_restarts_total{{gpu=\"{gpu}\",result=\"ok\"}} {restarts}"
+        )),
+        "{text}"
+    );
 }
