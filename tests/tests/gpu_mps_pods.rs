@@ -30,10 +30,7 @@ use std::time::{Duration, Instant};
 use common::plugin_pod::{IMAGE_PROGRAM, PLUGIN_POD, plugin_pod_from};
 use common::{DRIVER, GIB, NODE, TestNode, uid};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::inventory::Inventory;
-use kerf_core::slice::Sharing;
 use kerf_kubelet_plugin::config::Discovery;
 use kerf_kubelet_plugin::mps_daemons::daemon_pod_name;
 use kerf_proto::client::Claim;
@@ -173,33 +170,7 @@ fn first_gpu(inventory: &Inventory) -> &kerf_core::inventory::Gpu {
 
 /// A 10 GiB / 25 % MPS slice of the real GPU 0, allocated as kerf-controller writes it.
 fn slice_claim(node: &TestNode, inventory: &Inventory, name: &str, claim_uid: &str) -> Claim {
-    let gpu = first_gpu(inventory);
-    let placement = ClaimPlacement {
-        key: claim_uid.to_owned(),
-        devices: vec![PlacedDevice {
-            request: "gpu".to_owned(),
-            device: gpu.device_name(),
-            gpu_uuid: gpu.uuid.clone(),
-            slice: Some(SliceSize {
-                memory_bytes: 10 * GIB,
-                compute_percent: 25,
-            }),
-            sharing: Sharing::Mps,
-            time_slice_interval: None,
-        }],
-    };
-    let allocation = kerf_api::allocation_status(
-        &placement,
-        NODE,
-        DRIVER,
-        Time(k8s_openapi::jiff::Timestamp::now()),
-    )
-    .unwrap();
-    node.add_claim(common::allocated_claim(
-        name,
-        claim_uid,
-        &serde_json::to_value(allocation).unwrap(),
-    ))
+    node.slice_claim_on(first_gpu(inventory), name, claim_uid, 10 * GIB, 25)
 }
 
 /// The MPS environment of a claim's CDI spec, with the pipe directory's host path (no

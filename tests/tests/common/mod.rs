@@ -272,6 +272,18 @@ impl TestNode {
     ) -> Claim {
         let inventory = self.inventory();
         let gpu = inventory.gpu_by_minor(gpu_minor).unwrap();
+        self.slice_claim_on(gpu, name, uid, memory_bytes, compute_percent)
+    }
+
+    /// As [`TestNode::slice_claim`], on `gpu` of any inventory (the real one NVML finds).
+    pub fn slice_claim_on(
+        &self,
+        gpu: &kerf_core::inventory::Gpu,
+        name: &str,
+        uid: &str,
+        memory_bytes: u64,
+        compute_percent: u8,
+    ) -> Claim {
         let placement = ClaimPlacement {
             key: uid.to_owned(),
             devices: vec![PlacedDevice {
