@@ -29,6 +29,7 @@ use kerf_kubelet_plugin::config::PluginConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin, StartOptions};
 use kerf_proto::client::{Claim, KNOWN_SERVICES, KubeletClient, RegisteredPlugin};
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
+use kerf_tests::scheduler::SeededRng;
 use serde_json::json;
 
 use common::{DRIVER, NODE, TestNode};
@@ -37,23 +38,6 @@ const WAIT: Duration = Duration::from_secs(20);
 const OLD_UID: &str = "11111111-1111-4111-8111-111111111111";
 const NEW_UID: &str = "22222222-2222-4222-8222-222222222222";
 const GPUS: usize = 8;
-
-/// SplitMix64: a seeded, dependency-free generator, so that a failing seed replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % n as u64).unwrap()
-    }
-}
 
 /// The configuration `kerf-kubelet-plugin` builds from its flags in the pod `uid`, with
 /// publishing on.
@@ -145,7 +129,7 @@ async fn apply(plugin: &RegisteredPlugin, op: Op, claims: &[Claim]) {
 
 /// A batch of calls on distinct claims, each sent to either instance while the old one runs,
 /// all at once.
-fn batch(rng: &mut Rng, both: bool) -> Vec<(bool, Op)> {
+fn batch(rng: &mut SeededRng, both: bool) -> Vec<(bool, Op)> {
     let mut used = BTreeSet::new();
     let size = 1 + rng.below(4);
     let mut ops = Vec::new();
@@ -198,7 +182,7 @@ fn setup() -> Setup {
 /// Rounds of concurrent calls on both instances; the old one shuts down cleanly after a
 /// random round, and the kubelet then holds only the new one. Returns what is prepared.
 async fn interleave(
-    rng: &mut Rng,
+    rng: &mut SeededRng,
     s: &Setup,
     kubelet: &FakeKubelet,
     old: RunningPlugin,
@@ -258,7 +242,7 @@ fn check_files(s: &Setup, prepared: &BTreeSet<usize>) {
 }
 
 async fn scenario(seed: u64) {
-    let mut rng = Rng(seed);
+    let mut rng = SeededRng::new(seed);
     let s = setup();
     let old = start(&s.node, &s.old).await;
     let kubelet = FakeKubelet::start(s.node.kubelet_config());
