@@ -18,6 +18,7 @@
 //! | `claim_admissions_total` | counter | `resource` (`resourceclaims`/`resourceclaimtemplates`), `outcome` (`normalized`/`no_kerf_config`/`denied`/`error`) |
 //! | `ownership_moves_total` | counter | `to` (`scheduler`/`controller`) |
 //! | `ownership_devices` | gauge | `owner` (`scheduler`/`controller`/`settling`) |
+//! | `ownership_passes_total` | counter | – |
 //! | `claim_node_labels_total` | counter | `action` (`set`/`removed`) |
 //!
 //! One series has no `kerf_controller_` prefix, because it counts what kerf as a whole must
@@ -139,6 +140,7 @@ pub struct Metrics {
     claim_admissions: Family<ClaimAdmissionLabels, Counter>,
     ownership_moves: Family<MoveLabels, Counter>,
     ownership_devices: Family<OwnerLabels, Gauge>,
+    ownership_passes: Counter,
     conflicts: Family<ConflictLabels, Counter>,
     claim_node_labels: Family<LabelActionLabels, Counter>,
     write_failures: ApiWriteFailures,
@@ -163,6 +165,7 @@ impl Metrics {
             claim_admissions: Family::default(),
             ownership_moves: Family::default(),
             ownership_devices: Family::default(),
+            ownership_passes: Counter::default(),
             conflicts: Family::default(),
             claim_node_labels: Family::default(),
             write_failures: ApiWriteFailures::new("controller", registry),
@@ -244,6 +247,11 @@ impl Metrics {
             self.ownership_devices.clone(),
         );
         registry.register(
+            "ownership_passes",
+            "Ownership passes run: one per change of their inputs or due fence or linger, not per tick",
+            self.ownership_passes.clone(),
+        );
+        registry.register(
             "claim_node_labels",
             "Writes of the claim node label alone (claims the controller did not allocate), by action",
             self.claim_node_labels.clone(),
@@ -266,6 +274,11 @@ impl Metrics {
     /// Counts a device given to `to` (`scheduler` or `controller`).
     pub fn record_ownership_move(&self, to: &'static str) {
         self.ownership_moves.get_or_create(&MoveLabels { to }).inc();
+    }
+
+    /// Counts an ownership pass.
+    pub fn record_ownership_pass(&self) {
+        self.ownership_passes.inc();
     }
 
     /// Sets how many devices each owner has (`settling`: the controller's, fence not passed).

@@ -66,6 +66,9 @@ pub struct ClaimsContext {
     pub settings: ClaimSettings,
     /// One waiter at a time on the stores' readiness (see [`crate::cache::Caches::wait_ready`]).
     ready_waiters: tokio::sync::Mutex<()>,
+    /// Bumped after each write to the pod, node and claim stores above and by the ledger: the
+    /// ownership pass runs on it instead of on a clock ([`super::ownership::InputChanges`]).
+    pub ownership_inputs: super::ownership::InputChanges,
 }
 
 impl std::fmt::Debug for ClaimsContext {
@@ -80,12 +83,13 @@ impl std::fmt::Debug for ClaimsContext {
 }
 
 impl ClaimsContext {
-    /// Builds the context.
+    /// Builds the context; `ownership_inputs` must be bumped after each write to the stores.
     pub fn new(
         base: Arc<Context>,
         claims: Store<ResourceClaim>,
         pods: Store<Pod>,
         nodes: Store<Node>,
+        ownership_inputs: super::ownership::InputChanges,
         trigger: UnboundedSender<ObjectRef<ResourceClaim>>,
         settings: ClaimSettings,
     ) -> Self {
@@ -94,10 +98,11 @@ impl ClaimsContext {
             claims,
             pods,
             nodes,
-            ledger: Ledger::default(),
+            ledger: Ledger::new(ownership_inputs.clone()),
             trigger,
             settings,
             ready_waiters: tokio::sync::Mutex::new(()),
+            ownership_inputs,
         }
     }
 

@@ -100,6 +100,19 @@ impl CapacityIndex {
         );
     }
 
+    /// The earliest expiry after `now` of an assumed allocation: the index then lets the cache
+    /// win, which may change who holds a device without any store changing.
+    pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        self.claims
+            .values()
+            .filter_map(|source| match source {
+                Source::Assumed { expires, .. } => Some(*expires),
+                Source::Cache { .. } => None,
+            })
+            .filter(|expires| *expires > now)
+            .min()
+    }
+
     /// Drops what is known about claim `uid` (after a rollback); the next sync takes the
     /// claim from the cache again.
     pub fn forget(&mut self, uid: &str) {

@@ -18,7 +18,7 @@ use kerf_core::alloc::{DeviceUse, Index};
 use kube::runtime::reflector::ObjectRef;
 
 use super::index::CapacityIndex;
-use super::ownership::OwnershipBook;
+use super::ownership::{InputChanges, OwnershipBook};
 
 /// A node the scheduler rejected for a pod.
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +35,9 @@ struct Rejection {
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     state: Mutex<State>,
+    /// Bumped when what the ownership pass reads here changes: the allocations assumed for
+    /// writes in flight, the claims waiting for capacity.
+    changes: InputChanges,
 }
 
 #[derive(Debug, Default)]
@@ -54,6 +57,14 @@ struct State {
 }
 
 impl Ledger {
+    /// An empty ledger that bumps `changes` when an input of the ownership pass changes.
+    pub fn new(changes: InputChanges) -> Self {
+        Ledger {
+            state: Mutex::default(),
+            changes,
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // The books stay meaningful whatever panicked while the lock was held.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -146,12 +157,18 @@ impl Ledger {
 
     /// Remembers that `claim` waits for capacity.
     pub fn wait_for_capacity(&self, claim: ObjectRef<ResourceClaim>) {
-        self.lock().waiting.insert(claim);
+        if self.lock().waiting.insert(claim) {
+            self.changes.bump();
+        }
     }
 
     /// Every claim waiting for capacity, forgotten here.
     pub fn take_waiting(&self) -> Vec<ObjectRef<ResourceClaim>> {
-        self.lock().waiting.drain().collect()
+        let waiting: Vec<_> = self.lock().waiting.drain().collect();
+        if !waiting.is_empty() {
+            self.changes.bump();
+        }
+        waiting
     }
 }
 
@@ -197,9 +214,15 @@ impl<'a> Books<'a> {
         !self.state.waiting.is_empty()
     }
 
+    /// When the earliest assumed allocation expires (see [`CapacityIndex::next_expiry`]).
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.state.capacity.next_expiry(Instant::now())
+    }
+
     /// Records allocations about to be written (see [`CapacityIndex::assume`]).
     pub fn assume(&mut self, uid: &str, uses: Vec<DeviceUse>) {
         self.state.capacity.assume(uid, uses, Instant::now());
+        self.ledger.changes.bump();
     }
 
     /// Marks `claims` as being written, or `None` when a reconcile is writing one of them.
@@ -247,11 +270,13 @@ impl WriteGuard<'_> {
             .lock()
             .capacity
             .confirm(uid, uses, version, Instant::now());
+        self.ledger.changes.bump();
     }
 
     /// Drops what the index assumed about claim `uid` (after a rollback).
     pub fn forget(&self, uid: &str) {
         self.ledger.lock().capacity.forget(uid);
+        self.ledger.changes.bump();
     }
 }
 

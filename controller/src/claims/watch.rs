@@ -70,7 +70,10 @@ pub async fn run(
     // The node label reconciler runs on the same watch and store: every claim event goes to
     // both queues, after the store has it.
     let (label_trigger, label_triggered) = tokio::sync::mpsc::unbounded_channel();
-    let claim_requests = trigger_self(claim_events(&client, claim_writer, label_trigger), ());
+    // Bumped after every pod, node and claim store write: what wakes the ownership pass.
+    let ownership_inputs = ownership::InputChanges::default();
+    let claim_events = claim_events(&client, claim_writer, label_trigger, &ownership_inputs);
+    let claim_requests = trigger_self(claim_events, ());
     let labels = node_label::run(
         Arc::clone(&base),
         claims.clone(),
@@ -86,6 +89,7 @@ pub async fn run(
                 .backoff(WatchBackoff::default())
                 .modify(|pod: &mut Pod| pod.managed_fields_mut().clear()),
         )
+        .inspect(ownership_inputs.bumper())
         .touched_objects(),
         pod_claim_refs,
     );
@@ -96,6 +100,7 @@ pub async fn run(
             .backoff(WatchBackoff::default())
             .modify(|node: &mut Node| node.managed_fields_mut().clear()),
     )
+    .inspect(ownership_inputs.bumper())
     .for_each(|_| std::future::ready(()));
     let (trigger, triggered) = tokio::sync::mpsc::unbounded_channel();
     let ctx = Arc::new(ClaimsContext::new(
@@ -103,6 +108,7 @@ pub async fn run(
         claims.clone(),
         pods,
         nodes,
+        ownership_inputs,
         trigger,
         settings,
     ));
@@ -164,6 +170,7 @@ fn claim_events(
     client: &kube::Client,
     writer: reflector::store::Writer<ResourceClaim>,
     labels: UnboundedSender<ReconcileRequest<ResourceClaim>>,
+    ownership_inputs: &ownership::InputChanges,
 ) -> impl futures::Stream<Item = std::result::Result<ResourceClaim, watcher::Error>> + Send + 'static
 {
     reflector::reflector(
@@ -175,6 +182,7 @@ fn claim_events(
         .backoff(WatchBackoff::default())
         .modify(|claim: &mut ResourceClaim| claim.managed_fields_mut().clear()),
     )
+    .inspect(ownership_inputs.bumper())
     .applied_objects()
     .inspect(move |event| {
         if let Ok(claim) = event {

@@ -166,6 +166,26 @@ impl OwnershipBook {
         self.nodes.keys().map(String::as_str)
     }
 
+    /// The earliest moment after `now` at which a device's state changes with time alone: a
+    /// settle fence passing ([`OwnershipTiming::settle`] after the republished slice was
+    /// observed) or an idle scheduler device's linger running out. Between passes nothing else
+    /// in the book moves by itself, so a pass is due then even if no input changed. Over-eager
+    /// by design: a lingering device that demand or the node's policy keeps does not move when
+    /// its linger runs out, which costs one pass, once (a moment not after `now` is never
+    /// returned again).
+    pub fn next_due(&self, timing: OwnershipTiming, now: Instant) -> Option<Instant> {
+        self.nodes
+            .values()
+            .flat_map(BTreeMap::values)
+            .filter_map(|state| match state.wanted {
+                Owner::Controller if !state.usable => state.observed.map(|at| at + timing.settle),
+                Owner::Scheduler => state.idle_since.map(|since| since + timing.linger),
+                Owner::Controller => None,
+            })
+            .filter(|due| *due > now)
+            .min()
+    }
+
     /// Forgets nodes and devices no longer published.
     pub fn retain(&mut self, published: &HashMap<String, Vec<String>>) {
         self.nodes

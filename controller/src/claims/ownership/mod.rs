@@ -3,24 +3,32 @@
 //! [`kerf_api::ownership::RECORD_ANNOTATION`]), places only on devices it owns past their fence,
 //! and reports what breaks the rule.
 //!
-//! Every tick ([`ClaimSettings::ownership_tick`](super::ClaimSettings)) the controller reads
-//! the published devices, who holds each (its own allocations in flight included), the
-//! pending demand for kube-scheduler and each node's policy label, advances the
+//! A pass reads the published devices, who holds each (its own allocations in flight
+//! included), the pending demand for kube-scheduler and each node's policy label, advances the
 //! [`OwnershipBook`] under the ledger lock that placement also takes, and then writes the
 //! records that changed. Why this cannot hand a device to both allocators is written in
 //! [`book`].
+//!
+//! A pass runs only when something it reads changed ([`InputChanges`]) or a moment it computed
+//! has come (a fence, a linger, an assumed allocation's expiry, a node write's back-off), and
+//! at most once per [`ClaimSettings::ownership_tick`](super::ClaimSettings): a busy cluster
+//! costs at most one pass per tick, an idle one none. Passes are counted in
+//! `kerf_controller_ownership_passes_total`.
 
 mod book;
 mod conflicts;
 mod demand;
 mod extended;
 mod guard;
+mod inputs;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{Device, ResourceClaim};
+use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use kerf_api::ownership::{NodePolicy, Owner, RECORD_ANNOTATION, Record, node_policy};
 use kerf_api::resourceslice::{TYPE_MIG, attributes, device_attribute};
 use kerf_api::shared_publication::{SHARED_PUBLICATION_ANNOTATION, SharedPublication};
@@ -31,8 +39,10 @@ use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
 pub use book::{Change, DeviceFacts, OwnershipBook, OwnershipTiming};
+pub use inputs::InputChanges;
 
 use super::context::ClaimsContext;
+use super::index::CapacityIndex;
 use super::report::{node_write_failed, node_write_key, publish};
 use super::state::annotated_node;
 use demand::IdleGpus;
@@ -40,7 +50,7 @@ use demand::IdleGpus;
 /// Event reason: kube-scheduler allocated a device the controller owns.
 pub const SCHEDULER_TOOK_DEVICE: &str = "AllocatorGuardMissing";
 
-/// What the tick loop remembers between ticks: what it already warned about.
+/// What the pass loop remembers between passes: what it already warned about.
 #[derive(Debug, Default)]
 pub(super) struct Warned {
     node_labels: HashSet<(String, String)>,
@@ -48,57 +58,112 @@ pub(super) struct Warned {
     conflicts: HashSet<(String, String)>,
 }
 
-/// Advances ownership every tick until `shutdown`.
+/// Advances ownership until `shutdown`: a pass at once, then one whenever an input changed or a
+/// computed moment has come, at most one per [`ClaimSettings::ownership_tick`](super::ClaimSettings).
 pub(super) async fn run(ctx: Arc<ClaimsContext>, shutdown: CancellationToken) {
     if ctx.wait_ready().await.is_err() {
         return;
     }
-    let mut interval = tokio::time::interval(ctx.settings.ownership_tick);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut warned = Warned::default();
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = interval.tick() => {}
-        }
-        tick(&ctx, &mut warned).await;
+    // The shared caches (slices, claims, DeviceClasses) keep their own counter; their changes
+    // are inputs too. If the caches stop, the stores stop with them: passes stay driven by the
+    // other inputs until `shutdown`.
+    let inputs = ctx.ownership_inputs.clone();
+    let cache_changes = ctx.base.caches.changes(Duration::ZERO);
+    let forward = async move {
+        cache_changes
+            .for_each(move |()| {
+                inputs.bump();
+                std::future::ready(())
+            })
+            .await;
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        () = forward => {}
+        () = passes(&ctx, &shutdown) => {}
     }
 }
 
-/// A published device as the tick needs it.
+/// The pass loop: waits for an input change or the next computed moment, keeps the minimum
+/// spacing, runs a pass. Returns when `shutdown` is cancelled.
+async fn passes(ctx: &ClaimsContext, shutdown: &CancellationToken) {
+    let mut changed = ctx.ownership_inputs.subscribe();
+    let mut warned = Warned::default();
+    let mut due = Some(tokio::time::Instant::now());
+    let mut last: Option<tokio::time::Instant> = None;
+    loop {
+        let at_due = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            // The sender lives in `ctx`, which outlives this loop.
+            _ = changed.changed() => {}
+            () = at_due => {}
+        }
+        if let Some(last) = last {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep_until(last + ctx.settings.ownership_tick) => {}
+            }
+        }
+        // Changes from here on wake the next pass; the ones before are read by this one.
+        changed.mark_unchanged();
+        last = Some(tokio::time::Instant::now());
+        due = pass(ctx, &mut warned)
+            .await
+            .map(tokio::time::Instant::from_std);
+    }
+}
+
+/// A published device as a pass needs it, borrowed from the cached slice.
 #[derive(Debug, Clone)]
-struct Published {
-    name: String,
+struct Published<'a> {
+    name: &'a str,
     /// Only kube-scheduler allocates it: a MIG device, or a dynamic-MIG GPU's full device
     /// (it consumes counters, which only kube-scheduler's allocator accounts for).
     mig: bool,
     owner: Option<Owner>,
     /// The device as published, for the sliced classes' selectors.
-    device: Device,
+    device: &'a Device,
 }
 
-/// One tick: decide, report, write the records.
-pub(super) async fn tick(ctx: &ClaimsContext, warned: &mut Warned) {
-    let devices = published_devices(ctx);
+/// One pass: decide, report, write the records. Returns when the next pass is due if no input
+/// changes before: the earliest fence, linger or assumed allocation's expiry, or one tick from
+/// now while a node's write is in back-off.
+async fn pass(ctx: &ClaimsContext, warned: &mut Warned) -> Option<Instant> {
+    ctx.base.metrics.record_ownership_pass();
+    let slices = ctx.base.caches.slices.state();
+    let devices = published_devices(ctx, &slices);
     let policies = node_policies(ctx, &devices, warned);
     let needs = demand::pending_needs(ctx);
     let outcome = advance(ctx, &devices, &policies, &needs);
     report(ctx, &outcome).await;
     conflicts::report(ctx, &outcome.conflicts, &mut warned.conflicts).await;
     guard::warn_unguarded_classes(ctx, &mut warned.device_classes).await;
-    write_records(ctx, &outcome, &policies).await;
+    let retry = write_records(ctx, &outcome, &policies)
+        .await
+        .then(|| Instant::now() + ctx.settings.ownership_tick);
+    [outcome.due, retry].into_iter().flatten().min()
 }
 
 /// Every published device of the driver, by node.
-fn published_devices(ctx: &ClaimsContext) -> BTreeMap<String, Vec<Published>> {
+fn published_devices<'a>(
+    ctx: &ClaimsContext,
+    slices: &'a [Arc<ResourceSlice>],
+) -> BTreeMap<&'a str, Vec<Published<'a>>> {
     let driver = ctx.driver();
-    let mut out: BTreeMap<String, Vec<Published>> = BTreeMap::new();
-    for slice in ctx.base.caches.slices.state() {
+    let mut out: BTreeMap<&str, Vec<Published>> = BTreeMap::new();
+    for slice in slices {
         let spec = &slice.spec;
         let Some(node) = spec.node_name.as_deref().filter(|_| spec.driver == driver) else {
             continue;
         };
-        let devices = out.entry(node.to_owned()).or_default();
+        let devices = out.entry(node).or_default();
         for device in spec.devices.iter().flatten() {
             let mig = device_attribute(device, driver, attributes::TYPE)
                 .and_then(|a| a.string.as_deref())
@@ -108,10 +173,10 @@ fn published_devices(ctx: &ClaimsContext) -> BTreeMap<String, Vec<Published>> {
                     .as_ref()
                     .is_some_and(|c| !c.is_empty());
             devices.push(Published {
-                name: device.name.clone(),
+                name: &device.name,
                 mig,
                 owner: kerf_api::ownership::published_owner(device, driver),
-                device: device.clone(),
+                device,
             });
         }
     }
@@ -120,18 +185,18 @@ fn published_devices(ctx: &ClaimsContext) -> BTreeMap<String, Vec<Published>> {
 
 /// Each node's policy label and current record (an unreadable label or record is warned
 /// about once and read as dynamic / empty).
-fn node_policies(
+fn node_policies<'a>(
     ctx: &ClaimsContext,
-    devices: &BTreeMap<String, Vec<Published>>,
+    devices: &BTreeMap<&'a str, Vec<Published<'a>>>,
     warned: &mut Warned,
-) -> BTreeMap<String, (NodePolicy, Record)> {
+) -> BTreeMap<&'a str, (NodePolicy, Record)> {
     let mut out = BTreeMap::new();
-    for name in devices.keys() {
+    for &name in devices.keys() {
         let Some(node) = ctx.nodes.get(&ObjectRef::<Node>::new(name)) else {
             continue;
         };
         let policy = node_policy(node.metadata.labels.as_ref()).unwrap_or_else(|error| {
-            let key = (name.clone(), error.to_string());
+            let key = (name.to_owned(), error.to_string());
             if warned.node_labels.insert(key) {
                 tracing::warn!(node = %name, %error, "ignoring the node's allocator label; its devices are moved dynamically");
             }
@@ -139,12 +204,12 @@ fn node_policies(
         });
         let record =
             Record::from_annotations(node.metadata.annotations.as_ref()).unwrap_or_default();
-        out.insert(name.clone(), (policy, record));
+        out.insert(name, (policy, record));
     }
     out
 }
 
-/// What one tick decided.
+/// What one pass decided.
 #[derive(Debug, Default)]
 struct Outcome {
     changes: Vec<(String, String, Change)>,
@@ -154,73 +219,35 @@ struct Outcome {
     /// Per node, the GPUs to publish as shareable ([`crate::shared`]).
     publications: BTreeMap<String, SharedPublication>,
     conflicts: Vec<conflicts::Conflict>,
+    /// When time alone changes a decision next: a fence, a linger, an assumption's expiry.
+    due: Option<Instant>,
 }
+
+/// One device's facts, by (node, device), borrowed from the published slices.
+type Facts<'a> = BTreeMap<(&'a str, &'a str), DeviceFacts>;
 
 fn advance(
     ctx: &ClaimsContext,
-    devices: &BTreeMap<String, Vec<Published>>,
-    policies: &BTreeMap<String, (NodePolicy, Record)>,
+    devices: &BTreeMap<&str, Vec<Published>>,
+    policies: &BTreeMap<&str, (NodePolicy, Record)>,
     needs: &[demand::SchedulerNeed],
 ) -> Outcome {
-    let is_ours = |r: &ObjectRef<ResourceClaim>| {
-        ctx.claims
-            .get(r)
-            .is_some_and(|claim| annotated_node(&claim).is_some())
-    };
     let timing = ctx.settings.ownership;
-    let now = std::time::Instant::now();
+    let now = Instant::now();
     let mut books = ctx.books();
     let waiting = books.controller_waiting();
+    let expiry = books.next_expiry();
     let (capacity, book) = books.ownership();
-    let mut facts: BTreeMap<(String, String), DeviceFacts> = BTreeMap::new();
-    let mut idle: BTreeMap<String, IdleGpus> = BTreeMap::new();
-    let mut conflicts = Vec::new();
-    for (node, published) in devices {
-        let Some((policy, record)) = policies.get(node) else {
-            continue;
-        };
-        for device in published {
-            let (ours, others) = capacity.holder_kinds(node, &device.name, is_ours);
-            if conflicts::is_conflict(&capacity.index().gpu_usage(node, &device.name)) {
-                conflicts.push(conflicts::Conflict {
-                    node: node.clone(),
-                    device: device.name.clone(),
-                    holders: capacity.holders(node, &device.name, ""),
-                });
-            }
-            let fact = DeviceFacts {
-                mig: device.mig,
-                published: device.owner,
-                recorded: record.owner(&device.name),
-                held_by_controller: ours,
-                held_by_scheduler: others,
-                demanded: false,
-            };
-            if !ours && !others && !device.mig {
-                let lists = idle.entry(node.clone()).or_default();
-                match (policy, book.wanted(node, &device.name)) {
-                    (NodePolicy::Fixed(Owner::Controller), _) => {}
-                    (NodePolicy::Fixed(Owner::Scheduler), _) | (_, Some(Owner::Scheduler)) => {
-                        lists.scheduler.push(device.name.clone());
-                    }
-                    _ => lists.controller.push(device.name.clone()),
-                }
-            }
-            facts.insert((node.clone(), device.name.clone()), fact);
-        }
-    }
-    for (node, chosen) in demand::serve(needs, idle, &ctx.nodes) {
-        for device in chosen {
-            if let Some(fact) = facts.get_mut(&(node.clone(), device)) {
-                fact.demanded = true;
-            }
-        }
+    let (mut facts, idle, conflicts) = gather(ctx, capacity, book, devices, policies);
+    let chosen = demand::serve(needs, idle, &ctx.nodes);
+    for (&(node, device), fact) in &mut facts {
+        fact.demanded = chosen.get(node).is_some_and(|set| set.contains(device));
     }
     let mut outcome = Outcome {
         conflicts,
         ..Outcome::default()
     };
-    for ((node, device), fact) in &facts {
+    for (&(node, device), fact) in &facts {
         let Some((policy, _)) = policies.get(node) else {
             continue;
         };
@@ -229,19 +256,96 @@ fn advance(
                 let holders = capacity.holders(node, device, "");
                 outcome
                     .intruders
-                    .insert((node.clone(), device.clone()), holders);
+                    .insert((node.to_owned(), device.to_owned()), holders);
             }
-            outcome.changes.push((node.clone(), device.clone(), change));
+            outcome
+                .changes
+                .push((node.to_owned(), device.to_owned(), change));
         }
     }
     let published: HashMap<String, Vec<String>> = devices
         .iter()
-        .map(|(node, list)| (node.clone(), list.iter().map(|d| d.name.clone()).collect()))
+        .map(|(node, list)| {
+            let names = list.iter().map(|d| d.name.to_owned()).collect();
+            ((*node).to_owned(), names)
+        })
         .collect();
     book.retain(&published);
     book.mark_decided();
+    count_owners(ctx, book, &facts);
+    for &node in devices.keys().filter(|n| policies.contains_key(*n)) {
+        outcome.records.insert(node.to_owned(), book.record(node));
+    }
+    outcome.publications = publications(ctx, devices, policies, book, &facts);
+    outcome.due = [book.next_due(timing, now), expiry]
+        .into_iter()
+        .flatten()
+        .min();
+    outcome
+}
+
+/// Every published device's facts, the idle whole GPUs per node, and the devices found in two
+/// exclusive allocations.
+fn gather<'a>(
+    ctx: &ClaimsContext,
+    capacity: &CapacityIndex,
+    book: &OwnershipBook,
+    devices: &BTreeMap<&'a str, Vec<Published<'a>>>,
+    policies: &BTreeMap<&str, (NodePolicy, Record)>,
+) -> (
+    Facts<'a>,
+    BTreeMap<String, IdleGpus>,
+    Vec<conflicts::Conflict>,
+) {
+    let is_ours = |r: &ObjectRef<ResourceClaim>| {
+        ctx.claims
+            .get(r)
+            .is_some_and(|claim| annotated_node(&claim).is_some())
+    };
+    let mut facts = Facts::new();
+    let mut idle: BTreeMap<String, IdleGpus> = BTreeMap::new();
+    let mut conflicts = Vec::new();
+    for (&node, published) in devices {
+        let Some((policy, record)) = policies.get(node) else {
+            continue;
+        };
+        for device in published {
+            let (ours, others) = capacity.holder_kinds(node, device.name, is_ours);
+            if conflicts::is_conflict(&capacity.index().gpu_usage(node, device.name)) {
+                conflicts.push(conflicts::Conflict {
+                    node: node.to_owned(),
+                    device: device.name.to_owned(),
+                    holders: capacity.holders(node, device.name, ""),
+                });
+            }
+            let fact = DeviceFacts {
+                mig: device.mig,
+                published: device.owner,
+                recorded: record.owner(device.name),
+                held_by_controller: ours,
+                held_by_scheduler: others,
+                demanded: false,
+            };
+            if !ours && !others && !device.mig {
+                let lists = idle.entry(node.to_owned()).or_default();
+                match (policy, book.wanted(node, device.name)) {
+                    (NodePolicy::Fixed(Owner::Controller), _) => {}
+                    (NodePolicy::Fixed(Owner::Scheduler), _) | (_, Some(Owner::Scheduler)) => {
+                        lists.scheduler.push(device.name.to_owned());
+                    }
+                    _ => lists.controller.push(device.name.to_owned()),
+                }
+            }
+            facts.insert((node, device.name), fact);
+        }
+    }
+    (facts, idle, conflicts)
+}
+
+/// Sets `kerf_controller_ownership_devices` from the book.
+fn count_owners(ctx: &ClaimsContext, book: &OwnershipBook, facts: &Facts<'_>) {
     let (mut scheduler, mut controller, mut settling) = (0, 0, 0);
-    for (node, device) in facts.keys() {
+    for &(node, device) in facts.keys() {
         match (book.wanted(node, device), book.usable(node, device)) {
             (Some(Owner::Scheduler), _) => scheduler += 1,
             (Some(Owner::Controller), true) => controller += 1,
@@ -252,11 +356,6 @@ fn advance(
     ctx.base
         .metrics
         .set_ownership_devices(scheduler, controller, settling);
-    for node in devices.keys().filter(|n| policies.contains_key(*n)) {
-        outcome.records.insert(node.clone(), book.record(node));
-    }
-    outcome.publications = publications(ctx, devices, policies, book, &facts);
-    outcome
 }
 
 /// Per node, the GPUs to publish as shareable ([`crate::shared`]): only GPUs the scheduler
@@ -264,10 +363,10 @@ fn advance(
 /// places on. Nothing is shared without DRAConsumableCapacity.
 fn publications(
     ctx: &ClaimsContext,
-    devices: &BTreeMap<String, Vec<Published>>,
-    policies: &BTreeMap<String, (NodePolicy, Record)>,
+    devices: &BTreeMap<&str, Vec<Published>>,
+    policies: &BTreeMap<&str, (NodePolicy, Record)>,
     book: &OwnershipBook,
-    facts: &BTreeMap<(String, String), DeviceFacts>,
+    facts: &Facts<'_>,
 ) -> BTreeMap<String, SharedPublication> {
     let sliced = if ctx.base.api_support.consumable_capacity.is_served() {
         crate::shared::sliced_classes(&ctx.base.caches.device_classes.state(), ctx.driver())
@@ -275,18 +374,18 @@ fn publications(
         Vec::new()
     };
     let mut out = BTreeMap::new();
-    for (node, published) in devices.iter().filter(|(n, _)| policies.contains_key(*n)) {
+    for (&node, published) in devices.iter().filter(|(n, _)| policies.contains_key(*n)) {
         let gpus = published
             .iter()
-            .filter(|d| book.wanted(node, &d.name) == Some(Owner::Scheduler))
+            .filter(|d| book.wanted(node, d.name) == Some(Owner::Scheduler))
             .filter(|d| {
                 facts
-                    .get(&(node.clone(), d.name.clone()))
+                    .get(&(node, d.name))
                     .is_some_and(|f| !f.held_by_controller)
             })
-            .map(|d| &d.device);
+            .map(|d| d.device);
         out.insert(
-            node.clone(),
+            node.to_owned(),
             crate::shared::node_publication(gpus, ctx.driver(), &sliced),
         );
     }
@@ -351,30 +450,36 @@ async fn warn_intruders(
 
 /// Writes each node's record and shared publication where the Node's annotations differ, both
 /// in one patch: the plugin then never sees a GPU shared that the record gives the controller.
+/// True when a node's write is left for later (in back-off, or failed): the pass that writes it
+/// must come without an input change.
 async fn write_records(
     ctx: &ClaimsContext,
     outcome: &Outcome,
-    policies: &BTreeMap<String, (NodePolicy, Record)>,
-) {
+    policies: &BTreeMap<&str, (NodePolicy, Record)>,
+) -> bool {
     let api: Api<Node> = Api::all(ctx.base.client.clone());
     let params = PatchParams {
         field_manager: Some(ctx.base.config.field_manager.clone()),
         ..PatchParams::default()
     };
     let empty = SharedPublication::default();
+    let mut later = false;
     for (node, record) in &outcome.records {
         let publication = outcome.publications.get(node).unwrap_or(&empty);
         let record_same = policies
-            .get(node)
+            .get(node.as_str())
             .is_some_and(|(_, current)| current == record);
         let publication_same = current_publication(ctx, node).as_ref() == Some(publication);
         let backoff_key = node_write_key(node);
-        if (record_same && publication_same)
-            || ctx
-                .base
-                .backoff
-                .backing_off(&ctx.base.config.backoff, &backoff_key)
+        if record_same && publication_same {
+            continue;
+        }
+        if ctx
+            .base
+            .backoff
+            .backing_off(&ctx.base.config.backoff, &backoff_key)
         {
+            later = true;
             continue;
         }
         let mut annotations = serde_json::Map::new();
@@ -403,9 +508,13 @@ async fn write_records(
                 tracing::debug!(%node, "node deleted before its ownership record was written");
             }
             // Backed off per node, and told on the Node when refused or persistent.
-            Err(error) => node_write_failed(ctx, node, &error).await,
+            Err(error) => {
+                later = true;
+                node_write_failed(ctx, node, &error).await;
+            }
         }
     }
+    later
 }
 
 /// The node's shared publication as cached; `None` when the node is unknown or its annotation

@@ -184,3 +184,51 @@ fn devices_held_at_start_up_keep_their_holder_as_owner() {
     tick(&mut book, &scheduler_held, t0);
     assert_eq!(book.record("n").owner("gpu-0"), Some(Owner::Scheduler));
 }
+
+#[test]
+fn the_next_due_moment_is_the_settle_fence_then_the_linger_and_never_one_already_past() {
+    let mut book = OwnershipBook::default();
+    let t0 = Instant::now();
+    let published = idle(Some(Owner::Controller));
+    tick(&mut book, &idle(None), t0);
+    assert_eq!(
+        book.next_due(timing(), t0),
+        None,
+        "waiting for the republished slice is waiting for an input, not for time"
+    );
+    tick(&mut book, &published, t0);
+    assert_eq!(book.next_due(timing(), t0), Some(t0 + SETTLE));
+    assert_eq!(
+        tick(&mut book, &published, t0 + SETTLE),
+        Some(Change::Usable)
+    );
+    assert_eq!(
+        book.next_due(timing(), t0 + SETTLE),
+        None,
+        "a usable device moves only on an input"
+    );
+    let demanded = DeviceFacts {
+        demanded: true,
+        ..published.clone()
+    };
+    let lent_at = t0 + SETTLE * 2;
+    tick(&mut book, &demanded, lent_at);
+    assert_eq!(book.next_due(timing(), lent_at), Some(t0 + LINGER));
+    assert_eq!(
+        tick(&mut book, &published, t0 + LINGER),
+        Some(Change::Moved {
+            to: Owner::Controller
+        }),
+        "the linger counts from when the device went idle"
+    );
+    assert_eq!(
+        book.next_due(timing(), t0 + LINGER),
+        Some(t0 + LINGER + SETTLE)
+    );
+    tick(&mut book, &demanded, t0 + LINGER);
+    assert_eq!(
+        book.next_due(timing(), t0 + LINGER * 2),
+        None,
+        "a linger already past while demand keeps the device is not due again"
+    );
+}
