@@ -293,6 +293,7 @@ async fn its_allocation_is_invisible_until_prebind() {
         DRIVER,
         StandInConfig {
             prebind_delay_cycles: 2,
+            ..StandInConfig::default()
         },
     );
     let mut rng = SeededRng::new(7);
@@ -354,6 +355,7 @@ async fn race(fake: &FakeApi, seed: u64, steps: usize) -> Vec<String> {
         DRIVER,
         StandInConfig {
             prebind_delay_cycles: 3,
+            ..StandInConfig::default()
         },
     );
     let mut rng = SeededRng::new(seed);

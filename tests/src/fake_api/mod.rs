@@ -66,6 +66,7 @@ mod patch;
 mod pod_deletion;
 mod raw_json;
 mod rbac;
+mod request_counts;
 mod routing;
 mod selectors;
 mod store;
@@ -80,6 +81,7 @@ mod watch;
 pub use faults::describe_requests;
 pub use fixtures::StoreView;
 pub use identity::{Identity, KERF_NAMESPACE, NODE_NAME_EXTRA};
+pub use request_counts::{RequestCounts, RequestKind};
 pub use rbac::{Attributes, Check, Grant, KERF_RBAC_MANIFESTS, Policy, RbacError, RuleSource};
 
 use std::collections::{BTreeMap, HashMap, HashSet};

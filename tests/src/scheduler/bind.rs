@@ -55,6 +55,7 @@ impl SchedulerStandIn {
                 });
                 let api: Api<ResourceClaim> =
                     Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+                self.throttled().await;
                 return match api
                     .replace_status(&claim.name_any(), &PostParams::default(), &cleared)
                     .await
@@ -126,10 +127,57 @@ impl SchedulerStandIn {
                 reason,
             };
         }
+        if self.config.scheduled_events {
+            self.scheduled_event(&reservation.pod, &node).await;
+        }
         BindOutcome::Bound {
             pod: pod_name,
             node,
         }
+    }
+
+    /// Waits for the client's rate limit ([`super::StandInConfig::client_rate_limit`]), as
+    /// every request of kube-scheduler's clientset waits on client-go's token bucket
+    /// (`rest.Config.QPS`/`Burst` from `clientConnection`). The GET that [`Self::bind_pod`]
+    /// makes first is not throttled: it stands in for the checks the `pods/binding`
+    /// subresource makes on the server, not for a request of kube-scheduler's.
+    async fn throttled(&self) {
+        if let Some(bucket) = &self.throttle {
+            bucket.wait().await;
+        }
+    }
+
+    /// kube-scheduler's `Scheduled` Event on a bound pod (kubernetes/kubernetes
+    /// `pkg/scheduler/schedule_one.go`, `finishBinding`: `Eventf(assumed, nil, Normal,
+    /// "Scheduled", "Binding", "Successfully assigned %v/%v to %v")`), an `events.k8s.io/v1`
+    /// Event named as client-go's `tools/events` recorder names it (`<pod>.<nanoseconds in
+    /// hex>`). Upstream's recorder sends it from the broadcaster's own goroutine, off the
+    /// binding path and not through the binding client's token bucket; here it is written
+    /// after binding, unthrottled. A failure is ignored, as the broadcaster only logs it.
+    async fn scheduled_event(&self, pod: &Pod, node: &str) {
+        let namespace = pod.namespace().unwrap_or_default();
+        let now = Timestamp::now();
+        let event = json!({
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {"name": format!("{}.{:x}", pod.name_any(), now.as_nanosecond()),
+                         "namespace": namespace},
+            "eventTime": now.to_string(),
+            "reportingController": "default-scheduler",
+            "reportingInstance": "default-scheduler-stand-in",
+            "action": "Binding",
+            "reason": "Scheduled",
+            "type": "Normal",
+            "note": format!("Successfully assigned {namespace}/{} to {node}", pod.name_any()),
+            "regarding": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace,
+                          "name": pod.name_any(), "uid": pod.uid().unwrap_or_default()},
+        });
+        let Ok(event) = serde_json::from_value::<k8s_openapi::api::events::v1::Event>(event) else {
+            return;
+        };
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(self.client.clone(), &namespace);
+        let _ = api.create(&PostParams::default(), &event).await;
     }
 
     async fn bind_claim(
@@ -147,6 +195,7 @@ impl SchedulerStandIn {
         let mut last_error = String::new();
         for attempt in 0..BIND_RETRIES {
             if attempt > 0 {
+                self.throttled().await;
                 claim = api
                     .get(&name)
                     .await
@@ -167,6 +216,7 @@ impl SchedulerStandIn {
                         .finalizers
                         .get_or_insert_with(Vec::new)
                         .push(BUILTIN_FINALIZER.to_owned());
+                    self.throttled().await;
                     match api.replace(&name, &PostParams::default(), &claim).await {
                         Ok(updated) => claim = updated,
                         Err(e) if is_conflict(&e) => {
@@ -203,6 +253,7 @@ impl SchedulerStandIn {
             } else {
                 "add reservation to"
             };
+            self.throttled().await;
             match api
                 .replace_status(&name, &PostParams::default(), &claim)
                 .await
@@ -236,6 +287,7 @@ impl SchedulerStandIn {
                 pod_key(pod)
             ));
         }
+        self.throttled().await;
         api.patch(
             &name,
             &PatchParams::default(),
@@ -258,6 +310,7 @@ impl SchedulerStandIn {
                 self.client.clone(),
                 &reserved.claim.namespace().unwrap_or_default(),
             );
+            self.throttled().await;
             let Ok(mut claim) = api.get(&reserved.claim.name_any()).await else {
                 continue;
             };
@@ -268,6 +321,7 @@ impl SchedulerStandIn {
             if let Some(entries) = claim.status.as_mut().and_then(|s| s.reserved_for.as_mut()) {
                 entries.retain(|c| Some(&c.uid) != uid.as_ref());
             }
+            self.throttled().await;
             let _ = api
                 .replace_status(&claim.name_any(), &PostParams::default(), &claim)
                 .await;

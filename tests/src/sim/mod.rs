@@ -61,8 +61,16 @@ pub const DRIVER: &str = "gpu.kerf.dev";
 /// The namespace of the sim's pods and claims.
 pub const NAMESPACE: &str = "default";
 /// How long [`Sim::start`] waits for DeviceClasses and ResourceSlices (both take a few
-/// milliseconds when kerf-controller and the publishers work).
+/// milliseconds when kerf-controller and the publishers work), plus [`READY_PER_NODE`] for
+/// each node: 500 publishers start one after the other on two shared cores.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// See [`READY_TIMEOUT`].
+const READY_PER_NODE: Duration = Duration::from_millis(40);
+/// The user the stand-in talks as. On a cluster kube-scheduler authenticates as
+/// `system:kube-scheduler` and RBAC's bootstrap role of that name authorizes it; FakeApi
+/// loads only kerf's RBAC, so the user is also in `system:masters`. Its own name lets request
+/// counts ([`crate::fake_api::RequestCounts`]) tell the scheduler's requests from the user's.
+pub const SCHEDULER_USER: &str = "system:kube-scheduler";
 
 /// What went wrong setting up or driving the sim.
 #[derive(Debug, thiserror::Error)]
@@ -208,7 +216,7 @@ impl Sim {
     ///
     /// # Errors
     /// [`SimError::Setup`] for a bad node spec or manifest, or when the cluster is not ready
-    /// within 20 s.
+    /// within 10 s and 40 ms per node.
     pub async fn start(config: SimConfig) -> Result<Sim, SimError> {
         let fake = FakeApi::new();
         let client = fake.client();
@@ -233,9 +241,13 @@ impl Sim {
         tasks.push(spawn_controller(&controller, &config, shutdown.clone()));
         let pods = PodWatch::default();
         tasks.push(spawn_pod_watch(&client, pods.clone(), shutdown.clone()));
-        let stand_in =
-            SchedulerStandIn::with_config(client.clone(), DRIVER, config.stand_in.clone())
-                .reading(SnapshotSource::store(fake.clone()));
+        let scheduler = fake.client_as(Identity {
+            username: SCHEDULER_USER.to_owned(),
+            groups: Identity::admin().groups,
+            extra: std::collections::BTreeMap::new(),
+        });
+        let stand_in = SchedulerStandIn::with_config(scheduler, DRIVER, config.stand_in.clone())
+            .reading(SnapshotSource::store(fake.clone()));
         let sim = Sim {
             checker: check::Checker::new(DRIVER, &devices),
             monitor,
@@ -256,7 +268,9 @@ impl Sim {
     }
 
     async fn wait_ready(&self, classes: usize) -> Result<(), SimError> {
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let nodes = u32::try_from(self.config.nodes.len()).unwrap_or(u32::MAX);
+        let timeout = READY_TIMEOUT + READY_PER_NODE.saturating_mul(nodes);
+        let deadline = Instant::now() + timeout;
         loop {
             let have_classes = self.fake.list_resources::<DeviceClass>(None).len();
             let slices = self.fake.list_resources::<ResourceSlice>(None);
@@ -275,7 +289,7 @@ impl Sim {
             }
             if Instant::now() > deadline {
                 return Err(SimError::Setup(format!(
-                    "not ready after {READY_TIMEOUT:?}: kerf-controller made {have_classes} of the {classes} DeviceClasses of kerf's GpuClasses, {published} of {} nodes published their slices",
+                    "not ready after {timeout:?}: kerf-controller made {have_classes} of the {classes} DeviceClasses of kerf's GpuClasses, {published} of {} nodes published their slices",
                     self.config.nodes.len()
                 )));
             }
