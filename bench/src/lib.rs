@@ -28,6 +28,11 @@
 //! - `packing`: BinPack, Spread and a kube-scheduler-like first-fit until the first claim
 //!   that does not fit.
 //! - `footprint`: resident memory of the plugin and of the controller's index.
+//! - `controller-footprint`: the real `kerf-controller` binary (two replicas with leader
+//!   election, webhook on) against the in-memory API server over HTTP at 500 nodes: CPU per
+//!   pod through a burst of 1,000 Controller-class pods, then idle CPU and resident memory
+//!   ([`controller_footprint`]). It needs the `kerf-controller` binary: by default the one
+//!   next to the running executable ([`BenchOptions::controller_binary`]).
 //! - `scheduling`: pods/s through the kube-scheduler stand-in on a simulated cluster,
 //!   Controller-class pods (gated, allocated by kerf-controller, bound by the stand-in)
 //!   against Scheduler-class pods the stand-in allocates itself.
@@ -45,6 +50,7 @@
 //! names another program instead (e.g. `kerf-fake-gpu-tools`).
 
 pub mod alloc;
+pub mod controller_footprint;
 pub mod error;
 pub mod firstfit;
 pub mod floor;
@@ -69,7 +75,7 @@ pub use prepare::SpecLayout;
 pub use summary::{Summary, Target};
 
 /// The benchmarks, in the order `all` runs them.
-pub const NAMES: [&str; 8] = [
+pub const NAMES: [&str; 9] = [
     "prepare",
     "prepare-real",
     "prepare-parallel",
@@ -77,6 +83,7 @@ pub const NAMES: [&str; 8] = [
     "allocate",
     "packing",
     "footprint",
+    "controller-footprint",
     "scheduling",
 ];
 
@@ -115,6 +122,26 @@ pub struct BenchOptions {
     pub scheduling_nodes: usize,
     /// Pods per phase and round of `scheduling` (default 64; at most 8 per node).
     pub scheduling_pods: usize,
+    /// Nodes of 8 mock H100 for `controller-footprint` (default 500).
+    pub controller_nodes: usize,
+    /// Pods of `controller-footprint`, one Controller-class slice claim each (default 1,000;
+    /// at most 64 per node).
+    pub controller_claims: usize,
+    /// kerf-controller replicas of `controller-footprint` (default 2).
+    pub controller_replicas: usize,
+    /// Quiet time after the last binding before the idle window (default 10 s).
+    pub controller_settle: Duration,
+    /// The idle window of `controller-footprint` (default 30 s).
+    pub controller_idle_window: Duration,
+    /// The kerf-controller binary; `None`: the `kerf-controller` next to the running
+    /// executable ([`controller_footprint::default_binary`]).
+    pub controller_binary: Option<PathBuf>,
+    /// Flags appended to every kerf-controller replica's command line (e.g.
+    /// `--ownership-settle-period=1s`); none by default: production timing.
+    pub controller_args: Vec<OsString>,
+    /// When set, `perf record -F 499 -g --call-graph dwarf` is attached to the leader for the
+    /// burst and for the idle window, writing `<this>.burst` and `<this>.idle`.
+    pub controller_perf: Option<PathBuf>,
     /// How to start this program again so that it reaches [`run`] with a given name; `None`
     /// measures the footprint in this process.
     pub reexec: Option<Reexec>,
@@ -146,6 +173,14 @@ impl Default for BenchOptions {
             footprint_claims: 10_000,
             scheduling_nodes: 8,
             scheduling_pods: 64,
+            controller_nodes: 500,
+            controller_claims: 1_000,
+            controller_replicas: 2,
+            controller_settle: Duration::from_secs(10),
+            controller_idle_window: Duration::from_secs(30),
+            controller_binary: None,
+            controller_args: Vec::new(),
+            controller_perf: None,
             reexec: None,
         }
     }
@@ -164,6 +199,9 @@ impl BenchOptions {
             ("footprint_claims", self.footprint_claims),
             ("scheduling_nodes", self.scheduling_nodes),
             ("scheduling_pods", self.scheduling_pods),
+            ("controller_nodes", self.controller_nodes),
+            ("controller_claims", self.controller_claims),
+            ("controller_replicas", self.controller_replicas),
         ];
         if let Some((option, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(Error::InvalidOption {
@@ -180,7 +218,53 @@ impl BenchOptions {
                 ),
             });
         }
+        // 10Gi slices of 80 GB H100s: 8 per GPU, 64 per node.
+        if self.controller_claims > 64 * self.controller_nodes {
+            return Err(Error::InvalidOption {
+                option: "controller_claims",
+                reason: format!(
+                    "{} 10Gi slices do not fit {} nodes of 8 H100",
+                    self.controller_claims, self.controller_nodes
+                ),
+            });
+        }
+        if self.controller_idle_window.is_zero() {
+            return Err(Error::InvalidOption {
+                option: "controller_idle_window",
+                reason: "must be positive".into(),
+            });
+        }
         Ok(())
+    }
+
+    /// The configuration of `controller-footprint`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOption`] when no binary is named and the running executable's
+    /// directory is unknown.
+    pub fn controller_footprint(&self) -> Result<controller_footprint::FootprintConfig> {
+        let binary = self
+            .controller_binary
+            .clone()
+            .or_else(controller_footprint::default_binary)
+            .ok_or_else(|| Error::InvalidOption {
+                option: "controller_binary",
+                reason:
+                    "the running executable's directory is unknown; name the kerf-controller binary"
+                        .into(),
+            })?;
+        Ok(controller_footprint::FootprintConfig {
+            binary,
+            dir: self.work_dir.join("controller-footprint"),
+            nodes: self.controller_nodes,
+            claims: self.controller_claims,
+            replicas: self.controller_replicas,
+            settle: self.controller_settle,
+            idle_window: self.controller_idle_window,
+            extra_args: self.controller_args.clone(),
+            perf: self.controller_perf.clone(),
+            seed: self.seed,
+        })
     }
 }
 
@@ -237,6 +321,9 @@ pub fn run_each(
             "allocate" => alloc::allocate(options)?,
             "packing" => alloc::packing(options)?,
             "footprint" => footprint::footprint(options, &runtime)?,
+            "controller-footprint" => runtime.block_on(
+                controller_footprint::controller_footprint(&options.controller_footprint()?),
+            )?,
             "scheduling" => runtime.block_on(scheduling::scheduling(options))?,
             footprint::PLUGIN_CHILD => return footprint::plugin_child(&runtime),
             footprint::INDEX_CHILD => return footprint::index_child(options),

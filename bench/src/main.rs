@@ -3,7 +3,9 @@
 //! Options are `--key value` for the fields of [`kerf_bench::BenchOptions`]
 //! (`--work-dir`, `--prepare-claims`, `--prepare-real-claims`, `--api-latency-us`, `--parallel-claims`, `--parallel-rounds`, `--nodes`,
 //! `--allocate-claims`, `--seed`, `--footprint-cycles`, `--footprint-claims`,
-//! `--scheduling-nodes`, `--scheduling-pods`).
+//! `--scheduling-nodes`, `--scheduling-pods`, `--controller-nodes`, `--controller-claims`,
+//! `--controller-replicas`, `--controller-settle` and `--controller-idle-window` in seconds,
+//! `--controller-binary`, `--controller-arg` (repeated), `--controller-perf`).
 //!
 //! Multi-call: run as `nvidia-smi` or `nvidia-cuda-mps-control` (argv\[0\]), it is the fake
 //! tool of `kerf-fake-gpu-tools`, which `prepare` links to it for its MPS cases.
@@ -34,7 +36,7 @@ fn main() -> ExitCode {
         Err(message) => {
             eprintln!("kerf-bench: {message}");
             eprintln!(
-                "usage: kerf-bench NAME|all [--work-dir DIR] [--prepare-claims N] [--prepare-real-claims N] [--api-latency-us N] [--parallel-claims N] [--parallel-rounds N] [--nodes N] [--allocate-claims N] [--seed N] [--footprint-cycles N] [--footprint-claims N] [--scheduling-nodes N] [--scheduling-pods N]"
+                "usage: kerf-bench NAME|all [--work-dir DIR] [--prepare-claims N] [--prepare-real-claims N] [--api-latency-us N] [--parallel-claims N] [--parallel-rounds N] [--nodes N] [--allocate-claims N] [--seed N] [--footprint-cycles N] [--footprint-claims N] [--scheduling-nodes N] [--scheduling-pods N] [--controller-nodes N] [--controller-claims N] [--controller-replicas N] [--controller-settle SECONDS] [--controller-idle-window SECONDS] [--controller-binary PATH] [--controller-arg FLAG]... [--controller-perf PREFIX]"
             );
             eprintln!("names: {}", kerf_bench::NAMES.join(", "));
             ExitCode::from(2)
@@ -86,8 +88,20 @@ fn parse(args: &[String]) -> Result<(String, BenchOptions), String> {
             "footprint-claims" => options.footprint_claims = number()?,
             "scheduling-nodes" => options.scheduling_nodes = number()?,
             "scheduling-pods" => options.scheduling_pods = number()?,
+            "controller-nodes" => options.controller_nodes = number()?,
+            "controller-claims" => options.controller_claims = number()?,
+            "controller-replicas" => options.controller_replicas = number()?,
+            "controller-settle" => options.controller_settle = seconds(number()?),
+            "controller-idle-window" => options.controller_idle_window = seconds(number()?),
+            "controller-binary" => options.controller_binary = Some(value.into()),
+            "controller-arg" => options.controller_args.push(value.into()),
+            "controller-perf" => options.controller_perf = Some(value.into()),
             other => return Err(format!("unknown option --{other}")),
         }
     }
     Ok((name.ok_or("no benchmark name")?, options))
+}
+
+fn seconds(n: usize) -> Duration {
+    Duration::from_secs(u64::try_from(n).unwrap_or(u64::MAX))
 }

@@ -39,7 +39,7 @@ enum Command {
     /// plugin's socket, print what each claim got, and clean up.
     Demo(DemoArgs),
     /// Run kerf's benchmarks (build with --release): prepare, prepare-real, prepare-parallel(-node), allocate,
-    /// packing, footprint, scheduling, or all. Each prints its figures and one `bench NAME key=value …` line.
+    /// packing, footprint, controller-footprint, scheduling, or all. Each prints its figures and one `bench NAME key=value …` line.
     Bench(BenchArgs),
     /// Show every kerf GPU of the cluster per node, from kerf's ResourceSlices and the claims
     /// allocated on them: owner, product, memory and compute used, health, claims (pod, size,
@@ -86,7 +86,7 @@ enum StatusOutput {
 #[derive(Debug, clap::Args)]
 struct BenchArgs {
     /// Benchmark to run: prepare, prepare-real, prepare-parallel, prepare-parallel-node,
-    /// allocate, packing, footprint, scheduling or all.
+    /// allocate, packing, footprint, controller-footprint, scheduling or all.
     name: String,
     /// Directory for the plugin's files and sockets in the prepare benchmarks; must be on a
     /// disk, not tmpfs, and short enough for Unix socket paths.
@@ -134,6 +134,43 @@ struct BenchArgs {
     /// Pods per phase and round of `scheduling` (at most 8 per node).
     #[arg(long, env = "KERF_BENCH_SCHEDULING_PODS", default_value_t = 64)]
     scheduling_pods: usize,
+    /// Nodes of 8 mock H100 for `controller-footprint`, pinned to the controller.
+    #[arg(long, env = "KERF_BENCH_CONTROLLER_NODES", default_value_t = 500)]
+    controller_nodes: usize,
+    /// Pods of `controller-footprint`, one Controller-class slice claim each (at most 64 per
+    /// node), created at once.
+    #[arg(long, env = "KERF_BENCH_CONTROLLER_CLAIMS", default_value_t = 1_000)]
+    controller_claims: usize,
+    /// kerf-controller replicas of `controller-footprint` (leader election on; the first
+    /// leads, the others stand by).
+    #[arg(long, env = "KERF_BENCH_CONTROLLER_REPLICAS", default_value_t = 2)]
+    controller_replicas: usize,
+    /// Seconds of quiet after the last pod is bound before `controller-footprint`'s idle
+    /// window.
+    #[arg(long, env = "KERF_BENCH_CONTROLLER_SETTLE", default_value_t = 10)]
+    controller_settle: u64,
+    /// Seconds over which `controller-footprint` measures idle CPU.
+    #[arg(long, env = "KERF_BENCH_CONTROLLER_IDLE_WINDOW", default_value_t = 30)]
+    controller_idle_window: u64,
+    /// The kerf-controller binary `controller-footprint` runs [default: the kerf-controller
+    /// next to this executable, e.g. target/release/kerf-controller].
+    #[arg(long, env = "KERF_CONTROLLER_BINARY")]
+    controller_binary: Option<PathBuf>,
+    /// A flag appended to every kerf-controller replica's command line (repeat it; e.g.
+    /// --controller-arg=--ownership-settle-period=1s). None by default: production timing.
+    #[arg(
+        long = "controller-arg",
+        env = "KERF_BENCH_CONTROLLER_ARGS",
+        value_delimiter = ' ',
+        allow_hyphen_values = true
+    )]
+    controller_args: Vec<OsString>,
+    /// Profile the leader: attach `perf record -F 499 -g --call-graph dwarf -p <pid>` for the
+    /// burst and, separately, for the idle window, writing PREFIX.burst and PREFIX.idle (read
+    /// them with `perf report -i PREFIX.burst`). The replicas' pids and logs are printed
+    /// with the figures.
+    #[arg(long, env = "KERF_BENCH_CONTROLLER_PERF", value_name = "PREFIX")]
+    controller_perf: Option<PathBuf>,
 }
 
 impl BenchArgs {
@@ -183,6 +220,14 @@ impl BenchArgs {
             footprint_claims: self.footprint_claims,
             scheduling_nodes: self.scheduling_nodes,
             scheduling_pods: self.scheduling_pods,
+            controller_nodes: self.controller_nodes,
+            controller_claims: self.controller_claims,
+            controller_replicas: self.controller_replicas,
+            controller_settle: std::time::Duration::from_secs(self.controller_settle),
+            controller_idle_window: std::time::Duration::from_secs(self.controller_idle_window),
+            controller_binary: self.controller_binary.clone(),
+            controller_args: self.controller_args.clone(),
+            controller_perf: self.controller_perf.clone(),
             reexec,
         }
     }

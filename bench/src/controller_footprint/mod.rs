@@ -1,0 +1,402 @@
+//! `controller-footprint`: the real `kerf-controller` binary, as processes, against the
+//! in-memory API server over HTTP at cluster size, measured from outside through `/proc`.
+//!
+//! 1. The cluster ([`cluster`]): kerf's GpuClasses and webhook configurations, `nodes` Ready
+//!    nodes of 8 mock H100 pinned to the controller (`gpu.kerf.dev/allocator=controller`), each
+//!    with a copy of the ResourceSlice the real publisher wrote for the first node.
+//! 2. The replicas ([`replica`]): `replicas` kerf-controller processes with a kubeconfig for
+//!    kerf-controller's ServiceAccount (so RBAC is what `deploy/` grants), leader election on
+//!    (the first replica is started alone and takes the Lease, the others start once it holds
+//!    it: the fake's server-side apply has no field-manager conflicts, which kube-lease-manager
+//!    relies on when two replicas race for a free Lease), the webhook on (every replica
+//!    serves it), production timing unless `extra_args` say otherwise.
+//! 3. A warm-up pod, bound once the leader has passed its ownership fence (its settle period
+//!    after first seeing the slices): the time to it is reported as `ready_s`.
+//! 4. The burst ([`burst`]): `claims` Controller-class slice claims, then as many pods, each
+//!    created through kerf's webhooks over HTTPS ([`admission`]); the kube-scheduler
+//!    stand-in reserves and binds each pod once the controller has allocated its claim and
+//!    removed its gate. Measured: first pod created to last pod bound, and every replica's CPU
+//!    from the first claim created to the last pod bound.
+//! 5. Quiet: `settle` with nothing happening, then the idle window: each replica's CPU over it
+//!    (as % of one core), RSS (`VmRSS`) and peak RSS (`VmHWM`) at its end, and the requests
+//!    the replicas sent to the API server meanwhile.
+//!
+//! With `perf` set, `perf record -F 499 -g --call-graph dwarf` is attached to the leader for
+//! the burst (`<perf>.burst`) and for the idle window (`<perf>.idle`).
+
+mod admission;
+mod burst;
+mod cluster;
+mod replica;
+
+pub use replica::default_binary;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use kerf_tests::api_server::ApiServer;
+use kerf_tests::fake_api::{FakeApi, Identity};
+
+use crate::stats::{Samples, mib, ms};
+use crate::summary::Summary;
+use crate::{Error, Result};
+use admission::{Admitter, CLAIM_CONFIGURATION, POD_CONFIGURATION};
+use replica::{PerfRecord, Replica, Sample};
+
+/// How long the first replica may take to hold the Lease, and the webhooks to publish their
+/// CAs.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the warm-up pod may take (the leader's ownership fence is 10 s by default).
+const WARM_UP_TIMEOUT: Duration = Duration::from_secs(120);
+/// The Lease of the leader election (kerf-controller's defaults).
+const LEASE_PATH: &str =
+    "/apis/coordination.k8s.io/v1/namespaces/kerf-system/leases/kerf-controller";
+/// Idle CPU target, percent of one core (issue 29).
+const IDLE_CPU_TARGET_PCT: f64 = 1.0;
+/// Leader RSS target, MiB (issue 29).
+const RSS_TARGET_MIB: f64 = 64.0;
+
+/// What `controller-footprint` runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FootprintConfig {
+    /// The kerf-controller binary.
+    pub binary: PathBuf,
+    /// Where the replicas' logs and kubeconfigs go.
+    pub dir: PathBuf,
+    /// Nodes of 8 mock H100.
+    pub nodes: usize,
+    /// Pods, one slice claim each.
+    pub claims: usize,
+    /// Replicas (leader election on).
+    pub replicas: usize,
+    /// Quiet time after the last binding before the idle window.
+    pub settle: Duration,
+    /// The idle window.
+    pub idle_window: Duration,
+    /// Flags appended to every replica's command line.
+    pub extra_args: Vec<OsString>,
+    /// Prefix of `perf record` output files; `None`: no recording.
+    pub perf: Option<PathBuf>,
+    /// Seed of the stand-in's choices.
+    pub seed: u64,
+}
+
+/// One replica's figures.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    burst_cpu: Duration,
+    idle_cpu: Duration,
+    end: Sample,
+}
+
+/// The `controller-footprint` benchmark.
+///
+/// # Errors
+/// The binary is missing, a replica exits or does not start in time, or the load fails.
+pub async fn controller_footprint(config: &FootprintConfig) -> Result<Summary> {
+    std::fs::create_dir_all(&config.dir).map_err(|e| Error::io("create", &config.dir, e))?;
+    let fake = FakeApi::new();
+    let server = ApiServer::start(fake.clone())
+        .await
+        .map_err(|e| Error::io("start", "the in-memory API server", e))?;
+    cluster::install(&fake, config.nodes).await?;
+    let mut replicas = Vec::with_capacity(config.replicas);
+    let result = measure(config, &fake, &server, &mut replicas).await;
+    for replica in replicas {
+        replica.stop().await;
+    }
+    result
+}
+
+async fn measure(
+    config: &FootprintConfig,
+    fake: &FakeApi,
+    server: &ApiServer,
+    replicas: &mut Vec<Replica>,
+) -> Result<Summary> {
+    let started = Instant::now();
+    for index in 0..config.replicas {
+        replicas.push(Replica::start(
+            &config.binary,
+            server,
+            &config.dir,
+            index,
+            &config.extra_args,
+        )?);
+        let started = &replicas[index];
+        eprintln!(
+            "controller-footprint: {} runs as pid {} (log {})",
+            started.identity,
+            started.pid(),
+            started.log.display()
+        );
+        if index == 0 {
+            let first = replicas[0].identity.clone();
+            wait(replicas, "the first replica to hold the Lease", || {
+                holder(fake).as_deref() == Some(first.as_str())
+            })
+            .await?;
+        }
+    }
+    wait(
+        replicas,
+        "every replica's CA in both webhook configurations",
+        || {
+            [POD_CONFIGURATION, CLAIM_CONFIGURATION].iter().all(|name| {
+                admission::bundles(fake, name).is_some_and(|bundles| {
+                    bundles
+                        .iter()
+                        .all(|pem| admission::certificates(pem) >= config.replicas)
+                })
+            })
+        },
+    )
+    .await?;
+    let bundle = admission::bundles(fake, POD_CONFIGURATION)
+        .unwrap_or_default()
+        .concat();
+    let admitter = Admitter::new(&bundle, replicas.iter().map(|r| r.webhook_port).collect())?;
+    let mut warm_up = burst::Load::new(fake, admitter.clone(), burst::plans("warmup", 1), 0);
+    warm_up.run(config.replicas, WARM_UP_TIMEOUT).await?;
+    let ready = started.elapsed();
+
+    let leader = 0;
+    let before = sample_all(replicas)?;
+    let requests_before = controller_requests(fake);
+    let perf = start_perf(config, replicas[leader].pid(), "burst")?;
+    let mut load = burst::Load::new(
+        fake,
+        admitter,
+        burst::plans("burst", config.claims),
+        config.seed,
+    );
+    let burst_timeout = Duration::from_secs(60) + Duration::from_millis(100) * count(config.claims);
+    let timeline = load.run(config.replicas, burst_timeout).await?;
+    let after_burst = sample_all(replicas)?;
+    let burst_requests = controller_requests(fake) - requests_before;
+    let burst_perf = stop_perf(perf).await;
+
+    tokio::time::sleep(config.settle).await;
+    let perf = start_perf(config, replicas[leader].pid(), "idle")?;
+    let idle_start = sample_all(replicas)?;
+    let requests_idle_start = controller_requests(fake);
+    let idle_started = Instant::now();
+    tokio::time::sleep(config.idle_window).await;
+    let idle_end = sample_all(replicas)?;
+    let idle_elapsed = idle_started.elapsed();
+    let idle_requests = controller_requests(fake) - requests_idle_start;
+    let idle_perf = stop_perf(perf).await;
+
+    let holder = holder(fake).unwrap_or_default();
+    // The figures are reported leader first.
+    let leader = replicas
+        .iter()
+        .position(|r| r.identity == holder)
+        .unwrap_or(leader);
+    let order = std::iter::once(leader).chain((0..replicas.len()).filter(|i| *i != leader));
+    let figures: Vec<Figures> = order
+        .map(|i| Figures {
+            burst_cpu: after_burst[i].cpu.saturating_sub(before[i].cpu),
+            idle_cpu: idle_end[i].cpu.saturating_sub(idle_start[i].cpu),
+            end: idle_end[i],
+        })
+        .collect();
+    let mut s = summary(config, &timeline, &figures, idle_elapsed);
+    s.detail(format!(
+        "ready (replicas started -> warm-up pod bound, the leader's ownership fence included): {:.1} s; Lease holder at the end: {holder}",
+        ready.as_secs_f64()
+    ));
+    s.detail(format!(
+        "API requests of kerf-controller (all replicas): {:.1} per pod in the burst, {:.1}/s idle",
+        ratio(burst_requests, config.claims),
+        per_second(idle_requests, idle_elapsed)
+    ));
+    for (what, file) in [("burst", burst_perf), ("idle", idle_perf)] {
+        if let Some(file) = file {
+            s.detail(format!(
+                "perf record of the leader ({what}): {}",
+                file.display()
+            ));
+        }
+    }
+    s.detail(format!(
+        "replica logs: {}",
+        replicas
+            .iter()
+            .map(|r| r.log.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    s.figure("ready_s", format!("{:.1}", ready.as_secs_f64()))
+        .figure(
+            "api_requests_per_pod",
+            format!("{:.1}", ratio(burst_requests, config.claims)),
+        )
+        .figure(
+            "idle_api_requests_per_s",
+            format!("{:.1}", per_second(idle_requests, idle_elapsed)),
+        );
+    Ok(s)
+}
+
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn ratio(n: usize, d: usize) -> f64 {
+    f64::from(count(n)) / f64::from(count(d.max(1)))
+}
+
+fn per_second(n: usize, over: Duration) -> f64 {
+    if over.is_zero() {
+        0.0
+    } else {
+        f64::from(count(n)) / over.as_secs_f64()
+    }
+}
+
+fn mib_f(bytes: u64) -> f64 {
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "process sizes are far below 2^52"
+    )]
+    let bytes = bytes as f64;
+    bytes / f64::from(1u32 << 20)
+}
+
+/// The holder of the leader election Lease.
+fn holder(fake: &FakeApi) -> Option<String> {
+    fake.get(LEASE_PATH)?
+        .pointer("/spec/holderIdentity")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Requests kerf-controller's replicas sent so far.
+fn controller_requests(fake: &FakeApi) -> usize {
+    let user = Identity::kerf_controller().username;
+    fake.requests().iter().filter(|r| r.user == user).count()
+}
+
+fn sample_all(replicas: &mut [Replica]) -> Result<Vec<Sample>> {
+    replicas.iter_mut().map(Replica::sample).collect()
+}
+
+/// Polls `done` every 20 ms for [`START_TIMEOUT`], failing early when a replica exits.
+async fn wait(replicas: &mut [Replica], what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    while !done() {
+        for replica in replicas.iter_mut() {
+            replica.check_running()?;
+        }
+        if Instant::now() > deadline {
+            return Err(Error::Child(format!(
+                "no {what} within {START_TIMEOUT:?}; see {}",
+                replicas
+                    .iter()
+                    .map(|r| r.log.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn start_perf(config: &FootprintConfig, pid: u32, phase: &str) -> Result<Option<PerfRecord>> {
+    let Some(prefix) = &config.perf else {
+        return Ok(None);
+    };
+    let mut name = prefix.clone().into_os_string();
+    name.push(format!(".{phase}"));
+    PerfRecord::start(pid, &PathBuf::from(name)).map(Some)
+}
+
+async fn stop_perf(perf: Option<PerfRecord>) -> Option<PathBuf> {
+    match perf {
+        Some(perf) => Some(perf.stop().await),
+        None => None,
+    }
+}
+
+fn summary(
+    config: &FootprintConfig,
+    timeline: &burst::Timeline,
+    figures: &[Figures],
+    idle: Duration,
+) -> Summary {
+    let pods = config.claims;
+    let busy = timeline
+        .last_bound
+        .saturating_duration_since(timeline.pods_started);
+    let window = timeline
+        .last_bound
+        .saturating_duration_since(timeline.claims_started);
+    let rate = per_second(pods, busy);
+    let latency = Samples::new(timeline.latencies.clone());
+    let idle_pct = |f: &Figures| 100.0 * f.idle_cpu.as_secs_f64() / idle.as_secs_f64().max(1e-9);
+    let per_pod = |f: &Figures| f.burst_cpu / count(pods.max(1));
+    let leader = &figures[0];
+    let mut s = Summary::new("controller-footprint");
+    s.detail(format!(
+        "real kerf-controller binary ({}), {} replica(s) with leader election, webhook on, against the in-memory API server over HTTP; {} nodes x 8 H100 pinned to the controller; {pods} pods with one slice claim each (10Gi, 10 %), created through kerf's webhooks over HTTPS, bound by the kube-scheduler stand-in",
+        config.binary.display(),
+        config.replicas,
+        config.nodes
+    ));
+    s.detail(format!(
+        "burst: first pod created -> last bound {:.2} s ({rate:.1} pods/s), latency p50 {} ms p99 {} ms; claims created and known to every webhook {:.2} s before",
+        busy.as_secs_f64(),
+        ms(latency.p50()),
+        ms(latency.p99()),
+        timeline
+            .pods_started
+            .saturating_duration_since(timeline.claims_started)
+            .as_secs_f64()
+    ));
+    for (i, f) in figures.iter().enumerate() {
+        let role = if i == 0 { "leader" } else { "standby" };
+        s.detail(format!(
+            "{role}: CPU {} ms per pod over the burst ({:.2} s from the first claim to the last binding); idle {:.2} % of a core over {:.1} s; RSS {} MiB, peak {} MiB",
+            ms(per_pod(f)),
+            window.as_secs_f64(),
+            idle_pct(f),
+            idle.as_secs_f64(),
+            mib(f.end.rss),
+            mib(f.end.peak_rss)
+        ));
+    }
+    s.figure("nodes", config.nodes)
+        .figure("pods", pods)
+        .figure("bound", timeline.latencies.len())
+        .figure("replicas", config.replicas)
+        .figure("burst_s", format!("{:.2}", busy.as_secs_f64()))
+        .figure("pods_per_s", format!("{rate:.1}"))
+        .figure("p50_ms", ms(latency.p50()))
+        .figure("p99_ms", ms(latency.p99()))
+        .figure("cpu_ms_per_pod", ms(per_pod(leader)))
+        .figure("idle_cpu_pct", format!("{:.2}", idle_pct(leader)))
+        .figure("rss_mib", mib(leader.end.rss))
+        .figure("peak_rss_mib", mib(leader.end.peak_rss));
+    if let Some(standby) = figures.get(1) {
+        s.figure("standby_cpu_ms_per_pod", ms(per_pod(standby)))
+            .figure("standby_idle_cpu_pct", format!("{:.2}", idle_pct(standby)))
+            .figure("standby_rss_mib", mib(standby.end.rss))
+            .figure("standby_peak_rss_mib", mib(standby.end.peak_rss));
+    }
+    s.target(
+        "idle_cpu_target",
+        format!("leader idle CPU < {IDLE_CPU_TARGET_PCT} % of a core"),
+        idle_pct(leader) < IDLE_CPU_TARGET_PCT,
+        format!("{:.2} %", idle_pct(leader)),
+    );
+    s.target(
+        "rss_target",
+        format!("leader RSS <= {RSS_TARGET_MIB} MiB"),
+        mib_f(leader.end.rss) <= RSS_TARGET_MIB,
+        format!("{} MiB", mib(leader.end.rss)),
+    );
+    s
+}
