@@ -129,9 +129,9 @@ impl ClaimsContext {
 
     /// The bookkeeping, locked, with the capacity index brought up to date with the stores.
     pub(crate) fn books(&self) -> Books<'_> {
-        let slices = self.base.caches.slices.state();
-        let claims = self.claims.state();
-        self.ledger.synced(&slices, &claims, self.driver())
+        // `claims` is bumped into `ownership_inputs` after each write: see `Ledger::synced`.
+        self.ledger
+            .synced(&self.base.caches.slices, &self.claims, self.driver())
     }
 
     /// Marks claims `uids` as being written until the guard is dropped; `None` when another

@@ -2,8 +2,11 @@
 //!
 //! The stores hold every ResourceSlice of the driver and every ResourceClaim;
 //! [`CapacityIndex`] turns them into [`kerf_core::alloc::Index`] incrementally: a pool is
-//! rebuilt only when one of its slices changed, a claim's usage only when its resourceVersion
-//! changed.
+//! rebuilt only when one of its slices changed (the store replaces an object's `Arc` on every
+//! change, so an unchanged pool is told by pointer, without formatting or hashing anything), a
+//! claim's usage only when its resourceVersion changed, and the claims are not walked at all
+//! when the caller knows the claim store did not change ([`CapacityIndex::sync_pools`] and
+//! [`CapacityIndex::sync_claims`] are separate for that).
 //!
 //! Allocations this controller is writing are *assumed* until the watch shows them, so two
 //! reconciles never hand out the same capacity while the API server's echo is in flight. An
@@ -14,13 +17,12 @@
 //! growing as integers, which every etcd-backed API server guarantees. An assumption the
 //! cache never confirms expires after [`ASSUME_TTL`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_core::alloc::{DeviceUse, Index};
-use kube::ResourceExt as _;
 use kube::runtime::reflector::ObjectRef;
 
 use super::ownership::OwnershipBook;
@@ -40,13 +42,37 @@ enum Source {
     },
 }
 
+/// The slices a pool was last built from, and the ownership epoch of its node then.
+#[derive(Debug)]
+struct PoolSource {
+    /// Held, so that a pointer seen again is the same object (no address is reused while held).
+    slices: Vec<Arc<ResourceSlice>>,
+    epoch: u64,
+    /// The [`CapacityIndex::syncs`] count of the last sync that saw the pool.
+    seen: u64,
+}
+
+/// What the last sync of a [`CapacityIndex`] did: for tests and benchmarks of its cost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SyncWork {
+    /// Pools rebuilt from their slices.
+    pub pools_rebuilt: usize,
+    /// Cached claims looked at.
+    pub claims_examined: usize,
+}
+
 /// Free capacity per GPU, fed from the stores.
 #[derive(Debug, Default)]
 pub struct CapacityIndex {
     index: Index,
-    pool_versions: HashMap<String, String>,
+    pools: HashMap<String, PoolSource>,
+    syncs: u64,
     claims: HashMap<String, Source>,
     refs: HashMap<String, ObjectRef<ResourceClaim>>,
+    /// The earliest expiry of an assumption, `None` when there is none: a claim sync is due
+    /// then even if the store did not change.
+    earliest_expiry: Option<Instant>,
+    work: SyncWork,
 }
 
 /// A resourceVersion as the integer etcd makes it; `None` when it is not one.
@@ -75,29 +101,34 @@ impl CapacityIndex {
         self.sync_claims(claims, driver, now);
     }
 
+    /// What the last [`CapacityIndex::sync_pools`] and [`CapacityIndex::sync_claims`] did.
+    pub fn last_work(&self) -> SyncWork {
+        self.work
+    }
+
+    /// True when an assumption has expired by `now`: the claims must be synced although the
+    /// store did not change, for the cache to win over it.
+    pub fn expiry_due(&self, now: Instant) -> bool {
+        self.earliest_expiry.is_some_and(|at| at <= now)
+    }
+
     /// Records an allocation this controller is about to write for claim `uid` (pending).
     pub fn assume(&mut self, uid: &str, uses: Vec<DeviceUse>, now: Instant) {
         self.index.set_claim_usage(uid, uses);
-        self.claims.insert(
-            uid.to_owned(),
-            Source::Assumed {
-                after: None,
-                expires: now + ASSUME_TTL,
-            },
-        );
+        self.assumed(uid, None, now + ASSUME_TTL);
+    }
+
+    fn assumed(&mut self, uid: &str, after: Option<u64>, expires: Instant) {
+        self.claims
+            .insert(uid.to_owned(), Source::Assumed { after, expires });
+        self.earliest_expiry = Some(self.earliest_expiry.map_or(expires, |at| at.min(expires)));
     }
 
     /// The write of claim `uid`'s allocation (or deallocation, with no uses) returned
     /// `version`: cached versions older than it are ignored from now on.
     pub fn confirm(&mut self, uid: &str, uses: Vec<DeviceUse>, version: &str, now: Instant) {
         self.index.set_claim_usage(uid, uses);
-        self.claims.insert(
-            uid.to_owned(),
-            Source::Assumed {
-                after: version_number(version),
-                expires: now + ASSUME_TTL,
-            },
-        );
+        self.assumed(uid, version_number(version), now + ASSUME_TTL);
     }
 
     /// The earliest expiry after `now` of an assumed allocation: the index then lets the cache
@@ -178,52 +209,105 @@ impl CapacityIndex {
         (ours, others)
     }
 
-    fn sync_pools(&mut self, slices: &[Arc<ResourceSlice>], driver: &str, book: &OwnershipBook) {
-        let mut by_pool: BTreeMap<&str, Vec<&Arc<ResourceSlice>>> = BTreeMap::new();
-        for slice in slices.iter().filter(|s| s.spec.driver == driver) {
-            by_pool
-                .entry(slice.spec.pool.name.as_str())
-                .or_default()
-                .push(slice);
-        }
-        let gone: Vec<String> = self
-            .pool_versions
-            .keys()
-            .filter(|pool| !by_pool.contains_key(pool.as_str()))
-            .cloned()
-            .collect();
-        for pool in gone {
-            self.pool_versions.remove(&pool);
-            self.index.remove_node(&pool);
-        }
-        for (pool, pool_slices) in by_pool {
-            let fingerprint = format!("{}#{}", fingerprint(&pool_slices), book.epoch(pool));
-            if self.pool_versions.get(pool) == Some(&fingerprint) {
-                continue;
-            }
-            let owned: Vec<ResourceSlice> = pool_slices.iter().map(|s| (***s).clone()).collect();
-            match kerf_api::inventory_view::node_gpus_from_slices(&owned, driver).remove(pool) {
-                Some(mut node) => {
-                    node.gpus.retain(|gpu| book.usable(pool, &gpu.device));
-                    self.index.upsert_node(node);
+    /// Rebuilds the pools whose slices changed since the last sync (by pointer) or whose
+    /// node's ownership epoch in `book` moved, and drops the pools no slice names any more.
+    /// Only the whole GPUs `book` lets the controller place on are placement candidates.
+    pub fn sync_pools(
+        &mut self,
+        slices: &[Arc<ResourceSlice>],
+        driver: &str,
+        book: &OwnershipBook,
+    ) {
+        self.syncs += 1;
+        self.work.pools_rebuilt = 0;
+        let mut ours: Vec<&Arc<ResourceSlice>> =
+            slices.iter().filter(|s| s.spec.driver == driver).collect();
+        ours.sort_unstable_by(|a, b| {
+            (a.spec.pool.name.as_str(), a.metadata.name.as_deref())
+                .cmp(&(b.spec.pool.name.as_str(), b.metadata.name.as_deref()))
+        });
+        for pool_slices in ours.chunk_by(|a, b| a.spec.pool.name == b.spec.pool.name) {
+            let pool = pool_slices[0].spec.pool.name.as_str();
+            let epoch = book.epoch(pool);
+            if let Some(known) = self.pools.get_mut(pool) {
+                known.seen = self.syncs;
+                let same = known.epoch == epoch
+                    && known.slices.len() == pool_slices.len()
+                    && known
+                        .slices
+                        .iter()
+                        .zip(pool_slices)
+                        .all(|(a, b)| Arc::ptr_eq(a, b));
+                if same {
+                    continue;
                 }
-                None => {
-                    self.index.remove_node(pool);
-                }
             }
-            self.pool_versions.insert(pool.to_owned(), fingerprint);
+            self.rebuild_pool(pool, pool_slices, driver, book);
         }
+        let syncs = self.syncs;
+        let index = &mut self.index;
+        self.pools.retain(|pool, source| {
+            let kept = source.seen == syncs;
+            if !kept {
+                index.remove_node(pool);
+            }
+            kept
+        });
     }
 
-    fn sync_claims(&mut self, claims: &[Arc<ResourceClaim>], driver: &str, now: Instant) {
+    fn rebuild_pool(
+        &mut self,
+        pool: &str,
+        pool_slices: &[&Arc<ResourceSlice>],
+        driver: &str,
+        book: &OwnershipBook,
+    ) {
+        self.work.pools_rebuilt += 1;
+        let owned: Vec<ResourceSlice> = pool_slices.iter().map(|s| (***s).clone()).collect();
+        match kerf_api::inventory_view::node_gpus_from_slices(&owned, driver).remove(pool) {
+            Some(mut node) => {
+                node.gpus.retain(|gpu| book.usable(pool, &gpu.device));
+                self.index.upsert_node(node);
+            }
+            None => {
+                self.index.remove_node(pool);
+            }
+        }
+        self.pools.insert(
+            pool.to_owned(),
+            PoolSource {
+                slices: pool_slices.iter().map(|s| Arc::clone(s)).collect(),
+                epoch: book.epoch(pool),
+                seen: self.syncs,
+            },
+        );
+    }
+
+    /// Brings the claims' usage up to date with `claims`, every cached claim: the usage of a
+    /// claim whose resourceVersion changed, the claims gone, the assumptions expired by `now`.
+    pub fn sync_claims(&mut self, claims: &[Arc<ResourceClaim>], driver: &str, now: Instant) {
+        self.work.claims_examined = claims.len();
+        self.sync_claims_of(claims, driver, now);
+    }
+
+    /// Records that the claims were left alone by this sync: the store did not change.
+    pub fn claims_unchanged(&mut self) {
+        self.work.claims_examined = 0;
+    }
+
+    fn sync_claims_of(&mut self, claims: &[Arc<ResourceClaim>], driver: &str, now: Instant) {
         let mut seen = HashSet::with_capacity(claims.len());
         for claim in claims {
             let Some(uid) = claim.metadata.uid.as_deref() else {
                 continue;
             };
             seen.insert(uid);
-            let version = claim.resource_version().unwrap_or_default();
-            if !self.cache_wins(uid, &version, now) {
+            let version = claim
+                .metadata
+                .resource_version
+                .as_deref()
+                .unwrap_or_default();
+            if !self.cache_wins(uid, version, now) {
                 continue;
             }
             let uses = kerf_api::allocation::device_uses(claim, driver);
@@ -234,8 +318,12 @@ impl CapacityIndex {
                     .insert(uid.to_owned(), ObjectRef::from_obj(claim.as_ref()));
             }
             self.index.set_claim_usage(uid, uses);
-            self.claims
-                .insert(uid.to_owned(), Source::Cache { version });
+            self.claims.insert(
+                uid.to_owned(),
+                Source::Cache {
+                    version: version.to_owned(),
+                },
+            );
         }
         let gone: Vec<String> = self
             .claims
@@ -254,6 +342,7 @@ impl CapacityIndex {
             self.claims.remove(&uid);
             self.refs.remove(&uid);
         }
+        self.earliest_expiry = self.next_expiry(now);
     }
 
     /// Whether the cached `version` of claim `uid` replaces what the index holds.
@@ -273,22 +362,6 @@ impl CapacityIndex {
             }
         }
     }
-}
-
-/// Identifies the content of a pool's slices: their names and resourceVersions.
-fn fingerprint(slices: &[&Arc<ResourceSlice>]) -> String {
-    let mut parts: Vec<String> = slices
-        .iter()
-        .map(|s| {
-            format!(
-                "{}@{}",
-                s.name_any(),
-                s.resource_version().unwrap_or_default()
-            )
-        })
-        .collect();
-    parts.sort();
-    parts.join(",")
 }
 
 #[cfg(test)]
@@ -360,6 +433,20 @@ mod tests {
         index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
         sync(&mut index, &[], now + ASSUME_TTL);
         assert!(held(&index).is_empty(), "gone from the cache and expired");
+    }
+
+    #[test]
+    fn an_expired_assumption_is_due_without_any_store_change() {
+        let now = Instant::now();
+        let mut index = CapacityIndex::default();
+        assert!(!index.expiry_due(now + ASSUME_TTL * 2), "nothing assumed");
+        index.assume("u1", vec![DeviceUse::whole("n1", "gpu-1")], now);
+        assert_eq!(index.next_expiry(now), Some(now + ASSUME_TTL));
+        assert!(!index.expiry_due(now));
+        assert!(index.expiry_due(now + ASSUME_TTL));
+        sync(&mut index, &[], now + ASSUME_TTL);
+        assert!(!index.expiry_due(now + ASSUME_TTL * 2), "synced away");
+        assert_eq!(index.next_expiry(now), None);
     }
 
     #[test]

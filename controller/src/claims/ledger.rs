@@ -10,12 +10,12 @@
 //! reconcile does not read the half-finished write as a rejection by the scheduler.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_core::alloc::{DeviceUse, Index};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::index::CapacityIndex;
 use super::ownership::{InputChanges, OwnershipBook};
@@ -54,6 +54,8 @@ struct State {
     waiting: HashSet<ObjectRef<ResourceClaim>>,
     /// The owner of every device and the controller's fences.
     ownership: OwnershipBook,
+    /// The [`InputChanges`] version the claims were last synced at.
+    claims_synced: Option<u64>,
 }
 
 impl Ledger {
@@ -71,19 +73,36 @@ impl Ledger {
     }
 
     /// The books, with the capacity index brought up to date with the stores.
+    ///
+    /// The claims are walked only when the change counter moved since they were last (or an
+    /// assumption expired): `claims` must be a store whose every write is followed by a bump of
+    /// the counter this ledger was made with, before the event that wrote it is passed on
+    /// (`watch.rs`). A reconcile of a claim then always sees the claim's latest event in the
+    /// index, and a quiet cluster's reconciles (the resync) cost no walk of every claim.
     pub fn synced(
         &self,
-        slices: &[Arc<ResourceSlice>],
-        claims: &[Arc<ResourceClaim>],
+        slices: &Store<ResourceSlice>,
+        claims: &Store<ResourceClaim>,
         driver: &str,
     ) -> Books<'_> {
+        // Read before the store: a write after this read bumps the counter past it.
+        let version = self.changes.version();
+        let slices = slices.state();
         let mut state = self.lock();
+        let now = Instant::now();
         let State {
             capacity,
             ownership,
+            claims_synced,
             ..
         } = &mut *state;
-        capacity.sync(slices, claims, driver, ownership, Instant::now());
+        capacity.sync_pools(&slices, driver, ownership);
+        if *claims_synced == Some(version) && !capacity.expiry_due(now) {
+            capacity.claims_unchanged();
+        } else {
+            capacity.sync_claims(&claims.state(), driver, now);
+            *claims_synced = Some(version);
+        }
         Books {
             ledger: self,
             state,
@@ -194,6 +213,12 @@ impl<'a> Books<'a> {
         self.state.capacity.is_stale(claim)
     }
 
+    /// What the sync that made these books did.
+    #[cfg(test)]
+    pub fn sync_work(&self) -> super::index::SyncWork {
+        self.state.capacity.last_work()
+    }
+
     /// See [`CapacityIndex::holders`].
     pub fn holders(&self, node: &str, device: &str, except: &str) -> Vec<ObjectRef<ResourceClaim>> {
         self.state.capacity.holders(node, device, except)
@@ -297,6 +322,68 @@ impl Drop for WriteGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher;
+    use serde_json::json;
+
+    const DRIVER: &str = "gpu.kerf.dev";
+
+    fn claim(name: &str, version: &str) -> ResourceClaim {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "ns", "uid": name, "resourceVersion": version},
+            "spec": {"devices": {"requests": []}},
+        }))
+        .unwrap()
+    }
+
+    fn slice(node: &str) -> ResourceSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{node}-slice"), "resourceVersion": "1"},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": []},
+        }))
+        .unwrap()
+    }
+
+    fn apply<K>(writer: &mut Writer<K>, object: K)
+    where
+        K: kube::Resource<DynamicType = ()> + Clone,
+    {
+        writer.apply_watcher_event(&watcher::Event::Apply(object));
+    }
+
+    #[test]
+    fn a_sync_walks_the_claims_only_after_a_change_and_rebuilds_only_changed_pools() {
+        let changes = InputChanges::default();
+        let ledger = Ledger::new(changes.clone());
+        let (claims, mut claim_writer) = reflector::store::<ResourceClaim>();
+        let (slices, mut slice_writer) = reflector::store::<ResourceSlice>();
+        for i in 0..100 {
+            apply(&mut claim_writer, claim(&format!("c{i}"), "1"));
+        }
+        for node in ["n1", "n2", "n3"] {
+            apply(&mut slice_writer, slice(node));
+        }
+        let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+        assert_eq!((work.claims_examined, work.pools_rebuilt), (100, 3));
+        let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+        assert_eq!(
+            (work.claims_examined, work.pools_rebuilt),
+            (0, 0),
+            "nothing changed: no claim walked, no pool rebuilt"
+        );
+        apply(&mut claim_writer, claim("c7", "2"));
+        changes.bump();
+        apply(&mut slice_writer, slice("n2"));
+        let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+        assert_eq!((work.claims_examined, work.pools_rebuilt), (100, 1));
+        drop(ledger.begin(uids(&["c8"])));
+        ledger.wait_for_capacity(ObjectRef::new("c9").within("ns"));
+        let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+        assert_eq!(
+            work.claims_examined, 100,
+            "the ledger's own changes count as changes"
+        );
+    }
 
     fn uids(names: &[&str]) -> Vec<String> {
         names.iter().map(|&n| n.to_owned()).collect()

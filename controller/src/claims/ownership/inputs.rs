@@ -39,6 +39,12 @@ impl InputChanges {
         move |_| changes.bump()
     }
 
+    /// The counter now. Read it before reading what it counts: a change after the read bumps
+    /// it past the value read.
+    pub fn version(&self) -> u64 {
+        *self.0.borrow()
+    }
+
     /// A receiver that is told of every bump from now on.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.0.subscribe()
