@@ -224,7 +224,7 @@ impl Args {
     /// # Errors
     /// [`Error::Config`] for a health check timeout under one second, a zero poll interval,
     /// or a mock fault file without a mock inventory.
-    pub fn health_config(&self) -> Result<HealthConfig> {
+    fn health_config(&self) -> Result<HealthConfig> {
         if self.health_check_timeout < Duration::from_secs(1) {
             return Err(Error::Config(format!(
                 "--health-check-timeout {:?}: must be at least 1s (the kubelet counts whole seconds)",
@@ -263,7 +263,7 @@ impl Args {
     /// # Errors
     /// [`Error::Config`] when it is given without a mock inventory: a real node never
     /// crashes on purpose.
-    pub fn mock_crash_at(&self) -> Result<Option<CrashStep>> {
+    fn mock_crash_at(&self) -> Result<Option<CrashStep>> {
         let mock = self.mock_gpus.is_some() || self.mock_inventory.is_some();
         match (self.mock_crash_at, mock) {
             (Some(step), false) => Err(Error::Config(format!(
@@ -276,18 +276,24 @@ impl Args {
 
     /// Which GPUs NVML discovery may make dynamic-MIG GPUs (`--dynamic-mig`,
     /// `--static-mig-gpus`). Mock inventories carry their own choice.
-    pub fn dynamic_mig_settings(&self) -> DynamicMigSettings {
+    fn dynamic_mig_settings(&self) -> DynamicMigSettings {
         DynamicMigSettings {
             enabled: self.dynamic_mig,
             static_gpus: self.static_mig_gpus.iter().copied().collect(),
         }
     }
 
-    /// Resolves defaults that depend on other flags and checks the values.
+    /// Resolves defaults that depend on other flags and checks the values: the whole
+    /// configuration the plugin starts with ([`crate::run`]).
     ///
     /// # Errors
-    /// An invalid driver or node name, or an unparsable metrics address.
+    /// An invalid driver, node or pod name; [`Error::Config`] for an unparsable metrics
+    /// address, flags that exclude each other, a health flag out of range, or a mock-only flag
+    /// (`--mock-fault-file`, `--mock-crash-at`, `--mock-driver-root`) without a mock inventory.
     pub fn into_config(self) -> Result<PluginConfig> {
+        let health = self.health_config()?;
+        let mock_crash_at = self.mock_crash_at()?;
+        let dynamic_mig = self.dynamic_mig_settings();
         kerf_core::names::driver_name("--driver-name", &self.driver_name)?;
         kerf_core::names::object_name("--node-name", &self.node_name)?;
         let plugin_dir = self
@@ -303,26 +309,8 @@ impl Args {
                 "--mps-check-interval must be more than 0".into(),
             ));
         }
-        let discovery = match (self.mock_gpus, self.mock_inventory) {
-            (Some(spec), None) => Discovery::MockProfile(spec),
-            (None, Some(path)) => Discovery::MockFile(path),
-            (None, None) => Discovery::Nvml,
-            (Some(_), Some(_)) => {
-                return Err(Error::Config(
-                    "--mock-gpus and --mock-inventory exclude each other".into(),
-                ));
-            }
-        };
-        let gpu_tools_root = match (&discovery, self.mock_driver_root) {
-            (Discovery::Nvml, None) => Some(self.driver_root.clone()),
-            (Discovery::Nvml, Some(_)) => {
-                return Err(Error::Config(
-                    "--mock-driver-root needs a mock inventory (--mock-gpus or --mock-inventory)"
-                        .into(),
-                ));
-            }
-            (_, mock_root) => mock_root,
-        };
+        let discovery = discovery(self.mock_gpus, self.mock_inventory)?;
+        let gpu_tools_root = gpu_tools_root(&discovery, &self.driver_root, self.mock_driver_root)?;
         let own_pod = own_pod(self.pod_name, self.pod_namespace, self.pod_uid)?;
         if self.mps_daemons == crate::config::MpsDaemonMode::Pod && own_pod.is_none() {
             return Err(Error::Config(
@@ -353,11 +341,47 @@ impl Args {
             own_pod,
             discovery,
             mock_device_node: self.mock_device_node,
+            dynamic_mig,
+            health,
+            mock_crash_at,
             publish_resources: self.publish_resources,
+            claim_device_status: self.claim_device_status,
+            claim_cache: self.claim_cache,
             resync_period: self.resync_period,
             metrics_address,
             boot_id_file: self.boot_id_file,
         })
+    }
+}
+
+/// The inventory source of `--mock-gpus` / `--mock-inventory`: NVML without either.
+fn discovery(mock_gpus: Option<String>, mock_inventory: Option<PathBuf>) -> Result<Discovery> {
+    match (mock_gpus, mock_inventory) {
+        (Some(spec), None) => Ok(Discovery::MockProfile(spec)),
+        (None, Some(path)) => Ok(Discovery::MockFile(path)),
+        (None, None) => Ok(Discovery::Nvml),
+        (Some(_), Some(_)) => Err(Error::Config(
+            "--mock-gpus and --mock-inventory exclude each other".into(),
+        )),
+    }
+}
+
+/// Where `nvidia-smi` and `nvidia-cuda-mps-control` come from: the driver root on a real node,
+/// the mock driver root (if any) in mock mode.
+///
+/// # Errors
+/// [`Error::Config`] for `--mock-driver-root` without a mock inventory.
+fn gpu_tools_root(
+    discovery: &Discovery,
+    driver_root: &std::path::Path,
+    mock_driver_root: Option<PathBuf>,
+) -> Result<Option<PathBuf>> {
+    match (discovery, mock_driver_root) {
+        (Discovery::Nvml, None) => Ok(Some(driver_root.to_owned())),
+        (Discovery::Nvml, Some(_)) => Err(Error::Config(
+            "--mock-driver-root needs a mock inventory (--mock-gpus or --mock-inventory)".into(),
+        )),
+        (_, mock_root) => Ok(mock_root),
     }
 }
 

@@ -5,6 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::dynamic_mig::CrashStep;
+use crate::health::HealthConfig;
 use crate::mps_daemons::MpsSettings;
 
 /// Which GPUs NVML discovery may make dynamic-MIG GPUs (kerf creates their MIG devices at
@@ -123,8 +125,22 @@ pub struct PluginConfig {
     pub discovery: Discovery,
     /// Host device backing every device node in mock mode.
     pub mock_device_node: PathBuf,
-    /// Whether ResourceSlices are published.
+    /// Which GPUs NVML discovery may make dynamic-MIG GPUs ([`crate::plugin::discover`]).
+    pub dynamic_mig: DynamicMigSettings,
+    /// Device health: sources, timeouts, taint effects.
+    pub health: HealthConfig,
+    /// Mock mode's crash tests only: abort the process right after this step of every
+    /// dynamic-MIG prepare (`--mock-crash-at`); `None` on a real node.
+    pub mock_crash_at: Option<CrashStep>,
+    /// Whether ResourceSlices are published ([`crate::plugin::Connections::kube`] gives the
+    /// publisher a client only then).
     pub publish_resources: bool,
+    /// Whether prepared claims get their per-device status (`status.devices`) written
+    /// ([`crate::plugin::Connections::kube`]).
+    pub claim_device_status: bool,
+    /// Whether claims are read from a watch of this node's claims rather than GET each time
+    /// ([`crate::plugin::Connections::kube`]).
+    pub claim_cache: bool,
     /// Periodic ResourceSlice check.
     pub resync_period: Duration,
     /// Metrics and health HTTP address, if any.

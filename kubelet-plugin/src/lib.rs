@@ -5,8 +5,10 @@
 //! per claim and recording it in a durable checkpoint.
 //!
 //! [`preparer::Preparer`] answers those calls, reading each claim through a
-//! [`claim_reader::ClaimReader`]. The binary only parses [`args::Args`]; [`plugin::start`] does
-//! the rest.
+//! [`claim_reader::ClaimReader`]. The binary's `main` calls [`launch`] (the MPS daemon
+//! subcommand, flags, logging, the init) and then [`run`], which builds the
+//! [`config::PluginConfig`] and the [`plugin::Connections`] from [`args::Args`] and starts the
+//! plugin with [`plugin::start`]; tests' `kerf-test-plugin` is the same two calls.
 
 pub mod args;
 pub mod checkpoint_store;
@@ -16,6 +18,7 @@ pub mod claim_reader;
 pub mod config;
 pub mod discovery;
 pub mod dynamic_mig;
+pub mod entry;
 pub mod error;
 pub mod gpu_sharing;
 pub mod grpc;
@@ -33,5 +36,6 @@ pub mod reaper;
 pub mod spec_writer;
 pub mod write_failures;
 
+pub use entry::{LaunchError, Launched, launch, run};
 pub use error::{Error, Result};
 pub use prepare_error::PrepareError;

@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint_store::{CheckpointStore, Opened};
 use crate::claim_events::{ClaimEvents, KubeClaimEvents};
-use crate::claim_reader::{CachingClaimReader, ClaimReader};
-use crate::config::{DynamicMigSettings, PluginConfig};
-use crate::dynamic_mig::{CrashStep, DynamicMig};
+use crate::claim_reader::{ApiClaimReader, CachingClaimReader, ClaimReader};
+use crate::config::PluginConfig;
+use crate::dynamic_mig::DynamicMig;
 use crate::grpc::dra::DraService;
 use crate::grpc::health::HealthService;
 use crate::grpc::instances::OtherInstances;
@@ -57,33 +57,24 @@ pub struct Connections {
 }
 
 impl Connections {
-    /// Reads claims (from a watch-fed cache of `node`'s claims, GETting the others), publishes
-    /// slices, writes claims' device status and Events through one API client.
-    pub fn kube(client: kube::Client, node: &str, publish: bool) -> Self {
+    /// Everything through one API client, as `config`'s flags ask: claims read from a
+    /// watch-fed cache of the node's claims, GETting the others (`claim_cache`; else a GET
+    /// each), slices published (`publish_resources`), claims' device status written
+    /// (`claim_device_status`), MPS daemon pods and Events.
+    pub fn kube(client: kube::Client, config: &PluginConfig) -> Self {
+        let node = config.node_name.as_str();
+        let claim_reader: Arc<dyn ClaimReader> = if config.claim_cache {
+            Arc::new(CachingClaimReader::new(client.clone(), node))
+        } else {
+            Arc::new(ApiClaimReader::new(client.clone()))
+        };
         Connections {
-            claim_reader: Arc::new(CachingClaimReader::new(client.clone(), node)),
+            claim_reader,
             events: Arc::new(KubeClaimEvents::new(client.clone(), node)),
-            device_status: Some(client.clone()),
+            device_status: config.claim_device_status.then(|| client.clone()),
             mps_daemon_pods: Some(client.clone()),
-            publisher: publish.then_some(client),
+            publisher: config.publish_resources.then_some(client),
         }
-    }
-
-    /// The same connections with a claim reader that GETs every claim (`--claim-cache=false`):
-    /// no claim watch.
-    #[must_use]
-    pub fn without_claim_cache(mut self) -> Self {
-        if let Some(uncached) = self.claim_reader.uncached() {
-            self.claim_reader = uncached;
-        }
-        self
-    }
-
-    /// The same connections without the per-device claim status writer.
-    #[must_use]
-    pub fn without_device_status(mut self) -> Self {
-        self.device_status = None;
-        self
     }
 }
 
@@ -173,32 +164,22 @@ impl RunningPlugin {
     }
 }
 
-/// Discovers the inventory as configured (NVML or mock).
+/// Discovers the inventory as configured (NVML or mock), NVML discovery marking the GPUs
+/// `config.dynamic_mig` allows as dynamic-MIG GPUs. The MIG instances kerf created are read
+/// from the checkpoint file as it is now (before the plugin opens it), so that they do not
+/// make their GPU look partitioned by hand.
 ///
 /// # Errors
 /// No discovery is available, or it fails.
 pub fn discover(config: &PluginConfig) -> Result<Inventory> {
-    discover_with_dynamic_mig(config, &DynamicMigSettings::default())
-}
-
-/// [`discover`], NVML discovery marking the GPUs `dynamic_mig` allows as dynamic-MIG GPUs.
-/// The MIG instances kerf created are read from the checkpoint file as it is now (before the
-/// plugin opens it), so that they do not make their GPU look partitioned by hand.
-///
-/// # Errors
-/// As [`discover`].
-pub fn discover_with_dynamic_mig(
-    config: &PluginConfig,
-    dynamic_mig: &DynamicMigSettings,
-) -> Result<Inventory> {
     let (mock_gpus, mock_file) = match &config.discovery {
         crate::config::Discovery::Nvml => (None, None),
         crate::config::Discovery::MockProfile(spec) => (Some(spec.as_str()), None),
         crate::config::Discovery::MockFile(path) => (None, Some(path.as_path())),
     };
     let policy = discovery::DynamicMigPolicy {
-        enabled: dynamic_mig.enabled,
-        static_gpus: dynamic_mig.static_gpus.clone(),
+        enabled: config.dynamic_mig.enabled,
+        static_gpus: config.dynamic_mig.static_gpus.clone(),
         kerf_instances: recorded_mig_instances(&config.checkpoint_file),
     };
     let source: discovery::DynamicMigSource = Arc::new(move || policy.clone());
@@ -253,52 +234,16 @@ fn recorded_mig_instances(path: &Path) -> discovery::KerfInstances {
     }
 }
 
-/// What [`start_with`] takes beyond the configuration: the health settings and, in mock mode's
-/// crash tests only, the dynamic-MIG prepare step to abort after.
-#[derive(Debug, Clone)]
-pub struct StartOptions {
-    /// Device health: sources, timeouts, taint effects.
-    pub health: HealthConfig,
-    /// Abort the process right after this step of every dynamic-MIG prepare
-    /// (`--mock-crash-at`); `None` on a real node.
-    pub mock_crash_at: Option<CrashStep>,
-}
-
-impl StartOptions {
-    /// The defaults: [`HealthConfig::defaults`] for the mode, no crash.
-    pub fn defaults(mock: bool) -> Self {
-        StartOptions {
-            health: HealthConfig::defaults(mock),
-            mock_crash_at: None,
-        }
-    }
-}
-
-/// Starts every part of the plugin with [`StartOptions::defaults`] and returns once the
-/// sockets serve.
+/// Starts every part of the plugin and returns once the sockets serve.
 ///
 /// # Errors
-/// As [`start_with`].
+/// The checkpoint, CDI directory, sockets or HTTP address cannot be set up.
 pub async fn start(
     config: &PluginConfig,
     inventory: Inventory,
     connections: Connections,
 ) -> Result<RunningPlugin> {
-    let options = StartOptions::defaults(config.discovery.is_mock());
-    start_with(config, &options, inventory, connections).await
-}
-
-/// Starts every part of the plugin and returns once the sockets serve.
-///
-/// # Errors
-/// The checkpoint, CDI directory, sockets or HTTP address cannot be set up.
-pub async fn start_with(
-    config: &PluginConfig,
-    options: &StartOptions,
-    inventory: Inventory,
-    connections: Connections,
-) -> Result<RunningPlugin> {
-    let health_config = &options.health;
+    let health_config = &config.health;
     let shutdown = CancellationToken::new();
     let mut registry = Registry::default();
     let metrics = Metrics::new(&mut registry);
@@ -314,7 +259,7 @@ pub async fn start_with(
         config,
         &inventory,
         &mut registry,
-        options.mock_crash_at,
+        config.mock_crash_at,
     )?;
     let registry = Arc::new(registry);
     let health = Health::new();

@@ -40,13 +40,12 @@ impl CacheNode {
     /// The plugin with the claim cache (`cache`) or without it (`--claim-cache=false`).
     async fn start(cache: bool) -> Self {
         let node = TestNode::new("h100-sxm-80gb");
-        let mut connections = Connections::kube(node.plugin_client(), NODE, false);
-        connections = connections.without_device_status();
-        if !cache {
-            connections = connections.without_claim_cache();
-        }
+        let mut config = node.config();
+        config.claim_device_status = false;
+        config.claim_cache = cache;
+        let connections = Connections::kube(node.plugin_client(), &config);
         let reader = Arc::clone(&connections.claim_reader);
-        let plugin = plugin::start(&node.config(), node.inventory(), connections)
+        let plugin = plugin::start(&config, node.inventory(), connections)
             .await
             .unwrap();
         let started = CacheNode {

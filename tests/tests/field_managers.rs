@@ -27,9 +27,8 @@ async fn every_write_of_the_plugin_names_kerf_kubelet_plugin() {
     node.device_claim("whole", &claim_uid, "gpu-0");
     let mut config = node.config();
     config.publish_resources = true;
-    let connections = Connections::kube(node.plugin_client(), NODE, true);
-    let options = plugin::StartOptions::defaults(true);
-    let running = plugin::start_with(&config, &options, node.inventory(), connections)
+    let connections = Connections::kube(node.plugin_client(), &config);
+    let running = plugin::start(&config, node.inventory(), connections)
         .await
         .unwrap();
 

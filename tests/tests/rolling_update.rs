@@ -26,7 +26,7 @@ use kerf_kubelet_plugin::args::Args;
 use kerf_kubelet_plugin::claim_events::MemoryClaimEvents;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::PluginConfig;
-use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin, StartOptions};
+use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_proto::client::{Claim, KNOWN_SERVICES, KubeletClient, RegisteredPlugin};
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
 use kerf_tests::scheduler::SeededRng;
@@ -63,8 +63,7 @@ async fn start(node: &TestNode, config: &PluginConfig) -> RunningPlugin {
         device_status: None,
         mps_daemon_pods: None,
     };
-    let options = StartOptions::defaults(true);
-    plugin::start_with(config, &options, node.inventory(), connections)
+    plugin::start(config, node.inventory(), connections)
         .await
         .unwrap()
 }

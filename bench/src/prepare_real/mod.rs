@@ -305,7 +305,8 @@ async fn start(
         cdi_dir: Some(&spec_dir.path().join("cdi")),
         gpu_tools: None,
     };
-    let (config, inventory) = crate::node::lay_out(dir.path(), &layout)?;
+    let (mut config, inventory) = crate::node::lay_out(dir.path(), &layout)?;
+    config.claim_device_status = variant.device_status;
     let fake = FakeApi::new();
     let real_claims = insert_all(&fake, &inventory, variant, claims)?;
     let server = ApiServer::start(fake.clone())
@@ -318,10 +319,7 @@ async fn start(
         .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(NODE))
         .map_err(|e| Error::io("write", &kubeconfig, e))?;
     let client = client_from_kubeconfig(&kubeconfig).await?;
-    let mut connections = Connections::kube(client.clone(), NODE, false);
-    if !variant.device_status {
-        connections = connections.without_device_status();
-    }
+    let connections = Connections::kube(client.clone(), &config);
     let plugin = plugin::start(&config, inventory, connections).await?;
     let kubelet = Kubelet::connect(&config).await?;
     let node = RealNode {

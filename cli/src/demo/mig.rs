@@ -185,17 +185,16 @@ pub(super) async fn run_node(
     store: Arc<MemoryClaimReader>,
 ) -> Result<NodeRun> {
     let driver = setup.plugin_config.driver_name.as_str();
-    let options = plugin::StartOptions {
+    let plugin_config = PluginConfig {
         health: HealthConfig {
             // The demo has no Node object whose annotation could declare faults.
             mock_annotation: false,
             ..HealthConfig::defaults(true)
         },
-        mock_crash_at: None,
+        ..setup.plugin_config.clone()
     };
-    let running = plugin::start_with(
-        &setup.plugin_config,
-        &options,
+    let running = plugin::start(
+        &plugin_config,
         setup.inventory.clone(),
         Connections {
             mps_daemon_pods: None,

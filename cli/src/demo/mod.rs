@@ -49,7 +49,7 @@ use k8s_openapi::api::resource::v1::Device;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_api::resourceslice::{attributes, device_attribute};
 use kerf_core::cdi;
-use kerf_kubelet_plugin::config::Discovery;
+use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections};
 
 use crate::error::{Error, Result};
@@ -224,7 +224,7 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
 struct MainNode<'a> {
     config: &'a DemoConfig,
     layout: &'a Layout,
-    plugin_config: &'a kerf_kubelet_plugin::config::PluginConfig,
+    plugin_config: &'a PluginConfig,
     workload: &'a Workload,
     pods: &'a [PodOutcome],
 }
@@ -248,12 +248,12 @@ impl MainNode<'_> {
         let runtime = config
             .run_containers
             .then(|| containers::find_runtime(config.busybox.as_deref()));
-        let running = plugin::start_with(
-            plugin_config,
-            &plugin::StartOptions {
-                health: health::health_config(layout),
-                mock_crash_at: None,
-            },
+        let plugin_config = PluginConfig {
+            health: health::health_config(layout),
+            ..plugin_config.clone()
+        };
+        let running = plugin::start(
+            &plugin_config,
             inventory,
             Connections {
                 mps_daemon_pods: None,
@@ -276,7 +276,7 @@ impl MainNode<'_> {
         let visited = visit.run(runtime).await;
         let stopped = running.shutdown().await;
         // Whatever failed before: no daemon may outlive the demo.
-        let daemons_stopped = visit::stop_leftover_daemons(plugin_config).await;
+        let daemons_stopped = visit::stop_leftover_daemons(&plugin_config).await;
         let node_run = visited?;
         stopped?;
         daemons_stopped?;

@@ -203,13 +203,12 @@ impl HttpNode {
         .unwrap();
         let client = kube::Client::try_from(config.clone()).unwrap();
         let alone = kube::Api::namespaced(kube::Client::try_from(config).unwrap(), NAMESPACE);
-        let mut connections_of = Connections::kube(client, NODE, false);
-        if !device_status {
-            connections_of = connections_of.without_device_status();
-        }
+        let mut config = node.config();
+        config.claim_device_status = device_status;
+        let mut connections_of = Connections::kube(client, &config);
         let reader = Arc::new(Timed::new(Arc::clone(&connections_of.claim_reader)));
         connections_of.claim_reader = Arc::clone(&reader) as Arc<dyn ClaimReader>;
-        let plugin = plugin::start(&node.config(), node.inventory(), connections_of)
+        let plugin = plugin::start(&config, node.inventory(), connections_of)
             .await
             .unwrap();
         let started = HttpNode {

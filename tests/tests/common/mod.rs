@@ -104,6 +104,11 @@ impl TestNode {
             discovery: Discovery::MockProfile(self.profile.clone()),
             mock_device_node: PathBuf::from("/dev/null"),
             publish_resources: false,
+            claim_device_status: true,
+            claim_cache: true,
+            dynamic_mig: kerf_kubelet_plugin::config::DynamicMigSettings::default(),
+            health: kerf_kubelet_plugin::health::HealthConfig::defaults(true),
+            mock_crash_at: None,
             resync_period: Duration::from_secs(600),
             metrics_address: None,
             boot_id_file: self.root.join("boot_id"),
@@ -172,6 +177,7 @@ impl TestNode {
     ) -> RunningPlugin {
         let mut config = self.config();
         config.publish_resources = publish;
+        config.health = health.clone();
         let client = self.plugin_client();
         let connections = Connections {
             mps_daemon_pods: None,
@@ -180,11 +186,7 @@ impl TestNode {
             publisher: publish.then_some(client),
             events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
         };
-        let options = plugin::StartOptions {
-            health: health.clone(),
-            mock_crash_at: None,
-        };
-        plugin::start_with(&config, &options, self.inventory(), connections)
+        plugin::start(&config, self.inventory(), connections)
             .await
             .unwrap()
     }

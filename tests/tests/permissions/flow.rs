@@ -148,9 +148,8 @@ async fn start_with_daemon_pods(on: &MpsNode) -> (RunningPlugin, PodRunner) {
         uid: None,
     });
     // The plugin's client for everything, daemon pods included.
-    let connections = Connections::kube(node.plugin_client(), NODE, true);
-    let options = plugin::StartOptions::defaults(true);
-    let running = plugin::start_with(&config, &options, node.inventory(), connections)
+    let connections = Connections::kube(node.plugin_client(), &config);
+    let running = plugin::start(&config, node.inventory(), connections)
         .await
         .unwrap();
     (running, runner)
