@@ -162,7 +162,7 @@ mod tests {
         assert_eq!(counts.get(&admin, "get", "configmaps"), 1);
         assert_eq!(counts.writes(), 2);
         assert_eq!(counts.writes_of("someone else"), 0);
-        let lines = counts.describe_per(2, |u| u.to_owned());
+        let lines = counts.describe_per(2, str::to_owned);
         assert_eq!(lines[0], format!("{admin} create configmaps: 0.50"));
         assert_eq!(lines.len(), 3);
     }
