@@ -7,6 +7,9 @@
 //! a slow subscriber as a single notification: this is what keeps "re-evaluate every GpuClass
 //! on every claim change" cheap.
 
+mod process;
+pub mod strip;
+
 use std::fmt::Debug;
 use std::future::Future;
 use std::sync::Arc;
@@ -16,24 +19,27 @@ use futures::{Stream, StreamExt as _, stream};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use kube::{Api, Client, Resource, ResourceExt as _};
+use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use kerf_api::watch_backoff::WatchBackoff;
 
+pub use process::ProcessCaches;
+
 /// Read handles of the caches. Clones share the same stores.
 #[derive(Clone)]
 pub struct Caches {
     /// ResourceSlices of the driver (all generations; see [`crate::capacity::current_devices`]).
     pub slices: Store<ResourceSlice>,
-    /// Every ResourceClaim of the cluster.
+    /// Every ResourceClaim of the cluster (the store of [`ProcessCaches::claims`]).
     pub claims: Store<ResourceClaim>,
-    /// Every DeviceClass of the cluster.
+    /// Every DeviceClass of the cluster (the store of [`ProcessCaches::device_classes`]).
     pub device_classes: Store<DeviceClass>,
+    process: ProcessCaches,
     changes: watch::Receiver<u64>,
-    /// One waiter at a time on the stores' readiness; see [`Caches::wait_ready`].
+    /// One waiter at a time on the slices' readiness; see [`Caches::wait_ready`].
     ready_waiters: Arc<tokio::sync::Mutex<()>>,
 }
 
@@ -48,63 +54,80 @@ impl Debug for Caches {
 }
 
 impl Caches {
-    /// Creates the caches for `driver` and the future that fills them; the stores stay empty
-    /// until that future is polled (run it next to the controllers that read the caches). It
-    /// runs until dropped: watch errors are retried with back-off.
+    /// Creates the caches for `driver`, with [`ProcessCaches`] of their own, and the future
+    /// that fills them; the stores stay empty until that future is polled (run it next to the
+    /// controllers that read the caches). It runs until dropped: watch errors are retried
+    /// with back-off.
     pub fn start(
         client: &Client,
         driver: &str,
-    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
+    ) -> (Self, impl Future<Output = ()> + Send + use<>) {
+        let (process, fill_process) = ProcessCaches::start(client);
+        let (caches, fill) = Self::start_with(&process, client, driver);
+        let fill = async move {
+            futures::future::join(fill_process, fill).await;
+        };
+        (caches, fill)
+    }
+
+    /// Creates the caches for `driver` on the claims and DeviceClasses of `process` (filled
+    /// by its own future), and the future that fills the rest: the driver's ResourceSlices.
+    pub fn start_with(
+        process: &ProcessCaches,
+        client: &Client,
+        driver: &str,
+    ) -> (Self, impl Future<Output = ()> + Send + use<>) {
         let (notify, changes) = watch::channel(0u64);
         let slice_config = watcher::Config::default().fields(&format!("spec.driver={driver}"));
-        let (slices, slice_events) = cache(Api::all(client.clone()), slice_config, "ResourceSlice");
-        let (claims, claim_events) = cache(
+        let (slices, slice_changes) = cache(
             Api::all(client.clone()),
-            watcher::Config::default(),
-            "ResourceClaim",
+            slice_config,
+            "ResourceSlice",
+            strip::managed_fields,
         );
-        let (device_classes, class_events) = cache(
-            Api::all(client.clone()),
-            watcher::Config::default(),
-            "DeviceClass",
-        );
-        let driver = stream::select(stream::select(slice_events, claim_events), class_events)
-            .for_each(move |()| {
-                notify.send_modify(|n| *n = n.wrapping_add(1));
-                std::future::ready(())
-            });
-        (
-            Self {
-                slices,
-                claims,
-                device_classes,
-                changes,
-                ready_waiters: Arc::default(),
-            },
-            driver,
-        )
+        let slice_ticks = slice_changes.filter_map(|change| std::future::ready(change.tick()));
+        let process_ticks = stream::unfold(process.changes.clone(), |mut changes| async move {
+            changes.changed().await.ok()?;
+            Some(((), changes))
+        });
+        let fill = stream::select(slice_ticks, process_ticks).for_each(move |()| {
+            notify.send_modify(|n| *n = n.wrapping_add(1));
+            std::future::ready(())
+        });
+        let caches = Self {
+            slices,
+            claims: process.claims.clone(),
+            device_classes: process.device_classes.clone(),
+            process: process.clone(),
+            changes,
+            ready_waiters: Arc::default(),
+        };
+        (caches, fill)
+    }
+
+    /// The process-wide part of the caches.
+    pub fn process(&self) -> &ProcessCaches {
+        &self.process
     }
 
     /// Waits until every cache holds its first complete list.
     ///
     /// # Errors
     ///
-    /// [`Error::ControllerStopped`] when the future filling the caches was dropped first.
+    /// [`Error::ControllerStopped`] when a future filling the caches was dropped first.
     pub async fn wait_ready(&self) -> Result<()> {
         let stopped = |_| Error::ControllerStopped {
             name: "caches",
             message: "the caches stopped before their first list completed".to_owned(),
         };
-        // kube-runtime 5's `Store::wait_until_ready` keeps the waker of one waiter only
-        // (`DelayedInit` polls a futures oneshot receiver), so a second concurrent waiter can
-        // make the first sleep for ever: waiters queue on a fair lock instead.
-        let _one_at_a_time = self.ready_waiters.lock().await;
-        self.slices.wait_until_ready().await.map_err(stopped)?;
-        self.claims.wait_until_ready().await.map_err(stopped)?;
-        self.device_classes
-            .wait_until_ready()
-            .await
-            .map_err(stopped)
+        {
+            // kube-runtime 5's `Store::wait_until_ready` keeps the waker of one waiter only
+            // (`DelayedInit` polls a futures oneshot receiver), so a second concurrent waiter
+            // can make the first sleep for ever: waiters queue on a fair lock instead.
+            let _one_at_a_time = self.ready_waiters.lock().await;
+            self.slices.wait_until_ready().await.map_err(stopped)?;
+        }
+        self.process.wait_ready().await
     }
 
     /// A stream that yields after the caches changed: an object was added, modified or deleted,
@@ -133,13 +156,54 @@ fn throttled(
     })
 }
 
-/// A reflector for `api`: its store and a stream of "something changed" ticks (watch errors
-/// are logged and retried with back-off).
+/// What a cache's watch did, once its store has it.
+#[derive(Debug)]
+pub enum Change<K> {
+    /// An object was added or modified; `listed` when it came with a (re)list, which the store
+    /// shows only once the list is complete ([`Change::Listed`]).
+    Applied {
+        /// The object as the watch brought it (stripped like the store's copy).
+        object: Arc<K>,
+        /// True for an object of a (re)list.
+        listed: bool,
+    },
+    /// An object was deleted.
+    Deleted,
+    /// A (re)list completed: the store holds it now.
+    Listed,
+}
+
+impl<K> Clone for Change<K> {
+    fn clone(&self) -> Self {
+        match self {
+            Change::Applied { object, listed } => Change::Applied {
+                object: Arc::clone(object),
+                listed: *listed,
+            },
+            Change::Deleted => Change::Deleted,
+            Change::Listed => Change::Listed,
+        }
+    }
+}
+
+impl<K> Change<K> {
+    /// `Some` for a change the store shows now: not an object of a list still coming in.
+    fn tick(&self) -> Option<()> {
+        match self {
+            Change::Applied { listed: true, .. } => None,
+            Change::Applied { .. } | Change::Deleted | Change::Listed => Some(()),
+        }
+    }
+}
+
+/// A reflector for `api` whose objects go through `strip` before the store keeps them: its
+/// store and a stream of its changes (watch errors are logged and retried with back-off).
 pub(crate) fn cache<K>(
     api: Api<K>,
     config: watcher::Config,
     kind: &'static str,
-) -> (Store<K>, impl Stream<Item = ()> + Send + 'static)
+    strip: fn(&mut K),
+) -> (Store<K>, impl Stream<Item = Change<K>> + Send + 'static)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
@@ -148,15 +212,21 @@ where
         writer,
         watcher(api, config)
             .backoff(WatchBackoff::default())
-            // managedFields are large and nobody here reads them.
-            .modify(|object: &mut K| object.managed_fields_mut().clear()),
+            .modify(strip),
     )
     .filter_map(move |event| {
         std::future::ready(match event {
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
-                Some(())
-            }
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
+            Ok(watcher::Event::Apply(object)) => Some(Change::Applied {
+                object: Arc::new(object),
+                listed: false,
+            }),
+            Ok(watcher::Event::InitApply(object)) => Some(Change::Applied {
+                object: Arc::new(object),
+                listed: true,
+            }),
+            Ok(watcher::Event::Delete(_)) => Some(Change::Deleted),
+            Ok(watcher::Event::InitDone) => Some(Change::Listed),
+            Ok(watcher::Event::Init) => None,
             Err(error) => {
                 tracing::warn!(kind, %error, "watch failed; retrying");
                 None

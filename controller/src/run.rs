@@ -2,7 +2,9 @@
 //! this replica leads.
 //!
 //! A leadership term starts the caches and every [`ControllerTask`] with one shared
-//! [`Context`]. When the term ends because the Lease was lost, the controllers are stopped and
+//! [`Context`]. The watches of claims and DeviceClasses ([`ProcessCaches`]) are the process's
+//! when the webhook runs (it reads them on every replica, leader or standby) and the term
+//! borrows them; without the webhook the term starts them itself. When the term ends because the Lease was lost, the controllers are stopped and
 //! [`run`] returns [`Error::LeadershipLost`]: the process exits and restarts as a standby, as
 //! kube-controller-manager does. Nothing written from in-memory state of the old term can then
 //! outlive it.
@@ -20,7 +22,7 @@ use kube::Client;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::Caches;
+use crate::cache::{Caches, ProcessCaches};
 use crate::context::{Context, ControllerConfig};
 use crate::error::{Error, Result};
 use crate::features;
@@ -159,10 +161,20 @@ pub async fn run_controllers_and_webhook(
         Some(serving) => Health::new().with_webhook(Arc::clone(serving)),
         None => Health::new(),
     };
+    // One watch per kind for the whole process: the webhook's caches are the term's too.
+    let process = webhook.as_ref().map(|_| {
+        let (caches, fill) = ProcessCaches::start(&client);
+        (caches, tokio::spawn(fill))
+    });
     let webhook_task = webhook.zip(serving).map(|(webhook, serving)| {
         let (client, metrics, stop) = (client.clone(), metrics.clone(), webhook_shutdown.clone());
+        let caches = process.as_ref().map(|(caches, _)| caches.clone());
         tokio::spawn(async move {
-            if let Err(error) = webhook::run(webhook, client, metrics, serving, stop).await {
+            let result = match caches {
+                Some(caches) => webhook::run_on(caches, webhook, client, metrics, serving, stop).await,
+                None => webhook::run(webhook, client, metrics, serving, stop).await,
+            };
+            if let Err(error) = result {
                 tracing::error!(%error, "admission webhook stopped; pods are admitted without the scheduling gate, and claims with a kerf config sent to this replica are refused");
             }
         })
@@ -188,6 +200,7 @@ pub async fn run_controllers_and_webhook(
         metrics: &metrics,
         health: &health,
         controllers,
+        process: process.as_ref().map(|(caches, _)| caches.clone()),
     };
     let result = match &config.leader_election {
         None => {
@@ -200,6 +213,10 @@ pub async fn run_controllers_and_webhook(
     webhook_shutdown.cancel();
     if let Some(task) = webhook_task {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    if let Some((_, fill)) = process {
+        // Abort is enough: the caches only hold watches, which close with the task.
+        fill.abort();
     }
     if let Some(http) = http {
         match http.await {
@@ -299,6 +316,8 @@ struct Term<'a> {
     metrics: &'a Metrics,
     health: &'a Health,
     controllers: Vec<ControllerTask>,
+    /// The process's caches, when the webhook runs; `None` starts the term's own.
+    process: Option<ProcessCaches>,
 }
 
 impl Term<'_> {
@@ -323,7 +342,14 @@ impl Term<'_> {
             &self.config.field_manager,
         )
         .await;
-        let (caches, fill_caches) = Caches::start(&self.client, &self.config.driver_name);
+        let (process, fill_process) = if let Some(process) = self.process {
+            (process, None)
+        } else {
+            let (process, fill) = ProcessCaches::start(&self.client);
+            (process, Some(tokio::spawn(fill)))
+        };
+        let (caches, fill_caches) =
+            Caches::start_with(&process, &self.client, &self.config.driver_name);
         let ctx = Arc::new(
             Context::new(
                 self.client,
@@ -365,6 +391,10 @@ impl Term<'_> {
         caches_task.abort();
         // Abort is enough: the caches only hold watches, which close with the task.
         let _ = tokio::time::timeout(Duration::from_secs(5), caches_task).await;
+        if let Some(fill) = fill_process {
+            fill.abort();
+            let _ = tokio::time::timeout(Duration::from_secs(5), fill).await;
+        }
         first_error.map_or(Ok(()), Err)
     }
 }

@@ -116,7 +116,7 @@ impl ClaimsContext {
             message: "a watch stopped before its first list completed".to_owned(),
         };
         let _one_at_a_time = self.ready_waiters.lock().await;
-        self.claims.wait_until_ready().await.map_err(stopped)?;
+        // `claims` is the store of the caches, whose waiters queue on their own lock.
         self.pods.wait_until_ready().await.map_err(stopped)?;
         self.nodes.wait_until_ready().await.map_err(stopped)?;
         self.base.caches.wait_ready().await

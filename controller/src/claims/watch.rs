@@ -1,5 +1,5 @@
 //! Wiring the reconciler to the watches: one watch per kind feeds a store and the reconcile
-//! queue.
+//! queue (the claims' watch is the process's, shared with the webhook).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -8,18 +8,19 @@ use std::time::Duration;
 use futures::{StreamExt as _, stream};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::Api;
 use kube::runtime::controller::{
-    self, Config as ApplierConfig, ReconcileReason, ReconcileRequest, trigger_self, trigger_with,
+    self, Config as ApplierConfig, ReconcileReason, ReconcileRequest, trigger_with,
 };
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt as _, applier, watcher};
-use kube::{Api, ResourceExt as _};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::context::{ClaimSettings, ClaimsContext};
 use super::reconcile::{CONTROLLER, error_policy, object_key, reconcile};
 use super::{consumers, node_label, ownership};
+use crate::cache::{Change, ProcessCaches, strip};
 use crate::context::Context;
 use crate::error::Result;
 use kerf_api::watch_backoff::WatchBackoff;
@@ -51,7 +52,9 @@ type Request = std::result::Result<ReconcileRequest<ResourceClaim>, watcher::Err
 ///
 /// One watch per kind feeds both a store and the reconcile queue, and the store is written
 /// before the event is queued, so a reconcile never sees a pod or claim older than the event
-/// that triggered it: claims trigger themselves; pods trigger the claims they use (creation,
+/// that triggered it. The claim watch is the process's (shared with the webhook, see
+/// [`ProcessCaches`]); pods and nodes, which only the leader reads, are watched here, stripped
+/// of what kerf never reads ([`strip`]). Claims trigger themselves; pods trigger the claims they use (creation,
 /// scheduling, deletion); an allocation by someone else triggers the controller claims that
 /// must yield its devices; and every claim is reconciled again each resync period. Ownership
 /// of the devices is decided next to it, every [`ClaimSettings::ownership_tick`], and the
@@ -66,14 +69,14 @@ pub async fn run(
 ) -> Result<()> {
     let client = base.client.clone();
     let resync_period = base.config.resync_period;
-    let (claims, claim_writer) = reflector::store();
+    // The process-wide claim store, shared with the webhook (see `ProcessCaches`).
+    let claims = base.caches.claims.clone();
     // The node label reconciler runs on the same watch and store: every claim event goes to
     // both queues, after the store has it.
     let (label_trigger, label_triggered) = tokio::sync::mpsc::unbounded_channel();
     // Bumped after every pod, node and claim store write: what wakes the ownership pass.
     let ownership_inputs = ownership::InputChanges::default();
-    let claim_events = claim_events(&client, claim_writer, label_trigger, &ownership_inputs);
-    let claim_requests = trigger_self(claim_events, ());
+    let claim_requests = claim_events(base.caches.process(), label_trigger, &ownership_inputs);
     let labels = node_label::run(
         Arc::clone(&base),
         claims.clone(),
@@ -87,7 +90,7 @@ pub async fn run(
             pod_writer,
             watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
                 .backoff(WatchBackoff::default())
-                .modify(|pod: &mut Pod| pod.managed_fields_mut().clear()),
+                .modify(strip::pod),
         )
         .inspect(ownership_inputs.bumper())
         .touched_objects(),
@@ -98,7 +101,7 @@ pub async fn run(
         node_writer,
         watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
             .backoff(WatchBackoff::default())
-            .modify(|node: &mut Node| node.managed_fields_mut().clear()),
+            .modify(strip::node),
     )
     .inspect(ownership_inputs.bumper())
     .for_each(|_| std::future::ready(()));
@@ -165,31 +168,30 @@ pub async fn run(
     Ok(())
 }
 
-/// The claims the watch brings, written to the store first, each also sent to `labels`.
+/// The claims the process-wide watch brings, after its store has them (see
+/// [`ProcessCaches::claim_updates`]): a reconcile request each, also sent to `labels`. Every
+/// change, deletions included, bumps `ownership_inputs`.
 fn claim_events(
-    client: &kube::Client,
-    writer: reflector::store::Writer<ResourceClaim>,
+    caches: &ProcessCaches,
     labels: UnboundedSender<ReconcileRequest<ResourceClaim>>,
     ownership_inputs: &ownership::InputChanges,
-) -> impl futures::Stream<Item = std::result::Result<ResourceClaim, watcher::Error>> + Send + 'static
-{
-    reflector::reflector(
-        writer,
-        watcher(
-            Api::<ResourceClaim>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .backoff(WatchBackoff::default())
-        .modify(|claim: &mut ResourceClaim| claim.managed_fields_mut().clear()),
-    )
-    .inspect(ownership_inputs.bumper())
-    .applied_objects()
-    .inspect(move |event| {
-        if let Ok(claim) = event {
-            // Only fails once the label reconciler stopped, i.e. while shutting down.
-            let _ = labels.send(node_label::request(claim));
-        }
-    })
+) -> impl futures::Stream<Item = Request> + Send + 'static {
+    caches
+        .claim_updates()
+        .inspect(ownership_inputs.bumper())
+        .filter_map(move |change| {
+            std::future::ready(match change {
+                Change::Applied { object, .. } => {
+                    // Only fails once the label reconciler stopped, i.e. while shutting down.
+                    let _ = labels.send(node_label::request(&object));
+                    Some(Ok(ReconcileRequest {
+                        obj_ref: ObjectRef::from_obj(object.as_ref()),
+                        reason: ReconcileReason::ObjectUpdated,
+                    }))
+                }
+                Change::Deleted | Change::Listed => None,
+            })
+        })
 }
 
 /// The node label reconciler's queue: the claims `triggered` names, and every cached claim

@@ -1,10 +1,11 @@
-//! The webhook's own watch caches. They run on every replica, leader or not (the Service sends
-//! admission requests to any of them), unlike [`crate::cache::Caches`], which lives only for a
-//! leadership term.
+//! The watch caches the webhook reads. They serve on every replica, leader or not (the Service
+//! sends admission requests to any of them): the claims and DeviceClasses are the process's
+//! ([`ProcessCaches`], which a leadership term's [`crate::cache::Caches`] borrows), the
+//! ResourceClaimTemplates, which only the webhook reads, are its own.
 
 use std::future::Future;
 
-use futures::{StreamExt as _, stream};
+use futures::StreamExt as _;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kerf_api::controller_claims::class_parameters;
 use kerf_api::params::GpuClassParameters;
@@ -13,13 +14,14 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 
 use super::decide::ClaimLookup;
-use crate::cache::cache;
+use crate::cache::{ProcessCaches, cache, strip};
 use crate::error::{Error, Result};
 
 /// Read handles of the webhook's caches: every ResourceClaim, ResourceClaimTemplate and
 /// DeviceClass. Clones share the stores.
 #[derive(Clone)]
 pub struct WebhookCaches {
+    process: ProcessCaches,
     claims: Store<ResourceClaim>,
     templates: Store<ResourceClaimTemplate>,
     classes: Store<DeviceClass>,
@@ -37,41 +39,44 @@ impl std::fmt::Debug for WebhookCaches {
 }
 
 impl WebhookCaches {
-    /// Creates the caches for `driver` and the future that fills them (it runs until dropped;
-    /// watch errors are retried with back-off).
+    /// Creates the caches for `driver` on the claims and DeviceClasses of `process` (filled by
+    /// its own future), and the future that fills the templates' cache (it runs until
+    /// dropped; watch errors are retried with back-off).
     pub fn start(
+        process: &ProcessCaches,
         client: &Client,
         driver: &str,
-    ) -> (Self, impl Future<Output = ()> + Send + 'static) {
-        let all = watcher::Config::default;
-        let (claims, a) = cache(Api::all(client.clone()), all(), "ResourceClaim");
-        let (templates, b) = cache(Api::all(client.clone()), all(), "ResourceClaimTemplate");
-        let (classes, c) = cache(Api::all(client.clone()), all(), "DeviceClass");
-        let fill = stream::select(stream::select(a, b), c).for_each(|()| std::future::ready(()));
-        (
-            Self {
-                claims,
-                templates,
-                classes,
-                driver: driver.to_owned(),
-            },
-            fill,
-        )
+    ) -> (Self, impl Future<Output = ()> + Send + use<>) {
+        let (templates, changes) = cache(
+            Api::all(client.clone()),
+            watcher::Config::default(),
+            "ResourceClaimTemplate",
+            strip::managed_fields,
+        );
+        let fill = changes.for_each(|_| std::future::ready(()));
+        let caches = Self {
+            process: process.clone(),
+            claims: process.claims.clone(),
+            templates,
+            classes: process.device_classes.clone(),
+            driver: driver.to_owned(),
+        };
+        (caches, fill)
     }
 
     /// Waits until every cache holds its first complete list.
     ///
     /// # Errors
     ///
-    /// [`Error::ControllerStopped`] when the future filling the caches was dropped first.
+    /// [`Error::ControllerStopped`] when a future filling the caches was dropped first.
     pub async fn wait_ready(&self) -> Result<()> {
         let stopped = |_| Error::ControllerStopped {
             name: "webhook caches",
             message: "the caches stopped before their first list completed".to_owned(),
         };
-        self.claims.wait_until_ready().await.map_err(stopped)?;
+        // The templates' store has no other waiter; the process's stores queue their waiters.
         self.templates.wait_until_ready().await.map_err(stopped)?;
-        self.classes.wait_until_ready().await.map_err(stopped)
+        self.process.wait_ready().await
     }
 }
 

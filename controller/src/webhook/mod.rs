@@ -15,7 +15,8 @@
 //! - [`server`]: HTTPS (rustls, hyper) with a certificate swapped without a restart;
 //! - [`tls`]: a self-made CA and serving certificate, or PEM files (cert-manager);
 //! - [`ca_bundle`]: keeps this replica's CA in the MutatingWebhookConfigurations;
-//! - [`lookup`]: the watch caches the pod decisions read, on every replica.
+//! - [`lookup`]: the watch caches the pod decisions read, on every replica (the claims and
+//!   DeviceClasses are the process's, shared with the leader's reconcilers).
 
 pub mod ca_bundle;
 pub mod canonical;
@@ -42,6 +43,7 @@ pub use kerf_api::controller_claims::SCHEDULING_GATE;
 pub use lookup::WebhookCaches;
 pub use tls::CertResolver;
 
+use crate::cache::ProcessCaches;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -141,7 +143,28 @@ pub async fn run(
     serving: Arc<AtomicBool>,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    let (caches, fill) = WebhookCaches::start(&client, &config.driver_name);
+    let (process, fill) = ProcessCaches::start(&client);
+    let fill = tokio::spawn(fill);
+    let result = run_on(process, config, client, metrics, serving, shutdown).await;
+    fill.abort();
+    result
+}
+
+/// [`run`] on the process's caches of claims and DeviceClasses (`process`, filled by the
+/// caller): starts only the templates' cache.
+///
+/// # Errors
+///
+/// As [`run`].
+pub async fn run_on(
+    process: ProcessCaches,
+    config: WebhookConfig,
+    client: Client,
+    metrics: Metrics,
+    serving: Arc<AtomicBool>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let (caches, fill) = WebhookCaches::start(&process, &client, &config.driver_name);
     let fill = tokio::spawn(fill);
     let result = run_with(
         config,
