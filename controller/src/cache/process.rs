@@ -152,3 +152,56 @@ impl Subscribers {
         self.senders.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::runtime::reflector;
+
+    fn claim(name: &str) -> ResourceClaim {
+        ResourceClaim {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some("ns".to_owned()),
+                ..ObjectMeta::default()
+            },
+            ..ResourceClaim::default()
+        }
+    }
+
+    fn name(change: Change<ResourceClaim>) -> (String, bool) {
+        match change {
+            Change::Applied { object, listed } => (object.metadata.name.clone().unwrap(), listed),
+            other => panic!("not an applied claim: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_late_subscriber_sees_the_store_first_then_each_change() {
+        let (store, mut writer) = reflector::store::<ResourceClaim>();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(claim("a")));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let subscribers = Subscribers::default();
+        drop(subscribers.subscribe(&store));
+        let mut late = subscribers.subscribe(&store);
+        assert_eq!(name(late.try_recv().unwrap()), ("a".to_owned(), true));
+        assert!(late.try_recv().is_err(), "the store held one claim");
+
+        let b = claim("b");
+        writer.apply_watcher_event(&watcher::Event::Apply(b.clone()));
+        subscribers.send(&Change::Applied {
+            object: Arc::new(b),
+            listed: false,
+        });
+        subscribers.send(&Change::Deleted);
+        assert_eq!(name(late.try_recv().unwrap()), ("b".to_owned(), false));
+        assert!(matches!(late.try_recv(), Ok(Change::Deleted)));
+        assert_eq!(
+            subscribers.lock().len(),
+            1,
+            "a subscriber that stopped is dropped"
+        );
+    }
+}
