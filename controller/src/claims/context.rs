@@ -29,7 +29,8 @@ pub struct ClaimSettings {
     pub pending_retry: Duration,
     /// Fences and lingering of ownership moves.
     pub ownership: super::ownership::OwnershipTiming,
-    /// How often ownership is decided again.
+    /// The shortest time between two ownership passes; a pass runs only when its inputs
+    /// changed or a fence or linger is due ([`super::ownership`]).
     pub ownership_tick: Duration,
 }
 
