@@ -20,7 +20,7 @@ use crate::discovery::facts::HostPaths;
 /// the emulated driver's; on a GPU node, NVML's MIG calls
 /// ([`super::nvml::NvmlMigControl`]) and the host's `/proc`. `crash_at` aborts after that
 /// step of every MIG prepare (`--mock-crash-at`, refused outside mock mode by
-/// [`crate::args::Args::mock_crash_at`]).
+/// [`crate::args::Args::into_config`]).
 ///
 /// # Errors
 /// The mock's state directory cannot be created, or NVML does not initialise.
