@@ -92,7 +92,7 @@ pub async fn run(
                 .backoff(WatchBackoff::default())
                 .modify(strip::pod),
         )
-        .inspect(ownership_inputs.bumper())
+        .inspect(ownership_inputs.pod_bumper())
         .touched_objects(),
         pod_claim_refs,
     );
@@ -103,7 +103,7 @@ pub async fn run(
             .backoff(WatchBackoff::default())
             .modify(strip::node),
     )
-    .inspect(ownership_inputs.bumper())
+    .inspect(ownership_inputs.node_bumper())
     .for_each(|_| std::future::ready(()));
     let (trigger, triggered) = tokio::sync::mpsc::unbounded_channel();
     let ctx = Arc::new(ClaimsContext::new(
