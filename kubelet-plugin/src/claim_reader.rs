@@ -72,11 +72,6 @@ pub trait ClaimReader: Send + Sync + 'static {
         Cached::Off
     }
 
-    /// The same reader without its cache, or `None` when it has none.
-    fn uncached(&self) -> Option<Arc<dyn ClaimReader>> {
-        None
-    }
-
     /// Tells the reader that the claim with `uid` was unprepared on this node, so that its
     /// cache does not answer for it again until it has seen the allocation cleared (or the
     /// claim gone): the claim may be allocated anew, and a copy from before would name the

@@ -286,10 +286,6 @@ impl ClaimReader for CachingClaimReader {
         self.cache.lookup(namespace, name)
     }
 
-    fn uncached(&self) -> Option<Arc<dyn ClaimReader>> {
-        Some(Arc::new(self.api.clone()))
-    }
-
     fn unprepared(&self, uid: &str) {
         self.cache.hold_back(uid);
     }

@@ -130,10 +130,6 @@ impl ClaimReader for Timed {
         cached
     }
 
-    fn uncached(&self) -> Option<Arc<dyn ClaimReader>> {
-        self.inner.uncached()
-    }
-
     fn unprepared(&self, uid: &str) {
         self.inner.unprepared(uid);
     }
