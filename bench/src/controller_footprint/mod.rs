@@ -6,10 +6,13 @@
 //!    with a copy of the ResourceSlice the real publisher wrote for the first node.
 //! 2. The replicas ([`replica`]): `replicas` kerf-controller processes with a kubeconfig for
 //!    kerf-controller's ServiceAccount (so RBAC is what `deploy/` grants), leader election on
-//!    (the first replica is started alone and takes the Lease, the others start once it holds
-//!    it: the fake's server-side apply has no field-manager conflicts, which kube-lease-manager
-//!    relies on when two replicas race for a free Lease), the webhook on (every replica
-//!    serves it), production timing unless `extra_args` say otherwise.
+//!    through a `coordination.k8s.io/v1` Lease, which FakeApi stores like any namespaced object
+//!    (resourceVersion, 409 on a stale update; `controller/tests/leader.rs` runs elections on
+//!    it). The first replica starts alone and takes the Lease; the others start once it holds
+//!    it, because kube-lease-manager 0.13 takes a free Lease with a server-side apply without
+//!    force (`LeaseState::lock`, `src/state.rs`) and counts on kube-apiserver's field-manager
+//!    conflict to stop a second taker, which FakeApi's apply does not raise. The webhook is on
+//!    (every replica serves it); timing is production's unless `extra_args` say otherwise.
 //! 3. A warm-up pod, bound once the leader has passed its ownership fence (its settle period
 //!    after first seeing the slices): the time to it is reported as `ready_s`.
 //! 4. The burst ([`burst`]): `claims` Controller-class slice claims, then as many pods, each
@@ -52,6 +55,8 @@ const WARM_UP_TIMEOUT: Duration = Duration::from_secs(120);
 /// The Lease of the leader election (kerf-controller's defaults).
 const LEASE_PATH: &str =
     "/apis/coordination.k8s.io/v1/namespaces/kerf-system/leases/kerf-controller";
+/// How long `perf record` is given to attach before a measured phase starts.
+const PERF_ATTACH: Duration = Duration::from_secs(1);
 /// Idle CPU target, percent of one core (issue 29).
 const IDLE_CPU_TARGET_PCT: f64 = 1.0;
 /// Leader RSS target, MiB (issue 29).
@@ -162,9 +167,9 @@ async fn measure(
     let ready = started.elapsed();
 
     let leader = 0;
+    let perf = start_perf(config, replicas[leader].pid(), "burst").await?;
     let before = sample_all(replicas)?;
     let requests_before = controller_requests(fake);
-    let perf = start_perf(config, replicas[leader].pid(), "burst")?;
     let mut load = burst::Load::new(
         fake,
         admitter,
@@ -178,7 +183,7 @@ async fn measure(
     let burst_perf = stop_perf(perf).await;
 
     tokio::time::sleep(config.settle).await;
-    let perf = start_perf(config, replicas[leader].pid(), "idle")?;
+    let perf = start_perf(config, replicas[leader].pid(), "idle").await?;
     let idle_start = sample_all(replicas)?;
     let requests_idle_start = controller_requests(fake);
     let idle_started = Instant::now();
@@ -305,13 +310,17 @@ async fn wait(replicas: &mut [Replica], what: &str, mut done: impl FnMut() -> bo
     Ok(())
 }
 
-fn start_perf(config: &FootprintConfig, pid: u32, phase: &str) -> Result<Option<PerfRecord>> {
+/// Starts `perf record` on `pid` into `<perf>.<phase>` and gives it a moment to attach (it
+/// missed the first half second of a burst without).
+async fn start_perf(config: &FootprintConfig, pid: u32, phase: &str) -> Result<Option<PerfRecord>> {
     let Some(prefix) = &config.perf else {
         return Ok(None);
     };
     let mut name = prefix.clone().into_os_string();
     name.push(format!(".{phase}"));
-    PerfRecord::start(pid, &PathBuf::from(name)).map(Some)
+    let perf = PerfRecord::start(pid, &PathBuf::from(name))?;
+    tokio::time::sleep(PERF_ATTACH).await;
+    Ok(Some(perf))
 }
 
 async fn stop_perf(perf: Option<PerfRecord>) -> Option<PathBuf> {
