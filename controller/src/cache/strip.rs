@@ -12,6 +12,8 @@
 use k8s_openapi::api::core::v1::{Affinity, Container, Node, NodeStatus, Pod, PodSpec, PodStatus};
 use kube::Resource;
 
+use crate::claims::CONDITION_TYPE;
+
 /// Drops `managedFields`, which every kind carries and nothing in kerf reads: the server-side
 /// apply bookkeeping of every writer, often larger than the rest of the metadata.
 pub fn managed_fields<K: Resource>(object: &mut K) {
@@ -27,15 +29,21 @@ pub fn managed_fields<K: Resource>(object: &mut K) {
 ///   of `affinity`, `tolerations`) and the containers' and init containers' names, resources
 ///   (extended-resource requests) and restart policy (sidecars); images, commands,
 ///   environments, volumes and probes go;
-/// - of the status, `phase`, `conditions`, `resourceClaimStatuses` and
-///   `extendedResourceClaimStatus`; container statuses and addresses go.
+/// - of the status, `phase`, kerf's own condition ([`CONDITION_TYPE`], which the reconciler
+///   compares before writing it), `resourceClaimStatuses` and `extendedResourceClaimStatus`;
+///   the kubelet's and kube-scheduler's conditions, container statuses and addresses go.
 pub fn pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
     pod.metadata.annotations = None;
     pod.spec = pod.spec.take().map(pod_spec);
     pod.status = pod.status.take().map(|status| PodStatus {
         phase: status.phase,
-        conditions: status.conditions,
+        conditions: status.conditions.map(|conditions| {
+            conditions
+                .into_iter()
+                .filter(|condition| condition.type_ == CONDITION_TYPE)
+                .collect()
+        }),
         resource_claim_statuses: status.resource_claim_statuses,
         extended_resource_claim_status: status.extended_resource_claim_status,
         ..PodStatus::default()

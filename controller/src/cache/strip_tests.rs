@@ -54,7 +54,7 @@ fn full_pod(phase: &str, node_name: Option<&str>) -> Pod {
         },
         "status": {
             "phase": phase,
-            "conditions": [{"type": "gpu.kerf.dev/GpuAllocation", "status": "True"}],
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "gpu.kerf.dev/GpuAllocation", "status": "True"}],
             "resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x7k"}],
             "extendedResourceClaimStatus": {"resourceClaimName": "p-ext", "requestMappings": []},
             "containerStatuses": [{"name": "main", "image": "cuda:12", "imageID": "", "ready": false, "restartCount": 0}],
@@ -148,6 +148,11 @@ fn stripped_pods_answer_every_reader_as_full_ones() {
             consumers::awaits_allocation(full)
         );
         assert_eq!(has_condition(&stripped), has_condition(full));
+        let kerf_condition = |p: &Pod| {
+            let conditions = p.status.as_ref().unwrap().conditions.clone().unwrap();
+            conditions.into_iter().find(|c| c.type_ == CONDITION_TYPE)
+        };
+        assert_eq!(kerf_condition(&stripped), kerf_condition(full));
         for node in &nodes {
             assert_eq!(node_fits(&stripped, node), node_fits(full, node));
         }
