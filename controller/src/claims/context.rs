@@ -67,8 +67,9 @@ pub struct ClaimsContext {
     pub settings: ClaimSettings,
     /// One waiter at a time on the stores' readiness (see [`crate::cache::Caches::wait_ready`]).
     ready_waiters: tokio::sync::Mutex<()>,
-    /// Bumped after each write to the pod, node and claim stores above and by the ledger: the
-    /// ownership pass runs on it instead of on a clock ([`super::ownership::InputChanges`]).
+    /// Bumped after each claim store write, after the pod and node writes an ownership pass
+    /// reads, and by the ledger: the pass runs on it instead of on a clock
+    /// ([`super::ownership::InputChanges`]).
     pub ownership_inputs: super::ownership::InputChanges,
 }
 

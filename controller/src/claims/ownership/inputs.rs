@@ -2,10 +2,12 @@
 //! computed has come.
 //!
 //! The pass reads the published slices, the claims, the DeviceClasses (the shared caches, whose
-//! own change counter [`crate::cache::Caches::changes`] is forwarded here), the pods and nodes
-//! of the claim controller's watches and the claim store it reconciles from (bumped by
-//! `watch.rs` after each store write), and the ledger's allocations in flight and claims
-//! waiting for capacity (bumped by `ledger.rs` on each change). What changes with time alone is
+//! own change counter [`crate::cache::Caches::changes`] is forwarded here), the claims, pods
+//! and nodes of the claim controller's watches (bumped by `watch.rs` after the store write: on
+//! every claim event, which [`crate::claims::ledger`]'s sync relies on, and on the node and pod
+//! events that change what a pass reads, see [`InputChanges::node_bumper`] and
+//! [`InputChanges::pod_bumper`]), and the ledger's allocations in flight and claims waiting for
+//! capacity (bumped by `ledger.rs` on each change). What changes with time alone is
 //! computed by the pass itself ([`super::OwnershipBook::next_due`], the expiry of an assumed
 //! allocation, a node write in back-off). With nothing changing, nothing runs.
 
