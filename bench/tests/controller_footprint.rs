@@ -11,6 +11,11 @@
 //! (`kerf_bench::controller_footprint::default_binary`), or the one `KERF_CONTROLLER_BINARY`
 //! names. Run alone (`cargo test -p kerf-bench`), it needs `cargo build -p kerf-controller`
 //! first, and says so.
+#![allow(
+    clippy::unwrap_used,
+    clippy::panic,
+    reason = "helpers outside #[test] functions fail the test the same way"
+)]
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -107,7 +107,7 @@ pub async fn controller_footprint(config: &FootprintConfig) -> Result<Summary> {
         .map_err(|e| Error::io("start", "the in-memory API server", e))?;
     cluster::install(&fake, config.nodes).await?;
     let mut replicas = Vec::with_capacity(config.replicas);
-    let result = measure(config, &fake, &server, &mut replicas).await;
+    let result = Box::pin(measure(config, &fake, &server, &mut replicas)).await;
     for replica in replicas {
         replica.stop().await;
     }
@@ -121,128 +121,182 @@ async fn measure(
     replicas: &mut Vec<Replica>,
 ) -> Result<Summary> {
     let started = Instant::now();
-    for index in 0..config.replicas {
-        replicas.push(Replica::start(
-            &config.binary,
-            server,
-            &config.dir,
-            index,
-            &config.extra_args,
-        )?);
-        let started = &replicas[index];
-        eprintln!(
-            "controller-footprint: {} runs as pid {} (log {})",
-            started.identity,
-            started.pid(),
-            started.log.display()
-        );
-        if index == 0 {
-            let first = replicas[0].identity.clone();
-            wait(replicas, "the first replica to hold the Lease", || {
-                holder(fake).as_deref() == Some(first.as_str())
-            })
-            .await?;
-        }
-    }
-    wait(
-        replicas,
-        "every replica's CA in both webhook configurations",
-        || {
-            [POD_CONFIGURATION, CLAIM_CONFIGURATION].iter().all(|name| {
-                admission::bundles(fake, name).is_some_and(|bundles| {
-                    bundles
-                        .iter()
-                        .all(|pem| admission::certificates(pem) >= config.replicas)
-                })
-            })
-        },
-    )
-    .await?;
-    let bundle = admission::bundles(fake, POD_CONFIGURATION)
-        .unwrap_or_default()
-        .concat();
-    let admitter = Admitter::new(&bundle, replicas.iter().map(|r| r.webhook_port).collect())?;
+    let admitter = start_replicas(config, fake, server, replicas).await?;
     let mut warm_up = burst::Load::new(fake, admitter.clone(), burst::plans("warmup", 1), 0);
-    warm_up.run(config.replicas, WARM_UP_TIMEOUT).await?;
+    Box::pin(warm_up.run(config.replicas, WARM_UP_TIMEOUT)).await?;
     let ready = started.elapsed();
 
-    let leader = 0;
-    let perf = start_perf(config, replicas[leader].pid(), "burst").await?;
-    let before = sample_all(replicas)?;
-    let requests_before = controller_requests(fake);
     let mut load = burst::Load::new(
         fake,
         admitter,
         burst::plans("burst", config.claims),
         config.seed,
     );
-    let burst_timeout = Duration::from_secs(60) + Duration::from_millis(100) * count(config.claims);
-    let timeline = load.run(config.replicas, burst_timeout).await?;
-    let after_burst = sample_all(replicas)?;
-    let burst_requests = controller_requests(fake) - requests_before;
-    let burst_perf = stop_perf(perf).await;
-
+    let timeout = Duration::from_secs(60) + Duration::from_millis(100) * count(config.claims);
+    let (timeline, burst) = measured(
+        config,
+        fake,
+        replicas,
+        "burst",
+        Box::pin(load.run(config.replicas, timeout)),
+    )
+    .await?;
     tokio::time::sleep(config.settle).await;
-    let perf = start_perf(config, replicas[leader].pid(), "idle").await?;
-    let idle_start = sample_all(replicas)?;
-    let requests_idle_start = controller_requests(fake);
-    let idle_started = Instant::now();
-    tokio::time::sleep(config.idle_window).await;
-    let idle_end = sample_all(replicas)?;
-    let idle_elapsed = idle_started.elapsed();
-    let idle_requests = controller_requests(fake) - requests_idle_start;
-    let idle_perf = stop_perf(perf).await;
+    let idle = async {
+        tokio::time::sleep(config.idle_window).await;
+        Ok(())
+    };
+    let ((), idle) = measured(config, fake, replicas, "idle", idle).await?;
+    Ok(report(
+        config, fake, replicas, ready, &timeline, &burst, &idle,
+    ))
+}
 
+/// Starts the replicas (the first alone until it holds the Lease) and returns a webhook client
+/// once every replica's CA is in both webhook configurations.
+async fn start_replicas(
+    config: &FootprintConfig,
+    fake: &FakeApi,
+    server: &ApiServer,
+    replicas: &mut Vec<Replica>,
+) -> Result<Admitter> {
+    for index in 0..config.replicas {
+        let replica = Replica::start(
+            &config.binary,
+            server,
+            &config.dir,
+            index,
+            &config.extra_args,
+        )?;
+        // On stderr at once, for attaching a profiler by hand.
+        eprintln!(
+            "controller-footprint: {} runs as pid {} (log {})",
+            replica.identity,
+            replica.pid(),
+            replica.log.display()
+        );
+        let identity = replica.identity.clone();
+        replicas.push(replica);
+        if index == 0 {
+            wait(replicas, "the first replica to hold the Lease", || {
+                holder(fake).as_deref() == Some(identity.as_str())
+            })
+            .await?;
+        }
+    }
+    let all_cas = || {
+        [POD_CONFIGURATION, CLAIM_CONFIGURATION].iter().all(|name| {
+            admission::bundles(fake, name).is_some_and(|bundles| {
+                bundles
+                    .iter()
+                    .all(|pem| admission::certificates(pem) >= config.replicas)
+            })
+        })
+    };
+    wait(
+        replicas,
+        "every replica's CA in both webhook configurations",
+        all_cas,
+    )
+    .await?;
+    let bundle = admission::bundles(fake, POD_CONFIGURATION)
+        .unwrap_or_default()
+        .concat();
+    Admitter::new(&bundle, replicas.iter().map(|r| r.webhook_port).collect())
+}
+
+/// What every replica did over one measured phase.
+#[derive(Debug)]
+struct Window {
+    start: Vec<Sample>,
+    end: Vec<Sample>,
+    elapsed: Duration,
+    /// Requests of kerf-controller's replicas to the API server.
+    requests: usize,
+    /// The leader's `perf record` file.
+    perf: Option<PathBuf>,
+}
+
+/// Runs `phase` between two samples of every replica (and, when configured, under `perf
+/// record` of the first replica, the leader).
+async fn measured<T>(
+    config: &FootprintConfig,
+    fake: &FakeApi,
+    replicas: &mut [Replica],
+    name: &str,
+    phase: impl Future<Output = Result<T>>,
+) -> Result<(T, Window)> {
+    let perf = start_perf(config, replicas[0].pid(), name).await?;
+    let start = sample_all(replicas)?;
+    let requests = controller_requests(fake);
+    let started = Instant::now();
+    let outcome = phase.await;
+    let elapsed = started.elapsed();
+    let end = sample_all(replicas);
+    let requests = controller_requests(fake).saturating_sub(requests);
+    let perf = stop_perf(perf).await;
+    Ok((
+        outcome?,
+        Window {
+            start,
+            end: end?,
+            elapsed,
+            requests,
+            perf,
+        },
+    ))
+}
+
+/// The summary, leader first (the Lease's holder at the end).
+fn report(
+    config: &FootprintConfig,
+    fake: &FakeApi,
+    replicas: &[Replica],
+    ready: Duration,
+    timeline: &burst::Timeline,
+    burst: &Window,
+    idle: &Window,
+) -> Summary {
     let holder = holder(fake).unwrap_or_default();
-    // The figures are reported leader first.
     let leader = replicas
         .iter()
         .position(|r| r.identity == holder)
-        .unwrap_or(leader);
+        .unwrap_or(0);
     let order = std::iter::once(leader).chain((0..replicas.len()).filter(|i| *i != leader));
     let figures: Vec<Figures> = order
         .map(|i| Figures {
-            burst_cpu: after_burst[i].cpu.saturating_sub(before[i].cpu),
-            idle_cpu: idle_end[i].cpu.saturating_sub(idle_start[i].cpu),
-            end: idle_end[i],
+            burst_cpu: burst.end[i].cpu.saturating_sub(burst.start[i].cpu),
+            idle_cpu: idle.end[i].cpu.saturating_sub(idle.start[i].cpu),
+            end: idle.end[i],
         })
         .collect();
-    let mut s = summary(config, &timeline, &figures, idle_elapsed);
+    let mut s = summary(config, timeline, &figures, idle.elapsed);
+    let per_pod = ratio(burst.requests, config.claims);
+    let idle_rate = per_second(idle.requests, idle.elapsed);
     s.detail(format!(
         "ready (replicas started -> warm-up pod bound, the leader's ownership fence included): {:.1} s; Lease holder at the end: {holder}",
         ready.as_secs_f64()
     ));
     s.detail(format!(
-        "API requests of kerf-controller (all replicas): {:.1} per pod in the burst, {:.1}/s idle",
-        ratio(burst_requests, config.claims),
-        per_second(idle_requests, idle_elapsed)
+        "API requests of kerf-controller (all replicas): {per_pod:.1} per pod in the burst, {idle_rate:.1}/s idle"
     ));
-    for (what, file) in [("burst", burst_perf), ("idle", idle_perf)] {
-        if let Some(file) = file {
+    for (what, window) in [("burst", burst), ("idle", idle)] {
+        if let Some(file) = &window.perf {
             s.detail(format!(
                 "perf record of the leader ({what}): {}",
                 file.display()
             ));
         }
     }
-    s.detail(format!(
-        "replica logs: {}",
-        replicas
-            .iter()
-            .map(|r| r.log.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    ));
+    let logs: Vec<String> = replicas
+        .iter()
+        .map(|r| r.log.display().to_string())
+        .collect();
+    s.detail(format!("replica logs: {}", logs.join(", ")));
     s.figure("ready_s", format!("{:.1}", ready.as_secs_f64()))
-        .figure(
-            "api_requests_per_pod",
-            format!("{:.1}", ratio(burst_requests, config.claims)),
-        )
-        .figure(
-            "idle_api_requests_per_s",
-            format!("{:.1}", per_second(idle_requests, idle_elapsed)),
-        );
-    Ok(s)
+        .figure("api_requests_per_pod", format!("{per_pod:.1}"))
+        .figure("idle_api_requests_per_s", format!("{idle_rate:.1}"));
+    s
 }
 
 fn count(n: usize) -> u32 {
