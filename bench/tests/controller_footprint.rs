@@ -60,6 +60,7 @@ fn a_small_run_binds_every_pod_and_reports_cpu_and_memory_of_both_replicas() {
     for key in [
         "pods_per_s",
         "cpu_ms_per_pod",
+        "cpu_ms_per_pod_above_idle",
         "idle_cpu_pct",
         "rss_mib",
         "peak_rss_mib",

@@ -215,22 +215,32 @@ impl Admitter {
     /// per webhook with a keep-alive transport: `staging/src/k8s.io/apiserver/pkg/util/webhook/
     /// client.go`, `ClientManager.HookClient`), so a TLS handshake is not paid per review.
     async fn post(&self, port: u16, body: String) -> Result<Value> {
+        let body = Bytes::from(body);
+        if let Some(mut sender) = self.take_idle(port)
+            && let Ok(response) = send(&mut sender, request(body.clone())?).await
+        {
+            return self.finish(port, sender, response).await;
+        }
+        // No idle connection, or the replica closed it as the review went out on it. Go's
+        // transport then sends the request again on a new connection (`net/http/transport.go`,
+        // `persistConn.shouldRetryRequest`); a review has no side effects, so that is safe.
+        let mut sender = self.connect(port).await?;
+        let response = send(&mut sender, request(body)?)
+            .await
+            .map_err(|e| Error::Child(format!("webhook on 127.0.0.1:{port}: POST: {e}")))?;
+        self.finish(port, sender, response).await
+    }
+
+    /// Reads the answer and keeps the connection for the next review.
+    async fn finish(
+        &self,
+        port: u16,
+        mut sender: Sender,
+        response: http::Response<hyper::body::Incoming>,
+    ) -> Result<Value> {
         let fail = |what: &str, e: &dyn std::fmt::Display| {
             Error::Child(format!("webhook on 127.0.0.1:{port}: {what}: {e}"))
         };
-        let mut sender = match self.take_idle(port) {
-            Some(sender) => sender,
-            None => self.connect(port).await?,
-        };
-        let request = Request::post(PATH)
-            .header(header::HOST, HOST)
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|e| fail("request", &e))?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|e| fail("POST", &e))?;
         let status = response.status();
         let bytes = response
             .into_body()
@@ -238,7 +248,9 @@ impl Admitter {
             .await
             .map_err(|e| fail("body", &e))?
             .to_bytes();
-        self.put_idle(port, sender);
+        if sender.ready().await.is_ok() {
+            self.put_idle(port, sender);
+        }
         if !status.is_success() {
             return Err(fail(
                 "status",
@@ -289,4 +301,22 @@ impl Admitter {
         tokio::spawn(connection);
         Ok(sender)
     }
+}
+
+/// The POST of one review.
+fn request(body: Bytes) -> Result<Request<Full<Bytes>>> {
+    Request::post(PATH)
+        .header(header::HOST, HOST)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body))
+        .map_err(|e| Error::Child(format!("webhook request: {e}")))
+}
+
+/// Sends `request` on `sender` once the connection is ready for one.
+async fn send(
+    sender: &mut Sender,
+    request: Request<Full<Bytes>>,
+) -> std::result::Result<http::Response<hyper::body::Incoming>, hyper::Error> {
+    sender.ready().await?;
+    sender.send_request(request).await
 }
