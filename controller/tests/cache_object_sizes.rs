@@ -10,7 +10,7 @@
 use std::process::Command;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_controller::cache::strip;
 use serde_json::{Value, json};
 
@@ -140,6 +140,25 @@ fn claim(i: usize) -> Value {
     })
 }
 
+/// A ResourceSlice of a node of 8 mock H100 as kerf's kubelet plugin publishes it (the slices
+/// `kerf bench controller-footprint` copies to every node).
+fn slice(i: usize) -> Value {
+    let inventory = kerf_tests::sim::cluster::h100_nodes(1)[0]
+        .inventory()
+        .unwrap();
+    let node = format!("node-{i}");
+    let spec = kerf_api::resourceslice::resource_slices(&inventory, "gpu.kerf.dev", &node)
+        .unwrap()
+        .remove(0);
+    json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": kerf_api::slice_name(&node, "gpu.kerf.dev", 0), "uid": format!("5l1c-{i:012}"),
+                     "resourceVersion": "4", "creationTimestamp": "2026-01-01T00:00:00Z",
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": format!("8d1c-{i:012}"), "controller": true}]},
+        "spec": spec
+    })
+}
+
 /// Resident bytes of this process (`VmRSS`).
 fn rss() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -185,6 +204,7 @@ fn child() {
         "node-managed" => resident::<Node>(node, Some(strip::managed_fields)),
         "node-stripped" => resident::<Node>(node, Some(strip::node)),
         "claim" => resident::<ResourceClaim>(claim, None),
+        "slice" => resident::<ResourceSlice>(slice, None),
         "claim-stripped" => resident::<ResourceClaim>(claim, Some(strip::managed_fields)),
         other => panic!("unknown {other}"),
     };
@@ -220,10 +240,12 @@ fn stripping_keeps_a_fraction_of_pods_and_nodes() {
     let [pod, pod_managed, pod_kept] = ["pod", "pod-managed", "pod-stripped"].map(measured);
     let [node, node_managed, node_kept] = ["node", "node-managed", "node-stripped"].map(measured);
     let [claim, claim_kept] = ["claim", "claim-stripped"].map(measured);
+    let slice = measured("slice");
     println!(
         "resident bytes per cached object: Pod {pod} full, {pod_managed} without managedFields, \
          {pod_kept} as cached; Node {node} full, {node_managed} without managedFields, \
-         {node_kept} as cached; ResourceClaim {claim} full, {claim_kept} as cached"
+         {node_kept} as cached; ResourceClaim {claim} full, {claim_kept} as cached; kerf's \
+         ResourceSlice of 8 H100 {slice} (no managedFields)"
     );
     assert!(
         pod_kept * 10 < pod_managed * 6,
