@@ -58,10 +58,7 @@ impl Caches {
     /// that fills them; the stores stay empty until that future is polled (run it next to the
     /// controllers that read the caches). It runs until dropped: watch errors are retried
     /// with back-off.
-    pub fn start(
-        client: &Client,
-        driver: &str,
-    ) -> (Self, impl Future<Output = ()> + Send + use<>) {
+    pub fn start(client: &Client, driver: &str) -> (Self, impl Future<Output = ()> + Send + use<>) {
         let (process, fill_process) = ProcessCaches::start(client);
         let (caches, fill) = Self::start_with(&process, client, driver);
         let fill = async move {
