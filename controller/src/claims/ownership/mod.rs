@@ -482,20 +482,10 @@ async fn write_records(
             later = true;
             continue;
         }
-        let mut annotations = serde_json::Map::new();
-        if !record_same {
-            annotations.insert(RECORD_ANNOTATION.to_owned(), record.to_annotation().into());
-        }
-        if !publication_same {
-            // An empty publication removes the annotation: absent reads as empty.
-            let value = if publication.0.is_empty() {
-                serde_json::Value::Null
-            } else {
-                publication.to_annotation_value().into()
-            };
-            annotations.insert(SHARED_PUBLICATION_ANNOTATION.to_owned(), value);
-        }
-        let patch = serde_json::json!({ "metadata": { "annotations": annotations } });
+        let patch = annotations_patch(
+            (!record_same).then_some(record),
+            (!publication_same).then_some(publication),
+        );
         match api.patch(node, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
                 ctx.base.backoff.succeeded(&backoff_key);
@@ -515,6 +505,27 @@ async fn write_records(
         }
     }
     later
+}
+
+/// A merge patch of the annotations that differ: the record, the shared publication, or both.
+fn annotations_patch(
+    record: Option<&Record>,
+    publication: Option<&SharedPublication>,
+) -> serde_json::Value {
+    let mut annotations = serde_json::Map::new();
+    if let Some(record) = record {
+        annotations.insert(RECORD_ANNOTATION.to_owned(), record.to_annotation().into());
+    }
+    if let Some(publication) = publication {
+        // An empty publication removes the annotation: absent reads as empty.
+        let value = if publication.0.is_empty() {
+            serde_json::Value::Null
+        } else {
+            publication.to_annotation_value().into()
+        };
+        annotations.insert(SHARED_PUBLICATION_ANNOTATION.to_owned(), value);
+    }
+    serde_json::json!({ "metadata": { "annotations": annotations } })
 }
 
 /// The node's shared publication as cached; `None` when the node is unknown or its annotation
