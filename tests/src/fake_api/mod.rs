@@ -81,8 +81,8 @@ mod watch;
 pub use faults::describe_requests;
 pub use fixtures::StoreView;
 pub use identity::{Identity, KERF_NAMESPACE, NODE_NAME_EXTRA};
-pub use request_counts::{RequestCounts, RequestKind};
 pub use rbac::{Attributes, Check, Grant, KERF_RBAC_MANIFESTS, Policy, RbacError, RuleSource};
+pub use request_counts::{RequestCounts, RequestKind};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
