@@ -71,6 +71,8 @@ pub struct ClaimsContext {
     /// reads, and by the ledger: the pass runs on it instead of on a clock
     /// ([`super::ownership::InputChanges`]).
     pub ownership_inputs: super::ownership::InputChanges,
+    /// Gate removals already sent, so a stale cached pod does not send another.
+    pub(crate) released_gates: super::gate::ReleasedGates,
 }
 
 impl std::fmt::Debug for ClaimsContext {
@@ -101,6 +103,7 @@ impl ClaimsContext {
             pods,
             nodes,
             ledger: Ledger::new(ownership_inputs.clone()),
+            released_gates: super::gate::ReleasedGates::default(),
             trigger,
             settings,
             ready_waiters: tokio::sync::Mutex::new(()),
