@@ -95,7 +95,9 @@ pub struct Args {
     #[arg(long, env = "KERF_OWNERSHIP_LINGER", default_value = "30s", value_parser = humantime::parse_duration)]
     pub ownership_linger: Duration,
 
-    /// How often device ownership is decided again.
+    /// Shortest time between two ownership passes. A pass runs only when something it reads
+    /// changed (slices, claims, DeviceClasses, unbound pods, node labels, kerf's annotations,
+    /// taints, readiness) or a fence or linger it computed expires.
     #[arg(long, env = "KERF_OWNERSHIP_TICK", default_value = "500ms", value_parser = humantime::parse_duration)]
     pub ownership_tick: Duration,
 
