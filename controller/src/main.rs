@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 /// mimalloc rather than the system allocator: the prepare path allocates from many threads
 /// (gRPC workers, the blocking pool of the file writers), where glibc's malloc spent a
 /// quarter of the CPU time of 64 concurrent prepares (see README, Performance).
+#[cfg(feature = "mimalloc")]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
