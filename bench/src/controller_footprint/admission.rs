@@ -28,7 +28,6 @@ use http::{Request, header};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use kerf_tests::fake_api::FakeApi;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
@@ -95,22 +94,6 @@ impl std::fmt::Debug for Admitter {
             .field("ports", &self.ports)
             .finish_non_exhaustive()
     }
-}
-
-/// The PEM `caBundle` of each webhook of configuration `name`, once every webhook has one;
-/// `None` before.
-pub(super) fn bundles(fake: &FakeApi, name: &str) -> Option<Vec<String>> {
-    let config = fake.get(&format!(
-        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
-    ))?;
-    config["webhooks"]
-        .as_array()?
-        .iter()
-        .map(|webhook| {
-            let encoded = webhook["clientConfig"]["caBundle"].as_str()?;
-            String::from_utf8(STANDARD.decode(encoded).ok()?).ok()
-        })
-        .collect()
 }
 
 /// How many certificates a PEM bundle holds.

@@ -211,11 +211,12 @@ async fn start_replicas(
     }
     let all_cas = || {
         [POD_CONFIGURATION, CLAIM_CONFIGURATION].iter().all(|name| {
-            admission::bundles(fake, name).is_some_and(|bundles| {
-                bundles
-                    .iter()
-                    .all(|pem| admission::certificates(pem) >= config.replicas)
-            })
+            fake.mutating_webhook_ca_bundles(name)
+                .is_some_and(|bundles| {
+                    bundles
+                        .iter()
+                        .all(|pem| admission::certificates(pem) >= config.replicas)
+                })
         })
     };
     wait(
@@ -224,7 +225,8 @@ async fn start_replicas(
         all_cas,
     )
     .await?;
-    let bundle = admission::bundles(fake, POD_CONFIGURATION)
+    let bundle = fake
+        .mutating_webhook_ca_bundles(POD_CONFIGURATION)
         .unwrap_or_default()
         .concat();
     Admitter::new(&bundle, replicas.iter().map(|r| r.webhook_port).collect())

@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD;
 use http::{Request, header};
 use http_body_util::{BodyExt as _, Full};
 use hyper::body::Bytes;
@@ -96,17 +94,7 @@ pub fn start(
 
 /// The decoded caBundle of every webhook of configuration `name`, when all are set.
 pub fn bundles(fake: &FakeApi, name: &str) -> Option<Vec<String>> {
-    let config = fake.get(&format!(
-        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
-    ))?;
-    config["webhooks"]
-        .as_array()?
-        .iter()
-        .map(|webhook| {
-            let encoded = webhook["clientConfig"]["caBundle"].as_str()?;
-            Some(String::from_utf8(STANDARD.decode(encoded).unwrap()).unwrap())
-        })
-        .collect()
+    fake.mutating_webhook_ca_bundles(name)
 }
 
 /// What the webhook answered to one POST.

@@ -143,6 +143,27 @@ impl FakeApi {
         self.state().objects.get(&key).cloned()
     }
 
+    /// The decoded PEM `caBundle` of each webhook of MutatingWebhookConfiguration `name`, once
+    /// every webhook has one; `None` before (a controller that makes its own certificate
+    /// writes them at start-up).
+    pub fn mutating_webhook_ca_bundles(&self, name: &str) -> Option<Vec<String>> {
+        use base64::Engine as _;
+        let config = self.get(&format!(
+            "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
+        ))?;
+        config["webhooks"]
+            .as_array()?
+            .iter()
+            .map(|webhook| {
+                let encoded = webhook["clientConfig"]["caBundle"].as_str()?;
+                let pem = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .ok()?;
+                String::from_utf8(pem).ok()
+            })
+            .collect()
+    }
+
     /// A typed object, by namespace (`None` for cluster-scoped) and name.
     pub fn get_resource<K>(&self, namespace: Option<&str>, name: &str) -> Option<K>
     where
