@@ -31,8 +31,10 @@ use kerf_api::resourceslice::capacities;
 
 use kerf_api::resourceslice::device_memory_bytes;
 
+mod refresh;
 mod scope;
 
+pub use refresh::{RefreshMemo, Usage};
 use scope::whole_share_bytes;
 pub use scope::{ClassScope, Shareable};
 
@@ -210,6 +212,27 @@ pub fn free_compute_gpus(
     claims: &[Arc<ResourceClaim>],
     driver: &str,
 ) -> f64 {
+    free_compute(
+        scope,
+        devices,
+        &compute_in_use(devices, claims, driver),
+        driver,
+    )
+}
+
+/// Compute in use per published device, in percent of the device.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ComputeUse {
+    used: HashMap<DeviceKey, u32>,
+}
+
+/// The compute every allocation of `driver` in `claims` uses on `devices`: what
+/// [`free_compute_gpus`] counts, independent of the class (see [`RefreshMemo`]).
+pub fn compute_in_use(
+    devices: &[PublishedDevice<'_>],
+    claims: &[Arc<ResourceClaim>],
+    driver: &str,
+) -> ComputeUse {
     let whole_shares: HashMap<DeviceKey, u64> = devices
         .iter()
         .filter_map(|d| {
@@ -238,11 +261,22 @@ pub fn free_compute_gpus(
             *entry = entry.saturating_add(percent).min(100);
         }
     }
+    ComputeUse { used }
+}
+
+/// The compute `scope`'s devices have left given `usage`, in whole GPUs.
+pub fn free_compute(
+    scope: &ClassScope<'_>,
+    devices: &[PublishedDevice<'_>],
+    usage: &ComputeUse,
+    driver: &str,
+) -> f64 {
     let free_percent: u32 = devices
         .iter()
         .filter(|d| scope.matches(d.device, driver))
         .map(|d| {
-            100 - used
+            100 - usage
+                .used
                 .get(&(d.pool.to_owned(), d.device.name.clone()))
                 .copied()
                 .unwrap_or(0)

@@ -46,7 +46,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::capacity::{
-    ClassCapacity, ClassScope, class_capacity, current_devices, free_compute_gpus, memory_in_use,
+    ClassCapacity, ClassScope, RefreshMemo, class_capacity, current_devices, free_compute,
 };
 use crate::context::{Context, Write, log_failure};
 use crate::deviceclass::{device_class, is_controlled_by, needs_apply};
@@ -95,8 +95,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
     let classes = controller.store();
     let metrics = ctx.metrics.clone();
     let applied_ctx = Arc::clone(&ctx);
+    // One computation of memory and compute in use per version of the caches, for all classes.
+    let memo = Arc::new(RefreshMemo::default());
     controller
-        .run(reconcile, error_policy, ctx)
+        .run(
+            move |class, ctx| Box::pin(reconcile_shared(class, ctx, Arc::clone(&memo))),
+            error_policy,
+            ctx,
+        )
         .for_each(|result| {
             match result {
                 // The class is gone from the cache: deleted, so its failures are history.
@@ -124,9 +130,18 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
 /// Warning Event when refused or persistent), and a GpuClass without name or UID;
 /// [`error_policy`] retries them with per-object back-off.
 pub async fn reconcile(class: Arc<GpuClass>, ctx: Arc<Context>) -> Result<Action> {
+    reconcile_shared(class, ctx, Arc::new(RefreshMemo::default())).await
+}
+
+/// [`reconcile`] with the usage shared by the classes of one refresh.
+async fn reconcile_shared(
+    class: Arc<GpuClass>,
+    ctx: Arc<Context>,
+    memo: Arc<RefreshMemo>,
+) -> Result<Action> {
     let started = Instant::now();
     let key = backoff_key(&class);
-    let result = reconcile_class(&class, &ctx).await;
+    let result = reconcile_class(&class, &ctx, &memo).await;
     ctx.metrics.record_reconcile(
         CONTROLLER,
         result.as_ref().map(|_| ()).map_err(Error::reason),
@@ -179,7 +194,7 @@ fn checked_selector(class: &GpuClass) -> Result<DeviceSelector> {
     Ok(selector)
 }
 
-async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
+async fn reconcile_class(class: &GpuClass, ctx: &Context, memo: &RefreshMemo) -> Result<Action> {
     if class.metadata.deletion_timestamp.is_some() {
         // The garbage collector removes the owned DeviceClass.
         return Ok(Action::await_change());
@@ -243,12 +258,12 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context) -> Result<Action> {
     let slices = ctx.caches.slices.state();
     let claims = ctx.caches.claims.state();
     let devices = current_devices(&slices, driver);
-    let usage = memory_in_use(&devices, &claims, driver);
+    let usage = memo.usage(&slices, &claims, driver);
     let scope = ClassScope::of_class(&selector, &class.spec.parameters(), consumable_capacity);
-    let capacity = class_capacity(&scope, &devices, &usage, driver);
+    let capacity = class_capacity(&scope, &devices, &usage.memory, driver);
     ctx.metrics.set_class_capacity(&name, &capacity);
-    let free_compute = free_compute_gpus(&scope, &devices, &claims, driver);
-    ctx.metrics.set_class_free_compute(&name, free_compute);
+    let free = free_compute(&scope, &devices, &usage.compute, driver);
+    ctx.metrics.set_class_free_compute(&name, free);
     let readiness = if class.spec.parameters().is_scheduler_sliced() {
         let conflicts = crate::shared::conflicts(
             devices.iter().map(|d| (d.pool, d.device)),

@@ -10,8 +10,8 @@ use kerf_api::controller_claims::class_parameters;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::consumers;
 use super::ledger::{Books, Ledger, WriteGuard};
+use super::pod_index::PodsByClaim;
 use crate::context::Context;
 use crate::error::{Error, Result};
 
@@ -56,6 +56,9 @@ pub struct ClaimsContext {
     pub claims: Store<ResourceClaim>,
     /// Every pod; its watch also triggers the pod's claims, after the store is updated.
     pub pods: Store<Pod>,
+    /// The pods that use each claim, kept by the pod watch after the store and before the
+    /// pod's claims are queued, so finding a claim's consumers does not walk every pod.
+    pods_by_claim: PodsByClaim,
     /// Every node.
     pub nodes: Store<Node>,
     /// Free capacity, writes in flight, rejections, claims waiting for capacity.
@@ -87,11 +90,12 @@ impl std::fmt::Debug for ClaimsContext {
 }
 
 impl ClaimsContext {
-    /// Builds the context; `ownership_inputs` must be bumped after each write to the stores.
+    /// Builds the context; `ownership_inputs` must be bumped after each write to the stores,
+    /// and the pod index (`pods.1`) updated after each write to the pod store (`pods.0`).
     pub fn new(
         base: Arc<Context>,
         claims: Store<ResourceClaim>,
-        pods: Store<Pod>,
+        pods: (Store<Pod>, PodsByClaim),
         nodes: Store<Node>,
         ownership_inputs: super::ownership::InputChanges,
         trigger: UnboundedSender<ObjectRef<ResourceClaim>>,
@@ -100,7 +104,8 @@ impl ClaimsContext {
         ClaimsContext {
             base,
             claims,
-            pods,
+            pods: pods.0,
+            pods_by_claim: pods.1,
             nodes,
             ledger: Ledger::new(ownership_inputs.clone()),
             released_gates: super::gate::ReleasedGates::default(),
@@ -166,29 +171,12 @@ impl ClaimsContext {
             .get(&ObjectRef::<ResourceClaim>::new(name).within(namespace))
     }
 
-    /// Live pods in the claim's namespace that use it, oldest first.
+    /// Live pods in the claim's namespace that use it, oldest first; found through the pod
+    /// index, so the cost follows the claim's pods, not the cluster's.
     pub fn consumers(&self, claim: &ResourceClaim) -> Vec<Arc<Pod>> {
         let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
-        let mut pods: Vec<Arc<Pod>> = self
-            .pods
-            .state()
-            .into_iter()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
-            .filter(|p| consumers::is_live(p) && consumers::uses_claim(p, name))
-            .collect();
-        // Oldest first, so the same pod is picked on every reconcile.
-        pods.sort_by(|a, b| {
-            (
-                a.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                &a.metadata.name,
-            )
-                .cmp(&(
-                    b.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                    &b.metadata.name,
-                ))
-        });
-        pods
+        self.pods_by_claim.consumers(&self.pods, namespace, name)
     }
 
     /// Marks `node` unsuitable for pod `pod_uid`: for [`ClaimSettings::rejection_backoff`]

@@ -35,6 +35,7 @@ pub mod node_label;
 pub mod nodes;
 pub mod ownership;
 mod placement;
+pub mod pod_index;
 pub mod reconcile;
 mod report;
 mod state;

@@ -18,6 +18,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio_util::sync::CancellationToken;
 
 use super::context::{ClaimSettings, ClaimsContext};
+use super::pod_index::PodsByClaim;
 use super::reconcile::{CONTROLLER, error_policy, object_key, reconcile};
 use super::{consumers, node_label, ownership};
 use crate::cache::{Change, ProcessCaches, strip};
@@ -85,6 +86,7 @@ pub async fn run(
         SHUTDOWN_GRACE,
     );
     let (pods, pod_writer) = reflector::store();
+    let pods_by_claim = PodsByClaim::default();
     let pod_requests = trigger_with(
         reflector::reflector(
             pod_writer,
@@ -93,6 +95,8 @@ pub async fn run(
                 .modify(strip::pod),
         )
         .inspect(ownership_inputs.pod_bumper())
+        // After the store, before the pod's claims are queued (see `PodsByClaim`).
+        .inspect(pods_by_claim.updater())
         .touched_objects(),
         pod_claim_refs,
     );
@@ -109,7 +113,7 @@ pub async fn run(
     let ctx = Arc::new(ClaimsContext::new(
         base,
         claims.clone(),
-        pods,
+        (pods, pods_by_claim),
         nodes,
         ownership_inputs,
         trigger,
