@@ -152,7 +152,6 @@ impl PodsByClaim {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::ResourceExt as _;
     use kube::runtime::reflector;
     use serde_json::json;
 
