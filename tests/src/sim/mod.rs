@@ -62,8 +62,10 @@ pub const DRIVER: &str = "gpu.kerf.dev";
 pub const NAMESPACE: &str = "default";
 /// How long [`Sim::start`] waits for DeviceClasses and ResourceSlices (both take a few
 /// milliseconds when kerf-controller and the publishers work), plus [`READY_PER_NODE`] for
-/// each node: 500 publishers start one after the other on two shared cores.
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// each node: 500 publishers start one after the other on two shared cores. Generous, since
+/// it only bounds a failure: a debug build's start-up on two cores shared with compilers took
+/// over 10 s several times.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// See [`READY_TIMEOUT`].
 const READY_PER_NODE: Duration = Duration::from_millis(40);
 /// The user the stand-in talks as. On a cluster kube-scheduler authenticates as
