@@ -2,6 +2,8 @@
 //! watch. GETs the test holds for an hour can only lose, so which side wins is decided by the
 //! test, not by the clock; the seeded test mixes the orders at random.
 
+use kerf_tests::scheduler::SeededRng;
+
 use super::*;
 
 /// Longer than any test: a GET held this long never answers first.
@@ -143,11 +145,11 @@ enum Arrival {
 }
 
 /// A random delay of 0-20 ms.
-fn jitter(rng: &mut race::Rng) -> Duration {
+fn jitter(rng: &mut SeededRng) -> Duration {
     Duration::from_millis(u64::try_from(rng.below(21)).unwrap())
 }
 
-async fn miss_round(node: &CacheNode, rng: &mut race::Rng, seed: u64, round: u32) {
+async fn miss_round(node: &CacheNode, rng: &mut SeededRng, seed: u64, round: u32) {
     let name = format!("m{seed}r{round}x");
     let id = uid(u32::try_from(seed % 1000).unwrap() * 1000 + round);
     let device = format!("gpu-{}", rng.below(8));
@@ -213,7 +215,7 @@ async fn random_orders_of_watch_and_get_prepare_the_current_allocation() {
     for seed in [3_u64, 11, 99, 2027] {
         println!("seed {seed}");
         let node = CacheNode::start(true).await;
-        let mut rng = race::Rng(seed);
+        let mut rng = SeededRng::new(seed);
         for round in 0..12 {
             miss_round(&node, &mut rng, seed, round).await;
         }

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kerf_kubelet_plugin::preparer::Preparer;
+use kerf_tests::scheduler::SeededRng;
 
 use super::*;
 
@@ -15,25 +16,10 @@ const NAMES: usize = 3;
 const STEPS: usize = 60;
 const SEEDS: [u64; 4] = [1, 7, 42, 2026];
 
-/// SplitMix64: a seeded sequence, so that a failing seed can be run again.
-pub(crate) struct Rng(pub(crate) u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub(crate) fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % n as u64).unwrap()
-    }
-
-    fn chance(&mut self, percent: usize) -> bool {
-        self.below(100) < percent
-    }
+/// True `percent` times in a hundred: the seeded sequence of [`SeededRng`], so that a failing
+/// seed can be run again.
+fn chance(rng: &mut SeededRng, percent: usize) -> bool {
+    rng.below(100) < percent
 }
 
 /// What the test wrote for one claim generation (one UID). `pool` is set before the API
@@ -68,7 +54,7 @@ fn generation_claim(uid: &str, generation: &Generation) -> Value {
 
 struct Race {
     node: CacheNode,
-    rng: Rng,
+    rng: SeededRng,
     generations: Generations,
     in_flight: InFlight,
     current: Vec<Option<String>>,
@@ -95,7 +81,7 @@ impl Race {
         let generation = Generation {
             name: name_of(index),
             device: format!("gpu-{index}"),
-            labelled: self.rng.chance(80),
+            labelled: chance(&mut self.rng, 80),
             pool,
             deleted: false,
         };
@@ -110,7 +96,11 @@ impl Race {
     /// Allocates a generation that has no allocation yet and labels it, as kerf-controller
     /// does for a claim kube-scheduler allocated.
     fn allocate(&mut self, id: &str) {
-        let pool = if self.rng.chance(75) { NODE } else { "node-2" };
+        let pool = if chance(&mut self.rng, 75) {
+            NODE
+        } else {
+            "node-2"
+        };
         {
             let mut generations = self.generations.lock().unwrap();
             let generation = generations.get_mut(id).unwrap();
@@ -231,7 +221,7 @@ async fn check_prepare(
 async fn run_seed(seed: u64) -> u64 {
     let mut race = Race {
         node: CacheNode::start(true).await,
-        rng: Rng(seed),
+        rng: SeededRng::new(seed),
         generations: Arc::default(),
         in_flight: Arc::default(),
         current: vec![None; NAMES],
@@ -273,7 +263,7 @@ async fn run_seed(seed: u64) -> u64 {
                 }
             }
         }
-        if race.rng.chance(30) {
+        if chance(&mut race.rng, 30) {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     }
