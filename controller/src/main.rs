@@ -6,21 +6,8 @@ use clap::Parser;
 use kerf_controller::args::Args;
 use tokio_util::sync::CancellationToken;
 
-/// mimalloc rather than glibc's malloc (feature `mimalloc`, on by default): the controller
-/// allocates on every watch event, admission review and reconcile (heaptrack counted 12
-/// million allocations in a 500-node burst, 128,000 a second), across the runtime's worker
-/// threads, and with glibc the leader spent about 1.5x the CPU per pod. Measured with `kerf
-/// bench controller-footprint` (500 nodes of 8 H100, 1000 slice claims, 2 replicas, 2-core
-/// host shared with builds), two pairs of runs of one source: leader CPU per pod 7.0 / 6.2 ms
-/// with mimalloc against 9.9 / 11.4 ms with glibc, burst 28.3 / 23.7 s against 32.3 / 31.7 s.
-/// The price is memory: leader RSS 107 / 115 MiB (peak 124) against 76 / 78 MiB, standby
-/// 36 / 34 against 25 MiB. heaptrack puts the leader's live heap at 44 MB after the burst, 31
-/// MB of it the cached ResourceSlices, so the difference is pages mimalloc keeps, not kerf's
-/// data. Build with `--no-default-features` for the system allocator where memory matters
-/// more than CPU, and to profile the heap with heaptrack (which cannot see mimalloc).
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// mimalloc while the feature `mimalloc` (on by default) is on; why: `kerf_ops::allocator`.
+kerf_ops::global_allocator!();
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
+use kerf_ops::ready::ReadyFlag;
 use kube::Client;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +28,7 @@ use crate::context::{Context, ControllerConfig};
 use crate::error::{Error, Result};
 use crate::features;
 use crate::gpuclass;
-use crate::http::{self, Health};
+use crate::http;
 use crate::leader::{LeaderElector, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::webhook::{self, WebhookConfig};
@@ -157,10 +158,9 @@ pub async fn run_controllers_and_webhook(
     let metrics = Metrics::new(&mut registry);
     let webhook_shutdown = CancellationToken::new();
     let serving = webhook.as_ref().map(|_| Arc::new(AtomicBool::new(false)));
-    let health = match &serving {
-        Some(serving) => Health::new().with_webhook(Arc::clone(serving)),
-        None => Health::new(),
-    };
+    let (started, leader) = (ReadyFlag::new(), ReadyFlag::new());
+    let webhook_serving = serving.as_ref().map(|s| ReadyFlag::from(Arc::clone(s)));
+    let ready = http::ready_flags(&started, &leader, webhook_serving.as_ref());
     // One watch per kind for the whole process: the webhook's caches are the term's too.
     let process = webhook.as_ref().map(|_| {
         let (caches, fill) = ProcessCaches::start(&client);
@@ -185,10 +185,10 @@ pub async fn run_controllers_and_webhook(
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .map_err(Error::Http)?;
-            Some(tokio::spawn(http::serve(
+            Some(tokio::spawn(kerf_ops::http::serve(
                 listener,
                 Arc::new(registry),
-                health.clone(),
+                ready,
                 http_shutdown.clone(),
             )))
         }
@@ -198,13 +198,14 @@ pub async fn run_controllers_and_webhook(
         config: &config.controller,
         client,
         metrics: &metrics,
-        health: &health,
+        started: &started,
+        leader: &leader,
         controllers,
         process: process.as_ref().map(|(caches, _)| caches.clone()),
     };
     let result = match &config.leader_election {
         None => {
-            health.set_started(true);
+            started.set(true);
             term.lead(shutdown.child_token()).await
         }
         Some(lease) => elect_and_lead(lease, term, &shutdown).await,
@@ -237,7 +238,7 @@ async fn elect_and_lead(
     let Some(mut elector) = start_elector(&term.client, lease, shutdown).await? else {
         return Ok(());
     };
-    term.health.set_started(true);
+    term.started.set(true);
     tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "waiting for leadership");
     tokio::select! {
         () = shutdown.cancelled() => return elector.release().await,
@@ -314,7 +315,10 @@ struct Term<'a> {
     config: &'a ControllerConfig,
     client: Client,
     metrics: &'a Metrics,
-    health: &'a Health,
+    /// Raised once the replica takes part in the election (`/readyz`).
+    started: &'a ReadyFlag,
+    /// Up while this replica leads (`/readyz` says leader or standby).
+    leader: &'a ReadyFlag,
     controllers: Vec<ControllerTask>,
     /// The process's caches, when the webhook runs; `None` starts the term's own.
     process: Option<ProcessCaches>,
@@ -324,11 +328,11 @@ impl Term<'_> {
     /// Starts the caches and the controllers and runs them until `stop` is cancelled or one
     /// of them stops on its own (then the others are stopped too).
     async fn lead(self, stop: CancellationToken) -> Result<()> {
-        let (health, metrics) = (self.health, self.metrics);
-        health.set_leader(true);
+        let (leader, metrics) = (self.leader, self.metrics);
+        leader.set(true);
         metrics.set_leader(true);
         let result = self.run_controllers(&stop).await;
-        health.set_leader(false);
+        leader.set(false);
         metrics.set_leader(false);
         result
     }

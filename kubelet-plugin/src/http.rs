@@ -1,100 +1,33 @@
-//! The plugin's HTTP endpoint (`/healthz`, `/readyz`, `/metrics`, served by [`kerf_ops::http`]).
+//! What the plugin's HTTP endpoint (`/healthz`, `/readyz`, `/metrics`, served by
+//! [`kerf_ops::http::serve`]) reports on `/readyz`.
 //!
 //! `/readyz` answers 200 only when the DRA gRPC server is serving and the kubelet has
 //! registered the plugin; otherwise 503 with what is missing, so `kubectl describe` tells an
 //! operator which half is broken.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use kerf_ops::ready::{ReadyFlag, ReadyFlags};
 
-use prometheus_client::registry::Registry;
-use tokio_util::sync::CancellationToken;
-
-pub use kerf_ops::http::OPENMETRICS_CONTENT_TYPE;
-
-use crate::{Error, Result};
-
-/// Readiness state shared between the gRPC servers and the HTTP endpoint.
-///
-/// Clones share the same flags.
-#[derive(Clone, Debug, Default)]
-pub struct Health {
-    registered: Arc<AtomicBool>,
-    serving: Arc<AtomicBool>,
-}
-
-impl Health {
-    /// A state that is not ready: not registered and not serving.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Records whether the kubelet has registered the plugin (its last `NotifyRegistrationStatus`).
-    pub fn set_registered(&self, registered: bool) {
-        self.registered.store(registered, Ordering::Release);
-    }
-
-    /// Records whether the DRA gRPC server is serving.
-    pub fn set_serving(&self, serving: bool) {
-        self.serving.store(serving, Ordering::Release);
-    }
-
-    /// Whether the kubelet has registered the plugin.
-    pub fn is_registered(&self) -> bool {
-        self.registered.load(Ordering::Acquire)
-    }
-
-    /// Whether the DRA gRPC server is serving.
-    pub fn is_serving(&self) -> bool {
-        self.serving.load(Ordering::Acquire)
-    }
-
-    /// Ready means the kubelet can call the plugin: serving and registered.
-    pub fn is_ready(&self) -> bool {
-        self.is_serving() && self.is_registered()
-    }
-}
-
-impl kerf_ops::http::Readiness for Health {
-    fn readiness(&self) -> Result<String, String> {
-        let mut missing = Vec::new();
-        if !self.is_serving() {
-            missing.push("DRA gRPC server is not serving");
-        }
-        if !self.is_registered() {
-            missing.push("kubelet has not registered the plugin");
-        }
-        if missing.is_empty() {
-            Ok("ok".to_owned())
-        } else {
-            Err(missing.join("; "))
-        }
-    }
-}
-
-/// Serves `/healthz`, `/readyz` and `/metrics` on `listener` until `shutdown` is cancelled, then
-/// finishes in-flight requests and returns.
-///
-/// # Errors
-///
-/// [`Error::Http`] when the server fails to accept connections.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    registry: Arc<Registry>,
-    health: Health,
-    shutdown: CancellationToken,
-) -> Result<()> {
-    kerf_ops::http::serve(listener, registry, health, shutdown)
-        .await
-        .map_err(Error::Http)
+/// The flags of the plugin: the DRA gRPC server raises `serving` once it serves, and the
+/// registration service sets `registered` from the kubelet's last `NotifyRegistrationStatus`.
+#[must_use]
+pub fn ready_flags(serving: &ReadyFlag, registered: &ReadyFlag) -> ReadyFlags {
+    ReadyFlags::new()
+        .require(serving, "DRA gRPC server is not serving")
+        .require(registered, "kubelet has not registered the plugin")
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::metrics::Metrics;
+    use std::sync::Arc;
+
+    use kerf_ops::http::OPENMETRICS_CONTENT_TYPE;
+    use prometheus_client::registry::Registry;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::metrics::Metrics;
 
     struct Reply {
         status: u16,
@@ -118,31 +51,44 @@ mod tests {
         }
     }
 
+    /// The flags `/readyz` reads: `serving`, then `registered`.
+    struct Flags {
+        serving: ReadyFlag,
+        registered: ReadyFlag,
+        all: ReadyFlags,
+    }
+
     async fn start() -> (
         std::net::SocketAddr,
-        Health,
+        Flags,
         Metrics,
         CancellationToken,
-        tokio::task::JoinHandle<Result<()>>,
+        tokio::task::JoinHandle<std::io::Result<()>>,
     ) {
         let mut registry = Registry::default();
         let metrics = Metrics::new(&mut registry);
-        let health = Health::new();
+        let (serving, registered) = (ReadyFlag::new(), ReadyFlag::new());
+        let all = ready_flags(&serving, &registered);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(serve(
+        let task = tokio::spawn(kerf_ops::http::serve(
             listener,
             Arc::new(registry),
-            health.clone(),
+            all.clone(),
             shutdown.clone(),
         ));
-        (addr, health, metrics, shutdown, task)
+        let flags = Flags {
+            serving,
+            registered,
+            all,
+        };
+        (addr, flags, metrics, shutdown, task)
     }
 
     #[tokio::test]
     async fn healthz_is_ok_even_when_not_ready() {
-        let (addr, _health, _metrics, shutdown, task) = start().await;
+        let (addr, _flags, _metrics, shutdown, task) = start().await;
         let reply = get(addr, "/healthz").await;
         assert_eq!(reply.status, 200);
         assert_eq!(reply.body, "ok\n");
@@ -152,25 +98,25 @@ mod tests {
 
     #[tokio::test]
     async fn readyz_needs_serving_and_registration() {
-        let (addr, health, _metrics, shutdown, task) = start().await;
+        let (addr, flags, _metrics, shutdown, task) = start().await;
 
         let reply = get(addr, "/readyz").await;
         assert_eq!(reply.status, 503);
         assert!(reply.body.contains("not serving"), "{}", reply.body);
         assert!(reply.body.contains("not registered"), "{}", reply.body);
 
-        health.set_serving(true);
+        flags.serving.set(true);
         let reply = get(addr, "/readyz").await;
         assert_eq!(reply.status, 503);
         assert!(!reply.body.contains("not serving"), "{}", reply.body);
         assert!(reply.body.contains("not registered"), "{}", reply.body);
 
-        health.set_registered(true);
+        flags.registered.set(true);
         let reply = get(addr, "/readyz").await;
         assert_eq!(reply.status, 200);
-        assert!(health.is_ready());
+        assert!(flags.all.is_ready());
 
-        health.set_serving(false);
+        flags.serving.set(false);
         assert_eq!(get(addr, "/readyz").await.status, 503);
 
         shutdown.cancel();
@@ -179,7 +125,7 @@ mod tests {
 
     #[tokio::test]
     async fn metrics_are_openmetrics_text() {
-        let (addr, _health, metrics, shutdown, task) = start().await;
+        let (addr, _flags, metrics, shutdown, task) = start().await;
         metrics.set_prepared_claims(2);
         let reply = get(addr, "/metrics").await;
         assert_eq!(reply.status, 200);
@@ -202,7 +148,7 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_paths_are_404() {
-        let (addr, _health, _metrics, shutdown, task) = start().await;
+        let (addr, _flags, _metrics, shutdown, task) = start().await;
         assert_eq!(get(addr, "/nope").await.status, 404);
         shutdown.cancel();
         task.await.unwrap().unwrap();

@@ -6,11 +6,8 @@
 use kerf_kubelet_plugin::Launched;
 use kerf_kubelet_plugin::args::Args;
 
-/// mimalloc rather than the system allocator: the prepare path allocates from many threads
-/// (gRPC workers, the blocking pool of the file writers), where glibc's malloc spent a
-/// quarter of the CPU time of 64 concurrent prepares (see README, Performance).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+// mimalloc while the feature `mimalloc` (on by default) is on; why: `kerf_ops::allocator`.
+kerf_ops::global_allocator!();
 
 fn main() -> anyhow::Result<()> {
     match kerf_kubelet_plugin::launch(std::env::args_os().collect())? {

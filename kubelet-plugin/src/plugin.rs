@@ -9,6 +9,7 @@ use kerf_core::cdi::{self, CommonEdits, DeviceNodePolicy};
 use kerf_core::driver_root;
 use kerf_core::health::XidPolicy;
 use kerf_core::inventory::Inventory;
+use kerf_ops::ready::{ReadyFlag, ReadyFlags};
 use kerf_proto::pluginregistration::registration_server::RegistrationServer;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
@@ -26,7 +27,6 @@ use crate::grpc::registration::RegistrationService;
 use crate::grpc::socket::BoundSocket;
 use crate::health::mock::NodeAnnotationSource;
 use crate::health::{HealthConfig, HealthMonitor};
-use crate::http::Health;
 use crate::metrics::Metrics;
 use crate::preparer::device_status::{DeviceStatusConfig, DeviceStatusWriter};
 use crate::preparer::{Preparer, PreparerConfig};
@@ -85,7 +85,7 @@ pub struct RunningPlugin {
     tasks: Vec<Task>,
     preparer: Arc<Preparer>,
     registry: Arc<Registry>,
-    health: Health,
+    ready: ReadyFlags,
     device_health: HealthMonitor,
     device_taints: Option<Probed>,
 }
@@ -101,9 +101,9 @@ impl RunningPlugin {
         &self.registry
     }
 
-    /// Health flags as served on /readyz.
-    pub fn health(&self) -> &Health {
-        &self.health
+    /// The readiness flags `/readyz` reports (process readiness, not GPU health).
+    pub fn ready_flags(&self) -> &ReadyFlags {
+        &self.ready
     }
 
     /// The monitor of the devices' health (for in-process callers such as the demo).
@@ -194,17 +194,18 @@ pub fn discover(config: &PluginConfig) -> Result<Inventory> {
 async fn spawn_http(
     address: std::net::SocketAddr,
     registry: &Arc<Registry>,
-    health: &Health,
+    ready: &ReadyFlags,
     shutdown: &CancellationToken,
 ) -> Result<Task> {
     let listener = tokio::net::TcpListener::bind(address)
         .await
         .map_err(|e| Error::io("bind metrics address", address.to_string(), e))?;
     tracing::info!(%address, "serving /metrics, /healthz and /readyz");
-    let (registry, health, token) = (Arc::clone(registry), health.clone(), shutdown.clone());
+    let (registry, ready, token) = (Arc::clone(registry), ready.clone(), shutdown.clone());
+    let serve = kerf_ops::http::serve(listener, registry, ready, token);
     Ok((
         "http",
-        tokio::spawn(crate::http::serve(listener, registry, health, token)),
+        tokio::spawn(async move { serve.await.map_err(Error::Http) }),
     ))
 }
 
@@ -262,7 +263,8 @@ pub async fn start(
         config.mock_crash_at,
     )?;
     let registry = Arc::new(registry);
-    let health = Health::new();
+    let (serving, registered) = (ReadyFlag::new(), ReadyFlag::new());
+    let ready = crate::http::ready_flags(&serving, &registered);
     let inventory = Arc::new(inventory);
 
     let (status_writer, status_task) = device_status.unzip();
@@ -292,9 +294,12 @@ pub async fn start(
         &shutdown,
     )?);
     tasks.push(spawn_registration_server(
-        config, &health, &metrics, &shutdown,
+        config,
+        &registered,
+        &metrics,
+        &shutdown,
     )?);
-    health.set_serving(true);
+    serving.set(true);
 
     if preparer.sharing_enforced() {
         let (preparer, metrics, events) = (
@@ -328,7 +333,7 @@ pub async fn start(
         None => None,
     };
     if let Some(address) = config.metrics_address {
-        tasks.push(spawn_http(address, &registry, &health, &shutdown).await?);
+        tasks.push(spawn_http(address, &registry, &ready, &shutdown).await?);
     }
 
     tracing::info!(
@@ -343,7 +348,7 @@ pub async fn start(
         tasks,
         preparer,
         registry,
-        health,
+        ready,
         device_health,
         device_taints,
     })
@@ -567,14 +572,14 @@ fn spawn_dra_server(
 
 fn spawn_registration_server(
     config: &PluginConfig,
-    health: &Health,
+    registered: &ReadyFlag,
     metrics: &Metrics,
     shutdown: &CancellationToken,
 ) -> Result<Task> {
     let registration = RegistrationService::new(
         config.driver_name.clone(),
         config.dra_socket.clone(),
-        health.clone(),
+        registered.clone(),
         metrics.clone(),
     );
     let mut socket = BoundSocket::bind(&config.registration_socket)?;

@@ -2,7 +2,7 @@
 //!
 //! - `/healthz` answers 200 for as long as the process serves HTTP: liveness only says the
 //!   process is not wedged.
-//! - `/readyz` answers what the binary's [`Readiness`] says: 200 with a short status, or 503
+//! - `/readyz` answers what the binary's [`ReadyFlags`] say: 200 with a short status, or 503
 //!   with what is missing, so `kubectl describe` tells an operator which part is broken.
 //! - `/metrics` is the OpenMetrics text of the registry.
 
@@ -16,35 +16,25 @@ use axum::routing::get;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use crate::ready::ReadyFlags;
+
 /// Content type of the OpenMetrics text exposition format.
 pub const OPENMETRICS_CONTENT_TYPE: &str =
     "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// What a binary reports on `/readyz`.
-pub trait Readiness: Clone + Send + Sync + 'static {
-    /// `Ok(status)` when ready (the body, e.g. `ok: leader`), `Err(what is missing)` when not.
-    ///
-    /// # Errors
-    /// Not ready; the message says why.
-    fn readiness(&self) -> Result<String, String>;
-}
-
 #[derive(Clone)]
-struct AppState<R> {
+struct AppState {
     registry: Arc<Registry>,
-    readiness: R,
+    ready: ReadyFlags,
 }
 
 /// The HTTP routes, without a listener (separate so tests and embedders can mount them).
-pub fn router<R: Readiness>(registry: Arc<Registry>, readiness: R) -> Router {
+pub fn router(registry: Arc<Registry>, ready: ReadyFlags) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz::<R>))
-        .route("/metrics", get(metrics::<R>))
-        .with_state(AppState {
-            registry,
-            readiness,
-        })
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(AppState { registry, ready })
 }
 
 /// Serves the routes on `listener` until `shutdown` is cancelled, then finishes in-flight
@@ -52,16 +42,16 @@ pub fn router<R: Readiness>(registry: Arc<Registry>, readiness: R) -> Router {
 ///
 /// # Errors
 /// The server fails to accept connections.
-pub async fn serve<R: Readiness>(
+pub async fn serve(
     listener: tokio::net::TcpListener,
     registry: Arc<Registry>,
-    readiness: R,
+    ready: ReadyFlags,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
     }
-    axum::serve(listener, router(registry, readiness))
+    axum::serve(listener, router(registry, ready))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
 }
@@ -70,8 +60,8 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz<R: Readiness>(State(state): State<AppState<R>>) -> Response {
-    match state.readiness.readiness() {
+async fn readyz(State(state): State<AppState>) -> Response {
+    match state.ready.readiness() {
         Ok(status) => (StatusCode::OK, format!("{status}\n")).into_response(),
         Err(missing) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -81,7 +71,7 @@ async fn readyz<R: Readiness>(State(state): State<AppState<R>>) -> Response {
     }
 }
 
-async fn metrics<R: Readiness>(State(state): State<AppState<R>>) -> Response {
+async fn metrics(State(state): State<AppState>) -> Response {
     let mut body = String::new();
     match prometheus_client::encoding::text::encode(&mut body, &state.registry) {
         Ok(()) => ([(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)], body).into_response(),
@@ -99,25 +89,12 @@ async fn metrics<R: Readiness>(State(state): State<AppState<R>>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ready::ReadyFlag;
     use axum::body::Body;
     use axum::http::Request;
     use http_body_util::BodyExt as _;
     use prometheus_client::metrics::counter::Counter;
-    use std::sync::atomic::{AtomicBool, Ordering};
     use tower::ServiceExt as _;
-
-    #[derive(Clone, Default)]
-    struct Flag(Arc<AtomicBool>);
-
-    impl Readiness for Flag {
-        fn readiness(&self) -> Result<String, String> {
-            if self.0.load(Ordering::Acquire) {
-                Ok("ok".into())
-            } else {
-                Err("flag is down".into())
-            }
-        }
-    }
 
     async fn get(router: Router, path: &str) -> (StatusCode, String, Option<String>) {
         let response = router
@@ -143,15 +120,18 @@ mod tests {
         let counter = Counter::<u64>::default();
         registry.register("things", "Things", counter.clone());
         counter.inc();
-        let flag = Flag::default();
-        let router = router(Arc::new(registry), flag.clone());
+        let flag = ReadyFlag::new();
+        let router = router(
+            Arc::new(registry),
+            ReadyFlags::new().require(&flag, "flag is down"),
+        );
         assert_eq!(get(router.clone(), "/healthz").await.0, StatusCode::OK);
         let (status, body, _) = get(router.clone(), "/readyz").await;
         assert_eq!(
             (status, body.as_str()),
             (StatusCode::SERVICE_UNAVAILABLE, "not ready: flag is down\n")
         );
-        flag.0.store(true, Ordering::Release);
+        flag.set(true);
         assert_eq!(get(router.clone(), "/readyz").await.0, StatusCode::OK);
         let (status, body, content_type) = get(router, "/metrics").await;
         assert_eq!(status, StatusCode::OK);

@@ -1,10 +1,13 @@
 //! kerf-ops: what kerf's binaries share to be operable — the `/healthz`, `/readyz` and
-//! `/metrics` endpoint ([`http`]), log set-up ([`logging`]), shutdown signals ([`signal`]), the
-//! counter of writes the API server would not take ([`write_failures`]) and the parsing of
-//! listen addresses ([`parse_listen_address`]).
+//! `/metrics` endpoint ([`http`]) with the readiness it reports ([`ready`]), log set-up
+//! ([`logging`]), shutdown signals ([`signal`]), the counter of writes the API server would
+//! not take ([`write_failures`]), the parsing of listen addresses ([`parse_listen_address`])
+//! and the binaries' global allocator ([`allocator`]).
 
+pub mod allocator;
 pub mod http;
 pub mod logging;
+pub mod ready;
 pub mod signal;
 pub mod write_failures;
 

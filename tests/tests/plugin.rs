@@ -43,7 +43,7 @@ async fn registers_like_a_kubelet_wants() {
     );
     assert_eq!(registered.version, DraVersion::V1);
     assert!(
-        plugin.health().is_ready(),
+        plugin.ready_flags().is_ready(),
         "ready once serving and registered"
     );
     plugin.shutdown().await.unwrap();

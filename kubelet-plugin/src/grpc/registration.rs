@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use kerf_ops::ready::ReadyFlag;
 use kerf_proto::pluginregistration::registration_server::Registration;
 use kerf_proto::pluginregistration::{
     InfoRequest, PluginInfo, RegistrationStatus, RegistrationStatusResponse,
@@ -9,7 +10,6 @@ use kerf_proto::pluginregistration::{
 use kerf_proto::service_names;
 use tonic::{Request, Response, Status};
 
-use crate::http::Health;
 use crate::metrics::Metrics;
 
 /// Answers the kubelet's registration calls.
@@ -17,22 +17,24 @@ use crate::metrics::Metrics;
 pub struct RegistrationService {
     driver_name: String,
     dra_endpoint: PathBuf,
-    health: Health,
+    /// Raised while the kubelet's last `NotifyRegistrationStatus` said registered.
+    registered: ReadyFlag,
     metrics: Metrics,
 }
 
 impl RegistrationService {
-    /// Registers `driver_name` with its DRA socket at `dra_endpoint` (absolute host path).
+    /// Registers `driver_name` with its DRA socket at `dra_endpoint` (absolute host path),
+    /// setting `registered` from the kubelet's answer.
     pub fn new(
         driver_name: String,
         dra_endpoint: PathBuf,
-        health: Health,
+        registered: ReadyFlag,
         metrics: Metrics,
     ) -> Self {
         RegistrationService {
             driver_name,
             dra_endpoint,
-            health,
+            registered,
             metrics,
         }
     }
@@ -79,7 +81,7 @@ impl Registration for RegistrationService {
         } else {
             tracing::error!(driver = %self.driver_name, error = %status.error, "kubelet failed to register the plugin");
         }
-        self.health.set_registered(status.plugin_registered);
+        self.registered.set(status.plugin_registered);
         self.metrics.set_registered(status.plugin_registered);
         Ok(Response::new(RegistrationStatusResponse {}))
     }
