@@ -21,11 +21,11 @@ use crate::claim_reader::{ApiClaimReader, CachingClaimReader, ClaimReader};
 use crate::config::PluginConfig;
 use crate::dynamic_mig::DynamicMig;
 use crate::grpc::dra::DraService;
-use crate::grpc::health::HealthService;
 use crate::grpc::instances::OtherInstances;
 use crate::grpc::registration::RegistrationService;
 use crate::grpc::socket::BoundSocket;
 use crate::health::mock::NodeAnnotationSource;
+use crate::health::grpc::HealthService;
 use crate::health::{HealthConfig, HealthMonitor};
 use crate::metrics::Metrics;
 use crate::preparer::device_status::{DeviceStatusConfig, DeviceStatusWriter};
@@ -524,7 +524,7 @@ fn spawn_health_sources(
     let mut tasks = Vec::new();
     if !config.discovery.is_mock() {
         let policy = XidPolicy::ignoring(health.extra_ignored_xids.iter().copied());
-        let task = discovery::nvml_health::watch_nvml(
+        let task = crate::health::nvml::watch_nvml(
             monitor.clone(),
             policy,
             health.nvml_poll_interval,

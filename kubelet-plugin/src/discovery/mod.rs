@@ -13,7 +13,6 @@ use crate::{Error, Result};
 pub mod facts;
 pub mod mock;
 pub mod nvml;
-pub mod nvml_health;
 // The one module of kerf that may use `unsafe`: raw NVML calls nvml-wrapper has no safe API
 // for. Its module docs explain why each unsafe block is sound.
 #[allow(unsafe_code)]

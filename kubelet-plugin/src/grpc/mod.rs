@@ -1,7 +1,7 @@
-//! The plugin's gRPC services and the Unix sockets that carry them.
+//! The plugin's gRPC services and the Unix sockets that carry them. The DRA health service,
+//! which serves on the DRA socket too, is with the rest of GPU health ([`crate::health::grpc`]).
 
 pub mod dra;
-pub mod health;
 pub mod instances;
 pub mod kubelet_version;
 pub mod registration;

@@ -1,10 +1,12 @@
-//! Device health: the sources that observe GPU faults and the monitor that unites them.
+//! GPU health: the sources that observe GPU faults, the monitor that unites them, and the
+//! stream that reports them to the kubelet. (Whether the plugin process itself is ready is
+//! another word: its ready flags, [`crate::http`].)
 //!
-//! Each source (NVML events, the NVML poll, and in mock mode the fault file and the Node
-//! annotation) owns its own part of the faults; the [`HealthMonitor`] unites the parts into
-//! one [`NodeHealth`] and publishes it on a `tokio::sync::watch` channel. The DRA health
-//! service ([`crate::grpc::health`]) streams it to the kubelet and the publisher turns it into
-//! device taints.
+//! Each source ([`nvml`]: NVML events and the NVML poll; in mock mode [`mock`]: the fault file
+//! and the Node annotation) owns its own part of the faults; the [`HealthMonitor`] unites the
+//! parts into one [`NodeHealth`] and publishes it on a `tokio::sync::watch` channel. The DRA
+//! health service ([`grpc`]) streams it to the kubelet and the publisher turns it into device
+//! taints.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -17,7 +19,9 @@ use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 
+pub mod grpc;
 pub mod mock;
+pub mod nvml;
 
 /// The kubelet's default health check timeout when a plugin sends none (upstream kubelet
 /// `pkg/kubelet/cm/dra/healthinfo.go`, `DefaultHealthTimeout`).

@@ -33,7 +33,7 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::event::EventSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::health::{Faults, HealthMonitor, Source};
+use super::{Faults, HealthMonitor, Source};
 
 /// Longest wait for one NVML event before the loop looks at the clock and the shutdown token.
 const EVENT_WAIT_MS: u32 = 1000;
