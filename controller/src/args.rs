@@ -8,10 +8,11 @@ use clap::{ArgAction, Parser};
 
 use crate::claims::ClaimSettings;
 use crate::claims::ownership::OwnershipTiming;
-use crate::context::{BackoffConfig, ControllerConfig, FIELD_MANAGER};
+use crate::context::{ControllerConfig, FIELD_MANAGER};
 use crate::default_classes::DefaultClasses;
 use crate::error::{Error, Result};
 use crate::leader::LeaseConfig;
+use crate::retry::BackoffConfig;
 use crate::run::Config;
 use crate::webhook::{Certificates, SelfSigned, WebhookConfig};
 

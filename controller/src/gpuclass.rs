@@ -37,7 +37,7 @@ use kerf_api::gpuclass::{
 use kerf_api::quantity::bytes_quantity;
 use kerf_api::{API_VERSION, GpuClass, GpuClassStatus};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -48,10 +48,11 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::{
     ClassCapacity, ClassScope, RefreshMemo, class_capacity, current_devices, free_compute,
 };
-use crate::context::{Context, Write, log_failure};
+use crate::context::{Context, Write};
 use crate::deviceclass::{device_class, is_controlled_by, needs_apply};
 use crate::error::{Error, Result};
 use crate::extended_resource::{self, Verdict};
+use crate::retry::Retry;
 use crate::selector::DeviceSelector;
 
 /// Name of this controller in metrics and logs.
@@ -100,20 +101,12 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
     controller
         .run(
             move |class, ctx| Box::pin(reconcile_shared(class, ctx, Arc::clone(&memo))),
-            error_policy,
+            RETRY.error_policy(),
             ctx,
         )
         .for_each(|result| {
-            match result {
-                // The class is gone from the cache: deleted, so its failures are history.
-                Err(controller::Error::ObjectNotFound(gone)) => {
-                    applied_ctx.backoff.forget(&object_key(&gone.name));
-                }
-                Err(error) => {
-                    tracing::debug!(controller = CONTROLLER, %error, "reconcile not done");
-                }
-                Ok(_) => {}
-            }
+            // A class gone from the cache is deleted: its failures are history.
+            RETRY.applied(&applied_ctx, &result);
             let names: Vec<String> = classes.state().iter().map(|c| c.name_any()).collect();
             metrics.retain_classes(names.iter().map(String::as_str));
             std::future::ready(())
@@ -128,7 +121,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
 ///
 /// API errors writing the DeviceClass or the status ([`Error::Write`], told on the class as a
 /// Warning Event when refused or persistent), and a GpuClass without name or UID;
-/// [`error_policy`] retries them with per-object back-off.
+/// [`RETRY`]'s error policy retries them with per-object back-off.
 pub async fn reconcile(class: Arc<GpuClass>, ctx: Arc<Context>) -> Result<Action> {
     reconcile_shared(class, ctx, Arc::new(RefreshMemo::default())).await
 }
@@ -140,46 +133,30 @@ async fn reconcile_shared(
     memo: Arc<RefreshMemo>,
 ) -> Result<Action> {
     let started = Instant::now();
-    let key = backoff_key(&class);
+    let key = RETRY.key(class.as_ref());
     let result = reconcile_class(&class, &ctx, &memo).await;
-    ctx.metrics.record_reconcile(
-        CONTROLLER,
-        result.as_ref().map(|_| ()).map_err(Error::reason),
-        started.elapsed(),
-    );
-    if let Err(Error::Write { write, source }) = &result {
-        // The DeviceClass and the status are the class's: `kubectl describe gpuclass` is
-        // where the user looks. error_policy counts this failure after the return.
-        let attempts = ctx.backoff.failures(&key).saturating_add(1);
-        let regarding = [class.object_ref(&())];
-        ctx.report_write_failure(write, source, attempts, &regarding)
-            .await;
-    }
-    if result.is_ok() {
-        ctx.backoff.succeeded(&key);
-    }
+    let result = RETRY
+        .finish(
+            &ctx,
+            &key,
+            started,
+            result,
+            async |write, source, attempts| {
+                // The DeviceClass and the status are the class's: `kubectl describe gpuclass` is
+                // where the user looks.
+                let regarding = [class.object_ref(&())];
+                ctx.report_write_failure(write, source, attempts, &regarding)
+                    .await;
+            },
+        )
+        .await;
     ctx.note_reconcile(key).await;
     result
 }
 
-/// Retries a failed reconcile after the object's next back-off delay; logged by
-/// [`log_failure`]: conflicts and NotFound quietly unless the class keeps failing.
-// kube-runtime's error-policy signature passes the Arcs by value.
-#[allow(clippy::needless_pass_by_value)]
-pub fn error_policy(class: Arc<GpuClass>, error: &Error, ctx: Arc<Context>) -> Action {
-    let key = backoff_key(&class);
-    let failure = ctx.backoff.failed(&ctx.config.backoff, &key);
-    log_failure(CONTROLLER, &key, error, failure);
-    Action::requeue(failure.retry_in)
-}
-
-fn backoff_key(class: &GpuClass) -> String {
-    object_key(&class.name_any())
-}
-
-fn object_key(name: &str) -> String {
-    format!("{CONTROLLER}//{name}")
-}
+/// How failed reconciles of GpuClasses are retried: after the class's next back-off delay,
+/// conflicts and NotFound logged quietly unless the class keeps failing.
+pub const RETRY: Retry = Retry::new(CONTROLLER);
 
 /// The Ready condition's content before timestamps.
 type Readiness = Verdict;

@@ -28,15 +28,17 @@ pub mod gpuclass;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod retry;
 pub mod run;
 pub mod selector;
 pub mod shared;
 pub mod webhook;
 
-pub use context::{BackoffConfig, Context, ControllerConfig, FIELD_MANAGER};
+pub use context::{Context, ControllerConfig, FIELD_MANAGER};
 pub use error::{Error, Result};
 pub use leader::{LeaderElector, LeaseConfig};
 pub use metrics::Metrics;
+pub use retry::BackoffConfig;
 pub use run::{
     Config, ControllerTask, controllers, run, run_controllers, run_controllers_and_webhook,
     run_with_webhook,

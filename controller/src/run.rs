@@ -88,10 +88,7 @@ impl ControllerTask {
 pub fn controllers() -> Vec<ControllerTask> {
     vec![
         ControllerTask::new(gpuclass::CONTROLLER, gpuclass::run),
-        ControllerTask::new("resourceclaim", |ctx, stop| {
-            let settings = ctx.config.claims;
-            crate::claims::run(ctx, stop, settings)
-        }),
+        ControllerTask::new("resourceclaim", crate::claims::run),
     ]
 }
 

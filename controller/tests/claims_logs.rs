@@ -22,7 +22,7 @@ use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::cache::Caches;
 use kerf_controller::claims;
-use kerf_controller::context::KEEPS_FAILING_AFTER;
+use kerf_controller::retry::KEEPS_FAILING_AFTER;
 use kerf_controller::{
     BackoffConfig, Config, Context, ControllerConfig, Metrics, controllers, run_controllers,
 };
@@ -284,7 +284,7 @@ impl Harness {
         let ctx = Arc::new(Context::new(client, config(), metrics, caches));
         let shutdown = CancellationToken::new();
         tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
-        let task = tokio::spawn(claims::run(Arc::clone(&ctx), shutdown.clone(), settings()));
+        let task = tokio::spawn(claims::run(Arc::clone(&ctx), shutdown.clone()));
         Self {
             ctx,
             registry,

@@ -18,7 +18,7 @@ use kerf_api::params::{Allocator, GpuSelector, GpuSliceAllocation, OpaqueKind, S
 use kerf_api::quantity::parse_bytes;
 use kerf_api::{GpuClass, GpuClassSpec, decode_opaque, params::OpaqueConfig};
 use kerf_controller::cache::Caches;
-use kerf_controller::gpuclass::{self, error_policy, reconcile};
+use kerf_controller::gpuclass::{self, RETRY, reconcile};
 use kerf_controller::{Config, Context, ControllerConfig, Metrics, run_controllers};
 use kerf_tests::fake_api::{FakeApi, Identity};
 use kube::api::ObjectMeta;
@@ -490,7 +490,7 @@ async fn failures_back_off_per_object() {
     for expected in [1, 2] {
         let error = h.reconcile("a").await.unwrap_err();
         assert_eq!(error.reason(), "kube_api");
-        let action = error_policy(Arc::new(h.class("a")), &error, h.ctx.clone());
+        let action = RETRY.error_policy()(Arc::new(h.class("a")), &error, h.ctx.clone());
         assert_eq!(action, Action::requeue(Duration::from_secs(expected)));
     }
     // Another object starts from the base delay.

@@ -60,7 +60,7 @@ impl Harness {
         let ctx = Arc::new(Context::new(client, config, metrics, caches));
         let shutdown = CancellationToken::new();
         tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
-        let task = tokio::spawn(claims::run(ctx, shutdown.clone(), settings()));
+        let task = tokio::spawn(claims::run(ctx, shutdown.clone()));
         Self {
             registry,
             shutdown,

@@ -69,6 +69,7 @@ impl Controller {
                     base: BACKOFF_BASE,
                     max: BACKOFF_MAX,
                 },
+                claims: settings(),
                 ..ControllerConfig::new(DRIVER)
             },
             leader_election: None,
@@ -78,7 +79,7 @@ impl Controller {
         let seen = Arc::clone(&metrics);
         let task = ControllerTask::new("resourceclaim", move |ctx, stop| {
             *seen.lock().unwrap() = Some(ctx.metrics.clone());
-            claims::run(ctx, stop, settings())
+            claims::run(ctx, stop)
         });
         tokio::spawn(claim_cluster::mirror_ownership_records(
             fake.clone(),

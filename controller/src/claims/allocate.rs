@@ -11,30 +11,30 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::commit::{deallocate, write_placement};
-use super::context::ClaimsContext;
 use super::gate;
 use super::placement::{Placing, place_and_begin};
 use super::reconcile::note_rejection;
 use super::report::{describe, publish, report_allocated, report_invalid, report_unplaceable};
 use super::state::{allocated_on, allocation_of, annotated_node, is_reserved};
 use super::{consumers, reasons};
+use crate::context::Context;
 use crate::error::Result;
 
 /// Places every unallocated controller claim of `pod` on one node (its `spec.nodeName` when it
 /// was created with one) and writes the allocations, all or nothing; then releases the pod's
 /// scheduling gate.
-pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<Action> {
+pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action> {
     let started = Instant::now();
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let pod_claims = consumers::pod_claims(pod);
     if !pod_claims.pending_templates.is_empty() {
-        return Ok(Action::requeue(ctx.settings.pending_retry));
+        return Ok(Action::requeue(ctx.config.claims.pending_retry));
     }
     let mut claims = Vec::new();
     for name in &pod_claims.names {
         match ctx.claim(&namespace, name) {
             Some(claim) => claims.push(claim),
-            None => return Ok(Action::requeue(ctx.settings.pending_retry)),
+            None => return Ok(Action::requeue(ctx.config.claims.pending_retry)),
         }
     }
     let (placed, todo): (Vec<_>, Vec<_>) = claims
@@ -63,8 +63,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<A
     let request = match pod_request(&todo, ctx) {
         Ok(request) => request,
         Err((claim, error)) => {
-            ctx.base
-                .metrics
+            ctx.metrics
                 .record_allocation(Err("invalid_parameters"), started.elapsed());
             report_invalid(ctx, pod, &claim, &error).await;
             return Ok(Action::await_change());
@@ -72,11 +71,11 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<A
     };
     let (placement, mut writing) = match place_and_begin(pod, &request, &todo, &pinned, ctx) {
         Placing::Placed(placement, writing) => (placement, writing),
-        Placing::Busy => return Ok(Action::requeue(ctx.settings.pending_retry)),
+        Placing::Busy => return Ok(Action::requeue(ctx.config.claims.pending_retry)),
         Placing::NoFit(no_fit) => {
             if !pinned.is_empty() && release_pinned(&placed, ctx).await? {
                 // The pod's claims are placed again together once the released ones are back.
-                return Ok(Action::requeue(ctx.settings.pending_retry));
+                return Ok(Action::requeue(ctx.config.claims.pending_retry));
             }
             if ctx.capacity_settling() {
                 // Devices are passing their ownership fence (at start-up, or taken back from
@@ -84,22 +83,19 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<A
                 for claim in &todo {
                     ctx.wait_for_capacity(claim);
                 }
-                return Ok(Action::requeue(ctx.settings.pending_retry));
+                return Ok(Action::requeue(ctx.config.claims.pending_retry));
             }
-            ctx.base
-                .metrics
+            ctx.metrics
                 .record_allocation(Err(no_fit.reason), started.elapsed());
             report_unplaceable(ctx, pod, &todo, &no_fit.message).await;
-            return Ok(Action::requeue(ctx.settings.unplaceable_retry));
+            return Ok(Action::requeue(ctx.config.claims.unplaceable_retry));
         }
     };
     let result = write_placement(&todo, &placement, &mut writing, ctx).await;
     drop(writing);
     match result {
         Ok(()) => {
-            ctx.base
-                .metrics
-                .record_allocation(Ok(()), started.elapsed());
+            ctx.metrics.record_allocation(Ok(()), started.elapsed());
             for (claim, placed) in todo.iter().zip(&placement.claims) {
                 let note = describe(&placement.node, placed);
                 publish(ctx, claim, EventType::Normal, reasons::ALLOCATED, note).await;
@@ -110,8 +106,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<A
             Ok(Action::await_change())
         }
         Err(error) => {
-            ctx.base
-                .metrics
+            ctx.metrics
                 .record_allocation(Err(error.reason()), started.elapsed());
             Err(error)
         }
@@ -120,7 +115,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<A
 
 fn pod_request(
     claims: &[Arc<ResourceClaim>],
-    ctx: &ClaimsContext,
+    ctx: &Context,
 ) -> Result<PodRequest, (Arc<ResourceClaim>, kerf_api::Error)> {
     let mut request = PodRequest::default();
     for claim in claims {
@@ -138,7 +133,7 @@ fn pod_request(
 /// The pod's remaining claims fit nowhere next to its allocated ones: deallocate those (when
 /// they are all ours and unreserved) so that all are placed again together. Returns whether
 /// it did.
-async fn release_pinned(placed: &[Arc<ResourceClaim>], ctx: &ClaimsContext) -> Result<bool> {
+async fn release_pinned(placed: &[Arc<ResourceClaim>], ctx: &Context) -> Result<bool> {
     let releasable = placed
         .iter()
         .all(|c| annotated_node(c).is_some() && !is_reserved(c));

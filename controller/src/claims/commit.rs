@@ -9,12 +9,12 @@ use kerf_core::alloc::{self, ClaimPlacement};
 use kube::ResourceExt as _;
 use kube::runtime::events::EventType;
 
-use super::context::ClaimsContext;
 use super::ledger::WriteGuard;
 use super::reasons;
 use super::report::publish;
 use super::state::{allocation_of, claim_uid, has_finalizer};
 use super::write::{self, claim_api};
+use crate::context::Context;
 use crate::error::Result;
 
 /// What one claim's write went through, for a rollback.
@@ -30,7 +30,7 @@ pub(super) async fn write_placement(
     claims: &[Arc<ResourceClaim>],
     placement: &alloc::Placement,
     writing: &mut WriteGuard<'_>,
-    ctx: &ClaimsContext,
+    ctx: &Context,
 ) -> Result<()> {
     let mut written: Vec<Written> = Vec::new();
     let mut failure = None;
@@ -68,11 +68,11 @@ async fn write_one(
     claim: &ResourceClaim,
     placed: &ClaimPlacement,
     node: &str,
-    ctx: &ClaimsContext,
+    ctx: &Context,
     writing: &mut WriteGuard<'_>,
     written: &mut Vec<Written>,
 ) -> Result<()> {
-    let api = claim_api(&ctx.base, claim);
+    let api = claim_api(ctx, claim);
     let marked = write::mark_allocating(&api, claim, node).await?;
     written.push(Written {
         uid: placed.key.clone(),
@@ -103,9 +103,9 @@ async fn write_one(
 
 /// Best effort: clears what was written and restores each claim's metadata. What fails is
 /// logged; the next reconcile of the pod's claims starts from whatever is left.
-async fn rollback(written: &[Written], writing: &mut WriteGuard<'_>, ctx: &ClaimsContext) {
+async fn rollback(written: &[Written], writing: &mut WriteGuard<'_>, ctx: &Context) {
     for step in written {
-        let api = claim_api(&ctx.base, &step.latest);
+        let api = claim_api(ctx, &step.latest);
         let mut latest = step.latest.clone();
         if step.allocated {
             writing.unsettled(&step.uid);
@@ -127,7 +127,7 @@ async fn rollback(written: &[Written], writing: &mut WriteGuard<'_>, ctx: &Claim
 /// Clears our allocation and tells the index; with `drop_finalizer` the claim is let go.
 pub(super) async fn deallocate(
     claim: &ResourceClaim,
-    ctx: &ClaimsContext,
+    ctx: &Context,
     drop_finalizer: bool,
     why: &str,
 ) -> Result<()> {
@@ -135,7 +135,7 @@ pub(super) async fn deallocate(
     let Some(mut writing) = ctx.begin_write(vec![uid.to_owned()]) else {
         return Ok(());
     };
-    let api = claim_api(&ctx.base, claim);
+    let api = claim_api(ctx, claim);
     let mut latest = None;
     if allocation_of(claim).is_some() {
         let cleared = write::clear_allocation(&api, claim).await?;

@@ -1,20 +1,22 @@
-//! What the claim reconciler needs besides the shared [`Context`].
+//! The claim controller's part of the shared [`Context`] ([`ClaimsPart`], its field
+//! [`Context::claims`]) and what the claim reconciler asks of the [`Context`].
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use kerf_api::GpuClassParameters;
 use kerf_api::controller_claims::class_parameters;
-use kube::runtime::reflector::{ObjectRef, Store};
-use tokio::sync::mpsc::UnboundedSender;
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
+use super::gate::ReleasedGates;
 use super::ledger::{Books, Ledger, WriteGuard};
+use super::ownership::InputChanges;
 use super::pod_index::PodsByClaim;
 use crate::context::Context;
 use crate::error::{Error, Result};
-
 /// Timing of the claim reconciler.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClaimSettings {
@@ -47,18 +49,15 @@ impl Default for ClaimSettings {
     }
 }
 
-/// State of the claim reconciler.
-pub struct ClaimsContext {
-    /// Client, config, metrics, recorder and the caches of slices and DeviceClasses.
-    pub base: Arc<Context>,
-    /// Every ResourceClaim: the store the reconciler is fed from, so that the capacity index
-    /// and the pod's other claims are never older than the claim being reconciled.
-    pub claims: Store<ResourceClaim>,
+/// What only the claim controller reads: the stores of pods and nodes (fed by its watches,
+/// [`super::run`]), its bookkeeping, and its queue of claims to reconcile again. The claims
+/// themselves are the shared caches' store ([`crate::cache::Caches::claims`]).
+pub struct ClaimsPart {
     /// Every pod; its watch also triggers the pod's claims, after the store is updated.
     pub pods: Store<Pod>,
     /// The pods that use each claim, kept by the pod watch after the store and before the
     /// pod's claims are queued, so finding a claim's consumers does not walk every pod.
-    pods_by_claim: PodsByClaim,
+    pub(super) pods_by_claim: PodsByClaim,
     /// Every node.
     pub nodes: Store<Node>,
     /// Free capacity, writes in flight, rejections, claims waiting for capacity.
@@ -66,57 +65,80 @@ pub struct ClaimsContext {
     /// Reconciles other claims (those that must yield a device to the scheduler, those
     /// waiting for capacity).
     pub trigger: UnboundedSender<ObjectRef<ResourceClaim>>,
-    /// Timing.
-    pub settings: ClaimSettings,
     /// One waiter at a time on the stores' readiness (see [`crate::cache::Caches::wait_ready`]).
     ready_waiters: tokio::sync::Mutex<()>,
     /// Bumped after each claim store write, after the pod and node writes an ownership pass
     /// reads, and by the ledger: the pass runs on it instead of on a clock
     /// ([`super::ownership::InputChanges`]).
-    pub ownership_inputs: super::ownership::InputChanges,
+    pub ownership_inputs: InputChanges,
     /// Gate removals already sent, so a stale cached pod does not send another.
-    pub(crate) released_gates: super::gate::ReleasedGates,
+    pub(crate) released_gates: ReleasedGates,
+    /// What feeds the stores and the queue, until the claim controller takes it.
+    feeds: Mutex<Option<ClaimFeeds>>,
 }
 
-impl std::fmt::Debug for ClaimsContext {
+/// The writing ends of [`ClaimsPart`]'s stores and queue: taken once, by the claim controller
+/// that runs the watches ([`ClaimsPart::take_feeds`]).
+pub(super) struct ClaimFeeds {
+    /// Writes [`ClaimsPart::pods`]; the index ([`ClaimsPart`]`::pods_by_claim`) must follow.
+    pub pods: Writer<Pod>,
+    /// Writes [`ClaimsPart::nodes`].
+    pub nodes: Writer<Node>,
+    /// What [`ClaimsPart::trigger`] sends.
+    pub triggered: UnboundedReceiver<ObjectRef<ResourceClaim>>,
+}
+
+impl std::fmt::Debug for ClaimsPart {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClaimsContext")
-            .field("claims", &self.claims.len())
+        f.debug_struct("ClaimsPart")
             .field("pods", &self.pods.len())
             .field("nodes", &self.nodes.len())
-            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
 
-impl ClaimsContext {
-    /// Builds the context; `ownership_inputs` must be bumped after each write to the stores,
-    /// and the pod index (`pods.1`) updated after each write to the pod store (`pods.0`).
-    pub fn new(
-        base: Arc<Context>,
-        claims: Store<ResourceClaim>,
-        pods: (Store<Pod>, PodsByClaim),
-        nodes: Store<Node>,
-        ownership_inputs: super::ownership::InputChanges,
-        trigger: UnboundedSender<ObjectRef<ResourceClaim>>,
-        settings: ClaimSettings,
-    ) -> Self {
-        ClaimsContext {
-            base,
-            claims,
-            pods: pods.0,
-            pods_by_claim: pods.1,
+impl Default for ClaimsPart {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ClaimsPart {
+    /// Empty stores and bookkeeping, with their feeds waiting for the claim controller.
+    pub fn new() -> Self {
+        let (pods, pod_writer) = reflector::store();
+        let (nodes, node_writer) = reflector::store();
+        let (trigger, triggered) = tokio::sync::mpsc::unbounded_channel();
+        let ownership_inputs = InputChanges::default();
+        ClaimsPart {
+            pods,
+            pods_by_claim: PodsByClaim::default(),
             nodes,
             ledger: Ledger::new(ownership_inputs.clone()),
-            released_gates: super::gate::ReleasedGates::default(),
             trigger,
-            settings,
             ready_waiters: tokio::sync::Mutex::new(()),
             ownership_inputs,
+            released_gates: ReleasedGates::default(),
+            feeds: Mutex::new(Some(ClaimFeeds {
+                pods: pod_writer,
+                nodes: node_writer,
+                triggered,
+            })),
         }
     }
 
-    /// Waits until every store the reconciler reads holds its first complete list.
+    /// The feeds of the stores and the queue; `None` once taken: one claim controller per
+    /// context.
+    pub(super) fn take_feeds(&self) -> Option<ClaimFeeds> {
+        self.feeds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+impl Context {
+    /// Waits until every store the claim reconciler reads holds its first complete list.
     ///
     /// # Errors
     /// [`Error::ControllerStopped`] when a store's watch was dropped first.
@@ -125,35 +147,40 @@ impl ClaimsContext {
             name: "resourceclaim",
             message: "a watch stopped before its first list completed".to_owned(),
         };
-        let _one_at_a_time = self.ready_waiters.lock().await;
-        // `claims` is the store of the caches, whose waiters queue on their own lock.
-        self.pods.wait_until_ready().await.map_err(stopped)?;
-        self.nodes.wait_until_ready().await.map_err(stopped)?;
-        self.base.caches.wait_ready().await
+        let _one_at_a_time = self.claims.ready_waiters.lock().await;
+        // The claims are the store of the caches, whose waiters queue on their own lock.
+        self.claims.pods.wait_until_ready().await.map_err(stopped)?;
+        self.claims
+            .nodes
+            .wait_until_ready()
+            .await
+            .map_err(stopped)?;
+        self.caches.wait_ready().await
     }
 
     /// The driver name.
     pub fn driver(&self) -> &str {
-        &self.base.config.driver_name
+        &self.config.driver_name
     }
 
     /// The bookkeeping, locked, with the capacity index brought up to date with the stores.
     pub(crate) fn books(&self) -> Books<'_> {
-        // `claims` is bumped into `ownership_inputs` after each write: see `Ledger::synced`.
-        self.ledger
-            .synced(&self.base.caches.slices, &self.claims, self.driver())
+        // The claim store is bumped into `ownership_inputs` after each write: see
+        // `Ledger::synced`.
+        self.claims
+            .ledger
+            .synced(&self.caches.slices, &self.caches.claims, self.driver())
     }
 
     /// Marks claims `uids` as being written until the guard is dropped; `None` when another
     /// reconcile is writing one of them.
     pub(crate) fn begin_write(&self, uids: Vec<String>) -> Option<WriteGuard<'_>> {
-        self.ledger.begin(uids)
+        self.claims.ledger.begin(uids)
     }
 
     /// The kerf class parameters of DeviceClass `name`, when it carries them.
     pub fn class_params(&self, name: &str) -> Option<GpuClassParameters> {
         let class = self
-            .base
             .caches
             .device_classes
             .get(&ObjectRef::<DeviceClass>::new(name))?;
@@ -167,7 +194,8 @@ impl ClaimsContext {
 
     /// The cached claim `name` in `namespace`.
     pub fn claim(&self, namespace: &str, name: &str) -> Option<Arc<ResourceClaim>> {
-        self.claims
+        self.caches
+            .claims
             .get(&ObjectRef::<ResourceClaim>::new(name).within(namespace))
     }
 
@@ -176,7 +204,9 @@ impl ClaimsContext {
     pub fn consumers(&self, claim: &ResourceClaim) -> Vec<Arc<Pod>> {
         let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
         let name = claim.metadata.name.as_deref().unwrap_or_default();
-        self.pods_by_claim.consumers(&self.pods, namespace, name)
+        self.claims
+            .pods_by_claim
+            .consumers(&self.claims.pods, namespace, name)
     }
 
     /// Marks `node` unsuitable for pod `pod_uid`: for [`ClaimSettings::rejection_backoff`]
@@ -184,10 +214,11 @@ impl ClaimsContext {
     /// [`ClaimSettings::rejection_backoff_max`].
     pub fn mark_unsuitable(&self, pod_uid: &str, node: &str) {
         let (base, max) = (
-            self.settings.rejection_backoff,
-            self.settings.rejection_backoff_max,
+            self.config.claims.rejection_backoff,
+            self.config.claims.rejection_backoff_max,
         );
-        self.ledger
+        self.claims
+            .ledger
             .mark_unsuitable(pod_uid, node, Instant::now(), |repeats| {
                 base.saturating_mul(1 << repeats.min(16)).min(max)
             });
@@ -195,24 +226,26 @@ impl ClaimsContext {
 
     /// Nodes currently unsuitable for pod `pod_uid`.
     pub fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
-        self.ledger.unsuitable_nodes(pod_uid)
+        self.claims.ledger.unsuitable_nodes(pod_uid)
     }
 
     /// True when devices the controller took over are still behind their ownership fence:
     /// placements that fail now may fit once they pass.
     pub fn capacity_settling(&self) -> bool {
-        self.ledger.settling()
+        self.claims.ledger.settling()
     }
 
     /// Remembers that `claim` waits for capacity.
     pub fn wait_for_capacity(&self, claim: &ResourceClaim) {
-        self.ledger.wait_for_capacity(ObjectRef::from_obj(claim));
+        self.claims
+            .ledger
+            .wait_for_capacity(ObjectRef::from_obj(claim));
     }
 
     /// Capacity was freed: every waiting claim is reconciled again.
     pub fn capacity_freed(&self) {
-        for claim in self.ledger.take_waiting() {
-            if self.trigger.send(claim).is_err() {
+        for claim in self.claims.ledger.take_waiting() {
+            if self.claims.trigger.send(claim).is_err() {
                 // The controller is stopping; nothing will be reconciled any more.
                 return;
             }
@@ -222,6 +255,6 @@ impl ClaimsContext {
     /// For an annotated claim without allocation: true (once) when the missing allocation is
     /// not the controller's doing, i.e. the scheduler cleared it.
     pub fn take_rejection(&self, uid: &str) -> bool {
-        self.ledger.take_rejection(uid)
+        self.claims.ledger.take_rejection(uid)
     }
 }

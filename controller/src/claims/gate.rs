@@ -10,7 +10,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use super::context::ClaimsContext;
+use crate::context::Context;
 use crate::context::Write;
 use crate::error::{Error, Result};
 use kerf_api::controller_claims::SCHEDULING_GATE;
@@ -79,18 +79,18 @@ impl ReleasedGates {
 /// [`Error::Write`] when the write fails for another reason than the pod being gone or its
 /// gates having changed meanwhile: a refusal (403 when kerf-controller may not patch pods)
 /// is reported on the pod by the claim reconciler.
-pub(super) async fn release(pod: &Pod, ctx: &ClaimsContext) -> Result<()> {
+pub(super) async fn release(pod: &Pod, ctx: &Context) -> Result<()> {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let Some(index) = gate_index(pod) else {
-        ctx.released_gates.forget(uid);
+        ctx.claims.released_gates.forget(uid);
         return Ok(());
     };
     let version = pod.resource_version().unwrap_or_default();
-    if ctx.released_gates.already_sent(uid, &version) {
+    if ctx.claims.released_gates.already_sent(uid, &version) {
         return Ok(());
     }
     let namespace = pod.namespace().unwrap_or_default();
-    let api: Api<Pod> = Api::namespaced(ctx.base.client.clone(), &namespace);
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let path = format!("/spec/schedulingGates/{index}");
     let patch: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": format!("{path}/name"), "value": SCHEDULING_GATE},
@@ -98,7 +98,7 @@ pub(super) async fn release(pod: &Pod, ctx: &ClaimsContext) -> Result<()> {
     ]))
     .map_err(|e| Error::serialize("scheduling gate patch", e))?;
     let params = PatchParams {
-        field_manager: Some(ctx.base.config.field_manager.clone()),
+        field_manager: Some(ctx.config.field_manager.clone()),
         ..PatchParams::default()
     };
     match api
@@ -107,7 +107,7 @@ pub(super) async fn release(pod: &Pod, ctx: &ClaimsContext) -> Result<()> {
     {
         Ok(_) => {
             tracing::debug!(pod = %pod.name_any(), %namespace, "scheduling gate removed");
-            ctx.released_gates.sent(uid.to_owned(), version);
+            ctx.claims.released_gates.sent(uid.to_owned(), version);
             Ok(())
         }
         // Gone, or the gates changed under us (the test op failed): nothing to release now.

@@ -43,8 +43,8 @@ mod watch;
 pub mod write;
 mod yielding;
 
-pub use context::{ClaimSettings, ClaimsContext};
-pub use reconcile::{error_policy, reconcile};
+pub use context::{ClaimSettings, ClaimsPart};
+pub use reconcile::{RETRY, reconcile};
 pub use watch::run;
 
 pub use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};

@@ -25,15 +25,16 @@ use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 use kerf_api::claim_node_label::{CLAIM_NODE_LABEL, node_label_value};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::applier;
-use kube::runtime::controller::{self, Action, Config as ApplierConfig, ReconcileRequest};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::controller::{Action, Config as ApplierConfig, ReconcileRequest};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::state::{allocation_of, annotated_node};
-use crate::context::{Context, Write, log_failure};
+use crate::context::{Context, Write};
 use crate::error::{Error, Result};
+use crate::retry::Retry;
 
 /// The label reconciler's name in metrics, back-off keys and logs.
 pub const CONTROLLER: &str = "claimnodelabel";
@@ -104,25 +105,8 @@ pub(super) fn labels_patch(claim: &ResourceClaim, desired: Option<&str>) -> Opti
     Some(json!({ CLAIM_NODE_LABEL: desired }))
 }
 
-/// What the label reconciler needs.
-pub struct LabelContext {
-    /// Client, config (driver name, field manager, back-off), metrics.
-    pub base: Arc<Context>,
-}
-
-impl std::fmt::Debug for LabelContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LabelContext").finish_non_exhaustive()
-    }
-}
-
-fn backoff_key(claim: &ResourceClaim) -> String {
-    object_key(claim.namespace().as_deref(), &claim.name_any())
-}
-
-fn object_key(namespace: Option<&str>, name: &str) -> String {
-    format!("{CONTROLLER}/{}/{name}", namespace.unwrap_or_default())
-}
+/// How failed label writes are retried.
+pub const RETRY: Retry = Retry::new(CONTROLLER);
 
 /// Makes the claim's [`CLAIM_NODE_LABEL`] follow [`desired_label`]: a JSON merge patch of that
 /// one label as the controller's field manager, only when it differs. No resourceVersion
@@ -131,32 +115,27 @@ fn object_key(namespace: Option<&str>, name: &str) -> String {
 /// reconcile routinely (debug log).
 ///
 /// # Errors
-/// The API call failed (retried with per-object back-off by [`error_policy`]).
-pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<LabelContext>) -> Result<Action> {
+/// The API call failed (retried with per-object back-off by [`RETRY`]'s error policy).
+pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
-    let result = sync_label(&claim, &ctx.base).await;
-    ctx.base.metrics.record_reconcile(
-        CONTROLLER,
-        result.as_ref().copied().map_err(Error::reason),
-        started.elapsed(),
-    );
-    if let Err(Error::Write { write, source }) = &result {
-        // Told on the claim: a refused label write leaves the kubelet plugin's label-selected
-        // watch without the claim. error_policy counts this failure after the return.
-        let attempts = ctx
-            .base
-            .backoff
-            .failures(&backoff_key(&claim))
-            .saturating_add(1);
-        let regarding = [claim.object_ref(&())];
-        ctx.base
-            .report_write_failure(write, source, attempts, &regarding)
-            .await;
-    }
-    if result.is_ok() {
-        ctx.base.backoff.succeeded(&backoff_key(&claim));
-    }
-    result.map(|()| Action::await_change())
+    let key = RETRY.key(claim.as_ref());
+    let result = sync_label(&claim, &ctx).await;
+    RETRY
+        .finish(
+            &ctx,
+            &key,
+            started,
+            result,
+            async |write, source, attempts| {
+                // Told on the claim: a refused label write leaves the kubelet plugin's
+                // label-selected watch without the claim.
+                let regarding = [claim.object_ref(&())];
+                ctx.report_write_failure(write, source, attempts, &regarding)
+                    .await;
+            },
+        )
+        .await
+        .map(|()| Action::await_change())
 }
 
 async fn sync_label(claim: &ResourceClaim, ctx: &Context) -> Result<()> {
@@ -191,7 +170,7 @@ async fn sync_label(claim: &ResourceClaim, ctx: &Context) -> Result<()> {
     ctx.metrics.record_claim_node_label(action);
     tracing::debug!(
         controller = CONTROLLER,
-        claim = %backoff_key(claim),
+        claim = %RETRY.key(claim),
         label = ?desired,
         action,
         "claim node label written"
@@ -199,49 +178,28 @@ async fn sync_label(claim: &ResourceClaim, ctx: &Context) -> Result<()> {
     Ok(())
 }
 
-/// Retries a failed label write with per-object exponential back-off; conflicts and NotFound
-/// are logged at debug by [`log_failure`].
-#[allow(clippy::needless_pass_by_value)] // the signature is kube-runtime's
-pub fn error_policy(claim: Arc<ResourceClaim>, error: &Error, ctx: Arc<LabelContext>) -> Action {
-    let key = backoff_key(&claim);
-    let failure = ctx.base.backoff.failed(&ctx.base.config.backoff, &key);
-    log_failure(CONTROLLER, &key, error, failure);
-    Action::requeue(failure.retry_in)
-}
-
-/// Runs the label reconciler over `claims` (the claim reconciler's store) for `requests`
-/// until `shutdown`, letting running writes finish for at most `grace`.
+/// Runs the label reconciler over the claim store of the caches for `requests` until
+/// `shutdown`, letting running writes finish for at most `grace`.
 pub(super) async fn run(
-    base: Arc<Context>,
-    claims: Store<ResourceClaim>,
+    ctx: Arc<Context>,
     requests: impl Stream<Item = ReconcileRequest<ResourceClaim>> + Send + 'static,
     shutdown: CancellationToken,
     grace: Duration,
 ) {
-    let ctx = Arc::new(LabelContext {
-        base: Arc::clone(&base),
-    });
     let queue = requests
         .map(Ok::<_, Infallible>)
         .take_until(shutdown.clone().cancelled_owned());
+    let applied_ctx = Arc::clone(&ctx);
     let reconciles = applier(
         |claim, ctx| Box::pin(reconcile(claim, ctx)),
-        error_policy,
-        ctx,
-        claims,
+        RETRY.error_policy(),
+        ctx.clone(),
+        ctx.caches.claims.clone(),
         queue,
         ApplierConfig::default(),
     )
     .for_each(move |result| {
-        match result {
-            Err(controller::Error::ObjectNotFound(gone)) => {
-                // Deleted: its failures are history.
-                base.backoff
-                    .forget(&object_key(gone.namespace.as_deref(), &gone.name));
-            }
-            Err(error) => tracing::debug!(controller = CONTROLLER, %error, "reconcile not done"),
-            Ok(_) => {}
-        }
+        RETRY.applied(&applied_ctx, &result);
         std::future::ready(())
     });
     tokio::pin!(reconciles);

@@ -9,11 +9,11 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_core::alloc::{self, PodRequest};
 use kube::runtime::reflector::ObjectRef;
 
-use super::context::ClaimsContext;
 use super::ledger::WriteGuard;
 use super::nodes::node_fits;
 use super::report::explain;
 use super::state::pod_uid;
+use crate::context::Context;
 
 /// Why nothing fitted: a metric label and the words for Events and the pod condition.
 pub(super) struct NoFit {
@@ -42,7 +42,7 @@ pub(super) fn place_and_begin<'a>(
     request: &PodRequest,
     todo: &[Arc<ResourceClaim>],
     pinned: &[String],
-    ctx: &'a ClaimsContext,
+    ctx: &'a Context,
 ) -> Placing<'a> {
     let unsuitable = pod_uid(pod)
         .map(|uid| ctx.unsuitable_nodes(uid))
@@ -82,7 +82,7 @@ fn candidate_nodes(
     gpu_nodes: Vec<String>,
     unsuitable: &[String],
     pinned: &[String],
-    ctx: &ClaimsContext,
+    ctx: &Context,
 ) -> (Vec<String>, BTreeMap<String, String>) {
     let mut candidates = Vec::new();
     let mut rejections = BTreeMap::new();
@@ -104,7 +104,7 @@ fn candidate_nodes(
             );
             continue;
         }
-        let Some(node) = ctx.nodes.get(&ObjectRef::<Node>::new(&name)) else {
+        let Some(node) = ctx.claims.nodes.get(&ObjectRef::<Node>::new(&name)) else {
             rejections.insert(name, "has no Node object".to_owned());
             continue;
         };

@@ -1,4 +1,4 @@
-//! The ResourceClaim reconciler's decision tree: [`reconcile`] and [`error_policy`]
+//! The ResourceClaim reconciler's decision tree: [`reconcile`] and its retry policy [`RETRY`]
 //! ([`super::watch::run`] wires them to the watches).
 //!
 //! One reconcile of a claim, in order:
@@ -26,69 +26,57 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kerf_api::write_failure::{FailureKind, WriteFailure};
-use kube::ResourceExt as _;
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 
 use super::allocate::allocate_for_pod;
 use super::commit::deallocate;
-use super::context::ClaimsContext;
 use super::report::{self, publish};
 use super::state::{allocation_of, annotated_node, claim_uid, has_finalizer, is_reserved, pod_uid};
 use super::write::{self, claim_api};
 use super::yielding::{notify_yielders, scheduler_conflict};
 use super::{consumers, reasons};
-use crate::context::log_failure;
-use crate::error::{Error, Result};
+use crate::context::Context;
+use crate::error::Result;
+use crate::retry::Retry;
 
 /// The controller's name in metrics, back-off keys and logs.
 pub(super) const CONTROLLER: &str = "resourceclaim";
+
+/// How failed reconciles of claims are retried: a refused write holds the claim, since the
+/// rollback of the write's earlier steps would otherwise bring it back at once, in a loop.
+pub const RETRY: Retry = Retry::new(CONTROLLER).holding_refused();
 
 /// Reconciles one ResourceClaim (see the module documentation). A write the API server
 /// refuses, or that keeps failing, is told on the claim and its pods (Warning Events, the pod
 /// condition, the write-failure metric) before it is returned.
 ///
 /// # Errors
-/// API failures (retried with per-object back-off by [`error_policy`]).
-pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<ClaimsContext>) -> Result<Action> {
+/// API failures (retried with per-object back-off by [`RETRY`]'s error policy).
+pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<Context>) -> Result<Action> {
     ctx.wait_ready().await?;
-    let key = backoff_key(&claim);
-    if let Some(wait) = ctx.base.backoff.held_for(&ctx.base.config.backoff, &key) {
+    let key = RETRY.key(claim.as_ref());
+    if let Some(wait) = ctx.backoff.held_for(&ctx.config.backoff, &key) {
         return Ok(Action::requeue(wait));
     }
     let started = Instant::now();
     let result = reconcile_claim(&claim, &ctx).await;
-    ctx.base.metrics.record_reconcile(
-        CONTROLLER,
-        result.as_ref().map(|_| ()).map_err(Error::reason),
-        started.elapsed(),
-    );
-    if let Err(Error::Write { write, source }) = &result {
-        // error_policy counts this failure after the reconcile returns.
-        let attempts = ctx.base.backoff.failures(&key).saturating_add(1);
-        report::write_failed(&ctx, write, source, attempts).await;
-        if WriteFailure::of(source).kind() == FailureKind::Refused {
-            ctx.base.backoff.hold(&key);
-        }
-    }
-    if result.is_ok() {
-        ctx.base.backoff.succeeded(&key);
-    }
-    ctx.base.note_reconcile(key).await;
+    let result = RETRY
+        .finish(
+            &ctx,
+            &key,
+            started,
+            result,
+            async |write, source, attempts| {
+                report::write_failed(&ctx, write, source, attempts).await;
+            },
+        )
+        .await;
+    ctx.note_reconcile(key).await;
     result
 }
 
-fn backoff_key(claim: &ResourceClaim) -> String {
-    object_key(claim.namespace().as_deref(), &claim.name_any())
-}
-
-/// The back-off key of the claim `namespace/name`.
-pub(super) fn object_key(namespace: Option<&str>, name: &str) -> String {
-    format!("{CONTROLLER}/{}/{name}", namespace.unwrap_or_default())
-}
-
-async fn reconcile_claim(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<Action> {
+async fn reconcile_claim(claim: &ResourceClaim, ctx: &Context) -> Result<Action> {
     let uid = claim_uid(claim)?;
     let allocated = allocation_of(claim).is_some();
     if allocated && annotated_node(claim).is_none() {
@@ -101,7 +89,7 @@ async fn reconcile_claim(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<A
         let books = ctx.books();
         if books.in_flight(uid) {
             // Another reconcile is writing this claim; look again once it is done.
-            return Ok(Action::requeue(ctx.settings.pending_retry));
+            return Ok(Action::requeue(ctx.config.claims.pending_retry));
         }
         if books.is_stale(claim) {
             return Ok(Action::await_change());
@@ -119,7 +107,7 @@ async fn reconcile_claim(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<A
 
 /// The claim is being deleted: once no pod has it reserved, clear our allocation and let the
 /// claim go.
-async fn finish_deletion(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<Action> {
+async fn finish_deletion(claim: &ResourceClaim, ctx: &Context) -> Result<Action> {
     if !has_finalizer(claim) {
         return Ok(Action::await_change());
     }
@@ -131,7 +119,7 @@ async fn finish_deletion(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<A
     Ok(Action::await_change())
 }
 
-async fn reconcile_allocated(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<Action> {
+async fn reconcile_allocated(claim: &ResourceClaim, ctx: &Context) -> Result<Action> {
     if annotated_node(claim).is_none() || is_reserved(claim) {
         // Someone else's allocation, or one a pod has reserved: nothing to decide.
         return Ok(Action::await_change());
@@ -154,11 +142,7 @@ async fn reconcile_allocated(claim: &ResourceClaim, ctx: &ClaimsContext) -> Resu
     Ok(Action::await_change())
 }
 
-async fn reconcile_unallocated(
-    claim: &ResourceClaim,
-    uid: &str,
-    ctx: &ClaimsContext,
-) -> Result<Action> {
+async fn reconcile_unallocated(claim: &ResourceClaim, uid: &str, ctx: &Context) -> Result<Action> {
     let consumers = ctx.consumers(claim);
     if annotated_node(claim).is_some() {
         let unscheduled: Vec<&Pod> = consumers
@@ -168,9 +152,9 @@ async fn reconcile_unallocated(
             .collect();
         note_rejection(claim, &unscheduled, ctx).await;
         let Some(mut writing) = ctx.begin_write(vec![uid.to_owned()]) else {
-            return Ok(Action::requeue(ctx.settings.pending_retry));
+            return Ok(Action::requeue(ctx.config.claims.pending_retry));
         };
-        write::unmark(&claim_api(&ctx.base, claim), claim, consumers.is_empty()).await?;
+        write::unmark(&claim_api(ctx, claim), claim, consumers.is_empty()).await?;
         writing.settled(uid);
         // The write brings the claim back without the annotation.
         return Ok(Action::await_change());
@@ -180,7 +164,7 @@ async fn reconcile_unallocated(
         Some(_) => Ok(Action::await_change()),
         None => {
             // Idle: a finalizer left from an allocation that was never written.
-            write::unmark(&claim_api(&ctx.base, claim), claim, true).await?;
+            write::unmark(&claim_api(ctx, claim), claim, true).await?;
             Ok(Action::await_change())
         }
     }
@@ -189,7 +173,7 @@ async fn reconcile_unallocated(
 /// Our allocation of `claim` is gone and we did not clear it: the scheduler rejected the node
 /// (it clears an unreserved allocation whose node does not fit the pod). The node becomes
 /// unsuitable for `pods`. Reported once: afterwards the missing allocation counts as ours.
-pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &ClaimsContext) {
+pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &Context) {
     let (Some(uid), Some(node)) = (claim.metadata.uid.as_deref(), annotated_node(claim)) else {
         return;
     };
@@ -201,14 +185,4 @@ pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &C
     }
     let note = format!("the scheduler cleared the allocation on node {node}; trying other nodes");
     publish(ctx, claim, EventType::Warning, reasons::NODE_REJECTED, note).await;
-}
-
-/// Retries a failed reconcile with per-object exponential back-off; logged by
-/// [`log_failure`]: conflicts and NotFound quietly unless the claim keeps failing.
-#[allow(clippy::needless_pass_by_value)] // the signature is kube-runtime's
-pub fn error_policy(claim: Arc<ResourceClaim>, error: &Error, ctx: Arc<ClaimsContext>) -> Action {
-    let key = backoff_key(&claim);
-    let failure = ctx.base.backoff.failed(&ctx.base.config.backoff, &key);
-    log_failure(CONTROLLER, &key, error, failure);
-    Action::requeue(failure.retry_in)
 }

@@ -13,9 +13,9 @@ use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt as _};
 
-use super::context::ClaimsContext;
 use super::write::{self, PodCondition};
 use super::{consumers, reasons};
+use crate::context::Context;
 use crate::context::Write;
 use crate::error::Error;
 
@@ -76,7 +76,7 @@ pub(super) fn describe(node: &str, placed: &ClaimPlacement) -> String {
 /// over an earlier False one. On the happy path the removed scheduling gate and the claims'
 /// `Allocated` Events already say so, and a pod status write per pod would cost the API
 /// server and every pod watcher a write in the middle of the scheduling path.
-pub(super) async fn report_allocated(ctx: &ClaimsContext, pod: &Pod, count: usize, node: &str) {
+pub(super) async fn report_allocated(ctx: &Context, pod: &Pod, count: usize, node: &str) {
     if !write::has_condition(pod) {
         return;
     }
@@ -95,7 +95,7 @@ pub(super) async fn report_allocated(ctx: &ClaimsContext, pod: &Pod, count: usiz
 /// Nothing fits: a Warning Event on every claim still waiting and on the pod, and the pod
 /// condition False with the same words.
 pub(super) async fn report_unplaceable(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     pod: &Pod,
     claims: &[Arc<ResourceClaim>],
     message: &str,
@@ -130,7 +130,7 @@ pub(super) async fn report_unplaceable(
 /// A claim's parameters are invalid: a Warning Event on it naming the field, and the pod
 /// condition False. Retrying cannot help until the claim changes.
 pub(super) async fn report_invalid(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     pod: &Pod,
     claim: &ResourceClaim,
     error: &kerf_api::Error,
@@ -158,12 +158,7 @@ pub(super) async fn report_invalid(
 /// allocation it blocks; when the server refused it, those pods that wait for their
 /// allocation also get the condition False with reason [`reasons::CLAIM_WRITE_REFUSED`]. A pod
 /// write is told on the pod.
-pub(super) async fn write_failed(
-    ctx: &ClaimsContext,
-    write: &Write,
-    error: &kube::Error,
-    attempts: u32,
-) {
+pub(super) async fn write_failed(ctx: &Context, write: &Write, error: &kube::Error, attempts: u32) {
     let namespace = write.namespace.as_deref().unwrap_or_default();
     let mut regarding = Vec::new();
     let mut pods = Vec::new();
@@ -179,12 +174,12 @@ pub(super) async fn write_failed(
         regarding.extend(pods.iter().map(|pod| pod.object_ref(&())));
     } else if write.resource.starts_with("pods") {
         let pod = ctx
+            .claims
             .pods
             .get(&ObjectRef::<Pod>::new(&write.name).within(namespace));
         regarding.push(pod.map_or_else(|| reference::<Pod>(write), |p| p.object_ref(&())));
     }
     let Some(reported) = ctx
-        .base
         .report_write_failure(write, error, attempts, &regarding)
         .await
     else {
@@ -211,18 +206,17 @@ pub(super) fn node_write_key(node: &str) -> String {
 /// The ownership record write on `node` failed (not with NotFound): counted for the node's
 /// back-off — the ownership tick skips the node until its next attempt is due, instead of
 /// writing every tick — and told on the Node when refused or persistent.
-pub(super) async fn node_write_failed(ctx: &ClaimsContext, node: &str, error: &kube::Error) {
+pub(super) async fn node_write_failed(ctx: &Context, node: &str, error: &kube::Error) {
     let failure = ctx
-        .base
         .backoff
-        .failed(&ctx.base.config.backoff, &node_write_key(node));
+        .failed(&ctx.config.backoff, &node_write_key(node));
     let write = Write::patch("nodes", None, node);
     let regarding = [ctx
+        .claims
         .nodes
         .get(&ObjectRef::<Node>::new(node))
         .map_or_else(|| reference::<Node>(&write), |n| n.object_ref(&()))];
     let reported = ctx
-        .base
         .report_write_failure(&write, error, failure.count, &regarding)
         .await;
     if reported.is_none() {
@@ -243,8 +237,8 @@ fn reference<K: Resource<DynamicType = ()>>(write: &Write) -> ObjectReference {
 
 /// Conditions are best effort, like Events: a pod that is gone only logs, and a write the API
 /// server refuses is told on the pod (a Warning Event and the write-failure metric).
-async fn set_condition(ctx: &ClaimsContext, pod: &Pod, condition: &PodCondition) {
-    match write::set_pod_condition(&ctx.base, pod, condition).await {
+async fn set_condition(ctx: &Context, pod: &Pod, condition: &PodCondition) {
+    match write::set_pod_condition(ctx, pod, condition).await {
         // The pod was deleted meanwhile: nobody is left to read the condition.
         Err(error) if error.is_routine() => {
             tracing::debug!(pod = %pod.name_any(), %error, "could not set the pod condition");
@@ -254,7 +248,6 @@ async fn set_condition(ctx: &ClaimsContext, pod: &Pod, condition: &PodCondition)
             // so a transient failure counts as the first attempt and is not told.
             let regarding = [pod.object_ref(&())];
             if ctx
-                .base
                 .report_write_failure(&write, &source, 1, &regarding)
                 .await
                 .is_none()
@@ -270,7 +263,7 @@ async fn set_condition(ctx: &ClaimsContext, pod: &Pod, condition: &PodCondition)
 }
 
 pub(super) async fn publish(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     claim: &ResourceClaim,
     type_: EventType,
     reason: &str,
@@ -280,7 +273,7 @@ pub(super) async fn publish(
 }
 
 pub(super) async fn publish_on(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     regarding: &ObjectReference,
     type_: EventType,
     reason: &str,
@@ -293,7 +286,7 @@ pub(super) async fn publish_on(
         action: "Allocate".to_owned(),
         secondary: None,
     };
-    if let Err(e) = ctx.base.recorder.publish(&event, regarding).await {
+    if let Err(e) = ctx.recorder.publish(&event, regarding).await {
         tracing::warn!(object = ?regarding.name, error = %e, "could not publish event");
     }
 }

@@ -5,18 +5,18 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_core::alloc;
 use kube::runtime::reflector::ObjectRef;
 
-use super::context::ClaimsContext;
 use super::state::annotated_node;
+use crate::context::Context;
 
 /// A device of this (not yet reserved) claim that the scheduler allocated whole to another
 /// claim, as `node/device exclusively to claim namespace/name`: the controller yields it.
-pub(super) fn scheduler_conflict(claim: &ResourceClaim, ctx: &ClaimsContext) -> Option<String> {
+pub(super) fn scheduler_conflict(claim: &ResourceClaim, ctx: &Context) -> Option<String> {
     let uid = claim.metadata.uid.as_deref()?;
     let ours = kerf_api::allocation::device_uses(claim, ctx.driver());
     let books = ctx.books();
     for used in &ours {
         for holder in books.holders(&used.node, &used.device, uid) {
-            let Some(other) = ctx.claims.get(&holder) else {
+            let Some(other) = ctx.caches.claims.get(&holder) else {
                 continue;
             };
             // Only claims the controller did not allocate are the scheduler's.
@@ -46,7 +46,7 @@ pub(super) fn scheduler_conflict(claim: &ResourceClaim, ctx: &ClaimsContext) -> 
 
 /// Someone else's allocation holds devices whole: the controller's claims on them must yield,
 /// so they are reconciled (their own watch events may be long past).
-pub(super) fn notify_yielders(claim: &ResourceClaim, ctx: &ClaimsContext) {
+pub(super) fn notify_yielders(claim: &ResourceClaim, ctx: &Context) {
     let Some(uid) = claim.metadata.uid.as_deref() else {
         return;
     };
@@ -66,11 +66,12 @@ pub(super) fn notify_yielders(claim: &ResourceClaim, ctx: &ClaimsContext) {
     };
     for holder in holders {
         let ours = ctx
+            .caches
             .claims
             .get(&holder)
             .is_some_and(|c| annotated_node(&c).is_some());
         // Only our claims: foreign claims triggering each other could loop.
-        if ours && ctx.trigger.send(holder).is_err() {
+        if ours && ctx.claims.trigger.send(holder).is_err() {
             tracing::debug!("the claim controller is stopping; yield not triggered");
         }
     }

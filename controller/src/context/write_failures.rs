@@ -8,13 +8,14 @@
 //! (conflict, NotFound, Gone) never — they are optimistic concurrency at work. The Event of a
 //! failure that repeats on every retry keeps the same reason and note, so the recorder folds
 //! the repeats into the first Event's `series` count instead of writing new Events; the retries
-//! themselves follow the object's back-off ([`super::ObjectBackoff`]).
+//! themselves follow the object's back-off ([`crate::retry::ObjectBackoff`]).
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kerf_api::write_failure::{self, Report, WriteAttempt};
 use kube::runtime::events::{Event, EventType};
 
-use super::{Context, KEEPS_FAILING_AFTER};
+use super::Context;
+use crate::retry::KEEPS_FAILING_AFTER;
 
 /// One write of the controller, named for its failure report: `verb` on `resource` (plural,
 /// with the subresource, as RBAC names it) of object `name` in `namespace`.

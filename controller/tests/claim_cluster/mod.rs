@@ -176,14 +176,13 @@ impl Controller {
                     base: Duration::from_millis(50),
                     max: Duration::from_secs(1),
                 },
+                claims: settings,
                 ..ControllerConfig::new(DRIVER)
             },
             leader_election: None,
             metrics_address: None,
         };
-        let task = ControllerTask::new("resourceclaim", move |ctx, stop| {
-            claims::run(ctx, stop, settings)
-        });
+        let task = ControllerTask::new("resourceclaim", claims::run);
         tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
         let task = tokio::spawn(run_controllers(
             config,

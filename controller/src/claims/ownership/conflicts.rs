@@ -14,9 +14,9 @@ use kube::Resource as _;
 use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
-use super::super::context::ClaimsContext;
 use super::super::report::{publish, publish_on};
 use super::super::state::{annotated_node, is_reserved};
+use crate::context::Context;
 
 /// Event reason on both claims (and their pods) of a conflict.
 pub const ALLOCATION_CONFLICT: &str = "AllocationConflict";
@@ -40,7 +40,7 @@ pub fn is_conflict(usage: &GpuUsage) -> bool {
 /// Reports each conflicting pair once (`reported` remembers pairs across ticks) and makes the
 /// controller's unreserved claims yield.
 pub async fn report(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     conflicts: &[Conflict],
     reported: &mut HashSet<(String, String)>,
 ) {
@@ -48,7 +48,7 @@ pub async fn report(
         let claims: Vec<_> = conflict
             .holders
             .iter()
-            .filter_map(|r| ctx.claims.get(r))
+            .filter_map(|r| ctx.caches.claims.get(r))
             .collect();
         for (i, one) in claims.iter().enumerate() {
             for other in &claims[i + 1..] {
@@ -66,7 +66,7 @@ pub async fn report(
                 } else {
                     "scheduler"
                 };
-                ctx.base.metrics.record_allocation_conflict(allocator);
+                ctx.metrics.record_allocation_conflict(allocator);
                 tracing::warn!(node = %conflict.node, device = %conflict.device, claim = %ObjectRef::from_obj(one.as_ref()), other = %ObjectRef::from_obj(other.as_ref()), "device in two exclusive allocations");
                 warn_about(ctx, conflict, one, other).await;
                 warn_about(ctx, conflict, other, one).await;
@@ -76,6 +76,7 @@ pub async fn report(
             if annotated_node(claim).is_some()
                 && !is_reserved(claim)
                 && ctx
+                    .claims
                     .trigger
                     .send(ObjectRef::from_obj(claim.as_ref()))
                     .is_err()
@@ -87,7 +88,7 @@ pub async fn report(
 }
 
 async fn warn_about(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     conflict: &Conflict,
     claim: &ResourceClaim,
     other: &ResourceClaim,

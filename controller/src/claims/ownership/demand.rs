@@ -22,10 +22,10 @@ use kerf_api::Allocator;
 use kube::runtime::reflector::ObjectRef;
 
 use super::super::consumers;
-use super::super::context::ClaimsContext;
 use super::super::nodes::node_fits;
 use super::super::state::allocation_of;
 use super::extended;
+use crate::context::Context;
 
 /// A pending pod and how many whole GPUs of the scheduler it needs on one node.
 #[derive(Debug, Clone)]
@@ -39,7 +39,7 @@ pub struct SchedulerNeed {
 
 /// What the demand of every pod is read against, gathered once per tick.
 struct Lookup<'a> {
-    ctx: &'a ClaimsContext,
+    ctx: &'a Context,
     /// Every DeviceClass, for extended resource names.
     device_classes: Vec<Arc<DeviceClass>>,
     /// Pods (name, UID) whose extended-resource claim kube-scheduler has made.
@@ -47,8 +47,9 @@ struct Lookup<'a> {
 }
 
 /// Every pending pod's need, oldest pod first.
-pub fn pending_needs(ctx: &ClaimsContext) -> Vec<SchedulerNeed> {
+pub fn pending_needs(ctx: &Context) -> Vec<SchedulerNeed> {
     let mut pods: Vec<Arc<Pod>> = ctx
+        .claims
         .pods
         .state()
         .into_iter()
@@ -69,8 +70,8 @@ pub fn pending_needs(ctx: &ClaimsContext) -> Vec<SchedulerNeed> {
     }
     let lookup = Lookup {
         ctx,
-        device_classes: ctx.base.caches.device_classes.state(),
-        claimed: extended::claim_owners(&ctx.claims.state()),
+        device_classes: ctx.caches.device_classes.state(),
+        claimed: extended::claim_owners(&ctx.caches.claims.state()),
     };
     pods.into_iter()
         .filter_map(|pod| {
@@ -87,7 +88,7 @@ fn is_gated(pod: &Pod) -> bool {
         .is_some_and(|gates| !gates.is_empty())
 }
 
-fn whole_gpus_needed(pod: &Pod, ctx: &ClaimsContext) -> usize {
+fn whole_gpus_needed(pod: &Pod, ctx: &Context) -> usize {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
     consumers::pod_claims(pod)
         .names
@@ -122,7 +123,7 @@ fn extended_gpus_needed(pod: &Pod, lookup: &Lookup<'_>) -> usize {
 /// Whole GPUs one request of `count` devices of DeviceClass `class` asks of kerf's Scheduler
 /// classes: none for another class. `All` counts as one: how many the scheduler would take is
 /// not known before it sees the devices.
-fn scheduler_whole_gpus(ctx: &ClaimsContext, class: &str, mode: &str, count: Option<i64>) -> usize {
+fn scheduler_whole_gpus(ctx: &Context, class: &str, mode: &str, count: Option<i64>) -> usize {
     let scheduler_whole = ctx
         .class_params(class)
         .is_some_and(|p| p.allocator == Allocator::Scheduler && p.selector.mig_profile.is_none());
@@ -137,7 +138,7 @@ fn scheduler_whole_gpus(ctx: &ClaimsContext, class: &str, mode: &str, count: Opt
 
 /// Whole GPUs a claim asks of kerf's Scheduler classes: `exactly` requests by their count, a
 /// `firstAvailable` list by its first kerf choice ([`scheduler_whole_gpus`]).
-fn claim_whole_gpus(claim: &ResourceClaim, ctx: &ClaimsContext) -> usize {
+fn claim_whole_gpus(claim: &ResourceClaim, ctx: &Context) -> usize {
     claim
         .spec
         .devices

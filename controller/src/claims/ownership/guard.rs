@@ -11,7 +11,7 @@ use kerf_api::ownership::scheduler_guard_cel;
 use kube::Resource as _;
 use kube::runtime::events::{Event, EventType};
 
-use super::super::context::ClaimsContext;
+use crate::context::Context;
 
 /// Event reason on a DeviceClass without the ownership guard.
 pub const UNGUARDED_CLASS: &str = "AllocatorGuardMissing";
@@ -49,8 +49,8 @@ pub fn is_unguarded(class: &DeviceClass, driver: &str) -> bool {
 }
 
 /// Warns about every unguarded DeviceClass not warned about at its current version.
-pub async fn warn_unguarded_classes(ctx: &ClaimsContext, warned: &mut HashSet<(String, String)>) {
-    for class in ctx.base.caches.device_classes.state() {
+pub async fn warn_unguarded_classes(ctx: &Context, warned: &mut HashSet<(String, String)>) {
+    for class in ctx.caches.device_classes.state() {
         if !is_unguarded(&class, ctx.driver()) {
             continue;
         }
@@ -76,12 +76,7 @@ pub async fn warn_unguarded_classes(ctx: &ClaimsContext, warned: &mut HashSet<(S
             action: "CheckOwnership".to_owned(),
             secondary: None,
         };
-        if let Err(error) = ctx
-            .base
-            .recorder
-            .publish(&event, &class.object_ref(&()))
-            .await
-        {
+        if let Err(error) = ctx.recorder.publish(&event, &class.object_ref(&())).await {
             tracing::debug!(device_class = %key.0, %error, "could not publish event");
         }
     }

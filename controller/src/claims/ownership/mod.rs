@@ -41,10 +41,10 @@ use tokio_util::sync::CancellationToken;
 pub use book::{Change, DeviceFacts, OwnershipBook, OwnershipTiming};
 pub use inputs::InputChanges;
 
-use super::context::ClaimsContext;
 use super::index::CapacityIndex;
 use super::report::{node_write_failed, node_write_key, publish};
 use super::state::annotated_node;
+use crate::context::Context;
 use demand::IdleGpus;
 
 /// Event reason: kube-scheduler allocated a device the controller owns.
@@ -60,15 +60,15 @@ pub(super) struct Warned {
 
 /// Advances ownership until `shutdown`: a pass at once, then one whenever an input changed or a
 /// computed moment has come, at most one per [`ClaimSettings::ownership_tick`](super::ClaimSettings).
-pub(super) async fn run(ctx: Arc<ClaimsContext>, shutdown: CancellationToken) {
+pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     if ctx.wait_ready().await.is_err() {
         return;
     }
     // The shared caches (slices, claims, DeviceClasses) keep their own counter; their changes
     // are inputs too. If the caches stop, the stores stop with them: passes stay driven by the
     // other inputs until `shutdown`.
-    let inputs = ctx.ownership_inputs.clone();
-    let cache_changes = ctx.base.caches.changes(Duration::ZERO);
+    let inputs = ctx.claims.ownership_inputs.clone();
+    let cache_changes = ctx.caches.changes(Duration::ZERO);
     let forward = async move {
         cache_changes
             .for_each(move |()| {
@@ -87,8 +87,8 @@ pub(super) async fn run(ctx: Arc<ClaimsContext>, shutdown: CancellationToken) {
 
 /// The pass loop: waits for an input change or the next computed moment, keeps the minimum
 /// spacing, runs a pass. Returns when `shutdown` is cancelled.
-async fn passes(ctx: &ClaimsContext, shutdown: &CancellationToken) {
-    let mut changed = ctx.ownership_inputs.subscribe();
+async fn passes(ctx: &Context, shutdown: &CancellationToken) {
+    let mut changed = ctx.claims.ownership_inputs.subscribe();
     let mut warned = Warned::default();
     let mut due = Some(tokio::time::Instant::now());
     let mut last: Option<tokio::time::Instant> = None;
@@ -108,7 +108,7 @@ async fn passes(ctx: &ClaimsContext, shutdown: &CancellationToken) {
         if let Some(last) = last {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep_until(last + ctx.settings.ownership_tick) => {}
+                () = tokio::time::sleep_until(last + ctx.config.claims.ownership_tick) => {}
             }
         }
         // Changes from here on wake the next pass; the ones before are read by this one.
@@ -135,9 +135,9 @@ struct Published<'a> {
 /// One pass: decide, report, write the records. Returns when the next pass is due if no input
 /// changes before: the earliest fence, linger or assumed allocation's expiry, or one tick from
 /// now while a node's write is in back-off.
-async fn pass(ctx: &ClaimsContext, warned: &mut Warned) -> Option<Instant> {
-    ctx.base.metrics.record_ownership_pass();
-    let slices = ctx.base.caches.slices.state();
+async fn pass(ctx: &Context, warned: &mut Warned) -> Option<Instant> {
+    ctx.metrics.record_ownership_pass();
+    let slices = ctx.caches.slices.state();
     let devices = published_devices(ctx, &slices);
     let policies = node_policies(ctx, &devices, warned);
     let needs = demand::pending_needs(ctx);
@@ -147,13 +147,13 @@ async fn pass(ctx: &ClaimsContext, warned: &mut Warned) -> Option<Instant> {
     guard::warn_unguarded_classes(ctx, &mut warned.device_classes).await;
     let retry = write_records(ctx, &outcome, &policies)
         .await
-        .then(|| Instant::now() + ctx.settings.ownership_tick);
+        .then(|| Instant::now() + ctx.config.claims.ownership_tick);
     [outcome.due, retry].into_iter().flatten().min()
 }
 
 /// Every published device of the driver, by node.
 fn published_devices<'a>(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     slices: &'a [Arc<ResourceSlice>],
 ) -> BTreeMap<&'a str, Vec<Published<'a>>> {
     let driver = ctx.driver();
@@ -186,13 +186,13 @@ fn published_devices<'a>(
 /// Each node's policy label and current record (an unreadable label or record is warned
 /// about once and read as dynamic / empty).
 fn node_policies<'a>(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     devices: &BTreeMap<&'a str, Vec<Published<'a>>>,
     warned: &mut Warned,
 ) -> BTreeMap<&'a str, (NodePolicy, Record)> {
     let mut out = BTreeMap::new();
     for &name in devices.keys() {
-        let Some(node) = ctx.nodes.get(&ObjectRef::<Node>::new(name)) else {
+        let Some(node) = ctx.claims.nodes.get(&ObjectRef::<Node>::new(name)) else {
             continue;
         };
         let policy = node_policy(node.metadata.labels.as_ref()).unwrap_or_else(|error| {
@@ -227,19 +227,19 @@ struct Outcome {
 type Facts<'a> = BTreeMap<(&'a str, &'a str), DeviceFacts>;
 
 fn advance(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     devices: &BTreeMap<&str, Vec<Published>>,
     policies: &BTreeMap<&str, (NodePolicy, Record)>,
     needs: &[demand::SchedulerNeed],
 ) -> Outcome {
-    let timing = ctx.settings.ownership;
+    let timing = ctx.config.claims.ownership;
     let now = Instant::now();
     let mut books = ctx.books();
     let waiting = books.controller_waiting();
     let expiry = books.next_expiry();
     let (capacity, book) = books.ownership();
     let (mut facts, idle, conflicts) = gather(ctx, capacity, book, devices, policies);
-    let chosen = demand::serve(needs, idle, &ctx.nodes);
+    let chosen = demand::serve(needs, idle, &ctx.claims.nodes);
     for (&(node, device), fact) in &mut facts {
         fact.demanded = chosen.get(node).is_some_and(|set| set.contains(device));
     }
@@ -287,7 +287,7 @@ fn advance(
 /// Every published device's facts, the idle whole GPUs per node, and the devices found in two
 /// exclusive allocations.
 fn gather<'a>(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     capacity: &CapacityIndex,
     book: &OwnershipBook,
     devices: &BTreeMap<&'a str, Vec<Published<'a>>>,
@@ -298,7 +298,8 @@ fn gather<'a>(
     Vec<conflicts::Conflict>,
 ) {
     let is_ours = |r: &ObjectRef<ResourceClaim>| {
-        ctx.claims
+        ctx.caches
+            .claims
             .get(r)
             .is_some_and(|claim| annotated_node(&claim).is_some())
     };
@@ -343,7 +344,7 @@ fn gather<'a>(
 }
 
 /// Sets `kerf_controller_ownership_devices` from the book.
-fn count_owners(ctx: &ClaimsContext, book: &OwnershipBook, facts: &Facts<'_>) {
+fn count_owners(ctx: &Context, book: &OwnershipBook, facts: &Facts<'_>) {
     let (mut scheduler, mut controller, mut settling) = (0, 0, 0);
     for &(node, device) in facts.keys() {
         match (book.wanted(node, device), book.usable(node, device)) {
@@ -353,8 +354,7 @@ fn count_owners(ctx: &ClaimsContext, book: &OwnershipBook, facts: &Facts<'_>) {
             (None, _) => {}
         }
     }
-    ctx.base
-        .metrics
+    ctx.metrics
         .set_ownership_devices(scheduler, controller, settling);
 }
 
@@ -362,14 +362,14 @@ fn count_owners(ctx: &ClaimsContext, book: &OwnershipBook, facts: &Facts<'_>) {
 /// owns and no claim of the controller holds, so a share never lands on a GPU the controller
 /// places on. Nothing is shared without DRAConsumableCapacity.
 fn publications(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     devices: &BTreeMap<&str, Vec<Published>>,
     policies: &BTreeMap<&str, (NodePolicy, Record)>,
     book: &OwnershipBook,
     facts: &Facts<'_>,
 ) -> BTreeMap<String, SharedPublication> {
-    let sliced = if ctx.base.api_support.consumable_capacity.is_served() {
-        crate::shared::sliced_classes(&ctx.base.caches.device_classes.state(), ctx.driver())
+    let sliced = if ctx.api_support.consumable_capacity.is_served() {
+        crate::shared::sliced_classes(&ctx.caches.device_classes.state(), ctx.driver())
     } else {
         Vec::new()
     };
@@ -392,12 +392,12 @@ fn publications(
     out
 }
 
-async fn report(ctx: &ClaimsContext, outcome: &Outcome) {
+async fn report(ctx: &Context, outcome: &Outcome) {
     let mut freed = false;
     for (node, device, change) in &outcome.changes {
         match change {
             Change::Moved { to } => {
-                ctx.base.metrics.record_ownership_move(to.as_str());
+                ctx.metrics.record_ownership_move(to.as_str());
                 tracing::debug!(%node, %device, owner = %to, "device given to a new owner");
             }
             Change::Usable => {
@@ -423,13 +423,13 @@ async fn report(ctx: &ClaimsContext, outcome: &Outcome) {
 }
 
 async fn warn_intruders(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     node: &str,
     device: &str,
     holders: &[ObjectRef<ResourceClaim>],
 ) {
     for holder in holders {
-        let Some(claim) = ctx.claims.get(holder) else {
+        let Some(claim) = ctx.caches.claims.get(holder) else {
             continue;
         };
         if annotated_node(&claim).is_some() {
@@ -453,13 +453,13 @@ async fn warn_intruders(
 /// True when a node's write is left for later (in back-off, or failed): the pass that writes it
 /// must come without an input change.
 async fn write_records(
-    ctx: &ClaimsContext,
+    ctx: &Context,
     outcome: &Outcome,
     policies: &BTreeMap<&str, (NodePolicy, Record)>,
 ) -> bool {
-    let api: Api<Node> = Api::all(ctx.base.client.clone());
+    let api: Api<Node> = Api::all(ctx.client.clone());
     let params = PatchParams {
-        field_manager: Some(ctx.base.config.field_manager.clone()),
+        field_manager: Some(ctx.config.field_manager.clone()),
         ..PatchParams::default()
     };
     let empty = SharedPublication::default();
@@ -474,11 +474,7 @@ async fn write_records(
         if record_same && publication_same {
             continue;
         }
-        if ctx
-            .base
-            .backoff
-            .backing_off(&ctx.base.config.backoff, &backoff_key)
-        {
+        if ctx.backoff.backing_off(&ctx.config.backoff, &backoff_key) {
             later = true;
             continue;
         }
@@ -488,13 +484,13 @@ async fn write_records(
         );
         match api.patch(node, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
-                ctx.base.backoff.succeeded(&backoff_key);
+                ctx.backoff.succeeded(&backoff_key);
                 let record = record.to_annotation();
                 let shared = publication.to_annotation_value();
                 tracing::debug!(%node, %record, %shared, "ownership record written");
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {
-                ctx.base.backoff.forget(&backoff_key);
+                ctx.backoff.forget(&backoff_key);
                 tracing::debug!(%node, "node deleted before its ownership record was written");
             }
             // Backed off per node, and told on the Node when refused or persistent.
@@ -530,7 +526,7 @@ fn annotations_patch(
 
 /// The node's shared publication as cached; `None` when the node is unknown or its annotation
 /// does not parse (it is then rewritten).
-fn current_publication(ctx: &ClaimsContext, node: &str) -> Option<SharedPublication> {
-    let node = ctx.nodes.get(&ObjectRef::<Node>::new(node))?;
+fn current_publication(ctx: &Context, node: &str) -> Option<SharedPublication> {
+    let node = ctx.claims.nodes.get(&ObjectRef::<Node>::new(node))?;
     SharedPublication::from_annotations(node.metadata.annotations.as_ref()).ok()
 }
