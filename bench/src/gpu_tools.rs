@@ -6,8 +6,8 @@
 //!
 //! The tools are links to one multi-call program, which runs [`kerf_fake_gpu_tools::run`](fake_gpu_tools::run)
 //! when it is run under a tool's name (argv\[0\]). By default that program is the running
-//! executable: `kerf-bench` dispatches in its `main` ([`run_as_tool`]), and the `kerf` CLI must
-//! do the same for `kerf bench prepare`. [`PROGRAM_ENV`] names another program instead, e.g.
+//! executable: `kerf-bench` dispatches in its `main` ([`run_as_tool`]), and any other program
+//! that runs `prepare` must do the same. [`PROGRAM_ENV`] names another program instead, e.g.
 //! `target/release/kerf-fake-gpu-tools`. [`FakeGpuTools::check`] fails the benchmark with
 //! that advice before anything is measured when the program does not answer as `nvidia-smi`.
 

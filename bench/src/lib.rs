@@ -1,4 +1,4 @@
-//! kerf-bench: kerf's benchmarks, run by `kerf bench <name>|all`.
+//! kerf-bench: kerf's benchmarks, run by `kerf-bench <name>|all` (flags: [`BenchArgs`]).
 //!
 //! Every benchmark prints figures and ends with one summary line `bench NAME key=value …`
 //! ([`Summary`]); every time is reported next to a floor or baseline measured in the same
@@ -39,9 +39,10 @@
 //!
 //! Wiring into a CLI: call [`run`] (or [`run_each`] to print as each finishes) from outside
 //! any Tokio runtime, with [`BenchOptions`]; set [`BenchOptions::reexec`] to the command
-//! that reaches [`run`] again (for `kerf bench NAME`: the current executable with the
-//! argument `bench`), so that `footprint` measures in fresh child processes. The hidden
-//! names those children are started with go through [`run`] like any other name.
+//! that reaches [`run`] again (for `kerf-bench NAME`: the current executable), so that
+//! `footprint` measures in fresh child processes. [`BenchArgs::options`] makes both of the
+//! command line. The hidden names those children are started with go through [`run`] like
+//! any other name.
 //!
 //! `prepare` links the fake `nvidia-smi` and `nvidia-cuda-mps-control` to the running
 //! executable, so a CLI that runs it must be multi-call: its `main` must hand over to
@@ -50,6 +51,7 @@
 //! names another program instead (e.g. `kerf-fake-gpu-tools`).
 
 pub mod alloc;
+pub mod args;
 pub mod controller_footprint;
 pub mod error;
 pub mod firstfit;
@@ -70,6 +72,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use args::BenchArgs;
 pub use error::{Error, Result};
 pub use prepare::SpecLayout;
 pub use summary::{Summary, Target};
@@ -152,7 +155,8 @@ pub struct BenchOptions {
 pub struct Reexec {
     /// The program, usually `std::env::current_exe()`.
     pub program: PathBuf,
-    /// Arguments before the name, e.g. `["bench"]` for `kerf bench NAME`.
+    /// Arguments before the flags and the name (none for `kerf-bench`; `["bench"]` for a CLI
+    /// whose `bench` subcommand flattens [`BenchArgs`]).
     pub args: Vec<OsString>,
 }
 

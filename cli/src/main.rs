@@ -35,9 +35,6 @@ enum Command {
     /// controller (and a stand-in for kube-scheduler), prepare them through the real kubelet
     /// plugin's socket, print what each claim got, and clean up.
     Demo(DemoArgs),
-    /// Run kerf's benchmarks (build with --release): prepare, prepare-real, prepare-parallel(-node), allocate,
-    /// packing, footprint, controller-footprint, scheduling, or all. Each prints its figures and one `bench NAME key=value …` line.
-    Bench(BenchArgs),
     /// Show every kerf GPU of the cluster per node, from kerf's ResourceSlices and the claims
     /// allocated on them: owner, product, memory and compute used, health, claims (pod, size,
     /// allocator), MIG devices and the pool's generation.
@@ -78,156 +75,6 @@ struct StatusArgs {
 enum StatusOutput {
     Table,
     Json,
-}
-
-#[derive(Debug, clap::Args)]
-struct BenchArgs {
-    /// Benchmark to run: prepare, prepare-real, prepare-parallel, prepare-parallel-node,
-    /// allocate, packing, footprint, controller-footprint, scheduling or all.
-    name: String,
-    /// Directory for the plugin's files and sockets in the prepare benchmarks; must be on a
-    /// disk, not tmpfs, and short enough for Unix socket paths.
-    #[arg(long, env = "KERF_BENCH_WORK_DIR", default_value = "target/kerf-bench")]
-    work_dir: PathBuf,
-    /// Parent of the directory that stands for a node's /var/run/cdi in
-    /// `prepare-parallel-node` and `prepare-real`; must be on a tmpfs.
-    #[arg(long, env = "KERF_BENCH_NODE_CDI_DIR", default_value = "/dev/shm")]
-    node_cdi_dir: PathBuf,
-    /// Claims prepared one at a time by `prepare`.
-    #[arg(long, env = "KERF_BENCH_PREPARE_CLAIMS", default_value_t = 2_000)]
-    prepare_claims: usize,
-    /// Claims of each series of `prepare-real` (from the claim cache, with a GET, and missing
-    /// the cache right after the allocation); a p99 of 3,000 is the 30th slowest, steady
-    /// where a disk's hiccups decide the 10th.
-    #[arg(long, env = "KERF_BENCH_PREPARE_REAL_CLAIMS", default_value_t = 3_000)]
-    prepare_real_claims: usize,
-    /// How late the API server of `prepare-real` answers every request, in microseconds.
-    #[arg(long, env = "KERF_BENCH_API_LATENCY_US", default_value_t = 1_000)]
-    api_latency_us: u64,
-    /// Claims prepared at once by `prepare-parallel`.
-    #[arg(long, env = "KERF_BENCH_PARALLEL_CLAIMS", default_value_t = 64)]
-    parallel_claims: usize,
-    /// Rounds of `prepare-parallel`.
-    #[arg(long, env = "KERF_BENCH_PARALLEL_ROUNDS", default_value_t = 20)]
-    parallel_rounds: usize,
-    /// Nodes of 8 mock H100 for `allocate`, `packing` and the index footprint.
-    #[arg(long, env = "KERF_BENCH_NODES", default_value_t = 1_000)]
-    nodes: usize,
-    /// Claims of `allocate` and `packing`.
-    #[arg(long, env = "KERF_BENCH_ALLOCATE_CLAIMS", default_value_t = 20_000)]
-    allocate_claims: usize,
-    /// Seed of the workload.
-    #[arg(long, env = "KERF_BENCH_SEED", default_value_t = 1)]
-    seed: u64,
-    /// Prepare/unprepare cycles of the plugin footprint.
-    #[arg(long, env = "KERF_BENCH_FOOTPRINT_CYCLES", default_value_t = 1_000)]
-    footprint_cycles: usize,
-    /// Allocated claims in the index footprint.
-    #[arg(long, env = "KERF_BENCH_FOOTPRINT_CLAIMS", default_value_t = 10_000)]
-    footprint_claims: usize,
-    /// Simulated nodes of 8 mock H100 for `scheduling`.
-    #[arg(long, env = "KERF_BENCH_SCHEDULING_NODES", default_value_t = 8)]
-    scheduling_nodes: usize,
-    /// Pods per phase and round of `scheduling` (at most 8 per node).
-    #[arg(long, env = "KERF_BENCH_SCHEDULING_PODS", default_value_t = 64)]
-    scheduling_pods: usize,
-    /// Nodes of 8 mock H100 for `controller-footprint`, pinned to the controller.
-    #[arg(long, env = "KERF_BENCH_CONTROLLER_NODES", default_value_t = 500)]
-    controller_nodes: usize,
-    /// Pods of `controller-footprint`, one Controller-class slice claim each (at most 64 per
-    /// node), created at once.
-    #[arg(long, env = "KERF_BENCH_CONTROLLER_CLAIMS", default_value_t = 1_000)]
-    controller_claims: usize,
-    /// kerf-controller replicas of `controller-footprint` (leader election on; the first
-    /// leads, the others stand by).
-    #[arg(long, env = "KERF_BENCH_CONTROLLER_REPLICAS", default_value_t = 2)]
-    controller_replicas: usize,
-    /// Seconds of quiet after the last pod is bound before `controller-footprint`'s idle
-    /// window.
-    #[arg(long, env = "KERF_BENCH_CONTROLLER_SETTLE", default_value_t = 10)]
-    controller_settle: u64,
-    /// Seconds over which `controller-footprint` measures idle CPU.
-    #[arg(long, env = "KERF_BENCH_CONTROLLER_IDLE_WINDOW", default_value_t = 30)]
-    controller_idle_window: u64,
-    /// The kerf-controller binary `controller-footprint` runs [default: the kerf-controller
-    /// next to this executable, e.g. target/release/kerf-controller].
-    #[arg(long, env = "KERF_CONTROLLER_BINARY")]
-    controller_binary: Option<PathBuf>,
-    /// A flag appended to every kerf-controller replica's command line (repeat it; e.g.
-    /// --controller-arg=--ownership-settle-period=1s). None by default: production timing.
-    #[arg(
-        long = "controller-arg",
-        env = "KERF_BENCH_CONTROLLER_ARGS",
-        value_delimiter = ' ',
-        allow_hyphen_values = true
-    )]
-    controller_args: Vec<OsString>,
-    /// Profile the leader: attach `perf record -F 499 -g --call-graph dwarf -p <pid>` for the
-    /// burst and, separately, for the idle window, writing PREFIX.burst and PREFIX.idle (read
-    /// them with `perf report -i PREFIX.burst`). The replicas' pids and logs are printed
-    /// with the figures.
-    #[arg(long, env = "KERF_BENCH_CONTROLLER_PERF", value_name = "PREFIX")]
-    controller_perf: Option<PathBuf>,
-}
-
-impl BenchArgs {
-    /// The options, and how to start this program again for the footprint's fresh processes
-    /// (`kerf bench <same flags> <child name>`).
-    fn options(&self) -> kerf_bench::BenchOptions {
-        let flags: Vec<OsString> = [
-            ("--work-dir", self.work_dir.display().to_string()),
-            ("--node-cdi-dir", self.node_cdi_dir.display().to_string()),
-            ("--prepare-claims", self.prepare_claims.to_string()),
-            (
-                "--prepare-real-claims",
-                self.prepare_real_claims.to_string(),
-            ),
-            ("--api-latency-us", self.api_latency_us.to_string()),
-            ("--parallel-claims", self.parallel_claims.to_string()),
-            ("--parallel-rounds", self.parallel_rounds.to_string()),
-            ("--nodes", self.nodes.to_string()),
-            ("--allocate-claims", self.allocate_claims.to_string()),
-            ("--seed", self.seed.to_string()),
-            ("--footprint-cycles", self.footprint_cycles.to_string()),
-            ("--footprint-claims", self.footprint_claims.to_string()),
-            ("--scheduling-nodes", self.scheduling_nodes.to_string()),
-            ("--scheduling-pods", self.scheduling_pods.to_string()),
-        ]
-        .into_iter()
-        .flat_map(|(flag, value)| [flag.into(), value.into()])
-        .collect();
-        let reexec = std::env::current_exe()
-            .ok()
-            .map(|program| kerf_bench::Reexec {
-                program,
-                args: std::iter::once("bench".into()).chain(flags).collect(),
-            });
-        kerf_bench::BenchOptions {
-            work_dir: self.work_dir.clone(),
-            node_cdi_dir: self.node_cdi_dir.clone(),
-            prepare_claims: self.prepare_claims,
-            prepare_real_claims: self.prepare_real_claims,
-            api_latency: std::time::Duration::from_micros(self.api_latency_us),
-            parallel_claims: self.parallel_claims,
-            parallel_rounds: self.parallel_rounds,
-            nodes: self.nodes,
-            allocate_claims: self.allocate_claims,
-            seed: self.seed,
-            footprint_cycles: self.footprint_cycles,
-            footprint_claims: self.footprint_claims,
-            scheduling_nodes: self.scheduling_nodes,
-            scheduling_pods: self.scheduling_pods,
-            controller_nodes: self.controller_nodes,
-            controller_claims: self.controller_claims,
-            controller_replicas: self.controller_replicas,
-            controller_settle: std::time::Duration::from_secs(self.controller_settle),
-            controller_idle_window: std::time::Duration::from_secs(self.controller_idle_window),
-            controller_binary: self.controller_binary.clone(),
-            controller_args: self.controller_args.clone(),
-            controller_perf: self.controller_perf.clone(),
-            reexec,
-        }
-    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -380,11 +227,6 @@ fn main() -> ExitCode {
     let result = match Cli::parse_from(args).command {
         Command::Inventory(args) => inventory(&args).map(|()| ExitCode::SUCCESS),
         Command::Demo(args) => run_demo(args),
-        Command::Bench(args) => kerf_bench::run_each(&args.name, &args.options(), |summary| {
-            print!("{}", summary.report());
-        })
-        .map(|()| ExitCode::SUCCESS)
-        .map_err(anyhow::Error::from),
         Command::Status(args) => run_status(&args).map(|()| ExitCode::SUCCESS),
     };
     match result {

@@ -26,7 +26,7 @@ fn main() {
     divan::main();
 }
 
-/// Concurrent requests per iteration: one call, and the width of `kerf bench prepare-parallel`.
+/// Concurrent requests per iteration: one call, and the width of `kerf-bench prepare-parallel`.
 const BATCHES: [usize; 2] = [1, 64];
 const SOCKET: &str = "/var/lib/kubelet/plugins_registry/gpu.kerf.dev-reg.sock";
 const PIPE: usize = 256 * 1024;

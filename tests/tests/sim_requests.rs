@@ -1,6 +1,6 @@
 //! API requests per pod on each path through the simulated cluster (`kerf_tests::sim`), from
 //! FakeApi's request log tallied by user, verb and resource
-//! (`kerf_tests::fake_api::RequestCounts`): the writes `kerf bench scheduling` reports, held
+//! (`kerf_tests::fake_api::RequestCounts`): the writes `kerf-bench scheduling` reports, held
 //! to what each component must write so that a change adding a write per pod fails here.
 //!
 //! - controller path (slice claims, Controller class): the user creates claim and pod;

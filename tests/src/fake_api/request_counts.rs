@@ -7,7 +7,7 @@
 //! cost the API server a round trip all the same.
 //!
 //! Benchmarks use it to say what one pod costs the API server per path
-//! (`kerf bench scheduling`): on a real control plane every write is a round of
+//! (`kerf-bench scheduling`): on a real control plane every write is a round of
 //! kube-apiserver admission, an etcd transaction and a watch fan-out.
 
 use std::collections::BTreeMap;

@@ -1,6 +1,6 @@
 //! Where the time of a cache-miss prepare goes: the plugin in-process, started as in
 //! production (`Connections::kube`, device-status writer on) with a kube client read from a
-//! kubeconfig that points at the in-memory API server over HTTP (1 ms latency, as `kerf bench
+//! kubeconfig that points at the in-memory API server over HTTP (1 ms latency, as `kerf-bench
 //! prepare-real` runs it), through a TCP proxy that counts the connections the client opens.
 //! The claim reader is wrapped to time the cache lookup and each read from the API server.
 //! Run with `cargo test -p kerf-tests --test claim_cache_miss -- --ignored --nocapture`.
