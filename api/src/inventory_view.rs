@@ -16,12 +16,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice};
+use k8s_openapi::api::resource::v1::DeviceAttribute;
 use kerf_core::alloc::{self, GpuInfo, NodeGpus};
 use kerf_core::inventory::ComputeCapability;
 
 use crate::quantity;
-use crate::resourceslice::{TYPE_GPU, TYPE_MIG, attributes, capacities, device_attribute};
+use crate::resourceslice::{
+    DeviceFields, SliceFields, TYPE_GPU, TYPE_MIG, attributes, capacities, device_attribute,
+};
 
 /// The nodes' GPUs and the devices that were left out.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,7 +53,10 @@ pub struct SkippedDevice {
 
 /// The whole GPUs per node published by `driver`; see [`inventory_view`], which also reports
 /// the devices left out.
-pub fn node_gpus_from_slices(slices: &[ResourceSlice], driver: &str) -> BTreeMap<String, NodeGpus> {
+pub fn node_gpus_from_slices<S: SliceFields>(
+    slices: &[S],
+    driver: &str,
+) -> BTreeMap<String, NodeGpus> {
     inventory_view(slices, driver).nodes
 }
 
@@ -62,20 +67,19 @@ pub fn node_gpus_from_slices(slices: &[ResourceSlice], driver: &str) -> BTreeMap
 /// `cudaComputeCapability` and the capacities `memory` and `multiprocessors`; `nvlinkDomain`,
 /// `numaNode` and `resource.kubernetes.io/pcieRoot` are optional. A device name seen twice on
 /// one node keeps its first occurrence (in slice-name order).
-pub fn inventory_view(slices: &[ResourceSlice], driver: &str) -> InventoryView {
-    let ours: Vec<&ResourceSlice> = slices.iter().filter(|s| s.spec.driver == driver).collect();
+pub fn inventory_view<S: SliceFields>(slices: &[S], driver: &str) -> InventoryView {
+    let ours: Vec<&S> = slices.iter().filter(|s| s.driver() == driver).collect();
     let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
-    for slice in &ours {
-        let generation = newest
-            .entry(slice.spec.pool.name.as_str())
-            .or_insert(i64::MIN);
-        *generation = (*generation).max(slice.spec.pool.generation);
+    for slice in ours.iter().copied() {
+        let pool = slice.pool();
+        let generation = newest.entry(pool.name.as_str()).or_insert(i64::MIN);
+        *generation = (*generation).max(pool.generation);
     }
-    let mut current: Vec<&ResourceSlice> = ours
+    let mut current: Vec<&S> = ours
         .into_iter()
-        .filter(|s| newest.get(s.spec.pool.name.as_str()) == Some(&s.spec.pool.generation))
+        .filter(|s| newest.get(s.pool().name.as_str()) == Some(&s.pool().generation))
         .collect();
-    current.sort_by(|a, b| slice_name(a).cmp(slice_name(b)));
+    current.sort_by(|a, b| a.slice_name().cmp(b.slice_name()));
 
     let mut view = InventoryView::default();
     let mut seen: BTreeSet<(String, String)> = BTreeSet::new();
@@ -91,28 +95,24 @@ pub fn inventory_view(slices: &[ResourceSlice], driver: &str) -> InventoryView {
     view
 }
 
-fn slice_name(slice: &ResourceSlice) -> &str {
-    slice.metadata.name.as_deref().unwrap_or_default()
-}
-
-fn read_slice(
-    slice: &ResourceSlice,
+fn read_slice<S: SliceFields>(
+    slice: &S,
     driver: &str,
     view: &mut InventoryView,
     seen: &mut BTreeSet<(String, String)>,
 ) {
-    let devices = slice.spec.devices.as_deref().unwrap_or_default();
-    if devices.is_empty() && slice.spec.shared_counters.is_some() {
+    let devices = slice.devices();
+    if devices.is_empty() && slice.has_shared_counters() {
         // A counters-only slice of a dynamic-MIG pool: nothing to place on.
         return;
     }
-    let skip = |device: &Device, reason: String| SkippedDevice {
-        slice: slice_name(slice).to_owned(),
-        pool: slice.spec.pool.name.clone(),
-        device: device.name.clone(),
+    let skip = |device: &S::Device, reason: String| SkippedDevice {
+        slice: slice.slice_name().to_owned(),
+        pool: slice.pool().name.clone(),
+        device: device.device_name().to_owned(),
         reason,
     };
-    let Some(node) = slice.spec.node_name.as_deref().filter(|n| !n.is_empty()) else {
+    let Some(node) = slice.node_name().filter(|n| !n.is_empty()) else {
         view.skipped.extend(devices.iter().map(|device| {
             skip(
                 device,
@@ -129,11 +129,7 @@ fn read_slice(
             gpus: Vec::new(),
         });
     for device in devices {
-        if device
-            .consumes_counters
-            .as_ref()
-            .is_some_and(|c| !c.is_empty())
-        {
+        if device.consumes_counters() {
             continue;
         }
         match read_device(device, driver) {
@@ -144,10 +140,10 @@ fn read_slice(
                         device,
                         format!(
                             "device name {:?} is published twice for node {node:?}",
-                            device.name
+                            device.device_name()
                         ),
                     ));
-                } else if device.allow_multiple_allocations == Some(true) {
+                } else if device.allows_multiple_allocations() {
                     view.shared.entry(node.to_owned()).or_default().push(gpu);
                 } else {
                     entry.gpus.push(gpu);
@@ -159,7 +155,7 @@ fn read_slice(
 }
 
 /// A whole GPU, `None` for a MIG device, or why the device cannot be read.
-fn read_device(device: &Device, driver: &str) -> Result<Option<GpuInfo>, String> {
+fn read_device<D: DeviceFields>(device: &D, driver: &str) -> Result<Option<GpuInfo>, String> {
     let attr = |name: &str| device_attribute(device, driver, name);
     match string(attr(attributes::TYPE), attributes::TYPE)? {
         Some(TYPE_GPU) => {}
@@ -180,7 +176,7 @@ fn read_device(device: &Device, driver: &str) -> Result<Option<GpuInfo>, String>
         Ok(string(attr(name), name)?.map(str::to_owned))
     };
     Ok(Some(GpuInfo {
-        device: device.name.clone(),
+        device: device.device_name().to_owned(),
         uuid: required(attributes::UUID)?,
         product: required(attributes::PRODUCT_NAME)?,
         memory_bytes: memory(device, driver)?,
@@ -196,11 +192,10 @@ fn read_device(device: &Device, driver: &str) -> Result<Option<GpuInfo>, String>
 /// The device's taints. An effect kerf does not know is left out: kube-scheduler's allocator
 /// (`allocator_stable.go`, `taintPreventsAllocation`) lets only `NoSchedule` and `NoExecute`
 /// keep a device from a request, so an unknown effect blocks nothing there either.
-fn device_taints(device: &Device) -> Vec<alloc::DeviceTaint> {
+fn device_taints<D: DeviceFields>(device: &D) -> Vec<alloc::DeviceTaint> {
     device
-        .taints
+        .device_taints()
         .iter()
-        .flatten()
         .filter_map(|taint| {
             Some(alloc::DeviceTaint {
                 key: taint.key.clone(),
@@ -264,18 +259,22 @@ fn numa_node(value: Option<&DeviceAttribute>) -> Result<Option<u32>, String> {
     }
 }
 
-fn capacity<'a>(device: &'a Device, driver: &str, name: &str) -> Result<&'a str, String> {
+fn capacity<'a, D: DeviceFields>(
+    device: &'a D,
+    driver: &str,
+    name: &str,
+) -> Result<&'a str, String> {
     crate::resourceslice::device_capacity(device, driver, name)
         .map(|q| q.0.as_str())
         .ok_or_else(|| format!("capacity[{name:?}]: missing"))
 }
 
-fn memory(device: &Device, driver: &str) -> Result<u64, String> {
+fn memory<D: DeviceFields>(device: &D, driver: &str) -> Result<u64, String> {
     let text = capacity(device, driver, capacities::MEMORY)?;
     quantity::parse_bytes(text).map_err(|e| format!("capacity[{:?}]: {e}", capacities::MEMORY))
 }
 
-fn multiprocessors(device: &Device, driver: &str) -> Result<u32, String> {
+fn multiprocessors<D: DeviceFields>(device: &D, driver: &str) -> Result<u32, String> {
     let name = capacities::MULTIPROCESSORS;
     let text = capacity(device, driver, name)?;
     quantity::parse_bytes(text)
@@ -300,7 +299,9 @@ fn describe(value: &DeviceAttribute) -> String {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::resource::v1::{DeviceCapacity, ResourcePool, ResourceSliceSpec};
+    use k8s_openapi::api::resource::v1::{
+        Device, DeviceCapacity, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kerf_core::mock;

@@ -24,7 +24,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSliceSpec}
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::resourceslice::device_attribute;
+use crate::resourceslice::{DeviceFields, device_attribute};
 
 /// The device attribute (in the driver's domain) naming the device's allocator.
 pub const ATTRIBUTE: &str = "allocator";
@@ -142,7 +142,7 @@ pub fn node_policy(labels: Option<&BTreeMap<String, String>>) -> Result<NodePoli
 }
 
 /// The owner a published device carries in its [`ATTRIBUTE`], if any.
-pub fn published_owner(device: &Device, driver: &str) -> Option<Owner> {
+pub fn published_owner<D: DeviceFields + ?Sized>(device: &D, driver: &str) -> Option<Owner> {
     match device_attribute(device, driver, ATTRIBUTE) {
         Some(DeviceAttribute {
             string: Some(value),
@@ -196,8 +196,8 @@ pub fn publish_owners(specs: &mut [ResourceSliceSpec], record: &Record) {
 
 /// The device name of the GPU whose counters `device` consumes, when it is a placement
 /// (consumes counters and names its parent's minor).
-pub fn placement_parent(device: &Device, driver: &str) -> Option<String> {
-    if device.consumes_counters.as_ref().is_none_or(Vec::is_empty) {
+pub fn placement_parent<D: DeviceFields + ?Sized>(device: &D, driver: &str) -> Option<String> {
+    if !device.consumes_counters() {
         return None;
     }
     let minor = device_attribute(

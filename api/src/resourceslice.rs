@@ -11,7 +11,9 @@
 //! [`attributes::ALLOCATOR`] afterwards from its Node's ownership record
 //! ([`crate::ownership::publish_owners`]), so the attribute count check leaves room for it.
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourcePool, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, ResourcePool, ResourceSliceSpec,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_core::inventory::Inventory;
 
@@ -19,12 +21,14 @@ use crate::error::{Error, Result};
 use device::published_devices;
 
 mod device;
+pub mod fields;
 pub mod limits;
 pub mod partitions;
 mod pool;
 pub mod shared;
 pub mod taints;
 
+pub use fields::{DeviceFields, SliceFields};
 pub use pool::{SliceFeatures, node_slices};
 
 /// Most devices one ResourceSlice may hold (without taints, counters or list attributes).
@@ -239,30 +243,45 @@ pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
 
 /// Looks an attribute of a published device up by kerf's name, whether it was published
 /// unqualified (driver domain) or as `<driver>/<name>`.
-pub fn device_attribute<'a>(
-    device: &'a Device,
+pub fn device_attribute<'a, D: DeviceFields + ?Sized>(
+    device: &'a D,
     driver: &str,
     name: &str,
 ) -> Option<&'a DeviceAttribute> {
-    let attributes = device.attributes.as_ref()?;
-    attributes
-        .get(name)
-        .or_else(|| attributes.get(&format!("{driver}/{name}")))
+    device
+        .attribute(name)
+        .or_else(|| device.attribute(&qualified(driver, name)))
 }
 
 /// Looks a capacity of a published device up, as [`device_attribute`] does.
-pub fn device_capacity<'a>(device: &'a Device, driver: &str, name: &str) -> Option<&'a Quantity> {
-    let capacity = device.capacity.as_ref()?;
-    capacity
-        .get(name)
-        .or_else(|| capacity.get(&format!("{driver}/{name}")))
-        .map(|c| &c.value)
+pub fn device_capacity<'a, D: DeviceFields + ?Sized>(
+    device: &'a D,
+    driver: &str,
+    name: &str,
+) -> Option<&'a Quantity> {
+    device_capacity_entry(device, driver, name).map(|c| &c.value)
+}
+
+/// The whole capacity entry (value and request policy) of a published device, looked up as
+/// [`device_attribute`] does.
+pub fn device_capacity_entry<'a, D: DeviceFields + ?Sized>(
+    device: &'a D,
+    driver: &str,
+    name: &str,
+) -> Option<&'a DeviceCapacity> {
+    device
+        .capacity(name)
+        .or_else(|| device.capacity(&qualified(driver, name)))
 }
 
 /// The `memory` capacity of a published device of `driver`, in bytes.
-pub fn device_memory_bytes(device: &Device, driver: &str) -> Option<u64> {
+pub fn device_memory_bytes<D: DeviceFields + ?Sized>(device: &D, driver: &str) -> Option<u64> {
     device_capacity(device, driver, capacities::MEMORY)
         .and_then(|q| crate::quantity::quantity_bytes(q).ok())
+}
+
+fn qualified(driver: &str, name: &str) -> String {
+    format!("{driver}/{name}")
 }
 
 /// Writes `major[.minor[.patch]]` as semver `major.minor.patch` without leading zeros

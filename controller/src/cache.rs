@@ -8,6 +8,7 @@
 //! on every claim change" cheap.
 
 mod process;
+mod slice;
 pub mod strip;
 
 use std::fmt::Debug;
@@ -15,7 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt as _, stream};
+use futures::{Stream, StreamExt as _, TryStreamExt as _, stream};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -27,12 +28,14 @@ use crate::error::{Error, Result};
 use kerf_api::watch_backoff::WatchBackoff;
 
 pub use process::ProcessCaches;
+pub use slice::{CompactDevice, CompactSlice, Names};
 
 /// Read handles of the caches. Clones share the same stores.
 #[derive(Clone)]
 pub struct Caches {
-    /// ResourceSlices of the driver (all generations; see [`crate::capacity::current_devices`]).
-    pub slices: Store<ResourceSlice>,
+    /// ResourceSlices of the driver (all generations; see [`crate::capacity::current_devices`]),
+    /// compacted ([`CompactSlice`]).
+    pub slices: Store<CompactSlice>,
     /// Every ResourceClaim of the cluster (the store of [`ProcessCaches::claims`]).
     pub claims: Store<ResourceClaim>,
     /// Every DeviceClass of the cluster (the store of [`ProcessCaches::device_classes`]).
@@ -76,13 +79,7 @@ impl Caches {
     ) -> (Self, impl Future<Output = ()> + Send + use<>) {
         let (notify, changes) = watch::channel(0u64);
         let slice_config = watcher::Config::default().fields(&format!("spec.driver={driver}"));
-        let (slices, slice_changes) = cache(
-            Api::all(client.clone()),
-            slice_config,
-            "ResourceSlice",
-            strip::managed_fields,
-        );
-        let slice_ticks = slice_changes.filter_map(|change| std::future::ready(change.tick()));
+        let (slices, slice_ticks) = slice_cache(Api::all(client.clone()), slice_config);
         let process_ticks = stream::unfold(process.changes.clone(), |mut changes| async move {
             changes.changed().await.ok()?;
             Some(((), changes))
@@ -190,6 +187,47 @@ impl<K> Change<K> {
             Change::Applied { listed: true, .. } => None,
             Change::Applied { .. } | Change::Deleted | Change::Listed => Some(()),
         }
+    }
+}
+
+/// The reflector of kerf's ResourceSlices: each slice compacted ([`CompactSlice`]) before the
+/// store keeps it, and a stream with one item per change the store shows (watch errors are
+/// logged and retried with back-off).
+fn slice_cache(
+    api: Api<ResourceSlice>,
+    config: watcher::Config,
+) -> (Store<CompactSlice>, impl Stream<Item = ()> + Send + 'static) {
+    let (store, writer) = reflector::store();
+    let mut names = Names::default();
+    let compacted = watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .map_ok(move |event| compact_event(event, &mut names));
+    let ticks = reflector(writer, compacted).filter_map(|event| {
+        std::future::ready(match event {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                Some(())
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => None,
+            Err(error) => {
+                tracing::warn!(kind = "ResourceSlice", %error, "watch failed; retrying");
+                None
+            }
+        })
+    });
+    (store, ticks)
+}
+
+fn compact_event(
+    event: watcher::Event<ResourceSlice>,
+    names: &mut Names,
+) -> watcher::Event<CompactSlice> {
+    let mut compact = |slice| CompactSlice::new(slice, names);
+    match event {
+        watcher::Event::Apply(slice) => watcher::Event::Apply(compact(slice)),
+        watcher::Event::Delete(slice) => watcher::Event::Delete(compact(slice)),
+        watcher::Event::InitApply(slice) => watcher::Event::InitApply(compact(slice)),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitDone => watcher::Event::InitDone,
     }
 }
 

@@ -23,8 +23,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, Device, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
+    AllocationResult, DeviceRequestAllocationResult, ResourceClaim,
 };
+use kerf_api::resourceslice::{DeviceFields as _, SliceFields as _};
+
+use crate::cache::{CompactDevice, CompactSlice};
 use kerf_api::params::{GpuSliceAllocation, OpaqueConfig, decode_opaque};
 use kerf_api::quantity::quantity_bytes;
 use kerf_api::resourceslice::capacities;
@@ -44,7 +47,7 @@ pub struct PublishedDevice<'a> {
     /// The pool (the node name for kerf's devices).
     pub pool: &'a str,
     /// The device as published.
-    pub device: &'a Device,
+    pub device: &'a CompactDevice,
 }
 
 /// `(pool, device)`: how allocation results name a device.
@@ -52,28 +55,23 @@ pub type DeviceKey = (String, String);
 
 /// The devices of `driver` in `slices`, from each pool's highest generation only.
 pub fn current_devices<'a>(
-    slices: &'a [Arc<ResourceSlice>],
+    slices: &'a [Arc<CompactSlice>],
     driver: &str,
 ) -> Vec<PublishedDevice<'a>> {
-    let ours = || slices.iter().filter(move |s| s.spec.driver == driver);
+    let ours = || slices.iter().filter(move |s| s.driver() == driver);
     let mut newest: HashMap<&str, i64> = HashMap::new();
     for slice in ours() {
-        let pool = &slice.spec.pool;
+        let pool = slice.pool();
         let generation = newest.entry(pool.name.as_str()).or_insert(pool.generation);
         *generation = (*generation).max(pool.generation);
     }
     ours()
-        .filter(|s| newest.get(s.spec.pool.name.as_str()) == Some(&s.spec.pool.generation))
+        .filter(|s| newest.get(s.pool().name.as_str()) == Some(&s.pool().generation))
         .flat_map(|slice| {
-            slice
-                .spec
-                .devices
-                .iter()
-                .flatten()
-                .map(|device| PublishedDevice {
-                    pool: &slice.spec.pool.name,
-                    device,
-                })
+            slice.devices().iter().map(|device| PublishedDevice {
+                pool: &slice.pool().name,
+                device,
+            })
         })
         .collect()
 }
@@ -104,7 +102,7 @@ pub fn memory_in_use(
         .iter()
         .map(|d| {
             (
-                (d.pool.to_owned(), d.device.name.clone()),
+                (d.pool.to_owned(), d.device.device_name().to_owned()),
                 (
                     device_memory_bytes(d.device, driver).unwrap_or(0),
                     whole_share_bytes(d.device, driver),
@@ -237,7 +235,10 @@ pub fn compute_in_use(
         .iter()
         .filter_map(|d| {
             let bytes = whole_share_bytes(d.device, driver)?;
-            Some(((d.pool.to_owned(), d.device.name.clone()), bytes))
+            Some((
+                (d.pool.to_owned(), d.device.device_name().to_owned()),
+                bytes,
+            ))
         })
         .collect();
     let mut used: HashMap<DeviceKey, u32> = HashMap::new();
@@ -277,7 +278,7 @@ pub fn free_compute(
         .map(|d| {
             100 - usage
                 .used
-                .get(&(d.pool.to_owned(), d.device.name.clone()))
+                .get(&(d.pool.to_owned(), d.device.device_name().to_owned()))
                 .copied()
                 .unwrap_or(0)
         })
@@ -308,7 +309,7 @@ pub fn class_capacity(
         .filter(|d| scope.matches(d.device, driver))
         .fold(ClassCapacity::default(), |mut sum, d| {
             let memory = device_memory_bytes(d.device, driver).unwrap_or(0);
-            let used = usage.used(d.pool, &d.device.name);
+            let used = usage.used(d.pool, d.device.device_name());
             sum.matching_devices += 1;
             sum.total_memory_bytes = sum.total_memory_bytes.saturating_add(memory);
             sum.free_memory_bytes = sum
@@ -322,7 +323,7 @@ pub fn class_capacity(
 mod tests {
     use super::*;
     use crate::selector::{DeviceKind, DeviceSelector};
-    use k8s_openapi::api::resource::v1::{ResourceClaimStatus, ResourceSliceSpec};
+    use k8s_openapi::api::resource::v1::{ResourceClaimStatus, ResourceSlice, ResourceSliceSpec};
     use kerf_api::params::{OpaqueKind, SliceDevice};
     use kerf_api::resourceslice::{attributes, device_attribute};
     use serde_json::json;
@@ -330,17 +331,17 @@ mod tests {
     const DRIVER: &str = "gpu.kerf.dev";
     const GIB: u64 = 1 << 30;
 
-    fn slices(node: &str, profile: &str, generation: i64) -> Vec<Arc<ResourceSlice>> {
+    fn slices(node: &str, profile: &str, generation: i64) -> Vec<Arc<CompactSlice>> {
         let inventory = kerf_core::mock::from_spec(profile).unwrap();
         kerf_api::resource_slices(&inventory, DRIVER, node)
             .unwrap()
             .into_iter()
             .map(|mut spec: ResourceSliceSpec| {
                 spec.pool.generation = generation;
-                Arc::new(ResourceSlice {
+                Arc::new(CompactSlice::from(ResourceSlice {
                     metadata: kube::api::ObjectMeta::default(),
                     spec,
-                })
+                }))
             })
             .collect()
     }
@@ -371,7 +372,7 @@ mod tests {
     fn uuid_of(all: &[PublishedDevice<'_>], pool: &str, device: &str) -> String {
         let d = all
             .iter()
-            .find(|d| d.pool == pool && d.device.name == device)
+            .find(|d| d.pool == pool && d.device.device_name() == device)
             .unwrap();
         device_attribute(d.device, DRIVER, attributes::UUID)
             .and_then(|a| a.string.clone())
@@ -421,7 +422,7 @@ mod tests {
         let devices = current_devices(&all, DRIVER);
         let names: Vec<(&str, &str)> = devices
             .iter()
-            .map(|d| (d.pool, d.device.name.as_str()))
+            .map(|d| (d.pool, d.device.device_name()))
             .collect();
         assert_eq!(
             names,
@@ -518,14 +519,14 @@ mod tests {
             .unwrap();
         let mig_memory = device_memory_bytes(mig.device, DRIVER).unwrap();
         let claims = vec![claim(
-            json!({"devices": {"results": [result("node-a", &mig.device.name)]}}),
+            json!({"devices": {"results": [result("node-a", mig.device.device_name())]}}),
         )];
         let usage = memory_in_use(&devices, &claims, DRIVER);
-        assert_eq!(usage.used("node-a", &mig.device.name), mig_memory);
+        assert_eq!(usage.used("node-a", mig.device.device_name()), mig_memory);
         let others: u64 = devices
             .iter()
-            .filter(|d| d.device.name != mig.device.name)
-            .map(|d| usage.used(d.pool, &d.device.name))
+            .filter(|d| d.device.device_name() != mig.device.device_name())
+            .map(|d| usage.used(d.pool, d.device.device_name()))
             .sum();
         assert_eq!(others, 0);
     }

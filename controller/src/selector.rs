@@ -10,11 +10,11 @@
 use std::cmp::Ordering;
 use std::fmt::Write as _;
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
+use k8s_openapi::api::resource::v1::DeviceAttribute;
 use kerf_api::params::{Allocator, GpuClassParameters};
 use kerf_api::quantity::format_bytes;
 use kerf_api::resourceslice::{
-    TYPE_GPU, TYPE_MIG, attributes, capacities, device_attribute, device_memory_bytes,
+    DeviceFields, TYPE_GPU, TYPE_MIG, attributes, capacities, device_attribute, device_memory_bytes,
 };
 use kerf_core::inventory::ComputeCapability;
 
@@ -130,14 +130,14 @@ impl DeviceSelector {
     /// (unqualified attribute names are in the driver's domain). A device whose attribute is
     /// missing or malformed does not match, where CEL would fail the evaluation. The caller
     /// picks the driver's devices (the CEL's `device.driver` test).
-    pub fn matches(&self, device: &Device, driver: &str) -> bool {
+    pub fn matches<D: DeviceFields>(&self, device: &D, driver: &str) -> bool {
         self.kind_matches(device, driver)
             && self.product_matches(device, driver)
             && self.memory_matches(device, driver)
             && self.capability_matches(device, driver)
     }
 
-    fn kind_matches(&self, device: &Device, driver: &str) -> bool {
+    fn kind_matches<D: DeviceFields>(&self, device: &D, driver: &str) -> bool {
         let device_type = string_attribute(device, driver, attributes::TYPE);
         match &self.kind {
             DeviceKind::WholeGpu => device_type == Some(TYPE_GPU),
@@ -149,18 +149,18 @@ impl DeviceSelector {
         }
     }
 
-    fn product_matches(&self, device: &Device, driver: &str) -> bool {
+    fn product_matches<D: DeviceFields>(&self, device: &D, driver: &str) -> bool {
         self.product_names.is_empty()
             || string_attribute(device, driver, attributes::PRODUCT_NAME)
                 .is_some_and(|product| self.product_names.iter().any(|n| n == product))
     }
 
-    fn memory_matches(&self, device: &Device, driver: &str) -> bool {
+    fn memory_matches<D: DeviceFields>(&self, device: &D, driver: &str) -> bool {
         self.min_memory_bytes
             .is_none_or(|min| device_memory_bytes(device, driver).is_some_and(|m| m >= min))
     }
 
-    fn capability_matches(&self, device: &Device, driver: &str) -> bool {
+    fn capability_matches<D: DeviceFields>(&self, device: &D, driver: &str) -> bool {
         self.min_compute_capability.is_none_or(|min| {
             device_attribute(device, driver, attributes::CUDA_COMPUTE_CAPABILITY)
                 .and_then(|a| a.version.as_deref())
@@ -277,7 +277,11 @@ pub fn cel_string(value: &str) -> String {
     out
 }
 
-fn string_attribute<'a>(device: &'a Device, driver: &str, name: &str) -> Option<&'a str> {
+fn string_attribute<'a, D: DeviceFields>(
+    device: &'a D,
+    driver: &str,
+    name: &str,
+) -> Option<&'a str> {
     match device_attribute(device, driver, name) {
         Some(DeviceAttribute {
             string: Some(value),
@@ -313,7 +317,7 @@ fn compare_semver(version: &str, release: (u64, u64, u64)) -> Option<Ordering> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::resource::v1::DeviceCapacity;
+    use k8s_openapi::api::resource::v1::{Device, DeviceCapacity};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use kerf_api::params::GpuSelector;
     use proptest::prelude::*;

@@ -16,10 +16,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{Device, DeviceClass};
+use k8s_openapi::api::resource::v1::DeviceClass;
 use kerf_api::controller_claims::class_parameters;
 use kerf_api::params::GpuClassParameters;
-use kerf_api::resourceslice::{TYPE_GPU, attributes, device_attribute};
+use kerf_api::resourceslice::{DeviceFields, TYPE_GPU, attributes, device_attribute};
 use kerf_api::shared_publication::{SharedPublication, SharedSlicing};
 use kube::ResourceExt as _;
 
@@ -77,10 +77,10 @@ pub fn sliced_classes(device_classes: &[Arc<DeviceClass>], driver: &str) -> Vec<
 /// Whether `device` is a whole GPU that may be shared: `type: gpu` and not the full-GPU
 /// device of a dynamic-MIG GPU (one that consumes counters, which kube-scheduler allocates
 /// against its placements).
-pub fn is_shareable_gpu(device: &Device, driver: &str) -> bool {
+pub fn is_shareable_gpu<D: DeviceFields>(device: &D, driver: &str) -> bool {
     device_attribute(device, driver, attributes::TYPE).and_then(|a| a.string.as_deref())
         == Some(TYPE_GPU)
-        && device.consumes_counters.as_ref().is_none_or(Vec::is_empty)
+        && !device.consumes_counters()
 }
 
 /// What the sliced classes make of one GPU.
@@ -95,7 +95,11 @@ pub enum GpuSlicing {
 }
 
 /// What `classes` make of `device`.
-pub fn gpu_slicing(device: &Device, driver: &str, classes: &[SlicedClass]) -> GpuSlicing {
+pub fn gpu_slicing<D: DeviceFields>(
+    device: &D,
+    driver: &str,
+    classes: &[SlicedClass],
+) -> GpuSlicing {
     if !is_shareable_gpu(device, driver) {
         return GpuSlicing::Whole;
     }
@@ -114,15 +118,15 @@ pub fn gpu_slicing(device: &Device, driver: &str, classes: &[SlicedClass]) -> Gp
 
 /// The publication of one node: the entries of `gpus` (the GPUs the record gives the
 /// scheduler that no controller claim holds) that `classes` slice without conflict.
-pub fn node_publication<'a>(
-    gpus: impl IntoIterator<Item = &'a Device>,
+pub fn node_publication<'a, D: DeviceFields + 'a>(
+    gpus: impl IntoIterator<Item = &'a D>,
     driver: &str,
     classes: &[SlicedClass],
 ) -> SharedPublication {
     SharedPublication(
         gpus.into_iter()
             .filter_map(|device| match gpu_slicing(device, driver, classes) {
-                GpuSlicing::Shared(slicing) => Some((device.name.clone(), slicing)),
+                GpuSlicing::Shared(slicing) => Some((device.device_name().to_owned(), slicing)),
                 GpuSlicing::Whole | GpuSlicing::Conflict(_) => None,
             })
             .collect(),
@@ -132,8 +136,8 @@ pub fn node_publication<'a>(
 /// Per sliced class, the GPUs (`node/device`, sorted) it selects in conflict with another
 /// sliced class. `devices` are `(pool, device)` of the driver's current slices; ownership does
 /// not matter here — the classes disagree whoever owns the GPU today.
-pub fn conflicts<'a>(
-    devices: impl IntoIterator<Item = (&'a str, &'a Device)>,
+pub fn conflicts<'a, D: DeviceFields + 'a>(
+    devices: impl IntoIterator<Item = (&'a str, &'a D)>,
     driver: &str,
     classes: &[SlicedClass],
 ) -> BTreeMap<String, Vec<String>> {
@@ -143,7 +147,7 @@ pub fn conflicts<'a>(
             for name in names {
                 out.entry(name)
                     .or_default()
-                    .push(format!("{pool}/{}", device.name));
+                    .push(format!("{pool}/{}", device.device_name()));
             }
         }
     }

@@ -496,13 +496,13 @@ fn several_shares_of_one_gpu_are_counted_for_the_class_status() {
     for device in spec.devices.iter_mut().flatten() {
         device.allow_multiple_allocations = Some(true);
     }
-    let slice = Arc::new(ResourceSlice {
+    let slice = Arc::new(kerf_controller::cache::CompactSlice::from(ResourceSlice {
         metadata: ObjectMeta {
             name: Some("n-0".to_owned()),
             ..ObjectMeta::default()
         },
         spec,
-    });
+    }));
     let claim = |name: &str, memory: &str| {
         Arc::new(
             serde_json::from_value::<k8s_openapi::api::resource::v1::ResourceClaim>(json!({

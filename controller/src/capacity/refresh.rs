@@ -12,8 +12,9 @@ use std::hash::{Hash as _, Hasher as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::ObjectMeta;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use crate::cache::CompactSlice;
 
 use super::{ComputeUse, MemoryUse, compute_in_use, current_devices, memory_in_use};
 
@@ -39,7 +40,7 @@ impl RefreshMemo {
     /// resourceVersion (built by hand, never from a watch) are always computed afresh.
     pub fn usage(
         &self,
-        slices: &[Arc<ResourceSlice>],
+        slices: &[Arc<CompactSlice>],
         claims: &[Arc<ResourceClaim>],
         driver: &str,
     ) -> Arc<Usage> {
@@ -69,20 +70,21 @@ impl RefreshMemo {
 
 /// An order-independent digest of the objects' UIDs and resourceVersions; `None` when one
 /// lacks either.
-fn fingerprint(slices: &[Arc<ResourceSlice>], claims: &[Arc<ResourceClaim>]) -> Option<u64> {
-    let digest = |meta: &ObjectMeta| -> Option<u64> {
+fn fingerprint(slices: &[Arc<CompactSlice>], claims: &[Arc<ResourceClaim>]) -> Option<u64> {
+    let digest = |uid: Option<&str>, resource_version: Option<&str>| -> Option<u64> {
         let mut hasher = DefaultHasher::new();
-        meta.uid.as_deref()?.hash(&mut hasher);
-        meta.resource_version.as_deref()?.hash(&mut hasher);
+        uid?.hash(&mut hasher);
+        resource_version?.hash(&mut hasher);
         Some(hasher.finish())
     };
     let mut sum = ((slices.len() as u64) << 32) | claims.len() as u64;
-    for meta in slices.iter().map(|s| &s.metadata) {
-        sum = sum.wrapping_add(digest(meta)?);
+    for slice in slices {
+        sum = sum.wrapping_add(digest(slice.uid(), slice.resource_version())?);
     }
     for meta in claims.iter().map(|c| &c.metadata) {
         // Slices and claims are told apart, so a claim cannot stand in for a slice.
-        sum = sum.wrapping_add(digest(meta)?.rotate_left(1));
+        let claim = digest(meta.uid.as_deref(), meta.resource_version.as_deref())?;
+        sum = sum.wrapping_add(claim.rotate_left(1));
     }
     Some(sum)
 }
@@ -90,7 +92,8 @@ fn fingerprint(slices: &[Arc<ResourceSlice>], claims: &[Arc<ResourceClaim>]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::resource::v1::ResourceSliceSpec;
+    use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
+    use kube::api::ObjectMeta;
 
     const DRIVER: &str = "gpu.kerf.dev";
 
@@ -102,17 +105,17 @@ mod tests {
         }
     }
 
-    fn slices() -> Vec<Arc<ResourceSlice>> {
+    fn slices() -> Vec<Arc<CompactSlice>> {
         let inventory = kerf_core::mock::from_spec("h100-sxm-80gb:2").unwrap();
         kerf_api::resource_slices(&inventory, DRIVER, "n1")
             .unwrap()
             .into_iter()
             .enumerate()
             .map(|(i, spec): (usize, ResourceSliceSpec)| {
-                Arc::new(ResourceSlice {
+                Arc::new(CompactSlice::from(ResourceSlice {
                     metadata: meta(&format!("slice-{i}"), "1"),
                     spec,
-                })
+                }))
             })
             .collect()
     }

@@ -1,10 +1,9 @@
 //! Which published devices a GpuClass's status counts, and when a scheduler share of a
 //! shareable GPU is the whole GPU.
 
-use k8s_openapi::api::resource::v1::Device;
 use kerf_api::params::{Allocator, GpuClassParameters};
 use kerf_api::quantity::quantity_bytes;
-use kerf_api::resourceslice::capacities;
+use kerf_api::resourceslice::{DeviceFields, capacities, device_capacity_entry};
 
 use crate::selector::{DeviceKind, DeviceSelector};
 
@@ -67,8 +66,8 @@ impl<'a> ClassScope<'a> {
     }
 
     /// Whether the class counts `device`.
-    pub fn matches(&self, device: &Device, driver: &str) -> bool {
-        let is_shareable = device.allow_multiple_allocations == Some(true);
+    pub fn matches<D: DeviceFields>(&self, device: &D, driver: &str) -> bool {
+        let is_shareable = device.allows_multiple_allocations();
         let admitted = match self.shareable {
             Shareable::Any => true,
             Shareable::Only => is_shareable,
@@ -81,13 +80,10 @@ impl<'a> ClassScope<'a> {
 
 /// The memory from which a share of a shareable `device` is the whole GPU: the published
 /// `memory` request policy's `default`; `None` for a device that is not shareable.
-pub(super) fn whole_share_bytes(device: &Device, driver: &str) -> Option<u64> {
-    if device.allow_multiple_allocations != Some(true) {
+pub(super) fn whole_share_bytes<D: DeviceFields>(device: &D, driver: &str) -> Option<u64> {
+    if !device.allows_multiple_allocations() {
         return None;
     }
-    let capacity = device.capacity.as_ref()?;
-    let memory = capacity
-        .get(capacities::MEMORY)
-        .or_else(|| capacity.get(&format!("{driver}/{}", capacities::MEMORY)))?;
+    let memory = device_capacity_entry(device, driver, capacities::MEMORY)?;
     quantity_bytes(memory.request_policy.as_ref()?.default.as_ref()?).ok()
 }

@@ -21,11 +21,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_api::resourceslice::SliceFields as _;
 use kerf_core::alloc::{DeviceUse, Index};
 use kube::runtime::reflector::ObjectRef;
 
 use super::ownership::OwnershipBook;
+use crate::cache::CompactSlice;
 
 /// How long an assumed allocation waits for the watch to show it before it is dropped.
 pub const ASSUME_TTL: Duration = Duration::from_secs(60);
@@ -46,7 +48,7 @@ enum Source {
 #[derive(Debug)]
 struct PoolSource {
     /// Held, so that a pointer seen again is the same object (no address is reused while held).
-    slices: Vec<Arc<ResourceSlice>>,
+    slices: Vec<Arc<CompactSlice>>,
     epoch: u64,
     /// The [`CapacityIndex::syncs`] count of the last sync that saw the pool.
     seen: u64,
@@ -91,7 +93,7 @@ impl CapacityIndex {
     /// device is kept whoever owns it.
     pub fn sync(
         &mut self,
-        slices: &[Arc<ResourceSlice>],
+        slices: &[Arc<CompactSlice>],
         claims: &[Arc<ResourceClaim>],
         driver: &str,
         book: &OwnershipBook,
@@ -212,22 +214,16 @@ impl CapacityIndex {
     /// Rebuilds the pools whose slices changed since the last sync (by pointer) or whose
     /// node's ownership epoch in `book` moved, and drops the pools no slice names any more.
     /// Only the whole GPUs `book` lets the controller place on are placement candidates.
-    pub fn sync_pools(
-        &mut self,
-        slices: &[Arc<ResourceSlice>],
-        driver: &str,
-        book: &OwnershipBook,
-    ) {
+    pub fn sync_pools(&mut self, slices: &[Arc<CompactSlice>], driver: &str, book: &OwnershipBook) {
         self.syncs += 1;
         self.work.pools_rebuilt = 0;
-        let mut ours: Vec<&Arc<ResourceSlice>> =
-            slices.iter().filter(|s| s.spec.driver == driver).collect();
+        let mut ours: Vec<&Arc<CompactSlice>> =
+            slices.iter().filter(|s| s.driver() == driver).collect();
         ours.sort_unstable_by(|a, b| {
-            (a.spec.pool.name.as_str(), a.metadata.name.as_deref())
-                .cmp(&(b.spec.pool.name.as_str(), b.metadata.name.as_deref()))
+            (a.pool().name.as_str(), a.slice_name()).cmp(&(b.pool().name.as_str(), b.slice_name()))
         });
-        for pool_slices in ours.chunk_by(|a, b| a.spec.pool.name == b.spec.pool.name) {
-            let pool = pool_slices[0].spec.pool.name.as_str();
+        for pool_slices in ours.chunk_by(|a, b| a.pool().name == b.pool().name) {
+            let pool = pool_slices[0].pool().name.as_str();
             let epoch = book.epoch(pool);
             if let Some(known) = self.pools.get_mut(pool) {
                 known.seen = self.syncs;
@@ -258,13 +254,12 @@ impl CapacityIndex {
     fn rebuild_pool(
         &mut self,
         pool: &str,
-        pool_slices: &[&Arc<ResourceSlice>],
+        pool_slices: &[&Arc<CompactSlice>],
         driver: &str,
         book: &OwnershipBook,
     ) {
         self.work.pools_rebuilt += 1;
-        let owned: Vec<ResourceSlice> = pool_slices.iter().map(|s| (***s).clone()).collect();
-        match kerf_api::inventory_view::node_gpus_from_slices(&owned, driver).remove(pool) {
+        match kerf_api::inventory_view::node_gpus_from_slices(pool_slices, driver).remove(pool) {
             Some(mut node) => {
                 node.gpus.retain(|gpu| book.usable(pool, &gpu.device));
                 self.index.upsert_node(node);

@@ -13,12 +13,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_core::alloc::{DeviceUse, Index};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::index::CapacityIndex;
 use super::ownership::{InputChanges, OwnershipBook};
+use crate::cache::CompactSlice;
 
 /// A node the scheduler rejected for a pod.
 #[derive(Debug, Clone, Copy)]
@@ -81,7 +82,7 @@ impl Ledger {
     /// index, and a quiet cluster's reconciles (the resync) cost no walk of every claim.
     pub fn synced(
         &self,
-        slices: &Store<ResourceSlice>,
+        slices: &Store<CompactSlice>,
         claims: &Store<ResourceClaim>,
         driver: &str,
     ) -> Books<'_> {
@@ -322,6 +323,7 @@ impl Drop for WriteGuard<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::resource::v1::ResourceSlice;
     use kube::runtime::reflector::{self, store::Writer};
     use kube::runtime::watcher;
     use serde_json::json;
@@ -336,17 +338,18 @@ mod tests {
         .unwrap()
     }
 
-    fn slice(node: &str) -> ResourceSlice {
-        serde_json::from_value(json!({
+    fn slice(node: &str) -> CompactSlice {
+        serde_json::from_value::<ResourceSlice>(json!({
             "metadata": {"name": format!("{node}-slice"), "resourceVersion": "1"},
             "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": []},
         }))
         .unwrap()
+        .into()
     }
 
     fn apply<K>(writer: &mut Writer<K>, object: K)
     where
-        K: kube::Resource<DynamicType = ()> + Clone,
+        K: reflector::Lookup<DynamicType = ()> + Clone,
     {
         writer.apply_watcher_event(&watcher::Event::Apply(object));
     }
@@ -356,7 +359,7 @@ mod tests {
         let changes = InputChanges::default();
         let ledger = Ledger::new(changes.clone());
         let (claims, mut claim_writer) = reflector::store::<ResourceClaim>();
-        let (slices, mut slice_writer) = reflector::store::<ResourceSlice>();
+        let (slices, mut slice_writer) = reflector::store::<CompactSlice>();
         for i in 0..100 {
             apply(&mut claim_writer, claim(&format!("c{i}"), "1"));
         }

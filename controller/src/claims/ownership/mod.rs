@@ -28,9 +28,11 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::ownership::{NodePolicy, Owner, RECORD_ANNOTATION, Record, node_policy};
-use kerf_api::resourceslice::{TYPE_MIG, attributes, device_attribute};
+use kerf_api::resourceslice::{
+    DeviceFields as _, SliceFields as _, TYPE_MIG, attributes, device_attribute,
+};
 use kerf_api::shared_publication::{SHARED_PUBLICATION_ANNOTATION, SharedPublication};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -44,6 +46,7 @@ pub use inputs::InputChanges;
 use super::index::CapacityIndex;
 use super::report::{node_write_failed, node_write_key, publish};
 use super::state::annotated_node;
+use crate::cache::{CompactDevice, CompactSlice};
 use crate::context::Context;
 use demand::IdleGpus;
 
@@ -129,7 +132,7 @@ struct Published<'a> {
     mig: bool,
     owner: Option<Owner>,
     /// The device as published, for the sliced classes' selectors.
-    device: &'a Device,
+    device: &'a CompactDevice,
 }
 
 /// One pass: decide, report, write the records. Returns when the next pass is due if no input
@@ -154,26 +157,22 @@ async fn pass(ctx: &Context, warned: &mut Warned) -> Option<Instant> {
 /// Every published device of the driver, by node.
 fn published_devices<'a>(
     ctx: &Context,
-    slices: &'a [Arc<ResourceSlice>],
+    slices: &'a [Arc<CompactSlice>],
 ) -> BTreeMap<&'a str, Vec<Published<'a>>> {
     let driver = ctx.driver();
     let mut out: BTreeMap<&str, Vec<Published>> = BTreeMap::new();
     for slice in slices {
-        let spec = &slice.spec;
-        let Some(node) = spec.node_name.as_deref().filter(|_| spec.driver == driver) else {
+        let Some(node) = slice.node_name().filter(|_| slice.driver() == driver) else {
             continue;
         };
         let devices = out.entry(node).or_default();
-        for device in spec.devices.iter().flatten() {
+        for device in slice.devices() {
             let mig = device_attribute(device, driver, attributes::TYPE)
                 .and_then(|a| a.string.as_deref())
                 == Some(TYPE_MIG)
-                || device
-                    .consumes_counters
-                    .as_ref()
-                    .is_some_and(|c| !c.is_empty());
+                || device.consumes_counters();
             devices.push(Published {
-                name: &device.name,
+                name: device.device_name(),
                 mig,
                 owner: kerf_api::ownership::published_owner(device, driver),
                 device,
