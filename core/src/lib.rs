@@ -13,6 +13,7 @@
 //! - [`health`]: device faults, device health and the taints unhealthy devices get.
 //! - [`mig_catalog`]: MIG profiles, placements and shared counters of dynamic MIG.
 //! - [`mig_reconcile`]: which MIG instances a restarted plugin keeps, destroys or forgets.
+//! - [`rng`]: the seeded random sequence of the stand-in, the benchmarks and the tests.
 
 pub mod alloc;
 pub mod cdi;
@@ -27,6 +28,7 @@ pub mod mig_reconcile;
 pub mod mock;
 pub mod mps;
 pub mod names;
+pub mod rng;
 pub mod slice;
 
 pub use error::{Error, Result};

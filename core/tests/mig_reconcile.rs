@@ -11,6 +11,7 @@ use kerf_core::mig_reconcile::{
     DestroyReason, ForgetReason, LiveComputeInstance, LiveGpu, LiveGpuInstance, LiveMigState,
     MigAction, RecordedInstance, reconcile,
 };
+use kerf_core::rng::SeededRng;
 
 fn record(
     claim: &str,
@@ -205,20 +206,12 @@ fn extra_compute_instances_of_a_kept_instance_go() {
     );
 }
 
-/// splitmix64: a tiny deterministic generator, so every run checks the same states.
-struct Rng(u64);
+/// A seeded sequence, so every run checks the same states.
+struct Rng(SeededRng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u32) -> u32 {
-        u32::try_from(self.next() % u64::from(n)).unwrap()
+        u32::try_from(self.0.next_u64() % u64::from(n)).unwrap()
     }
 
     fn chance(&mut self, percent: u32) -> bool {
@@ -345,7 +338,7 @@ fn apply(state: &LiveMigState, actions: &[MigAction]) -> LiveMigState {
 #[test]
 fn random_states_end_with_exactly_the_completed_instances() {
     for seed in 0..2000 {
-        let mut rng = Rng(seed);
+        let mut rng = Rng(SeededRng::new(seed));
         let (records, state) = random_case(&mut rng);
         let actions = reconcile(&records, &state);
         let after = apply(&state, &actions);

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use kerf_core::rng::SeededRng;
 use serde_json::{Map, Value, json};
 use tokio::sync::broadcast;
 
@@ -86,16 +87,11 @@ fn now_timestamp() -> Value {
     serde_json::to_value(now).unwrap_or(Value::Null)
 }
 
-/// A deterministic, UUID-shaped identifier from a counter (SplitMix64).
+/// A deterministic, UUID-shaped identifier from a counter: the first number of the seeded
+/// sequence of `counter`, and the first of that number's.
 pub(super) fn uid_from(counter: u64) -> String {
-    let mix = |mut z: u64| {
-        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
-    let a = mix(counter);
-    let b = mix(a);
+    let a = SeededRng::new(counter).next_u64();
+    let b = SeededRng::new(a).next_u64();
     format!(
         "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
         a >> 32,

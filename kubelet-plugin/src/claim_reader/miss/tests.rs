@@ -4,6 +4,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use kerf_core::rng::SeededRng;
 use kube::core::Status;
 use tokio::sync::watch;
 
@@ -290,20 +291,12 @@ async fn a_failed_quorum_get_is_the_error_with_its_lookup() {
     assert_eq!(error.lookup(), Lookup::Api(Fallback::Miss));
 }
 
-/// SplitMix64: a seeded sequence, so that a failing seed can be run again.
-struct Rng(u64);
+/// The race's random choices: a seeded sequence, so that a failing seed can be run again.
+struct Rng(SeededRng);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.0.next_u64() % n
     }
 
     fn delay(&mut self) -> Duration {
@@ -346,7 +339,7 @@ fn device_of(claim: &ResourceClaim) -> (&str, &str) {
 async fn random_interleavings_of_watch_and_reads_only_ever_yield_the_current_allocation() {
     for seed in [1_u64, 7, 42, 2026, 31337] {
         println!("seed {seed}");
-        let mut rng = Rng(seed);
+        let mut rng = Rng(SeededRng::new(seed));
         for round in 0..40 {
             let cached = match rng.below(4) {
                 0 => Cached::Absent,
