@@ -17,13 +17,17 @@
 //!   [`allocation_status`].
 //! - [`shared_publication`]: the Node annotation naming the GPUs published as shareable
 //!   (scheduler slices) and their slicing.
+//! - [`counters`]: kube-scheduler's shared-counter rule for partitionable devices.
+//! - [`claim_status`]: what a claim's status says: its allocation and its consumers.
 //! - [`watch_backoff`]: how soon the watches of both binaries retry after the API server
 //!   stopped answering.
 
 pub mod allocation;
 pub mod claim;
 pub mod claim_node_label;
+pub mod claim_status;
 pub mod controller_claims;
+pub mod counters;
 pub mod crd;
 pub mod device_status;
 pub mod error;

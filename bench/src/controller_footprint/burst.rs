@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::scheduler::{
-    BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, SnapshotSource, StandInConfig,
+    BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, StandInConfig,
 };
 use kerf_tests::sim::workload::{PodPlan, Shape};
 use kerf_tests::sim::{DRIVER, NAMESPACE};
@@ -76,7 +76,7 @@ impl Load {
         let admin = fake.client();
         let stand_in =
             SchedulerStandIn::with_config(admin.clone(), DRIVER, StandInConfig::default())
-                .reading(SnapshotSource::store(fake.clone()));
+                .reading(kerf_tests::scheduler::store_snapshots(fake.clone()));
         Load {
             plans,
             admin,

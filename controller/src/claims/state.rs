@@ -1,7 +1,7 @@
 //! What the reconciler reads off a claim or a pod.
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt as _;
 
 use super::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
@@ -28,16 +28,10 @@ pub(super) fn pod_uid(pod: &Pod) -> Option<&str> {
     pod.metadata.uid.as_deref().filter(|uid| !uid.is_empty())
 }
 
-pub(super) fn allocation_of(claim: &ResourceClaim) -> Option<&AllocationResult> {
-    claim.status.as_ref().and_then(|s| s.allocation.as_ref())
-}
+pub(super) use kerf_api::claim_status::allocation_of;
 
 pub(super) fn is_reserved(claim: &ResourceClaim) -> bool {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.reserved_for.as_ref())
-        .is_some_and(|r| !r.is_empty())
+    !kerf_api::claim_status::reserved_for(claim).is_empty()
 }
 
 pub(super) fn has_finalizer(claim: &ResourceClaim) -> bool {

@@ -1,558 +1,161 @@
-//! A kube-scheduler stand-in for kerf's tests: the parts of kube-scheduler's DynamicResources
-//! plugin and of kube-controller-manager's resourceclaim controller that decide which pod gets
-//! which device, driven step by step against any API server (in practice
-//! [`crate::fake_api::FakeApi`]) so tests can interleave it with kerf-controller
-//! deterministically, or run it in the background ([`SchedulerStandIn::spawn`]).
+//! The kube-scheduler stand-in, which lives in its own crate ([`kerf_scheduler_standin`]) so
+//! that `kerf demo` can use it without this harness; re-exported under its old path for the
+//! tests, with the one part that needs [`FakeApi`]: snapshots read from its store
+//! ([`store_snapshots`]).
 //!
-//! It exists because kerf's earlier fakes were kinder than kube-scheduler: on a real 1.36
-//! cluster the two allocators gave one GPU to two pods. What it keeps from upstream
-//! (kubernetes/kubernetes; each module and method cites the file and function it imitates):
-//! - a cycle decides from a snapshot read at its start ([`SchedulerStandIn::schedule_one`]),
-//!   counting what every claim's `status.allocation` holds, whoever wrote it, plus its own
-//!   in-flight allocations (`allocated`); the snapshot is listed through the client or,
-//!   with [`SnapshotSource::Store`], read from the fake API server's store with only changed
-//!   objects decoded, as kube-scheduler's informer caches cost;
-//! - the 1.36 structured allocator (`allocator`): an exhaustive search over devices with
-//!   DeviceClass and request CEL selectors evaluated by a real CEL interpreter ([`cel`]; a
-//!   CEL error aborts the pod's cycle), device taints and tolerations, consumable capacity
-//!   with shares (`capacity`), shared counters of partitionable devices (`counters`) and
-//!   `matchAttribute`/`distinctAttribute` constraints (`constraints`);
-//! - Reserve only remembers the allocation; it becomes visible to others at PreBind
-//!   ([`SchedulerStandIn::flush_prebinds`]), which may be many steps later;
-//! - allocated claims are honoured through their `nodeSelector`, and only get the pod added
-//!   to `reservedFor`; a missing `allocationTimestamp` fails PreBind as on 1.36;
-//! - pods with scheduling gates or with `spec.nodeName` are never tried;
-//! - PostFilter deallocates one unreserved allocated claim of an unschedulable pod;
-//! - the resourceclaim controller ([`SchedulerStandIn::run_claim_controller_once`]) drops
-//!   stale `reservedFor` entries and deallocates claims carrying the built-in finalizer.
-//!
-//! Simplifications, documented where they apply: no scoring (a feasible node is picked by the
-//! seeded RNG, as upstream's `selectHost` breaks ties at random), no unschedulable queue (every
-//! pending pod is a candidate in every cycle: more eager than upstream, never less), node
-//! filters limited to `spec.unschedulable`, NoSchedule/NoExecute taints and
-//! `spec.nodeSelector` (no node affinity, no resources), no `firstAvailable` and no
-//! `adminAccess` requests. The pod is bound with a merge patch of `spec.nodeName`, because
-//! [`crate::fake_api::FakeApi`] has no `pods/binding` subresource.
+//! kube-scheduler never reads the cluster per cycle: its informers decode each object once,
+//! when it changes (`pkg/scheduler/schedule_one.go`, `schedulingCycle` →
+//! `Cache.UpdateSnapshot`). [`StoreCaches`] reads [`FakeApi`]'s store at one resourceVersion
+//! and decodes only the objects whose resourceVersion changed since the previous cycle, as an
+//! informer whose caches have caught up would hold them. The view is the same as a list's;
+//! only the cost model is kube-scheduler's.
 
-mod allocated;
-mod allocator;
-mod bind;
-mod capacity;
-pub mod cel;
-mod claim_controller;
-mod constraints;
-mod counters;
-mod pods;
-mod snapshot;
-mod spawn;
-mod throttle;
+pub use kerf_scheduler_standin::*;
 
-pub use allocator::MAX_STEPS;
-pub use pods::node_selector_matches;
-pub(crate) use pods::pod_claim_names;
-pub use snapshot::{SnapshotSource, StoreCaches};
-pub use spawn::StandInHandle;
-pub use throttle::{ClientRateLimit, num_feasible_nodes_to_find};
+use std::collections::HashMap;
+use std::sync::Arc;
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
-use std::time::{Duration, Instant};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::Resource;
+use serde::de::DeserializeOwned;
 
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
-use kube::{Client, ResourceExt};
+use crate::fake_api::{FakeApi, StoreView};
 
-use allocated::AllocatedState;
-use cel::CelCache;
-use pods::{
-    allocation_of, is_reserved_for, key, node_fits, pod_key, reserved_for, wants_scheduling,
-};
-use snapshot::Snapshot;
-use throttle::TokenBucket;
+/// Snapshots read from `fake`'s store, decoding changed objects only (see the module
+/// documentation), for [`SchedulerStandIn::reading`].
+pub fn store_snapshots(fake: FakeApi) -> SnapshotSource {
+    SnapshotSource::Reader(Box::new(StoreCaches {
+        fake,
+        nodes: Decoded::default(),
+        slices: Decoded::default(),
+        classes: Decoded::default(),
+        claims: Decoded::default(),
+        pods: Decoded::default(),
+    }))
+}
 
-/// The built-in finalizer kube-scheduler adds to claims it allocates
-/// (`resourceapi.Finalizer`); the resourceclaim controller deallocates only such claims.
-pub const BUILTIN_FINALIZER: &str = "resource.kubernetes.io/delete-protection";
+/// Decoded copies of the five collections a cycle reads from a [`FakeApi`].
+struct StoreCaches {
+    fake: FakeApi,
+    nodes: Decoded<Node>,
+    slices: Decoded<ResourceSlice>,
+    classes: Decoded<DeviceClass>,
+    claims: Decoded<ResourceClaim>,
+    pods: Decoded<Pod>,
+}
 
-/// Most `reservedFor` entries a claim may have (`ResourceClaimReservedForMaxSize`).
-pub const RESERVED_FOR_MAX: usize = 256;
-
-/// How many times PreBind retries a claim update after a conflict (`retry.DefaultRetry`).
-const BIND_RETRIES: usize = 5;
-
-/// A small deterministic RNG (SplitMix64): the same seed gives the same choices.
-#[derive(Debug, Clone)]
-pub struct SeededRng(u64);
-
-impl SeededRng {
-    /// An RNG starting from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n`; 0 when `n` is 0.
-    pub fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            return 0;
-        }
-        // Modulo bias is irrelevant for test scheduling choices.
-        usize::try_from(self.next_u64() % (n as u64)).unwrap_or(0)
+impl SnapshotReader for StoreCaches {
+    fn snapshot(&mut self) -> Snapshot {
+        let Self {
+            fake,
+            nodes,
+            slices,
+            classes,
+            claims,
+            pods,
+        } = self;
+        fake.read_store(|view| {
+            Snapshot::new(
+                nodes.refresh(view),
+                slices.refresh(view),
+                classes.refresh(view),
+                claims.refresh(view),
+                pods.refresh(view),
+            )
+        })
     }
 }
 
-/// Settings of the stand-in.
-#[derive(Debug, Clone)]
-pub struct StandInConfig {
-    /// In [`SchedulerStandIn::step`]: a pod reserved in cycle `k` is PreBound at the start of
-    /// cycle `k + prebind_delay_cycles` (at least 1: never in its own cycle).
-    pub prebind_delay_cycles: u64,
-    /// The client-side rate limit of the stand-in's API requests, as kube-scheduler's client
-    /// has one ([`ClientRateLimit::KUBE_SCHEDULER`]); `None` (the default): unlimited, so
-    /// tests that interleave steps never wait on a clock.
-    pub client_rate_limit: Option<ClientRateLimit>,
-    /// Whether a bound pod gets kube-scheduler's `Scheduled` Event (off by default: tests
-    /// that count requests predate it).
-    pub scheduled_events: bool,
+/// One collection's objects decoded, keyed by namespace/name, with the resourceVersion each
+/// was decoded at.
+struct Decoded<K> {
+    by_key: HashMap<String, (String, Arc<K>)>,
 }
 
-impl Default for StandInConfig {
+impl<K> Default for Decoded<K> {
     fn default() -> Self {
         Self {
-            prebind_delay_cycles: 1,
-            client_rate_limit: None,
-            scheduled_events: false,
+            by_key: HashMap::new(),
         }
     }
 }
 
-/// Settings of [`SchedulerStandIn::spawn`].
-#[derive(Debug, Clone, Copy)]
-pub struct SpawnConfig {
-    /// Seed of the RNG that picks pods and nodes.
-    pub seed: u64,
-    /// Pause between two scheduling cycles.
-    pub interval: Duration,
-    /// Reserve → PreBind delay: how long a reservation stays invisible to others.
-    pub prebind_delay: Duration,
-    /// Whether each loop also runs the resourceclaim controller once.
-    pub claim_controller: bool,
-}
-
-impl Default for SpawnConfig {
-    fn default() -> Self {
-        Self {
-            seed: 0,
-            interval: Duration::from_millis(20),
-            prebind_delay: Duration::from_millis(50),
-            claim_controller: true,
-        }
-    }
-}
-
-/// What one scheduling cycle did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CycleOutcome {
-    /// No pod to schedule.
-    Idle,
-    /// The pod (`namespace/name`) fits `node`; its allocations wait for PreBind.
-    Reserved {
-        /// `namespace/name` of the pod.
-        pod: String,
-        /// The chosen node.
-        node: String,
-    },
-    /// No node fits the pod.
-    Unschedulable {
-        /// `namespace/name` of the pod.
-        pod: String,
-        /// Why, in upstream's words where there are some.
-        reason: String,
-        /// `namespace/name` of the claim PostFilter deallocated, if it did.
-        deallocated: Option<String>,
-    },
-    /// The cycle was aborted (a CEL error, an API error); the pod is retried later.
-    Error {
-        /// `namespace/name` of the pod.
-        pod: String,
-        /// What failed.
-        message: String,
-    },
-}
-
-/// What PreBind and binding did for one reservation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BindOutcome {
-    /// Claims written and the pod bound to `node`.
-    Bound {
-        /// `namespace/name` of the pod.
-        pod: String,
-        /// The node.
-        node: String,
-    },
-    /// PreBind or binding failed; Unreserve ran and the pod will be tried again.
-    Failed {
-        /// `namespace/name` of the pod.
-        pod: String,
-        /// The node that was chosen.
-        node: String,
-        /// Why, in upstream's words.
-        reason: String,
-    },
-}
-
-/// What one [`SchedulerStandIn::step`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StepReport {
-    /// Reservations whose PreBind ran at the start of the step.
-    pub bound: Vec<BindOutcome>,
-    /// The scheduling cycle.
-    pub cycle: CycleOutcome,
-}
-
-/// One claim of a reservation: the claim as the cycle saw it and, when the stand-in allocated
-/// it, the allocation Reserve remembered.
-#[derive(Debug, Clone)]
-struct ReservedClaim {
-    claim: ResourceClaim,
-    allocation: Option<AllocationResult>,
-}
-
-/// A pod that passed Reserve and waits for PreBind.
-#[derive(Debug, Clone)]
-struct Reservation {
-    pod: Pod,
-    node: String,
-    claims: Vec<ReservedClaim>,
-    cycle: u64,
-    at: Instant,
-}
-
-/// The kube-scheduler stand-in. See the module documentation.
-pub struct SchedulerStandIn {
-    client: Client,
-    driver: String,
-    config: StandInConfig,
-    cel: CelCache,
-    cycle: u64,
-    pending: VecDeque<Reservation>,
-    source: SnapshotSource,
-    /// Where the next cycle's Filter starts (`nextStartNodeIndex`).
-    next_start_node_index: usize,
-    throttle: Option<TokenBucket>,
-}
-
-impl std::fmt::Debug for SchedulerStandIn {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SchedulerStandIn")
-            .field("driver", &self.driver)
-            .field("config", &self.config)
-            .field("cycle", &self.cycle)
-            .field("pending", &self.pending_prebinds())
-            .finish_non_exhaustive()
-    }
-}
-
-impl SchedulerStandIn {
-    /// A stand-in talking to the API through `client`, for the devices of `driver` (used as
-    /// the CEL domain of unqualified attribute names); default [`StandInConfig`].
-    pub fn new(client: Client, driver: &str) -> Self {
-        Self::with_config(client, driver, StandInConfig::default())
-    }
-
-    /// As [`Self::new`], with `config`.
-    pub fn with_config(client: Client, driver: &str, config: StandInConfig) -> Self {
-        Self {
-            client,
-            driver: driver.to_owned(),
-            throttle: config.client_rate_limit.map(TokenBucket::new),
-            config,
-            cel: CelCache::default(),
-            cycle: 0,
-            pending: VecDeque::new(),
-            source: SnapshotSource::Api,
-            next_start_node_index: 0,
-        }
-    }
-
-    /// Takes each cycle's snapshot from `source` instead of listing through the client
-    /// (see [`SnapshotSource`]); writes still go through the client.
-    #[must_use]
-    pub fn reading(mut self, source: SnapshotSource) -> Self {
-        self.source = source;
-        self
-    }
-
-    /// `namespace/name` of the pods reserved and waiting for PreBind, oldest first.
-    pub fn pending_prebinds(&self) -> Vec<String> {
-        self.pending.iter().map(|r| pod_key(&r.pod)).collect()
-    }
-
-    /// One step: first PreBind every reservation that is due (made at least
-    /// [`StandInConfig::prebind_delay_cycles`] cycles ago), then one scheduling cycle for one
-    /// pod picked by `rng` ([`Self::schedule_one`]).
-    ///
-    /// # Errors
-    ///
-    /// A failed read of the cluster snapshot; failures of single writes are outcomes.
-    pub async fn step(&mut self, rng: &mut SeededRng) -> Result<StepReport, kube::Error> {
-        let delay = self.config.prebind_delay_cycles.max(1);
-        let mut bound = Vec::new();
-        while self
-            .pending
-            .front()
-            .is_some_and(|r| r.cycle + delay <= self.cycle + 1)
-        {
-            if let Some(reservation) = self.pending.pop_front() {
-                bound.push(self.prebind(reservation).await);
-            }
-        }
-        let cycle = self.schedule_one(rng).await?;
-        Ok(StepReport { bound, cycle })
-    }
-
-    /// PreBind (and bind) every pending reservation now, oldest first.
-    pub async fn flush_prebinds(&mut self) -> Vec<BindOutcome> {
-        let mut outcomes = Vec::new();
-        while let Some(reservation) = self.pending.pop_front() {
-            outcomes.push(self.prebind(reservation).await);
-        }
-        outcomes
-    }
-
-    /// PreBind the reservations made at least `delay` ago, oldest first.
-    pub(super) async fn flush_older_than(&mut self, delay: Duration) -> Vec<BindOutcome> {
-        let mut outcomes = Vec::new();
-        while self
-            .pending
-            .front()
-            .is_some_and(|r| r.at.elapsed() >= delay)
-        {
-            if let Some(reservation) = self.pending.pop_front() {
-                outcomes.push(self.prebind(reservation).await);
-            }
-        }
-        outcomes
-    }
-
-    /// One scheduling cycle (PreFilter, Filter, PostFilter, Reserve) for one pod picked by
-    /// `rng` among those waiting for a scheduler ([`wants_scheduling`]) and not already
-    /// reserved, decided from a snapshot of nodes, slices, classes, claims and pods read at
-    /// its start.
-    ///
-    /// Upstream: `pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go`,
-    /// `PreFilter` (allocated claims become a node filter from `allocation.nodeSelector`;
-    /// unallocated claims need their DeviceClass; in-use devices are
-    /// `ListAllAllocatedDevices` — every claim's allocation plus in-flight ones), `Filter`
-    /// (per node: node-selector mismatches are recorded as unavailable claims, but only when
-    /// the allocator succeeded on that node, because a failed `Allocate` returns first;
-    /// a CEL error aborts the cycle), `PostFilter` ([`Self::post_filter`]) and `Reserve`
-    /// (remembers the allocation with the built-in finalizer as in flight; nothing is
-    /// written). The node is picked by `rng` among the feasible ones.
-    ///
-    /// Filter visits nodes as `pkg/scheduler/schedule_one.go` does: starting where the
-    /// previous cycle stopped (`findNodesThatPassFilters`, `nextStartNodeIndex`, advanced by
-    /// the nodes processed) and stopping once [`num_feasible_nodes_to_find`] nodes fit
-    /// (all of them under 100 nodes, 230 of 500). Upstream filters in parallel goroutines
-    /// and may overshoot the limit by a few; the stand-in filters one node after the other.
-    /// The feasible nodes are then put back in name order before `rng` picks, so where every
-    /// node is filtered the choice is the one it was before rotation.
-    ///
-    /// # Errors
-    ///
-    /// A failed read of the snapshot.
-    pub async fn schedule_one(&mut self, rng: &mut SeededRng) -> Result<CycleOutcome, kube::Error> {
-        self.cycle += 1;
-        let snapshot = self.source.snapshot(&self.client).await?;
-        let pending: HashSet<String> = self.pending.iter().map(|r| pod_key(&r.pod)).collect();
-        let candidates: Vec<&Pod> = snapshot
-            .pods
-            .iter()
-            .map(AsRef::as_ref)
-            .filter(|p| wants_scheduling(p) && !pending.contains(&pod_key(p)))
-            .collect();
-        if candidates.is_empty() {
-            return Ok(CycleOutcome::Idle);
-        }
-        let pod = candidates[rng.below(candidates.len())].clone();
-        Ok(self.cycle_for(&pod, &snapshot, rng).await)
-    }
-
-    #[allow(
-        clippy::too_many_lines,
-        reason = "one upstream scheduling cycle, kept in one piece to read side by side"
-    )]
-    async fn cycle_for(
-        &mut self,
-        pod: &Pod,
-        snapshot: &Snapshot,
-        rng: &mut SeededRng,
-    ) -> CycleOutcome {
-        let pod_name = pod_key(pod);
-        let unschedulable = |reason: String| CycleOutcome::Unschedulable {
-            pod: pod_name.clone(),
-            reason,
-            deallocated: None,
-        };
-        // PreFilter: the pod's claims.
-        let namespace = pod.namespace().unwrap_or_default();
-        let mut claims = Vec::new();
-        for (reference, name) in pod_claim_names(pod) {
-            let Some(name) = name else {
-                return unschedulable(format!(
-                    "waiting for resource claim of pod claim {reference} to be created"
-                ));
-            };
-            let Some(claim) = snapshot.claims.get(&key(Some(&namespace), &name)) else {
-                return unschedulable(format!("resourceclaim \"{name}\" not found"));
-            };
-            if claim.metadata.deletion_timestamp.is_some() {
-                return unschedulable(format!("resourceclaim \"{name}\" is being deleted"));
-            }
-            if !is_reserved_for(claim, pod) && reserved_for(claim).len() >= RESERVED_FOR_MAX {
-                return unschedulable(format!(
-                    "resourceclaim \"{name}\" is reserved for the maximum number of consumers"
-                ));
-            }
-            claims.push(ResourceClaim::clone(claim));
-        }
-        let mut to_allocate = Vec::new();
-        for (index, claim) in claims.iter().enumerate() {
-            if allocation_of(claim).is_some() {
-                continue;
-            }
-            for request in claim
-                .spec
-                .devices
-                .iter()
-                .flat_map(|d| d.requests.iter().flatten())
-            {
-                let Some(exactly) = &request.exactly else {
-                    return CycleOutcome::Error {
-                        pod: pod_name,
-                        message: format!(
-                            "request {}: firstAvailable is not supported by the stand-in",
-                            request.name
-                        ),
-                    };
-                };
-                if !snapshot.classes.contains_key(&exactly.device_class_name) {
-                    return unschedulable(format!(
-                        "request {}: device class {} does not exist",
-                        request.name, exactly.device_class_name
-                    ));
-                }
-            }
-            to_allocate.push(index);
-        }
-        // `ListAllAllocatedDevices` and the claim assume cache: written and in-flight.
-        let mut state = AllocatedState::default();
-        let written = snapshot.claims.values().filter_map(|c| allocation_of(c));
-        let in_flight = self
-            .pending
-            .iter()
-            .flat_map(|r| r.claims.iter().filter_map(|c| c.allocation.as_ref()));
-        for allocation in written.chain(in_flight) {
-            if let Err(message) = state.add(allocation) {
-                return CycleOutcome::Error {
-                    pod: pod_name,
-                    message,
-                };
-            }
-        }
-
-        // Filter.
-        let mut unavailable: BTreeSet<usize> = BTreeSet::new();
-        let mut feasible: Vec<(usize, String, Vec<AllocationResult>)> = Vec::new();
-        let mut last_reason = "no node fits the pod".to_owned();
-        let count = snapshot.nodes.len();
-        let limit = num_feasible_nodes_to_find(count);
-        let start = self.next_start_node_index % count.max(1);
-        let mut processed = 0;
-        for at in (0..count).map(|offset| (start + offset) % count) {
-            if feasible.len() >= limit {
-                break;
-            }
-            processed += 1;
-            let node = &snapshot.nodes[at];
-            if !node_fits(pod, node) {
-                continue;
-            }
-            let mismatched: Vec<usize> = claims
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| {
-                    allocation_of(c)
-                        .and_then(|a| a.node_selector.as_ref())
-                        .is_some_and(|s| !node_selector_matches(s, node))
-                })
-                .map(|(i, _)| i)
-                .collect();
-            let mut allocations = Vec::new();
-            if !to_allocate.is_empty() {
-                let wanted: Vec<&ResourceClaim> = to_allocate.iter().map(|i| &claims[*i]).collect();
-                match self.allocate_on_node(snapshot, node, &wanted, &state) {
-                    Err(message) => {
-                        return CycleOutcome::Error {
-                            pod: pod_name,
-                            message,
-                        };
-                    }
-                    Ok(None) => {
-                        "cannot allocate all claims".clone_into(&mut last_reason);
-                        continue;
-                    }
-                    Ok(Some(a)) => allocations = a,
-                }
-            }
-            if !mismatched.is_empty() {
-                unavailable.extend(mismatched);
-                "resourceclaim not available on the node".clone_into(&mut last_reason);
-                continue;
-            }
-            feasible.push((at, node.name_any(), allocations));
-        }
-        self.next_start_node_index = (start + processed) % count.max(1);
-        feasible.sort_by_key(|(at, _, _)| *at);
-
-        if feasible.is_empty() {
-            return self
-                .post_filter(pod, &claims, &unavailable, last_reason, rng)
-                .await;
-        }
-
-        // Reserve.
-        let (_, node, allocations) = feasible.swap_remove(rng.below(feasible.len()));
-        let mut allocations = allocations.into_iter();
-        let reserved = claims
-            .iter()
-            .enumerate()
-            .map(|(index, claim)| ReservedClaim {
-                claim: claim.clone(),
-                allocation: if to_allocate.contains(&index) {
-                    allocations.next()
-                } else {
-                    None
+impl<K> Decoded<K>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned,
+{
+    /// The collection as `view` holds it; objects whose resourceVersion is unchanged are
+    /// reused, deleted ones forgotten. An object that does not decode as `K` is left out, as
+    /// an informer drops what it cannot decode.
+    fn refresh(&mut self, view: &StoreView<'_>) -> Vec<Arc<K>> {
+        let mut seen = HashMap::with_capacity(self.by_key.len());
+        for value in view.objects(&K::url_path(&(), None)) {
+            let meta = &value["metadata"];
+            let key = format!(
+                "{}/{}",
+                meta["namespace"].as_str().unwrap_or_default(),
+                meta["name"].as_str().unwrap_or_default()
+            );
+            let version = meta["resourceVersion"].as_str().unwrap_or_default();
+            let reused = self
+                .by_key
+                .remove(&key)
+                .filter(|(decoded_at, _)| decoded_at == version);
+            let entry = match reused {
+                Some(entry) => entry,
+                None => match K::deserialize(value) {
+                    Ok(object) => (version.to_owned(), Arc::new(object)),
+                    Err(_) => continue,
                 },
-            })
-            .collect();
-        self.pending.push_back(Reservation {
-            pod: pod.clone(),
-            node: node.clone(),
-            claims: reserved,
-            cycle: self.cycle,
-            at: Instant::now(),
-        });
-        CycleOutcome::Reserved {
-            pod: pod_name,
-            node,
+            };
+            seen.insert(key, entry);
         }
+        self.by_key = seen;
+        self.by_key.values().map(|(_, o)| Arc::clone(o)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::ResourceExt as _;
+    use serde_json::{Value, json};
+
+    fn node(name: &str, label: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": name, "labels": {"l": label}}})
+    }
+
+    #[tokio::test]
+    async fn the_store_snapshot_equals_a_list_and_decodes_only_changed_objects() {
+        let fake = FakeApi::new();
+        fake.insert(node("b", "1"));
+        fake.insert(node("a", "1"));
+        fake.insert(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "ns"}, "spec": {"containers": []}}));
+        let client = fake.client();
+        let mut store = store_snapshots(fake.clone());
+        let from_store = store.snapshot(&client).await.unwrap();
+        let from_list = SnapshotSource::Api.snapshot(&client).await.unwrap();
+        let names = |s: &Snapshot| s.nodes.iter().map(|n| n.name_any()).collect::<Vec<_>>();
+        assert_eq!(names(&from_store), ["a", "b"]);
+        assert_eq!(names(&from_store), names(&from_list));
+        assert_eq!(from_store.pods.len(), 1);
+        assert_eq!(*from_store.pods[0], *from_list.pods[0]);
+
+        fake.insert(node("b", "2"));
+        fake.remove("/api/v1/nodes/a");
+        let again = store.snapshot(&client).await.unwrap();
+        assert_eq!(names(&again), ["b"]);
+        assert_eq!(
+            again.nodes[0].labels()["l"],
+            "2",
+            "a changed object is decoded again"
+        );
+        assert!(
+            Arc::ptr_eq(&again.pods[0], &from_store.pods[0]),
+            "an unchanged object is reused"
+        );
     }
 }

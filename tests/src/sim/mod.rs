@@ -48,8 +48,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fake_api::{FakeApi, Identity};
 use crate::scheduler::{
-    BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, SnapshotSource, SpawnConfig,
-    StandInConfig, StandInHandle, StepReport,
+    BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, SpawnConfig, StandInConfig,
+    StandInHandle, StepReport,
 };
 use cluster::{DeviceInfo, NodeSpec};
 pub use tasks::PodWatch;
@@ -249,7 +249,7 @@ impl Sim {
             extra: std::collections::BTreeMap::new(),
         });
         let stand_in = SchedulerStandIn::with_config(scheduler, DRIVER, config.stand_in.clone())
-            .reading(SnapshotSource::store(fake.clone()));
+            .reading(crate::scheduler::store_snapshots(fake.clone()));
         let sim = Sim {
             checker: check::Checker::new(DRIVER, &devices),
             monitor,

@@ -3,7 +3,7 @@
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::{CycleOutcome, SchedulerStandIn, SeededRng, SpawnConfig};
+use crate::{CycleOutcome, SchedulerStandIn, SeededRng, SpawnConfig};
 
 impl SchedulerStandIn {
     /// Runs the stand-in in the background: every [`SpawnConfig::interval`] it PreBinds the

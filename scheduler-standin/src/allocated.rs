@@ -17,15 +17,15 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::resource::v1::AllocationResult;
 
-use super::SeededRng;
-use super::capacity::{Amounts, amount};
+use crate::SeededRng;
+use crate::capacity::{Amounts, amount};
 
 /// A device of a ResourceSlice: (driver, pool, device).
-pub(super) type DeviceId = (String, String, String);
+pub type DeviceId = (String, String, String);
 
 /// Devices in use by allocations visible to a cycle (written ones and in-flight ones).
 #[derive(Debug, Default)]
-pub(super) struct AllocatedState {
+pub struct AllocatedState {
     exclusive: HashSet<DeviceId>,
     shared: HashSet<DeviceId>,
     consumed: HashMap<DeviceId, Amounts>,

@@ -14,8 +14,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use super::pods::{allocation_of, claim_key, is_conflict, is_reserved_for, pod_key, reserved_for};
-use super::{
+use kerf_api::claim_status::{allocation_of, is_reserved_for, reserved_for};
+
+use crate::pods::{claim_key, is_conflict, pod_key};
+use crate::{
     BIND_RETRIES, BUILTIN_FINALIZER, BindOutcome, CycleOutcome, Reservation, ReservedClaim,
     SchedulerStandIn, SeededRng,
 };
@@ -136,7 +138,7 @@ impl SchedulerStandIn {
         }
     }
 
-    /// Waits for the client's rate limit ([`super::StandInConfig::client_rate_limit`]), as
+    /// Waits for the client's rate limit ([`crate::StandInConfig::client_rate_limit`]), as
     /// every request of kube-scheduler's clientset waits on client-go's token bucket
     /// (`rest.Config.QPS`/`Burst` from `clientConnection`). The GET that [`Self::bind_pod`]
     /// makes first is not throttled: it stands in for the checks the `pods/binding`

@@ -12,12 +12,12 @@
 //! - `validateDeviceRequest`: `allocationMode: All` takes every selectable device whose
 //!   capacity check passes, and fails if any of them cannot be allocated;
 //! - `isSelectable` / `selectorsMatch`: the class's CEL selectors, then the request's; a CEL
-//!   error aborts the attempt ([`super::cel`]);
+//!   error aborts the attempt ([`crate::cel`]);
 //! - `allocateDevice`: a device allocated without `shareID` or being allocated exclusively
 //!   in this attempt is in use; untolerated NoSchedule/NoExecute taints refuse it;
-//!   `checkAvailableCounters` ([`super::counters`]), skipped for a shareable device that
-//!   already has consumed capacity; the claim's constraints ([`super::constraints`]); the
-//!   capacity check ([`super::capacity`]); a device with `allowMultipleAllocations` is not
+//!   `checkAvailableCounters` ([`kerf_api::counters`]), skipped for a shareable device that
+//!   already has consumed capacity; the claim's constraints ([`crate::constraints`]); the
+//!   capacity check ([`crate::capacity`]); a device with `allowMultipleAllocations` is not
 //!   marked in use, and its result gets `consumedCapacity` and a fresh `shareID`;
 //! - `GatherPools` (`pools_incubating.go`): only slices of a pool's newest generation count,
 //!   devices of an incomplete pool (fewer slices than `resourceSliceCount`) are not
@@ -39,13 +39,24 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
-use super::SchedulerStandIn;
-use super::allocated::{AllocatedState, DeviceId, new_share_id};
-use super::capacity::{self, Amounts};
-use super::constraints::Constraint;
-use super::counters::{self, Counters};
-use super::pods::{claim_key, node_selector_matches, tainted};
-use super::snapshot::Snapshot;
+use crate::allocated::{AllocatedState, DeviceId, new_share_id};
+use crate::capacity::{self, Amounts};
+use crate::cel::CelCache;
+use crate::constraints::Constraint;
+use crate::pods::{claim_key, node_selector_matches, tainted};
+use crate::snapshot::Snapshot;
+use kerf_api::counters::{self, Counters};
+
+/// kube-scheduler's structured allocator without any API client: it decides from a
+/// [`Snapshot`] and an [`AllocatedState`] (see the module documentation), for the stand-in's
+/// scheduling cycle, `kerf demo` and the benchmarks. It keeps compiled CEL programs between
+/// attempts, and where the Filter over all nodes ([`Self::filter`]) starts next.
+#[derive(Debug, Default)]
+pub struct Allocator {
+    pub(crate) cel: CelCache,
+    /// Where the next Filter starts (`nextStartNodeIndex`).
+    pub(crate) next_start_node_index: usize,
+}
 
 /// Most search steps one node may take before the attempt fails.
 pub const MAX_STEPS: usize = 200_000;
@@ -149,7 +160,7 @@ fn node_matches(
     }
 }
 
-impl SchedulerStandIn {
+impl Allocator {
     /// The devices `class` and `exactly` select on `node`, in pool/slice/device order.
     fn candidates<'a>(
         &mut self,
@@ -234,7 +245,7 @@ impl SchedulerStandIn {
     ///
     /// A CEL error, an unsupported request or constraint, a quantity that does not parse,
     /// a search that took too long: the cycle is aborted, as upstream's Filter error.
-    pub(super) fn allocate_on_node(
+    pub fn allocate_on_node(
         &mut self,
         snapshot: &Snapshot,
         node: &Node,
@@ -382,7 +393,18 @@ impl Search<'_> {
                 .get(pool)
                 .map(|p| p.slices.as_slice())
                 .unwrap_or_default();
-            let available = counters::available(slices, self.state)?;
+            let state = self.state;
+            let available = counters::available(
+                slices,
+                |slice, device| {
+                    state.is_allocated(&(
+                        slice.spec.driver.clone(),
+                        slice.spec.pool.name.clone(),
+                        device.name.clone(),
+                    ))
+                },
+                &capacity::amount,
+            )?;
             self.available.insert(pool.clone(), available);
         }
         Ok(&self.available[pool])
@@ -434,7 +456,7 @@ impl Search<'_> {
                 .as_ref()
                 .is_some_and(|c| !c.is_empty())
         {
-            let mine = counters::consumption(device)?;
+            let mine = counters::consumption(device, &capacity::amount)?;
             let mut total = self.counters.get(&pool).cloned().unwrap_or_default();
             for (key, value) in &mine {
                 *total.entry(key.clone()).or_insert(0) += value;

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, Device, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::cel::CelQuantity;
+use crate::cel::CelQuantity;
 
 /// Amounts per capacity (or counter) name, in units of 10⁻⁹.
 pub(super) type Amounts = HashMap<String, i128>;

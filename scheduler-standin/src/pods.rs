@@ -2,10 +2,7 @@
 //! node filters that run before DynamicResources' Filter, and device taint tolerations.
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, Pod};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, Device, DeviceTaint, DeviceToleration, ResourceClaim,
-    ResourceClaimConsumerReference,
-};
+use k8s_openapi::api::resource::v1::{Device, DeviceTaint, DeviceToleration, ResourceClaim};
 use kerf_api::node_selection;
 use kube::ResourceExt;
 
@@ -27,30 +24,6 @@ pub(super) fn is_conflict(error: &kube::Error) -> bool {
 
 pub(super) fn is_not_found(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 404)
-}
-
-pub(super) fn is_reserved_for(claim: &ResourceClaim, pod: &Pod) -> bool {
-    let uid = pod.uid();
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.reserved_for.as_ref())
-        .is_some_and(|r| {
-            r.iter()
-                .any(|c| c.resource == "pods" && Some(&c.uid) == uid.as_ref())
-        })
-}
-
-pub(super) fn allocation_of(claim: &ResourceClaim) -> Option<&AllocationResult> {
-    claim.status.as_ref().and_then(|s| s.allocation.as_ref())
-}
-
-pub(super) fn reserved_for(claim: &ResourceClaim) -> &[ResourceClaimConsumerReference] {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.reserved_for.as_deref())
-        .unwrap_or_default()
 }
 
 /// Whether `selector` selects `node` (`v1helper.NodeSelectorRequirementsAsSelector` and
@@ -114,7 +87,7 @@ pub(super) fn is_pod_done(pod: &Pod) -> bool {
 
 /// The claim names a pod refers to, in `spec.resourceClaims` order; `None` for a template
 /// claim whose generated name is not in `status.resourceClaimStatuses` yet.
-pub(crate) fn pod_claim_names(pod: &Pod) -> Vec<(String, Option<String>)> {
+pub fn pod_claim_names(pod: &Pod) -> Vec<(String, Option<String>)> {
     let statuses = pod
         .status
         .as_ref()

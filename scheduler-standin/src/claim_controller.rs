@@ -9,10 +9,10 @@ use k8s_openapi::api::resource::v1::{
 use kube::api::{ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
-use super::pods::{
-    allocation_of, claim_key, is_not_found, is_pod_done, key, pod_key, reserved_for,
-};
-use super::{BUILTIN_FINALIZER, SchedulerStandIn};
+use kerf_api::claim_status::{allocation_of, reserved_for};
+
+use crate::pods::{claim_key, is_not_found, is_pod_done, key, pod_key};
+use crate::{BUILTIN_FINALIZER, SchedulerStandIn};
 
 impl SchedulerStandIn {
     /// One pass of kube-controller-manager's resourceclaim controller over all claims

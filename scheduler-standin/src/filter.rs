@@ -1,0 +1,122 @@
+//! DynamicResources' Filter over every node, as the scheduling framework runs it: pure, from a
+//! [`Snapshot`], so that the stand-in's cycle and the benchmarks decide alike.
+//!
+//! Upstream: kubernetes/kubernetes `pkg/scheduler/schedule_one.go`
+//! (`findNodesThatPassFilters`, `nextStartNodeIndex`, `numFeasibleNodesToFind`) and
+//! `pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go` (`Filter`).
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+use kerf_api::claim_status::allocation_of;
+use kube::ResourceExt;
+
+use crate::allocated::AllocatedState;
+use crate::allocator::Allocator;
+use crate::pods::{node_fits, node_selector_matches};
+use crate::snapshot::Snapshot;
+use crate::throttle::num_feasible_nodes_to_find;
+
+/// A node where the pod fits, with the allocations of its claims there.
+#[derive(Debug, Clone)]
+pub struct Feasible {
+    /// The node's position in [`Snapshot::nodes`].
+    pub at: usize,
+    /// The node's name.
+    pub node: String,
+    /// One allocation per claim to allocate, in the order given to [`Allocator::filter`].
+    pub allocations: Vec<AllocationResult>,
+}
+
+/// What Filter found over the nodes.
+#[derive(Debug, Clone, Default)]
+pub struct Filtered {
+    /// The feasible nodes, in node (name) order.
+    pub feasible: Vec<Feasible>,
+    /// The allocated claims (positions in the pod's claims) whose `nodeSelector` rejected a
+    /// node on which everything else fitted: PostFilter's candidates.
+    pub unavailable: BTreeSet<usize>,
+    /// Why the last node that did not fit did not, in upstream's words.
+    pub reason: String,
+}
+
+impl Allocator {
+    /// Filter for `pod` with its `claims`, of which those at `to_allocate` need devices,
+    /// given what `state` says is allocated already.
+    ///
+    /// Nodes are visited as `schedule_one.go` does: starting where the previous Filter
+    /// stopped (advanced by the nodes processed) and stopping once
+    /// [`num_feasible_nodes_to_find`] nodes fit (all of them under 100 nodes, 230 of 500).
+    /// Upstream filters in parallel goroutines and may overshoot the limit by a few; this
+    /// filters one node after the other. Per node: the node filters ([`node_fits`]), then
+    /// the allocator; node-selector mismatches of allocated claims are recorded as
+    /// unavailable only when the allocator succeeded on that node, because a failed
+    /// `Allocate` returns first. The feasible nodes come back in name order, so where every
+    /// node is filtered the order does not depend on the rotation.
+    ///
+    /// # Errors
+    ///
+    /// As [`Allocator::allocate_on_node`]: the whole cycle is aborted.
+    pub fn filter(
+        &mut self,
+        pod: &Pod,
+        claims: &[ResourceClaim],
+        to_allocate: &[usize],
+        snapshot: &Snapshot,
+        state: &AllocatedState,
+    ) -> Result<Filtered, String> {
+        let mut filtered = Filtered {
+            reason: "no node fits the pod".to_owned(),
+            ..Filtered::default()
+        };
+        let wanted: Vec<&ResourceClaim> = to_allocate.iter().map(|i| &claims[*i]).collect();
+        let count = snapshot.nodes.len();
+        let limit = num_feasible_nodes_to_find(count);
+        let start = self.next_start_node_index % count.max(1);
+        let mut processed = 0;
+        for at in (0..count).map(|offset| (start + offset) % count) {
+            if filtered.feasible.len() >= limit {
+                break;
+            }
+            processed += 1;
+            let node = &snapshot.nodes[at];
+            if !node_fits(pod, node) {
+                continue;
+            }
+            let mismatched: Vec<usize> = claims
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| {
+                    allocation_of(c)
+                        .and_then(|a| a.node_selector.as_ref())
+                        .is_some_and(|s| !node_selector_matches(s, node))
+                })
+                .map(|(i, _)| i)
+                .collect();
+            let mut allocations = Vec::new();
+            if !wanted.is_empty() {
+                match self.allocate_on_node(snapshot, node, &wanted, state)? {
+                    None => {
+                        "cannot allocate all claims".clone_into(&mut filtered.reason);
+                        continue;
+                    }
+                    Some(a) => allocations = a,
+                }
+            }
+            if !mismatched.is_empty() {
+                filtered.unavailable.extend(mismatched);
+                "resourceclaim not available on the node".clone_into(&mut filtered.reason);
+                continue;
+            }
+            filtered.feasible.push(Feasible {
+                at,
+                node: node.name_any(),
+                allocations,
+            });
+        }
+        self.next_start_node_index = (start + processed) % count.max(1);
+        filtered.feasible.sort_by_key(|f| f.at);
+        Ok(filtered)
+    }
+}
