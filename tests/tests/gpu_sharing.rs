@@ -23,6 +23,7 @@ use common::{GIB, TestNode, eventually, uid};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::mps::TimeSliceInterval;
+use kerf_core::rng::SeededRng;
 use kerf_core::slice::Sharing;
 use kerf_proto::client::Claim;
 use kerf_tests::api_server::ApiServer;
@@ -533,18 +534,6 @@ async fn a_slices_full_life_as_the_fake_tools_record_it() {
     }
 }
 
-/// A small deterministic generator, so that a failing seed can be replayed.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_prepares_and_unprepares_of_one_gpu_never_lose_or_duplicate_its_daemon() {
     let mut restarts_across_seeds = 0;
@@ -559,12 +548,13 @@ async fn concurrent_prepares_and_unprepares_of_one_gpu_never_lose_or_duplicate_i
                     .slice_claim(&format!("c{i}"), &uid(i + 1), 0, 4 * GIB, 10)
             })
             .collect();
-        let mut rng = XorShift(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        // Seeded, so that a failing seed can be replayed.
+        let mut rng = SeededRng::new(seed);
         // Each claim is prepared and unprepared a few times, all claims at once, with
         // random pauses: the last unprepare of one round races the first prepare of the next.
         let tasks = claims.iter().cloned().map(|claim| {
             let plugin = Arc::clone(&plugin);
-            let pauses: Vec<u64> = (0..10).map(|_| rng.next() % 8).collect();
+            let pauses: Vec<u64> = (0..10).map(|_| rng.next_u64() % 8).collect();
             tokio::spawn(async move {
                 for pair in pauses.chunks(2) {
                     tokio::time::sleep(Duration::from_millis(pair[0])).await;
