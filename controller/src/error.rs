@@ -63,7 +63,7 @@ pub enum Error {
         /// What it reported.
         message: String,
     },
-    /// The metrics/health HTTP server failed.
+    /// The HTTP server of `/metrics`, `/healthz` and `/readyz` failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
     /// The admission webhook's listener could not be bound or failed.

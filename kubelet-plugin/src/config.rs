@@ -127,7 +127,7 @@ pub struct PluginConfig {
     pub mock_device_node: PathBuf,
     /// Which GPUs NVML discovery may make dynamic-MIG GPUs ([`crate::plugin::discover`]).
     pub dynamic_mig: DynamicMigSettings,
-    /// Device health: sources, timeouts, taint effects.
+    /// GPU health: sources, timeouts, taint effects.
     pub health: HealthConfig,
     /// Mock mode's crash tests only: abort the process right after this step of every
     /// dynamic-MIG prepare (`--mock-crash-at`); `None` on a real node.
@@ -143,7 +143,7 @@ pub struct PluginConfig {
     pub claim_cache: bool,
     /// Periodic ResourceSlice check.
     pub resync_period: Duration,
-    /// Metrics and health HTTP address, if any.
+    /// Address of the `/metrics`, `/healthz` and `/readyz` server, if any.
     pub metrics_address: Option<SocketAddr>,
     /// File holding the boot ID.
     pub boot_id_file: PathBuf,

@@ -89,7 +89,7 @@ pub enum Error {
         /// What failed, with the tool's stderr.
         message: String,
     },
-    /// The metrics/health HTTP server failed.
+    /// The HTTP server of `/metrics`, `/healthz` and `/readyz` failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
     /// A MIG instance of a dynamic-MIG GPU could not be created, destroyed or listed;
