@@ -196,6 +196,7 @@ impl Args {
                 self.backoff_base, self.backoff_max
             )));
         }
+        let claims = self.claim_settings();
         let identity = self
             .identity
             .filter(|i| !i.is_empty())
@@ -220,6 +221,7 @@ impl Args {
         };
         Ok(Config {
             controller: ControllerConfig {
+                claims,
                 driver_name: self.driver_name,
                 field_manager: FIELD_MANAGER.to_owned(),
                 resync_period: self.resync_period,
@@ -229,21 +231,25 @@ impl Args {
                     max: self.backoff_max,
                 },
                 instance: identity,
-                claims: ClaimSettings {
-                    rejection_backoff: self.rejection_backoff,
-                    rejection_backoff_max: self.rejection_backoff_max,
-                    unplaceable_retry: self.unplaceable_retry,
-                    ownership: OwnershipTiming {
-                        settle: self.ownership_settle_period,
-                        linger: self.ownership_linger,
-                    },
-                    ownership_tick: self.ownership_tick,
-                    ..ClaimSettings::default()
-                },
             },
             leader_election,
             metrics_address: parse_address(&self.metrics_address)?,
         })
+    }
+
+    /// The claim controller's timing the flags give.
+    fn claim_settings(&self) -> ClaimSettings {
+        ClaimSettings {
+            rejection_backoff: self.rejection_backoff,
+            rejection_backoff_max: self.rejection_backoff_max,
+            unplaceable_retry: self.unplaceable_retry,
+            ownership: OwnershipTiming {
+                settle: self.ownership_settle_period,
+                linger: self.ownership_linger,
+            },
+            ownership_tick: self.ownership_tick,
+            ..ClaimSettings::default()
+        }
     }
 }
 

@@ -63,6 +63,13 @@ pub enum Error {
         /// What it reported.
         message: String,
     },
+    /// Logging could not be set up, e.g. a `--log-filter` that does not parse.
+    #[error(transparent)]
+    Logging(#[from] kerf_ops::logging::LoggingError),
+    /// No client for the API server of the environment's kubeconfig (in a pod, its
+    /// ServiceAccount).
+    #[error("connecting to the Kubernetes API: {0}")]
+    Connect(#[source] kube::Error),
     /// The HTTP server of `/metrics`, `/healthz` and `/readyz` failed.
     #[error("HTTP server: {0}")]
     Http(#[source] std::io::Error),
@@ -96,6 +103,8 @@ impl Error {
             Error::LeaderElection(_) => "leader_election",
             Error::LeadershipLost(_) => "leadership_lost",
             Error::ControllerStopped { .. } => "controller_stopped",
+            Error::Logging(_) => "logging",
+            Error::Connect(_) => "connect",
             Error::Http(_) => "http",
             Error::Webhook(_) => "webhook",
             Error::Tls(_) => "tls",

@@ -4,15 +4,18 @@
 //!   the CEL of [`selector`] and the extended resource name of [`extended_resource`]) and
 //!   reports what it matches ([`capacity`]); [`features`]: what the API server serves of the
 //!   optional fields, probed once per leadership term.
-//! - [`run()`]: the process — metrics/health HTTP ([`http`]), leader election ([`leader`]) and
-//!   the controllers that run while this replica leads ([`run::controllers`]).
+//! - [`run()`]: the program of the binary ([`entry`]), from its flags ([`args`]) to a
+//!   [`Process`]; [`Process::run`]: the process — metrics and readiness HTTP ([`http`]),
+//!   leader election ([`leader`]), the webhook, and the controllers that run while this
+//!   replica leads ([`run::controllers`]).
 //! - [`shared`]: which GPUs are published as shareable for sliced Scheduler classes (scheduler
 //!   slices), written by the ownership tick of [`claims`] and reported by [`gpuclass`].
 //! - [`default_classes`]: the default GpuClasses the leader creates (create only).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
 //! - [`webhook`]: the mutating admission webhook that gates pods with controller claims.
-//! - [`context`]: what every reconciler gets ([`Context`]); [`cache`]: the watch-fed caches;
-//!   [`metrics`]: Prometheus metrics; [`args`]: the command-line flags.
+//! - [`context`]: what every reconciler gets ([`Context`]); [`retry`]: how failed reconciles
+//!   are retried; [`cache`]: the watch-fed caches; [`metrics`]: Prometheus metrics; [`args`]:
+//!   the command-line flags.
 
 pub mod args;
 pub mod cache;
@@ -21,6 +24,7 @@ pub mod claims;
 pub mod context;
 pub mod default_classes;
 pub mod deviceclass;
+pub mod entry;
 pub mod error;
 pub mod extended_resource;
 pub mod features;
@@ -35,11 +39,9 @@ pub mod shared;
 pub mod webhook;
 
 pub use context::{Context, ControllerConfig, FIELD_MANAGER};
+pub use entry::run;
 pub use error::{Error, Result};
 pub use leader::{LeaderElector, LeaseConfig};
 pub use metrics::Metrics;
 pub use retry::BackoffConfig;
-pub use run::{
-    Config, ControllerTask, controllers, run, run_controllers, run_controllers_and_webhook,
-    run_with_webhook,
-};
+pub use run::{Config, ControllerTask, Process, controllers};

@@ -4,8 +4,9 @@
 //! A leadership term starts the caches and every [`ControllerTask`] with one shared
 //! [`Context`]. The watches of claims and DeviceClasses ([`ProcessCaches`]) are the process's
 //! when the webhook runs (it reads them on every replica, leader or standby) and the term
-//! borrows them; without the webhook the term starts them itself. When the term ends because the Lease was lost, the controllers are stopped and
-//! [`run`] returns [`Error::LeadershipLost`]: the process exits and restarts as a standby, as
+//! borrows them; without the webhook the term starts them itself. When the term ends because
+//! the Lease was lost, the controllers are stopped and [`Process::run`] returns
+//! [`Error::LeadershipLost`]: the process exits and restarts as a standby, as
 //! kube-controller-manager does. Nothing written from in-memory state of the old term can then
 //! outlive it.
 
@@ -18,9 +19,10 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
-use kerf_ops::ready::ReadyFlag;
+use kerf_ops::ready::{ReadyFlag, ReadyFlags};
 use kube::Client;
 use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{Caches, ProcessCaches};
@@ -92,127 +94,154 @@ pub fn controllers() -> Vec<ControllerTask> {
     ]
 }
 
-/// Runs `kerf-controller` with [`controllers`] until `shutdown` is cancelled.
-///
-/// # Errors
-///
-/// See [`run_controllers`].
-pub async fn run(config: Config, client: Client, shutdown: CancellationToken) -> Result<()> {
-    run_controllers(config, client, shutdown, controllers()).await
+/// One `kerf-controller` process as one value: what it is configured with, the client it talks
+/// with, the controllers it runs while it leads, the webhook it serves and the token that ends
+/// it. The binary builds it from its flags ([`crate::entry::run`]); tests build it with their
+/// client and the controllers they exercise.
+pub struct Process {
+    /// The reconcilers' configuration, the leader election, the metrics address.
+    pub config: Config,
+    /// The API server.
+    pub client: Client,
+    /// Run while this replica leads: [`controllers`], and in the binary the default
+    /// GpuClasses' task when the flags ask for it.
+    pub controllers: Vec<ControllerTask>,
+    /// The admission webhook, served on every replica, leader or standby; `None` serves none.
+    pub webhook: Option<WebhookConfig>,
+    /// Ends the process: the controllers stop and the Lease is released.
+    pub shutdown: CancellationToken,
 }
 
-/// Runs `kerf-controller` with [`controllers`] and, when `webhook` is given, the admission
-/// webhook on every replica, until `shutdown` is cancelled.
-///
-/// # Errors
-///
-/// See [`run_controllers_and_webhook`].
-pub async fn run_with_webhook(
-    config: Config,
-    webhook: Option<WebhookConfig>,
-    client: Client,
-    shutdown: CancellationToken,
-) -> Result<()> {
-    run_controllers_and_webhook(config, webhook, client, shutdown, controllers()).await
+impl std::fmt::Debug for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Process")
+            .field("config", &self.config)
+            .field("controllers", &self.controllers)
+            .field("webhook", &self.webhook)
+            .finish_non_exhaustive()
+    }
 }
 
-/// Serves metrics and health, takes part in the leader election and, while leading, runs
-/// `controllers`, until `shutdown` is cancelled (then the Lease is released).
-///
-/// # Errors
-///
-/// - [`Error::Http`] when the metrics address cannot be bound;
-/// - [`Error::Config`] / [`Error::LeaderElection`] when the election cannot start;
-/// - [`Error::LeadershipLost`] when this replica led and lost the Lease;
-/// - the error of a controller that stopped on its own ([`Error::ControllerStopped`] when it
-///   returned without one).
-pub async fn run_controllers(
-    config: Config,
-    client: Client,
-    shutdown: CancellationToken,
-    controllers: Vec<ControllerTask>,
-) -> Result<()> {
-    run_controllers_and_webhook(config, None, client, shutdown, controllers).await
-}
+impl Process {
+    /// A process that runs [`controllers`] and serves no webhook.
+    pub fn new(config: Config, client: Client, shutdown: CancellationToken) -> Self {
+        Self {
+            config,
+            client,
+            controllers: controllers(),
+            webhook: None,
+            shutdown,
+        }
+    }
 
-/// [`run_controllers`] plus, when `webhook` is given, the admission webhook
-/// ([`webhook::run`]), which serves on every replica, leader or standby. A webhook that fails
-/// is logged and does not stop the controllers: the API server admits pods unchanged while it
-/// is away (`failurePolicy: Ignore`), and refuses claims and templates with a kerf config that
-/// it sends to this replica (`failurePolicy: Fail`, see `deploy/base/webhook.yaml`).
-///
-/// # Errors
-///
-/// As [`run_controllers`].
-pub async fn run_controllers_and_webhook(
-    config: Config,
-    webhook: Option<WebhookConfig>,
-    client: Client,
-    shutdown: CancellationToken,
-    controllers: Vec<ControllerTask>,
-) -> Result<()> {
-    let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
-    let webhook_shutdown = CancellationToken::new();
-    let serving = webhook.as_ref().map(|_| Arc::new(AtomicBool::new(false)));
-    let (started, leader) = (ReadyFlag::new(), ReadyFlag::new());
-    let webhook_serving = serving.as_ref().map(|s| ReadyFlag::from(Arc::clone(s)));
-    let ready = http::ready_flags(&started, &leader, webhook_serving.as_ref());
-    // One watch per kind for the whole process: the webhook's caches are the term's too.
-    let process = webhook.as_ref().map(|_| {
-        let (caches, fill) = ProcessCaches::start(&client);
-        (caches, tokio::spawn(fill))
-    });
-    let webhook_task = webhook.zip(serving).map(|(webhook, serving)| {
-        let (client, metrics, stop) = (client.clone(), metrics.clone(), webhook_shutdown.clone());
-        let caches = process.as_ref().map(|(caches, _)| caches.clone());
-        tokio::spawn(async move {
-            let result = match caches {
-                Some(caches) => webhook::run_on(caches, webhook, client, metrics, serving, stop).await,
-                None => webhook::run(webhook, client, metrics, serving, stop).await,
-            };
-            if let Err(error) = result {
-                tracing::error!(%error, "admission webhook stopped; pods are admitted without the scheduling gate, and claims with a kerf config sent to this replica are refused");
+    /// Serves metrics and readiness, serves the webhook when there is one, takes part in the
+    /// leader election and, while leading, runs the controllers, until `shutdown` is cancelled
+    /// (then the Lease is released). A webhook that fails is logged and does not stop the
+    /// controllers: the API server admits pods unchanged while it is away (`failurePolicy:
+    /// Ignore`), and refuses claims and templates with a kerf config that it sends to this
+    /// replica (`failurePolicy: Fail`, see `deploy/base/webhook.yaml`).
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::Http`] when the metrics address cannot be bound;
+    /// - [`Error::Config`] / [`Error::LeaderElection`] when the election cannot start;
+    /// - [`Error::LeadershipLost`] when this replica led and lost the Lease;
+    /// - the error of a controller that stopped on its own ([`Error::ControllerStopped`] when
+    ///   it returned without one).
+    pub async fn run(self) -> Result<()> {
+        let mut registry = Registry::default();
+        let metrics = Metrics::new(&mut registry);
+        let serving = self
+            .webhook
+            .as_ref()
+            .map(|_| Arc::new(AtomicBool::new(false)));
+        let (started, leader) = (ReadyFlag::new(), ReadyFlag::new());
+        let webhook_serving = serving.as_ref().map(|s| ReadyFlag::from(Arc::clone(s)));
+        let ready = http::ready_flags(&started, &leader, webhook_serving.as_ref());
+        // One watch per kind for the whole process: the webhook's caches are the term's too.
+        let process = self.webhook.as_ref().map(|_| {
+            let (caches, fill) = ProcessCaches::start(&self.client);
+            (caches, tokio::spawn(fill))
+        });
+        let webhook_shutdown = CancellationToken::new();
+        let webhook_task = self.webhook.zip(serving).map(|(config, serving)| {
+            spawn_webhook(webhook::Webhook {
+                config,
+                client: self.client.clone(),
+                caches: process.as_ref().map(|(caches, _)| caches.clone()),
+                metrics: metrics.clone(),
+                serving,
+                shutdown: webhook_shutdown.clone(),
+            })
+        });
+        let http_shutdown = CancellationToken::new();
+        let http = serve_http(self.config.metrics_address, registry, ready, &http_shutdown).await?;
+        let term = Term {
+            config: &self.config.controller,
+            client: self.client,
+            metrics: &metrics,
+            started: &started,
+            leader: &leader,
+            controllers: self.controllers,
+            process: process.as_ref().map(|(caches, _)| caches.clone()),
+        };
+        let result = match &self.config.leader_election {
+            None => {
+                started.set(true);
+                term.lead(self.shutdown.child_token()).await
             }
-        })
-    });
-    let http_shutdown = CancellationToken::new();
-    let http = match config.metrics_address {
-        Some(address) => {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .map_err(Error::Http)?;
-            Some(tokio::spawn(kerf_ops::http::serve(
-                listener,
-                Arc::new(registry),
-                ready,
-                http_shutdown.clone(),
-            )))
+            Some(lease) => elect_and_lead(lease, term, &self.shutdown).await,
+        };
+        http_shutdown.cancel();
+        webhook_shutdown.cancel();
+        let process_fill = process.map(|(_, fill)| fill);
+        stop_serving(webhook_task, process_fill, http).await;
+        result
+    }
+}
+
+/// Runs the webhook on its own task; its failure is logged (see [`Process::run`]).
+fn spawn_webhook(webhook: webhook::Webhook) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(error) = webhook::run(webhook).await {
+            tracing::error!(%error, "admission webhook stopped; pods are admitted without the scheduling gate, and claims with a kerf config sent to this replica are refused");
         }
-        None => None,
+    })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` on `address`, when there is one, until
+/// `shutdown`.
+async fn serve_http(
+    address: Option<SocketAddr>,
+    registry: Registry,
+    ready: ReadyFlags,
+    shutdown: &CancellationToken,
+) -> Result<Option<JoinHandle<std::io::Result<()>>>> {
+    let Some(address) = address else {
+        return Ok(None);
     };
-    let term = Term {
-        config: &config.controller,
-        client,
-        metrics: &metrics,
-        started: &started,
-        leader: &leader,
-        controllers,
-        process: process.as_ref().map(|(caches, _)| caches.clone()),
-    };
-    let result = match &config.leader_election {
-        None => {
-            started.set(true);
-            term.lead(shutdown.child_token()).await
-        }
-        Some(lease) => elect_and_lead(lease, term, &shutdown).await,
-    };
-    http_shutdown.cancel();
-    webhook_shutdown.cancel();
-    if let Some(task) = webhook_task {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(Error::Http)?;
+    Ok(Some(tokio::spawn(kerf_ops::http::serve(
+        listener,
+        Arc::new(registry),
+        ready,
+        shutdown.clone(),
+    ))))
+}
+
+/// Waits a while for the webhook, stops the process's watches, and waits for the HTTP server,
+/// after their tokens were cancelled.
+async fn stop_serving(
+    webhook: Option<JoinHandle<()>>,
+    process_fill: Option<JoinHandle<()>>,
+    http: Option<JoinHandle<std::io::Result<()>>>,
+) {
+    if let Some(task) = webhook {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
-    if let Some((_, fill)) = process {
+    if let Some(fill) = process_fill {
         // Abort is enough: the caches only hold watches, which close with the task.
         fill.abort();
     }
@@ -223,7 +252,6 @@ pub async fn run_controllers_and_webhook(
             Ok(Ok(())) => {}
         }
     }
-    result
 }
 
 /// Waits for the Lease, leads until shutdown or until the Lease is lost.
@@ -361,34 +389,7 @@ impl Term<'_> {
             .with_api_support(api_support),
         );
         let caches_task = tokio::spawn(fill_caches);
-        let mut running: FuturesUnordered<_> = self
-            .controllers
-            .into_iter()
-            .map(|task| {
-                let name = task.name;
-                let future = (task.start)(ctx.clone(), stop.clone());
-                async move { (name, future.await) }
-            })
-            .collect();
-        let mut first_error = None;
-        if running.is_empty() {
-            stop.cancelled().await;
-        }
-        while let Some((name, result)) = running.next().await {
-            if stop.is_cancelled() {
-                if let Err(error) = result {
-                    tracing::warn!(controller = name, %error, "controller failed while stopping");
-                }
-                continue;
-            }
-            let error = result.err().unwrap_or_else(|| Error::ControllerStopped {
-                name,
-                message: "it returned before being asked to stop".to_owned(),
-            });
-            tracing::error!(controller = name, %error, "controller stopped; stopping the others");
-            first_error = Some(error);
-            stop.cancel();
-        }
+        let first_error = supervise(self.controllers, &ctx, stop).await;
         caches_task.abort();
         // Abort is enough: the caches only hold watches, which close with the task.
         let _ = tokio::time::timeout(Duration::from_secs(5), caches_task).await;
@@ -398,4 +399,41 @@ impl Term<'_> {
         }
         first_error.map_or(Ok(()), Err)
     }
+}
+
+/// Runs `controllers` with `ctx` until `stop` is cancelled; the first one that stops on its own
+/// cancels `stop`, and its error is returned once all have stopped.
+async fn supervise(
+    controllers: Vec<ControllerTask>,
+    ctx: &Arc<Context>,
+    stop: &CancellationToken,
+) -> Option<Error> {
+    let mut running: FuturesUnordered<_> = controllers
+        .into_iter()
+        .map(|task| {
+            let name = task.name;
+            let future = (task.start)(Arc::clone(ctx), stop.clone());
+            async move { (name, future.await) }
+        })
+        .collect();
+    let mut first_error = None;
+    if running.is_empty() {
+        stop.cancelled().await;
+    }
+    while let Some((name, result)) = running.next().await {
+        if stop.is_cancelled() {
+            if let Err(error) = result {
+                tracing::warn!(controller = name, %error, "controller failed while stopping");
+            }
+            continue;
+        }
+        let error = result.err().unwrap_or_else(|| Error::ControllerStopped {
+            name,
+            message: "it returned before being asked to stop".to_owned(),
+        });
+        tracing::error!(controller = name, %error, "controller stopped; stopping the others");
+        first_error = Some(error);
+        stop.cancel();
+    }
+    first_error
 }

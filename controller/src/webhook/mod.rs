@@ -125,109 +125,78 @@ impl SelfSigned {
     }
 }
 
-/// Serves the webhook until `shutdown` is cancelled: starts the caches, makes or loads the
-/// certificate, binds `config.address`, and keeps the certificate fresh. `serving` is true
-/// while connections are accepted: the replica's readiness includes it, so that the Service
-/// never sends a review to a replica that cannot answer (claims with a kerf config would be
-/// refused there: `failurePolicy: Fail`).
+/// What the webhook runs with: one value for [`run`].
+pub struct Webhook {
+    /// Address, driver, field manager and certificates.
+    pub config: WebhookConfig,
+    /// The API server, for the caches and the `caBundle` patches.
+    pub client: Client,
+    /// The process's caches of claims and DeviceClasses, shared with the leader's
+    /// reconcilers (filled by the caller); `None` starts the webhook's own.
+    pub caches: Option<ProcessCaches>,
+    /// Where the reviews are counted.
+    pub metrics: Metrics,
+    /// True while connections are accepted: the replica's readiness includes it, so that the
+    /// Service never sends a review to a replica that cannot answer (claims with a kerf
+    /// config would be refused there: `failurePolicy: Fail`).
+    pub serving: Arc<AtomicBool>,
+    /// Stops the webhook.
+    pub shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves the webhook until `webhook.shutdown` is cancelled: starts the caches it lacks,
+/// makes or loads the certificate, binds `config.address` once the caches hold their first
+/// lists, and keeps the certificate fresh.
 ///
 /// # Errors
 ///
+/// - [`Error::Config`] when the self-signed settings are inconsistent;
 /// - [`Error::Tls`] / [`Error::CertFile`] when no first certificate can be had;
 /// - [`Error::Webhook`] when the address cannot be bound or accepting fails for good;
 /// - [`Error::ControllerStopped`] when the caches stop before their first list.
-pub async fn run(
-    config: WebhookConfig,
-    client: Client,
-    metrics: Metrics,
-    serving: Arc<AtomicBool>,
-    shutdown: CancellationToken,
-) -> Result<()> {
-    let (process, fill) = ProcessCaches::start(&client);
+pub async fn run(webhook: Webhook) -> Result<()> {
+    let (process, process_fill) = if let Some(process) = &webhook.caches {
+        (process.clone(), None)
+    } else {
+        let (process, fill) = ProcessCaches::start(&webhook.client);
+        (process, Some(tokio::spawn(fill)))
+    };
+    let (caches, fill) =
+        WebhookCaches::start(&process, &webhook.client, &webhook.config.driver_name);
     let fill = tokio::spawn(fill);
-    let result = run_on(process, config, client, metrics, serving, shutdown).await;
+    let result = serve_on(webhook, Arc::new(caches)).await;
     fill.abort();
+    if let Some(fill) = process_fill {
+        fill.abort();
+    }
     result
 }
 
-/// [`run`] on the process's caches of claims and DeviceClasses (`process`, filled by the
-/// caller): starts only the templates' cache.
-///
-/// # Errors
-///
-/// As [`run`].
-pub async fn run_on(
-    process: ProcessCaches,
-    config: WebhookConfig,
-    client: Client,
-    metrics: Metrics,
-    serving: Arc<AtomicBool>,
-    shutdown: CancellationToken,
-) -> Result<()> {
-    let (caches, fill) = WebhookCaches::start(&process, &client, &config.driver_name);
-    let fill = tokio::spawn(fill);
-    let result = run_with(
+/// [`run`] once the caches are started: serves from `caches` once they are ready.
+async fn serve_on(webhook: Webhook, caches: Arc<WebhookCaches>) -> Result<()> {
+    let Webhook {
         config,
         client,
-        Arc::new(caches.clone()),
         metrics,
         serving,
         shutdown,
-        async { caches.wait_ready().await },
-    )
-    .await;
-    fill.abort();
-    result
-}
-
-/// [`run`] with the lookups given: serves once `ready` completes.
-///
-/// # Errors
-///
-/// As [`run`].
-pub async fn run_with<L>(
-    config: WebhookConfig,
-    client: Client,
-    lookup: Arc<L>,
-    metrics: Metrics,
-    serving: Arc<AtomicBool>,
-    shutdown: CancellationToken,
-    ready: impl Future<Output = Result<()>>,
-) -> Result<()>
-where
-    L: ClaimLookup + Send + Sync + 'static,
-{
-    let (resolver, keeper) = match &config.certificates {
-        Certificates::SelfSigned(settings) => {
-            settings.validate()?;
-            let names = tls::service_names(&settings.service, &settings.namespace);
-            let issued = tls::issue(&names, settings.validity)?;
-            let resolver = CertResolver::new(issued.key.clone());
-            let api = Api::<MutatingWebhookConfiguration>::all(client);
-            let keeper = keep_self_signed(
-                api,
-                settings.clone(),
-                config.field_manager.clone(),
-                resolver.clone(),
-                issued,
-                shutdown.clone(),
-            );
-            (resolver, futures::future::Either::Left(keeper))
-        }
-        Certificates::Files { dir, poll } => {
-            let (cert, key) = tls::file_paths(dir);
-            let resolver = CertResolver::new(tls::load_files(&cert, &key)?);
-            let keeper = keep_files(cert, key, *poll, resolver.clone(), shutdown.clone());
-            (resolver, futures::future::Either::Right(keeper))
-        }
-    };
-    let keeper = tokio::spawn(keeper);
+        ..
+    } = webhook;
+    let (resolver, keeper) = keep_certificate(&config, client, &shutdown)?;
     tokio::select! {
         () = shutdown.cancelled() => {
             keeper.abort();
             return Ok(());
         }
-        ready = ready => ready?,
+        ready = caches.wait_ready() => ready?,
     }
     let listener = tokio::net::TcpListener::bind(config.address)
         .await
@@ -235,18 +204,43 @@ where
     let tls = tls::server_config(resolver)?;
     tracing::info!(address = %config.address, "admission webhook serving");
     serving.store(true, Ordering::Release);
-    let result = server::serve(
-        listener,
-        tls,
-        lookup,
-        Arc::from(config.driver_name.as_str()),
-        metrics,
-        shutdown,
-    )
-    .await;
+    let driver = Arc::from(config.driver_name.as_str());
+    let result = server::serve(listener, tls, caches, driver, metrics, shutdown).await;
     serving.store(false, Ordering::Release);
     keeper.abort();
     result
+}
+
+/// The first certificate, served by the returned resolver, and the task that keeps it fresh
+/// as `config.certificates` says.
+fn keep_certificate(
+    config: &WebhookConfig,
+    client: Client,
+    shutdown: &CancellationToken,
+) -> Result<(Arc<CertResolver>, tokio::task::JoinHandle<()>)> {
+    match &config.certificates {
+        Certificates::SelfSigned(settings) => {
+            settings.validate()?;
+            let names = tls::service_names(&settings.service, &settings.namespace);
+            let issued = tls::issue(&names, settings.validity)?;
+            let resolver = CertResolver::new(issued.key.clone());
+            let keeper = keep_self_signed(
+                Api::<MutatingWebhookConfiguration>::all(client),
+                settings.clone(),
+                config.field_manager.clone(),
+                resolver.clone(),
+                issued,
+                shutdown.clone(),
+            );
+            Ok((resolver, tokio::spawn(keeper)))
+        }
+        Certificates::Files { dir, poll } => {
+            let (cert, key) = tls::file_paths(dir);
+            let resolver = CertResolver::new(tls::load_files(&cert, &key)?);
+            let keeper = keep_files(cert, key, *poll, resolver.clone(), shutdown.clone());
+            Ok((resolver, tokio::spawn(keeper)))
+        }
+    }
 }
 
 /// Self-signed mode: keeps `current`'s CA in the bundle and, `renew_before` ahead of its

@@ -6,7 +6,7 @@
 //! - one **real** kubelet-plugin ResourceSlice publisher per node
 //!   ([`kerf_kubelet_plugin::publish::Publisher`] over the node's `kerf_core::mock` inventory),
 //!   which also publishes each device's `allocator` attribute from the node's ownership record;
-//! - the **real** kerf-controller ([`kerf_controller::run()`], leader election off): the GpuClass
+//! - the **real** kerf-controller ([`kerf_controller::Process`], leader election off): the GpuClass
 //!   reconciler turns kerf's installed GpuClasses ([`cluster::gpu_classes`]) into DeviceClasses,
 //!   the claim controller allocates Controller-class claims and keeps the ownership records;
 //! - the kube-scheduler stand-in ([`SchedulerStandIn`]), driven step by step with a seeded RNG

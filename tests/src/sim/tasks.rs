@@ -155,7 +155,8 @@ pub(super) fn spawn_controller(
     };
     let client = client.clone();
     tokio::spawn(async move {
-        if let Err(error) = kerf_controller::run(config, client, shutdown).await {
+        let process = kerf_controller::Process::new(config, client, shutdown);
+        if let Err(error) = process.run().await {
             eprintln!("sim: kerf-controller stopped: {error}");
         }
     })

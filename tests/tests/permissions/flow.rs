@@ -205,13 +205,14 @@ pub async fn controller(fake: &FakeApi) {
     let mut controllers = kerf_controller::controllers();
     controllers.push(default_classes::task(defaults));
     let stop = CancellationToken::new();
-    let run = tokio::spawn(kerf_controller::run_controllers_and_webhook(
-        config(),
-        Some(webhook()),
-        fake.client_as(Identity::kerf_controller()),
-        stop.clone(),
+    let process = kerf_controller::Process {
+        config: config(),
+        client: fake.client_as(Identity::kerf_controller()),
         controllers,
-    ));
+        webhook: Some(webhook()),
+        shutdown: stop.clone(),
+    };
+    let run = tokio::spawn(process.run());
     eventually("the caBundle of both webhook configurations", WAIT, || {
         WEBHOOK_CONFIGURATIONS.iter().all(|name| {
             fake.get(&format!(
