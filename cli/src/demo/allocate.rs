@@ -2,8 +2,9 @@
 //! controller first places a pod's Controller-class claims together
 //! ([`kerf_api::claim_request`] → [`kerf_core::alloc::place`] →
 //! [`kerf_api::allocation_status`]); only then can kube-scheduler schedule the pod and
-//! allocate its Scheduler-class claims (emulated by [`super::scheduler`]). A pod whose claims
-//! are all allocated is reserved in each claim's `reservedFor`.
+//! allocate its Scheduler-class claims (kube-scheduler's structured allocator, from
+//! kerf-scheduler-standin, through [`super::scheduler`]). A pod whose claims are all
+//! allocated is reserved in each claim's `reservedFor`.
 //!
 //! With several nodes, a pod runs on one: the node kerf's controller placed its controller
 //! claims on, else the node of a claim it shares that is already allocated, else the first
@@ -17,6 +18,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER, is_controller_claim};
 use kerf_core::alloc::{self, Index, PodRequest};
+use kerf_scheduler_standin::{AllocatedState, Allocator};
 use serde::{Deserialize, Serialize};
 
 use super::classes::Classes;
@@ -29,7 +31,7 @@ pub enum AllocatedBy {
     /// kerf's controller (the real allocator).
     #[serde(rename = "kerf-controller")]
     Controller,
-    /// The demo's stand-in for kube-scheduler.
+    /// kube-scheduler's allocator (kerf-scheduler-standin).
     #[serde(rename = "scheduler (emulated)")]
     Scheduler,
 }
@@ -82,6 +84,7 @@ pub fn allocate_all(
     let mut claim_nodes = vec![None; workload.claims.len()];
     let pods = workload.pods.clone();
     let mut pod_outcomes = Vec::with_capacity(pods.len());
+    let mut allocator = Allocator::default();
     for pod in &pods {
         let mut allocation = PodAllocation {
             workload: &mut *workload,
@@ -91,6 +94,7 @@ pub fn allocate_all(
             index: &mut *index,
             held: &mut held,
             claim_nodes: &mut claim_nodes,
+            allocator: &mut allocator,
             now,
         };
         let schedulable = allocation.pod(pod);
@@ -112,6 +116,7 @@ struct PodAllocation<'a> {
     held: &'a mut BTreeMap<String, BTreeSet<String>>,
     /// The node of each allocated claim, by workload index.
     claim_nodes: &'a mut [Option<String>],
+    allocator: &'a mut Allocator,
     now: &'a Time,
 }
 
@@ -298,24 +303,36 @@ impl PodAllocation<'_> {
 
     /// [`Self::scheduler`] on one node; the failing claim and why.
     fn scheduler_on(&mut self, indices: &[usize], node: &Node<'_>) -> Result<(), (usize, String)> {
-        let mut tentative = self.held.get(node.name).cloned().unwrap_or_default();
-        let mut allocations = Vec::new();
-        for &i in indices {
-            let Some(claim) = self.claim(i) else { continue };
-            let (allocation, taken) = scheduler::allocate(
-                claim,
-                self.classes,
-                node,
-                &tentative,
-                self.index,
-                self.now.clone(),
-            )
-            .map_err(|e| (i, e))?;
-            tentative.extend(taken);
-            allocations.push((i, allocation));
-        }
-        self.held.insert(node.name.to_owned(), tentative);
-        for (i, allocation) in allocations {
+        // Copies: the allocator borrows `self` mutably while it reads them.
+        let wanted: Vec<(usize, ResourceClaim)> = indices
+            .iter()
+            .filter_map(|&i| self.claim(i).map(|c| (i, c.clone())))
+            .collect();
+        let claims: Vec<&ResourceClaim> = wanted.iter().map(|(_, c)| c).collect();
+        let held = self.held.get(node.name).cloned().unwrap_or_default();
+        let first = wanted.first().map_or(0, |(i, _)| *i);
+        let state = self.allocated_state().map_err(|e| (first, e))?;
+        let allocations = scheduler::allocate(
+            self.allocator,
+            &claims,
+            self.classes,
+            node,
+            &state,
+            (&held, self.index),
+            self.now,
+        )
+        .map_err(|(at, e)| (wanted[at].0, e))?;
+        let indices: Vec<usize> = wanted.iter().map(|(i, _)| *i).collect();
+        let held = self.held.entry(node.name.to_owned()).or_default();
+        for (&i, allocation) in indices.iter().zip(allocations) {
+            held.extend(
+                allocation
+                    .devices
+                    .iter()
+                    .flat_map(|d| d.results.iter().flatten())
+                    .filter(|r| r.pool == node.name)
+                    .map(|r| r.device.clone()),
+            );
             if let Some(claim) = self.workload.claims[i].claim.as_mut() {
                 claim
                     .status
@@ -331,6 +348,21 @@ impl PodAllocation<'_> {
             self.outcomes[i].allocated_by = Some(AllocatedBy::Scheduler);
         }
         Ok(())
+    }
+
+    /// What every claim's `status.allocation` holds, whoever wrote it
+    /// (`ListAllAllocatedDevices`).
+    ///
+    /// # Errors
+    /// A `consumedCapacity` that does not parse, naming the device.
+    fn allocated_state(&self) -> Result<AllocatedState, String> {
+        let mut state = AllocatedState::default();
+        for claim in self.workload.claims.iter().filter_map(|c| c.claim.as_ref()) {
+            if let Some(allocation) = kerf_api::claim_status::allocation_of(claim) {
+                state.add(allocation)?;
+            }
+        }
+        Ok(state)
     }
 
     fn reserve(&mut self, index: usize, pod: &DemoPod) {

@@ -4,7 +4,7 @@
 //! Its ResourceSlices are what the plugin publishes on Kubernetes 1.36 with
 //! `DRAPartitionableDevices` ([`crate::inventory::published_slices`]): a counter set per GPU
 //! and one device per MIG placement consuming it. The scheduler stand-in picks a placement
-//! that fits the counters ([`super::counters`]); at prepare the plugin creates the GPU and
+//! that fits the counters ([`kerf_api::counters`]); at prepare the plugin creates the GPU and
 //! compute instance in mock mode's emulated driver state
 //! ([`kerf_fake_gpu_tools::mig::MockMig`], under [`PluginConfig::mock_mig_root`]) and at
 //! unprepare destroys them. The demo reads that state while the claims are prepared and

@@ -5,8 +5,8 @@
 //!    under the output directory, reading claims from memory ([`claim_store`]).
 //! 2. The cluster's side: the manifests (GpuClasses → DeviceClasses as the controller
 //!    reconciles them; claims, templates, pods, Deployments), allocated pod by pod by kerf's
-//!    real controller allocator and, for Scheduler classes, by a simple stand-in for
-//!    kube-scheduler ([`allocate`], [`scheduler`]).
+//!    real controller allocator and, for Scheduler classes, by kube-scheduler's structured
+//!    allocator from kerf-scheduler-standin ([`allocate`], [`scheduler`]).
 //! 3. The kubelet's side: registration and one `NodePrepareResources` per pod over the
 //!    plugin's socket ([`kerf_proto::client`]); optionally one busybox container per claim with its CDI
 //!    devices ([`containers`]); then `NodeUnprepareResources` for every pod and shutdown.
@@ -29,7 +29,6 @@ pub mod allocate;
 pub mod claim_store;
 pub mod classes;
 pub mod containers;
-pub mod counters;
 pub mod health;
 pub mod manifests;
 pub mod mig;
@@ -167,14 +166,14 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         name: &config.node_name,
         driver,
         devices: &devices,
-        counter_sets: &[],
+        slices: &slices,
     }];
     if let Some(setup) = &mig_setup {
         scheduler_nodes.push(scheduler::Node {
             name: &setup.name,
             driver,
             devices: &setup.devices,
-            counter_sets: &setup.counter_sets,
+            slices: &setup.slices,
         });
     }
     let (claim_outcomes, pod_outcomes) =

@@ -49,8 +49,9 @@ pub fn render_summary(summary: &Summary, run_containers: bool) -> String {
     );
     out.push_str(&report::render_table(summary));
     out.push_str(
-        "\nkerf-controller: kerf's real allocator. scheduler (emulated): the demo's stand-in for \
-         kube-scheduler, first free matching device in ResourceSlice order.\n",
+        "\nkerf-controller: kerf's real allocator. scheduler (emulated): kube-scheduler's \
+         structured allocator (kerf-scheduler-standin: CEL selectors, constraints, counters, \
+         capacity), first devices in ResourceSlice order.\n",
     );
     if let Some(root) = &summary.gpu_tools_root {
         let _ = writeln!(

@@ -1,32 +1,29 @@
-//! A stand-in for kube-scheduler's structured-parameters allocator, for claims of Scheduler
-//! classes (whole GPUs, MIG devices), which kerf's controller leaves alone.
+//! kube-scheduler for claims of Scheduler classes (whole GPUs, MIG devices, dynamic-MIG
+//! placements), which kerf's controller leaves alone: kube-scheduler's structured allocator
+//! as the tests' stand-in implements it ([`kerf_scheduler_standin::Allocator`]: DeviceClass
+//! and request CEL selectors, `matchAttribute`/`distinctAttribute` constraints, shared
+//! counters, consumable capacity, taints; the first devices in ResourceSlice order that
+//! satisfy every request of the pod's claims together), over the node's ResourceSlices.
 //!
-//! It is deliberately simple: per request, the first free devices in ResourceSlice order
-//! that the class selects. The class's selection is evaluated in Rust by the controller's
-//! [`DeviceSelector::matches`], the same predicate its CEL expression is generated from;
-//! CEL in claims is not evaluated. `matchAttribute` constraints are honoured by trying each
-//! value of the attribute in turn. A device is free when no claim holds it (the scheduler
-//! counts every device named in any allocation, the controller's slices included) and, for
-//! a MIG device, when its parent GPU is free too (and the other way round). Partitionable
-//! devices (dynamic-MIG placements, which consume their GPU's shared counters) are instead free when no claim holds them and they fit what the allocated
-//! devices left of the counters ([`Counters`], as 1.36's allocator checks them); taken in
-//! slice order without backtracking, unlike kube-scheduler's exhaustive search.
+//! What the demo adds is the one part of the cluster it does not run: kerf-controller's
+//! ownership record ([`kerf_api::ownership`]). The node's slices are published with the
+//! `allocator` attribute as the controller's dynamic policy would set it at that moment
+//! ([`owners`]): a GPU the controller uses, or one whose MIG device or parent is in use, is
+//! not the scheduler's; every other device is. The Scheduler classes' selectors require
+//! `allocator == "scheduler"`, so kube-scheduler never takes a GPU kerf-controller holds.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, CounterSet, Device, DeviceAllocationConfiguration, DeviceAllocationResult,
-    DeviceAttribute, DeviceConstraint, DeviceRequest, DeviceRequestAllocationResult,
-    DeviceSubRequest, ResourceClaim,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kerf_api::claim::{SOURCE_FROM_CLAIM, SOURCE_FROM_CLASS};
+use k8s_openapi::api::core::v1;
+use k8s_openapi::api::resource::v1::{AllocationResult, Device, ResourceClaim, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kerf_api::ownership::{Owner, Record, publish_owners};
 use kerf_api::resourceslice::{TYPE_GPU, TYPE_MIG, attributes, device_attribute};
-use kerf_controller::selector::DeviceSelector;
 use kerf_core::alloc::Index;
+use kerf_scheduler_standin::{AllocatedState, Allocator, Snapshot};
 
 use super::classes::Classes;
-use super::counters::Counters;
 
 /// What the scheduler stand-in needs to know about the node.
 pub struct Node<'a> {
@@ -36,464 +33,137 @@ pub struct Node<'a> {
     pub driver: &'a str,
     /// The node's published devices, in ResourceSlice order.
     pub devices: &'a [Device],
-    /// The counter sets of the node's slices (`sharedCounters`), for partitionable devices.
-    pub counter_sets: &'a [CounterSet],
+    /// The node's ResourceSlices as its plugin publishes them.
+    pub slices: &'a [ResourceSlice],
 }
 
-/// One way to satisfy a request: the request itself, or one of its `firstAvailable`
-/// subrequests.
-struct Alternative<'a> {
-    /// The name results carry: `request` or `request/subrequest`.
-    result_name: String,
-    class: &'a str,
-    mode: Option<&'a str>,
-    count: Option<i64>,
-    selectors: bool,
-    admin_access: bool,
-    capacity: bool,
-}
-
-/// Allocates `claim` on `node` and returns its `status.allocation` and the devices taken.
-/// `held` names the devices other claims hold whole (the scheduler's own allocations, MIG
-/// devices included); `index` knows every GPU's usage.
+/// Allocates `claims` (one pod's Scheduler-class claims) together on `node`, given the
+/// allocations `state` already counts; returns one allocation per claim, stamped `now`.
+/// `held` names the devices scheduler claims hold on the node and `index` knows every GPU's
+/// usage, which decide the ownership record ([`owners`]).
 ///
 /// # Errors
-/// A message saying why, as the scheduler would report it on the pod.
+/// The claim (its position in `claims`) that cannot be allocated, and why: the allocator's
+/// error (a CEL error, an unsupported request), or the classes whose requests found no
+/// devices, as kube-scheduler reports an unschedulable pod.
 pub fn allocate(
-    claim: &ResourceClaim,
+    allocator: &mut Allocator,
+    claims: &[&ResourceClaim],
     classes: &Classes,
     node: &Node<'_>,
-    held: &BTreeSet<String>,
-    index: &Index,
-    now: Time,
-) -> Result<(AllocationResult, Vec<String>), String> {
-    let devices = claim.spec.devices.as_ref();
-    let requests = devices
-        .and_then(|d| d.requests.as_deref())
-        .unwrap_or_default();
-    if requests.is_empty() {
-        return Err("spec.devices.requests: the claim requests no devices".to_owned());
-    }
-    let constraints = devices
-        .and_then(|d| d.constraints.as_deref())
-        .unwrap_or_default();
-    let free: Vec<&Device> = node
-        .devices
+    state: &AllocatedState,
+    (held, index): (&BTreeSet<String>, &Index),
+    now: &Time,
+) -> Result<Vec<AllocationResult>, (usize, String)> {
+    let mut specs: Vec<_> = node.slices.iter().map(|s| s.spec.clone()).collect();
+    publish_owners(&mut specs, &owners(node, held, index));
+    let slices = node
+        .slices
         .iter()
-        .filter(|d| is_free(d, node, held, index))
-        .collect();
-    let choices = constraint_choices(constraints, &free, node.driver)?;
-    let counters = Counters::available(node.counter_sets, node.devices, held);
-    let mut last_error = None;
-    for choice in &choices {
-        let mut counters = counters.clone();
-        let picked = allocate_with(
-            requests,
-            constraints,
-            choice,
-            &free,
-            classes,
-            node,
-            &mut counters,
-        );
-        match picked {
-            Ok(results) => {
-                let taken = results.iter().map(|r| r.device.clone()).collect();
-                let allocation = allocation(claim, results, classes, node, now);
-                return Ok((allocation, taken));
-            }
-            Err(e) => last_error = Some(e),
-        }
-    }
-    let why = last_error.unwrap_or_else(|| "no devices".to_owned());
-    if choices.len() > 1 || choices.first().is_some_and(|c| !c.is_empty()) {
-        Err(format!("{why} satisfying spec.devices.constraints"))
-    } else {
-        Err(why)
-    }
-}
-
-/// The attribute values each `matchAttribute` constraint is tried with, as the product of
-/// every constraint's values (in order of first appearance); one empty choice without
-/// constraints.
-fn constraint_choices(
-    constraints: &[DeviceConstraint],
-    free: &[&Device],
-    driver: &str,
-) -> Result<Vec<Vec<DeviceAttribute>>, String> {
-    let mut choices: Vec<Vec<DeviceAttribute>> = vec![Vec::new()];
-    for (i, constraint) in constraints.iter().enumerate() {
-        if constraint.distinct_attribute.is_some() {
-            return Err(format!(
-                "spec.devices.constraints[{i}].distinctAttribute is not supported by the demo's scheduler stand-in"
-            ));
-        }
-        let Some(name) = constraint.match_attribute.as_deref() else {
-            return Err(format!(
-                "spec.devices.constraints[{i}]: neither matchAttribute nor distinctAttribute is set"
-            ));
-        };
-        let mut values: Vec<DeviceAttribute> = Vec::new();
-        for device in free {
-            if let Some(value) = qualified_attribute(device, driver, name)
-                && !values.contains(value)
-            {
-                values.push(value.clone());
-            }
-        }
-        choices = choices
-            .into_iter()
-            .flat_map(|choice| {
-                values.iter().map(move |value| {
-                    let mut next = choice.clone();
-                    next.push(value.clone());
-                    next
-                })
+        .zip(specs)
+        .map(|(slice, spec)| {
+            Arc::new(ResourceSlice {
+                metadata: slice.metadata.clone(),
+                spec,
             })
-            .collect();
-    }
-    Ok(choices)
-}
-
-fn allocate_with(
-    requests: &[DeviceRequest],
-    constraints: &[DeviceConstraint],
-    choice: &[DeviceAttribute],
-    free: &[&Device],
-    classes: &Classes,
-    node: &Node<'_>,
-    counters: &mut Counters,
-) -> Result<Vec<DeviceRequestAllocationResult>, String> {
-    let mut results: Vec<DeviceRequestAllocationResult> = Vec::new();
-    for (i, request) in requests.iter().enumerate() {
-        let path = format!("spec.devices.requests[{i}]");
-        let alternatives = alternatives(request, &path)?;
-        let mut last_error = None;
-        let mut satisfied = false;
-        for (alternative, at) in &alternatives {
-            let constrained = |device: &Device| {
-                constraints.iter().zip(choice).all(|(constraint, value)| {
-                    let applies = constraint
-                        .requests
-                        .as_ref()
-                        .is_none_or(|r| r.is_empty() || r.iter().any(|name| name == &request.name));
-                    let name = constraint.match_attribute.as_deref().unwrap_or_default();
-                    !applies || qualified_attribute(device, node.driver, name) == Some(value)
-                })
-            };
-            let taken: BTreeSet<&str> = results.iter().map(|r| r.device.as_str()).collect();
-            let candidates: Vec<&Device> = free
-                .iter()
-                .copied()
-                .filter(|d| !taken.contains(d.name.as_str()) && constrained(d))
-                .collect();
-            match pick(alternative, at, &candidates, classes, node, counters) {
-                Ok(devices) => {
-                    results.extend(devices.into_iter().map(|device| {
-                        DeviceRequestAllocationResult {
-                            request: alternative.result_name.clone(),
-                            driver: node.driver.to_owned(),
-                            pool: node.name.to_owned(),
-                            device,
-                            ..DeviceRequestAllocationResult::default()
-                        }
-                    }));
-                    satisfied = true;
-                    break;
-                }
-                Err(e) => last_error = Some(e),
-            }
-        }
-        if !satisfied {
-            return Err(last_error.unwrap_or_else(|| format!("{path}: nothing to allocate")));
-        }
-    }
-    Ok(results)
-}
-
-/// The request, or its `firstAvailable` subrequests in order, with their field paths.
-fn alternatives<'a>(
-    request: &'a DeviceRequest,
-    path: &str,
-) -> Result<Vec<(Alternative<'a>, String)>, String> {
-    if let Some(exactly) = &request.exactly {
-        return Ok(vec![(
-            Alternative {
-                result_name: request.name.clone(),
-                class: &exactly.device_class_name,
-                mode: exactly.allocation_mode.as_deref(),
-                count: exactly.count,
-                selectors: exactly.selectors.as_ref().is_some_and(|s| !s.is_empty()),
-                admin_access: exactly.admin_access == Some(true),
-                capacity: exactly
-                    .capacity
-                    .as_ref()
-                    .and_then(|c| c.requests.as_ref())
-                    .is_some_and(|r| !r.is_empty()),
-            },
-            format!("{path}.exactly"),
-        )]);
-    }
-    let subrequests: &[DeviceSubRequest] = request.first_available.as_deref().unwrap_or_default();
-    if subrequests.is_empty() {
-        return Err(format!("{path}: neither exactly nor firstAvailable is set"));
-    }
-    Ok(subrequests
-        .iter()
-        .enumerate()
-        .map(|(j, sub)| {
-            (
-                Alternative {
-                    result_name: format!("{}/{}", request.name, sub.name),
-                    class: &sub.device_class_name,
-                    mode: sub.allocation_mode.as_deref(),
-                    count: sub.count,
-                    selectors: sub.selectors.as_ref().is_some_and(|s| !s.is_empty()),
-                    admin_access: false,
-                    capacity: sub
-                        .capacity
-                        .as_ref()
-                        .and_then(|c| c.requests.as_ref())
-                        .is_some_and(|r| !r.is_empty()),
-                },
-                format!("{path}.firstAvailable[{j}]"),
-            )
         })
-        .collect())
-}
-
-/// The devices of `candidates` (free, in slice order) that one alternative takes; a
-/// partitionable device only when it fits the counters left, which it then consumes.
-fn pick(
-    alternative: &Alternative<'_>,
-    at: &str,
-    candidates: &[&Device],
-    classes: &Classes,
-    node: &Node<'_>,
-    counters: &mut Counters,
-) -> Result<Vec<String>, String> {
-    let unsupported =
-        |field: &str| format!("{at}.{field} is not supported by the demo's scheduler stand-in");
-    if alternative.selectors {
-        return Err(unsupported("selectors"));
-    }
-    if alternative.admin_access {
-        return Err(unsupported("adminAccess"));
-    }
-    if alternative.capacity {
-        return Err(unsupported("capacity"));
-    }
-    let class = alternative.class;
-    if !classes.device_classes.contains_key(class) {
-        return Err(format!(
-            "{at}.deviceClassName: DeviceClass {class:?} not found"
-        ));
-    }
-    let params = classes.params(class).ok_or_else(|| {
-        format!(
-            "{at}.deviceClassName: DeviceClass {class:?} carries no GpuClassParameters of {}; the demo evaluates kerf class selectors only, not CEL",
-            node.driver
-        )
-    })?;
-    let selector = DeviceSelector::new(&params, &format!("DeviceClass {class:?} parameters"))
-        .map_err(|e| e.to_string())?;
-    let matching: Vec<&Device> = candidates
-        .iter()
-        .copied()
-        .filter(|d| selector.matches(d, node.driver))
         .collect();
-    let wanted = match alternative.mode {
-        Some("All") => {
-            let matching = take_fitting(&matching, usize::MAX, counters);
-            if matching.is_empty() {
-                return Err(format!(
-                    "{at}: no free device of class {class:?} on node {} (allocationMode All)",
-                    node.name
-                ));
-            }
-            return Ok(matching);
-        }
-        None | Some("ExactCount") => alternative.count.unwrap_or(1),
-        Some(other) => return Err(format!("{at}.allocationMode: {other:?} is not known")),
-    };
-    let wanted = usize::try_from(wanted)
-        .ok()
-        .filter(|w| *w >= 1)
-        .ok_or_else(|| format!("{at}.count: {wanted} is not a positive count"))?;
-    let matching = take_fitting(&matching, wanted, counters);
-    if matching.len() < wanted {
-        let on_node = node
-            .devices
-            .iter()
-            .filter(|d| selector.matches(d, node.driver))
-            .count();
-        let why = if on_node == 0 {
-            "no device of the node matches the class".to_owned()
-        } else {
-            format!(
-                "{} of the {on_node} matching device(s) are free",
-                matching.len()
-            )
-        };
-        return Err(format!(
-            "{at}: cannot allocate {wanted} device(s) of class {class:?} on node {}: {why}",
-            node.name
-        ));
-    }
-    Ok(matching)
-}
-
-/// Up to `wanted` of `devices` in order, a partitionable one only when it fits the counters
-/// left (its consumption is then taken from them).
-fn take_fitting(devices: &[&Device], wanted: usize, counters: &mut Counters) -> Vec<String> {
-    let mut taken = Vec::new();
-    for device in devices {
-        if taken.len() == wanted {
-            break;
-        }
-        if Counters::consumes(device) {
-            if !counters.fits(device) {
-                continue;
-            }
-            counters.subtract(device);
-        }
-        taken.push(device.name.clone());
-    }
-    taken
-}
-
-/// The allocation the scheduler writes: results, the class configs (`FromClass`, per
-/// request) followed by the claim's configs (`FromClaim`), the node selector and the time.
-fn allocation(
-    claim: &ResourceClaim,
-    results: Vec<DeviceRequestAllocationResult>,
-    classes: &Classes,
-    node: &Node<'_>,
-    now: Time,
-) -> AllocationResult {
-    let mut config = Vec::new();
-    let mut seen_requests: Vec<(String, String)> = Vec::new();
-    for result in &results {
-        let class = class_of(claim, &result.request);
-        if let Some(class) = class
-            && !seen_requests.iter().any(|(r, _)| r == &result.request)
-        {
-            seen_requests.push((result.request.clone(), class.clone()));
-        }
-    }
-    for (request, class) in &seen_requests {
-        let class_configs = classes
+    let snapshot = Snapshot::new(
+        Vec::new(),
+        slices,
+        classes
             .device_classes
-            .get(class)
-            .and_then(|c| c.spec.config.clone())
-            .unwrap_or_default();
-        config.extend(
-            class_configs
-                .into_iter()
-                .map(|c| DeviceAllocationConfiguration {
-                    source: SOURCE_FROM_CLASS.to_owned(),
-                    requests: Some(vec![request.clone()]),
-                    opaque: c.opaque,
-                }),
-        );
-    }
-    let claim_configs = claim
-        .spec
-        .devices
-        .as_ref()
-        .and_then(|d| d.config.clone())
-        .unwrap_or_default();
-    config.extend(
-        claim_configs
-            .into_iter()
-            .map(|c| DeviceAllocationConfiguration {
-                source: SOURCE_FROM_CLAIM.to_owned(),
-                requests: c.requests,
-                opaque: c.opaque,
-            }),
+            .values()
+            .map(|c| Arc::new(c.clone()))
+            .collect(),
+        Vec::new(),
+        Vec::new(),
     );
-    AllocationResult {
-        allocation_timestamp: Some(now),
-        devices: Some(DeviceAllocationResult {
-            results: Some(results),
-            config: (!config.is_empty()).then_some(config),
-        }),
-        node_selector: Some(kerf_api::allocation::node_selector(node.name)),
-    }
-}
-
-/// The DeviceClass a result's request (`request` or `request/subrequest`) used.
-fn class_of(claim: &ResourceClaim, result_request: &str) -> Option<String> {
-    let (request, sub) = match result_request.split_once('/') {
-        Some((r, s)) => (r, Some(s)),
-        None => (result_request, None),
+    let k8s_node = v1::Node {
+        metadata: ObjectMeta {
+            name: Some(node.name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        ..v1::Node::default()
     };
-    let found = claim
-        .spec
-        .devices
-        .as_ref()?
-        .requests
-        .as_ref()?
-        .iter()
-        .find(|r| r.name == request)?;
-    match sub {
-        None => found.exactly.as_ref().map(|e| e.device_class_name.clone()),
-        Some(sub) => found
-            .first_available
-            .as_ref()?
-            .iter()
-            .find(|s| s.name == sub)
-            .map(|s| s.device_class_name.clone()),
+    // The pod's claims are allocated together (kube-scheduler's Filter); adding them one at
+    // a time names the first claim that no longer fits beside the ones before it.
+    for count in 1..=claims.len() {
+        let found = allocator
+            .allocate_on_node(&snapshot, &k8s_node, &claims[..count], state)
+            .map_err(|e| (count - 1, e))?;
+        match found {
+            Some(mut allocations) if count == claims.len() => {
+                for allocation in &mut allocations {
+                    allocation.allocation_timestamp = Some(now.clone());
+                }
+                return Ok(allocations);
+            }
+            Some(_) => {}
+            None => {
+                let claim = claims[count - 1];
+                return Err((count - 1, no_devices(claim)));
+            }
+        }
     }
+    Ok(Vec::new())
 }
 
-/// Whether no claim holds `device` (nor, through MIG, its parent or children).
-fn is_free(device: &Device, node: &Node<'_>, held: &BTreeSet<String>, index: &Index) -> bool {
-    if held.contains(&device.name) {
-        return false;
-    }
-    if Counters::consumes(device) {
-        // Its counters say whether it fits beside what is allocated.
-        return true;
-    }
+/// Why `claim` found no devices on the node, naming its classes.
+fn no_devices(claim: &ResourceClaim) -> String {
+    let mut classes: Vec<String> =
+        kerf_api::controller_claims::request_class_names(claim.spec.devices.as_ref())
+            .map(|c| format!("{c:?}"))
+            .collect();
+    classes.dedup();
+    format!(
+        "cannot allocate all claims: no free devices of class {} satisfy the requests",
+        classes.join(", ")
+    )
+}
+
+/// kerf-controller's ownership record for the node as its dynamic policy keeps it (see the
+/// module documentation): partitionable devices (dynamic-MIG placements) are always the
+/// scheduler's; a whole GPU is the scheduler's while the controller does not use it and no
+/// MIG device of it is held; a MIG device while its parent GPU is neither used nor held.
+pub fn owners(node: &Node<'_>, held: &BTreeSet<String>, index: &Index) -> Record {
     let string = |d: &Device, name: &str| -> Option<String> {
         device_attribute(d, node.driver, name).and_then(|a| a.string.clone())
     };
-    match string(device, attributes::TYPE).as_deref() {
-        Some(TYPE_GPU) => {
-            let uuid = string(device, attributes::UUID);
-            let child_held = node.devices.iter().any(|d| {
-                held.contains(&d.name)
-                    && uuid.is_some()
-                    && string(d, attributes::PARENT_UUID) == uuid
-            });
-            !child_held && index.gpu_usage(node.name, &device.name).is_idle()
-        }
-        Some(TYPE_MIG) => {
-            let parent_uuid = string(device, attributes::PARENT_UUID);
-            let parent = node
-                .devices
-                .iter()
-                .find(|d| parent_uuid.is_some() && string(d, attributes::UUID) == parent_uuid);
-            parent.is_none_or(|p| {
-                !held.contains(&p.name) && index.gpu_usage(node.name, &p.name).is_idle()
-            })
-        }
-        _ => false,
+    let mut record = Record::default();
+    for device in node.devices {
+        let scheduler = if kerf_api::counters::consumes(device) {
+            true
+        } else {
+            match string(device, attributes::TYPE).as_deref() {
+                Some(TYPE_GPU) => {
+                    let uuid = string(device, attributes::UUID);
+                    let child_held = node.devices.iter().any(|d| {
+                        held.contains(&d.name)
+                            && uuid.is_some()
+                            && string(d, attributes::PARENT_UUID) == uuid
+                    });
+                    let ours = held.contains(&device.name);
+                    ours || (!child_held && index.gpu_usage(node.name, &device.name).is_idle())
+                }
+                Some(TYPE_MIG) => {
+                    let parent_uuid = string(device, attributes::PARENT_UUID);
+                    let parent = node.devices.iter().find(|d| {
+                        parent_uuid.is_some() && string(d, attributes::UUID) == parent_uuid
+                    });
+                    parent.is_none_or(|p| {
+                        !held.contains(&p.name) && index.gpu_usage(node.name, &p.name).is_idle()
+                    })
+                }
+                _ => false,
+            }
+        };
+        let owner = if scheduler {
+            Owner::Scheduler
+        } else {
+            Owner::Controller
+        };
+        record.0.insert(device.name.clone(), owner);
     }
-}
-
-/// A device attribute by its constraint name: `<domain>/<id>`, where kerf's own domain is
-/// published unqualified.
-fn qualified_attribute<'a>(
-    device: &'a Device,
-    driver: &str,
-    name: &str,
-) -> Option<&'a DeviceAttribute> {
-    let attributes = device.attributes.as_ref()?;
-    attributes.get(name).or_else(|| {
-        name.strip_prefix(driver)
-            .and_then(|rest| rest.strip_prefix('/'))
-            .and_then(|id| attributes.get(id))
-    })
+    record
 }
