@@ -24,8 +24,8 @@ use crate::grpc::dra::DraService;
 use crate::grpc::instances::OtherInstances;
 use crate::grpc::registration::RegistrationService;
 use crate::grpc::socket::BoundSocket;
-use crate::health::mock::NodeAnnotationSource;
 use crate::health::grpc::HealthService;
+use crate::health::mock::NodeAnnotationSource;
 use crate::health::{HealthConfig, HealthMonitor};
 use crate::metrics::Metrics;
 use crate::preparer::device_status::{DeviceStatusConfig, DeviceStatusWriter};
@@ -293,12 +293,8 @@ pub async fn start(
         &metrics,
         &shutdown,
     )?);
-    tasks.push(spawn_registration_server(
-        config,
-        &registered,
-        &metrics,
-        &shutdown,
-    )?);
+    let registration = spawn_registration_server(config, &registered, &metrics, &shutdown)?;
+    tasks.push(registration);
     serving.set(true);
 
     if preparer.sharing_enforced() {
