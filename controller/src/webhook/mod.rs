@@ -8,7 +8,7 @@
 //!   (`failurePolicy: Fail`, scoped by `matchConditions` to objects with a kerf config; see
 //!   `deploy/base/webhook.yaml`).
 //!
-//! - [`decide`]: the pure pod decision and its JSONPatch;
+//! - [`decide`](mod@decide): the pure pod decision and its JSONPatch;
 //! - [`claims`]: the pure claim decision and its JSONPatch;
 //! - [`canonical`]: the JSON form kube-apiserver keeps;
 //! - [`review`]: AdmissionReview v1 in, AdmissionReview v1 out, routed by resource;
