@@ -172,6 +172,12 @@ impl Context {
             .synced(&self.caches.slices, &self.caches.claims, self.driver())
     }
 
+    /// Notes a change of the claim store for the next [`Context::books`] (see
+    /// `Ledger::note_claim`).
+    pub(crate) fn note_claim(&self, change: &crate::cache::Change<ResourceClaim>) {
+        self.claims.ledger.note_claim(change);
+    }
+
     /// Marks claims `uids` as being written until the guard is dropped; `None` when another
     /// reconcile is writing one of them.
     pub(crate) fn begin_write(&self, uids: Vec<String>) -> Option<WriteGuard<'_>> {

@@ -285,40 +285,26 @@ impl CapacityIndex {
         self.sync_claims_of(claims, driver, now);
     }
 
-    /// Records that the claims were left alone by this sync: the store did not change.
-    pub fn claims_unchanged(&mut self) {
-        self.work.claims_examined = 0;
+    /// Brings the usage of `changed` claims (as the store holds them now) up to date, and
+    /// nothing else: the claims the watch changed since the last sync, none deleted.
+    pub fn sync_changed_claims(
+        &mut self,
+        changed: &[Arc<ResourceClaim>],
+        driver: &str,
+        now: Instant,
+    ) {
+        self.work.claims_examined = changed.len();
+        for claim in changed {
+            self.sync_claim(claim, driver, now);
+        }
     }
 
     fn sync_claims_of(&mut self, claims: &[Arc<ResourceClaim>], driver: &str, now: Instant) {
         let mut seen = HashSet::with_capacity(claims.len());
         for claim in claims {
-            let Some(uid) = claim.metadata.uid.as_deref() else {
-                continue;
-            };
-            seen.insert(uid);
-            let version = claim
-                .metadata
-                .resource_version
-                .as_deref()
-                .unwrap_or_default();
-            if !self.cache_wins(uid, version, now) {
-                continue;
+            if let Some(uid) = self.sync_claim(claim, driver, now) {
+                seen.insert(uid);
             }
-            let uses = kerf_api::allocation::device_uses(claim, driver);
-            if uses.is_empty() {
-                self.refs.remove(uid);
-            } else {
-                self.refs
-                    .insert(uid.to_owned(), ObjectRef::from_obj(claim.as_ref()));
-            }
-            self.index.set_claim_usage(uid, uses);
-            self.claims.insert(
-                uid.to_owned(),
-                Source::Cache {
-                    version: version.to_owned(),
-                },
-            );
         }
         let gone: Vec<String> = self
             .claims
@@ -338,6 +324,40 @@ impl CapacityIndex {
             self.refs.remove(&uid);
         }
         self.earliest_expiry = self.next_expiry(now);
+    }
+
+    /// Takes `claim`'s usage from the store's copy unless an assumption newer than it wins;
+    /// its UID, `None` for a claim without one.
+    fn sync_claim<'c>(
+        &mut self,
+        claim: &'c Arc<ResourceClaim>,
+        driver: &str,
+        now: Instant,
+    ) -> Option<&'c str> {
+        let uid = claim.metadata.uid.as_deref()?;
+        let version = claim
+            .metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default();
+        if !self.cache_wins(uid, version, now) {
+            return Some(uid);
+        }
+        let uses = kerf_api::allocation::device_uses(claim, driver);
+        if uses.is_empty() {
+            self.refs.remove(uid);
+        } else {
+            self.refs
+                .insert(uid.to_owned(), ObjectRef::from_obj(claim.as_ref()));
+        }
+        self.index.set_claim_usage(uid, uses);
+        self.claims.insert(
+            uid.to_owned(),
+            Source::Cache {
+                version: version.to_owned(),
+            },
+        );
+        Some(uid)
     }
 
     /// Whether the cached `version` of claim `uid` replaces what the index holds.

@@ -19,7 +19,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::index::CapacityIndex;
 use super::ownership::{InputChanges, OwnershipBook};
-use crate::cache::CompactSlice;
+use crate::cache::{Change, CompactSlice};
 
 /// A node the scheduler rejected for a pod.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +39,29 @@ pub(crate) struct Ledger {
     /// Bumped when what the ownership pass reads here changes: the allocations assumed for
     /// writes in flight, the claims waiting for capacity.
     changes: InputChanges,
+    /// The claims changed since the capacity index last read the claim store. A lock of its
+    /// own: the claim watch notes every change here and must not wait for a reconcile that
+    /// holds the books.
+    journal: Mutex<ClaimJournal>,
+}
+
+/// What the claim watch changed since the last sync ([`Ledger::note_claim`]).
+#[derive(Debug)]
+struct ClaimJournal {
+    /// Changed claims by UID.
+    changed: HashMap<String, ObjectRef<ResourceClaim>>,
+    /// Every claim must be read again: nothing was read yet, the watch relisted, or a claim
+    /// was deleted (the deletion does not say which).
+    walk_all: bool,
+}
+
+impl Default for ClaimJournal {
+    fn default() -> Self {
+        ClaimJournal {
+            changed: HashMap::new(),
+            walk_all: true,
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -55,8 +78,6 @@ struct State {
     waiting: HashSet<ObjectRef<ResourceClaim>>,
     /// The owner of every device and the controller's fences.
     ownership: OwnershipBook,
-    /// The [`InputChanges`] version the claims were last synced at.
-    claims_synced: Option<u64>,
 }
 
 impl Ledger {
@@ -65,6 +86,23 @@ impl Ledger {
         Ledger {
             state: Mutex::default(),
             changes,
+            journal: Mutex::default(),
+        }
+    }
+
+    /// Notes a change of the claim store, after the store has it and before the reconcile it
+    /// triggers is queued (`watch.rs`), so that reconcile's [`Ledger::synced`] reads it.
+    pub fn note_claim(&self, change: &Change<ResourceClaim>) {
+        let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
+        match change {
+            Change::Applied { object, .. } => {
+                if let Some(uid) = object.metadata.uid.as_deref() {
+                    journal
+                        .changed
+                        .insert(uid.to_owned(), ObjectRef::from_obj(object.as_ref()));
+                }
+            }
+            Change::Deleted | Change::Listed => journal.walk_all = true,
         }
     }
 
@@ -75,34 +113,45 @@ impl Ledger {
 
     /// The books, with the capacity index brought up to date with the stores.
     ///
-    /// The claims are walked only when the change counter moved since they were last (or an
-    /// assumption expired): `claims` must be a store whose every write is followed by a bump of
-    /// the counter this ledger was made with, before the event that wrote it is passed on
-    /// (`watch.rs`). A reconcile of a claim then always sees the claim's latest event in the
-    /// index, and a quiet cluster's reconciles (the resync) cost no walk of every claim.
+    /// Only the claims noted since the last sync ([`Ledger::note_claim`]) are read again,
+    /// each from the store; every claim only after a relist or a deletion, or when an
+    /// assumption expired. `claims` must be the store whose every write is noted here before
+    /// the event that wrote it is passed on (`watch.rs`): a reconcile of a claim then always
+    /// sees the claim's latest event in the index, and a reconcile during a burst of other
+    /// objects' events (pods, nodes) or a quiet cluster's resync costs no walk of every claim.
     pub fn synced(
         &self,
         slices: &Store<CompactSlice>,
         claims: &Store<ResourceClaim>,
         driver: &str,
     ) -> Books<'_> {
-        // Read before the store: a write after this read bumps the counter past it.
-        let version = self.changes.version();
         let slices = slices.state();
         let mut state = self.lock();
+        // Taken under the books' lock, and the store read after it: two reconciles cannot
+        // split a change between them, and a change noted after this is read by the next sync.
+        let journal = std::mem::replace(
+            &mut *self.journal.lock().unwrap_or_else(PoisonError::into_inner),
+            ClaimJournal {
+                changed: HashMap::new(),
+                walk_all: false,
+            },
+        );
         let now = Instant::now();
         let State {
             capacity,
             ownership,
-            claims_synced,
             ..
         } = &mut *state;
         capacity.sync_pools(&slices, driver, ownership);
-        if *claims_synced == Some(version) && !capacity.expiry_due(now) {
-            capacity.claims_unchanged();
-        } else {
+        if journal.walk_all || capacity.expiry_due(now) {
             capacity.sync_claims(&claims.state(), driver, now);
-            *claims_synced = Some(version);
+        } else {
+            let changed: Vec<_> = journal
+                .changed
+                .values()
+                .filter_map(|r| claims.get(r))
+                .collect();
+            capacity.sync_changed_claims(&changed, driver, now);
         }
         Books {
             ledger: self,
@@ -354,10 +403,18 @@ mod tests {
         writer.apply_watcher_event(&watcher::Event::Apply(object));
     }
 
+    fn applied(claim: ResourceClaim) -> Change<ResourceClaim> {
+        Change::Applied {
+            object: std::sync::Arc::new(claim),
+            listed: false,
+        }
+    }
+
+    /// Fails when a sync walks every claim for a change of one (or of something else), or
+    /// when a deletion or relist does not make it walk them all.
     #[test]
-    fn a_sync_walks_the_claims_only_after_a_change_and_rebuilds_only_changed_pools() {
-        let changes = InputChanges::default();
-        let ledger = Ledger::new(changes.clone());
+    fn a_sync_reads_only_the_claims_noted_and_rebuilds_only_changed_pools() {
+        let ledger = Ledger::new(InputChanges::default());
         let (claims, mut claim_writer) = reflector::store::<ResourceClaim>();
         let (slices, mut slice_writer) = reflector::store::<CompactSlice>();
         for i in 0..100 {
@@ -375,17 +432,57 @@ mod tests {
             "nothing changed: no claim walked, no pool rebuilt"
         );
         apply(&mut claim_writer, claim("c7", "2"));
-        changes.bump();
+        ledger.note_claim(&applied(claim("c7", "2")));
         apply(&mut slice_writer, slice("n2"));
         let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
-        assert_eq!((work.claims_examined, work.pools_rebuilt), (100, 1));
+        assert_eq!(
+            (work.claims_examined, work.pools_rebuilt),
+            (1, 1),
+            "one claim changed: that claim read again"
+        );
         drop(ledger.begin(uids(&["c8"])));
         ledger.wait_for_capacity(ObjectRef::new("c9").within("ns"));
         let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
         assert_eq!(
-            work.claims_examined, 100,
-            "the ledger's own changes count as changes"
+            work.claims_examined, 0,
+            "the ledger's own changes are in the books already"
         );
+        for change in [Change::Deleted, Change::Listed] {
+            ledger.note_claim(&change);
+            let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+            assert_eq!(work.claims_examined, 100, "{change:?}: every claim read");
+        }
+    }
+
+    /// The index follows the store through noted changes alone: a claim allocated, then
+    /// released, reads back as the store says after each sync.
+    #[test]
+    fn a_noted_claim_is_read_from_the_store_as_it_is_now() {
+        let ledger = Ledger::new(InputChanges::default());
+        let (claims, mut claim_writer) = reflector::store::<ResourceClaim>();
+        let (slices, _) = reflector::store::<CompactSlice>();
+        drop(ledger.synced(&slices, &claims, DRIVER));
+        let allocated: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "a", "namespace": "ns", "uid": "a", "resourceVersion": "5"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-0"}
+            ]}}},
+        }))
+        .unwrap();
+        apply(&mut claim_writer, allocated.clone());
+        ledger.note_claim(&applied(claim("a", "4")));
+        let books = ledger.synced(&slices, &claims, DRIVER);
+        assert_eq!(books.sync_work().claims_examined, 1);
+        assert!(
+            !books.index().gpu_usage("n1", "gpu-0").is_idle(),
+            "the store's copy (version 5) counts, not the noted one"
+        );
+        drop(books);
+        apply(&mut claim_writer, claim("a", "6"));
+        ledger.note_claim(&applied(claim("a", "6")));
+        let books = ledger.synced(&slices, &claims, DRIVER);
+        assert!(books.index().gpu_usage("n1", "gpu-0").is_idle());
     }
 
     fn uids(names: &[&str]) -> Vec<String> {

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::reconcile::{CONTROLLER, RETRY, reconcile};
 use super::{consumers, node_label, ownership};
-use crate::cache::{Change, ProcessCaches, strip};
+use crate::cache::{Change, strip};
 use crate::context::Context;
 use crate::error::{Error, Result};
 use kerf_api::watch_backoff::WatchBackoff;
@@ -58,11 +58,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
     // The node label reconciler runs on the same watch and store: every claim event goes to
     // both queues, after the store has it.
     let (label_trigger, label_triggered) = tokio::sync::mpsc::unbounded_channel();
-    let claim_requests = claim_events(
-        ctx.caches.process(),
-        label_trigger,
-        &ctx.claims.ownership_inputs,
-    );
+    let claim_requests = claim_events(Arc::clone(&ctx), label_trigger);
     let labels = node_label::run(
         Arc::clone(&ctx),
         label_requests(label_triggered, claims.clone(), resync_period),
@@ -176,16 +172,20 @@ fn node_watch(
 }
 
 /// The claims the process-wide watch brings, after its store has them (see
-/// [`ProcessCaches::claim_updates`]): a reconcile request each, also sent to `labels`. Every
-/// change, deletions included, bumps `ownership_inputs`.
+/// [`crate::cache::ProcessCaches::claim_updates`]): a reconcile request each, also sent to
+/// `labels`. Every change, deletions included, is noted in the ledger (which then reads only
+/// the changed claims again) and bumps the ownership inputs, both before the request is passed
+/// on.
 fn claim_events(
-    caches: &ProcessCaches,
+    ctx: Arc<Context>,
     labels: UnboundedSender<ReconcileRequest<ResourceClaim>>,
-    ownership_inputs: &ownership::InputChanges,
 ) -> impl futures::Stream<Item = Request> + Send + 'static {
-    caches
-        .claim_updates()
-        .inspect(ownership_inputs.bumper())
+    let updates = ctx.caches.process().claim_updates();
+    updates
+        .inspect(move |change| {
+            ctx.note_claim(change);
+            ctx.claims.ownership_inputs.bump();
+        })
         .filter_map(move |change| {
             std::future::ready(match change {
                 Change::Applied { object, .. } => {
