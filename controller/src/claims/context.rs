@@ -165,7 +165,7 @@ impl Context {
 
     /// The bookkeeping, locked, with the capacity index brought up to date with the stores.
     pub(crate) fn books(&self) -> Books<'_> {
-        // The claim store is bumped into `ownership_inputs` after each write: see
+        // The claim watch notes each change in the ledger before passing it on: see
         // `Ledger::synced`.
         self.claims
             .ledger
