@@ -52,9 +52,9 @@
 
 pub mod alloc;
 pub mod args;
+pub mod baseline;
 pub mod controller_footprint;
 pub mod error;
-pub mod firstfit;
 pub mod floor;
 pub mod footprint;
 pub mod gpu_tools;

@@ -62,10 +62,11 @@ pub struct Allocator {
 pub const MAX_STEPS: usize = 200_000;
 
 /// A resource pool: (driver, pool name).
-type PoolId = (String, String);
+pub(crate) type PoolId = (String, String);
 
 /// A pool's slices of its newest generation.
-struct Pool<'a> {
+#[derive(Clone)]
+pub(crate) struct Pool<'a> {
     slices: Vec<&'a ResourceSlice>,
     complete: bool,
 }
@@ -122,7 +123,7 @@ struct Search<'a> {
 }
 
 /// Every pool's slices of its newest generation, with whether all of them are there.
-fn current_pools(snapshot: &Snapshot) -> BTreeMap<PoolId, Pool<'_>> {
+pub(crate) fn current_pools(snapshot: &Snapshot) -> BTreeMap<PoolId, Pool<'_>> {
     let mut pools: BTreeMap<PoolId, Pool<'_>> = BTreeMap::new();
     for slice in &snapshot.slices {
         let id = (slice.spec.driver.clone(), slice.spec.pool.name.clone());
@@ -143,6 +144,55 @@ fn current_pools(snapshot: &Snapshot) -> BTreeMap<PoolId, Pool<'_>> {
         });
     }
     pools
+}
+
+/// The pools a node may see, found without looking at every pool for every node: a pool whose
+/// slices all name one node (`nodeName`) is that node's alone; every other pool (`allNodes`,
+/// a `nodeSelector`, per-device node selection) is a candidate for every node. Filter uses
+/// it so that one pass over N nodes does not read N × N slices.
+pub(crate) struct PoolsByNode<'p, 'a> {
+    pools: &'p BTreeMap<PoolId, Pool<'a>>,
+    by_node: HashMap<&'a str, Vec<&'p PoolId>>,
+    everywhere: Vec<&'p PoolId>,
+}
+
+impl<'p, 'a> PoolsByNode<'p, 'a> {
+    pub(crate) fn new(pools: &'p BTreeMap<PoolId, Pool<'a>>) -> Self {
+        let mut by_node: HashMap<&'a str, Vec<&'p PoolId>> = HashMap::new();
+        let mut everywhere = Vec::new();
+        for (id, pool) in pools {
+            let node = pool
+                .slices
+                .first()
+                .and_then(|s| s.spec.node_name.as_deref());
+            let one_node = node.filter(|name| {
+                pool.slices.iter().all(|s| {
+                    s.spec.node_name.as_deref() == Some(*name)
+                        && s.spec.per_device_node_selection != Some(true)
+                })
+            });
+            match one_node {
+                Some(name) => by_node.entry(name).or_default().push(id),
+                None => everywhere.push(id),
+            }
+        }
+        Self {
+            pools,
+            by_node,
+            everywhere,
+        }
+    }
+
+    /// The pools `node` may see, in pool order.
+    pub(crate) fn for_node(&self, node: &str) -> BTreeMap<PoolId, Pool<'a>> {
+        self.by_node
+            .get(node)
+            .into_iter()
+            .flatten()
+            .chain(&self.everywhere)
+            .filter_map(|id| self.pools.get(*id).map(|p| ((*id).clone(), p.clone())))
+            .collect()
+    }
 }
 
 /// `NodeMatches`: by name, all nodes, or a node selector.
@@ -252,7 +302,19 @@ impl Allocator {
         claims: &[&ResourceClaim],
         state: &AllocatedState,
     ) -> Result<Option<Vec<AllocationResult>>, String> {
-        let pools = current_pools(snapshot);
+        self.allocate_in(snapshot, current_pools(snapshot), node, claims, state)
+    }
+
+    /// [`Self::allocate_on_node`] with the pools `node` may see, read from `snapshot` by the
+    /// caller.
+    pub(crate) fn allocate_in<'a>(
+        &mut self,
+        snapshot: &'a Snapshot,
+        pools: BTreeMap<PoolId, Pool<'a>>,
+        node: &Node,
+        claims: &[&ResourceClaim],
+        state: &AllocatedState,
+    ) -> Result<Option<Vec<AllocationResult>>, String> {
         let mut requests = Vec::new();
         let mut constraints = Vec::new();
         for (index, claim) in claims.iter().enumerate() {
