@@ -1,5 +1,5 @@
-//! The global allocator of kerf's binaries: [`global_allocator!`] declares it in a binary's
-//! root, so the choice and its reasons live here once.
+//! The global allocator of kerf's binaries: [`global_allocator!`](crate::global_allocator!)
+//! declares it in a binary's root, so the choice and its reasons live here once.
 //!
 //! mimalloc rather than glibc's malloc, for measured reasons that differ per binary:
 //!
