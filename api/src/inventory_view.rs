@@ -70,7 +70,7 @@ pub fn node_gpus_from_slices<S: SliceFields>(
 pub fn inventory_view<S: SliceFields>(slices: &[S], driver: &str) -> InventoryView {
     let ours: Vec<&S> = slices.iter().filter(|s| s.driver() == driver).collect();
     let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
-    for slice in ours.iter().copied() {
+    for &slice in &ours {
         let pool = slice.pool();
         let generation = newest.entry(pool.name.as_str()).or_insert(i64::MIN);
         *generation = (*generation).max(pool.generation);

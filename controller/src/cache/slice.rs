@@ -293,7 +293,7 @@ mod tests {
             .into_iter()
             .map(|s| CompactSlice::new(s, &mut names))
             .collect();
-        let devices: Vec<&CompactDevice> = slices.iter().flat_map(|s| s.devices()).collect();
+        let devices: Vec<&CompactDevice> = slices.iter().flat_map(SliceFields::devices).collect();
         let (first, second) = (&devices[0].attributes[0].0, &devices[1].attributes[0].0);
         assert!(Arc::ptr_eq(first, second), "{first} is stored once");
     }
