@@ -30,13 +30,13 @@
 //! published without the attribute. A malformed record is warned about once per bad value and
 //! ignored: the publisher keeps the last good record. The shared publication (scheduler
 //! slices, [`kerf_api::shared_publication`]) is read from the same Node and watch; see
-//! [`SharedPublicationHandle`] and the `shared` submodule.
+//! [`SharedPublicationHandle`] and the `scheduler_slices` submodule.
 //!
 //! A dynamic-MIG GPU is published as partitionable devices (a counter set and one device per
 //! MIG placement, [`kerf_api::resourceslice::partitions`]) when the API server keeps them: the
 //! publisher probes `DRAPartitionableDevices` the first time the inventory has such a GPU
 //! (or takes a start-up probe, [`Publisher::with_partitionable_devices`]); without it the GPU
-//! is published whole, with one log line. See the `partitions` submodule.
+//! is published whole, with one log line. See the `dynamic_mig` submodule.
 //!
 //! With [`Publisher::with_device_taints`] an unhealthy device carries the taint
 //! `<driver>/unhealthy` ([`kerf_api::resourceslice::taints`]) and the publisher publishes again
@@ -62,12 +62,12 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 
 use crate::health::mock::NodeAnnotationSource;
-pub use shared::SharedPublicationHandle;
+pub use scheduler_slices::SharedPublicationHandle;
 
+mod dynamic_mig;
 mod failures;
-mod partitions;
 mod run;
-mod shared;
+mod scheduler_slices;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
@@ -149,7 +149,7 @@ struct PublishState {
     /// The malformed record value warned about last, so a bad value is warned about once.
     bad_record: Option<String>,
     /// Scheduler slices: whether the server keeps them, the last bad publication.
-    shared: shared::SharedState,
+    scheduler_slices: scheduler_slices::SchedulerSliceState,
     /// Whether the server keeps partitionable devices; `None` until probed.
     partitionable: Option<bool>,
     /// Failed slice writes in a row, and the note last told about them.

@@ -47,7 +47,7 @@ impl SharedPublicationHandle {
 
 /// What the publisher remembers about scheduler slices.
 #[derive(Debug, Default)]
-pub(super) struct SharedState {
+pub(super) struct SchedulerSliceState {
     /// Whether the API server keeps consumable capacity; `None` until probed.
     served: Option<bool>,
     /// The malformed publication value warned about last.
@@ -65,7 +65,7 @@ impl Publisher {
     #[must_use]
     pub fn with_consumable_capacity(self, probed: &Probed) -> Self {
         log_probe(probed);
-        self.state().shared.served = Some(probed.is_served());
+        self.state().scheduler_slices.served = Some(probed.is_served());
         self
     }
 
@@ -75,7 +75,7 @@ impl Publisher {
         let annotations = node.metadata.annotations.as_ref();
         match SharedPublication::from_annotations(annotations) {
             Ok(publication) => {
-                self.state().shared.bad_value = None;
+                self.state().scheduler_slices.bad_value = None;
                 let changed = self.publication.get() != publication;
                 self.publication.set(publication);
                 changed
@@ -86,14 +86,14 @@ impl Publisher {
                     .cloned()
                     .unwrap_or_default();
                 let mut state = self.state();
-                if state.shared.bad_value.as_ref() != Some(&value) {
+                if state.scheduler_slices.bad_value.as_ref() != Some(&value) {
                     tracing::warn!(
                         node = %self.node_name,
                         annotation = SHARED_PUBLICATION_ANNOTATION,
                         error = %err,
                         "malformed shared publication on the Node; keeping the last good one"
                     );
-                    state.shared.bad_value = Some(value);
+                    state.scheduler_slices.bad_value = Some(value);
                 }
                 false
             }
@@ -105,14 +105,14 @@ impl Publisher {
     pub(super) async fn probe_consumable_capacity(&self) {
         let needed = {
             let state = self.state();
-            state.shared.served.is_none() && wants_shared(&state, &self.publication.get())
+            state.scheduler_slices.served.is_none() && wants_shared(&state, &self.publication.get())
         };
         if !needed {
             return;
         }
         let probed = probe(&self.slices, &self.driver, &self.node_name).await;
         log_probe(&probed);
-        self.state().shared.served = Some(probed.is_served());
+        self.state().scheduler_slices.served = Some(probed.is_served());
     }
 
     /// Makes the publication's GPUs shareable when the server keeps consumable capacity, then
@@ -127,7 +127,7 @@ impl Publisher {
     ) -> Result<Vec<ResourceSliceSpec>> {
         let mut specs = specs;
         let state = self.state();
-        if state.shared.served == Some(true) {
+        if state.scheduler_slices.served == Some(true) {
             let publication = self.publication.get();
             for err in publish_shared(&mut specs, &state.record, &publication) {
                 tracing::error!(error = %err, "cannot publish a GPU as shareable; publishing it whole");
