@@ -20,7 +20,7 @@
 //!
 //! - **Writes** hold an exclusive `flock` on `<checkpoint>.lock` from "has the file changed
 //!   since this process last saw it?" through the durable write: if it has, the file is read
-//!   and merged in first ([`shared_file::merge`]: per claim, per GPU, what this process did
+//!   and merged in first ([`two_instances::merge`]: per claim, per GPU, what this process did
 //!   not change since it last saw the file takes the file's value). Neither instance's write
 //!   can therefore drop a claim the other one made durable.
 //! - **Reads and in-memory mutations** first compare the file's device and inode with the file
@@ -56,9 +56,9 @@ use tokio::sync::watch;
 
 use crate::{Error, Result};
 
-mod shared_file;
+mod two_instances;
 
-use shared_file::{Exclusive, FileId, KnownFile};
+use two_instances::{Exclusive, FileId, KnownFile};
 
 /// Progress of the writer: everything up to `durable` is on disk; a write covering up to
 /// `failed` failed with `error` (and nothing later has succeeded since).
@@ -105,7 +105,7 @@ impl State {
         if self.known_id() == Some(known.id()) {
             return;
         }
-        shared_file::merge(&self.base, &mut self.checkpoint, theirs);
+        two_instances::merge(&self.base, &mut self.checkpoint, theirs);
         self.base = theirs.clone();
         self.known = Some(known);
         self.reloads += 1;
@@ -168,9 +168,9 @@ impl CheckpointStore {
     /// not be started, or the first write of a fresh checkpoint failing (e.g. the directory
     /// is not writable).
     pub async fn open(path: &Path, boot_id: &str) -> Result<(Self, Opened)> {
-        let lock_path = shared_file::lock_path(path);
+        let lock_path = two_instances::lock_path(path);
         let lock_file =
-            shared_file::open_lock(&lock_path).map_err(|e| Error::io("open", &lock_path, e))?;
+            two_instances::open_lock(&lock_path).map_err(|e| Error::io("open", &lock_path, e))?;
         let read_path = path.to_owned();
         let (lock_file, outcome, known) = tokio::task::spawn_blocking(move || {
             // Under the lock: another instance's write cannot slip between the load and the
@@ -178,7 +178,7 @@ impl CheckpointStore {
             let locked = Exclusive::take(&lock_file).map_err(|e| Error::io("lock", &lock_path, e));
             let loaded = locked.and_then(|_held| {
                 let outcome = checkpoint::load(&read_path)?;
-                Ok((outcome, shared_file::open_known(&read_path)))
+                Ok((outcome, two_instances::open_known(&read_path)))
             });
             loaded.map(|(outcome, known)| (lock_file, outcome, known))
         })
@@ -317,10 +317,10 @@ impl CheckpointStore {
     }
 
     async fn hold(&self, exclusive: bool) -> Result<OperationsHold> {
-        let path = shared_file::operations_lock_path(&self.shared.path);
+        let path = two_instances::operations_lock_path(&self.shared.path);
         // A descriptor of its own: `flock` locks belong to the open file description, so
         // holds sharing one would release each other's.
-        let file = shared_file::open_lock(&path).map_err(|e| Error::io("open", &path, e))?;
+        let file = two_instances::open_lock(&path).map_err(|e| Error::io("open", &path, e))?;
         let quick = if exclusive {
             file.try_lock()
         } else {
@@ -359,7 +359,7 @@ impl CheckpointStore {
     /// The state, with what another instance made durable taken in. The fast path, an
     /// unchanged file, costs one `stat`.
     fn fresh(&self) -> MutexGuard<'_, State> {
-        let on_disk = shared_file::current_id(&self.shared.path);
+        let on_disk = two_instances::current_id(&self.shared.path);
         let guard = self.lock();
         if guard.writing || on_disk == guard.known_id() || on_disk.is_none() {
             return guard;
@@ -370,8 +370,8 @@ impl CheckpointStore {
             .sync
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if shared_file::current_id(&self.shared.path) != self.lock().known_id() {
-            match shared_file::read(&self.shared.path) {
+        if two_instances::current_id(&self.shared.path) != self.lock().known_id() {
+            match two_instances::read(&self.shared.path) {
                 Ok(Some((known, theirs))) => self.lock().take_in(known, &theirs),
                 Ok(None) => {}
                 Err(reason) => {
@@ -424,14 +424,14 @@ fn write_once(shared: &Shared) -> (u64, std::result::Result<(), WriteFailure>) {
         Err(e) => {
             let reason = format!(
                 "lock {}: {e}",
-                shared_file::lock_path(&shared.path).display()
+                two_instances::lock_path(&shared.path).display()
             );
             return (state.seq, Err(WriteFailure::Save(reason.into())));
         }
     };
-    if shared_file::current_id(&shared.path) != state.known_id() {
+    if two_instances::current_id(&shared.path) != state.known_id() {
         drop(state);
-        let read = shared_file::read(&shared.path);
+        let read = two_instances::read(&shared.path);
         state = lock_state(shared);
         match read {
             Ok(Some((known, theirs))) => state.take_in(known, &theirs),
@@ -455,7 +455,7 @@ fn write_once(shared: &Shared) -> (u64, std::result::Result<(), WriteFailure>) {
     };
     let known = outcome
         .is_ok()
-        .then(|| shared_file::open_known(&shared.path))
+        .then(|| two_instances::open_known(&shared.path))
         .flatten();
     let mut state = lock_state(shared);
     state.writing = false;
