@@ -5,7 +5,7 @@
 
 use kerf_core::alloc::{
     ClaimRequest, DeviceRequest, DeviceUse, GpuInfo, GpuSelector, GpuUsage, Index, NodeGpus,
-    Placement, PodRequest, Policy, SliceSize, TopologyScope, UnplaceableReason, place,
+    PodPlacement, PodRequest, Policy, SliceSize, TopologyScope, UnplaceableReason, place,
 };
 use kerf_core::inventory::ComputeCapability;
 use kerf_core::mock;
@@ -84,7 +84,7 @@ fn with_topology(mut req: DeviceRequest, topology: TopologyScope) -> DeviceReque
 }
 
 /// (node, device) of every device of the placement.
-fn where_(placement: &Placement) -> Vec<(String, String)> {
+fn where_(placement: &PodPlacement) -> Vec<(String, String)> {
     placement
         .claims
         .iter()
@@ -93,7 +93,7 @@ fn where_(placement: &Placement) -> Vec<(String, String)> {
         .collect()
 }
 
-fn place_and_apply(index: &mut Index, pod: &PodRequest, nodes: &[&str]) -> Placement {
+fn place_and_apply(index: &mut Index, pod: &PodRequest, nodes: &[&str]) -> PodPlacement {
     let placement = place(index, pod, nodes).expect("fits");
     index.apply(&placement);
     placement
@@ -868,7 +868,7 @@ fn two_claims_of_one_pod_never_mix_strategies_on_a_gpu() {
             },
         ],
     };
-    let gpus = |placement: &Placement| -> Vec<String> {
+    let gpus = |placement: &PodPlacement| -> Vec<String> {
         placement
             .claims
             .iter()

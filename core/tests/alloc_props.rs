@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kerf_core::alloc::{
     ClaimRequest, DeviceRequest, DeviceUse, GpuInfo, GpuSelector, GpuView, Index, NodeGpus,
-    Placement, PodRequest, Policy, SliceSize, TopologyScope, UseKind, place, place_where,
+    PodPlacement, PodRequest, Policy, SliceSize, TopologyScope, UseKind, place, place_where,
 };
 use kerf_core::inventory::ComputeCapability;
 use kerf_core::slice::Sharing;
@@ -224,7 +224,7 @@ fn assert_no_overcommit(nodes: &[NodeGpus], claims: &BTreeMap<String, Vec<Device
 fn assert_honours(
     nodes: &[NodeGpus],
     pod: &PodRequest,
-    placement: &Placement,
+    placement: &PodPlacement,
     index_after: &Index,
 ) {
     assert_eq!(placement.claims.len(), pod.claims.len());
@@ -291,7 +291,7 @@ fn assert_honours(
 /// Final claims and every placement decision (or its failure message) of a history.
 type History = (
     BTreeMap<String, Vec<DeviceUse>>,
-    Vec<Result<Placement, String>>,
+    Vec<Result<PodPlacement, String>>,
 );
 
 /// Runs a history; returns the final claims and every placement decision (or failure reason).

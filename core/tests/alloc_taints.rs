@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // Test helpers may fail loudly.
 
 use kerf_core::alloc::{
-    ClaimRequest, DeviceRequest, DeviceTaint, DeviceUse, GpuInfo, Index, NodeGpus, Placement,
+    ClaimRequest, DeviceRequest, DeviceTaint, DeviceUse, GpuInfo, Index, NodeGpus, PodPlacement,
     PodRequest, SliceSize, TaintEffect, Toleration, TolerationOperator, UnplaceableReason, place,
 };
 use kerf_core::inventory::ComputeCapability;
@@ -59,7 +59,7 @@ fn tolerating(mut req: DeviceRequest, tolerations: Vec<Toleration>) -> DeviceReq
     req
 }
 
-fn devices(placement: &Placement) -> Vec<(String, String)> {
+fn devices(placement: &PodPlacement) -> Vec<(String, String)> {
     placement
         .claims
         .iter()

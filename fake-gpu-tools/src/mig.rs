@@ -103,7 +103,7 @@ impl From<io::Error> for MigError {
 
 /// Where a GPU instance sits among the memory slices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Placement {
+pub struct MigPlacement {
     /// First memory slice.
     pub start: u32,
     /// Number of memory slices.
@@ -119,7 +119,7 @@ pub struct GpuInstance {
     /// GPU-instance profile id it was created with.
     pub profile_id: u32,
     /// Where it sits.
-    pub placement: Placement,
+    pub placement: MigPlacement,
     /// Its compute instances.
     #[serde(default)]
     pub cis: Vec<ComputeInstance>,
@@ -194,7 +194,7 @@ impl MockMig {
         &self,
         minor: u32,
         profile_id: u32,
-        placement: Placement,
+        placement: MigPlacement,
     ) -> Result<u32, MigError> {
         if minor >= CAPABLE_GPUS {
             return Err(MigError::InvalidArgument(format!(
@@ -414,7 +414,7 @@ fn not_found_gi(minor: u32, gi_id: u32) -> MigError {
     MigError::NotFound(format!("no GPU instance {gi_id} on GPU {minor}"))
 }
 
-fn overlaps(a: Placement, b: Placement) -> bool {
+fn overlaps(a: MigPlacement, b: MigPlacement) -> bool {
     a.start < b.start + b.size && b.start < a.start + a.size
 }
 

@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::process::Command;
 
-use kerf_fake_gpu_tools::mig::{self, MigError, MockMig, Placement};
+use kerf_fake_gpu_tools::mig::{self, MigError, MigPlacement, MockMig};
 
-fn at(start: u32, size: u32) -> Placement {
-    Placement { start, size }
+fn at(start: u32, size: u32) -> MigPlacement {
+    MigPlacement { start, size }
 }
 
 #[test]

@@ -28,7 +28,7 @@ struct Written {
 /// Writes every claim's allocation; on any failure, rolls back the ones written.
 pub(super) async fn write_placement(
     claims: &[Arc<ResourceClaim>],
-    placement: &alloc::Placement,
+    placement: &alloc::PodPlacement,
     writing: &mut WriteGuard<'_>,
     ctx: &Context,
 ) -> Result<()> {

@@ -25,7 +25,7 @@ pub(super) struct NoFit {
 pub(super) enum Placing<'a> {
     /// Placed; the capacity is assumed and the claims are being written until the guard is
     /// dropped.
-    Placed(alloc::Placement, WriteGuard<'a>),
+    Placed(alloc::PodPlacement, WriteGuard<'a>),
     /// Another reconcile is writing one of the claims, or our copy of one is older than our
     /// last write to it.
     Busy,

@@ -8,7 +8,7 @@ use crate::slice::Sharing;
 
 use super::hash::FastMap;
 use super::model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
-use super::place::Placement;
+use super::place::PodPlacement;
 use super::taint::DeviceTaint;
 
 /// Free capacity of every GPU of every node, kept up to date from inventory and claim events.
@@ -422,7 +422,7 @@ impl Index {
     /// Records a placement as the usage of its claims (before the write is confirmed, so that
     /// the next decision does not reuse the same capacity). A watch event that later reports
     /// the same usage changes nothing. Admin-access devices use nothing.
-    pub fn apply(&mut self, placement: &Placement) {
+    pub fn apply(&mut self, placement: &PodPlacement) {
         for claim in &placement.claims {
             self.set_claim_usage(&claim.key, placement.claim_uses(claim));
         }

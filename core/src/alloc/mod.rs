@@ -10,7 +10,7 @@
 //! - [`taint`]: device taints and request tolerations, matched as kube-scheduler does.
 //! - [`request`]: [`PodRequest`] and what each request asks for.
 //! - [`Index`]: free capacity per GPU, updated incrementally.
-//! - [`place`] / [`place_where`]: the placement decision, [`Placement`] or [`Unplaceable`].
+//! - [`place`] / [`place_where`]: the placement decision, [`PodPlacement`] or [`Unplaceable`].
 
 mod hash;
 mod index;
@@ -24,7 +24,7 @@ mod unplaceable;
 pub use index::{GpuUsage, GpuView, Index, NodeView};
 pub use model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
 pub use place::{
-    ClaimPlacement, MAX_DEVICES_PER_REQUEST, PlacedDevice, Placement, place, place_where,
+    ClaimPlacement, MAX_DEVICES_PER_REQUEST, PlacedDevice, PodPlacement, place, place_where,
 };
 pub use request::{
     ClaimRequest, DeviceRequest, GpuSelector, MAX_SUBREQUESTS, PodRequest, Policy, SliceSize,

@@ -11,7 +11,7 @@
 //! first one that fits anywhere: no node gets a less preferred subrequest while some node
 //! fits a preferred one.
 
-use super::place::Placement;
+use super::place::PodPlacement;
 use super::request::{ClaimRequest, DeviceRequest, MAX_SUBREQUESTS, PodRequest};
 use super::unplaceable::{Unplaceable, UnplaceableReason};
 
@@ -23,8 +23,8 @@ pub const MAX_COMBINATIONS: usize = 256;
 /// subrequests in order until one fits.
 pub(super) fn place_first_available(
     pod: &PodRequest,
-    mut place: impl FnMut(&PodRequest) -> Result<Placement, Unplaceable>,
-) -> Result<Placement, Unplaceable> {
+    mut place: impl FnMut(&PodRequest) -> Result<PodPlacement, Unplaceable>,
+) -> Result<PodPlacement, Unplaceable> {
     let choices: Vec<usize> = pod
         .claims
         .iter()

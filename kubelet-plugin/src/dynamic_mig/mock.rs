@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use kerf_core::inventory::MigPlacement;
 use kerf_core::mig_reconcile::{LiveComputeInstance, LiveGpuInstance};
-use kerf_fake_gpu_tools::mig::{MigError, MockMig, Placement};
+use kerf_fake_gpu_tools::mig::{self, MigError, MockMig};
 
 use super::control::{CreatedCompute, MigControl, MigFailureKind, MigGpu};
 use crate::{Error, Result};
@@ -57,7 +57,7 @@ impl MigControl for MockMigControl {
         gi_profile_id: u32,
         placement: MigPlacement,
     ) -> Result<u32> {
-        let placement = Placement {
+        let placement = mig::MigPlacement {
             start: placement.start,
             size: placement.size,
         };
@@ -191,7 +191,7 @@ mod tests {
     fn an_injected_failure_is_other_and_names_the_gpu() {
         let dir = tempfile::tempdir().unwrap();
         let control = MockMigControl::open(dir.path()).unwrap();
-        kerf_fake_gpu_tools::mig::fail_next_mig(dir.path(), "driver busy").unwrap();
+        mig::fail_next_mig(dir.path(), "driver busy").unwrap();
         let error = control
             .create_gpu_instance(GPU, 19, MigPlacement { start: 0, size: 1 })
             .unwrap_err();

@@ -35,7 +35,7 @@ pub const MAX_DEVICES_PER_REQUEST: u32 = 1024;
 
 /// Where a pod's claims go: one node, and per claim the devices of each request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
+pub struct PodPlacement {
     /// The node every claim of the pod is placed on.
     pub node: String,
     /// One entry per claim of the [`PodRequest`], in its order.
@@ -45,7 +45,7 @@ pub struct Placement {
     pub admin_requests: Vec<(String, String)>,
 }
 
-impl Placement {
+impl PodPlacement {
     /// True when `request` of claim `claim_key` was placed with admin access.
     pub fn is_admin(&self, claim_key: &str, request: &str) -> bool {
         self.admin_requests
@@ -98,7 +98,7 @@ pub struct PlacedDevice {
 
 impl ClaimPlacement {
     /// The usage this claim's devices put on `node` if all of them used their GPU; see
-    /// [`Placement::claim_uses`], which leaves admin-access devices out.
+    /// [`PodPlacement::claim_uses`], which leaves admin-access devices out.
     pub fn device_uses(&self, node: &str) -> Vec<DeviceUse> {
         self.devices
             .iter()
@@ -152,7 +152,7 @@ pub fn place(
     index: &Index,
     pod: &PodRequest,
     candidate_nodes: &[&str],
-) -> Result<Placement, Unplaceable> {
+) -> Result<PodPlacement, Unplaceable> {
     place_first_available(pod, |pod| {
         let nodes = candidate_nodes.iter().filter_map(|name| index.entry(name));
         place_among(pod, nodes, candidate_nodes.len())
@@ -172,7 +172,7 @@ pub fn place_where(
     index: &Index,
     pod: &PodRequest,
     mut is_candidate: impl FnMut(&str) -> bool,
-) -> Result<Placement, Unplaceable> {
+) -> Result<PodPlacement, Unplaceable> {
     let mut asked = 0;
     let nodes = index.entries().filter(|node| {
         let candidate = is_candidate(&node.name);
@@ -189,7 +189,7 @@ fn place_among<'i>(
     pod: &PodRequest,
     candidates: impl Iterator<Item = &'i NodeEntry>,
     asked: usize,
-) -> Result<Placement, Unplaceable> {
+) -> Result<PodPlacement, Unplaceable> {
     let plan = Plan::new(pod)?;
     let mut scratch = Scratch::new(plan.total_picks);
     let mut known: Vec<&NodeEntry> = Vec::with_capacity(candidates.size_hint().0);
@@ -508,7 +508,7 @@ impl<'p> Plan<'p> {
         self.claim_slots[claim]..self.claim_slots[claim + 1]
     }
 
-    fn placement(&self, node: &NodeEntry, picks: &[u32]) -> Placement {
+    fn placement(&self, node: &NodeEntry, picks: &[u32]) -> PodPlacement {
         let mut slot = 0;
         let admin_requests = self
             .pod
@@ -550,7 +550,7 @@ impl<'p> Plan<'p> {
                 }
             })
             .collect();
-        Placement {
+        PodPlacement {
             node: node.name.clone(),
             claims,
             admin_requests,
