@@ -1,4 +1,5 @@
-//! Waiting in tests for something that happens in the background.
+//! Waiting in tests for something that happens in the background: the one polling loop of the
+//! workspace's tests.
 
 use std::future::Future;
 use std::time::Duration;
@@ -24,4 +25,12 @@ where
         );
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// [`eventually`] for a condition that needs no `await`: polls `condition` until it holds.
+pub async fn until(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    eventually(what, timeout, || {
+        std::future::ready(condition().then_some(()))
+    })
+    .await;
 }

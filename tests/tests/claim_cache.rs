@@ -15,7 +15,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{DRIVER, NAMESPACE, NODE, TestNode, allocated_claim, eventually, uid};
+use common::{DRIVER, NAMESPACE, NODE, TestNode, allocated_claim, uid};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::claim_node_label::{CLAIM_NODE_LABEL, node_label_value};
 use kerf_kubelet_plugin::claim_reader::{Cached, ClaimReader};
@@ -23,6 +23,7 @@ use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_kubelet_plugin::{Error, PrepareError};
 use kerf_proto::PreparedDevice;
+use kerf_tests::wait::until;
 use serde_json::{Value, json};
 
 /// Long enough for a watch event to arrive on a loaded CI machine.
@@ -54,7 +55,7 @@ impl CacheNode {
             reader,
         };
         if cache {
-            eventually("the claim cache's first list", WAIT, || {
+            until("the claim cache's first list", WAIT, || {
                 !matches!(started.cached("any", "claim"), Cached::NotSynced)
             })
             .await;
@@ -76,7 +77,7 @@ impl CacheNode {
 
     /// Waits until the cache's copy of `name` satisfies `condition`.
     async fn until_cached(&self, name: &str, what: &str, condition: impl Fn(&Cached) -> bool) {
-        eventually(what, WAIT, || condition(&self.cached(NAMESPACE, name))).await;
+        until(what, WAIT, || condition(&self.cached(NAMESPACE, name))).await;
     }
 
     fn running(&self) -> &RunningPlugin {
@@ -254,7 +255,7 @@ async fn a_claim_recreated_under_its_name_is_refused_by_the_get() {
     node.until_cached("c", "the first claim", |_| true).await;
     node.node.api.remove(&claim_path("c"));
     node.node.api.insert(claim("c", &new, true, here("gpu-0")));
-    eventually("the recreated claim in the cache", WAIT, || {
+    until("the recreated claim in the cache", WAIT, || {
         node.cached_uid("c").as_deref() == Some(new.as_str())
     })
     .await;

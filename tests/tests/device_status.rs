@@ -16,7 +16,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{DRIVER, GIB, NAMESPACE, NODE, TestNode, eventually, uid};
+use common::{DRIVER, GIB, NAMESPACE, NODE, TestNode, uid};
 use kerf_core::cdi::{CommonEdits, DeviceNodePolicy};
 use kerf_kubelet_plugin::checkpoint_store::CheckpointStore;
 use kerf_kubelet_plugin::gpu_sharing::GpuSharing;
@@ -28,6 +28,7 @@ use kerf_kubelet_plugin::preparer::{ClaimRef, Preparer, PreparerConfig};
 use kerf_proto::client::Claim;
 use kerf_tests::fake_api::RecordedRequest;
 use kerf_tests::logs::CapturedLogs;
+use kerf_tests::wait::until;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -193,7 +194,7 @@ async fn prepare_writes_ready_entries_and_unprepare_withdraws_them() {
 
     status.prepare(&whole_claim).await;
     status.prepare(&mig_claim).await;
-    eventually("both claims have their device status", WAIT, || {
+    until("both claims have their device status", WAIT, || {
         status.devices("whole").len() == 1 && status.devices("mig").len() == 1
     })
     .await;
@@ -243,7 +244,7 @@ async fn prepare_writes_ready_entries_and_unprepare_withdraws_them() {
     assert_eq!(status.status_writes().len(), 2);
 
     status.unprepare(&whole_claim).await;
-    eventually("the whole GPU's entry is withdrawn", WAIT, || {
+    until("the whole GPU's entry is withdrawn", WAIT, || {
         status.devices("whole").is_empty()
     })
     .await;
@@ -265,7 +266,7 @@ async fn a_slice_reports_its_memory_compute_and_sharing() {
     let status = StatusNode::new("h100-sxm-80gb").await;
     let claim = status.node.slice_claim("slice", &uid(3), 0, 10 * GIB, 25);
     status.prepare(&claim).await;
-    eventually("the slice has its device status", WAIT, || {
+    until("the slice has its device status", WAIT, || {
         status.devices("slice").len() == 1
     })
     .await;
@@ -289,18 +290,18 @@ async fn a_claim_deleted_before_the_write_is_no_error() {
         1,
     );
     status.prepare(&claim).await;
-    eventually("the status write is in flight", WAIT, || {
+    until("the status write is in flight", WAIT, || {
         status.status_writes().len() == 1
     })
     .await;
     status.node.api.remove(&claim_path("doomed")).unwrap();
-    eventually("the write met the deleted claim", WAIT, || {
+    until("the write met the deleted claim", WAIT, || {
         status.outcomes("claim_gone") == 1
     })
     .await;
 
     status.unprepare(&claim).await;
-    eventually("the withdrawal met the deleted claim too", WAIT, || {
+    until("the withdrawal met the deleted claim too", WAIT, || {
         status.outcomes("claim_gone") == 2
     })
     .await;
@@ -319,7 +320,7 @@ async fn transient_errors_are_retried() {
         .api
         .fail_next("PATCH", &format!("{}/status", claim_path("busy")), 503, 2);
     status.prepare(&claim).await;
-    eventually(
+    until(
         "the status is written after the server recovers",
         WAIT,
         || status.devices("busy").len() == 1,
@@ -336,7 +337,7 @@ async fn refused(status: &StatusNode, logs: &CapturedLogs) {
     let first = status.node.device_claim("first", &uid(6), "gpu-0");
     let second = status.node.device_claim("second", &uid(7), "gpu-1");
     status.prepare(&first).await;
-    eventually("the writer gave up", WAIT, || !status.writer.is_enabled()).await;
+    until("the writer gave up", WAIT, || !status.writer.is_enabled()).await;
     status.prepare(&second).await;
     status.unprepare(&first).await;
     status.unprepare(&second).await;

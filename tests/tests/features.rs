@@ -18,6 +18,7 @@ use kerf_kubelet_plugin::health::HealthConfig;
 use kerf_proto::health::v1alpha1::HealthStatus;
 use kerf_tests::fake_kubelet::FakeKubelet;
 use kerf_tests::logs::CapturedLogs;
+use kerf_tests::wait::until;
 use serde_json::json;
 
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
@@ -65,7 +66,7 @@ async fn without_device_taints_the_plugin_says_so_once_and_publishes_plain_slice
         })
         .await
         .unwrap();
-    common::eventually("the slice is published", WAIT, || slices(&node).len() == 1).await;
+    until("the slice is published", WAIT, || slices(&node).len() == 1).await;
     assert!(
         slices(&node)
             .iter()
@@ -96,7 +97,7 @@ async fn without_device_taints_the_plugin_says_so_once_and_publishes_plain_slice
     node.api
         .remove(&format!("{SLICES}/{name}"))
         .expect("the slice");
-    common::eventually("the slice is back", WAIT, || slices(&node).len() == 1).await;
+    until("the slice is back", WAIT, || slices(&node).len() == 1).await;
     plugin.shutdown().await.unwrap();
 }
 
@@ -107,7 +108,7 @@ async fn with_device_taints_the_probe_says_served_and_the_faulty_device_is_taint
     let (node, health) = node_with_faults();
     let plugin = node.start_plugin_with_health(&health, true).await;
     assert_eq!(plugin.device_taints(), Some(&Probed::Served));
-    common::eventually("gpu-1 is tainted", WAIT, || {
+    until("gpu-1 is tainted", WAIT, || {
         slices(&node)
             .iter()
             .flat_map(|s| s.spec.devices.iter().flatten())

@@ -11,11 +11,12 @@ mod common;
 
 use std::time::Duration;
 
-use common::{NODE, TestNode, eventually, uid};
+use common::{NODE, TestNode, uid};
 use kerf_kubelet_plugin::claim_events::{ClaimEvents as _, ClaimWarning, KubeClaimEvents};
 use kerf_kubelet_plugin::plugin::{self, Connections};
 use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_proto::client::{KNOWN_SERVICES, KubeletClient};
+use kerf_tests::wait::until;
 
 const FIELD_MANAGER: &str = "fieldManager=kerf-kubelet-plugin";
 const WAIT: Duration = Duration::from_secs(10);
@@ -50,7 +51,7 @@ async fn every_write_of_the_plugin_names_kerf_kubelet_plugin() {
         "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims/whole",
         common::NAMESPACE
     );
-    eventually("the claim's device status", WAIT, || {
+    until("the claim's device status", WAIT, || {
         node.api.get(&claim_path).is_some_and(|c| {
             c["status"]["devices"]
                 .as_array()
@@ -58,7 +59,7 @@ async fn every_write_of_the_plugin_names_kerf_kubelet_plugin() {
         })
     })
     .await;
-    eventually("the slices are published", WAIT, || {
+    until("the slices are published", WAIT, || {
         !node
             .api
             .list("/apis/resource.k8s.io/v1/resourceslices")

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::mps::{CONTROL, MpsNode, assert_restarts_counted, prepare, seen_through, unprepare};
-use common::{GIB, TestNode, eventually, uid};
+use common::{GIB, TestNode, uid};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::mps::TimeSliceInterval;
@@ -30,6 +30,7 @@ use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_gpu_tools::{Call, fail_next_mps_start};
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
+use kerf_tests::wait::until;
 
 /// A time-sliced (or other non-MPS) slice allocated as the controller writes it.
 fn shared_claim(
@@ -320,18 +321,18 @@ async fn a_dead_daemon_is_restarted_counted_and_reported_on_its_claims() {
         .args(["-9", &first.to_string()])
         .status()
         .unwrap();
-    eventually("the daemon restarted", Duration::from_secs(10), || {
+    until("the daemon restarted", Duration::from_secs(10), || {
         sharing.daemon_pid(&gpu).is_some_and(|pid| pid != first)
     })
     .await;
-    eventually(
+    until(
         "the new daemon's socket in the pipe directory containers have mounted",
         Duration::from_secs(10),
         || seen_through(&mounted_pipe).join("control").exists(),
     )
     .await;
     assert_eq!(sharing.starts(&gpu).len(), 2);
-    eventually(
+    until(
         "a Warning Event on each claim",
         Duration::from_secs(5),
         || sharing.events.warnings().len() >= 2,
@@ -462,7 +463,7 @@ async fn a_plugin_killed_with_daemons_running_adopts_them_and_stops_orphans() {
         .wait_for_registration(2, Duration::from_secs(10))
         .await
         .unwrap();
-    eventually("the orphan stopped", Duration::from_secs(10), || {
+    until("the orphan stopped", Duration::from_secs(10), || {
         sharing.daemon_pid(&gpu1).is_none()
     })
     .await;
@@ -476,7 +477,7 @@ async fn a_plugin_killed_with_daemons_running_adopts_them_and_stops_orphans() {
     assert_ne!(pid0, pid1);
 
     kubelet.unprepare_pod(&pod_kept).await.unwrap();
-    eventually(
+    until(
         "the adopted daemon stopped",
         Duration::from_secs(10),
         || sharing.daemon_pid(&gpu0).is_none(),

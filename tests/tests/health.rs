@@ -19,6 +19,7 @@ use kerf_kubelet_plugin::health::HealthConfig;
 use kerf_kubelet_plugin::health::mock::MOCK_FAULTS_ANNOTATION;
 use kerf_proto::health::v1alpha1::HealthStatus;
 use kerf_tests::fake_kubelet::FakeKubelet;
+use kerf_tests::wait::until;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
@@ -230,12 +231,12 @@ async fn a_node_annotation_flips_health_and_taints() {
         Some("xid-61".to_owned()),
         "NoSchedule".to_owned(),
     )];
-    common::eventually("gpu-1 tainted", WAIT, || taints(&node, "gpu-1") == want).await;
+    until("gpu-1 tainted", WAIT, || taints(&node, "gpu-1") == want).await;
     assert!(taints(&node, "gpu-0").is_empty());
 
     annotate(&node, None).await;
     wait_for_statuses(&kubelet, &[("gpu-1", HealthStatus::Healthy)]).await;
-    common::eventually("gpu-1 untainted", WAIT, || {
+    until("gpu-1 untainted", WAIT, || {
         taints(&node, "gpu-1").is_empty()
     })
     .await;

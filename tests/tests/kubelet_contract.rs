@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{DRIVER, GIB, NODE, TestNode, cdi_spec_file, eventually, uid};
+use common::{DRIVER, GIB, NODE, TestNode, cdi_spec_file, uid};
 use kerf_proto::client::{Claim, ClientError, DraVersion};
 use kerf_proto::dra::v1;
 use kerf_proto::pluginregistration::registration_server::{Registration, RegistrationServer};
@@ -29,6 +29,7 @@ use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_kubelet::{
     Call, FakeKubelet, KubeletConfig, KubeletError, Method, Pod, PreparedPod, RetryPolicy, cdi_ids,
 };
+use kerf_tests::wait::until;
 use serde_json::Value;
 
 const REGISTERED_IN: Duration = Duration::from_secs(10);
@@ -339,7 +340,7 @@ async fn a_per_claim_error_is_retried_until_the_claim_can_be_prepared() {
         let (kubelet, pod) = (Arc::clone(&kubelet), pod.clone());
         tokio::spawn(async move { kubelet.prepare_pod(&pod).await })
     };
-    eventually("two failed attempts", Duration::from_secs(10), || {
+    until("two failed attempts", Duration::from_secs(10), || {
         kubelet
             .calls()
             .iter()
@@ -427,7 +428,7 @@ async fn after_a_clean_restart_the_kubelet_registers_again_and_unprepares() {
     let pod = pod("pod-1", &[&claim]);
     kubelet.prepare_pod(&pod).await.unwrap();
     plugin.shutdown().await.unwrap();
-    eventually("deregistration", Duration::from_secs(5), || {
+    until("deregistration", Duration::from_secs(5), || {
         kubelet.plugin(DRIVER).is_none()
     })
     .await;
@@ -473,7 +474,7 @@ async fn kill_while_the_slow_claim_is_in_flight(
     plugin: &mut common::PluginProcess,
     claims: &[Claim],
 ) {
-    eventually(
+    until(
         "three claims prepared and the fourth one's GET in flight",
         Duration::from_secs(10),
         || {
@@ -492,7 +493,7 @@ async fn kill_while_the_slow_claim_is_in_flight(
     // What the crash left: the finished claims, nothing of the one in flight.
     let finished: Vec<String> = claims[..3].iter().map(|c| cdi_spec_file(&c.uid)).collect();
     assert_eq!(node.cdi_files(), finished);
-    eventually(
+    until(
         "the kubelet saw the call fail",
         Duration::from_secs(10),
         || kubelet.calls().iter().any(|c| c.outcome.is_err()),

@@ -23,7 +23,7 @@ use common::mps::{
     unprepare,
 };
 use common::plugin_pod::{IMAGE_PROGRAM, PLUGIN_POD, plugin_pod_from_manifest};
-use common::{GIB, NODE, eventually, uid};
+use common::{GIB, NODE, uid};
 use k8s_openapi::api::core::v1::Pod;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::{MpsDaemonMode, OwnPod, PluginConfig};
@@ -34,6 +34,7 @@ use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod as KubeletPod};
 use kerf_tests::pod_runner::{PodRunner, PodRunnerSettings};
+use kerf_tests::wait::until;
 
 const NAMESPACE: &str = kerf_tests::fake_api::KERF_NAMESPACE;
 
@@ -326,7 +327,7 @@ async fn a_plugin_killed_and_restarted_adopts_the_running_daemon_pod_untouched()
     );
 
     kubelet.unprepare_pod(&pod).await.unwrap();
-    eventually("the daemon pod deleted", Duration::from_secs(10), || {
+    until("the daemon pod deleted", Duration::from_secs(10), || {
         on.daemon_pod(&gpu).is_none()
     })
     .await;
@@ -353,26 +354,26 @@ async fn a_daemon_that_dies_is_restarted_by_the_kubelet_and_reported_on_each_cla
     let mounted_pipe = std::fs::File::open(sharing.pipe(&gpu)).unwrap();
 
     kill_daemon(&on, &gpu);
-    eventually(
+    until(
         "the kubelet restarted the daemon",
         Duration::from_secs(10),
         || on.incarnation(&gpu) == Some((pod_uid.clone(), 1)),
     )
     .await;
-    eventually(
+    until(
         "a Warning Event on each claim",
         Duration::from_secs(10),
         || on.sharing.events.warnings().len() >= 2,
     )
     .await;
     on.sharing.assert_restart_warned(&gpu, &["a", "b"]);
-    eventually(
+    until(
         "the new daemon accepts clients",
         Duration::from_secs(10),
         || std::os::unix::net::UnixStream::connect(sharing.pipe(&gpu).join("control")).is_ok(),
     )
     .await;
-    eventually(
+    until(
         "the new daemon's socket in the pipe directory containers have mounted",
         Duration::from_secs(10),
         || seen_through(&mounted_pipe).join("control").exists(),
@@ -396,14 +397,14 @@ async fn a_daemon_restarted_while_the_plugin_was_down_is_reported_at_start_up() 
     plugin.shutdown().await.unwrap();
 
     kill_daemon(&on, &gpu);
-    eventually(
+    until(
         "the kubelet restarted the daemon",
         Duration::from_secs(10),
         || on.incarnation(&gpu) == Some((pod_uid.clone(), 1)),
     )
     .await;
     let plugin = on.start().await;
-    eventually(
+    until(
         "a Warning Event at start-up",
         Duration::from_secs(10),
         || !on.sharing.events.warnings().is_empty(),
@@ -436,12 +437,12 @@ async fn a_deleted_daemon_pod_is_created_again_and_reported() {
     )
     .await
     .unwrap();
-    eventually("a new daemon pod", Duration::from_secs(15), || {
+    until("a new daemon pod", Duration::from_secs(15), || {
         on.incarnation(&gpu)
             .is_some_and(|(uid, _)| uid != first_uid)
     })
     .await;
-    eventually("a Warning Event", Duration::from_secs(10), || {
+    until("a Warning Event", Duration::from_secs(10), || {
         !on.sharing.events.warnings().is_empty()
     })
     .await;

@@ -9,10 +9,10 @@
 //! up to 30 s between attempts (kube-runtime 5.0 `watcher.rs` `DefaultBackoff`), so the
 //! controller would not see the second burst for that long. The second burst must be bound
 //! within the first burst's time plus 10 s (the bound without the lease hand-over,
-//! which this test has no part of; `controller/tests/outage.rs` covers the Lease).
+//! which this test has no part of; `tests/tests/outage.rs` covers the Lease).
 //!
 //! Whether kube-runtime's default back-off would miss this bound depends on where its jittered
-//! attempts fall against the outage's end; `controller/tests/outage.rs`
+//! attempts fall against the outage's end; `tests/tests/outage.rs`
 //! (`the_controllers_watches_retry_at_least_every_five_seconds_through_an_outage`) checks the
 //! cause itself, the longest wait between two watch attempts, which fails with that default.
 #![allow(

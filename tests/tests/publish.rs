@@ -16,6 +16,7 @@ use kerf_kubelet_plugin::publish::{CONTENT_HASH_ANNOTATION, Publisher};
 use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_api::{FakeApi, describe_requests};
 use kerf_tests::logs::CapturedLogs;
+use kerf_tests::wait::until;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
@@ -135,17 +136,8 @@ fn device_names(slice: &ResourceSlice) -> Vec<String> {
         .collect()
 }
 
-/// Polls `condition` until it holds; fails the test after ten seconds.
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !condition() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+/// How long a test waits for the publisher.
+const WAIT: Duration = Duration::from_secs(10);
 
 fn other_slice(name: &str, node: &str, driver: &str) -> serde_json::Value {
     json!({
@@ -393,13 +385,13 @@ async fn run_keeps_the_slices_published_and_deletes_them_at_shutdown() {
         shutdown.clone(),
     ));
 
-    eventually("the slice is published", || s.slices().len() == 1).await;
+    until("the slice is published", WAIT, || s.slices().len() == 1).await;
     let name = kerf_api::slice_name(NODE, DRIVER, 0);
     let path = format!("{SLICES}/{name}");
 
     // Deleted behind the publisher's back: published again, at a new generation.
     s.fake.remove(&path).unwrap();
-    eventually("the deleted slice is back", || {
+    until("the deleted slice is back", WAIT, || {
         generations(&s.slices()) == [2]
     })
     .await;
@@ -412,7 +404,7 @@ async fn run_keeps_the_slices_published_and_deletes_them_at_shutdown() {
     )
     .await
     .unwrap();
-    eventually("the wiped slice is back", || {
+    until("the wiped slice is back", WAIT, || {
         generations(&s.slices()) == [3]
     })
     .await;
@@ -425,7 +417,7 @@ async fn run_keeps_the_slices_published_and_deletes_them_at_shutdown() {
     )
     .await
     .unwrap();
-    eventually("the edited slice is restored", || {
+    until("the edited slice is restored", WAIT, || {
         s.slices()
             .first()
             .is_some_and(|slice| device_names(slice).len() == 8)
@@ -439,7 +431,7 @@ async fn run_keeps_the_slices_published_and_deletes_them_at_shutdown() {
 
     // A stray slice of this driver on this node is removed.
     s.fake.insert(other_slice("stray", NODE, DRIVER));
-    eventually("the stray slice is gone", || s.slices().len() == 1).await;
+    until("the stray slice is gone", WAIT, || s.slices().len() == 1).await;
 
     // Slices the kubelet's wipe above would have taken along, had they existed then.
     s.fake.insert(other_slice("other-node", "node-b", DRIVER));
@@ -479,7 +471,7 @@ async fn run_retries_api_errors() {
         shutdown.clone(),
     ));
 
-    eventually("the slice is published despite errors", || {
+    until("the slice is published despite errors", WAIT, || {
         s.slices().len() == 1
     })
     .await;
@@ -514,14 +506,17 @@ async fn a_periodic_resync_repairs_what_the_watch_missed() {
         Duration::from_millis(50),
         shutdown.clone(),
     ));
-    eventually("the slice is published", || s.slices().len() == 1).await;
+    until("the slice is published", WAIT, || s.slices().len() == 1).await;
     s.fake
         .remove(&format!(
             "{SLICES}/{}",
             kerf_api::slice_name(NODE, DRIVER, 0)
         ))
         .unwrap();
-    eventually("the resync publishes it again", || s.slices().len() == 1).await;
+    until("the resync publishes it again", WAIT, || {
+        s.slices().len() == 1
+    })
+    .await;
     shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(10), task)
         .await
@@ -572,7 +567,7 @@ async fn start_run(
         Duration::from_secs(3600),
         shutdown.clone(),
     ));
-    eventually("the slice is published", || s.slices().len() == 1).await;
+    until("the slice is published", WAIT, || s.slices().len() == 1).await;
     (shutdown, task)
 }
 
@@ -663,7 +658,7 @@ async fn a_changed_record_is_published_again_promptly() {
 
     let changed_at = tokio::time::Instant::now();
     set_record(&s, Some(r#"{"gpu-0":"scheduler"}"#)).await;
-    eventually("the changed record is published", || {
+    until("the changed record is published", WAIT, || {
         owner_of(&s, "gpu-0") == Some(Owner::Scheduler)
     })
     .await;
@@ -680,7 +675,10 @@ async fn a_changed_record_is_published_again_promptly() {
         .await
         .unwrap();
     set_record(&s, None).await;
-    eventually("the removed record is published", || owners_all_none(&s)).await;
+    until("the removed record is published", WAIT, || {
+        owners_all_none(&s)
+    })
+    .await;
     assert_eq!(generations(&s.slices()), [3]);
 
     stop_run(&shutdown, task).await;
@@ -697,7 +695,10 @@ async fn a_malformed_record_keeps_the_last_good_one() {
 
     let warnings = || logs.lines_containing("malformed ownership record");
     set_record(&s, Some(r#"{"gpu-0":"kubelet"}"#)).await;
-    eventually("the bad record is warned about", || warnings().len() == 1).await;
+    until("the bad record is warned about", WAIT, || {
+        warnings().len() == 1
+    })
+    .await;
     let warning = warnings().remove(0);
     assert!(
         warning.contains(RECORD_ANNOTATION) && warning.contains("unknown variant"),
@@ -714,7 +715,7 @@ async fn a_malformed_record_keeps_the_last_good_one() {
         .await
         .unwrap();
     set_record(&s, Some("not json")).await;
-    eventually("the second bad value is warned about", || {
+    until("the second bad value is warned about", WAIT, || {
         warnings().len() >= 2
     })
     .await;
@@ -727,7 +728,7 @@ async fn a_malformed_record_keeps_the_last_good_one() {
 
     // A good record again is published (one new generation: nothing was published between).
     set_record(&s, Some(r#"{"gpu-0":"scheduler"}"#)).await;
-    eventually("the good record is published", || {
+    until("the good record is published", WAIT, || {
         owner_of(&s, "gpu-0") == Some(Owner::Scheduler)
     })
     .await;
@@ -744,7 +745,7 @@ async fn the_node_watch_recovers_from_errors() {
     let (shutdown, task) = start_run(&s).await;
 
     set_record(&s, Some(r#"{"gpu-3":"controller"}"#)).await;
-    eventually("the record is published", || {
+    until("the record is published", WAIT, || {
         owner_of(&s, "gpu-3") == Some(Owner::Controller)
     })
     .await;
@@ -752,9 +753,11 @@ async fn the_node_watch_recovers_from_errors() {
     // The API server ends every watch: the watch resumes and sees the next change.
     s.fake.close_watches();
     set_record(&s, Some(r#"{"gpu-3":"scheduler"}"#)).await;
-    eventually("the record is published after the watch ended", || {
-        owner_of(&s, "gpu-3") == Some(Owner::Scheduler)
-    })
+    until(
+        "the record is published after the watch ended",
+        WAIT,
+        || owner_of(&s, "gpu-3") == Some(Owner::Scheduler),
+    )
     .await;
 
     stop_run(&shutdown, task).await;

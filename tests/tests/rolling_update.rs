@@ -30,6 +30,7 @@ use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_proto::client::{Claim, KNOWN_SERVICES, KubeletClient, RegisteredPlugin};
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
 use kerf_tests::scheduler::SeededRng;
+use kerf_tests::wait::until;
 use serde_json::json;
 
 use common::{DRIVER, NODE, TestNode};
@@ -208,7 +209,7 @@ async fn interleave(
             && let Some(old) = old.take()
         {
             old.shutdown().await.unwrap();
-            common::eventually("the old instance deregistered", WAIT, || {
+            until("the old instance deregistered", WAIT, || {
                 kubelet.instances(DRIVER) == [s.new.registration_socket.clone()]
             })
             .await;
@@ -245,8 +246,8 @@ async fn scenario(seed: u64) {
     let s = setup();
     let old = start(&s.node, &s.old).await;
     let kubelet = FakeKubelet::start(s.node.kubelet_config());
-    common::eventually("the old instance's slices", WAIT, || slices(&s.node) > 0).await;
-    common::eventually("the old instance registered", WAIT, || {
+    until("the old instance's slices", WAIT, || slices(&s.node) > 0).await;
+    until("the old instance registered", WAIT, || {
         kubelet.instances(DRIVER).len() == 1
     })
     .await;
@@ -270,7 +271,7 @@ async fn scenario(seed: u64) {
         s.old.registration_socket.clone(),
         s.new.registration_socket.clone(),
     ];
-    common::eventually("both instances registered", WAIT, || {
+    until("both instances registered", WAIT, || {
         kubelet.instances(DRIVER) == both
     })
     .await;

@@ -15,7 +15,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{DRIVER, NODE, TestNode, eventually};
+use common::{DRIVER, NODE, TestNode};
 use kerf_api::device_status::PreparedDeviceFacts;
 use kerf_core::checkpoint::DeviceRecord;
 use kerf_kubelet_plugin::claim_events::KubeClaimEvents;
@@ -27,6 +27,7 @@ use kerf_kubelet_plugin::preparer::device_status::{
 use kerf_kubelet_plugin::publish::Publisher;
 use kerf_kubelet_plugin::write_failures::WriteFailureReports;
 use kerf_tests::fake_api::FakeApi;
+use kerf_tests::wait::until;
 use prometheus_client::registry::Registry;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -138,7 +139,7 @@ async fn a_claim_status_write_refused_as_invalid_is_a_warning_on_the_claim_and_c
     };
     writer.publish(&claim, vec![PreparedDeviceFacts::of_record(record)]);
 
-    eventually("a Warning on the claim", WAIT, || {
+    until("a Warning on the claim", WAIT, || {
         !warnings(&node.api, "ResourceClaim", "refused", "WriteRefused").is_empty()
     })
     .await;

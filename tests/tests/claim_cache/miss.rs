@@ -27,7 +27,7 @@ fn spawn_prepare(
 
 /// Waits until the API server has received a GET of `name` (which it may hold).
 async fn until_read(node: &CacheNode, name: &str) {
-    eventually("the prepare's GET", WAIT, || node.gets(name) > 0).await;
+    until("the prepare's GET", WAIT, || node.gets(name) > 0).await;
 }
 
 #[tokio::test]

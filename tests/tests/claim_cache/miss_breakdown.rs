@@ -19,10 +19,11 @@ use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::Identity;
+use kerf_tests::wait::until;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{DRIVER, NAMESPACE, NODE, TestNode, allocated_claim, eventually, uid};
+use crate::common::{DRIVER, NAMESPACE, NODE, TestNode, allocated_claim, uid};
 
 const CLAIMS: usize = 200;
 const LATENCY: Duration = Duration::from_millis(1);
@@ -215,7 +216,7 @@ impl HttpNode {
             reader,
             alone,
         };
-        eventually(
+        until(
             "the claim cache's first list",
             Duration::from_secs(20),
             || !matches!(started.reader.inner.cached("any", "x"), Cached::NotSynced),
@@ -322,7 +323,7 @@ async fn once(
     let labelled = matches!(series, Series::Cached);
     node.node.api.insert(claim_json(name, id, labelled, device));
     if labelled {
-        eventually("cached", Duration::from_secs(20), || {
+        until("cached", Duration::from_secs(20), || {
             matches!(node.reader.inner.cached(NAMESPACE, name), Cached::Found(_))
         })
         .await;

@@ -132,7 +132,7 @@ impl Race {
         if !generation.labelled || generation.deleted {
             return;
         }
-        eventually("the cache to catch up", WAIT, || {
+        until("the cache to catch up", WAIT, || {
             match self.node.cached(NAMESPACE, &generation.name) {
                 Cached::Found(c) => {
                     c.metadata.uid.as_deref() == Some(id)

@@ -1,6 +1,11 @@
-//! A node for kubelet-level tests: a temporary directory laid out like a node's (registry,
-//! plugin directory, CDI directory, driver root, boot ID), an in-memory API server, the
-//! plugin in-process or as its own process, and claim builders for every kind of claim.
+//! The fixtures of the integration tests. Here: a node for kubelet-level tests, a temporary
+//! directory laid out like a node's (registry, plugin directory, CDI directory, driver root,
+//! boot ID), an in-memory API server, the plugin in-process or as its own process, and claim
+//! builders for every kind of claim. In the modules: kerf-controller's ([`controller`]: the
+//! process, a context over watched caches, the claim controller on it), the claim
+//! controller's cluster ([`claim_cluster`], [`label_cluster`]), leader election ([`lease`]),
+//! the webhook over HTTPS ([`webhook_server`]), MPS nodes ([`mps`]) and the plugin's Pod
+//! ([`plugin_pod`]).
 
 #![allow(
     dead_code,
@@ -10,8 +15,13 @@
     reason = "shared by several test crates, each using a part; a failing helper fails its test"
 )]
 
+pub mod claim_cluster;
+pub mod controller;
+pub mod label_cluster;
+pub mod lease;
 pub mod mps;
 pub mod plugin_pod;
+pub mod webhook_server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -378,15 +388,6 @@ fn make_driver_root(root: &Path) {
     let bin = root.join("usr/bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::write(bin.join("nvidia-smi"), b"#!/bin/sh\necho fake\n").unwrap();
-}
-
-/// Polls `condition` every 10 ms until it holds; panics with `what` after `timeout`.
-pub async fn eventually(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// The plugin as its own process (`kerf-test-plugin`), so that it can be SIGKILLed. Its

@@ -28,12 +28,13 @@ use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_proto::client::{Claim, KNOWN_SERVICES, KubeletClient};
 use kerf_tests::fake_api::{FakeApi, Identity, KERF_NAMESPACE};
 use kerf_tests::pod_runner::{PodRunner, PodRunnerSettings};
+use kerf_tests::wait::until;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::mps::MpsNode;
 use crate::common::plugin_pod::{IMAGE_PROGRAM, PLUGIN_POD, plugin_pod_from_manifest};
-use crate::common::{self, DRIVER, GIB, NODE, TestNode, eventually, uid};
+use crate::common::{self, DRIVER, GIB, NODE, TestNode, uid};
 
 const WAIT: Duration = Duration::from_secs(20);
 /// The plugin as a program, which the daemon pods run (`kerf-test-plugin mps-control-daemon`).
@@ -90,12 +91,12 @@ pub async fn plugin(on: &MpsNode) -> (RunningPlugin, PodRunner) {
         runner.problems()
     );
     for claim in &claims {
-        eventually("the claim's device status", WAIT, || {
+        until("the claim's device status", WAIT, || {
             device_status(&node.api, claim).is_some_and(|d| !d.is_empty())
         })
         .await;
     }
-    eventually("the slices are published", WAIT, || {
+    until("the slices are published", WAIT, || {
         !node
             .api
             .list("/apis/resource.k8s.io/v1/resourceslices")
@@ -106,7 +107,7 @@ pub async fn plugin(on: &MpsNode) -> (RunningPlugin, PodRunner) {
     let answers = kubelet.unprepare(&claims).await.unwrap();
     for claim in &claims {
         assert!(answers[&claim.uid].is_ok(), "{answers:?}");
-        eventually("the device status withdrawn", WAIT, || {
+        until("the device status withdrawn", WAIT, || {
             device_status(&node.api, claim).is_none_or(|d| d.is_empty())
         })
         .await;
@@ -213,7 +214,7 @@ pub async fn controller(fake: &FakeApi) {
         shutdown: stop.clone(),
     };
     let run = tokio::spawn(process.run());
-    eventually("the caBundle of both webhook configurations", WAIT, || {
+    until("the caBundle of both webhook configurations", WAIT, || {
         WEBHOOK_CONFIGURATIONS.iter().all(|name| {
             fake.get(&format!(
                 "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
@@ -222,11 +223,11 @@ pub async fn controller(fake: &FakeApi) {
         })
     })
     .await;
-    eventually("the webhook's template cache filled", WAIT, || {
+    until("the webhook's template cache filled", WAIT, || {
         checked(fake, "watch", "resourceclaimtemplates")
     })
     .await;
-    eventually("the controller class's DeviceClass", WAIT, || {
+    until("the controller class's DeviceClass", WAIT, || {
         fake.get(&format!(
             "/apis/resource.k8s.io/v1/deviceclasses/{CONTROLLER_CLASS}"
         ))
@@ -257,12 +258,12 @@ async fn claim_path(fake: &FakeApi) {
     claim(fake, "train", 1);
     pod(fake, "train", "train");
     let allocated = |c: &Value| !c["status"]["allocation"].is_null();
-    eventually("claim train allocated and labelled", WAIT, || {
+    until("claim train allocated and labelled", WAIT, || {
         fake.get(&format!("{CLAIMS}/train"))
             .is_some_and(|c| allocated(&c) && c["metadata"]["labels"][CLAIM_NODE_LABEL] == NODE)
     })
     .await;
-    eventually("the pod's scheduling gate removed", WAIT, || {
+    until("the pod's scheduling gate removed", WAIT, || {
         fake.get(&format!("{PODS}/train")).is_some_and(|p| {
             p["spec"]["schedulingGates"]
                 .as_array()
@@ -275,7 +276,7 @@ async fn claim_path(fake: &FakeApi) {
     // Warning.
     claim(fake, "too-big", 3);
     pod(fake, "waits", "too-big");
-    eventually("the waiting pod's condition", WAIT, || {
+    until("the waiting pod's condition", WAIT, || {
         fake.get(&format!("{PODS}/waits")).is_some_and(|p| {
             p["status"]["conditions"]
                 .as_array()
@@ -287,13 +288,13 @@ async fn claim_path(fake: &FakeApi) {
         })
     })
     .await;
-    eventually("a repeated Warning patched into its series", WAIT, || {
+    until("a repeated Warning patched into its series", WAIT, || {
         checked(fake, "patch", "events")
     })
     .await;
 
     fake.remove(&format!("{PODS}/train"));
-    eventually("claim train deallocated and released", WAIT, || {
+    until("claim train deallocated and released", WAIT, || {
         fake.get(&format!("{CLAIMS}/train")).is_some_and(|c| {
             !allocated(&c)
                 && c["metadata"]["finalizers"]

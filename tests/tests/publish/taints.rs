@@ -9,7 +9,7 @@ use kerf_core::inventory::Inventory;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use super::{DRIVER, Setup, eventually, huge_inventory, names, setup};
+use super::{DRIVER, Setup, WAIT, huge_inventory, names, setup, until};
 
 type Taint = (String, Option<String>, String);
 
@@ -85,21 +85,21 @@ async fn a_faulty_gpu_and_its_mig_devices_are_tainted_until_it_recovers() {
         Duration::from_secs(3600),
         shutdown.clone(),
     ));
-    eventually("the slices are published", || !s.slices().is_empty()).await;
+    until("the slices are published", WAIT, || !s.slices().is_empty()).await;
     assert!(tainted(&s).is_empty());
 
     sender.send_replace(faulty(&gpu, vec![Fault::Xid { code: 61 }]));
     let want = expected(&inventory, &gpu, Some(("xid-61", "NoSchedule")));
-    eventually("XID 61 taints NoSchedule", || tainted(&s) == want).await;
+    until("XID 61 taints NoSchedule", WAIT, || tainted(&s) == want).await;
 
     // A fatal fault: NoExecute, with the worst fault's reason.
     sender.send_replace(faulty(&gpu, vec![Fault::Xid { code: 61 }, Fault::GpuLost]));
     let want = expected(&inventory, &gpu, Some(("gpu-lost", "NoExecute")));
-    eventually("a lost GPU taints NoExecute", || tainted(&s) == want).await;
+    until("a lost GPU taints NoExecute", WAIT, || tainted(&s) == want).await;
 
     // Throttling alone is no reason for a taint.
     sender.send_replace(faulty(&gpu, vec![Fault::ThermalThrottle]));
-    eventually("the taints are gone", || tainted(&s).is_empty()).await;
+    until("the taints are gone", WAIT, || tainted(&s).is_empty()).await;
     super::stop_run(&shutdown, task).await;
 }
 

@@ -12,15 +12,18 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-mod lease_fixture;
+mod common;
+
+use common::lease;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kerf_controller::{ControllerTask, LeaderElector, run_controllers};
+use kerf_controller::{ControllerTask, LeaderElector, Process};
 use kerf_tests::fake_api::{FakeApi, Identity};
-use lease_fixture::{GUARD, LEASE, NAMESPACE, acquire, holder, lease_config, replica_config};
+use kerf_tests::wait::until;
+use lease::{GUARD, LEASE, NAMESPACE, acquire, holder, lease_config, replica_config};
 use tokio_util::sync::CancellationToken;
 
 const LEASE_PATH: &str =
@@ -117,17 +120,20 @@ async fn only_the_leader_runs_controllers_and_a_standby_follows_on_shutdown() {
             },
         );
         let config = replica_config(identity);
-        tokio::spawn(run_controllers(
-            config,
-            fake.client_as(Identity::kerf_controller()),
-            shutdown,
-            vec![task],
-        ))
+        let client = fake.client_as(Identity::kerf_controller());
+        let process = Process {
+            controllers: vec![task],
+            ..Process::new(config, client, shutdown)
+        };
+        tokio::spawn(process.run())
     };
     let stop_a = CancellationToken::new();
     let stop_b = CancellationToken::new();
     let a = replica("a", stop_a.clone());
-    wait_for(|| started.lock().unwrap().len() == 1).await;
+    until("one started controller", GUARD, || {
+        started.lock().unwrap().len() == 1
+    })
+    .await;
     let b = replica("b", stop_b.clone());
     // B waits longer than a Lease duration without starting its controllers.
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -140,7 +146,10 @@ async fn only_the_leader_runs_controllers_and_a_standby_follows_on_shutdown() {
         .unwrap()
         .unwrap()
         .unwrap();
-    wait_for(|| started.lock().unwrap().len() == 2).await;
+    until("two started controllers", GUARD, || {
+        started.lock().unwrap().len() == 2
+    })
+    .await;
     assert_eq!(*started.lock().unwrap(), ["a", "b"]);
     assert_eq!(holder(&fake).as_deref(), Some("b"));
 
@@ -169,13 +178,16 @@ async fn losing_the_lease_stops_the_controllers_and_ends_the_run() {
         )
     };
     let config = replica_config("a");
-    let run = tokio::spawn(run_controllers(
-        config,
-        fake.client_as(Identity::kerf_controller()),
-        CancellationToken::new(),
-        vec![task],
-    ));
-    wait_for(|| holder(&fake).as_deref() == Some("a")).await;
+    let client = fake.client_as(Identity::kerf_controller());
+    let process = Process {
+        controllers: vec![task],
+        ..Process::new(config, client, CancellationToken::new())
+    };
+    let run = tokio::spawn(process.run());
+    until("a holds the Lease", GUARD, || {
+        holder(&fake).as_deref() == Some("a")
+    })
+    .await;
     // Another replica takes the Lease behind this one's back.
     let mut lease: Lease = fake.get_resource(Some(NAMESPACE), LEASE).unwrap();
     lease.spec.as_mut().unwrap().holder_identity = Some("intruder".to_owned());
@@ -193,14 +205,4 @@ async fn losing_the_lease_stops_the_controllers_and_ends_the_run() {
         Some("intruder"),
         "a replica that lost does not release"
     );
-}
-
-async fn wait_for(mut condition: impl FnMut() -> bool) {
-    tokio::time::timeout(GUARD, async {
-        while !condition() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("condition within the guard");
 }

@@ -19,7 +19,8 @@
     reason = "fixtures take JSON values as the tests write them"
 )]
 
-mod claim_cluster;
+mod common;
+use common::claim_cluster;
 
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ use kerf_api::params::{Allocator, GpuSelector};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::claims;
 use kerf_tests::fake_api::FakeApi;
+use kerf_tests::wait::eventually;
 use serde_json::{Value, json};
 
 const NODE: &str = "node-0";
@@ -116,18 +118,13 @@ fn owned_by(fake: &FakeApi, owner: Owner) -> Vec<String> {
         .collect()
 }
 
-async fn eventually<T, Fut: Future<Output = Option<T>>>(
-    what: &str,
-    check: impl FnMut() -> Fut,
-) -> T {
-    kerf_tests::wait::eventually(what, DEADLINE, check).await
-}
-
 /// Waits until every GPU is recorded as the controller's: the state of issue 26's cluster.
 async fn all_controllers(fake: &FakeApi) {
-    eventually("every GPU recorded as the controller's", || async {
-        (owned_by(fake, Owner::Controller).len() == GPUS).then_some(())
-    })
+    eventually(
+        "every GPU recorded as the controller's",
+        DEADLINE,
+        || async { (owned_by(fake, Owner::Controller).len() == GPUS).then_some(()) },
+    )
     .await;
 }
 
@@ -135,6 +132,7 @@ async fn all_controllers(fake: &FakeApi) {
 async fn lent(fake: &FakeApi, n: usize, why: &str) -> Vec<String> {
     eventually(
         &format!("{n} GPU(s) lent to the scheduler for {why}"),
+        DEADLINE,
         || async {
             let lent = owned_by(fake, Owner::Scheduler);
             (lent.len() >= n).then_some(lent)

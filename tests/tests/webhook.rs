@@ -22,15 +22,17 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-mod webhook_server;
+mod common;
 
-use std::future::Future;
+use common::webhook_server;
+
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use kerf_api::controller_claims::SCHEDULING_GATE;
 use kerf_tests::fake_api::FakeApi;
+use kerf_tests::wait::eventually;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 use serde_json::{Value, json};
@@ -92,14 +94,6 @@ async fn post(
 ) -> Result<(u16, Value, CertificateDer<'static>), String> {
     let answer = webhook_server::post(port, bundle, body.to_string()).await?;
     Ok((answer.status, answer.body, answer.certificate))
-}
-
-/// Polls `check` until it returns `Some`, failing the test after [`DEADLINE`].
-async fn eventually<T, Fut: Future<Output = Option<T>>>(
-    what: &str,
-    check: impl FnMut() -> Fut,
-) -> T {
-    kerf_tests::wait::eventually(what, DEADLINE, check).await
 }
 
 #[allow(clippy::needless_pass_by_value)] // callers pass json!() literals
@@ -168,7 +162,10 @@ async fn reviews_over_https_gate_only_pods_with_controller_claims() {
         Duration::from_secs(600),
         &stop,
     );
-    let bundle = eventually("the caBundle", || std::future::ready(ca_bundle(&fake))).await;
+    let bundle = eventually("the caBundle", DEADLINE, || {
+        std::future::ready(ca_bundle(&fake))
+    })
+    .await;
     let patches = fake.requests();
     let patch = patches
         .iter()
@@ -214,7 +211,7 @@ async fn reviews_over_https_gate_only_pods_with_controller_claims() {
     for (i, (what, spec, gated)) in cases.into_iter().enumerate() {
         let request = review(&format!("uid-{i}"), spec);
         // The caches fill in the background: the server answers once they are ready.
-        let (status, answer, _) = eventually("the webhook to answer", || async {
+        let (status, answer, _) = eventually("the webhook to answer", DEADLINE, || async {
             post(port, &bundle, &request).await.ok()
         })
         .await;
@@ -277,18 +274,21 @@ async fn the_certificate_is_rotated_into_the_ca_bundle_without_a_restart() {
         Duration::from_millis(2500),
         &stop,
     );
-    let first_bundle = eventually("the caBundle", || std::future::ready(ca_bundle(&fake))).await;
+    let first_bundle = eventually("the caBundle", DEADLINE, || {
+        std::future::ready(ca_bundle(&fake))
+    })
+    .await;
     let request = review(
         "uid-rotation",
         claims(json!([{"name": "g", "resourceClaimName": "slice-claim"}])),
     );
-    let (_, _, first_cert) = eventually("the webhook to answer", || async {
+    let (_, _, first_cert) = eventually("the webhook to answer", DEADLINE, || async {
         post(port, &first_bundle, &request).await.ok()
     })
     .await;
 
     // A new CA joins the bundle (first), the old one stays, and the new certificate is served.
-    let (bundle, answer, served) = eventually("a rotated certificate", || async {
+    let (bundle, answer, served) = eventually("a rotated certificate", DEADLINE, || async {
         let bundle = ca_bundle(&fake)?;
         let (_, answer, served) = post(port, &bundle, &request).await.ok()?;
         (served != first_cert).then_some((bundle, answer, served))

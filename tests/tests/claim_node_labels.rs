@@ -10,31 +10,25 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-mod claim_cluster;
-mod label_cluster;
+mod common;
+use common::claim_cluster;
+use common::label_cluster;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 
+use claim_cluster::{CLAIMS, Controller, DRIVER, NODES, PODS, allocation, cluster, get_claim};
 use kerf_api::claim_node_label::node_label_value;
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::scheduler::SeededRng;
+use kerf_tests::wait::eventually;
 use label_cluster::{
-    CLAIMS, Controller, DEADLINE, DRIVER, NODES, PODS, Versions, allocation, annotated, cluster,
-    controller_claim, get_claim, kerf_pool, label, pod, scheduler_allocation, scheduler_claim,
-    set_allocation, touch,
+    DEADLINE, Versions, annotated, controller_claim, kerf_pool, label, pod, scheduler_allocation,
+    scheduler_claim, set_allocation, touch,
 };
 use serde_json::Value;
 
-async fn eventually<T, Fut: Future<Output = Option<T>>>(
-    what: &str,
-    check: impl FnMut() -> Fut,
-) -> T {
-    kerf_tests::wait::eventually(what, DEADLINE, check).await
-}
-
 async fn claim_where(fake: &FakeApi, name: &str, what: &str, ok: impl Fn(&Value) -> bool) -> Value {
-    eventually(&format!("claim {name}: {what}"), || async {
+    eventually(&format!("claim {name}: {what}"), DEADLINE, || async {
         get_claim(fake, name).filter(|c| ok(c))
     })
     .await

@@ -19,7 +19,8 @@ use kerf_tests::fake_api::FakeApi;
 use kube::api::ObjectMeta;
 use serde_json::json;
 
-mod claim_cluster;
+mod common;
+use common::claim_cluster;
 
 const NODE: &str = "node-0";
 

@@ -55,7 +55,7 @@ async fn a_scheduler_class_names_its_device_class_and_can_take_the_name_back() {
     let mut class = h.class("whole");
     class.spec.extended_resource_name = None;
     fake.insert_resource(&class);
-    eventually("the DeviceClass in the cache", || async {
+    eventually("the DeviceClass in the cache", DEADLINE, || async {
         h.ctx
             .caches
             .device_classes
@@ -94,7 +94,7 @@ async fn a_controller_class_gets_the_condition_and_no_name() {
     );
     assert!(message.contains("gpu.kerf.dev/slice-10gi"), "{message}");
     assert_eq!(ready(&h.class("slices")).0, "True", "claims still work");
-    let events = eventually("a Warning event", || async {
+    let events = eventually("a Warning event", DEADLINE, || async {
         let events = fake.list("/apis/events.k8s.io/v1/events");
         events
             .iter()
@@ -140,7 +140,7 @@ async fn a_name_another_device_class_holds_is_reported() {
         "metadata": {"name": "aaa-device-plugin-successor"},
         "spec": {"extendedResourceName": NAME, "selectors": [{"cel": {"expression": "true"}}]},
     }));
-    eventually("the other DeviceClass in the cache", || async {
+    eventually("the other DeviceClass in the cache", DEADLINE, || async {
         (h.ctx.caches.device_classes.len() == 2).then_some(())
     })
     .await;
@@ -176,7 +176,7 @@ async fn a_server_that_drops_the_field_gets_one_probe_one_log_line_and_no_loop()
     gpu_class(&fake, "whole", named(Allocator::Scheduler, NAME));
     let running = RunningController::start(&fake);
 
-    let (_, _, message) = eventually("the NotServed condition", || async {
+    let (_, _, message) = eventually("the NotServed condition", DEADLINE, || async {
         let class: GpuClass = fake.get_resource(None, "whole")?;
         extended(&class).filter(|(_, reason, _)| reason == reasons::NOT_SERVED_BY_API_SERVER)
     })
@@ -190,16 +190,24 @@ async fn a_server_that_drops_the_field_gets_one_probe_one_log_line_and_no_loop()
     seed_node(&fake, "node-b", "l4", 1);
     allocated_claim(&fake, "c", json!([result("node-a", "gpu-0")]), json!([]));
     gpu_class(&fake, "later", GpuClassSpec::default());
-    eventually("the later class's status with the new node", || async {
-        let class: GpuClass = fake.get_resource(None, "later")?;
-        (class.status?.matching_devices == Some(4)).then_some(())
-    })
+    eventually(
+        "the later class's status with the new node",
+        DEADLINE,
+        || async {
+            let class: GpuClass = fake.get_resource(None, "later")?;
+            (class.status?.matching_devices == Some(4)).then_some(())
+        },
+    )
     .await;
-    eventually("the whole class's status with the new node", || async {
-        let class: GpuClass = fake.get_resource(None, "whole")?;
-        let free = class.status?.free_memory?;
-        (parse_bytes(&free.0).ok()? == 3 * L4_BYTES).then_some(())
-    })
+    eventually(
+        "the whole class's status with the new node",
+        DEADLINE,
+        || async {
+            let class: GpuClass = fake.get_resource(None, "whole")?;
+            let free = class.status?.free_memory?;
+            (parse_bytes(&free.0).ok()? == 3 * L4_BYTES).then_some(())
+        },
+    )
     .await;
 
     let probes = fake
@@ -240,7 +248,7 @@ async fn a_server_that_keeps_the_field_gets_the_name_written() {
     seed_node(&fake, "node-a", "l4", 1);
     gpu_class(&fake, "whole", named(Allocator::Scheduler, NAME));
     let running = RunningController::start(&fake);
-    eventually("the named DeviceClass", || async {
+    eventually("the named DeviceClass", DEADLINE, || async {
         fake.get_resource::<DeviceClass>(None, "whole")?
             .spec
             .extended_resource_name

@@ -12,7 +12,8 @@
     reason = "test code: a failed unwrap fails the test"
 )]
 
-mod claim_cluster;
+mod common;
+use common::claim_cluster;
 
 use std::time::Duration;
 

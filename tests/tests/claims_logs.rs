@@ -9,9 +9,10 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-mod claim_cluster;
+mod common;
+use common::claim_cluster;
+use common::controller::{ClaimController, Watched, metric};
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,14 +21,12 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
-use kerf_controller::cache::Caches;
 use kerf_controller::claims;
 use kerf_controller::retry::KEEPS_FAILING_AFTER;
-use kerf_controller::{
-    BackoffConfig, Config, Context, ControllerConfig, Metrics, controllers, run_controllers,
-};
+use kerf_controller::{BackoffConfig, Config, Context, ControllerConfig, Process};
 use kerf_tests::fake_api::{FakeApi, Identity};
 use kerf_tests::logs::CapturedLogs;
+use kerf_tests::wait::eventually;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -131,14 +130,6 @@ fn config() -> ControllerConfig {
     }
 }
 
-/// Polls `check` until it returns `Some`, failing the test after [`DEADLINE`].
-async fn eventually<T, Fut: Future<Output = Option<T>>>(
-    what: &str,
-    check: impl FnMut() -> Fut,
-) -> T {
-    kerf_tests::wait::eventually(what, DEADLINE, check).await
-}
-
 fn allocated(fake: &FakeApi, name: &str) -> Option<Value> {
     fake.get(&format!("{CLAIMS}/{name}")).filter(|c| {
         c.pointer("/status/allocation")
@@ -162,19 +153,16 @@ async fn every_write_of_a_controller_run_names_the_kerf_controller_field_manager
     fake.insert_resource(&slices_class());
     let shutdown = CancellationToken::new();
     tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
-    let run = tokio::spawn(run_controllers(
-        Config {
-            controller: config(),
-            leader_election: None,
-            metrics_address: None,
-        },
-        fake.client_as(Identity::kerf_controller()),
-        shutdown.clone(),
-        controllers(),
-    ));
+    let config = Config {
+        controller: config(),
+        leader_election: None,
+        metrics_address: None,
+    };
+    let client = fake.client_as(Identity::kerf_controller());
+    let run = tokio::spawn(Process::new(config, client, shutdown.clone()).run());
 
     // Claims come after their class, as in a cluster: a claim's class decides whose it is.
-    eventually("the DeviceClass applied", || async {
+    eventually("the DeviceClass applied", DEADLINE, || async {
         (!fake.list_resources::<DeviceClass>(None).is_empty()).then_some(())
     })
     .await;
@@ -182,7 +170,7 @@ async fn every_write_of_a_controller_run_names_the_kerf_controller_field_manager
     pod(&fake, "p", "fits");
     claim(&fake, "too-big", "500Gi");
     pod(&fake, "q", "too-big");
-    eventually("the fitting claim allocated", || async {
+    eventually("the fitting claim allocated", DEADLINE, || async {
         allocated(&fake, "fits")
     })
     .await;
@@ -195,17 +183,23 @@ async fn every_write_of_a_controller_run_names_the_kerf_controller_field_manager
                 .then_some(())
         }
     };
-    eventually("the gate removed", || written("PATCH", format!("{PODS}/p"))).await;
-    eventually("the Unplaceable condition", || {
+    eventually("the gate removed", DEADLINE, || {
+        written("PATCH", format!("{PODS}/p"))
+    })
+    .await;
+    eventually("the Unplaceable condition", DEADLINE, || {
         written("PATCH", format!("{PODS}/q/status"))
     })
     .await;
-    eventually("an Event created", || written("POST", EVENTS.to_owned())).await;
-    eventually("a repeated Event's series", || {
+    eventually("an Event created", DEADLINE, || {
+        written("POST", EVENTS.to_owned())
+    })
+    .await;
+    eventually("a repeated Event's series", DEADLINE, || {
         written("PATCH", EVENTS.to_owned())
     })
     .await;
-    eventually("the GpuClass status", || {
+    eventually("the GpuClass status", DEADLINE, || {
         written(
             "PATCH",
             format!("/apis/gpu.kerf.dev/v1alpha1/gpuclasses/{SLICES}/status"),
@@ -214,7 +208,7 @@ async fn every_write_of_a_controller_run_names_the_kerf_controller_field_manager
     .await;
     // Deallocation: the pod goes, the claim's allocation and finalizer follow.
     fake.remove(&format!("{PODS}/p"));
-    eventually("the claim deallocated", || async {
+    eventually("the claim deallocated", DEADLINE, || async {
         let claim = fake.get(&format!("{CLAIMS}/fits"))?;
         claim["metadata"]["finalizers"]
             .as_array()
@@ -261,8 +255,7 @@ async fn every_write_of_a_controller_run_names_the_kerf_controller_field_manager
 struct Harness {
     ctx: Arc<Context>,
     registry: Registry,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<kerf_controller::Result<()>>,
+    controller: ClaimController,
 }
 
 impl Harness {
@@ -275,43 +268,26 @@ impl Harness {
         )
         .unwrap();
         fake.insert_resource::<DeviceClass>(&dc);
-        let client = fake.client_as(Identity::kerf_controller());
-        let (caches, fill) = Caches::start(&client, DRIVER);
-        tokio::spawn(fill);
-        caches.wait_ready().await.unwrap();
-        let mut registry = Registry::default();
-        let metrics = Metrics::new(&mut registry);
-        let ctx = Arc::new(Context::new(client, config(), metrics, caches));
-        let shutdown = CancellationToken::new();
-        tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
-        let task = tokio::spawn(claims::run(Arc::clone(&ctx), shutdown.clone()));
+        let Watched { context, registry } = Watched::start(fake, config()).await;
+        let ctx = Arc::new(context);
+        let controller = ClaimController::start(fake, Arc::clone(&ctx));
         Self {
             ctx,
             registry,
-            shutdown,
-            task,
+            controller,
         }
     }
 
     /// Failed reconciles of the claim controller with `reason`.
     fn errors(&self, reason: &str) -> u64 {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
         let series = format!(
-            r#"kerf_controller_reconcile_total{{controller="resourceclaim",result="error",reason="{reason}"}} "#
+            r#"kerf_controller_reconcile_total{{controller="resourceclaim",result="error",reason="{reason}"}}"#
         );
-        text.lines()
-            .find_map(|line| line.strip_prefix(series.as_str()))
-            .map_or(0, |n| n.parse().unwrap())
+        metric(&self.registry, &series).unwrap_or(0)
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(DEADLINE, self.task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        self.controller.stop().await;
     }
 }
 
@@ -329,7 +305,10 @@ async fn a_conflict_and_a_not_found_under_a_reconcile_are_counted_without_a_warn
     fake.fail_next("PATCH", &format!("{CLAIMS}/c"), 404, 1);
     let harness = Harness::start(&fake).await;
 
-    eventually("the claim allocated", || async { allocated(&fake, "c") }).await;
+    eventually("the claim allocated", DEADLINE, || async {
+        allocated(&fake, "c")
+    })
+    .await;
     assert_eq!(harness.errors("kube_conflict"), 1);
     assert_eq!(harness.errors("kube_not_found"), 1);
     assert_eq!(harness.ctx.backoff.failures("resourceclaim/default/c"), 0);
@@ -354,7 +333,10 @@ async fn a_claim_that_keeps_failing_warns_once_past_the_threshold() {
     fake.fail_next("PATCH", &format!("{CLAIMS}/c"), 409, failures);
     let harness = Harness::start(&fake).await;
 
-    eventually("the claim allocated", || async { allocated(&fake, "c") }).await;
+    eventually("the claim allocated", DEADLINE, || async {
+        allocated(&fake, "c")
+    })
+    .await;
     assert_eq!(
         harness.errors("kube_conflict"),
         u64::try_from(failures).unwrap()

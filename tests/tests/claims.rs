@@ -1,5 +1,5 @@
 //! The ResourceClaim allocation controller against the in-memory API server: the real
-//! controller (`claims::run` under `run_controllers`, leader election off) on four nodes of
+//! controller (`claims::run` under `Process::run`, leader election off) on four nodes of
 //! 8 × H100 each, with kerf's ResourceSlices and controller-class DeviceClasses as the GpuClass
 //! reconciler writes them. Tests poll the fake for outcomes with a deadline; nothing is timed.
 #![allow(
@@ -10,10 +10,10 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-mod claim_cluster;
+mod common;
+use common::claim_cluster;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use claim_cluster::{
@@ -25,6 +25,7 @@ use kerf_api::decode_opaque;
 use kerf_api::params::OpaqueConfig;
 use kerf_controller::claims::{self, ALLOCATED_NODE_ANNOTATION, FINALIZER};
 use kerf_tests::fake_api::FakeApi;
+use kerf_tests::wait::eventually;
 use kube::Api;
 use kube::api::DeleteParams;
 use serde_json::{Value, json};
@@ -96,14 +97,6 @@ fn pod(fake: &FakeApi, name: &str, claims: &[Uses<'_>], spec: Value) {
 
 // ---- observing the fake ----
 
-/// Polls `check` until it returns `Some`, failing the test after [`DEADLINE`].
-async fn eventually<T, Fut: Future<Output = Option<T>>>(
-    what: &str,
-    check: impl FnMut() -> Fut,
-) -> T {
-    kerf_tests::wait::eventually(what, DEADLINE, check).await
-}
-
 /// The `(pool, device)` of each result of the claim's allocation.
 fn devices(claim: &Value) -> Vec<(String, String)> {
     allocation(claim)
@@ -130,7 +123,7 @@ fn node_of(claim: &Value) -> String {
 
 /// Waits until claim `name` is allocated and returns it.
 async fn allocated(fake: &FakeApi, name: &str) -> Value {
-    eventually(&format!("claim {name} allocated"), || async {
+    eventually(&format!("claim {name} allocated"), DEADLINE, || async {
         get_claim(fake, name).filter(|c| allocation(c).is_some())
     })
     .await
@@ -155,15 +148,18 @@ fn events(fake: &FakeApi, name: &str, reason: &str) -> Vec<Value> {
 }
 
 async fn event(fake: &FakeApi, name: &str, reason: &str) -> Value {
-    eventually(&format!("a {reason} Event about {name}"), || async {
-        events(fake, name, reason).into_iter().next()
-    })
+    eventually(
+        &format!("a {reason} Event about {name}"),
+        DEADLINE,
+        || async { events(fake, name, reason).into_iter().next() },
+    )
     .await
 }
 
 async fn condition_is(fake: &FakeApi, pod: &str, status: &str, reason: &str) -> Value {
     eventually(
         &format!("condition {status}/{reason} on pod {pod}"),
+        DEADLINE,
         || async {
             condition(fake, pod).filter(|c| c["status"] == status && c["reason"] == reason)
         },
@@ -345,7 +341,7 @@ async fn nothing_fits_is_explained_and_nothing_is_written_to_the_claim() {
     assert_eq!(pod_warning["regarding"]["kind"], "Pod");
 
     // It tries again (unplaceable_retry) and still writes nothing to the claim.
-    eventually("a retry", || async {
+    eventually("a retry", DEADLINE, || async {
         (fake.count("post", "/apis/events.k8s.io") + fake.count("patch", "/apis/events.k8s.io")
             >= 3)
             .then_some(())
@@ -393,7 +389,7 @@ async fn a_claim_yields_a_gpu_the_scheduler_allocated_and_is_placed_again() {
         )),
         "{note}"
     );
-    let after = eventually("the claim placed again", || async {
+    let after = eventually("the claim placed again", DEADLINE, || async {
         get_claim(&fake, "mine").filter(|c| {
             let placed = devices(c);
             !placed.is_empty() && placed[0] != (node.clone(), gpu.clone())
@@ -466,7 +462,7 @@ async fn a_rejected_claim_takes_the_pods_other_claims_along_to_the_new_node() {
     // The scheduler clears only one of them.
     clear_allocation_behind_our_back(&fake, "a");
 
-    let (a, b) = eventually("both claims on another node", || async {
+    let (a, b) = eventually("both claims on another node", DEADLINE, || async {
         let a = get_claim(&fake, "a")?;
         let b = get_claim(&fake, "b")?;
         let moved = |c: &Value| {
@@ -519,7 +515,7 @@ async fn a_deleted_claim_is_let_go_and_its_gpus_are_reused() {
         .delete("all-eight", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("the deleted claim gone", || async {
+    eventually("the deleted claim gone", DEADLINE, || async {
         get_claim(&fake, "all-eight").is_none().then_some(())
     })
     .await;
@@ -552,7 +548,7 @@ async fn a_claim_no_pod_uses_any_more_is_deallocated_and_released() {
     allocated(&fake, "c").await;
 
     fake.remove(&format!("{PODS}/p"));
-    let released = eventually("the claim deallocated and released", || async {
+    let released = eventually("the claim deallocated and released", DEADLINE, || async {
         get_claim(&fake, "c").filter(|c| allocation(c).is_none() && finalizers(c).is_empty())
     })
     .await;
@@ -815,7 +811,7 @@ async fn a_claim_reserved_by_a_pod_is_released_only_after_the_reservation_ends()
         .unwrap()
         .remove("reservedFor");
     fake.insert(unreserved);
-    eventually("the claim gone", || async {
+    eventually("the claim gone", DEADLINE, || async {
         get_claim(&fake, "c").is_none().then_some(())
     })
     .await;
@@ -861,7 +857,7 @@ async fn a_claim_changed_while_it_is_being_marked_is_not_overwritten() {
     claim(&fake, "raced", SLICES, 1, None);
     pod(&fake, "p", &[Uses::Claim("raced")], json!({}));
     let controller = Controller::start(&fake);
-    eventually("the first write in flight", || async {
+    eventually("the first write in flight", DEADLINE, || async {
         (fake.count("patch", &path) >= 1).then_some(())
     })
     .await;
@@ -898,7 +894,7 @@ async fn the_scheduling_gate_is_removed_once_every_controller_claim_is_allocated
     let a = allocated(&fake, "a").await;
     let b = allocated(&fake, "b").await;
     assert_eq!(node_of(&a), node_of(&b));
-    let pod = eventually("the kerf gate removed", || async {
+    let pod = eventually("the kerf gate removed", DEADLINE, || async {
         let pod = fake.get(&format!("{PODS}/p"))?;
         let gates = pod["spec"]["schedulingGates"].as_array()?.clone();
         (gates.len() == 1).then_some(pod)

@@ -11,24 +11,19 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-mod claim_cluster;
+mod common;
+use common::claim_cluster;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use claim_cluster::{
-    CLAIMS, DRIVER, NS, PODS, SLICES, allocation, cluster, condition, gated_pod, get_claim,
-    settings,
+    CLAIMS, Controller, DRIVER, NS, PODS, SLICES, allocation, cluster, condition, gated_pod,
+    get_claim, settings,
 };
 use kerf_api::controller_claims::SCHEDULING_GATE;
-use kerf_controller::claims;
-use kerf_controller::{
-    BackoffConfig, Config, ControllerConfig, ControllerTask, Metrics, run_controllers,
-};
-use kerf_tests::fake_api::{FakeApi, Identity};
+use kerf_controller::{BackoffConfig, ControllerConfig, claims};
+use kerf_tests::fake_api::FakeApi;
 use serde_json::{Value, json};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(10);
 /// Delay after a first failure; doubled per failure up to [`BACKOFF_MAX`] (the shipped
@@ -53,70 +48,20 @@ fn immutable(claim: &str) -> String {
     )
 }
 
-/// The claim controller running as kerf-controller's ServiceAccount, with its metrics.
-struct Controller {
-    shutdown: CancellationToken,
-    task: JoinHandle<kerf_controller::Result<()>>,
-    metrics: Arc<Mutex<Option<Metrics>>>,
-}
-
-impl Controller {
-    fn start(fake: &FakeApi) -> Self {
-        let shutdown = CancellationToken::new();
-        let config = Config {
-            controller: ControllerConfig {
-                backoff: BackoffConfig {
-                    base: BACKOFF_BASE,
-                    max: BACKOFF_MAX,
-                },
-                claims: settings(),
-                ..ControllerConfig::new(DRIVER)
+/// The claim controller running as kerf-controller's ServiceAccount, with its metrics, its
+/// back-off scaled down.
+fn start_controller(fake: &FakeApi) -> Controller {
+    Controller::start_config(
+        fake,
+        ControllerConfig {
+            backoff: BackoffConfig {
+                base: BACKOFF_BASE,
+                max: BACKOFF_MAX,
             },
-            leader_election: None,
-            metrics_address: None,
-        };
-        let metrics = Arc::new(Mutex::new(None));
-        let seen = Arc::clone(&metrics);
-        let task = ControllerTask::new("resourceclaim", move |ctx, stop| {
-            *seen.lock().unwrap() = Some(ctx.metrics.clone());
-            claims::run(ctx, stop)
-        });
-        tokio::spawn(claim_cluster::mirror_ownership_records(
-            fake.clone(),
-            shutdown.clone(),
-        ));
-        let client = fake.client_as(Identity::kerf_controller());
-        let task = tokio::spawn(run_controllers(
-            config,
-            client,
-            shutdown.clone(),
-            vec![task],
-        ));
-        Self {
-            shutdown,
-            task,
-            metrics,
-        }
-    }
-
-    /// Failed writes of `resource` counted with `reason`.
-    fn write_failures(&self, resource: &'static str, reason: &'static str) -> u64 {
-        let metrics = self.metrics.lock().unwrap();
-        metrics
-            .as_ref()
-            .expect("the controller started")
-            .api_write_failures()
-            .count(resource, reason)
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(20), self.task)
-            .await
-            .expect("the controller stops on shutdown")
-            .unwrap()
-            .unwrap();
-    }
+            claims: settings(),
+            ..ControllerConfig::new(DRIVER)
+        },
+    )
 }
 
 /// A claim of one 1 GiB slice of the controller class.
@@ -178,7 +123,7 @@ async fn a_gate_removal_refused_by_rbac_is_a_warning_on_the_pod_and_counted() {
         &denied,
         usize::MAX,
     );
-    let controller = Controller::start(&fake);
+    let controller = start_controller(&fake);
 
     let event = warning(&fake, "Pod", "gated-pod", "WriteRefused").await;
     let note = note(&event);
@@ -214,7 +159,7 @@ async fn a_claim_whose_writes_are_immutable_is_told_on_claim_and_pod_and_backed_
         &refusal,
         usize::MAX,
     );
-    let controller = Controller::start(&fake);
+    let controller = start_controller(&fake);
 
     let on_claim = warning(&fake, "ResourceClaim", "stored-spaced", "WriteRefused").await;
     for text in [
@@ -283,7 +228,7 @@ async fn an_allocation_refused_after_the_claim_was_marked_is_not_retried_in_a_lo
         r#"resourceclaims.resource.k8s.io "status-refused" is forbidden: User "system:serviceaccount:kerf-system:kerf-controller" cannot patch resource "resourceclaims/status" in API group "resource.k8s.io" in the namespace "default""#,
         usize::MAX,
     );
-    let controller = Controller::start(&fake);
+    let controller = start_controller(&fake);
     warning(&fake, "ResourceClaim", "status-refused", "WriteRefused").await;
     let before = fake.count("PATCH", &status);
     tokio::time::sleep(Duration::from_secs(4)).await;

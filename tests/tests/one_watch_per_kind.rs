@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use kerf_controller::webhook::{Certificates, SelfSigned, WebhookConfig};
-use kerf_controller::{Config, ControllerConfig};
+use kerf_controller::{Config, ControllerConfig, Process};
 use kerf_tests::fake_api::{FakeApi, Identity, RequestCounts};
 use kerf_tests::wait::eventually;
 use tokio_util::sync::CancellationToken;
@@ -44,13 +44,12 @@ async fn the_webhook_and_the_reconcilers_list_each_kind_once() {
         metrics_address: None,
     };
     let stop = CancellationToken::new();
-    let run = tokio::spawn(kerf_controller::run_controllers_and_webhook(
-        config,
-        Some(webhook()),
-        fake.client_as(Identity::kerf_controller()),
-        stop.clone(),
-        kerf_controller::controllers(),
-    ));
+    let client = fake.client_as(Identity::kerf_controller());
+    let process = Process {
+        webhook: Some(webhook()),
+        ..Process::new(config, client, stop.clone())
+    };
+    let run = tokio::spawn(process.run());
     let user = Identity::kerf_controller().username;
     let lists = |resource: &str| RequestCounts::of(&fake.requests()).get(&user, "list", resource);
     // Every watch has started once these have: the webhook's templates, the term's slices and

@@ -1,13 +1,14 @@
 //! The cluster of the claim controller tests: four Ready nodes of 8 × H100 with kerf's
 //! ResourceSlices, controller-class and scheduler-class DeviceClasses as the GpuClass
 //! reconciler writes them, and the claim controller running as `kerf-controller` runs it.
-//! Shared by `claims.rs` and `claim_node_labels.rs`; each uses a part.
+//! Shared by the claim controller's tests; each uses a part.
 #![allow(dead_code, reason = "each test binary uses a part of the fixture")]
 #![allow(
     clippy::needless_pass_by_value,
     reason = "fixtures take JSON values as the tests write them"
 )]
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
@@ -16,7 +17,7 @@ use kerf_api::ownership;
 use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::claims;
-use kerf_controller::{BackoffConfig, Config, ControllerConfig, ControllerTask, run_controllers};
+use kerf_controller::{BackoffConfig, Config, ControllerConfig, ControllerTask, Metrics, Process};
 use kerf_tests::fake_api::{FakeApi, Identity};
 use kube::api::ObjectMeta;
 use serde_json::{Value, json};
@@ -157,10 +158,11 @@ pub async fn mirror_ownership_records(fake: FakeApi, shutdown: CancellationToken
     }
 }
 
-/// The claim controller, running as `kerf-controller` runs it.
+/// The claim controller, running as `kerf-controller` runs it, and the metrics it counts in.
 pub struct Controller {
     shutdown: CancellationToken,
     task: JoinHandle<kerf_controller::Result<()>>,
+    metrics: Arc<Mutex<Option<Metrics>>>,
 }
 
 impl Controller {
@@ -169,9 +171,9 @@ impl Controller {
     }
 
     pub fn start_with(fake: &FakeApi, settings: claims::ClaimSettings) -> Self {
-        let shutdown = CancellationToken::new();
-        let config = Config {
-            controller: ControllerConfig {
+        Self::start_config(
+            fake,
+            ControllerConfig {
                 backoff: BackoffConfig {
                     base: Duration::from_millis(50),
                     max: Duration::from_secs(1),
@@ -179,18 +181,46 @@ impl Controller {
                 claims: settings,
                 ..ControllerConfig::new(DRIVER)
             },
+        )
+    }
+
+    /// The claim controller alone, configured by `config`, with each node's kubelet plugin
+    /// mirroring the ownership records ([`mirror_ownership_records`]).
+    pub fn start_config(fake: &FakeApi, config: ControllerConfig) -> Self {
+        let shutdown = CancellationToken::new();
+        let config = Config {
+            controller: config,
             leader_election: None,
             metrics_address: None,
         };
-        let task = ControllerTask::new("resourceclaim", claims::run);
+        let metrics = Arc::new(Mutex::new(None));
+        let seen = Arc::clone(&metrics);
+        let task = ControllerTask::new("resourceclaim", move |ctx, stop| {
+            *seen.lock().unwrap() = Some(ctx.metrics.clone());
+            claims::run(ctx, stop)
+        });
         tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
-        let task = tokio::spawn(run_controllers(
-            config,
-            fake.client_as(Identity::kerf_controller()),
-            shutdown.clone(),
-            vec![task],
-        ));
-        Self { shutdown, task }
+        let client = fake.client_as(Identity::kerf_controller());
+        let process = Process {
+            controllers: vec![task],
+            ..Process::new(config, client, shutdown.clone())
+        };
+        let task = tokio::spawn(process.run());
+        Self {
+            shutdown,
+            task,
+            metrics,
+        }
+    }
+
+    /// Failed writes of `resource` counted with `reason`.
+    pub fn write_failures(&self, resource: &'static str, reason: &'static str) -> u64 {
+        let metrics = self.metrics.lock().unwrap();
+        metrics
+            .as_ref()
+            .expect("the controller started")
+            .api_write_failures()
+            .count(resource, reason)
     }
 
     pub async fn stop(self) {

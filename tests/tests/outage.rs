@@ -17,16 +17,17 @@
     reason = "test helpers fail the test the same way"
 )]
 
-mod lease_fixture;
-mod running;
+mod common;
+
+use common::lease;
 
 use std::time::Duration;
 
+use common::controller::RunningController;
 use kerf_api::watch_backoff::MAX_DELAY;
-use kerf_controller::{ControllerTask, Error, LeaderElector, run_controllers};
+use kerf_controller::{ControllerTask, Error, LeaderElector, Process};
 use kerf_tests::fake_api::{FakeApi, Identity, Outage};
-use lease_fixture::{GUARD, acquire, holder, lease_config, replica_config};
-use running::RunningController;
+use lease::{GUARD, acquire, holder, lease_config, replica_config};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -72,12 +73,17 @@ async fn a_replica_started_during_an_outage_waits_for_the_server_instead_of_exit
         }
     });
     let config = replica_config("a");
-    let replica = tokio::spawn(run_controllers(
-        config,
-        fake.client_as(Identity::kerf_controller()),
-        shutdown.clone(),
-        vec![task],
-    ));
+    let replica = tokio::spawn(
+        Process {
+            controllers: vec![task],
+            ..Process::new(
+                config,
+                fake.client_as(Identity::kerf_controller()),
+                shutdown.clone(),
+            )
+        }
+        .run(),
+    );
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert!(
         !replica.is_finished(),

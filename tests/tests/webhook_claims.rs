@@ -25,7 +25,9 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-mod webhook_server;
+mod common;
+
+use common::webhook_server;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -25,15 +25,16 @@ use kerf_api::ownership::Record;
 use kerf_api::params::{Allocator, GpuSelector};
 use kerf_api::shared_publication::{SHARED_PUBLICATION_ANNOTATION, SharedPublication};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
-use kerf_controller::cache::Caches;
 use kerf_controller::features::ApiSupport;
 use kerf_controller::gpuclass::{reasons, reconcile};
-use kerf_controller::{Context, ControllerConfig, Metrics};
-use kerf_tests::fake_api::{FakeApi, Identity};
+use kerf_controller::{Context, ControllerConfig};
+use kerf_tests::fake_api::FakeApi;
 use kube::api::{ObjectMeta, Patch, PatchParams};
 use serde_json::json;
 
-mod claim_cluster;
+mod common;
+use common::claim_cluster;
+use common::controller::Watched;
 
 const H100: &str = "NVIDIA H100 80GB HBM3";
 const GPUS: usize = 8;
@@ -76,15 +77,8 @@ fn expression(dc: &DeviceClass) -> String {
 
 /// A GpuClass reconciler context over `fake`, with `support`.
 async fn class_context(fake: &FakeApi, support: ApiSupport) -> Arc<Context> {
-    let client = fake.client_as(Identity::kerf_controller());
-    let (caches, fill) = Caches::start(&client, DRIVER);
-    tokio::spawn(fill);
-    caches.wait_ready().await.unwrap();
-    let metrics = Metrics::new(&mut prometheus_client::registry::Registry::default());
-    Arc::new(
-        Context::new(client, ControllerConfig::new(DRIVER), metrics, caches)
-            .with_api_support(support),
-    )
+    let watched = Watched::start(fake, ControllerConfig::new(DRIVER)).await;
+    Arc::new(watched.context.with_api_support(support))
 }
 
 fn ready_of(fake: &FakeApi, name: &str) -> (String, String, String) {

@@ -9,27 +9,27 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-use std::future::Future;
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::controller::{RunningController, Watched, metrics_text};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kerf_api::params::{Allocator, GpuSelector, GpuSliceAllocation, OpaqueKind, SliceDevice};
 use kerf_api::quantity::parse_bytes;
 use kerf_api::{GpuClass, GpuClassSpec, decode_opaque, params::OpaqueConfig};
 use kerf_controller::cache::Caches;
 use kerf_controller::gpuclass::{self, RETRY, reconcile};
-use kerf_controller::{Config, Context, ControllerConfig, Metrics, run_controllers};
+use kerf_controller::{Config, Context, ControllerConfig, Metrics, Process};
 use kerf_tests::fake_api::{FakeApi, Identity};
+use kerf_tests::wait::eventually;
 use kube::api::ObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use prometheus_client::registry::Registry;
-use running::RunningController;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-mod running;
 
 const DRIVER: &str = "gpu.kerf.dev";
 const H100: &str = "NVIDIA H100 80GB HBM3";
@@ -40,6 +40,8 @@ const H100_BYTES: u64 = 81559 << 20;
 const L4_BYTES: u64 = 23034 << 20;
 const DEVICE_CLASSES: &str = "/apis/resource.k8s.io/v1/deviceclasses";
 const GPU_CLASSES: &str = "/apis/gpu.kerf.dev/v1alpha1/gpuclasses";
+/// How long a test waits for the controller.
+const DEADLINE: Duration = Duration::from_secs(20);
 
 /// Publishes a mock node's ResourceSlices as the kubelet plugin would, at `generation`.
 fn seed_node(fake: &FakeApi, node: &str, profile: &str, generation: i64) {
@@ -93,14 +95,6 @@ fn result(node: &str, device: &str) -> Value {
     json!({"request": "gpu", "driver": DRIVER, "pool": node, "device": device})
 }
 
-/// Polls `check` until it returns `Some`, failing the test after 20 s.
-async fn eventually<T, Fut: Future<Output = Option<T>>>(
-    what: &str,
-    check: impl FnMut() -> Fut,
-) -> T {
-    kerf_tests::wait::eventually(what, Duration::from_secs(20), check).await
-}
-
 /// A context whose caches watch `fake`.
 struct Harness {
     fake: FakeApi,
@@ -110,16 +104,11 @@ struct Harness {
 
 impl Harness {
     async fn new(fake: &FakeApi) -> Self {
-        let client = fake.client_as(Identity::kerf_controller());
-        let (caches, fill) = Caches::start(&client, DRIVER);
-        tokio::spawn(fill);
-        caches.wait_ready().await.unwrap();
-        let mut registry = Registry::default();
-        let metrics = Metrics::new(&mut registry);
-        let ctx = Context::new(client, ControllerConfig::new(DRIVER), metrics, caches);
+        let Watched { context, registry } =
+            Watched::start(fake, ControllerConfig::new(DRIVER)).await;
         Self {
             fake: fake.clone(),
-            ctx: Arc::new(ctx),
+            ctx: Arc::new(context),
             registry,
         }
     }
@@ -141,16 +130,14 @@ impl Harness {
     /// Waits until the caches hold `claims` claims and `slices` slices.
     async fn caches_hold(&self, slices: usize, claims: usize) {
         let caches = &self.ctx.caches;
-        eventually("the caches", || async {
+        eventually("the caches", DEADLINE, || async {
             (caches.slices.len() == slices && caches.claims.len() == claims).then_some(())
         })
         .await;
     }
 
     fn metrics_text(&self) -> String {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
-        text
+        metrics_text(&self.registry)
     }
 }
 
@@ -247,7 +234,7 @@ async fn an_unchanged_class_costs_no_writes() {
     gpu_class(&fake, "any", GpuClassSpec::default());
     let h = Harness::new(&fake).await;
     h.reconcile("any").await.unwrap();
-    eventually("the DeviceClass in the cache", || async {
+    eventually("the DeviceClass in the cache", DEADLINE, || async {
         h.ctx
             .caches
             .device_classes
@@ -418,7 +405,7 @@ async fn a_class_matching_nothing_is_not_ready_and_says_why() {
         "the DeviceClass exists anyway"
     );
 
-    let events = eventually("a Warning event", || async {
+    let events = eventually("a Warning event", DEADLINE, || async {
         let events = fake.list("/apis/events.k8s.io/v1/events");
         (!events.is_empty()).then_some(events)
     })
@@ -518,7 +505,7 @@ async fn the_running_controller_follows_spec_and_claim_changes() {
     gpu_class(&fake, "fast", h100_class());
     let running = RunningController::start(&fake);
 
-    let dc = eventually("the DeviceClass", || async {
+    let dc = eventually("the DeviceClass", DEADLINE, || async {
         fake.get_resource::<DeviceClass>(None, "fast")
     })
     .await;
@@ -531,7 +518,7 @@ async fn the_running_controller_follows_spec_and_claim_changes() {
         ..GpuSelector::default()
     };
     fake.insert_resource(&class);
-    let dc = eventually("the updated DeviceClass", || async {
+    let dc = eventually("the updated DeviceClass", DEADLINE, || async {
         fake.get_resource::<DeviceClass>(None, "fast")
             .filter(|dc| expression(dc).contains(L4))
     })
@@ -543,7 +530,7 @@ async fn the_running_controller_follows_spec_and_claim_changes() {
         panic!("not GpuClassParameters");
     };
     assert_eq!(params.selector.product_names, [L4]);
-    eventually("the status of the new generation", || async {
+    eventually("the status of the new generation", DEADLINE, || async {
         let class: GpuClass = fake.get_resource(None, "fast")?;
         let status = class.status?;
         (status.observed_generation == class.metadata.generation
@@ -554,7 +541,7 @@ async fn the_running_controller_follows_spec_and_claim_changes() {
 
     // A claim allocated on an L4: the free memory follows without any GpuClass change.
     allocated_claim(&fake, "c", json!([result("node-b", "gpu-1")]), json!([]));
-    eventually("the free memory after the allocation", || async {
+    eventually("the free memory after the allocation", DEADLINE, || async {
         let class: GpuClass = fake.get_resource(None, "fast")?;
         let free = class.status?.free_memory?;
         (parse_bytes(&free.0).ok()? == L4_BYTES).then_some(())
@@ -581,7 +568,7 @@ async fn the_controller_stops_when_asked_before_the_caches_are_ready() {
     ));
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(gpuclass::run(ctx, shutdown.clone()));
-    eventually("failing lists", || async {
+    eventually("failing lists", DEADLINE, || async {
         (fake.count("list", "/apis/resource.k8s.io") >= 3).then_some(())
     })
     .await;
@@ -595,7 +582,7 @@ async fn the_controller_stops_when_asked_before_the_caches_are_ready() {
 }
 
 #[tokio::test]
-async fn run_controllers_reports_a_controller_that_stops_on_its_own() {
+async fn the_process_reports_a_controller_that_stops_on_its_own() {
     let fake = FakeApi::new();
     let config = Config {
         controller: ControllerConfig::new(DRIVER),
@@ -603,12 +590,15 @@ async fn run_controllers_reports_a_controller_that_stops_on_its_own() {
         metrics_address: None,
     };
     let quitter = kerf_controller::ControllerTask::new("quitter", |_ctx, _stop| async { Ok(()) });
-    let error = run_controllers(
-        config,
-        fake.client_as(Identity::kerf_controller()),
-        CancellationToken::new(),
-        vec![quitter],
-    )
+    let error = Process {
+        controllers: vec![quitter],
+        ..Process::new(
+            config,
+            fake.client_as(Identity::kerf_controller()),
+            CancellationToken::new(),
+        )
+    }
+    .run()
     .await
     .unwrap_err();
     assert_eq!(error.reason(), "controller_stopped");

@@ -78,13 +78,14 @@ pub fn start(
         }),
     };
     let serving = Arc::new(AtomicBool::new(false));
-    tokio::spawn(webhook::run(
+    tokio::spawn(webhook::run(webhook::Webhook {
         config,
-        fake.client_as(Identity::kerf_controller()),
+        client: fake.client_as(Identity::kerf_controller()),
+        caches: None,
         metrics,
-        Arc::clone(&serving),
-        stop.clone(),
-    ));
+        serving: Arc::clone(&serving),
+        shutdown: stop.clone(),
+    }));
     Started {
         port,
         registry,

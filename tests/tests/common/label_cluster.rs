@@ -1,4 +1,4 @@
-//! The node label tests' part of the claim controller cluster ([`crate::claim_cluster`]):
+//! The node label tests' part of the claim controller cluster ([`super::claim_cluster`]):
 //! controller claims and their pods, claims written as kube-scheduler and
 //! kube-controller-manager write them, and a record of every version of every claim.
 
@@ -13,9 +13,7 @@ use kube::Api;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
-pub use crate::claim_cluster::{
-    CLAIMS, Controller, DRIVER, NODES, NS, PODS, SLICES, WHOLE, allocation, cluster, get_claim,
-};
+use super::claim_cluster::{DRIVER, NS, SLICES, WHOLE, allocation, get_claim};
 
 pub const DEADLINE: Duration = Duration::from_secs(20);
 

@@ -11,24 +11,23 @@
     reason = "helpers outside #[test] functions fail the test the same way"
 )]
 
-mod claim_cluster;
+mod common;
+use common::claim_cluster;
+use common::controller::{ClaimController, Watched, metric};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use claim_cluster::{DRIVER, NODES, NS, PODS, WHOLE, mirror_ownership_records, settings};
+use claim_cluster::{DRIVER, NODES, NS, PODS, WHOLE, settings};
 use k8s_openapi::api::core::v1::Node;
 use kerf_api::ownership::{NODE_LABEL, Owner, Record};
-use kerf_controller::cache::Caches;
-use kerf_controller::claims;
-use kerf_controller::{BackoffConfig, Context, ControllerConfig, Metrics};
-use kerf_tests::fake_api::{FakeApi, Identity};
+use kerf_controller::{BackoffConfig, ControllerConfig};
+use kerf_tests::fake_api::FakeApi;
 use kerf_tests::scheduler::SeededRng;
 use kube::api::{Patch, PatchParams};
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const GPUS: usize = 8;
@@ -37,18 +36,11 @@ const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims
 /// The claim controller on its own context, whose metrics the test reads.
 struct Harness {
     registry: Registry,
-    shutdown: CancellationToken,
-    task: tokio::task::JoinHandle<kerf_controller::Result<()>>,
+    controller: ClaimController,
 }
 
 impl Harness {
     async fn start(fake: &FakeApi) -> Self {
-        let client = fake.client_as(Identity::kerf_controller());
-        let (caches, fill) = Caches::start(&client, DRIVER);
-        tokio::spawn(fill);
-        caches.wait_ready().await.unwrap();
-        let mut registry = Registry::default();
-        let metrics = Metrics::new(&mut registry);
         let config = ControllerConfig {
             backoff: BackoffConfig {
                 base: Duration::from_millis(10),
@@ -57,42 +49,28 @@ impl Harness {
             claims: settings(),
             ..ControllerConfig::new(DRIVER)
         };
-        let ctx = Arc::new(Context::new(client, config, metrics, caches));
-        let shutdown = CancellationToken::new();
-        tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
-        let task = tokio::spawn(claims::run(ctx, shutdown.clone()));
+        let Watched { context, registry } = Watched::start(fake, config).await;
+        let controller = ClaimController::start(fake, Arc::new(context));
         Self {
             registry,
-            shutdown,
-            task,
+            controller,
         }
     }
 
-    fn series(&self, name: &str) -> Option<u64> {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry).unwrap();
-        text.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .map(|n| n.parse().unwrap())
-    }
-
     fn passes(&self) -> u64 {
-        self.series("kerf_controller_ownership_passes_total")
-            .unwrap_or(0)
+        metric(&self.registry, "kerf_controller_ownership_passes_total").unwrap_or(0)
     }
 
     /// No device waits for its fence.
     fn nothing_settling(&self) -> bool {
-        self.series(r#"kerf_controller_ownership_devices{owner="settling"}"#) == Some(0)
+        metric(
+            &self.registry,
+            r#"kerf_controller_ownership_devices{owner="settling"}"#,
+        ) == Some(0)
     }
 
     async fn stop(self) {
-        self.shutdown.cancel();
-        tokio::time::timeout(DEADLINE, self.task)
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        self.controller.stop().await;
     }
 }
 
