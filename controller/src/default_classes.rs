@@ -169,16 +169,7 @@ pub async fn ensure(
             report.recorded.push(name);
             continue;
         }
-        let object = GpuClass {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                labels: class.metadata.labels.clone(),
-                annotations: class.metadata.annotations.clone(),
-                ..ObjectMeta::default()
-            },
-            spec: class.spec.clone(),
-            status: None,
-        };
+        let object = default_object(class, &name);
         let what = format!("create default GpuClass {name}");
         let created = retry_create(&what, defaults.retry, stop, || {
             classes.create(&post, &object)
@@ -200,23 +191,51 @@ pub async fn ensure(
         recorded.insert(name, now());
     }
     if recorded.len() > before {
-        let body = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(RECORD_CONFIGMAP.to_owned()),
-                namespace: Some(defaults.record_namespace.clone()),
-                ..ObjectMeta::default()
-            },
-            data: Some(recorded),
-            ..ConfigMap::default()
-        };
-        let params = PatchParams::apply(field_manager).force();
-        let patch = Patch::Apply(&body);
-        retry("record the default classes", defaults.retry, stop, || {
-            records.patch(RECORD_CONFIGMAP, &params, &patch)
-        })
-        .await?;
+        write_record(&records, recorded, defaults, field_manager, stop).await?;
     }
     Ok(report)
+}
+
+/// The GpuClass to create for the default `class` named `name`: its name, labels,
+/// annotations and spec, nothing of the file's other metadata.
+fn default_object(class: &GpuClass, name: &str) -> GpuClass {
+    GpuClass {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: class.metadata.labels.clone(),
+            annotations: class.metadata.annotations.clone(),
+            ..ObjectMeta::default()
+        },
+        spec: class.spec.clone(),
+        status: None,
+    }
+}
+
+/// Applies the record of default classes, `recorded` (class name → when), to
+/// [`RECORD_CONFIGMAP`], retrying transient failures until `stop`.
+async fn write_record(
+    records: &Api<ConfigMap>,
+    recorded: std::collections::BTreeMap<String, String>,
+    defaults: &DefaultClasses,
+    field_manager: &str,
+    stop: &CancellationToken,
+) -> Result<()> {
+    let body = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(RECORD_CONFIGMAP.to_owned()),
+            namespace: Some(defaults.record_namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        data: Some(recorded),
+        ..ConfigMap::default()
+    };
+    let params = PatchParams::apply(field_manager).force();
+    let patch = Patch::Apply(&body);
+    retry("record the default classes", defaults.retry, stop, || {
+        records.patch(RECORD_CONFIGMAP, &params, &patch)
+    })
+    .await?;
+    Ok(())
 }
 
 fn now() -> String {

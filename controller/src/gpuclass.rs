@@ -177,7 +177,6 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context, memo: &RefreshMemo) ->
         return Ok(Action::await_change());
     }
     let name = class.name_any();
-    let driver = ctx.config.driver_name.as_str();
     let selector = match checked_selector(class) {
         Ok(selector) => selector,
         Err(error) => {
@@ -206,41 +205,75 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context, memo: &RefreshMemo) ->
         return Ok(Action::requeue(ctx.config.resync_period));
     }
 
+    let extended_verdict = apply_device_class(class, ctx, &name, existing.as_deref()).await?;
+    let (capacity, readiness) = count_capacity(class, ctx, memo, &name, &selector);
+    write_status(
+        class,
+        ctx,
+        Some(&name),
+        Some(&capacity),
+        readiness,
+        extended_verdict,
+    )
+    .await?;
+    Ok(Action::requeue(ctx.config.resync_period))
+}
+
+/// Step 3 of a reconcile: applies the owned DeviceClass unless the cached one is already as
+/// desired, giving the extended-resource verdict for the status.
+async fn apply_device_class(
+    class: &GpuClass,
+    ctx: &Context,
+    name: &str,
+    existing: Option<&DeviceClass>,
+) -> Result<Option<Verdict>> {
     let extended = extended_resource::decide(
-        &name,
+        name,
         &class.spec,
         &ctx.api_support.extended_resource,
-        existing.as_deref(),
+        existing,
         &ctx.caches.device_classes.state(),
     );
-    let consumable_capacity = ctx.api_support.consumable_capacity.is_served();
     let mut desired = device_class(
         class,
-        driver,
+        ctx.config.driver_name.as_str(),
         &ctx.config.field_manager,
-        consumable_capacity,
+        ctx.api_support.consumable_capacity.is_served(),
     )?;
     desired.spec.extended_resource_name = extended.name;
-    if needs_apply(existing.as_deref(), &desired) {
+    if needs_apply(existing, &desired) {
         Api::<DeviceClass>::all(ctx.client.clone())
             .patch(
-                &name,
+                name,
                 &PatchParams::apply(&ctx.config.field_manager).force(),
                 &Patch::Apply(&desired),
             )
             .await
-            .map_err(|e| Error::write(Write::patch("deviceclasses", None, &name), e))?;
+            .map_err(|e| Error::write(Write::patch("deviceclasses", None, name), e))?;
     }
+    Ok(extended.verdict)
+}
 
+/// Step 4 of a reconcile: counts the class's matching devices and their memory from the
+/// caches, sets the class gauges, and says whether the class is ready.
+fn count_capacity(
+    class: &GpuClass,
+    ctx: &Context,
+    memo: &RefreshMemo,
+    name: &str,
+    selector: &DeviceSelector,
+) -> (ClassCapacity, Readiness) {
+    let driver = ctx.config.driver_name.as_str();
+    let consumable_capacity = ctx.api_support.consumable_capacity.is_served();
     let slices = ctx.caches.slices.state();
     let claims = ctx.caches.claims.state();
     let devices = current_devices(&slices, driver);
     let usage = memo.usage(&slices, &claims, driver);
-    let scope = ClassScope::of_class(&selector, &class.spec.parameters(), consumable_capacity);
+    let scope = ClassScope::of_class(selector, &class.spec.parameters(), consumable_capacity);
     let capacity = class_capacity(&scope, &devices, &usage.memory, driver);
-    ctx.metrics.set_class_capacity(&name, &capacity);
+    ctx.metrics.set_class_capacity(name, &capacity);
     let free = free_compute(&scope, &devices, &usage.compute, driver);
-    ctx.metrics.set_class_free_compute(&name, free);
+    ctx.metrics.set_class_free_compute(name, free);
     let readiness = if class.spec.parameters().is_scheduler_sliced() {
         let conflicts = crate::shared::conflicts(
             devices.iter().map(|d| (d.pool, d.device)),
@@ -248,24 +281,15 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context, memo: &RefreshMemo) ->
             &crate::shared::sliced_classes(&ctx.caches.device_classes.state(), driver),
         );
         sliced_readiness(
-            &name,
+            name,
             &capacity,
             consumable_capacity,
-            conflicts.get(&name).map(Vec::as_slice),
+            conflicts.get(name).map(Vec::as_slice),
         )
     } else {
-        capacity_readiness(&name, &capacity)
+        capacity_readiness(name, &capacity)
     };
-    write_status(
-        class,
-        ctx,
-        Some(&name),
-        Some(&capacity),
-        readiness,
-        extended.verdict,
-    )
-    .await?;
-    Ok(Action::requeue(ctx.config.resync_period))
+    (capacity, readiness)
 }
 
 fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Readiness {

@@ -124,43 +124,8 @@ pub fn claim_request(
     let mut total = 0usize;
     for (i, request) in requests.iter().enumerate() {
         let base = format!("spec.devices.requests[{i}]");
-        let resolved = match (&request.exactly, &request.first_available) {
-            (Some(_), Some(_)) => {
-                return Err(Error::config(
-                    join(&base, "firstAvailable"),
-                    "set either exactly or firstAvailable, not both",
-                ));
-            }
-            (Some(exactly), None) => {
-                let at = join(&base, "exactly");
-                let resolve = (configs.as_slice(), &class_params, driver);
-                resolve_request(&request.name, exactly, &at, resolve)?
-            }
-            (None, _) if request.first_available.is_none() => {
-                return Err(Error::config(
-                    join(&base, "exactly"),
-                    "missing (and no firstAvailable)",
-                ));
-            }
-            (None, _) => {
-                let mut subs = Vec::new();
-                for (j, sub) in super::prioritized::subrequests(request, &base)?
-                    .iter()
-                    .enumerate()
-                {
-                    let at = format!("{base}.firstAvailable[{j}]");
-                    let name = format!("{}/{}", request.name, sub.name);
-                    let exact = super::prioritized::as_exact(sub);
-                    subs.push(resolve_request(
-                        &name,
-                        &exact,
-                        &at,
-                        (configs.as_slice(), &class_params, driver),
-                    )?);
-                }
-                super::prioritized::parent(&request.name, subs)
-            }
-        };
+        let resolved =
+            claim_device_request(request, &base, (configs.as_slice(), &class_params, driver))?;
         // The fewest devices the request may take, as kube-scheduler's allocator counts it.
         total += resolved
             .first_available
@@ -179,6 +144,56 @@ pub fn claim_request(
         ));
     }
     Ok(ClaimRequest { key, requests: out })
+}
+
+/// One request of the claim at path `base`, `exactly` or `firstAvailable`, in the
+/// allocator's terms.
+fn claim_device_request(
+    request: &k8s_openapi::api::resource::v1::DeviceRequest,
+    base: &str,
+    (configs, class_params, driver): (
+        &[ClaimConfig],
+        &impl Fn(&str) -> Option<GpuClassParameters>,
+        &str,
+    ),
+) -> Result<DeviceRequest> {
+    let resolved = match (&request.exactly, &request.first_available) {
+        (Some(_), Some(_)) => {
+            return Err(Error::config(
+                join(base, "firstAvailable"),
+                "set either exactly or firstAvailable, not both",
+            ));
+        }
+        (Some(exactly), None) => {
+            let at = join(base, "exactly");
+            resolve_request(&request.name, exactly, &at, (configs, class_params, driver))?
+        }
+        (None, _) if request.first_available.is_none() => {
+            return Err(Error::config(
+                join(base, "exactly"),
+                "missing (and no firstAvailable)",
+            ));
+        }
+        (None, _) => {
+            let mut subs = Vec::new();
+            for (j, sub) in super::prioritized::subrequests(request, base)?
+                .iter()
+                .enumerate()
+            {
+                let at = format!("{base}.firstAvailable[{j}]");
+                let name = format!("{}/{}", request.name, sub.name);
+                let exact = super::prioritized::as_exact(sub);
+                subs.push(resolve_request(
+                    &name,
+                    &exact,
+                    &at,
+                    (configs, class_params, driver),
+                )?);
+            }
+            super::prioritized::parent(&request.name, subs)
+        }
+    };
+    Ok(resolved)
 }
 
 /// A decoded `GpuClaimParameters` of the claim and where it sits.
