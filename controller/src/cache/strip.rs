@@ -12,7 +12,7 @@
 use k8s_openapi::api::core::v1::{Affinity, Container, Node, NodeStatus, Pod, PodSpec, PodStatus};
 use kube::Resource;
 
-use crate::claims::CONDITION_TYPE;
+use crate::claims::reasons::CONDITION_TYPE;
 
 /// Drops `managedFields`, which every kind carries and nothing in kerf reads: the server-side
 /// apply bookkeeping of every writer, often larger than the rest of the metadata.

@@ -12,10 +12,10 @@ use kube::runtime::events::EventType;
 
 use super::commit::{deallocate, write_placement};
 use super::gate;
-use super::placement::{Placing, place_and_begin};
-use super::reconcile::note_rejection;
+use super::placement::{NoFit, Placing, place_and_begin};
 use super::report::{describe, publish, report_allocated, report_invalid, report_unplaceable};
 use super::state::{allocated_on, allocation_of, annotated_node, is_reserved};
+use super::yielding::note_rejection;
 use super::{consumers, reasons};
 use crate::context::Context;
 use crate::error::Result;
@@ -25,18 +25,9 @@ use crate::error::Result;
 /// scheduling gate.
 pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action> {
     let started = Instant::now();
-    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-    let pod_claims = consumers::pod_claims(pod);
-    if !pod_claims.pending_templates.is_empty() {
+    let Some(claims) = cached_pod_claims(pod, ctx) else {
         return Ok(Action::requeue(ctx.config.claims.pending_retry));
-    }
-    let mut claims = Vec::new();
-    for name in &pod_claims.names {
-        match ctx.claim(&namespace, name) {
-            Some(claim) => claims.push(claim),
-            None => return Ok(Action::requeue(ctx.config.claims.pending_retry)),
-        }
-    }
+    };
     let (placed, todo): (Vec<_>, Vec<_>) = claims
         .into_iter()
         .filter(|c| ctx.is_controller_claim(c) && c.metadata.deletion_timestamp.is_none())
@@ -52,14 +43,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
         // A claim of the pod the scheduler rejected: its node must not be chosen again.
         note_rejection(claim, &[pod], ctx).await;
     }
-    let mut pinned: Vec<String> = placed
-        .iter()
-        .filter_map(|c| allocated_on(c, ctx.driver()))
-        .collect();
-    // A pod created with spec.nodeName runs there whatever kerf decides.
-    pinned.extend(consumers::assigned_node(pod).map(str::to_owned));
-    pinned.sort();
-    pinned.dedup();
+    let pinned = pinned_nodes(pod, &placed, ctx);
     let request = match pod_request(&todo, ctx) {
         Ok(request) => request,
         Err((claim, error)) => {
@@ -73,22 +57,12 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
         Placing::Placed(placement, writing) => (placement, writing),
         Placing::Busy => return Ok(Action::requeue(ctx.config.claims.pending_retry)),
         Placing::NoFit(no_fit) => {
-            if !pinned.is_empty() && release_pinned(&placed, ctx).await? {
-                // The pod's claims are placed again together once the released ones are back.
-                return Ok(Action::requeue(ctx.config.claims.pending_retry));
-            }
-            if ctx.capacity_settling() {
-                // Devices are passing their ownership fence (at start-up, or taken back from
-                // the scheduler): not a verdict yet. Their passing triggers the claims again.
-                for claim in &todo {
-                    ctx.wait_for_capacity(claim);
-                }
-                return Ok(Action::requeue(ctx.config.claims.pending_retry));
-            }
-            ctx.metrics
-                .record_allocation(Err(no_fit.reason), started.elapsed());
-            report_unplaceable(ctx, pod, &todo, &no_fit.message).await;
-            return Ok(Action::requeue(ctx.config.claims.unplaceable_retry));
+            let unfit = Unfit {
+                placed: &placed,
+                todo: &todo,
+                pinned: &pinned,
+            };
+            return on_no_fit(pod, &unfit, &no_fit, started, ctx).await;
         }
     };
     let result = write_placement(&todo, &placement, &mut writing, ctx).await;
@@ -111,6 +85,69 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
             Err(error)
         }
     }
+}
+
+/// The pod's claims from the cache, or `None` while one of them (or a claim its templates
+/// make) does not exist yet.
+fn cached_pod_claims(pod: &Pod, ctx: &Context) -> Option<Vec<Arc<ResourceClaim>>> {
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
+    let pod_claims = consumers::pod_claims(pod);
+    if !pod_claims.pending_templates.is_empty() {
+        return None;
+    }
+    pod_claims
+        .names
+        .iter()
+        .map(|name| ctx.claim(&namespace, name))
+        .collect()
+}
+
+/// The nodes the pod is tied to: where its allocated claims are, and its `spec.nodeName`.
+fn pinned_nodes(pod: &Pod, placed: &[Arc<ResourceClaim>], ctx: &Context) -> Vec<String> {
+    let mut pinned: Vec<String> = placed
+        .iter()
+        .filter_map(|c| allocated_on(c, ctx.driver()))
+        .collect();
+    // A pod created with spec.nodeName runs there whatever kerf decides.
+    pinned.extend(consumers::assigned_node(pod).map(str::to_owned));
+    pinned.sort();
+    pinned.dedup();
+    pinned
+}
+
+/// A pod's claims that did not fit: those already allocated, those to place, and the nodes
+/// the pod is tied to.
+struct Unfit<'a> {
+    placed: &'a [Arc<ResourceClaim>],
+    todo: &'a [Arc<ResourceClaim>],
+    pinned: &'a [String],
+}
+
+/// What to do when the pod's claims fit on no node: release its pinned claims to place all
+/// again, wait while device ownership settles, or report the pod unplaceable.
+async fn on_no_fit(
+    pod: &Pod,
+    unfit: &Unfit<'_>,
+    no_fit: &NoFit,
+    started: Instant,
+    ctx: &Context,
+) -> Result<Action> {
+    if !unfit.pinned.is_empty() && release_pinned(unfit.placed, ctx).await? {
+        // The pod's claims are placed again together once the released ones are back.
+        return Ok(Action::requeue(ctx.config.claims.pending_retry));
+    }
+    if ctx.capacity_settling() {
+        // Devices are passing their ownership fence (at start-up, or taken back from
+        // the scheduler): not a verdict yet. Their passing triggers the claims again.
+        for claim in unfit.todo {
+            ctx.wait_for_capacity(claim);
+        }
+        return Ok(Action::requeue(ctx.config.claims.pending_retry));
+    }
+    ctx.metrics
+        .record_allocation(Err(no_fit.reason), started.elapsed());
+    report_unplaceable(ctx, pod, unfit.todo, &no_fit.message).await;
+    Ok(Action::requeue(ctx.config.claims.unplaceable_retry))
 }
 
 fn pod_request(

@@ -26,7 +26,7 @@ use kerf_api::resourceslice::SliceFields as _;
 use kerf_core::alloc::{DeviceUse, Index};
 use kube::runtime::reflector::ObjectRef;
 
-use super::ownership::OwnershipBook;
+use super::ownership::book::OwnershipBook;
 use crate::cache::CompactSlice;
 
 /// How long an assumed allocation waits for the watch to show it before it is dropped.

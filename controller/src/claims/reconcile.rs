@@ -27,15 +27,14 @@ use std::time::Instant;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 
 use super::allocate::allocate_for_pod;
 use super::commit::deallocate;
-use super::report::{self, publish};
-use super::state::{allocation_of, annotated_node, claim_uid, has_finalizer, is_reserved, pod_uid};
+use super::consumers;
+use super::report;
+use super::state::{allocation_of, annotated_node, claim_uid, has_finalizer, is_reserved};
 use super::write::{self, claim_api};
-use super::yielding::{notify_yielders, scheduler_conflict};
-use super::{consumers, reasons};
+use super::yielding::{note_rejection, notify_yielders, scheduler_conflict};
 use crate::context::Context;
 use crate::error::Result;
 use crate::retry::Retry;
@@ -168,21 +167,4 @@ async fn reconcile_unallocated(claim: &ResourceClaim, uid: &str, ctx: &Context) 
             Ok(Action::await_change())
         }
     }
-}
-
-/// Our allocation of `claim` is gone and we did not clear it: the scheduler rejected the node
-/// (it clears an unreserved allocation whose node does not fit the pod). The node becomes
-/// unsuitable for `pods`. Reported once: afterwards the missing allocation counts as ours.
-pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &Context) {
-    let (Some(uid), Some(node)) = (claim.metadata.uid.as_deref(), annotated_node(claim)) else {
-        return;
-    };
-    if allocation_of(claim).is_some() || !ctx.take_rejection(uid) {
-        return;
-    }
-    for pod_uid in pods.iter().filter_map(|pod| pod_uid(pod)) {
-        ctx.mark_unsuitable(pod_uid, node);
-    }
-    let note = format!("the scheduler cleared the allocation on node {node}; trying other nodes");
-    publish(ctx, claim, EventType::Warning, reasons::NODE_REJECTED, note).await;
 }

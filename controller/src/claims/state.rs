@@ -4,8 +4,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::ResourceExt as _;
 
-use super::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
 use crate::error::{Error, Result};
+use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
 
 /// The claim's UID, never empty: claims are keyed by it.
 ///

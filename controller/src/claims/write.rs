@@ -13,10 +13,11 @@ use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
 
 use super::node_label::{self, labels_patch};
+use super::reasons::CONDITION_TYPE;
 use super::state::allocation_of;
-use super::{ALLOCATED_NODE_ANNOTATION, CONDITION_TYPE, FINALIZER};
 use crate::context::{Context, Write};
 use crate::error::{Error, Result};
+use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
 
 /// The claim write named for its failure report: a patch of `resource` (`resourceclaims` or
 /// `resourceclaims/status`) of claim `name`.

@@ -1,11 +1,16 @@
 //! Yielding to the scheduler: a device the scheduler allocated whole to another claim is
-//! given up by an unreserved controller claim that shares it.
+//! given up by an unreserved controller claim that shares it, and a node the scheduler
+//! rejected (it cleared our allocation) is avoided for the pod.
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_core::alloc;
+use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
-use super::state::annotated_node;
+use super::reasons;
+use super::report::publish;
+use super::state::{allocation_of, annotated_node, pod_uid};
 use crate::context::Context;
 
 /// A device of this (not yet reserved) claim that the scheduler allocated whole to another
@@ -75,4 +80,21 @@ pub(super) fn notify_yielders(claim: &ResourceClaim, ctx: &Context) {
             tracing::debug!("the claim controller is stopping; yield not triggered");
         }
     }
+}
+
+/// Our allocation of `claim` is gone and we did not clear it: the scheduler rejected the node
+/// (it clears an unreserved allocation whose node does not fit the pod). The node becomes
+/// unsuitable for `pods`. Reported once: afterwards the missing allocation counts as ours.
+pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &Context) {
+    let (Some(uid), Some(node)) = (claim.metadata.uid.as_deref(), annotated_node(claim)) else {
+        return;
+    };
+    if allocation_of(claim).is_some() || !ctx.take_rejection(uid) {
+        return;
+    }
+    for pod_uid in pods.iter().filter_map(|pod| pod_uid(pod)) {
+        ctx.mark_unsuitable(pod_uid, node);
+    }
+    let note = format!("the scheduler cleared the allocation on node {node}; trying other nodes");
+    publish(ctx, claim, EventType::Warning, reasons::NODE_REJECTED, note).await;
 }

@@ -15,7 +15,7 @@
 //! costs at most one pass per tick, an idle one none. Passes are counted in
 //! `kerf_controller_ownership_passes_total`.
 
-mod book;
+pub(super) mod book;
 mod conflicts;
 mod demand;
 mod extended;

@@ -36,6 +36,7 @@ pub mod nodes;
 pub mod ownership;
 mod placement;
 pub mod pod_index;
+pub mod reasons;
 pub mod reconcile;
 mod report;
 mod state;
@@ -44,28 +45,8 @@ pub mod write;
 mod yielding;
 
 pub use context::{ClaimSettings, ClaimsPart};
+pub use reasons::CONDITION_TYPE;
 pub use reconcile::{RETRY, reconcile};
 pub use watch::run;
 
 pub use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
-
-/// Type of the pod condition that says why the pod's controller claims are not allocated (and,
-/// after such a wait, that they are).
-pub const CONDITION_TYPE: &str = "gpu.kerf.dev/GpuAllocation";
-
-/// Reasons of Events and of the pod condition.
-pub mod reasons {
-    /// The claims are allocated (condition True; Event on each claim).
-    pub const ALLOCATED: &str = "Allocated";
-    /// Nothing fits (condition False; Warning Events).
-    pub const UNPLACEABLE: &str = "Unplaceable";
-    /// A claim's parameters are invalid (condition False; Warning Event on the claim).
-    pub const INVALID_PARAMETERS: &str = "InvalidParameters";
-    /// The controller cleared its allocation of a claim.
-    pub const DEALLOCATED: &str = "Deallocated";
-    /// The scheduler cleared an allocation the controller wrote: the node is avoided for the pod.
-    pub const NODE_REJECTED: &str = "NodeRejected";
-    /// The API server refused a write of one of the pod's claims (condition False; the
-    /// Warning Events on the claim and the pod, reason `WriteRefused`, quote its answer).
-    pub const CLAIM_WRITE_REFUSED: &str = "ClaimWriteRefused";
-}

@@ -1,0 +1,20 @@
+//! The words the claim controller reports with: the type of its pod condition and the
+//! reasons of its Events and of that condition.
+
+/// Type of the pod condition that says why the pod's controller claims are not allocated (and,
+/// after such a wait, that they are).
+pub const CONDITION_TYPE: &str = "gpu.kerf.dev/GpuAllocation";
+
+/// The claims are allocated (condition True; Event on each claim).
+pub const ALLOCATED: &str = "Allocated";
+/// Nothing fits (condition False; Warning Events).
+pub const UNPLACEABLE: &str = "Unplaceable";
+/// A claim's parameters are invalid (condition False; Warning Event on the claim).
+pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+/// The controller cleared its allocation of a claim.
+pub const DEALLOCATED: &str = "Deallocated";
+/// The scheduler cleared an allocation the controller wrote: the node is avoided for the pod.
+pub const NODE_REJECTED: &str = "NodeRejected";
+/// The API server refused a write of one of the pod's claims (condition False; the
+/// Warning Events on the claim and the pod, reason `WriteRefused`, quote its answer).
+pub const CLAIM_WRITE_REFUSED: &str = "ClaimWriteRefused";
