@@ -1,5 +1,5 @@
 //! Raw NVML calls for the facts nvml-wrapper 0.13 has no safe API for. This is the only module
-//! of kerf allowed to use `unsafe`: the crate denies `unsafe_code`, and `discovery/mod.rs`
+//! of kerf allowed to use `unsafe`: the crate denies `unsafe_code`, and `discovery.rs`
 //! allows it for this module alone.
 //!
 //! - [`mig_ids`]: `nvmlDeviceGetGpuInstanceId` and `nvmlDeviceGetComputeInstanceId` on a MIG
