@@ -11,7 +11,7 @@
 //! `nvidia-cuda-mps-control.pid`):
 //! - `nvidia-cuda-mps-control -d` starts a daemon in the background and returns once it runs
 //!   ("Start daemon in background process", NVIDIA MPS docs, Common Tasks). It daemonizes as
-//!   the real one was seen to on an H100 (issue 27: each start left a `[nvidia-cuda-mps]
+//!   the real one was seen to on an H100 (each start left a `[nvidia-cuda-mps]
 //!   <defunct>` under a PID 1 that does not reap): a double fork. `-d` runs an intermediate
 //!   process that calls `setsid` and starts the daemon, then exits at once; `-d` reaps the
 //!   intermediate and waits for the daemon's PID file. The daemon is thus an orphan from its
@@ -27,8 +27,8 @@
 //!   foreground", NVIDIA MPS docs, Common Tasks; NVIDIA/k8s-dra-driver's
 //!   `templates/mps-control-daemon.tmpl.yaml` ran it so as a Deployment's container, with a
 //!   startup probe on `<pipe>/control`): no fork, so the process that runs `-f` is the daemon.
-//!   What the real one does, as run on an H200 (driver 580.159.04, MPS control binary 13000,
-//!   issue 27): it writes its own PID to `<pipe>/nvidia-cuda-mps-control.pid` as `-d`'s daemon
+//!   What the real one does, as run on an H200 (driver 580.159.04, MPS control binary 13000):
+//!   it writes its own PID to `<pipe>/nvidia-cuda-mps-control.pid` as `-d`'s daemon
 //!   does (NVIDIA's MPS docs: "the control daemon creates a nvidia-cuda-mps-control.pid file
 //!   that contains the PID of the control daemon process in the CUDA_MPS_PIPE_DIRECTORY", for
 //!   either mode) and listens on `<pipe>/control`; it prints its log lines on stdout instead of

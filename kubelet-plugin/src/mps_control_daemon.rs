@@ -2,7 +2,7 @@
 //! with MPS slices, `--mps-daemons=pod`). It runs `<tools-root>/usr/bin/nvidia-cuda-mps-control
 //! -f` in the foreground with the GPU's MPS environment and lives and dies with it, so that the
 //! kubelet, not the plugin, keeps the daemon running: a plugin restart, upgrade or OOM kill no
-//! longer stops it (issue 27).
+//! longer stops it.
 //!
 //! What it does and why:
 //! - The pipe directory of a dead daemon is emptied first (not replaced: running clients have

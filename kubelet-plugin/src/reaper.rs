@@ -5,7 +5,7 @@
 //! the nearest child subreaper or to PID 1 of its PID namespace, and when the daemon quits
 //! that process must reap it. In a container the plugin is PID 1, and tokio reaps only the
 //! children it spawned itself (by their PIDs), so every stopped daemon stayed a zombie
-//! (`[nvidia-cuda-mps] <defunct>`, issue 27).
+//! (`[nvidia-cuda-mps] <defunct>`, seen on an H100 with a plugin that did not reap).
 //!
 //! Why an init and not the plugin reaping orphans itself: the plugin's own children are
 //! waited for by tokio's `Command`; a second reaper in the same process would race it. A

@@ -14,15 +14,10 @@
 //! `watch.watch`): a spec written in place would be read half-written; the temporary file's
 //! name ends in neither suffix, so only the rename makes it rescan.
 //!
-//! Each change runs on its own blocking thread (`spawn_blocking`). An earlier version sent
-//! them to one writer task that committed whatever had queued up as a group, which paid while
-//! every group cost two fsyncs. Without them a change is a few syscalls, and the task's extra
-//! hop costs more than grouping saves where it matters, the lone prepare: measured (debug
-//! build, two shared cores), a lone write took ~35 µs this way against ~70 µs through the
-//! task on a tmpfs, and ~0.5 ms against ~0.6 ms on ext4. For 64 writes at once the task was a
-//! little faster on a tmpfs (~1.9 ms against ~3 ms for all 64) and two to three times slower
-//! on ext4 (~50 ms against ~20 ms), where renaming over a file starts its writeback and one
-//! thread waits for each in turn.
+//! Each change runs on its own blocking thread (`spawn_blocking`) rather than through one
+//! writer task that groups changes: without fsyncs a change is a few syscalls, and the task's
+//! extra hop costs more than grouping saves for the lone prepare (the figures are in the
+//! README's Performance section).
 //!
 //! What the writer task gave for free is kept: changes to one file land in the order they
 //! were asked for. A change handed to its thread runs to its end even when its caller is

@@ -8,10 +8,10 @@ use crate::prepare::ratio_of;
 use crate::stats::{Samples, ms, percent, ratio, us};
 use crate::summary::Summary;
 
-/// Issue 28's target for the cached path: its p99 within this factor of its floor's (the
+/// The target for the cached path: its p99 within this factor of its floor's (the
 /// empty call, one durable write, the lookup).
 const RATIO_P99_TARGET: f64 = 1.2;
-/// Issue 28's target for the miss path: its p99 within this factor of its floor's (one GET
+/// The target for the miss path: its p99 within this factor of its floor's (one GET
 /// and the cached path's floor).
 const MISS_RATIO_P99_TARGET: f64 = 1.3;
 
