@@ -175,7 +175,7 @@ pub fn set_published_owner(device: &mut Device, owner: Option<Owner>) {
 /// the record does not name): what the kubelet plugin publishes.
 ///
 /// One owner per GPU: a device that consumes a GPU's shared counters (a dynamic-MIG placement,
-/// [`crate::resourceslice::partitions`]) carries its parent GPU's owner, the record's entry
+/// [`crate::resourceslice::dynamic_mig`]) carries its parent GPU's owner, the record's entry
 /// for `gpu-<parentMinor>`, whatever the record says of the placement itself; its GPU's full
 /// device and the placements are allocated against the same counters, so two owners there
 /// would be two allocators on one GPU.

@@ -1,6 +1,6 @@
 //! The node's inventory as `resource.k8s.io/v1` ResourceSlices: one device per whole GPU and
 //! per existing MIG device, within the API server's limits; with DRAPartitionableDevices,
-//! dynamic-MIG GPUs as counter sets and one device per MIG placement ([`partitions`]).
+//! dynamic-MIG GPUs as counter sets and one device per MIG placement ([`dynamic_mig`]).
 //! [`node_slices`] is the one entry point for every combination of API features.
 //!
 //! Attribute names without a domain are in the driver's domain, so CEL reads them as
@@ -21,11 +21,11 @@ use crate::error::{Error, Result};
 use device::published_devices;
 
 mod device;
+pub mod dynamic_mig;
 pub mod fields;
 pub mod limits;
-pub mod partitions;
 mod pool;
-pub mod shared;
+pub mod scheduler_slices;
 pub mod taints;
 
 pub use fields::{DeviceFields, SliceFields};

@@ -8,9 +8,9 @@
 //!   when kerf-controller records the GPU as the scheduler's and names it in the Node's shared
 //!   publication ([`kerf_api::shared_publication`]); the plugin then sets the `allocator`
 //!   attribute ([`kerf_api::ownership::publish_owners`]) and makes the GPU shareable
-//!   ([`kerf_api::resourceslice::shared::publish_shared`]);
+//!   ([`kerf_api::resourceslice::scheduler_slices::publish_shared`]);
 //! - partitionable devices (`DRAPartitionableDevices`): dynamic-MIG GPUs as counter sets and
-//!   one device per MIG placement ([`kerf_api::resourceslice::partitions`]), recorded as the
+//!   one device per MIG placement ([`kerf_api::resourceslice::dynamic_mig`]), recorded as the
 //!   scheduler's as kerf-controller records them.
 //!
 //! Every slice and the pool are checked against the API limits ([`limits::check_slice`],
@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kerf_api::ownership::{Owner, Record, publish_owners};
-use kerf_api::resourceslice::shared::publish_shared;
+use kerf_api::resourceslice::scheduler_slices::publish_shared;
 use kerf_api::resourceslice::{SliceFeatures, TYPE_GPU, attributes, limits, node_slices};
 use kerf_api::shared_publication::{SharedPublication, SharedSlicing};
 use kerf_core::inventory::Inventory;

@@ -275,10 +275,10 @@ fn count_capacity(
     let free = free_compute(&scope, &devices, &usage.compute, driver);
     ctx.metrics.set_class_free_compute(name, free);
     let readiness = if class.spec.parameters().is_scheduler_sliced() {
-        let conflicts = crate::shared::conflicts(
+        let conflicts = crate::scheduler_slices::conflicts(
             devices.iter().map(|d| (d.pool, d.device)),
             driver,
-            &crate::shared::sliced_classes(&ctx.caches.device_classes.state(), driver),
+            &crate::scheduler_slices::sliced_classes(&ctx.caches.device_classes.state(), driver),
         );
         sliced_readiness(
             name,

@@ -8,8 +8,8 @@
 //!   [`Process`]; [`Process::run`]: the process — metrics and readiness HTTP ([`http`]),
 //!   leader election ([`leader`]), the webhook, and the controllers that run while this
 //!   replica leads ([`run::controllers`]).
-//! - [`shared`]: which GPUs are published as shareable for sliced Scheduler classes (scheduler
-//!   slices), written by the ownership tick of [`claims`] and reported by [`gpuclass`].
+//! - [`scheduler_slices`]: which GPUs are published as shareable for sliced Scheduler classes
+//!   (scheduler slices), written by the ownership tick of [`claims`] and reported by [`gpuclass`].
 //! - [`default_classes`]: the default GpuClasses the leader creates (create only).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
 //! - [`webhook`]: the mutating admission webhook that gates pods with controller claims.
@@ -34,8 +34,8 @@ pub mod leader;
 pub mod metrics;
 pub mod retry;
 pub mod run;
+pub mod scheduler_slices;
 pub mod selector;
-pub mod shared;
 pub mod webhook;
 
 pub use context::{Context, ControllerConfig, FIELD_MANAGER};

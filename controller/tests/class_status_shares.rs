@@ -14,7 +14,7 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::params::{Allocator, GpuClassParameters, GpuSelector};
-use kerf_api::resourceslice::shared::publish_shared;
+use kerf_api::resourceslice::scheduler_slices::publish_shared;
 use kerf_api::shared_publication::{SharedPublication, SharedSlicing};
 use kerf_api::{GpuClassSpec, Slicing};
 use kerf_controller::cache::CompactSlice;

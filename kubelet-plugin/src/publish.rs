@@ -33,7 +33,7 @@
 //! [`SharedPublicationHandle`] and the `scheduler_slices` submodule.
 //!
 //! A dynamic-MIG GPU is published as partitionable devices (a counter set and one device per
-//! MIG placement, [`kerf_api::resourceslice::partitions`]) when the API server keeps them: the
+//! MIG placement, [`kerf_api::resourceslice::dynamic_mig`]) when the API server keeps them: the
 //! publisher probes `DRAPartitionableDevices` the first time the inventory has such a GPU
 //! (or takes a start-up probe, [`Publisher::with_partitionable_devices`]); without it the GPU
 //! is published whole, with one log line. See the `dynamic_mig` submodule.

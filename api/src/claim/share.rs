@@ -7,7 +7,7 @@
 //! (kubernetes/api `resource/v1/types.go` `DeviceRequestAllocationResult.ConsumedCapacity`;
 //! kubernetes/kubernetes `structured/internal/incubating/allocator_incubating.go
 //! (allocateDevice)` with `GetConsumedCapacityFromRequest`), so `memory` is always there for a
-//! GPU kerf published shareable ([`crate::resourceslice::shared`]).
+//! GPU kerf published shareable ([`crate::resourceslice::scheduler_slices`]).
 //!
 //! Two steps, because the GPU's size is known only on the node: [`consumed`] reads the result
 //! when the claim is resolved; [`AllocatedDevice::finish_share`] then compares it with the GPU

@@ -26,7 +26,7 @@ pub(super) fn published_devices(inventory: &Inventory) -> Result<Vec<Device>> {
 
 /// The devices of each GPU, GPUs by minor: a GPU without MIG is its whole GPU; a GPU with MIG
 /// its existing MIG devices; a dynamic-MIG GPU ([`Gpu::dynamic_mig`]) with a catalogue, when
-/// `partitioned`, one device per placement ([`super::partitions::gpu_devices`]), else
+/// `partitioned`, one device per placement ([`super::dynamic_mig::gpu_devices`]), else
 /// nothing. A GPU in MIG mode runs no CUDA work as a whole GPU, so it is never published
 /// whole. The existing MIG devices of a dynamic-MIG GPU are never published: they are the
 /// instances kerf created for allocated placements, which stay published under the
@@ -58,7 +58,7 @@ pub(super) fn device_groups(inventory: &Inventory, partitioned: bool) -> Result<
 fn gpu_group(gpu: &Gpu, inventory: &Inventory, partitioned: bool) -> Result<Vec<Device>> {
     if gpu.dynamic_mig {
         return match (&gpu.mig_catalog, partitioned) {
-            (Some(catalog), true) => super::partitions::gpu_devices(gpu, catalog, inventory),
+            (Some(catalog), true) => super::dynamic_mig::gpu_devices(gpu, catalog, inventory),
             _ => Ok(Vec::new()),
         };
     }

@@ -5,10 +5,10 @@ use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSliceSpec};
 use kerf_core::inventory::{Gpu, Inventory};
 
 use super::device::device_groups;
+use super::dynamic_mig::{counter_set, is_partitionable};
 use super::limits::{
     MAX_COUNTER_SETS_PER_SLICE, MAX_DEVICES_PER_SLICE_WITH_COUNTERS, check_pool, check_slice,
 };
-use super::partitions::{counter_set, is_partitionable};
 use super::taints::MAX_DEVICES_PER_SLICE_WITH_TAINTS;
 use super::{MAX_DEVICES_PER_SLICE, check_driver_name, check_node_name, resource_slices_chunked};
 use crate::error::{Error, Result};

@@ -215,7 +215,7 @@ struct Outcome {
     /// Claims holding a device kube-scheduler took from the controller, per device.
     intruders: HashMap<(String, String), Vec<ObjectRef<ResourceClaim>>>,
     records: BTreeMap<String, Record>,
-    /// Per node, the GPUs to publish as shareable ([`crate::shared`]).
+    /// Per node, the GPUs to publish as shareable ([`crate::scheduler_slices`]).
     publications: BTreeMap<String, SharedPublication>,
     conflicts: Vec<conflicts::Conflict>,
     /// When time alone changes a decision next: a fence, a linger, an assumption's expiry.
@@ -357,7 +357,7 @@ fn count_owners(ctx: &Context, book: &OwnershipBook, facts: &Facts<'_>) {
         .set_ownership_devices(scheduler, controller, settling);
 }
 
-/// Per node, the GPUs to publish as shareable ([`crate::shared`]): only GPUs the scheduler
+/// Per node, the GPUs to publish as shareable ([`crate::scheduler_slices`]): only GPUs the scheduler
 /// owns and no claim of the controller holds, so a share never lands on a GPU the controller
 /// places on. Nothing is shared without DRAConsumableCapacity.
 fn publications(
@@ -368,7 +368,7 @@ fn publications(
     facts: &Facts<'_>,
 ) -> BTreeMap<String, SharedPublication> {
     let sliced = if ctx.api_support.consumable_capacity.is_served() {
-        crate::shared::sliced_classes(&ctx.caches.device_classes.state(), ctx.driver())
+        crate::scheduler_slices::sliced_classes(&ctx.caches.device_classes.state(), ctx.driver())
     } else {
         Vec::new()
     };
@@ -385,7 +385,7 @@ fn publications(
             .map(|d| d.device);
         out.insert(
             node.to_owned(),
-            crate::shared::node_publication(gpus, ctx.driver(), &sliced),
+            crate::scheduler_slices::node_publication(gpus, ctx.driver(), &sliced),
         );
     }
     out

@@ -10,7 +10,7 @@
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kerf_api::features::{self, ApiFeature, Probed};
 use kerf_api::resourceslice::SliceFeatures;
-use kerf_api::resourceslice::partitions::is_partitionable;
+use kerf_api::resourceslice::dynamic_mig::is_partitionable;
 use kerf_core::inventory::Inventory;
 use kube::api::{Api, PostParams};
 

@@ -19,7 +19,7 @@ use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use kerf_api::features::{self, ApiFeature, Probed};
 use kerf_api::ownership::Owner;
 use kerf_api::resourceslice::limits::{self, MAX_DEVICES_PER_SLICE_WITH_COUNTERS};
-use kerf_api::resourceslice::shared::publish_shared;
+use kerf_api::resourceslice::scheduler_slices::publish_shared;
 use kerf_api::shared_publication::{SHARED_PUBLICATION_ANNOTATION, SharedPublication};
 use kube::api::{Api, PostParams};
 
