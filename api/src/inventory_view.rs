@@ -4,7 +4,7 @@
 //! Only this driver's slices count, and of each pool only the slices of its highest
 //! `pool.generation` (older ones are left over from a republish in progress). Attribute names
 //! are looked up bare (the driver's domain) and driver-qualified. MIG devices are skipped
-//! silently: the scheduler allocates them. So are the devices of dynamic MIG (issue 16): a
+//! silently: the scheduler allocates them. So are the devices of dynamic MIG: a
 //! counters-only slice (`sharedCounters`, no devices), and every device that consumes counters
 //! — the MIG placements and their GPU's full device, which kube-scheduler allocates against
 //! the shared counters the controller does not account for. A GPU published as shareable

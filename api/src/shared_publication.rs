@@ -1,5 +1,5 @@
 //! The Node annotation through which kerf-controller tells a node's plugin which GPUs to publish
-//! as shareable (scheduler slices, issue 16) and how to cut them.
+//! as shareable (scheduler slices) and how to cut them.
 //!
 //! The plugin cannot evaluate GpuClasses, so the controller decides: for every GPU recorded
 //! `scheduler` in the ownership record that a Scheduler GpuClass with `slicing` selects, it writes
