@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use claim_cluster::{Controller, DRIVER, NS, node, slices};
+use claim_cluster::{Controller, DRIVER, NS, device_class_of, node, slices};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     CounterSet, Device, DeviceClass, DeviceCounterConsumption, ResourceSlice,
@@ -57,13 +57,6 @@ fn sliced_spec(default_compute: u8, product: bool) -> GpuClassSpec {
         }),
         ..GpuClassSpec::default()
     }
-}
-
-/// The DeviceClass the GpuClass reconciler makes of `spec` on a 1.36 cluster.
-fn device_class_of(name: &str, spec: GpuClassSpec) -> DeviceClass {
-    let mut class = GpuClass::new(name, spec);
-    class.metadata.uid = Some(format!("uid-{name}"));
-    kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller", true).unwrap()
 }
 
 fn expression(dc: &DeviceClass) -> String {

@@ -24,12 +24,12 @@ use common::claim_cluster;
 
 use std::time::Duration;
 
-use claim_cluster::{Controller, DRIVER, NS, node, settings, slices};
+use claim_cluster::{Controller, NS, device_class_of, node, settings, slices};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kerf_api::ownership::{Owner, Record};
 use kerf_api::params::{Allocator, GpuSelector};
-use kerf_api::{GpuClass, GpuClassSpec, Slicing};
+use kerf_api::{GpuClassSpec, Slicing};
 use kerf_controller::claims;
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::wait::eventually;
@@ -47,11 +47,7 @@ const DEADLINE: Duration = Duration::from_secs(20);
 /// 1.36 cluster (extendedResourceName served).
 fn device_class(fake: &FakeApi, name: &str, spec: GpuClassSpec) {
     let extended = spec.extended_resource_name.clone();
-    let mut class = GpuClass::new(name, spec);
-    class.metadata.uid = Some(format!("uid-{name}"));
-    let mut dc =
-        kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller", true)
-            .unwrap();
+    let mut dc = device_class_of(name, spec);
     dc.spec.extended_resource_name = extended;
     fake.insert_resource::<DeviceClass>(&dc);
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::ownership;
-use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
+use kerf_api::params::{Allocator, ControllerPlacement, GpuSelector, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::claims;
 use kerf_controller::{BackoffConfig, Config, ControllerConfig, ControllerTask, Metrics, Process};
@@ -64,10 +64,19 @@ pub fn slices(fake: &FakeApi, node: &str) {
     }
 }
 
-/// The DeviceClass the GpuClass reconciler makes of a class with this allocator and policy.
+/// The DeviceClass the GpuClass reconciler makes of GpuClass `name` with `spec` on a 1.36
+/// cluster (the class's uid is `uid-<name>`).
+pub fn device_class_of(name: &str, spec: GpuClassSpec) -> DeviceClass {
+    let mut class = GpuClass::new(name, spec);
+    class.metadata.uid = Some(format!("uid-{name}"));
+    kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller", true).unwrap()
+}
+
+/// Stores the DeviceClass the GpuClass reconciler makes of an H100 class with this allocator
+/// and policy (a controller class slices in 1Gi steps, at most 7 per GPU).
 pub fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, policy: PlacementPolicy) {
     let controller = allocator == Allocator::Controller;
-    let mut class = GpuClass::new(
+    let dc = device_class_of(
         name,
         GpuClassSpec {
             allocator,
@@ -80,14 +89,11 @@ pub fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, policy: Pl
                 max_slices_per_gpu: Some(7),
                 default_compute: None,
             }),
-            placement: controller.then_some(Placement { policy }),
+            placement: controller.then_some(ControllerPlacement { policy }),
             sharing: None,
             extended_resource_name: None,
         },
     );
-    class.metadata.uid = Some(format!("uid-{name}"));
-    let dc = kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller", true)
-        .unwrap();
     fake.insert_resource::<DeviceClass>(&dc);
 }
 
