@@ -244,90 +244,36 @@ pub async fn start(
     inventory: Inventory,
     connections: Connections,
 ) -> Result<RunningPlugin> {
-    let health_config = &config.health;
     let shutdown = CancellationToken::new();
-    let mut registry = Registry::default();
-    let metrics = Metrics::new(&mut registry);
-    let reports = WriteFailureReports::new(
-        Arc::clone(&connections.events),
-        metrics.api_write_failures().clone(),
-        &config.node_name,
-    );
-    let device_status = connections.device_status.map(|client| {
-        start_device_status(config, client, &mut registry, &shutdown, reports.clone())
-    });
-    let mig = crate::dynamic_mig::node::for_node(
-        config,
-        &inventory,
-        &mut registry,
-        config.mock_crash_at,
-    )?;
+    let inventory = Arc::new(inventory);
+    let events = Arc::clone(&connections.events);
+    let Parts {
+        registry,
+        metrics,
+        preparer,
+        publisher,
+        mut tasks,
+    } = open(config, &inventory, connections, &shutdown).await?;
     let registry = Arc::new(registry);
     let (serving, registered) = (ReadyFlag::new(), ReadyFlag::new());
     let ready = crate::http::ready_flags(&serving, &registered);
-    let inventory = Arc::new(inventory);
-
-    let (status_writer, status_task) = device_status.unzip();
-    let claim_cache = connections.claim_reader.cache_task(shutdown.clone());
-    let (publisher, publication) =
-        build_publisher(config, connections.publisher, &metrics, reports);
-    let preparer = Box::pin(open_preparer(
-        config,
-        &inventory,
-        connections.claim_reader,
-        &metrics,
-        (status_writer, publication, mig, connections.mps_daemon_pods),
-    ))
-    .await?;
 
     let device_health = HealthMonitor::new(Arc::clone(&inventory), metrics.clone());
-    let mut tasks = spawn_health_sources(config, health_config, &device_health, &shutdown);
-    tasks.extend(status_task.map(|task| ("device-status", task)));
-    // Prepares do not wait for it: until its first list they GET their claims.
-    tasks.extend(claim_cache.map(|task| ("claim-cache", tokio::spawn(task))));
-    let health_service = health_service(config, health_config, &device_health, &shutdown);
-    tasks.push(spawn_dra_server(
-        config,
-        &preparer,
-        health_service,
-        &metrics,
-        &shutdown,
-    )?);
-    let registration = spawn_registration_server(config, &registered, &metrics, &shutdown)?;
-    tasks.push(registration);
+    tasks.extend(spawn_health_sources(config, &device_health, &shutdown));
+    let sockets = (&preparer, &device_health, &registered);
+    tasks.extend(spawn_sockets(config, sockets, &metrics, &shutdown)?);
     serving.set(true);
+    tasks.extend(spawn_mps_check(
+        config, &preparer, &metrics, &events, &shutdown,
+    ));
 
-    if preparer.sharing_enforced() {
-        let (preparer, metrics, events) = (
-            Arc::clone(&preparer),
-            metrics.clone(),
-            Arc::clone(&connections.events),
-        );
-        let (token, period) = (shutdown.clone(), config.mps_check_interval);
-        tasks.push((
-            "mps-daemon-check",
-            tokio::spawn(crate::mps_checks::check_mps_daemons(
-                preparer, metrics, events, period, token,
-            )),
-        ));
+    let mut device_taints = None;
+    if let Some(publisher) = publisher {
+        let publishing = (&inventory, &device_health, &shutdown);
+        let (task, probed) = spawn_publisher(config, publisher, publishing).await;
+        tasks.push(task);
+        device_taints = Some(probed);
     }
-
-    let device_taints = match publisher {
-        Some((client, publisher)) => {
-            let (task, probed) = spawn_publisher(
-                config,
-                health_config,
-                (client, publisher),
-                &inventory,
-                &device_health,
-                &shutdown,
-            )
-            .await;
-            tasks.push(task);
-            Some(probed)
-        }
-        None => None,
-    };
     if let Some(address) = config.metrics_address {
         tasks.push(spawn_http(address, &registry, &ready, &shutdown).await?);
     }
@@ -348,6 +294,100 @@ pub async fn start(
         device_health,
         device_taints,
     })
+}
+
+/// The preparer and what it is built with, before anything serves.
+struct Parts {
+    registry: Registry,
+    metrics: Metrics,
+    preparer: Arc<Preparer>,
+    /// The publisher, not yet running; none without a client.
+    publisher: Option<(kube::Client, Publisher)>,
+    /// The device status writer's and the claim cache's tasks.
+    tasks: Vec<Task>,
+}
+
+/// Registers the metrics, starts the device status writer, opens dynamic MIG, builds the
+/// publisher (for the handle the preparer reads the Node's publication through) and opens
+/// the preparer on the checkpoint; then starts the claim cache.
+async fn open(
+    config: &PluginConfig,
+    inventory: &Arc<Inventory>,
+    connections: Connections,
+    shutdown: &CancellationToken,
+) -> Result<Parts> {
+    let mut registry = Registry::default();
+    let metrics = Metrics::new(&mut registry);
+    let reports = WriteFailureReports::new(
+        Arc::clone(&connections.events),
+        metrics.api_write_failures().clone(),
+        &config.node_name,
+    );
+    let device_status = connections.device_status.map(|client| {
+        start_device_status(config, client, &mut registry, shutdown, reports.clone())
+    });
+    let mig =
+        crate::dynamic_mig::node::for_node(config, inventory, &mut registry, config.mock_crash_at)?;
+    let (status_writer, status_task) = device_status.unzip();
+    let claim_cache = connections.claim_reader.cache_task(shutdown.clone());
+    let (publisher, publication) =
+        build_publisher(config, connections.publisher, &metrics, reports);
+    let preparer = Box::pin(open_preparer(
+        config,
+        inventory,
+        connections.claim_reader,
+        &metrics,
+        (status_writer, publication, mig, connections.mps_daemon_pods),
+    ))
+    .await?;
+    let mut tasks: Vec<Task> = status_task
+        .map(|task| ("device-status", task))
+        .into_iter()
+        .collect();
+    // Prepares do not wait for it: until its first list they GET their claims.
+    tasks.extend(claim_cache.map(|task| ("claim-cache", tokio::spawn(task))));
+    Ok(Parts {
+        registry,
+        metrics,
+        preparer,
+        publisher,
+        tasks,
+    })
+}
+
+/// The DRA server (with the health service the kubelet streams device health from) and the
+/// registration server, each on its socket.
+fn spawn_sockets(
+    config: &PluginConfig,
+    (preparer, device_health, registered): (&Arc<Preparer>, &HealthMonitor, &ReadyFlag),
+    metrics: &Metrics,
+    shutdown: &CancellationToken,
+) -> Result<[Task; 2]> {
+    let health_service = health_service(config, &config.health, device_health, shutdown);
+    let dra = spawn_dra_server(config, preparer, health_service, metrics, shutdown)?;
+    let registration = spawn_registration_server(config, registered, metrics, shutdown)?;
+    Ok([dra, registration])
+}
+
+/// The periodic check of the MPS daemons, when the preparer enforces sharing (else none).
+fn spawn_mps_check(
+    config: &PluginConfig,
+    preparer: &Arc<Preparer>,
+    metrics: &Metrics,
+    events: &Arc<dyn ClaimEvents>,
+    shutdown: &CancellationToken,
+) -> Option<Task> {
+    if !preparer.sharing_enforced() {
+        return None;
+    }
+    let check = crate::mps_checks::check_mps_daemons(
+        Arc::clone(preparer),
+        metrics.clone(),
+        Arc::clone(events),
+        config.mps_check_interval,
+        shutdown.clone(),
+    );
+    Some(("mps-daemon-check", tokio::spawn(check)))
 }
 
 /// Starts the per-device claim status writer, telling the writes the API server refuses
@@ -466,12 +506,10 @@ fn build_publisher(
 /// annotation as a fault source.
 async fn spawn_publisher(
     config: &PluginConfig,
-    health_config: &HealthConfig,
     (client, mut publisher): (kube::Client, Publisher),
-    inventory: &Arc<Inventory>,
-    device_health: &HealthMonitor,
-    shutdown: &CancellationToken,
+    (inventory, device_health, shutdown): (&Arc<Inventory>, &HealthMonitor, &CancellationToken),
 ) -> (Task, Probed) {
+    let health_config = &config.health;
     let probed = probe_device_taints(&client, &config.driver_name, &config.node_name).await;
     match probed.degraded_message(ApiFeature::DeviceTaints) {
         None => {
@@ -513,10 +551,10 @@ async fn probe_device_taints(client: &kube::Client, driver: &str, node: &str) ->
 /// if one is given (the Node annotation is read by the publisher's Node watch).
 fn spawn_health_sources(
     config: &PluginConfig,
-    health: &HealthConfig,
     monitor: &HealthMonitor,
     shutdown: &CancellationToken,
 ) -> Vec<Task> {
+    let health = &config.health;
     let mut tasks = Vec::new();
     if !config.discovery.is_mock() {
         let policy = XidPolicy::ignoring(health.extra_ignored_xids.iter().copied());
