@@ -12,6 +12,7 @@ use kerf_core::slice::{Sharing, SliceLimits};
 use crate::error::{Error, Result};
 use crate::params::{OpaqueConfig, SliceDevice, decode_opaque, join};
 use crate::quantity::format_bytes;
+use crate::shared_publication::SharedSlicing;
 
 mod share;
 pub use share::{CONSUMED_COMPUTE, CONSUMED_MEMORY, ShareConsumption};
@@ -47,6 +48,68 @@ pub struct AllocatedDevice {
     /// For a scheduler share (`shareID`/`consumedCapacity`) until
     /// [`AllocatedDevice::finish_share`] has compared it with its GPU: what it consumed.
     pub share: Option<ShareConsumption>,
+}
+
+impl AllocatedDevice {
+    /// Completes a scheduler share once the GPU it is on is known: a share larger than the
+    /// GPU's `gpu_memory_bytes` is refused; a share that takes all memory on the grid
+    /// (the published `memory` default, `⌊memory/G⌋·G`, what a claim without capacity requests
+    /// gets) is the whole GPU, exclusive; otherwise, when no config of the claim named a
+    /// sharing, the sharing of the Node's shared publication for this GPU (`slicing`), MPS
+    /// when the publication no longer names the GPU. Does nothing for a device that is not a
+    /// share, or a second time.
+    ///
+    /// The granularity is the class config's when the allocation carries one, else the
+    /// publication's; without either only a share of exactly the GPU's memory is whole.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidAllocation`] at `…consumedCapacity.memory` when the share consumed more
+    /// memory than the GPU has.
+    pub fn finish_share(
+        &mut self,
+        gpu_memory_bytes: u64,
+        slicing: Option<&SharedSlicing>,
+    ) -> Result<()> {
+        let Some(share) = self.share.take() else {
+            return Ok(());
+        };
+        if share.memory_bytes > gpu_memory_bytes {
+            let message = format!(
+                "{:?} ({} bytes) is more than the {} of device {:?}",
+                share.memory_text,
+                share.memory_bytes,
+                format_bytes(gpu_memory_bytes),
+                self.device
+            );
+            self.share = Some(share.clone());
+            return Err(Error::InvalidAllocation {
+                claim: share.claim,
+                path: share.memory_path,
+                message,
+            });
+        }
+        let granule = share
+            .granularity
+            .or(slicing.map(|s| s.memory_granularity_bytes))
+            .filter(|g| *g > 0)
+            .unwrap_or(1);
+        let on_grid = gpu_memory_bytes / granule * granule;
+        if share.memory_bytes >= on_grid {
+            self.limits = SliceLimits::default();
+            self.sharing = Sharing::Exclusive;
+            self.time_slice_interval = TimeSliceInterval::Default;
+            return Ok(());
+        }
+        if !share.sharing_configured {
+            self.sharing = slicing.map_or(Sharing::Mps, SharedSlicing::strategy);
+            self.time_slice_interval = slicing
+                .and_then(|s| s.sharing)
+                .and_then(|s| s.time_slice_interval_for(self.sharing))
+                .unwrap_or_default();
+        }
+        Ok(())
+    }
 }
 
 /// Resolves the devices of `claim` that belong to `driver`, in result order.

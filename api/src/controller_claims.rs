@@ -101,7 +101,7 @@ mod tests {
                     opaque: Some(OpaqueDeviceConfiguration {
                         driver: driver.to_owned(),
                         parameters: RawExtension(json!({
-                            "apiVersion": crate::API_VERSION,
+                            "apiVersion": crate::group::API_VERSION,
                             "kind": "GpuClassParameters",
                             "allocator": allocator,
                         })),

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::Result;
 use crate::params::{
-    Allocator, GpuClassParameters, GpuSelector, Placement, SharingConfig, Slicing,
+    Allocator, ControllerPlacement, GpuClassParameters, GpuSelector, SharingConfig, Slicing,
 };
 
 /// The condition type that says whether the class is usable.
@@ -123,7 +123,7 @@ pub struct GpuClassSpec {
     pub slicing: Option<Slicing>,
     /// Where slices are placed (Controller classes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub placement: Option<Placement>,
+    pub placement: Option<ControllerPlacement>,
     /// How devices are shared, and the time slice of time-sliced GPUs; passed to the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<SharingConfig>,
@@ -177,7 +177,7 @@ impl GpuClassSpec {
     ///
     /// # Errors
     ///
-    /// [`crate::Error::InvalidConfig`] naming the first bad field and its value.
+    /// [`crate::error::Error::InvalidConfig`] naming the first bad field and its value.
     pub fn validate(&self, path: &str) -> Result<()> {
         self.parameters().validate(path)?;
         if let Some(name) = &self.extended_resource_name {
@@ -202,10 +202,10 @@ impl GpuClassSpec {
 ///
 /// # Errors
 ///
-/// [`crate::Error::InvalidConfig`] at `path`, naming the value and the rule it breaks.
+/// [`crate::error::Error::InvalidConfig`] at `path`, naming the value and the rule it breaks.
 pub fn validate_extended_resource_name(name: &str, path: &str) -> Result<()> {
     let invalid = |why: &str| {
-        Err(crate::Error::config(
+        Err(crate::error::Error::config(
             path,
             format!("{name:?} is not a valid extended resource name: {why}"),
         ))

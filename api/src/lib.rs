@@ -33,6 +33,7 @@ pub mod device_status;
 pub mod error;
 pub mod features;
 pub mod gpuclass;
+mod group;
 pub mod inventory_view;
 pub mod node_selection;
 pub mod ownership;
@@ -48,17 +49,11 @@ pub use allocation::{allocation_status, claim_request, device_uses};
 pub use claim::{AllocatedDevice, resolve_allocation};
 pub use error::{Error, Result};
 pub use gpuclass::{GpuClass, GpuClassSpec, GpuClassStatus};
+pub use group::{API_VERSION, GROUP, VERSION};
 pub use inventory_view::{inventory_view, node_gpus_from_slices};
 pub use params::{
-    Allocator, GpuClaimParameters, GpuClassParameters, GpuSelector, GpuSliceAllocation,
-    OpaqueConfig, OpaqueKind, Placement, PlacementPolicy, SharingConfig, SliceDevice, Slicing,
-    Topology, TopologyScope, decode_opaque,
+    Allocator, ControllerPlacement, GpuClaimParameters, GpuClassParameters, GpuSelector,
+    GpuSliceAllocation, OpaqueConfig, OpaqueKind, PlacementPolicy, SharingConfig, SliceDevice,
+    Slicing, Topology, TopologyScope, decode_opaque,
 };
 pub use resourceslice::{resource_slices, slice_name};
-
-/// API group of kerf's own types.
-pub const GROUP: &str = "gpu.kerf.dev";
-/// API version of kerf's own types.
-pub const VERSION: &str = "v1alpha1";
-/// `apiVersion` of kerf's own types: `gpu.kerf.dev/v1alpha1`.
-pub const API_VERSION: &str = "gpu.kerf.dev/v1alpha1";

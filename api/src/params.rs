@@ -16,8 +16,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
-use crate::API_VERSION;
 use crate::error::{Error, Result};
+use crate::group::API_VERSION;
 use crate::quantity;
 
 /// Which allocator hands out a class's devices.
@@ -139,7 +139,7 @@ fn default_memory_granularity() -> Quantity {
 /// Where the controller places slices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct Placement {
+pub struct ControllerPlacement {
     /// BinPack (default) or Spread.
     #[serde(default)]
     pub policy: PlacementPolicy,
@@ -214,7 +214,7 @@ pub struct GpuClassParameters {
     pub slicing: Option<Slicing>,
     /// Placement policy (Controller classes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub placement: Option<Placement>,
+    pub placement: Option<ControllerPlacement>,
     /// Sharing strategy and time slice interval passed to the node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharing: Option<SharingConfig>,

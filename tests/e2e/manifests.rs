@@ -20,8 +20,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kerf_api::params::{
-    Allocator, GpuClaimParameters, GpuSelector, OpaqueKind as _, Placement, PlacementPolicy,
-    Slicing,
+    Allocator, ControllerPlacement, GpuClaimParameters, GpuSelector, OpaqueKind as _,
+    PlacementPolicy, Slicing,
 };
 use kerf_api::{GpuClass, GpuClassSpec};
 use serde_json::Value;
@@ -138,7 +138,7 @@ pub fn controller_class_spec(min_memory: Option<&str>) -> GpuClassSpec {
             ..GpuSelector::default()
         },
         slicing: Some(Slicing::default()),
-        placement: Some(Placement {
+        placement: Some(ControllerPlacement {
             policy: PlacementPolicy::BinPack,
         }),
         sharing: None,

@@ -19,7 +19,7 @@ use std::time::Duration;
 use claim_cluster::{mirror_ownership_records, node, slices};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
+use kerf_api::params::{Allocator, ControllerPlacement, GpuSelector, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::claims;
 use kerf_controller::retry::KEEPS_FAILING_AFTER;
@@ -63,7 +63,7 @@ fn slices_class() -> GpuClass {
                 max_slices_per_gpu: Some(7),
                 default_compute: None,
             }),
-            placement: Some(Placement {
+            placement: Some(ControllerPlacement {
                 policy: PlacementPolicy::BinPack,
             }),
             sharing: None,

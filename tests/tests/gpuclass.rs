@@ -351,7 +351,7 @@ async fn a_controller_class_gets_a_selector_no_device_matches() {
     let spec = GpuClassSpec {
         allocator: Allocator::Controller,
         slicing: Some(kerf_api::Slicing::default()),
-        placement: Some(kerf_api::Placement {
+        placement: Some(kerf_api::ControllerPlacement {
             policy: kerf_api::PlacementPolicy::Spread,
         }),
         ..h100_class()

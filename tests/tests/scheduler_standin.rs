@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::ownership;
-use kerf_api::params::{Allocator, GpuSelector, Placement, PlacementPolicy};
+use kerf_api::params::{Allocator, ControllerPlacement, GpuSelector, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::scheduler::{
@@ -85,7 +85,7 @@ fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, selector: GpuS
                 max_slices_per_gpu: Some(7),
                 default_compute: None,
             }),
-            placement: controller.then_some(Placement {
+            placement: controller.then_some(ControllerPlacement {
                 policy: PlacementPolicy::BinPack,
             }),
             sharing: None,

@@ -138,7 +138,7 @@ pub fn claim_allocation_status(
     driver: &str,
     now: Time,
 ) -> Result<AllocationResult> {
-    let mut allocation = super::allocation_status(placement_for_claim, node, driver, now)?;
+    let mut allocation = super::status::allocation_status(placement_for_claim, node, driver, now)?;
     let requests = claim
         .spec
         .devices

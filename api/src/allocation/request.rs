@@ -13,7 +13,13 @@ use crate::params::{
 };
 use crate::quantity::format_bytes;
 
-use super::{MAX_ALLOCATION_RESULTS, MAX_COUNT, MODE_EXACT_COUNT};
+use super::status::MAX_ALLOCATION_RESULTS;
+
+/// [`MAX_ALLOCATION_RESULTS`] as a request count.
+const MAX_COUNT: u32 = 32;
+
+/// `allocationMode` that asks for a number of devices.
+const MODE_EXACT_COUNT: &str = "ExactCount";
 
 impl From<TopologyScope> for alloc::TopologyScope {
     fn from(scope: TopologyScope) -> Self {

@@ -13,7 +13,8 @@ use crate::claim::SOURCE_FROM_CLAIM;
 use crate::error::{Error, Result};
 use crate::params::{GpuSliceAllocation, OpaqueKind, SliceDevice};
 
-use super::MAX_ALLOCATION_RESULTS;
+/// Most results one allocation may hold (`AllocationResultsMaxSize`).
+pub const MAX_ALLOCATION_RESULTS: usize = 32;
 
 /// The `status.allocation` that puts `placement`'s devices on `node`.
 ///

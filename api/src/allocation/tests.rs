@@ -14,8 +14,8 @@ use super::*;
 use crate::claim::resolve_allocation;
 use crate::error::Result;
 use crate::params::{
-    Allocator, GpuClassParameters, GpuSelector, Placement, PlacementPolicy, SharingConfig, Slicing,
-    TopologyScope,
+    Allocator, ControllerPlacement, GpuClassParameters, GpuSelector, PlacementPolicy,
+    SharingConfig, Slicing, TopologyScope,
 };
 use crate::{API_VERSION, AllocatedDevice};
 
@@ -349,7 +349,7 @@ fn controller_class() -> GpuClassParameters {
             max_slices_per_gpu: Some(7),
             default_compute: Some(15),
         }),
-        placement: Some(Placement {
+        placement: Some(ControllerPlacement {
             policy: PlacementPolicy::Spread,
         }),
         sharing: Some(SharingConfig {

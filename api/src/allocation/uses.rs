@@ -10,7 +10,7 @@ use kerf_core::slice::Sharing;
 use crate::params::{GpuSliceAllocation, OpaqueConfig, decode_opaque};
 use crate::quantity;
 
-use super::{CONSUMED_COMPUTE, CONSUMED_MEMORY};
+use crate::claim::{CONSUMED_COMPUTE, CONSUMED_MEMORY};
 
 /// What the devices of `claim`'s allocation hold, for the allocator's index: results of
 /// `driver` only, whoever wrote them.
@@ -19,7 +19,7 @@ use super::{CONSUMED_COMPUTE, CONSUMED_MEMORY};
 ///   slice of the entry's memory and compute, or the whole GPU when the entry sets neither.
 /// - A result with `consumedCapacity` or a `shareID` (a consumable-capacity share, 1.36+) is
 ///   a slice of its consumed `memory` and `compute` (percent); missing ones count as zero. It
-///   is shared as it is prepared: as the claim's configs say ([`crate::resolve_allocation`]),
+///   is shared as it is prepared: as the claim's configs say ([`crate::claim::resolve_allocation`]),
 ///   MPS when they name no sharing (the Node's shared publication, which may name another, is
 ///   not in the claim). Whether it took the whole GPU depends on the GPU's size, which the
 ///   published device knows: see kerf-controller's `capacity` module.
@@ -73,7 +73,7 @@ pub fn device_uses(claim: &ResourceClaim, driver: &str) -> Vec<DeviceUse> {
 /// The sharing each scheduler share of `claim` is prepared with, by device and share ID, as
 /// the claim's configs resolve it; nothing when they do not resolve (the caller's MPS then).
 fn share_sharing(claim: &ResourceClaim, driver: &str) -> Vec<(String, String, Sharing)> {
-    crate::resolve_allocation(claim, driver)
+    crate::claim::resolve_allocation(claim, driver)
         .unwrap_or_default()
         .into_iter()
         .filter_map(|d| Some((d.device, d.share_id?, d.sharing)))

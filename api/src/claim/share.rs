@@ -1,7 +1,8 @@
 //! Scheduler slices: a result of this driver that kube-scheduler allocated as one share of a
 //! shareable GPU (`shareID` and `consumedCapacity`, `DRAConsumableCapacity`) becomes a slice
 //! with the consumed `memory` and `compute` as its limits, prepared exactly as a controller
-//! slice of that size (same [`SliceLimits`] and [`Sharing`], so the same CDI edits).
+//! slice of that size (same [`kerf_core::slice::SliceLimits`] and
+//! [`kerf_core::slice::Sharing`], so the same CDI edits).
 //!
 //! The scheduler writes every capacity of the device into `consumedCapacity`, zero included
 //! (kubernetes/api `resource/v1/types.go` `DeviceRequestAllocationResult.ConsumedCapacity`;
@@ -10,18 +11,14 @@
 //! GPU kerf published shareable ([`crate::resourceslice::scheduler_slices`]).
 //!
 //! Two steps, because the GPU's size is known only on the node: [`consumed`] reads the result
-//! when the claim is resolved; [`AllocatedDevice::finish_share`] then compares it with the GPU
+//! when the claim is resolved; [`super::AllocatedDevice::finish_share`] then compares it with the GPU
 //! and the Node's shared publication.
 
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kerf_core::mps::TimeSliceInterval;
-use kerf_core::slice::{Sharing, SliceLimits};
 
-use super::AllocatedDevice;
 use crate::error::{Error, Result};
-use crate::quantity::{format_bytes, quantity_bytes};
-use crate::shared_publication::SharedSlicing;
+use crate::quantity::quantity_bytes;
 
 /// `consumedCapacity` key of the memory a share took, in bytes.
 pub const CONSUMED_MEMORY: &str = "memory";
@@ -116,68 +113,6 @@ fn percent(quantity: &Quantity) -> Option<u8> {
     }
     let value = quantity_bytes(quantity).ok()?;
     u8::try_from(value).ok().filter(|v| *v <= 100)
-}
-
-impl AllocatedDevice {
-    /// Completes a scheduler share once the GPU it is on is known: a share larger than the
-    /// GPU's `gpu_memory_bytes` is refused; a share that takes all memory on the grid
-    /// (the published `memory` default, `⌊memory/G⌋·G`, what a claim without capacity requests
-    /// gets) is the whole GPU, exclusive; otherwise, when no config of the claim named a
-    /// sharing, the sharing of the Node's shared publication for this GPU (`slicing`), MPS
-    /// when the publication no longer names the GPU. Does nothing for a device that is not a
-    /// share, or a second time.
-    ///
-    /// The granularity is the class config's when the allocation carries one, else the
-    /// publication's; without either only a share of exactly the GPU's memory is whole.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidAllocation`] at `…consumedCapacity.memory` when the share consumed more
-    /// memory than the GPU has.
-    pub fn finish_share(
-        &mut self,
-        gpu_memory_bytes: u64,
-        slicing: Option<&SharedSlicing>,
-    ) -> Result<()> {
-        let Some(share) = self.share.take() else {
-            return Ok(());
-        };
-        if share.memory_bytes > gpu_memory_bytes {
-            let message = format!(
-                "{:?} ({} bytes) is more than the {} of device {:?}",
-                share.memory_text,
-                share.memory_bytes,
-                format_bytes(gpu_memory_bytes),
-                self.device
-            );
-            self.share = Some(share.clone());
-            return Err(Error::InvalidAllocation {
-                claim: share.claim,
-                path: share.memory_path,
-                message,
-            });
-        }
-        let granule = share
-            .granularity
-            .or(slicing.map(|s| s.memory_granularity_bytes))
-            .filter(|g| *g > 0)
-            .unwrap_or(1);
-        let on_grid = gpu_memory_bytes / granule * granule;
-        if share.memory_bytes >= on_grid {
-            self.limits = SliceLimits::default();
-            self.sharing = Sharing::Exclusive;
-            self.time_slice_interval = TimeSliceInterval::Default;
-            return Ok(());
-        }
-        if !share.sharing_configured {
-            self.sharing = slicing.map_or(Sharing::Mps, SharedSlicing::strategy);
-            self.time_slice_interval = slicing
-                .and_then(|s| s.sharing)
-                .and_then(|s| s.time_slice_interval_for(self.sharing))
-                .unwrap_or_default();
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
