@@ -435,27 +435,7 @@ impl Shared {
     /// newer job for the same claim, or the writer is disabled.
     async fn write(&self, client: &kube::Client, job: Job) {
         let claim = job.claim().clone();
-        let (entries, publishing) = match &job {
-            Job::Publish {
-                devices,
-                prepared_at,
-                ..
-            } => {
-                let entries: Vec<AllocatedDeviceStatus> = devices
-                    .iter()
-                    .map(|facts| {
-                        allocated_device_status(
-                            &self.config.driver_name,
-                            &self.config.node_name,
-                            facts,
-                            prepared_at,
-                        )
-                    })
-                    .collect();
-                (entries, true)
-            }
-            Job::Withdraw { .. } => (Vec::new(), false),
-        };
+        let (entries, publishing) = self.entries(&job);
         let mut backoff = self.config.retry.initial_backoff;
         for attempt in 1..=self.config.retry.attempts.max(1) {
             if self.is_disabled() {
@@ -463,55 +443,10 @@ impl Shared {
             }
             let result = apply(client, &claim, &entries).await;
             match classify(&result, publishing) {
-                Outcome::Done(label) => {
-                    self.metrics.count(label);
-                    let mut written = lock(&self.written);
-                    if publishing {
-                        written.insert(claim.uid.clone());
-                    } else {
-                        written.remove(&claim.uid);
-                    }
-                    tracing::debug!(claim.uid = %claim.uid, devices = entries.len(), outcome = label, "per-device claim status applied");
-                    return;
-                }
-                Outcome::Dropped { label, warn } => {
-                    self.metrics.count(label);
-                    lock(&self.written).remove(&claim.uid);
-                    let error = result
-                        .as_ref()
-                        .err()
-                        .map(ToString::to_string)
-                        .unwrap_or_default();
-                    if warn {
-                        self.tell(&claim, &result, (attempt, attempt)).await;
-                        tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, %error, "the API server refused the per-device claim status");
-                    } else {
-                        tracing::debug!(claim.uid = %claim.uid, outcome = label, %error, "per-device claim status not written: the claim is gone or no longer allocated");
-                    }
-                    return;
-                }
-                Outcome::Disable { label, why } => {
-                    if !self.is_disabled() {
-                        // Told once: the writer stops for the process lifetime.
-                        self.tell(&claim, &result, (attempt, attempt)).await;
-                    }
-                    self.disable(label, &why);
-                    return;
-                }
                 Outcome::Retry => {
-                    let error = result
-                        .as_ref()
-                        .err()
-                        .map(ToString::to_string)
-                        .unwrap_or_default();
-                    if attempt >= self.config.retry.attempts {
-                        self.metrics.count("gave_up");
-                        self.tell(&claim, &result, (attempt, attempt)).await;
-                        tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, attempts = attempt, %error, "giving up on the per-device claim status");
+                    if self.gave_up(&claim, &result, attempt).await {
                         return;
                     }
-                    self.metrics.count("retried");
-                    tracing::debug!(claim.uid = %claim.uid, attempt, %error, "per-device claim status write failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.config.retry.max_backoff);
                     if self.has_waiting(&claim.uid) {
@@ -519,8 +454,89 @@ impl Shared {
                         return;
                     }
                 }
+                Outcome::Done(label) => return self.done(&claim, label, entries.len(), publishing),
+                Outcome::Dropped { label, warn } => {
+                    return self.dropped(&claim, (label, warn), &result, attempt).await;
+                }
+                Outcome::Disable { label, why } => {
+                    if !self.is_disabled() {
+                        // Told once: the writer stops for the process lifetime.
+                        self.tell(&claim, &result, (attempt, attempt)).await;
+                    }
+                    return self.disable(label, &why);
+                }
             }
         }
+    }
+
+    /// The entries `job` applies (none for a withdrawal), and whether it publishes.
+    fn entries(&self, job: &Job) -> (Vec<AllocatedDeviceStatus>, bool) {
+        match job {
+            Job::Publish {
+                devices,
+                prepared_at,
+                ..
+            } => {
+                let (driver, node) = (&self.config.driver_name, &self.config.node_name);
+                let entries = devices
+                    .iter()
+                    .map(|facts| allocated_device_status(driver, node, facts, prepared_at))
+                    .collect();
+                (entries, true)
+            }
+            Job::Withdraw { .. } => (Vec::new(), false),
+        }
+    }
+
+    /// Records a written (or withdrawn) status of `claim`.
+    fn done(&self, claim: &ClaimRef, label: &'static str, devices: usize, publishing: bool) {
+        self.metrics.count(label);
+        let mut written = lock(&self.written);
+        if publishing {
+            written.insert(claim.uid.clone());
+        } else {
+            written.remove(&claim.uid);
+        }
+        tracing::debug!(claim.uid = %claim.uid, devices, outcome = label, "per-device claim status applied");
+    }
+
+    /// Forgets a status that is moot; tells about it when `warn` (a bug of ours).
+    async fn dropped(
+        &self,
+        claim: &ClaimRef,
+        (label, warn): (&'static str, bool),
+        result: &Result<bool, kube::Error>,
+        attempt: u32,
+    ) {
+        self.metrics.count(label);
+        lock(&self.written).remove(&claim.uid);
+        let error = error_text(result);
+        if warn {
+            self.tell(claim, result, (attempt, attempt)).await;
+            tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, %error, "the API server refused the per-device claim status");
+        } else {
+            tracing::debug!(claim.uid = %claim.uid, outcome = label, %error, "per-device claim status not written: the claim is gone or no longer allocated");
+        }
+    }
+
+    /// After a transient failure: true, told, when `attempt` was the last one; else counts
+    /// the retry.
+    async fn gave_up(
+        &self,
+        claim: &ClaimRef,
+        result: &Result<bool, kube::Error>,
+        attempt: u32,
+    ) -> bool {
+        let error = error_text(result);
+        if attempt >= self.config.retry.attempts {
+            self.metrics.count("gave_up");
+            self.tell(claim, result, (attempt, attempt)).await;
+            tracing::warn!(claim.uid = %claim.uid, claim.namespace = %claim.namespace, claim.name = %claim.name, attempts = attempt, %error, "giving up on the per-device claim status");
+            return true;
+        }
+        self.metrics.count("retried");
+        tracing::debug!(claim.uid = %claim.uid, attempt, %error, "per-device claim status write failed; retrying");
+        false
     }
 
     /// Tells about the failed write of `claim`'s status at its `attempts` (attempt, budget).
@@ -568,6 +584,15 @@ async fn apply(
         )
         .await?;
     Ok(kept_device_status(&answer, entries))
+}
+
+/// The error of a failed write, empty for a success.
+fn error_text(result: &Result<bool, kube::Error>) -> String {
+    result
+        .as_ref()
+        .err()
+        .map(ToString::to_string)
+        .unwrap_or_default()
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
