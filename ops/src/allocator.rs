@@ -10,7 +10,7 @@
 //! - **kerf-controller**: the controller allocates on every watch event, admission review and
 //!   reconcile (heaptrack counted 12 million allocations in a 500-node burst, 128,000 a
 //!   second), across the runtime's worker threads, and with glibc the leader spent about 1.5x
-//!   the CPU per pod. Measured with `kerf bench controller-footprint` (500 nodes of 8 H100,
+//!   the CPU per pod. Measured with `kerf-bench controller-footprint` (500 nodes of 8 H100,
 //!   1000 slice claims, 2 replicas, 2-core host shared with builds), two pairs of runs of one
 //!   source: leader CPU per pod 7.0 / 6.2 ms with mimalloc against 9.9 / 11.4 ms with glibc,
 //!   burst 28.3 / 23.7 s against 32.3 / 31.7 s. The price is memory: leader RSS 107 / 115 MiB

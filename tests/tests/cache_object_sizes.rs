@@ -141,7 +141,7 @@ fn claim(i: usize) -> Value {
 }
 
 /// A ResourceSlice of a node of 8 mock H100 as kerf's kubelet plugin publishes it (the slices
-/// `kerf bench controller-footprint` copies to every node).
+/// `kerf-bench controller-footprint` copies to every node).
 fn slice(i: usize) -> Value {
     let inventory = kerf_tests::sim::cluster::h100_nodes(1)[0]
         .inventory()
