@@ -4,7 +4,7 @@
 use kerf_api::AllocatedDevice;
 use kerf_core::cdi;
 use kerf_core::checkpoint::{ClaimEntry, ClaimState, DeviceRecord};
-use kerf_core::inventory::DeviceRef;
+use kerf_core::inventory::{DeviceRef, DynamicPlacement};
 
 use super::records::{
     check_within_claim, conflicts, device_record, finished_share, name_shares, parent_request,
@@ -25,38 +25,7 @@ impl Preparer {
         // Read once, so every share of the claim sees the same publication.
         let publication = self.publication.get();
         for (index, device) in allocated.iter().enumerate() {
-            if device.pool != self.config.node_name {
-                return Err(PrepareError::OtherNodePool {
-                    index,
-                    pool: device.pool.clone(),
-                    node: self.config.node_name.clone(),
-                }
-                .into());
-            }
-            let placement = self.inventory.dynamic_placement(&device.device);
-            let Some(found) = self
-                .inventory
-                .device(&device.device)
-                .or(placement.map(|p| DeviceRef::Gpu(p.gpu)))
-            else {
-                return Err(PrepareError::UnknownDevice {
-                    index,
-                    device: device.device.clone(),
-                    node: self.config.node_name.clone(),
-                }
-                .into());
-            };
-            if let Some(expected) = &device.expected_gpu_uuid
-                && found.gpu().uuid != *expected
-            {
-                return Err(PrepareError::GpuMismatch {
-                    device: device.device.clone(),
-                    expected: expected.clone(),
-                    node: self.config.node_name.clone(),
-                    actual: found.gpu().uuid.clone(),
-                }
-                .into());
-            }
+            let (found, placement) = self.find_device(index, device)?;
             let finished;
             let device = if device.share.is_some() {
                 finished = finished_share(found, device, &publication)?;
@@ -65,17 +34,7 @@ impl Preparer {
                 device
             };
             let request = parent_request(&device.request).to_owned();
-            // One record per device and share: two shares of one GPU are two devices.
-            if let Some(existing) = records
-                .iter_mut()
-                .find(|r| r.device_name == device.device && r.share_id == device.share_id)
-            {
-                if !existing.request_names.contains(&request) {
-                    existing.request_names.push(request);
-                }
-                if !existing.request_refs.contains(&device.request) {
-                    existing.request_refs.push(device.request.clone());
-                }
+            if add_request(&mut records, device, &request) {
                 continue;
             }
             let cdi_id = cdi::qualified_name(
@@ -91,6 +50,50 @@ impl Preparer {
         }
         name_shares(&mut records, &self.config.cdi_kind, &claim.uid);
         Ok(records)
+    }
+
+    /// The inventory's device for allocation result `index`, and its dynamic-MIG placement
+    /// when it is one; refused when the result names another node's pool, a device this
+    /// node does not have, or a GPU other than the one the allocation expects.
+    fn find_device<'a>(
+        &'a self,
+        index: usize,
+        device: &AllocatedDevice,
+    ) -> Result<(DeviceRef<'a>, Option<DynamicPlacement<'a>>)> {
+        let node = &self.config.node_name;
+        if device.pool != *node {
+            return Err(PrepareError::OtherNodePool {
+                index,
+                pool: device.pool.clone(),
+                node: node.clone(),
+            }
+            .into());
+        }
+        let placement = self.inventory.dynamic_placement(&device.device);
+        let Some(found) = self
+            .inventory
+            .device(&device.device)
+            .or(placement.map(|p| DeviceRef::Gpu(p.gpu)))
+        else {
+            return Err(PrepareError::UnknownDevice {
+                index,
+                device: device.device.clone(),
+                node: node.clone(),
+            }
+            .into());
+        };
+        if let Some(expected) = &device.expected_gpu_uuid
+            && found.gpu().uuid != *expected
+        {
+            return Err(PrepareError::GpuMismatch {
+                device: device.device.clone(),
+                expected: expected.clone(),
+                node: node.clone(),
+                actual: found.gpu().uuid.clone(),
+            }
+            .into());
+        }
+        Ok((found, placement))
     }
 
     /// Checks exclusivity against every other prepared claim and records the claim as
@@ -145,4 +148,22 @@ impl Preparer {
         self.update_prepared_gauge();
         Ok(())
     }
+}
+
+/// Adds `device`'s request to the record of the same device and share, if `records` has one
+/// (one record per device and share: two shares of one GPU are two devices); false if not.
+fn add_request(records: &mut [DeviceRecord], device: &AllocatedDevice, request: &str) -> bool {
+    let Some(existing) = records
+        .iter_mut()
+        .find(|r| r.device_name == device.device && r.share_id == device.share_id)
+    else {
+        return false;
+    };
+    if !existing.request_names.iter().any(|name| name == request) {
+        existing.request_names.push(request.to_owned());
+    }
+    if !existing.request_refs.contains(&device.request) {
+        existing.request_refs.push(device.request.clone());
+    }
+    true
 }
