@@ -25,8 +25,8 @@
 //!   a node (the checkpoint stays on disk).
 //! - `allocate`: the controller's allocator on 1,000 nodes × 8 H100 with 20,000 seeded
 //!   claims, against one scan of every GPU.
-//! - `packing`: BinPack, Spread and a kube-scheduler-like first-fit until the first claim
-//!   that does not fit.
+//! - `packing`: BinPack, Spread and kube-scheduler's allocator ([`baseline`], from
+//!   kerf-scheduler-standin) until the first claim that does not fit.
 //! - `footprint`: resident memory of the plugin and of the controller's index.
 //! - `controller-footprint`: the real `kerf-controller` binary (two replicas with leader
 //!   election, webhook on) against the in-memory API server over HTTP at 500 nodes: CPU per
