@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::resourceslice::{DeviceFields, device_attribute};
 
 /// The device attribute (in the driver's domain) naming the device's allocator.
-pub const ATTRIBUTE: &str = "allocator";
+pub const ATTRIBUTE: &str = crate::resourceslice::attributes::ALLOCATOR;
 /// The Node annotation holding the node's ownership record, written by kerf-controller.
 pub const RECORD_ANNOTATION: &str = "gpu.kerf.dev/allocators";
 /// The Node label by which an admin pins the owner of all of a node's devices.

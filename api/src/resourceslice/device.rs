@@ -1,82 +1,18 @@
 //! Building one published device: a whole GPU or an existing MIG device, its attributes and
 //! capacities, each checked against the API limits as it is added.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_core::inventory::{DeviceRef, Gpu, Inventory};
 
-use super::{
+use super::names::{
     ATTRIBUTES_ADDED_LATER, MAX_ATTRIBUTE_VALUE_LEN, MAX_ATTRIBUTES_AND_CAPACITIES, TYPE_GPU,
     TYPE_MIG, attributes, capacities, is_dns_label, is_qualified_name, pci_bus_id, semver,
 };
 use crate::error::{Error, Result};
 use crate::quantity::bytes_quantity;
-
-/// Every device of the inventory, in a stable order (GPU minor, then MIG placement), checked
-/// against the API limits. A dynamic-MIG GPU is its whole GPU only: its MIG devices are
-/// instances kerf created for placements ([`device_groups`]).
-pub(super) fn published_devices(inventory: &Inventory) -> Result<Vec<Device>> {
-    Ok(device_groups(inventory, false)?
-        .into_iter()
-        .flatten()
-        .collect())
-}
-
-/// The devices of each GPU, GPUs by minor: a GPU without MIG is its whole GPU; a GPU with MIG
-/// its existing MIG devices; a dynamic-MIG GPU ([`Gpu::dynamic_mig`]) with a catalogue, when
-/// `partitioned`, one device per placement ([`super::dynamic_mig::gpu_devices`]), else
-/// nothing. A GPU in MIG mode runs no CUDA work as a whole GPU, so it is never published
-/// whole. The existing MIG devices of a dynamic-MIG GPU are never published: they are the
-/// instances kerf created for allocated placements, which stay published under the
-/// placement's name.
-///
-/// # Errors
-///
-/// [`Error::InvalidResourceSlice`] when a device breaks an API limit or two devices share a name.
-pub(super) fn device_groups(inventory: &Inventory, partitioned: bool) -> Result<Vec<Vec<Device>>> {
-    let mut gpus: Vec<&Gpu> = inventory.gpus.iter().collect();
-    gpus.sort_by_key(|g| g.minor);
-    let mut seen = BTreeSet::new();
-    let mut groups = Vec::with_capacity(gpus.len());
-    for gpu in gpus {
-        let devices = gpu_group(gpu, inventory, partitioned)?;
-        for device in &devices {
-            if !seen.insert(device.name.clone()) {
-                return Err(Error::slice(
-                    format!("devices[{:?}]", device.name),
-                    "two devices of the inventory have this name (duplicate GPU minor or MIG placement)",
-                ));
-            }
-        }
-        groups.push(devices);
-    }
-    Ok(groups)
-}
-
-fn gpu_group(gpu: &Gpu, inventory: &Inventory, partitioned: bool) -> Result<Vec<Device>> {
-    if gpu.dynamic_mig {
-        return match (&gpu.mig_catalog, partitioned) {
-            (Some(catalog), true) => super::dynamic_mig::gpu_devices(gpu, catalog, inventory),
-            _ => Ok(Vec::new()),
-        };
-    }
-    if !gpu.mig_enabled {
-        return Ok(vec![publish_device(DeviceRef::Gpu(gpu), inventory)?]);
-    }
-    let mut migs: Vec<_> = gpu.mig_devices.iter().collect();
-    migs.sort_by(|a, b| {
-        (a.placement.start, a.profile.as_str(), a.gi_id).cmp(&(
-            b.placement.start,
-            b.profile.as_str(),
-            b.gi_id,
-        ))
-    });
-    migs.into_iter()
-        .map(|mig| publish_device(DeviceRef::Mig { parent: gpu, mig }, inventory))
-        .collect()
-}
 
 pub(super) fn publish_device(device: DeviceRef<'_>, inventory: &Inventory) -> Result<Device> {
     let name = device.name();

@@ -38,7 +38,7 @@ use kerf_core::mig_catalog::{
 };
 
 use super::device::{Attributes, capacity, check_names_and_count, common_attributes};
-use super::{TYPE_MIG, attributes, capacities, is_dns_label};
+use super::names::{TYPE_MIG, attributes, capacities, is_dns_label};
 use crate::error::{Error, Result};
 use crate::quantity::bytes_quantity;
 

@@ -17,8 +17,8 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
+use super::names::{MAX_ATTRIBUTES_AND_CAPACITIES, MAX_DEVICES_PER_SLICE, is_dns_label};
 use super::taints::MAX_DEVICES_PER_SLICE_WITH_TAINTS;
-use super::{MAX_ATTRIBUTES_AND_CAPACITIES, MAX_DEVICES_PER_SLICE, is_dns_label};
 use crate::error::{Error, Result};
 
 /// Most devices in a slice where any device has taints or consumes counters

@@ -29,7 +29,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::limits::check_request_policy;
-use super::{MAX_ATTRIBUTES_AND_CAPACITIES, attributes, capacities};
+use super::names::{MAX_ATTRIBUTES_AND_CAPACITIES, attributes, capacities};
 use crate::error::{Error, Result};
 use crate::ownership::{Owner, Record};
 use crate::quantity::{bytes_quantity, quantity_bytes};
@@ -84,7 +84,7 @@ pub fn share_device(device: &mut Device, slicing: &SharedSlicing) -> Result<()> 
         .as_ref()
         .and_then(|a| a.get(attributes::TYPE))
         .and_then(|t| t.string.as_deref())
-        == Some(super::TYPE_GPU);
+        == Some(super::names::TYPE_GPU);
     if !is_gpu {
         return Err(Error::slice(
             at,

@@ -1,9 +1,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
-use kerf_core::inventory::{ComputeCapability, Gpu, MigDevice, MigPlacement};
+use k8s_openapi::api::resource::v1::{Device, ResourceSliceSpec};
+use kerf_core::inventory::{ComputeCapability, Gpu, Inventory, MigDevice, MigPlacement};
 use proptest::prelude::*;
 
 use super::device::check_names_and_count;
+use super::names::ATTRIBUTES_ADDED_LATER;
 use super::*;
 
 const DRIVER: &str = "gpu.kerf.dev";
