@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use kerf_api::controller_claims::ALLOCATED_NODE_ANNOTATION;
+use kerf_api::inventory_view::InventoryView;
 use kerf_api::ownership::{self, Owner};
 use kerf_api::resourceslice::taints::unhealthy_taint_key;
 use kerf_api::resourceslice::{TYPE_MIG, attributes, device_attribute, device_memory_bytes};
@@ -256,47 +257,13 @@ impl Status {
             };
             let node = nodes
                 .entry(node_name.to_owned())
-                .or_insert_with(|| NodeStatus {
-                    node: node_name.to_owned(),
-                    pool: Pool {
-                        name: slice.spec.pool.name.clone(),
-                        generation: slice.spec.pool.generation,
-                        slices: 0,
-                        expected_slices: slice.spec.pool.resource_slice_count,
-                    },
-                    gpus: Vec::new(),
-                    mig_devices: Vec::new(),
-                    unreadable: Vec::new(),
-                });
+                .or_insert_with(|| NodeStatus::empty(node_name, slice));
             node.pool.slices += 1;
             for device in slice.spec.devices.iter().flatten() {
                 let held = claims
                     .remove(&(node_name.to_owned(), device.name.clone()))
                     .unwrap_or_default();
-                let is_mig = device_attribute(device, driver, attributes::TYPE)
-                    .and_then(|a| a.string.as_deref())
-                    == Some(TYPE_MIG);
-                if is_mig {
-                    node.mig_devices.push(mig_status(device, driver, held));
-                    continue;
-                }
-                let info = view
-                    .nodes
-                    .get(node_name)
-                    .and_then(|n| n.gpus.iter().find(|g| g.device == device.name));
-                // A device the inventory view skipped is listed under `unreadable` below.
-                if let Some(info) = info {
-                    node.gpus.push(GpuStatus {
-                        device: info.device.clone(),
-                        uuid: info.uuid.clone(),
-                        product: info.product.clone(),
-                        owner: ownership::published_owner(device, driver),
-                        memory: memory(info.memory_bytes, &held),
-                        compute: compute(&held),
-                        health: health(device, driver),
-                        claims: held.into_iter().map(|(claim, _)| claim).collect(),
-                    });
-                }
+                node.add_device(device, driver, &view, held);
             }
         }
         for skipped in view.skipped {
@@ -315,18 +282,76 @@ impl Status {
             version: JSON_VERSION,
             driver: driver.to_owned(),
             nodes: nodes.into_values().collect(),
-            unmatched_claims: claims
-                .into_iter()
-                .flat_map(|((node, device), held)| {
-                    held.into_iter().map(move |(claim, _)| UnmatchedClaim {
-                        node: node.clone(),
-                        device: device.clone(),
-                        claim,
-                    })
-                })
-                .collect(),
+            unmatched_claims: unmatched(claims),
         }
     }
+}
+
+impl NodeStatus {
+    /// A node with no devices yet, its pool as `slice` names it.
+    fn empty(node: &str, slice: &ResourceSlice) -> NodeStatus {
+        NodeStatus {
+            node: node.to_owned(),
+            pool: Pool {
+                name: slice.spec.pool.name.clone(),
+                generation: slice.spec.pool.generation,
+                slices: 0,
+                expected_slices: slice.spec.pool.resource_slice_count,
+            },
+            gpus: Vec::new(),
+            mig_devices: Vec::new(),
+            unreadable: Vec::new(),
+        }
+    }
+
+    /// Adds `device` of one of this node's slices, with the claims `held` on it: a MIG device,
+    /// or a GPU as the inventory view read it (a device the view skipped is listed under
+    /// `unreadable` instead).
+    fn add_device(
+        &mut self,
+        device: &Device,
+        driver: &str,
+        view: &InventoryView,
+        held: Vec<(ClaimOnDevice, UseKind)>,
+    ) {
+        let is_mig = device_attribute(device, driver, attributes::TYPE)
+            .and_then(|a| a.string.as_deref())
+            == Some(TYPE_MIG);
+        if is_mig {
+            self.mig_devices.push(mig_status(device, driver, held));
+            return;
+        }
+        let info = view
+            .nodes
+            .get(&self.node)
+            .and_then(|n| n.gpus.iter().find(|g| g.device == device.name));
+        if let Some(info) = info {
+            self.gpus.push(GpuStatus {
+                device: info.device.clone(),
+                uuid: info.uuid.clone(),
+                product: info.product.clone(),
+                owner: ownership::published_owner(device, driver),
+                memory: memory(info.memory_bytes, &held),
+                compute: compute(&held),
+                health: health(device, driver),
+                claims: held.into_iter().map(|(claim, _)| claim).collect(),
+            });
+        }
+    }
+}
+
+/// The claims left in `claims` once every device was matched: on devices no slice lists.
+fn unmatched(claims: ClaimsByDevice) -> Vec<UnmatchedClaim> {
+    claims
+        .into_iter()
+        .flat_map(|((node, device), held)| {
+            held.into_iter().map(move |(claim, _)| UnmatchedClaim {
+                node: node.clone(),
+                device: device.clone(),
+                claim,
+            })
+        })
+        .collect()
 }
 
 /// `driver`'s slices of each pool's newest generation, by name (older generations are left

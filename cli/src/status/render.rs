@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use kerf_api::quantity::format_bytes;
 
-use super::model::{ClaimOnDevice, Health, Memory, NodeStatus, Size, Status};
+use super::model::{ClaimOnDevice, GpuStatus, Health, Memory, MigStatus, NodeStatus, Size, Status};
 
 /// Cells of a bar.
 const BAR_WIDTH: u64 = 10;
@@ -55,48 +55,10 @@ fn render_node(out: &mut String, node: &NodeStatus) {
         node.node, pool.name, pool.generation
     );
     if !node.gpus.is_empty() {
-        let mut rows = vec![header(&[
-            "GPU", "PRODUCT", "OWNER", "MEMORY", "COMPUTE", "HEALTH", "CLAIMS",
-        ])];
-        for gpu in &node.gpus {
-            let first = vec![
-                gpu.device.clone(),
-                gpu.product.clone(),
-                owner(gpu.owner),
-                memory_bar(gpu.memory),
-                bar(
-                    u64::from(gpu.compute.used_percent),
-                    100,
-                    &format!("{}/100%", gpu.compute.used_percent),
-                ),
-                health(&gpu.health),
-            ];
-            push_with_claims(&mut rows, first, &gpu.claims);
-        }
-        out.push_str(&align(&rows));
+        out.push_str(&align(&gpu_rows(&node.gpus)));
     }
     if !node.mig_devices.is_empty() {
-        let mut rows = vec![header(&[
-            "MIG DEVICE",
-            "PROFILE",
-            "PARENT",
-            "OWNER",
-            "MEMORY",
-            "HEALTH",
-            "CLAIMS",
-        ])];
-        for mig in &node.mig_devices {
-            let first = vec![
-                mig.device.clone(),
-                mig.profile.clone(),
-                mig.parent_uuid.clone(),
-                owner(mig.owner),
-                memory_bar(mig.memory),
-                health(&mig.health),
-            ];
-            push_with_claims(&mut rows, first, &mig.claims);
-        }
-        out.push_str(&align(&rows));
+        out.push_str(&align(&mig_rows(&node.mig_devices)));
     }
     for unreadable in &node.unreadable {
         let _ = writeln!(
@@ -105,6 +67,55 @@ fn render_node(out: &mut String, node: &NodeStatus) {
             unreadable.device, unreadable.reason
         );
     }
+}
+
+/// The GPU table of one node: a header, then per GPU a row and one more per claim beyond
+/// its first.
+fn gpu_rows(gpus: &[GpuStatus]) -> Vec<Vec<String>> {
+    let mut rows = vec![header(&[
+        "GPU", "PRODUCT", "OWNER", "MEMORY", "COMPUTE", "HEALTH", "CLAIMS",
+    ])];
+    for gpu in gpus {
+        let first = vec![
+            gpu.device.clone(),
+            gpu.product.clone(),
+            owner(gpu.owner),
+            memory_bar(gpu.memory),
+            bar(
+                u64::from(gpu.compute.used_percent),
+                100,
+                &format!("{}/100%", gpu.compute.used_percent),
+            ),
+            health(&gpu.health),
+        ];
+        push_with_claims(&mut rows, first, &gpu.claims);
+    }
+    rows
+}
+
+/// The MIG device table of one node, as [`gpu_rows`].
+fn mig_rows(migs: &[MigStatus]) -> Vec<Vec<String>> {
+    let mut rows = vec![header(&[
+        "MIG DEVICE",
+        "PROFILE",
+        "PARENT",
+        "OWNER",
+        "MEMORY",
+        "HEALTH",
+        "CLAIMS",
+    ])];
+    for mig in migs {
+        let first = vec![
+            mig.device.clone(),
+            mig.profile.clone(),
+            mig.parent_uuid.clone(),
+            owner(mig.owner),
+            memory_bar(mig.memory),
+            health(&mig.health),
+        ];
+        push_with_claims(&mut rows, first, &mig.claims);
+    }
+    rows
 }
 
 fn header(names: &[&str]) -> Vec<String> {
