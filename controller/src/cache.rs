@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use kerf_api::watch_backoff::WatchBackoff;
 
 pub use process::ProcessCaches;
-pub use slice::{CompactDevice, CompactSlice, Names};
+pub use slice::{CompactDevice, CompactSlice, Interner};
 
 /// Read handles of the caches. Clones share the same stores.
 #[derive(Clone)]
@@ -198,10 +198,10 @@ fn slice_cache(
     config: watcher::Config,
 ) -> (Store<CompactSlice>, impl Stream<Item = ()> + Send + 'static) {
     let (store, writer) = reflector::store();
-    let mut names = Names::default();
+    let mut interner = Interner::default();
     let compacted = watcher(api, config)
         .backoff(WatchBackoff::default())
-        .map_ok(move |event| compact_event(event, &mut names));
+        .map_ok(move |event| compact_event(event, &mut interner));
     let ticks = reflector(writer, compacted).filter_map(|event| {
         std::future::ready(match event {
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
@@ -219,9 +219,9 @@ fn slice_cache(
 
 fn compact_event(
     event: watcher::Event<ResourceSlice>,
-    names: &mut Names,
+    interner: &mut Interner,
 ) -> watcher::Event<CompactSlice> {
-    let mut compact = |slice| CompactSlice::new(slice, names);
+    let mut compact = |slice| CompactSlice::new(slice, interner);
     match event {
         watcher::Event::Apply(slice) => watcher::Event::Apply(compact(slice)),
         watcher::Event::Delete(slice) => watcher::Event::Delete(compact(slice)),

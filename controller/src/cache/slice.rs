@@ -4,13 +4,16 @@
 //! k8s-openapi keeps a device's attributes and capacities in `BTreeMap`s whose nodes hold
 //! eleven entries each (about 7.7 KB per kerf device, 62 KB per 8-GPU slice); at 500 nodes the
 //! cached slices were 31 MB of the leader's 44 MB live heap. A [`CompactSlice`] keeps each
-//! device's attributes and capacities as one sorted array each, with the names shared between
-//! devices (one `Arc<str>` per distinct name), about a third of the size. Nothing is dropped:
-//! a class selector may read any attribute, so the readers see exactly what was published,
+//! device's attributes and capacities as one sorted array each, sharing what devices have in
+//! common through an [`Interner`]: one `Arc<str>` per distinct name, one `Arc` per distinct
+//! attribute value (product name, driver version, architecture, type and the like are the
+//! same on every GPU of a model; UUIDs and bus IDs stay per device). Nothing is dropped: a
+//! class selector may read any attribute, so the readers see exactly what was published,
 //! through [`DeviceFields`] and [`SliceFields`] like any other ResourceSlice.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{
@@ -36,7 +39,7 @@ pub struct CompactSlice {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompactDevice {
     name: String,
-    attributes: Box<[(Arc<str>, DeviceAttribute)]>,
+    attributes: Box<[(Arc<str>, Arc<DeviceAttribute>)]>,
     capacity: Box<[(Arc<str>, DeviceCapacity)]>,
     allows_multiple_allocations: bool,
     consumes_counters: bool,
@@ -54,10 +57,10 @@ impl CompactSlice {
         self.resource_version.as_deref()
     }
 
-    /// Compacts `slice`, sharing attribute and capacity names through `names`.
-    pub fn new(slice: ResourceSlice, names: &mut Names) -> Self {
+    /// Compacts `slice`, sharing names and attribute values through `interner`.
+    pub fn new(slice: ResourceSlice, interner: &mut Interner) -> Self {
         let spec = slice.spec;
-        CompactSlice {
+        let compact = CompactSlice {
             name: slice.metadata.name.unwrap_or_default(),
             uid: slice.metadata.uid,
             resource_version: slice.metadata.resource_version,
@@ -68,45 +71,111 @@ impl CompactSlice {
                 .devices
                 .unwrap_or_default()
                 .into_iter()
-                .map(|device| CompactDevice::new(device, names))
+                .map(|device| CompactDevice::new(device, interner))
                 .collect(),
             has_shared_counters: spec.shared_counters.is_some(),
-        }
+        };
+        interner.prune();
+        compact
     }
 }
 
 impl From<ResourceSlice> for CompactSlice {
     fn from(slice: ResourceSlice) -> Self {
-        CompactSlice::new(slice, &mut Names::default())
+        CompactSlice::new(slice, &mut Interner::default())
     }
 }
 
 impl CompactDevice {
-    fn new(device: Device, names: &mut Names) -> Self {
+    fn new(device: Device, interner: &mut Interner) -> Self {
         CompactDevice {
             allows_multiple_allocations: device.allows_multiple_allocations(),
             consumes_counters: DeviceFields::consumes_counters(&device),
             name: device.name,
-            attributes: names.entries(device.attributes),
-            capacity: names.entries(device.capacity),
+            attributes: interner.attributes(device.attributes),
+            capacity: interner.entries(device.capacity),
             taints: device.taints.unwrap_or_default().into_boxed_slice(),
         }
     }
 }
 
-/// The attribute and capacity names seen so far, so that equal names share one allocation.
-/// Their number is bounded by what drivers publish (kerf: about twenty).
+/// The attribute and capacity names and attribute values seen so far, so that equal ones
+/// share one allocation. Names are bounded by what drivers publish (kerf: about twenty) and
+/// kept; values no cached slice holds any more (a replaced GPU's UUID) are dropped once the set
+/// has doubled since it was last pruned, so it stays within twice what the cache holds.
 #[derive(Debug, Default)]
-pub struct Names(HashSet<Arc<str>>);
+pub struct Interner {
+    names: HashSet<Arc<str>>,
+    values: HashSet<Value>,
+    pruned_at: usize,
+}
 
-impl Names {
+/// An attribute value compared and hashed by its fields (k8s-openapi's type implements
+/// neither `Eq` nor `Hash`).
+#[derive(Debug)]
+struct Value(Arc<DeviceAttribute>);
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Self) -> bool {
+        *self.0 == *other.0
+    }
+}
+
+impl Eq for Value {}
+
+impl Hash for Value {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let DeviceAttribute {
+            bool,
+            int,
+            string,
+            version,
+        } = &*self.0;
+        (bool, int, string, version).hash(state);
+    }
+}
+
+/// Values are not pruned below this many: pruning a small set saves nothing.
+const PRUNE_FLOOR: usize = 1024;
+
+impl Interner {
     fn name(&mut self, name: &str) -> Arc<str> {
-        if let Some(known) = self.0.get(name) {
+        if let Some(known) = self.names.get(name) {
             return Arc::clone(known);
         }
         let name: Arc<str> = Arc::from(name);
-        self.0.insert(Arc::clone(&name));
+        self.names.insert(Arc::clone(&name));
         name
+    }
+
+    fn value(&mut self, value: DeviceAttribute) -> Arc<DeviceAttribute> {
+        let value = Value(Arc::new(value));
+        if let Some(known) = self.values.get(&value) {
+            return Arc::clone(&known.0);
+        }
+        let shared = Arc::clone(&value.0);
+        self.values.insert(value);
+        shared
+    }
+
+    /// Drops the values only this interner holds, when the set has doubled since the last
+    /// prune.
+    fn prune(&mut self) {
+        if self.values.len() > 2 * self.pruned_at.max(PRUNE_FLOOR) {
+            self.values.retain(|value| Arc::strong_count(&value.0) > 1);
+            self.pruned_at = self.values.len();
+        }
+    }
+
+    /// Attributes in their (sorted) order, names and values shared.
+    fn attributes(
+        &mut self,
+        map: Option<BTreeMap<String, DeviceAttribute>>,
+    ) -> Box<[(Arc<str>, Arc<DeviceAttribute>)]> {
+        map.unwrap_or_default()
+            .into_iter()
+            .map(|(key, value)| (self.name(&key), self.value(value)))
+            .collect()
     }
 
     /// A map's entries in its (sorted) order, the keys shared.
@@ -131,7 +200,7 @@ impl DeviceFields for CompactDevice {
     }
 
     fn attribute(&self, key: &str) -> Option<&DeviceAttribute> {
-        lookup(&self.attributes, key)
+        lookup(&self.attributes, key).map(|value| &**value)
     }
 
     fn capacity(&self, key: &str) -> Option<&DeviceCapacity> {
@@ -244,9 +313,9 @@ mod tests {
 
     #[test]
     fn every_attribute_and_capacity_reads_as_published() {
-        let mut names = Names::default();
+        let mut interner = Interner::default();
         for slice in published() {
-            let compact = CompactSlice::new(slice.clone(), &mut names);
+            let compact = CompactSlice::new(slice.clone(), &mut interner);
             assert_eq!(compact.slice_name(), slice.slice_name());
             assert_eq!(compact.pool(), slice.pool());
             assert_eq!(compact.node_name(), slice.node_name());
@@ -286,15 +355,55 @@ mod tests {
         );
     }
 
+    fn value<'a>(device: &'a CompactDevice, name: &str) -> &'a Arc<DeviceAttribute> {
+        let at = device
+            .attributes
+            .iter()
+            .position(|(key, _)| &**key == name)
+            .unwrap();
+        &device.attributes[at].1
+    }
+
     #[test]
-    fn names_are_shared_between_devices() {
-        let mut names = Names::default();
+    fn names_and_equal_values_are_shared_between_devices() {
+        let mut interner = Interner::default();
         let slices: Vec<CompactSlice> = published()
             .into_iter()
-            .map(|s| CompactSlice::new(s, &mut names))
+            .map(|s| CompactSlice::new(s, &mut interner))
             .collect();
         let devices: Vec<&CompactDevice> = slices.iter().flat_map(SliceFields::devices).collect();
-        let (first, second) = (&devices[0].attributes[0].0, &devices[1].attributes[0].0);
-        assert!(Arc::ptr_eq(first, second), "{first} is stored once");
+        let (first, second) = (devices[0], devices[1]);
+        let name = &first.attributes[0].0;
+        assert!(
+            Arc::ptr_eq(name, &second.attributes[0].0),
+            "{name} is stored once"
+        );
+        let product = attributes::PRODUCT_NAME;
+        assert!(Arc::ptr_eq(value(first, product), value(second, product)));
+        let uuid = attributes::UUID;
+        assert!(!Arc::ptr_eq(value(first, uuid), value(second, uuid)));
+    }
+
+    /// Fails when values of slices gone stay in the interner for ever.
+    #[test]
+    fn values_no_slice_holds_are_pruned() {
+        let mut interner = Interner::default();
+        let uuid = |i: usize| DeviceAttribute {
+            string: Some(format!("GPU-{i}")),
+            ..DeviceAttribute::default()
+        };
+        let kept: Vec<Arc<DeviceAttribute>> = (0..10).map(|i| interner.value(uuid(i))).collect();
+        for i in 10..5000 {
+            drop(interner.value(uuid(i)));
+            interner.prune();
+        }
+        assert!(
+            interner.values.len() <= 2 * PRUNE_FLOOR + 1,
+            "{} values held",
+            interner.values.len()
+        );
+        for (i, value) in kept.iter().enumerate() {
+            assert!(Arc::ptr_eq(value, &interner.value(uuid(i))), "GPU-{i} kept");
+        }
     }
 }
