@@ -147,9 +147,19 @@ fn slice(i: usize) -> Value {
         .inventory()
         .unwrap();
     let node = format!("node-{i}");
-    let spec = kerf_api::resourceslice::resource_slices(&inventory, "gpu.kerf.dev", &node)
+    let mut spec = kerf_api::resourceslice::resource_slices(&inventory, "gpu.kerf.dev", &node)
         .unwrap()
         .remove(0);
+    // Every node's GPUs have UUIDs of their own (the slice cache shares equal values).
+    for device in spec.devices.iter_mut().flatten() {
+        let uuid = device
+            .attributes
+            .as_mut()
+            .and_then(|a| a.get_mut(kerf_api::resourceslice::attributes::UUID))
+            .and_then(|a| a.string.as_mut())
+            .unwrap();
+        uuid.push_str(&format!("-{i}"));
+    }
     json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": kerf_api::slice_name(&node, "gpu.kerf.dev", 0), "uid": format!("5l1c-{i:012}"),

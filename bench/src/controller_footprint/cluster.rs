@@ -148,5 +148,28 @@ fn copy_for(template: &ResourceSlice, index: usize, node: &str, uid: &str) -> Re
     }
     slice["spec"]["nodeName"] = json!(node);
     slice["spec"]["pool"]["name"] = json!(node);
+    unique_uuids(&mut slice["spec"], node);
     Ok(slice)
+}
+
+/// Gives each GPU of `spec` a UUID of its own on `node`, as real GPUs have: copies of one slice
+/// would otherwise share every attribute value, which the controller's slice cache stores once
+/// (`kerf_controller::cache::Interner`), and the benchmark would understate its memory. The
+/// last group of the UUID becomes a hash of the node and the original.
+fn unique_uuids(spec: &mut Value, node: &str) {
+    let devices = spec.get_mut("devices").and_then(Value::as_array_mut);
+    for device in devices.into_iter().flatten() {
+        let uuid = device
+            .get_mut("attributes")
+            .and_then(|a| a.get_mut(kerf_api::resourceslice::attributes::UUID))
+            .and_then(|a| a.get_mut("string"));
+        if let Some(Value::String(uuid)) = uuid
+            && let Some((head, _)) = uuid.rsplit_once('-')
+        {
+            let mut hasher = std::hash::DefaultHasher::new();
+            std::hash::Hash::hash(&(node, uuid.as_str()), &mut hasher);
+            let tail = std::hash::Hasher::finish(&hasher) & 0xffff_ffff_ffff;
+            *uuid = format!("{head}-{tail:012x}");
+        }
+    }
 }
