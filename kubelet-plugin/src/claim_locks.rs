@@ -8,12 +8,12 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
 /// A set of async locks keyed by claim UID, dropped from the map when nobody holds them.
 #[derive(Default)]
-pub struct ClaimLocks {
+pub(crate) struct ClaimLocks {
     locks: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
 }
 
 /// Holds one claim's lock; releases it (and forgets an unused entry) on drop.
-pub struct ClaimGuard<'a> {
+pub(crate) struct ClaimGuard<'a> {
     owner: &'a ClaimLocks,
     key: String,
     guard: Option<OwnedMutexGuard<()>>,
@@ -21,7 +21,7 @@ pub struct ClaimGuard<'a> {
 
 impl ClaimLocks {
     /// Waits for and takes the lock of `key`.
-    pub async fn lock(&self, key: &str) -> ClaimGuard<'_> {
+    pub(crate) async fn lock(&self, key: &str) -> ClaimGuard<'_> {
         let lock = {
             let mut map = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
             Arc::clone(map.entry(key.to_owned()).or_default())
@@ -35,7 +35,8 @@ impl ClaimLocks {
     }
 
     /// Number of claims with a lock entry (held or awaited).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.locks
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -43,7 +44,8 @@ impl ClaimLocks {
     }
 
     /// True when no lock is held or awaited.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

@@ -6,14 +6,14 @@
 //! [`manager::DynamicMig`] creates and destroys instances for the preparer, crash-safely, and
 //! reconciles them with the checkpoint at start-up ([`startup`]).
 
-pub mod control;
-pub mod crash;
-pub mod manager;
-pub mod metrics;
-pub mod mock;
-pub mod node;
-pub mod nvml;
-pub mod startup;
+pub(crate) mod control;
+pub(crate) mod crash;
+pub(crate) mod manager;
+pub(crate) mod metrics;
+pub(crate) mod mock;
+pub(crate) mod node;
+pub(crate) mod nvml;
+pub(crate) mod startup;
 
-pub use crash::CrashStep;
-pub use manager::DynamicMig;
+pub(crate) use crash::CrashStep;
+pub(crate) use manager::DynamicMig;

@@ -10,7 +10,7 @@ use kerf_ops::ready::{ReadyFlag, ReadyFlags};
 /// The flags of the plugin: the DRA gRPC server raises `serving` once it serves, and the
 /// registration service sets `registered` from the kubelet's last `NotifyRegistrationStatus`.
 #[must_use]
-pub fn ready_flags(serving: &ReadyFlag, registered: &ReadyFlag) -> ReadyFlags {
+pub(crate) fn ready_flags(serving: &ReadyFlag, registered: &ReadyFlag) -> ReadyFlags {
     ReadyFlags::new()
         .require(serving, "DRA gRPC server is not serving")
         .require(registered, "kubelet has not registered the plugin")

@@ -21,7 +21,7 @@ use crate::{Error, Result};
 /// [`Error::Config`] when daemon pods are asked for without the plugin's pod or a client;
 /// [`Error::Kube`] when the plugin's pod cannot be read; [`Error::Io`] for the node-wide
 /// shared-memory directory of daemon processes.
-pub async fn gpu_sharing(
+pub(crate) async fn gpu_sharing(
     config: &PluginConfig,
     client: Option<kube::Client>,
 ) -> Result<GpuSharing> {
@@ -66,7 +66,7 @@ pub async fn gpu_sharing(
 }
 
 /// Logs what start-up did to the GPUs' sharing.
-pub fn log_sharing_restore(report: &SharingRestore) {
+pub(crate) fn log_sharing_restore(report: &SharingRestore) {
     for error in &report.failures {
         tracing::error!(%error, "start-up: GPU sharing set-up failed; the daemon check retries MPS daemons");
     }
@@ -88,7 +88,7 @@ pub fn log_sharing_restore(report: &SharingRestore) {
 /// # Errors
 /// None so far: failures are reported on the claims and retried; the `Result` is the plugin
 /// task's.
-pub async fn check_mps_daemons(
+pub(crate) async fn check_mps_daemons(
     preparer: Arc<Preparer>,
     metrics: Metrics,
     events: Arc<dyn ClaimEvents>,

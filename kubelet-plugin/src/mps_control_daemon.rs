@@ -45,7 +45,7 @@ use crate::mps_daemons::tools::{self, accepts_connections, control as control_co
 use crate::reaper::{self, InitMode};
 
 /// The first argument that selects this program instead of the plugin.
-pub const SUBCOMMAND: &str = "mps-control-daemon";
+pub(crate) const SUBCOMMAND: &str = "mps-control-daemon";
 
 /// How often the control socket is tried until the daemon accepts connections.
 const READY_POLL: Duration = Duration::from_millis(50);
@@ -57,7 +57,7 @@ const READY_POLL: Duration = Duration::from_millis(50);
     bin_name = "kerf-kubelet-plugin mps-control-daemon",
     about = "Runs one GPU's MPS control daemon in the foreground (the program of an MPS daemon pod)"
 )]
-pub struct DaemonArgs {
+pub(crate) struct DaemonArgs {
     /// UUID of the GPU the daemon serves (`GPU-…`).
     #[arg(long, env = "KERF_MPS_GPU")]
     pub gpu: String,
@@ -100,7 +100,7 @@ impl DaemonArgs {
     ///
     /// # Errors
     /// [`Error::Config`] naming the flag and its value.
-    pub fn directories(&self) -> Result<MpsDirectories> {
+    pub(crate) fn directories(&self) -> Result<MpsDirectories> {
         crate::args::check_mps_root(&self.mps_root)?;
         if !self.tools_root.is_absolute() {
             return Err(Error::Config(format!(
@@ -114,7 +114,7 @@ impl DaemonArgs {
 }
 
 /// Whether `argv` (the program first) asks for this program rather than the plugin.
-pub fn is_invoked(argv: &[OsString]) -> bool {
+pub(crate) fn is_invoked(argv: &[OsString]) -> bool {
     argv.get(1).is_some_and(|arg| arg == SUBCOMMAND)
 }
 
@@ -125,7 +125,7 @@ pub fn is_invoked(argv: &[OsString]) -> bool {
 /// # Errors
 /// [`Error::Config`] for an invalid flag value or log filter; [`Error::Io`] when the init or
 /// the runtime cannot start; what [`run`] returns.
-pub fn main_from(argv: Vec<OsString>) -> Result<i32> {
+pub(crate) fn main_from(argv: Vec<OsString>) -> Result<i32> {
     let args = match DaemonArgs::try_parse_from(argv.iter().skip(1)) {
         Ok(args) => args,
         Err(error) => {
@@ -153,7 +153,7 @@ pub fn main_from(argv: Vec<OsString>) -> Result<i32> {
 /// # Errors
 /// [`Error::Mps`] when a live daemon owns the pipe directory or the daemon cannot be started;
 /// [`Error::Io`] when the directories cannot be prepared or the signals watched.
-pub async fn run(args: &DaemonArgs, dirs: &MpsDirectories) -> Result<i32> {
+pub(crate) async fn run(args: &DaemonArgs, dirs: &MpsDirectories) -> Result<i32> {
     // Before the daemon starts: a SIGTERM in between must become a `quit`, not our death.
     let mut terminate = watch(SignalKind::terminate(), &args.tools_root)?;
     let mut interrupt = watch(SignalKind::interrupt(), &args.tools_root)?;

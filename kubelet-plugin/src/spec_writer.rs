@@ -36,7 +36,7 @@ use crate::{Error, Result};
 
 /// Writes and removes the spec files of one CDI directory. Cheap to clone.
 #[derive(Clone)]
-pub struct SpecWriter {
+pub(crate) struct SpecWriter {
     inner: Arc<Inner>,
 }
 
@@ -58,18 +58,13 @@ struct Turn {
 impl SpecWriter {
     /// The writer of `dir`. Nothing is checked or started here: a missing `dir` fails each
     /// change, and changes need a Tokio runtime.
-    pub fn start(dir: PathBuf) -> Self {
+    pub(crate) fn start(dir: PathBuf) -> Self {
         SpecWriter {
             inner: Arc::new(Inner {
                 dir,
                 files: Mutex::default(),
             }),
         }
-    }
-
-    /// The directory this writer changes.
-    pub fn dir(&self) -> &Path {
-        &self.inner.dir
     }
 
     /// Runs `first` on a blocking thread, then replaces (or creates) `dir/name` with
@@ -80,7 +75,7 @@ impl SpecWriter {
     /// # Errors
     /// `first` failed, or the temporary file could not be created or written, or not renamed
     /// over the target (e.g. the directory is missing); the spec is then as it was before.
-    pub async fn write_after(
+    pub(crate) async fn write_after(
         &self,
         name: String,
         contents: Vec<u8>,
@@ -100,7 +95,7 @@ impl SpecWriter {
     /// # Errors
     /// The removal failed for another reason than the file being absent (`then` did not
     /// run), or `then` failed.
-    pub async fn remove_then(
+    pub(crate) async fn remove_then(
         &self,
         name: String,
         then: impl FnOnce() -> kerf_core::Result<()> + Send + 'static,

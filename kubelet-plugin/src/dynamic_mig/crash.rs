@@ -6,6 +6,10 @@ use clap::ValueEnum;
 
 /// The step of a dynamic-MIG prepare after which the plugin aborts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[allow(
+    clippy::enum_variant_names,
+    reason = "the variants are the values of --mock-crash-at (after-gi-create, ...)"
+)]
 pub enum CrashStep {
     /// The GPU instance exists; the checkpoint holds only the intent.
     AfterGiCreate,
@@ -32,7 +36,7 @@ impl CrashStep {
 }
 
 /// Aborts the process when `step` is the step a test asked to crash at.
-pub fn crash_point(crash_at: Option<CrashStep>, step: CrashStep) {
+pub(crate) fn crash_point(crash_at: Option<CrashStep>, step: CrashStep) {
     if crash_at == Some(step) {
         // stderr is unbuffered: the line reaches the test's log before the abort.
         eprintln!("kerf: --mock-crash-at {}: aborting", step.as_str());

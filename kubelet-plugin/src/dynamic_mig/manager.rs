@@ -421,7 +421,7 @@ fn gone_is_done(result: Result<()>) -> Result<()> {
 /// (`record`, made by the preparer from the parent as a whole GPU) with the intent added.
 /// Until the instance is created the UUID stays the parent's; the capability minors are
 /// placeholders so that the record counts as a MIG device (no MPS, no time slice).
-pub fn mark_intent(record: &mut DeviceRecord, placement: &DynamicPlacement<'_>) {
+pub(crate) fn mark_intent(record: &mut DeviceRecord, placement: &DynamicPlacement<'_>) {
     record.mig = Some(MigCaps::default());
     record.mig_instance = Some(MigInstanceRecord {
         parent_uuid: placement.gpu.uuid.clone(),
@@ -442,7 +442,7 @@ pub fn mark_intent(record: &mut DeviceRecord, placement: &DynamicPlacement<'_>) 
 /// Carries the instance ids an earlier, unfinished attempt of the same claim recorded for the
 /// same device and placement into the new intent, so that [`DynamicMig::set_up`] can adopt
 /// that instance instead of finding its placement taken.
-pub fn carry_over(previous: Option<&ClaimEntry>, devices: &mut [DeviceRecord]) {
+pub(crate) fn carry_over(previous: Option<&ClaimEntry>, devices: &mut [DeviceRecord]) {
     let Some(previous) = previous else {
         return;
     };

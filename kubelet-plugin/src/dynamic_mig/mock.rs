@@ -9,7 +9,7 @@
 //! under the mock driver root, so a killed and restarted plugin finds its instances again, as
 //! it would on a GPU.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use kerf_core::inventory::MigPlacement;
 use kerf_core::mig_reconcile::{LiveComputeInstance, LiveGpuInstance};
@@ -21,13 +21,12 @@ use crate::{Error, Result};
 /// Directory of the emulated MIG state under the plugin directory when mock mode has no
 /// `--mock-driver-root`: `<plugin dir>/mock-mig`, beside the checkpoint, so that it lives
 /// exactly as long as the records that name its instances.
-pub const DEFAULT_MOCK_MIG_DIR: &str = "mock-mig";
+pub(crate) const DEFAULT_MOCK_MIG_DIR: &str = "mock-mig";
 
 /// The emulated instances of one mock driver root.
 #[derive(Debug, Clone)]
-pub struct MockMigControl {
+pub(crate) struct MockMigControl {
     mig: MockMig,
-    root: PathBuf,
 }
 
 impl MockMigControl {
@@ -35,18 +34,9 @@ impl MockMigControl {
     ///
     /// # Errors
     /// [`Error::Mig`] when the state directory or its files cannot be created.
-    pub fn open(root: &Path) -> Result<Self> {
+    pub(crate) fn open(root: &Path) -> Result<Self> {
         let mig = MockMig::open(root).map_err(|e| mig_error("open the mock MIG state", "-", &e))?;
-        Ok(MockMigControl {
-            mig,
-            root: root.to_path_buf(),
-        })
-    }
-
-    /// The mock driver root: its `proc/driver/nvidia-caps/mig-minors` and `proc/devices`
-    /// are the emulated driver's.
-    pub fn root(&self) -> &Path {
-        &self.root
+        Ok(MockMigControl { mig })
     }
 }
 

@@ -24,7 +24,7 @@ use crate::discovery::facts::HostPaths;
 ///
 /// # Errors
 /// The mock's state directory cannot be created, or NVML does not initialise.
-pub fn for_node(
+pub(crate) fn for_node(
     config: &PluginConfig,
     inventory: &Inventory,
     registry: &mut Registry,
@@ -53,7 +53,7 @@ pub fn for_node(
 }
 
 /// Logs what [`DynamicMig::restore`] did.
-pub fn log_restore(report: &MigRestore) {
+pub(crate) fn log_restore(report: &MigRestore) {
     for error in &report.failures {
         tracing::error!(%error, "start-up: dynamic MIG reconciliation left a GPU as it was");
     }

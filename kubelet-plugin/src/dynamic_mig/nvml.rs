@@ -26,7 +26,7 @@ use crate::discovery::nvml_raw::mig::{self as raw, RawMigError};
 use crate::{Error, Result};
 
 /// Creates and destroys MIG instances through NVML.
-pub struct NvmlMigControl {
+pub(crate) struct NvmlMigControl {
     nvml: Nvml,
 }
 
@@ -42,7 +42,7 @@ impl NvmlMigControl {
     ///
     /// # Errors
     /// [`Error::Nvml`] when `libnvidia-ml.so` cannot be loaded or NVML does not initialise.
-    pub fn new() -> Result<Self> {
+    pub(crate) fn new() -> Result<Self> {
         let nvml = Nvml::init().map_err(|e| Error::Nvml(format!("initialise: {e}")))?;
         Ok(NvmlMigControl { nvml })
     }
@@ -130,7 +130,7 @@ impl MigControl for NvmlMigControl {
 }
 
 /// How kerf acts on an NVML return code of a MIG call.
-pub fn failure_kind(code: nvmlReturn_t) -> MigFailureKind {
+pub(crate) fn failure_kind(code: nvmlReturn_t) -> MigFailureKind {
     const NOT_FOUND: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
     const INSUFFICIENT_RESOURCES: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES;
     const INVALID_ARGUMENT: nvmlReturn_t = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;

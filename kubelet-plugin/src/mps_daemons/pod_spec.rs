@@ -18,17 +18,17 @@ use kerf_core::mps::{CONTAINER_SHM_DIRECTORY, MpsDirectories};
 use crate::error::{Error, Result};
 
 /// Label of every daemon pod's role, beside `app.kubernetes.io/name: kerf`.
-pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+pub(super) const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
 /// The value of [`COMPONENT_LABEL`] on daemon pods.
-pub const COMPONENT: &str = "mps-control-daemon";
+pub(super) const COMPONENT: &str = "mps-control-daemon";
 /// Label naming the GPU a daemon pod serves.
-pub const GPU_LABEL: &str = "gpu.kerf.dev/gpu";
+pub(super) const GPU_LABEL: &str = "gpu.kerf.dev/gpu";
 /// The daemon pods' ServiceAccount: no API access (its token is not mounted).
-pub const SERVICE_ACCOUNT: &str = "kerf-mps-control-daemon";
+pub(super) const SERVICE_ACCOUNT: &str = "kerf-mps-control-daemon";
 /// The container's name.
-pub const CONTAINER: &str = "mps-control-daemon";
+pub(super) const CONTAINER: &str = "mps-control-daemon";
 /// The program's subcommand of `kerf-kubelet-plugin`.
-pub const SUBCOMMAND: &str = "mps-control-daemon";
+pub(super) const SUBCOMMAND: &str = "mps-control-daemon";
 /// How long the kubelet waits after SIGTERM beyond the daemon's own stop timeout: the
 /// program sends `quit`, waits the stop timeout, then kills the daemon itself.
 const GRACE_MARGIN: Duration = Duration::from_secs(5);

@@ -148,7 +148,7 @@ pub(crate) async fn clean_up(tools_root: &Path, dirs: &MpsDirectories) {
 ///
 /// # Errors
 /// The I/O error of reading the directory or removing an entry.
-pub async fn clear_directory(dir: &Path) -> std::io::Result<()> {
+pub(crate) async fn clear_directory(dir: &Path) -> std::io::Result<()> {
     let mut entries = match tokio::fs::read_dir(dir).await {
         Ok(entries) => entries,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -186,7 +186,7 @@ pub(crate) fn create_shm_directory(dir: &Path) -> Result<()> {
 /// Whether the daemon of `dirs` accepts connections on its control socket: what every MPS
 /// client (and the control client) needs, and readable across PID namespaces, unlike the PID
 /// file. A stale socket file (its daemon gone) refuses.
-pub async fn accepts_connections(dirs: &MpsDirectories) -> bool {
+pub(crate) async fn accepts_connections(dirs: &MpsDirectories) -> bool {
     let path = dirs.pipe().join("control");
     tokio::task::spawn_blocking(move || control_socket_answers(&path))
         .await

@@ -119,7 +119,7 @@ pub fn ids_from_legacy_mig_uuid(uuid: &str) -> Option<(u32, u32)> {
 }
 
 /// The name of the driver's capability-device character driver in `/proc/devices`.
-pub const NVIDIA_CAPS_DEVICE: &str = "nvidia-caps";
+pub(super) const NVIDIA_CAPS_DEVICE: &str = "nvidia-caps";
 
 /// The character-device major of `/dev/nvidia-caps/nvidia-cap<minor>` from the text of
 /// `/proc/devices`: the number on the `nvidia-caps` line of its `Character devices:` section.
