@@ -19,7 +19,7 @@ pub mod alloc;
 pub mod cdi;
 pub mod checkpoint;
 pub mod driver_root;
-pub mod error;
+mod error;
 pub mod fsutil;
 pub mod health;
 pub mod inventory;

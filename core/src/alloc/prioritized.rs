@@ -17,7 +17,7 @@ use super::unplaceable::{Unplaceable, UnplaceableReason};
 
 /// Most combinations of subrequests tried for one pod; a pod with more (e.g. four requests of
 /// eight subrequests each) is an invalid request rather than seconds of placement.
-pub const MAX_COMBINATIONS: usize = 256;
+pub(super) const MAX_COMBINATIONS: usize = 256;
 
 /// Runs `place` on `pod` when no request has subrequests, else on each combination of
 /// subrequests in order until one fits.
