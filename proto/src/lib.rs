@@ -9,7 +9,7 @@
 //! - [`dial`]: dialling the Unix sockets with the `:authority` of the client imitated.
 
 pub mod client;
-pub mod device;
+mod device;
 pub mod dial;
 
 pub use device::PreparedDevice;
