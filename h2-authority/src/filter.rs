@@ -67,7 +67,7 @@ pub(crate) struct Filter<R> {
 
 impl<R: BlockRewriter> Filter<R> {
     /// A filter for a connection whose first bytes are the client preface.
-    pub fn new(rewriter: R) -> Self {
+    pub(crate) fn new(rewriter: R) -> Self {
         Filter {
             position: Position::Preface(0),
             open: None,
@@ -83,7 +83,7 @@ impl<R: BlockRewriter> Filter<R> {
 
     /// Moves from `input` to `output` every byte that can be released now. Bytes of a frame
     /// that must be seen whole stay in `input` until more arrive.
-    pub fn process(&mut self, input: &mut BytesMut, output: &mut BytesMut) {
+    pub(crate) fn process(&mut self, input: &mut BytesMut, output: &mut BytesMut) {
         loop {
             match self.position {
                 Position::Transparent => {
@@ -133,7 +133,7 @@ impl<R: BlockRewriter> Filter<R> {
     }
 
     /// The input ended: what is held is released as received.
-    pub fn finish(&mut self, input: &mut BytesMut, output: &mut BytesMut) {
+    pub(crate) fn finish(&mut self, input: &mut BytesMut, output: &mut BytesMut) {
         self.give_up(output);
         release(input, input.len(), output);
     }

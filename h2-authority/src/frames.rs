@@ -46,7 +46,7 @@ pub(crate) struct FrameHeader {
 impl FrameHeader {
     /// Reads a frame header from the first [`HEADER_LEN`] bytes of `bytes`, which the caller
     /// guarantees are there.
-    pub fn parse(bytes: &[u8; HEADER_LEN]) -> Self {
+    pub(crate) fn parse(bytes: &[u8; HEADER_LEN]) -> Self {
         let len = usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]);
         let stream_id = u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff;
         FrameHeader {
@@ -58,7 +58,7 @@ impl FrameHeader {
     }
 
     /// Appends this header to `out`.
-    pub fn write(self, out: &mut BytesMut) {
+    pub(crate) fn write(self, out: &mut BytesMut) {
         debug_assert!(self.len < 1 << 24, "frame lengths are 24 bits");
         let len = u32::try_from(self.len).unwrap_or(u32::MAX).to_be_bytes();
         out.put_slice(&len[1..]);

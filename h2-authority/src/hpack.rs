@@ -53,25 +53,25 @@ pub(crate) struct HeaderList {
 
 impl HeaderList {
     /// Empties the list, keeping its allocations.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.bytes.clear();
         self.fields.clear();
     }
 
     /// The fields as `(name, value)` pairs.
-    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
         self.fields
             .iter()
             .map(|(name, value)| (&self.bytes[name.clone()], &self.bytes[value.clone()]))
     }
 
     /// The position of the first field named `name`.
-    pub fn position(&self, name: &[u8]) -> Option<usize> {
+    pub(crate) fn position(&self, name: &[u8]) -> Option<usize> {
         self.iter().position(|(n, _)| n == name)
     }
 
     /// The value of the field at `index`.
-    pub fn value(&self, index: usize) -> Option<&[u8]> {
+    pub(crate) fn value(&self, index: usize) -> Option<&[u8]> {
         let (_, value) = self.fields.get(index)?;
         self.bytes.get(value.clone())
     }
@@ -99,7 +99,7 @@ pub(crate) struct Decoder {
 impl Decoder {
     /// A decoder as at the start of a connection whose server allows `max_allowed` bytes of
     /// dynamic table (SETTINGS_HEADER_TABLE_SIZE).
-    pub fn new(max_allowed: usize) -> Self {
+    pub(crate) fn new(max_allowed: usize) -> Self {
         Decoder {
             table: Table::with_dynamic_size(u32::try_from(max_allowed).unwrap_or(u32::MAX)),
             max_allowed,
@@ -111,7 +111,7 @@ impl Decoder {
     ///
     /// # Errors
     /// The block is malformed; see [`DecodeError`]. The table may then be partly updated.
-    pub fn decode(&mut self, block: &[u8], out: &mut HeaderList) -> Result<(), DecodeError> {
+    pub(crate) fn decode(&mut self, block: &[u8], out: &mut HeaderList) -> Result<(), DecodeError> {
         out.clear();
         let mut input = Input { bytes: block };
         while let Some(&first) = input.bytes.first() {

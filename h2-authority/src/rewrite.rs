@@ -59,7 +59,7 @@ pub(crate) struct AuthorityRewriter<P> {
 
 impl<P: AuthorityPolicy> AuthorityRewriter<P> {
     /// A rewriter with fresh HPACK state, as at the start of a connection.
-    pub fn new(policy: P, encoding: Encoding) -> Self {
+    pub(crate) fn new(policy: P, encoding: Encoding) -> Self {
         let encoder_table = match encoding {
             Encoding::LazyWithoutIndexing => 0,
             Encoding::AlwaysIndexing => DEFAULT_TABLE_SIZE,
