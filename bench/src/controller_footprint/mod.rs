@@ -432,6 +432,17 @@ fn summary(
         config.replicas,
         config.nodes
     ));
+    let env = replica::deployment_env()
+        .map(|env| {
+            env.iter()
+                .map(|(name, value)| format!("{name}={value}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_else(|e| e.to_string());
+    s.detail(format!(
+        "replicas' environment from deploy/base/controller.yaml: {env}"
+    ));
     s.detail(format!(
         "burst: first pod created -> last bound {:.2} s ({rate:.1} pods/s), latency p50 {} ms p99 {} ms; claims created and known to every webhook {:.2} s before",
         busy.as_secs_f64(),

@@ -14,6 +14,35 @@ use tokio::process::{Child, Command};
 use crate::sys::{parse_cpu_time, parse_vm_rss};
 use crate::{Error, Result};
 
+/// The Deployment kerf ships for kerf-controller: the replicas run with the literal
+/// environment its container sets (the allocator's settings), as on a cluster.
+const DEPLOYMENT: &str = include_str!("../../../deploy/base/controller.yaml");
+
+/// The `name=value` environment the shipped Deployment gives the controller container, leaving
+/// out what comes from the pod (`valueFrom`), which the benchmark sets by flags instead.
+///
+/// # Errors
+///
+/// [`Error::Workload`] when the manifest does not parse as a Deployment with a container
+/// named `controller`.
+pub(super) fn deployment_env() -> Result<Vec<(String, String)>> {
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_saphyr::from_str(DEPLOYMENT)
+        .map_err(|e| Error::Workload(format!("deploy/base/controller.yaml: {e}")))?;
+    let container = deployment
+        .spec
+        .and_then(|spec| spec.template.spec)
+        .and_then(|pod| pod.containers.into_iter().find(|c| c.name == "controller"))
+        .ok_or_else(|| {
+            Error::Workload("deploy/base/controller.yaml: no container \"controller\"".to_owned())
+        })?;
+    Ok(container
+        .env
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|var| Some((var.name, var.value?)))
+        .collect())
+}
+
 /// How long a replica may take to exit after SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -105,6 +134,7 @@ impl Replica {
             .arg(format!("--webhook-address=127.0.0.1:{webhook_port}"))
             .arg(format!("--metrics-address=127.0.0.1:{metrics_port}"))
             .args(extra)
+            .envs(deployment_env()?)
             .env("KUBECONFIG", &kubeconfig)
             .stdin(Stdio::null())
             .stdout(out)
