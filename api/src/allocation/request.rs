@@ -303,29 +303,7 @@ fn resolve_request(
         .sharing
         .or(class.sharing.map(|s| s.strategy))
         .unwrap_or_default();
-    let slice = match (merged.memory.as_ref(), merged.compute) {
-        (None, None) => None,
-        (memory, compute) => {
-            let memory_bytes = memory.map_or(0, |(bytes, _, _)| *bytes);
-            if let (Some((bytes, text, path)), Some(granularity)) =
-                (memory, class.memory_granularity_bytes(&class_path)?)
-                && bytes % granularity != 0
-            {
-                return Err(Error::config(
-                    path,
-                    format!(
-                        "{text} is not a multiple of the class granularity {}",
-                        format_bytes(granularity)
-                    ),
-                ));
-            }
-            let default_compute = memory.and(slicing.and_then(|s| s.default_compute));
-            Some(SliceSize {
-                memory_bytes,
-                compute_percent: compute.or(default_compute).unwrap_or(0),
-            })
-        }
-    };
+    let slice = slice_size(&merged, &class, &class_path)?;
     let admin_access = exactly.admin_access == Some(true);
     if admin_access && let Some(size) = slice {
         return Err(Error::config(
@@ -353,6 +331,40 @@ fn resolve_request(
             .sharing
             .and_then(|s| s.time_slice_interval_for(sharing)),
     })
+}
+
+/// The slice the merged claim configs ask for, `None` for whole GPUs: the memory must be a
+/// multiple of the class granularity, and a memory without compute takes the class's default
+/// compute.
+fn slice_size(
+    merged: &Merged,
+    class: &GpuClassParameters,
+    class_path: &str,
+) -> Result<Option<SliceSize>> {
+    let slicing = class.slicing.as_ref();
+    match (merged.memory.as_ref(), merged.compute) {
+        (None, None) => Ok(None),
+        (memory, compute) => {
+            let memory_bytes = memory.map_or(0, |(bytes, _, _)| *bytes);
+            if let (Some((bytes, text, path)), Some(granularity)) =
+                (memory, class.memory_granularity_bytes(class_path)?)
+                && bytes % granularity != 0
+            {
+                return Err(Error::config(
+                    path,
+                    format!(
+                        "{text} is not a multiple of the class granularity {}",
+                        format_bytes(granularity)
+                    ),
+                ));
+            }
+            let default_compute = memory.and(slicing.and_then(|s| s.default_compute));
+            Ok(Some(SliceSize {
+                memory_bytes,
+                compute_percent: compute.or(default_compute).unwrap_or(0),
+            }))
+        }
+    }
 }
 
 fn check_supported(exactly: &ExactDeviceRequest, at: &str) -> Result<()> {
