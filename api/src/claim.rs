@@ -15,12 +15,12 @@ use crate::quantity::format_bytes;
 use crate::shared_publication::SharedSlicing;
 
 mod share;
-pub use share::{CONSUMED_COMPUTE, CONSUMED_MEMORY, ShareConsumption};
+pub(crate) use share::{CONSUMED_COMPUTE, CONSUMED_MEMORY, ShareConsumption};
 
 /// `source` of a config copied from the DeviceClass.
-pub const SOURCE_FROM_CLASS: &str = "FromClass";
+pub(crate) const SOURCE_FROM_CLASS: &str = "FromClass";
 /// `source` of a config copied from the claim (or written by kerf's controller).
-pub const SOURCE_FROM_CLAIM: &str = "FromClaim";
+pub(crate) const SOURCE_FROM_CLAIM: &str = "FromClaim";
 
 /// One device allocated to this driver, with the configuration that applies to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -174,7 +174,7 @@ pub fn resolve_allocation(claim: &ResourceClaim, driver: &str) -> Result<Vec<All
 }
 
 /// `namespace/name` of a claim, for messages.
-pub fn claim_name(claim: &ResourceClaim) -> String {
+pub(crate) fn claim_name(claim: &ResourceClaim) -> String {
     format!(
         "{}/{}",
         claim.metadata.namespace.as_deref().unwrap_or_default(),
@@ -184,7 +184,7 @@ pub fn claim_name(claim: &ResourceClaim) -> String {
 
 /// The request a config's `requests` entry may name for a result of `request`: the result's
 /// request itself, or for a subrequest `req/sub` also its parent `req`.
-pub fn parent_request(request: &str) -> &str {
+pub(crate) fn parent_request(request: &str) -> &str {
     request
         .split_once('/')
         .map_or(request, |(parent, _)| parent)

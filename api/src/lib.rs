@@ -23,14 +23,14 @@
 //!   stopped answering.
 
 pub mod allocation;
-pub mod claim;
+mod claim;
 pub mod claim_node_label;
 pub mod claim_status;
 pub mod controller_claims;
 pub mod counters;
 pub mod crd;
 pub mod device_status;
-pub mod error;
+mod error;
 pub mod features;
 pub mod gpuclass;
 mod group;

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 mod device;
 pub mod dynamic_mig;
-pub mod fields;
+mod fields;
 pub mod limits;
 mod names;
 mod pool;

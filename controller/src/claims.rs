@@ -27,21 +27,21 @@
 mod allocate;
 mod commit;
 pub mod consumers;
-pub mod context;
+pub(crate) mod context;
 mod gate;
-pub mod index;
+pub(crate) mod index;
 mod ledger;
-pub mod node_label;
-pub mod nodes;
+pub(crate) mod node_label;
+pub(crate) mod nodes;
 pub mod ownership;
 mod placement;
-pub mod pod_index;
+pub(crate) mod pod_index;
 pub mod reasons;
-pub mod reconcile;
+pub(crate) mod reconcile;
 mod report;
 mod state;
 mod watch;
-pub mod write;
+pub(crate) mod write;
 mod yielding;
 
 pub use context::{ClaimSettings, ClaimsPart};

@@ -18,9 +18,8 @@ use crate::features::ApiSupport;
 use crate::metrics::Metrics;
 use crate::retry::{BackoffConfig, ObjectBackoff};
 
-pub use events::EventRecorder;
-pub use kerf_api::write_failure::{Report, WRITE_FAILING, WRITE_REFUSED};
-pub use write_failures::{Write, assess};
+pub(crate) use events::EventRecorder;
+pub(crate) use write_failures::Write;
 
 /// Field manager of every write of the controller: server-side apply, merge patches, creates
 /// and Events. The default of [`ControllerConfig::field_manager`], through which it is passed.

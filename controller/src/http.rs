@@ -20,7 +20,7 @@ const ELECTION_NOT_STARTED: &str = "leader election has not started (is the Leas
 /// at once without an election) and `leader` while it leads; `webhook_serving` is the
 /// webhook's, when the replica runs it.
 #[must_use]
-pub fn ready_flags(
+pub(crate) fn ready_flags(
     started: &ReadyFlag,
     leader: &ReadyFlag,
     webhook_serving: Option<&ReadyFlag>,

@@ -47,7 +47,7 @@ pub struct Config {
 }
 
 /// The future of a running controller.
-pub type ControllerFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+pub(crate) type ControllerFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 
 type StartFn = Box<dyn FnOnce(Arc<Context>, CancellationToken) -> ControllerFuture + Send>;
 

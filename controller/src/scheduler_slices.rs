@@ -12,6 +12,8 @@
 //! `ConflictingSlicing`, naming the GPU. The classes are read from the DeviceClass cache
 //! (each carries its `GpuClassParameters` as opaque config), so the ownership tick and the
 //! GpuClass reconciler see the same classes, and hand-written DeviceClasses count too.
+//!
+//! [`SHARED_PUBLICATION_ANNOTATION`]: kerf_api::shared_publication::SHARED_PUBLICATION_ANNOTATION
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,11 +27,9 @@ use kube::ResourceExt as _;
 
 use crate::selector::{DeviceKind, DeviceSelector};
 
-pub use kerf_api::shared_publication::SHARED_PUBLICATION_ANNOTATION;
-
 /// A sliced Scheduler class: its name, which GPUs it selects and how it slices them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlicedClass {
+pub(crate) struct SlicedClass {
     /// The DeviceClass (and GpuClass) name.
     pub name: String,
     /// The GPUs it selects.
@@ -40,7 +40,7 @@ pub struct SlicedClass {
 
 /// The publication entry of a sliced Scheduler class's parameters; `None` for any other class
 /// or one whose values do not check (the GpuClass reconciler reports those as InvalidSpec).
-pub fn slicing_of(params: &GpuClassParameters) -> Option<SharedSlicing> {
+pub(crate) fn slicing_of(params: &GpuClassParameters) -> Option<SharedSlicing> {
     if !params.is_scheduler_sliced() || params.validate("spec").is_err() {
         return None;
     }
@@ -55,7 +55,10 @@ pub fn slicing_of(params: &GpuClassParameters) -> Option<SharedSlicing> {
 }
 
 /// Every sliced Scheduler class of `driver` among `device_classes`, by name.
-pub fn sliced_classes(device_classes: &[Arc<DeviceClass>], driver: &str) -> Vec<SlicedClass> {
+pub(crate) fn sliced_classes(
+    device_classes: &[Arc<DeviceClass>],
+    driver: &str,
+) -> Vec<SlicedClass> {
     let mut out: Vec<SlicedClass> = device_classes
         .iter()
         .filter(|dc| dc.metadata.deletion_timestamp.is_none())
@@ -77,7 +80,7 @@ pub fn sliced_classes(device_classes: &[Arc<DeviceClass>], driver: &str) -> Vec<
 /// Whether `device` is a whole GPU that may be shared: `type: gpu` and not the full-GPU
 /// device of a dynamic-MIG GPU (one that consumes counters, which kube-scheduler allocates
 /// against its placements).
-pub fn is_shareable_gpu<D: DeviceFields>(device: &D, driver: &str) -> bool {
+pub(crate) fn is_shareable_gpu<D: DeviceFields>(device: &D, driver: &str) -> bool {
     device_attribute(device, driver, attributes::TYPE).and_then(|a| a.string.as_deref())
         == Some(TYPE_GPU)
         && !device.consumes_counters()
@@ -85,7 +88,7 @@ pub fn is_shareable_gpu<D: DeviceFields>(device: &D, driver: &str) -> bool {
 
 /// What the sliced classes make of one GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GpuSlicing {
+pub(crate) enum GpuSlicing {
     /// No sliced class selects it: published whole.
     Whole,
     /// Published as shareable with this slicing.
@@ -95,7 +98,7 @@ pub enum GpuSlicing {
 }
 
 /// What `classes` make of `device`.
-pub fn gpu_slicing<D: DeviceFields>(
+pub(crate) fn gpu_slicing<D: DeviceFields>(
     device: &D,
     driver: &str,
     classes: &[SlicedClass],
@@ -118,7 +121,7 @@ pub fn gpu_slicing<D: DeviceFields>(
 
 /// The publication of one node: the entries of `gpus` (the GPUs the record gives the
 /// scheduler that no controller claim holds) that `classes` slice without conflict.
-pub fn node_publication<'a, D: DeviceFields + 'a>(
+pub(crate) fn node_publication<'a, D: DeviceFields + 'a>(
     gpus: impl IntoIterator<Item = &'a D>,
     driver: &str,
     classes: &[SlicedClass],
@@ -136,7 +139,7 @@ pub fn node_publication<'a, D: DeviceFields + 'a>(
 /// Per sliced class, the GPUs (`node/device`, sorted) it selects in conflict with another
 /// sliced class. `devices` are `(pool, device)` of the driver's current slices; ownership does
 /// not matter here — the classes disagree whoever owns the GPU today.
-pub fn conflicts<'a, D: DeviceFields + 'a>(
+pub(crate) fn conflicts<'a, D: DeviceFields + 'a>(
     devices: impl IntoIterator<Item = (&'a str, &'a D)>,
     driver: &str,
     classes: &[SlicedClass],

@@ -21,9 +21,9 @@ use crate::error::{Error, Result};
 use crate::quantity::quantity_bytes;
 
 /// `consumedCapacity` key of the memory a share took, in bytes.
-pub const CONSUMED_MEMORY: &str = "memory";
+pub(crate) const CONSUMED_MEMORY: &str = "memory";
 /// `consumedCapacity` key of the compute a share took, in percent.
-pub const CONSUMED_COMPUTE: &str = "compute";
+pub(crate) const CONSUMED_COMPUTE: &str = "compute";
 
 /// What a scheduler share consumed, kept until the GPU it is on is known.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -30,7 +30,7 @@ use super::ownership::book::OwnershipBook;
 use crate::cache::CompactSlice;
 
 /// How long an assumed allocation waits for the watch to show it before it is dropped.
-pub const ASSUME_TTL: Duration = Duration::from_secs(60);
+pub(crate) const ASSUME_TTL: Duration = Duration::from_secs(60);
 
 /// Where the index's knowledge of one claim comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +56,7 @@ struct PoolSource {
 
 /// What the last sync of a [`CapacityIndex`] did: for tests and benchmarks of its cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SyncWork {
+pub(crate) struct SyncWork {
     /// Pools rebuilt from their slices.
     pub pools_rebuilt: usize,
     /// Cached claims looked at.
@@ -65,7 +65,7 @@ pub struct SyncWork {
 
 /// Free capacity per GPU, fed from the stores.
 #[derive(Debug, Default)]
-pub struct CapacityIndex {
+pub(crate) struct CapacityIndex {
     index: Index,
     pools: HashMap<String, PoolSource>,
     syncs: u64,
@@ -84,14 +84,15 @@ fn version_number(version: &str) -> Option<u64> {
 
 impl CapacityIndex {
     /// The capacity index (read-only).
-    pub fn index(&self) -> &Index {
+    pub(crate) fn index(&self) -> &Index {
         &self.index
     }
 
     /// Brings the index up to date with the stores' current contents. Only the whole GPUs
     /// `book` lets the controller place on are placement candidates; the usage of every
     /// device is kept whoever owns it.
-    pub fn sync(
+    #[cfg(test)]
+    pub(crate) fn sync(
         &mut self,
         slices: &[Arc<CompactSlice>],
         claims: &[Arc<ResourceClaim>],
@@ -104,18 +105,19 @@ impl CapacityIndex {
     }
 
     /// What the last [`CapacityIndex::sync_pools`] and [`CapacityIndex::sync_claims`] did.
-    pub fn last_work(&self) -> SyncWork {
+    #[cfg(test)]
+    pub(crate) fn last_work(&self) -> SyncWork {
         self.work
     }
 
     /// True when an assumption has expired by `now`: the claims must be synced although the
     /// store did not change, for the cache to win over it.
-    pub fn expiry_due(&self, now: Instant) -> bool {
+    pub(crate) fn expiry_due(&self, now: Instant) -> bool {
         self.earliest_expiry.is_some_and(|at| at <= now)
     }
 
     /// Records an allocation this controller is about to write for claim `uid` (pending).
-    pub fn assume(&mut self, uid: &str, uses: Vec<DeviceUse>, now: Instant) {
+    pub(crate) fn assume(&mut self, uid: &str, uses: Vec<DeviceUse>, now: Instant) {
         self.index.set_claim_usage(uid, uses);
         self.assumed(uid, None, now + ASSUME_TTL);
     }
@@ -128,14 +130,14 @@ impl CapacityIndex {
 
     /// The write of claim `uid`'s allocation (or deallocation, with no uses) returned
     /// `version`: cached versions older than it are ignored from now on.
-    pub fn confirm(&mut self, uid: &str, uses: Vec<DeviceUse>, version: &str, now: Instant) {
+    pub(crate) fn confirm(&mut self, uid: &str, uses: Vec<DeviceUse>, version: &str, now: Instant) {
         self.index.set_claim_usage(uid, uses);
         self.assumed(uid, version_number(version), now + ASSUME_TTL);
     }
 
     /// The earliest expiry after `now` of an assumed allocation: the index then lets the cache
     /// win, which may change who holds a device without any store changing.
-    pub fn next_expiry(&self, now: Instant) -> Option<Instant> {
+    pub(crate) fn next_expiry(&self, now: Instant) -> Option<Instant> {
         self.claims
             .values()
             .filter_map(|source| match source {
@@ -148,7 +150,7 @@ impl CapacityIndex {
 
     /// Drops what is known about claim `uid` (after a rollback); the next sync takes the
     /// claim from the cache again.
-    pub fn forget(&mut self, uid: &str) {
+    pub(crate) fn forget(&mut self, uid: &str) {
         self.index.remove_claim(uid);
         self.claims.remove(uid);
     }
@@ -156,7 +158,7 @@ impl CapacityIndex {
     /// True when `claim` is older than what the index knows: an allocation of ours is being
     /// written, or was written at a newer resourceVersion than the copy's. Deciding on such a
     /// copy would undo our own write; the watch brings the newer version soon.
-    pub fn is_stale(&self, claim: &ResourceClaim) -> bool {
+    pub(crate) fn is_stale(&self, claim: &ResourceClaim) -> bool {
         let Some(uid) = claim.metadata.uid.as_deref() else {
             return false;
         };
@@ -179,7 +181,12 @@ impl CapacityIndex {
     }
 
     /// The claims (but `except`) that hold or share device `device` of `node`.
-    pub fn holders(&self, node: &str, device: &str, except: &str) -> Vec<ObjectRef<ResourceClaim>> {
+    pub(crate) fn holders(
+        &self,
+        node: &str,
+        device: &str,
+        except: &str,
+    ) -> Vec<ObjectRef<ResourceClaim>> {
         let mut refs: Vec<ObjectRef<ResourceClaim>> = self
             .index
             .claims_using(node, device)
@@ -192,7 +199,7 @@ impl CapacityIndex {
 
     /// Who uses `device` of `node`: (the controller, someone else). Allocations the
     /// controller is writing are its own; `is_ours` tells for cached claims.
-    pub fn holder_kinds(
+    pub(crate) fn holder_kinds(
         &self,
         node: &str,
         device: &str,
@@ -214,7 +221,12 @@ impl CapacityIndex {
     /// Rebuilds the pools whose slices changed since the last sync (by pointer) or whose
     /// node's ownership epoch in `book` moved, and drops the pools no slice names any more.
     /// Only the whole GPUs `book` lets the controller place on are placement candidates.
-    pub fn sync_pools(&mut self, slices: &[Arc<CompactSlice>], driver: &str, book: &OwnershipBook) {
+    pub(crate) fn sync_pools(
+        &mut self,
+        slices: &[Arc<CompactSlice>],
+        driver: &str,
+        book: &OwnershipBook,
+    ) {
         self.syncs += 1;
         self.work.pools_rebuilt = 0;
         let mut ours: Vec<&Arc<CompactSlice>> =
@@ -280,14 +292,19 @@ impl CapacityIndex {
 
     /// Brings the claims' usage up to date with `claims`, every cached claim: the usage of a
     /// claim whose resourceVersion changed, the claims gone, the assumptions expired by `now`.
-    pub fn sync_claims(&mut self, claims: &[Arc<ResourceClaim>], driver: &str, now: Instant) {
+    pub(crate) fn sync_claims(
+        &mut self,
+        claims: &[Arc<ResourceClaim>],
+        driver: &str,
+        now: Instant,
+    ) {
         self.work.claims_examined = claims.len();
         self.sync_claims_of(claims, driver, now);
     }
 
     /// Brings the usage of `changed` claims (as the store holds them now) up to date, and
     /// nothing else: the claims the watch changed since the last sync, none deleted.
-    pub fn sync_changed_claims(
+    pub(crate) fn sync_changed_claims(
         &mut self,
         changed: &[Arc<ResourceClaim>],
         driver: &str,

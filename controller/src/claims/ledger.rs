@@ -82,7 +82,7 @@ struct State {
 
 impl Ledger {
     /// An empty ledger that bumps `changes` when an input of the ownership pass changes.
-    pub fn new(changes: InputChanges) -> Self {
+    pub(super) fn new(changes: InputChanges) -> Self {
         Ledger {
             state: Mutex::default(),
             changes,
@@ -92,7 +92,7 @@ impl Ledger {
 
     /// Notes a change of the claim store, after the store has it and before the reconcile it
     /// triggers is queued (`watch.rs`), so that reconcile's [`Ledger::synced`] reads it.
-    pub fn note_claim(&self, change: &Change<ResourceClaim>) {
+    pub(super) fn note_claim(&self, change: &Change<ResourceClaim>) {
         let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
         match change {
             Change::Applied { object, .. } => {
@@ -119,7 +119,7 @@ impl Ledger {
     /// the event that wrote it is passed on (`watch.rs`): a reconcile of a claim then always
     /// sees the claim's latest event in the index, and a reconcile during a burst of other
     /// objects' events (pods, nodes) or a quiet cluster's resync costs no walk of every claim.
-    pub fn synced(
+    pub(super) fn synced(
         &self,
         slices: &Store<CompactSlice>,
         claims: &Store<ResourceClaim>,
@@ -160,7 +160,7 @@ impl Ledger {
     }
 
     /// Marks `claims` as being written, or `None` when a reconcile is writing one of them.
-    pub fn begin(&self, claims: Vec<String>) -> Option<WriteGuard<'_>> {
+    pub(super) fn begin(&self, claims: Vec<String>) -> Option<WriteGuard<'_>> {
         Books {
             ledger: self,
             state: self.lock(),
@@ -171,7 +171,7 @@ impl Ledger {
     /// For an annotated claim without allocation: true (once) when the missing allocation is
     /// not the controller's doing, i.e. someone else cleared it. From then on it counts as
     /// the controller's, so that the rejection is acted on once.
-    pub fn take_rejection(&self, uid: &str) -> bool {
+    pub(super) fn take_rejection(&self, uid: &str) -> bool {
         let mut state = self.lock();
         !state.in_flight.contains(uid) && state.self_cleared.insert(uid.to_owned())
     }
@@ -180,7 +180,7 @@ impl Ledger {
     /// `repeats` counts the earlier rejections of the node for the pod still remembered.
     /// Marks are remembered for twice their period, so that a quick repeat counts; expired
     /// ones of every pod (deleted pods included) are dropped on the way.
-    pub fn mark_unsuitable(
+    pub(super) fn mark_unsuitable(
         &self,
         pod_uid: &str,
         node: &str,
@@ -206,7 +206,7 @@ impl Ledger {
     }
 
     /// Nodes currently unsuitable for pod `pod_uid`.
-    pub fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
+    pub(super) fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
         let now = Instant::now();
         let state = self.lock();
         state
@@ -220,19 +220,19 @@ impl Ledger {
     }
 
     /// True when devices taken over by the controller wait for their fence.
-    pub fn settling(&self) -> bool {
+    pub(super) fn settling(&self) -> bool {
         self.lock().ownership.settling()
     }
 
     /// Remembers that `claim` waits for capacity.
-    pub fn wait_for_capacity(&self, claim: ObjectRef<ResourceClaim>) {
+    pub(super) fn wait_for_capacity(&self, claim: ObjectRef<ResourceClaim>) {
         if self.lock().waiting.insert(claim) {
             self.changes.bump();
         }
     }
 
     /// Every claim waiting for capacity, forgotten here.
-    pub fn take_waiting(&self) -> Vec<ObjectRef<ResourceClaim>> {
+    pub(super) fn take_waiting(&self) -> Vec<ObjectRef<ResourceClaim>> {
         let waiting: Vec<_> = self.lock().waiting.drain().collect();
         if !waiting.is_empty() {
             self.changes.bump();
@@ -249,17 +249,17 @@ pub(crate) struct Books<'a> {
 
 impl<'a> Books<'a> {
     /// The capacity index.
-    pub fn index(&self) -> &Index {
+    pub(crate) fn index(&self) -> &Index {
         self.state.capacity.index()
     }
 
     /// True when a reconcile is writing claim `uid`.
-    pub fn in_flight(&self, uid: &str) -> bool {
+    pub(crate) fn in_flight(&self, uid: &str) -> bool {
         self.state.in_flight.contains(uid)
     }
 
     /// See [`CapacityIndex::is_stale`].
-    pub fn is_stale(&self, claim: &ResourceClaim) -> bool {
+    pub(crate) fn is_stale(&self, claim: &ResourceClaim) -> bool {
         self.state.capacity.is_stale(claim)
     }
 
@@ -270,12 +270,17 @@ impl<'a> Books<'a> {
     }
 
     /// See [`CapacityIndex::holders`].
-    pub fn holders(&self, node: &str, device: &str, except: &str) -> Vec<ObjectRef<ResourceClaim>> {
+    pub(crate) fn holders(
+        &self,
+        node: &str,
+        device: &str,
+        except: &str,
+    ) -> Vec<ObjectRef<ResourceClaim>> {
         self.state.capacity.holders(node, device, except)
     }
 
     /// The capacity index and the ownership book, to advance the book by a tick.
-    pub fn ownership(&mut self) -> (&CapacityIndex, &mut OwnershipBook) {
+    pub(crate) fn ownership(&mut self) -> (&CapacityIndex, &mut OwnershipBook) {
         let State {
             capacity,
             ownership,
@@ -285,24 +290,24 @@ impl<'a> Books<'a> {
     }
 
     /// True when a controller claim waits for capacity.
-    pub fn controller_waiting(&self) -> bool {
+    pub(crate) fn controller_waiting(&self) -> bool {
         !self.state.waiting.is_empty()
     }
 
     /// When the earliest assumed allocation expires (see [`CapacityIndex::next_expiry`]).
-    pub fn next_expiry(&self) -> Option<Instant> {
+    pub(crate) fn next_expiry(&self) -> Option<Instant> {
         self.state.capacity.next_expiry(Instant::now())
     }
 
     /// Records allocations about to be written (see [`CapacityIndex::assume`]).
-    pub fn assume(&mut self, uid: &str, uses: Vec<DeviceUse>) {
+    pub(crate) fn assume(&mut self, uid: &str, uses: Vec<DeviceUse>) {
         self.state.capacity.assume(uid, uses, Instant::now());
         self.ledger.changes.bump();
     }
 
     /// Marks `claims` as being written, or `None` when a reconcile is writing one of them.
     /// The books are released first: the guard locks them again when it is dropped.
-    pub fn begin(mut self, claims: Vec<String>) -> Option<WriteGuard<'a>> {
+    pub(crate) fn begin(mut self, claims: Vec<String>) -> Option<WriteGuard<'a>> {
         if claims.iter().any(|uid| self.state.in_flight.contains(uid)) {
             return None;
         }
@@ -329,18 +334,18 @@ impl WriteGuard<'_> {
     /// Claim `uid`'s annotation and allocation agree again (the allocation is written, or
     /// the annotation removed): a missing allocation of it is no longer the controller's
     /// doing.
-    pub fn settled(&mut self, uid: &str) {
+    pub(crate) fn settled(&mut self, uid: &str) {
         self.settled.insert(uid.to_owned());
     }
 
     /// Claim `uid`'s annotation and allocation disagree from now on (its allocation is being
     /// cleared while the annotation stays), until [`WriteGuard::settled`] again.
-    pub fn unsettled(&mut self, uid: &str) {
+    pub(crate) fn unsettled(&mut self, uid: &str) {
         self.settled.remove(uid);
     }
 
     /// The write of claim `uid` returned `version` (see [`CapacityIndex::confirm`]).
-    pub fn confirm(&self, uid: &str, uses: Vec<DeviceUse>, version: &str) {
+    pub(crate) fn confirm(&self, uid: &str, uses: Vec<DeviceUse>, version: &str) {
         self.ledger
             .lock()
             .capacity
@@ -349,7 +354,7 @@ impl WriteGuard<'_> {
     }
 
     /// Drops what the index assumed about claim `uid` (after a rollback).
-    pub fn forget(&self, uid: &str) {
+    pub(crate) fn forget(&self, uid: &str) {
         self.ledger.lock().capacity.forget(uid);
         self.ledger.changes.bump();
     }

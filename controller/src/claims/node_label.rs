@@ -37,19 +37,19 @@ use crate::error::{Error, Result};
 use crate::retry::Retry;
 
 /// The label reconciler's name in metrics, back-off keys and logs.
-pub const CONTROLLER: &str = "claimnodelabel";
+pub(crate) const CONTROLLER: &str = "claimnodelabel";
 
 /// Metric label of a label write that set or changed the value.
-pub const ACTION_SET: &str = "set";
+pub(crate) const ACTION_SET: &str = "set";
 /// Metric label of a label write that removed it.
-pub const ACTION_REMOVED: &str = "removed";
+pub(crate) const ACTION_REMOVED: &str = "removed";
 
 /// The node [`CLAIM_NODE_LABEL`] names for a claim with `allocation` and the controller's node
 /// annotation `annotated`: the pool of `driver`'s results when allocated (kerf's pools are
 /// node names; none when they name no pool or several), else `annotated`. The one rule of
 /// both writers: during the controller's allocation (annotation written, allocation not yet)
 /// it already names the node the allocation will.
-pub fn label_node(
+pub(crate) fn label_node(
     allocation: Option<&AllocationResult>,
     driver: &str,
     annotated: Option<&str>,
@@ -82,7 +82,7 @@ pub fn label_node(
 }
 
 /// The value [`CLAIM_NODE_LABEL`] should have on `claim` by [`label_node`]; `None`: no label.
-pub fn desired_label(claim: &ResourceClaim, driver: &str) -> Option<String> {
+pub(crate) fn desired_label(claim: &ResourceClaim, driver: &str) -> Option<String> {
     label_node(
         allocation_of(claim),
         driver,
@@ -92,7 +92,7 @@ pub fn desired_label(claim: &ResourceClaim, driver: &str) -> Option<String> {
 }
 
 /// The label's current value on `claim`.
-pub fn current_label(claim: &ResourceClaim) -> Option<&str> {
+pub(crate) fn current_label(claim: &ResourceClaim) -> Option<&str> {
     claim.labels().get(CLAIM_NODE_LABEL).map(String::as_str)
 }
 
@@ -106,7 +106,7 @@ pub(super) fn labels_patch(claim: &ResourceClaim, desired: Option<&str>) -> Opti
 }
 
 /// How failed label writes are retried.
-pub const RETRY: Retry = Retry::new(CONTROLLER);
+pub(crate) const RETRY: Retry = Retry::new(CONTROLLER);
 
 /// Makes the claim's [`CLAIM_NODE_LABEL`] follow [`desired_label`]: a JSON merge patch of that
 /// one label as the controller's field manager, only when it differs. No resourceVersion
@@ -116,7 +116,7 @@ pub const RETRY: Retry = Retry::new(CONTROLLER);
 ///
 /// # Errors
 /// The API call failed (retried with per-object back-off by [`RETRY`]'s error policy).
-pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<Context>) -> Result<Action> {
+pub(crate) async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
     let key = RETRY.key(claim.as_ref());
     let result = sync_label(&claim, &ctx).await;

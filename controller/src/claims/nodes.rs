@@ -7,7 +7,7 @@ use kerf_api::node_selection::{node_selector_matches, untolerated_blocking_taint
 
 /// Why a node cannot run a pod, in words fit for an Event.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodeRejection {
+pub(crate) enum NodeRejection {
     /// The node is not Ready.
     NotReady,
     /// The node is cordoned.
@@ -38,7 +38,7 @@ impl std::fmt::Display for NodeRejection {
 ///
 /// # Errors
 /// The first reason the node is unsuitable.
-pub fn node_fits(pod: &Pod, node: &Node) -> Result<(), NodeRejection> {
+pub(crate) fn node_fits(pod: &Pod, node: &Node) -> Result<(), NodeRejection> {
     if !is_ready(node) {
         return Err(NodeRejection::NotReady);
     }

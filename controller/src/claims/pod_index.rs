@@ -82,13 +82,13 @@ struct State {
 
 /// The pods that use each claim, by name; clones share the index.
 #[derive(Debug, Clone, Default)]
-pub struct PodsByClaim {
+pub(crate) struct PodsByClaim {
     state: Arc<RwLock<State>>,
 }
 
 impl PodsByClaim {
     /// Applies one event of the pod watch (what [`Self::updater`] does for each item).
-    pub fn apply(&self, event: &watcher::Event<Pod>) {
+    pub(crate) fn apply(&self, event: &watcher::Event<Pod>) {
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         match event {
             watcher::Event::Apply(pod) => state.current.insert(pod),
@@ -105,7 +105,7 @@ impl PodsByClaim {
 
     /// For `inspect` on the pod watch, after its reflector: keeps the index in step with
     /// the store. Watch errors change nothing (the watcher retries and relists).
-    pub fn updater(&self) -> impl FnMut(&WatchItem) + Send + 'static {
+    pub(crate) fn updater(&self) -> impl FnMut(&WatchItem) + Send + 'static {
         let index = self.clone();
         move |item| {
             if let Ok(event) = item {
@@ -115,7 +115,7 @@ impl PodsByClaim {
     }
 
     /// Names of the pods in `namespace` that use claim `claim`.
-    pub fn pods_using(&self, namespace: &str, claim: &str) -> Vec<String> {
+    pub(crate) fn pods_using(&self, namespace: &str, claim: &str) -> Vec<String> {
         let state = self.state.read().unwrap_or_else(PoisonError::into_inner);
         state
             .current
@@ -127,7 +127,12 @@ impl PodsByClaim {
 
     /// Live pods of `pods` that use claim `claim` in `namespace`, oldest first: the index
     /// names the candidates, the store's current version of each decides.
-    pub fn consumers(&self, pods: &Store<Pod>, namespace: &str, claim: &str) -> Vec<Arc<Pod>> {
+    pub(crate) fn consumers(
+        &self,
+        pods: &Store<Pod>,
+        namespace: &str,
+        claim: &str,
+    ) -> Vec<Arc<Pod>> {
         let mut found: Vec<Arc<Pod>> = self
             .pods_using(namespace, claim)
             .into_iter()

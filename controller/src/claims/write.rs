@@ -43,7 +43,7 @@ fn name_and_version(claim: &ResourceClaim) -> Result<(String, String)> {
 
 /// Writes to the claims of one namespace as the controller's field manager.
 #[derive(Clone)]
-pub struct ClaimApi {
+pub(crate) struct ClaimApi {
     api: Api<ResourceClaim>,
     params: PatchParams,
     /// The driver whose allocation results name the node label's node.
@@ -59,7 +59,7 @@ fn params(ctx: &Context) -> PatchParams {
 }
 
 /// The claim's API in its namespace, writing as `ctx`'s field manager.
-pub fn claim_api(ctx: &Context, claim: &ResourceClaim) -> ClaimApi {
+pub(crate) fn claim_api(ctx: &Context, claim: &ResourceClaim) -> ClaimApi {
     ClaimApi {
         api: Api::namespaced(
             ctx.client.clone(),
@@ -76,7 +76,7 @@ pub fn claim_api(ctx: &Context, claim: &ResourceClaim) -> ClaimApi {
 ///
 /// # Errors
 /// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
-pub async fn mark_allocating(
+pub(crate) async fn mark_allocating(
     api: &ClaimApi,
     claim: &ResourceClaim,
     node: &str,
@@ -105,7 +105,7 @@ pub async fn mark_allocating(
 ///
 /// # Errors
 /// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
-pub async fn write_allocation(
+pub(crate) async fn write_allocation(
     api: &ClaimApi,
     claim: &ResourceClaim,
     allocation: &AllocationResult,
@@ -126,7 +126,10 @@ pub async fn write_allocation(
 ///
 /// # Errors
 /// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
-pub async fn clear_allocation(api: &ClaimApi, claim: &ResourceClaim) -> Result<ResourceClaim> {
+pub(crate) async fn clear_allocation(
+    api: &ClaimApi,
+    claim: &ResourceClaim,
+) -> Result<ResourceClaim> {
     let (name, version) = name_and_version(claim)?;
     let patch = json!({"metadata": {"resourceVersion": version}, "status": {"allocation": null, "devices": null}});
     api.api
@@ -142,7 +145,7 @@ pub async fn clear_allocation(api: &ClaimApi, claim: &ResourceClaim) -> Result<R
 ///
 /// # Errors
 /// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
-pub async fn unmark(
+pub(crate) async fn unmark(
     api: &ClaimApi,
     claim: &ResourceClaim,
     drop_finalizer: bool,
@@ -182,7 +185,7 @@ pub async fn unmark(
 
 /// The pod condition the controller reports on, as it should be.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodCondition {
+pub(crate) struct PodCondition {
     /// True when the pod's claims are allocated.
     pub allocated: bool,
     /// CamelCase reason.
@@ -192,7 +195,7 @@ pub struct PodCondition {
 }
 
 /// Whether the pod carries a `gpu.kerf.dev/GpuAllocation` condition.
-pub fn has_condition(pod: &Pod) -> bool {
+pub(crate) fn has_condition(pod: &Pod) -> bool {
     pod_condition(pod).is_some()
 }
 
@@ -209,7 +212,11 @@ fn pod_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition>
 ///
 /// # Errors
 /// [`Error::Write`] when the API call failed.
-pub async fn set_pod_condition(ctx: &Context, pod: &Pod, condition: &PodCondition) -> Result<bool> {
+pub(crate) async fn set_pod_condition(
+    ctx: &Context,
+    pod: &Pod,
+    condition: &PodCondition,
+) -> Result<bool> {
     let status = if condition.allocated { "True" } else { "False" };
     let current = pod_condition(pod);
     if current.is_some_and(|c| {

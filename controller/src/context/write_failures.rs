@@ -59,7 +59,7 @@ impl std::fmt::Display for Write {
 /// What to tell the user about `error` from `write` at its `attempts`-th consecutive failure
 /// by `component`; `None` when the failure is expected, or transient and still within its
 /// retries ([`KEEPS_FAILING_AFTER`] attempts). See [`kerf_api::write_failure::assess`].
-pub fn assess(
+pub(super) fn assess(
     write: &Write,
     error: &kube::Error,
     attempts: u32,

@@ -19,11 +19,11 @@ use super::super::state::{annotated_node, is_reserved};
 use crate::context::Context;
 
 /// Event reason on both claims (and their pods) of a conflict.
-pub const ALLOCATION_CONFLICT: &str = "AllocationConflict";
+pub(super) const ALLOCATION_CONFLICT: &str = "AllocationConflict";
 
 /// Claims that share one device although one of them holds it exclusively.
 #[derive(Debug, Clone)]
-pub struct Conflict {
+pub(super) struct Conflict {
     /// Node of the device.
     pub node: String,
     /// The device.
@@ -33,13 +33,13 @@ pub struct Conflict {
 }
 
 /// True when `usage` is more than one exclusive user can have.
-pub fn is_conflict(usage: &GpuUsage) -> bool {
+pub(super) fn is_conflict(usage: &GpuUsage) -> bool {
     usage.whole_holders >= 2 || (usage.whole_holders >= 1 && usage.slices >= 1)
 }
 
 /// Reports each conflicting pair once (`reported` remembers pairs across ticks) and makes the
 /// controller's unreserved claims yield.
-pub async fn report(
+pub(super) async fn report(
     ctx: &Context,
     conflicts: &[Conflict],
     reported: &mut HashSet<(String, String)>,

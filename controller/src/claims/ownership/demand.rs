@@ -29,7 +29,7 @@ use crate::context::Context;
 
 /// A pending pod and how many whole GPUs of the scheduler it needs on one node.
 #[derive(Debug, Clone)]
-pub struct SchedulerNeed {
+pub(super) struct SchedulerNeed {
     /// The pod.
     pub pod: Arc<Pod>,
     /// Whole GPUs its unallocated Scheduler-class claims and its extended resources not yet
@@ -47,7 +47,7 @@ struct Lookup<'a> {
 }
 
 /// Every pending pod's need, oldest pod first.
-pub fn pending_needs(ctx: &Context) -> Vec<SchedulerNeed> {
+pub(super) fn pending_needs(ctx: &Context) -> Vec<SchedulerNeed> {
     let mut pods: Vec<Arc<Pod>> = ctx
         .claims
         .pods
@@ -167,7 +167,7 @@ fn claim_whole_gpus(claim: &ResourceClaim, ctx: &Context) -> usize {
 
 /// Idle whole GPUs of one node, by the owner the controller wants for them now.
 #[derive(Debug, Clone, Default)]
-pub struct IdleGpus {
+pub(super) struct IdleGpus {
     /// Idle and the scheduler's.
     pub scheduler: Vec<String>,
     /// Idle and the controller's (or on their way to it): lendable.
@@ -177,7 +177,7 @@ pub struct IdleGpus {
 /// Chooses the devices that serve `needs`: per pod, on the node where it fits that has the
 /// most idle scheduler GPUs and enough idle GPUs in all, first the scheduler's, then lent
 /// ones. A pod that fits nowhere takes nothing. Returns the chosen devices per node.
-pub fn serve(
+pub(super) fn serve(
     needs: &[SchedulerNeed],
     mut idle: BTreeMap<String, IdleGpus>,
     nodes: &kube::runtime::reflector::Store<Node>,

@@ -21,12 +21,12 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 /// The annotation kube-scheduler puts on the claim it makes for a pod's extended resources
 /// (`resourceapi.ExtendedResourceClaimAnnotation`, value `"true"`).
-pub const CLAIM_ANNOTATION: &str = "resource.kubernetes.io/extended-resource-claim";
+pub(super) const CLAIM_ANNOTATION: &str = "resource.kubernetes.io/extended-resource-claim";
 
 /// The UIDs of the pods that control an extended-resource claim: `findExtendedResourceClaim`
 /// (extendeddynamicresources.go) recognises a pod's claim by [`CLAIM_ANNOTATION`] `"true"`
 /// and an owner reference with `controller: true` to the pod's name and UID.
-pub fn claim_owners(claims: &[Arc<ResourceClaim>]) -> HashSet<(String, String)> {
+pub(super) fn claim_owners(claims: &[Arc<ResourceClaim>]) -> HashSet<(String, String)> {
     claims
         .iter()
         .filter(|c| {
@@ -46,7 +46,7 @@ pub fn claim_owners(claims: &[Arc<ResourceClaim>]) -> HashSet<(String, String)> 
 /// [`claim_owners`]) or recorded it in `status.extendedResourceClaimStatus`
 /// (`patchPodExtendedResourceClaimStatus`). Such a claim is allocated, or stale and about to
 /// be deleted by kube-scheduler's PostFilter, after which the pod asks again.
-pub fn has_claim(pod: &Pod, owners: &HashSet<(String, String)>) -> bool {
+pub(super) fn has_claim(pod: &Pod, owners: &HashSet<(String, String)>) -> bool {
     let recorded = pod
         .status
         .as_ref()
@@ -70,7 +70,7 @@ pub fn has_claim(pod: &Pod, owners: &HashSet<(String, String)>) -> bool {
 /// defaults requests to limits (kubernetes/kubernetes `pkg/apis/core/v1/defaults.go`,
 /// `SetDefaults_Pod`). Quantities that are not positive whole numbers count as zero (the API
 /// server refuses fractional extended resources).
-pub fn requests(pod: &Pod) -> BTreeMap<String, u64> {
+pub(super) fn requests(pod: &Pod) -> BTreeMap<String, u64> {
     let Some(spec) = pod.spec.as_ref() else {
         return BTreeMap::new();
     };

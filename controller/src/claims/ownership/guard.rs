@@ -14,10 +14,10 @@ use kube::runtime::events::{Event, EventType};
 use crate::context::Context;
 
 /// Event reason on a DeviceClass without the ownership guard.
-pub const UNGUARDED_CLASS: &str = "AllocatorGuardMissing";
+pub(super) const UNGUARDED_CLASS: &str = "AllocatorGuardMissing";
 
 /// The DeviceClass names a claim's requests use, sorted, each once.
-pub fn request_classes(claim: &ResourceClaim) -> Vec<String> {
+pub(super) fn request_classes(claim: &ResourceClaim) -> Vec<String> {
     let mut names: Vec<String> =
         kerf_api::controller_claims::request_class_names(claim.spec.devices.as_ref())
             .map(str::to_owned)
@@ -30,7 +30,7 @@ pub fn request_classes(claim: &ResourceClaim) -> Vec<String> {
 /// True when `class` selects devices of `driver` for kube-scheduler without requiring the
 /// scheduler's ownership: it names the driver in a selector, carries no Controller parameters
 /// (those classes match nothing published), and no selector holds the guard.
-pub fn is_unguarded(class: &DeviceClass, driver: &str) -> bool {
+pub(super) fn is_unguarded(class: &DeviceClass, driver: &str) -> bool {
     if class_parameters(class, driver).is_some_and(|p| p.allocator == Allocator::Controller) {
         return false;
     }
@@ -49,7 +49,7 @@ pub fn is_unguarded(class: &DeviceClass, driver: &str) -> bool {
 }
 
 /// Warns about every unguarded DeviceClass not warned about at its current version.
-pub async fn warn_unguarded_classes(ctx: &Context, warned: &mut HashSet<(String, String)>) {
+pub(super) async fn warn_unguarded_classes(ctx: &Context, warned: &mut HashSet<(String, String)>) {
     for class in ctx.caches.device_classes.state() {
         if !is_unguarded(&class, ctx.driver()) {
             continue;
