@@ -304,11 +304,7 @@ impl Args {
             .unwrap_or_else(|| plugin_dir.join("checkpoint.json"));
         let metrics_address = parse_address(&self.metrics_address)?;
         check_mps_root(&self.mps_root)?;
-        if self.mps_check_interval.is_zero() {
-            return Err(Error::Config(
-                "--mps-check-interval must be more than 0".into(),
-            ));
-        }
+        check_mps_check_interval(self.mps_check_interval)?;
         let discovery = discovery(self.mock_gpus, self.mock_inventory)?;
         let gpu_tools_root = gpu_tools_root(&discovery, &self.driver_root, self.mock_driver_root)?;
         let own_pod = own_pod(self.pod_name, self.pod_namespace, self.pod_uid)?;
@@ -352,6 +348,16 @@ impl Args {
             boot_id_file: self.boot_id_file,
         })
     }
+}
+
+/// `--mps-check-interval` must be more than 0.
+fn check_mps_check_interval(interval: Duration) -> Result<()> {
+    if interval.is_zero() {
+        return Err(Error::Config(
+            "--mps-check-interval must be more than 0".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// The inventory source of `--mock-gpus` / `--mock-inventory`: NVML without either.

@@ -57,30 +57,7 @@ impl DynamicMig {
             return Ok(report);
         }
         let uuids: BTreeMap<u32, String> = dynamic.iter().cloned().collect();
-        let mut live = LiveMigState::default();
-        for (minor, uuid) in dynamic {
-            let gpu = uuid.clone();
-            let listed = self
-                .call("list_gpu_instances", move |c| {
-                    c.gpu_instances(MigGpu { minor, uuid: &gpu })
-                })
-                .await;
-            match listed {
-                Ok(gpu_instances) => {
-                    live.gpus.insert(
-                        minor,
-                        LiveGpu {
-                            dynamic: true,
-                            gpu_instances,
-                        },
-                    );
-                }
-                Err(error) => {
-                    tracing::error!(gpu = %uuid, %error, "start-up: cannot list the GPU's MIG instances; leaving them alone");
-                    report.failures.push(error);
-                }
-            }
-        }
+        let live = self.list_live(dynamic, &mut report).await;
         let records = checkpoint.read(mig_reconcile::recorded_instances);
         let actions = mig_reconcile::reconcile(&records, &live);
         let mut drop: BTreeSet<String> = records
@@ -131,20 +108,7 @@ impl DynamicMig {
                 reason,
             } => {
                 let gpu = uuid(parent_minor);
-                let (owned, minor) = (gpu.clone(), parent_minor);
-                let destroyed = self
-                    .call("destroy_compute_instance", move |c| {
-                        c.destroy_compute_instance(
-                            MigGpu {
-                                minor,
-                                uuid: &owned,
-                            },
-                            gi_id,
-                            ci_id,
-                        )
-                    })
-                    .await;
-                match destroyed {
+                match self.destroy_ci(&gpu, parent_minor, gi_id, ci_id).await {
                     Ok(()) => {
                         tracing::info!(%gpu, gi_id, ci_id, reason = reason.as_str(), "start-up: destroyed a compute instance");
                         report.compute_destroyed += 1;
@@ -176,6 +140,58 @@ impl DynamicMig {
                 drop.insert(claim_uid);
             }
         }
+    }
+}
+
+impl DynamicMig {
+    /// The GPU instances of each dynamic GPU (`(minor, uuid)`) as the driver lists them; a
+    /// GPU that cannot be listed is left out (and left alone), its error in `report`.
+    async fn list_live(
+        &self,
+        dynamic: Vec<(u32, String)>,
+        report: &mut MigRestore,
+    ) -> LiveMigState {
+        let mut live = LiveMigState::default();
+        for (minor, uuid) in dynamic {
+            let gpu = uuid.clone();
+            let listed = self
+                .call("list_gpu_instances", move |c| {
+                    c.gpu_instances(MigGpu { minor, uuid: &gpu })
+                })
+                .await;
+            match listed {
+                Ok(gpu_instances) => {
+                    live.gpus.insert(
+                        minor,
+                        LiveGpu {
+                            dynamic: true,
+                            gpu_instances,
+                        },
+                    );
+                }
+                Err(error) => {
+                    tracing::error!(gpu = %uuid, %error, "start-up: cannot list the GPU's MIG instances; leaving them alone");
+                    report.failures.push(error);
+                }
+            }
+        }
+        live
+    }
+
+    /// Destroys compute instance `ci_id` of GPU instance `gi_id` on GPU `gpu` (`minor`).
+    async fn destroy_ci(&self, gpu: &str, minor: u32, gi_id: u32, ci_id: u32) -> Result<()> {
+        let owned = gpu.to_owned();
+        self.call("destroy_compute_instance", move |c| {
+            c.destroy_compute_instance(
+                MigGpu {
+                    minor,
+                    uuid: &owned,
+                },
+                gi_id,
+                ci_id,
+            )
+        })
+        .await
     }
 }
 

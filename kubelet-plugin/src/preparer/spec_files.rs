@@ -49,20 +49,7 @@ impl Preparer {
         // The metadata files name the published devices; the spec's devices are named as
         // their recorded CDI IDs are (several shares of one GPU each get their own).
         let files = cdi::metadata_files(&spec, &workload)?;
-        let renamed: Option<Vec<cdi::PreparedDevice>> = devices
-            .iter()
-            .any(|d| spec_device_name(d, &self.config.cdi_kind, &claim.uid).is_some())
-            .then(|| {
-                prepared
-                    .iter()
-                    .zip(devices)
-                    .map(|(device, record)| cdi::PreparedDevice {
-                        name: spec_device_name(record, &self.config.cdi_kind, &claim.uid)
-                            .map_or_else(|| device.name.clone(), str::to_owned),
-                        ..device.clone()
-                    })
-                    .collect()
-            });
+        let renamed = self.renamed_for_spec(claim, devices, &prepared);
         let spec = ClaimSpec {
             devices: renamed.as_deref().unwrap_or(&prepared),
             ..spec
@@ -76,6 +63,31 @@ impl Preparer {
                 cdi::write_metadata_files(&metadata_dir, &uid, &files).map(|_| ())
             })
             .await
+    }
+
+    /// `prepared` with each device named as its record's CDI ID says, when any record names
+    /// its spec device otherwise (several shares of one GPU); `None` when none does.
+    fn renamed_for_spec(
+        &self,
+        claim: &ClaimRef,
+        devices: &[DeviceRecord],
+        prepared: &[cdi::PreparedDevice],
+    ) -> Option<Vec<cdi::PreparedDevice>> {
+        let kind = &self.config.cdi_kind;
+        devices
+            .iter()
+            .any(|d| spec_device_name(d, kind, &claim.uid).is_some())
+            .then(|| {
+                prepared
+                    .iter()
+                    .zip(devices)
+                    .map(|(device, record)| cdi::PreparedDevice {
+                        name: spec_device_name(record, kind, &claim.uid)
+                            .map_or_else(|| device.name.clone(), str::to_owned),
+                        ..device.clone()
+                    })
+                    .collect()
+            })
     }
 
     /// Removes the claim's spec, then the metadata files it mounted.
