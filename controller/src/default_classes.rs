@@ -135,28 +135,9 @@ pub async fn ensure(
     let mut report = Report::default();
     let classes: Api<GpuClass> = Api::all(client.clone());
     let records: Api<ConfigMap> = Api::namespaced(client.clone(), &defaults.record_namespace);
-    let list = ListParams::default().limit(1);
-    let served = retry(
-        "wait for the GpuClass API (CRD established)",
-        defaults.retry,
-        stop,
-        || classes.list_metadata(&list),
-    )
-    .await?;
-    if served.is_none() {
-        return Ok(report);
-    }
-    let Some(record) = retry(
-        "read the record of default classes",
-        defaults.retry,
-        stop,
-        || records.get_opt(RECORD_CONFIGMAP),
-    )
-    .await?
-    else {
+    let Some(mut recorded) = read_record(&classes, &records, defaults, stop).await? else {
         return Ok(report);
     };
-    let mut recorded = record.and_then(|r| r.data).unwrap_or_default();
     let before = recorded.len();
     let post = PostParams {
         field_manager: Some(field_manager.to_owned()),
@@ -194,6 +175,35 @@ pub async fn ensure(
         write_record(&records, recorded, defaults, field_manager, stop).await?;
     }
     Ok(report)
+}
+
+/// Waits until the GpuClass API is served, then reads the record of default classes (class
+/// name → when it was created or found); `None` when `stop` is cancelled first.
+async fn read_record(
+    classes: &Api<GpuClass>,
+    records: &Api<ConfigMap>,
+    defaults: &DefaultClasses,
+    stop: &CancellationToken,
+) -> Result<Option<std::collections::BTreeMap<String, String>>> {
+    let list = ListParams::default().limit(1);
+    let served = retry(
+        "wait for the GpuClass API (CRD established)",
+        defaults.retry,
+        stop,
+        || classes.list_metadata(&list),
+    )
+    .await?;
+    if served.is_none() {
+        return Ok(None);
+    }
+    let record = retry(
+        "read the record of default classes",
+        defaults.retry,
+        stop,
+        || records.get_opt(RECORD_CONFIGMAP),
+    )
+    .await?;
+    Ok(record.map(|record| record.and_then(|r| r.data).unwrap_or_default()))
 }
 
 /// The GpuClass to create for the default `class` named `name`: its name, labels,

@@ -181,6 +181,13 @@ impl Metrics {
     }
 
     fn register(&self, registry: &mut Registry) {
+        self.register_classes(registry);
+        self.register_claims(registry);
+        self.register_ownership(registry);
+    }
+
+    /// The reconcile and GpuClass status series.
+    fn register_classes(&self, registry: &mut Registry) {
         registry.register(
             "reconcile",
             "Reconciles, by controller, result and error reason",
@@ -211,6 +218,10 @@ impl Metrics {
             "Unallocated compute of the devices a GpuClass selects, in whole-GPU units",
             self.class_free_compute.clone(),
         );
+    }
+
+    /// The allocation, leader and admission series.
+    fn register_claims(&self, registry: &mut Registry) {
         registry.register(
             "allocations",
             "Claim allocations attempted by the controller, by result and error reason",
@@ -236,6 +247,10 @@ impl Metrics {
             "ResourceClaims and ResourceClaimTemplates reviewed by the admission webhook, by resource and outcome (normalized, no_kerf_config, denied, error)",
             self.claim_admissions.clone(),
         );
+    }
+
+    /// The device ownership and claim node label series.
+    fn register_ownership(&self, registry: &mut Registry) {
         registry.register(
             "ownership_moves",
             "Devices given to a new owner, by the new owner",
