@@ -2,7 +2,7 @@
 //!
 //! - [`params`]: the opaque parameter kinds (`GpuClaimParameters`, `GpuClassParameters`,
 //!   `GpuSliceAllocation`) and [`decode_opaque`], their one strict decoder.
-//! - [`claim`]: [`resolve_allocation`], what an allocated ResourceClaim gives this driver;
+//! - `claim.rs`: [`resolve_allocation`], what an allocated ResourceClaim gives this driver;
 //!   [`claim_node_label`]: the label naming the node a claim is allocated on.
 //! - [`resourceslice`]: [`resource_slices`], the node's inventory as ResourceSlices.
 //! - [`gpuclass`]: the GpuClass custom resource.

@@ -19,7 +19,7 @@
 //! allocated together in `allocate.rs`, placed in `placement.rs` and written (or rolled back,
 //! or deallocated) in `commit.rs`; yielding to the scheduler is `yielding.rs`; Events and the
 //! pod condition are worded in `report.rs`; the watches are wired in `watch.rs`; the node label
-//! the kubelet plugins watch their claims by is kept by [`node_label`], on the claim store. All
+//! the kubelet plugins watch their claims by is kept by `node_label.rs`, on the claim store. All
 //! bookkeeping — capacity assumed for writes in flight, which claims are being written,
 //! allocations the controller cleared itself, rejected nodes, claims waiting for capacity —
 //! is one private ledger (`ledger.rs`) whose write guard undoes itself when dropped.

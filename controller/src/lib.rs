@@ -4,17 +4,17 @@
 //!   the CEL of [`selector`] and the extended resource name of [`extended_resource`]) and
 //!   reports what it matches ([`capacity`]); [`features`]: what the API server serves of the
 //!   optional fields, probed once per leadership term.
-//! - [`run()`]: the program of the binary ([`entry`]), from its flags ([`args`]) to a
-//!   [`Process`]; [`Process::run`]: the process — metrics and readiness HTTP ([`http`]),
-//!   leader election ([`leader`]), the webhook, and the controllers that run while this
-//!   replica leads ([`run::controllers`]).
-//! - [`scheduler_slices`]: which GPUs are published as shareable for sliced Scheduler classes
+//! - [`run()`]: the program of the binary (`entry.rs`), from its flags ([`args`]) to a
+//!   [`Process`]; [`Process::run`]: the process — metrics and readiness HTTP (`http.rs`),
+//!   leader election (`leader.rs`), the webhook, and the controllers that run while this
+//!   replica leads ([`controllers`]).
+//! - `scheduler_slices.rs`: which GPUs are published as shareable for sliced Scheduler classes
 //!   (scheduler slices), written by the ownership tick of [`claims`] and reported by [`gpuclass`].
 //! - [`default_classes`]: the default GpuClasses the leader creates (create only).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
 //! - [`webhook`]: the mutating admission webhook that gates pods with controller claims.
-//! - [`context`]: what every reconciler gets ([`Context`]); [`retry`]: how failed reconciles
-//!   are retried; [`cache`]: the watch-fed caches; [`metrics`]: Prometheus metrics; [`args`]:
+//! - `context.rs`: what every reconciler gets ([`Context`]); [`retry`]: how failed reconciles
+//!   are retried; [`cache`]: the watch-fed caches; `metrics.rs`: Prometheus metrics ([`Metrics`]); [`args`]:
 //!   the command-line flags.
 
 pub mod args;

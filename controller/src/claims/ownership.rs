@@ -7,7 +7,7 @@
 //! included), the pending demand for kube-scheduler and each node's policy label, advances the
 //! [`OwnershipBook`] under the ledger lock that placement also takes, and then writes the
 //! records that changed. Why this cannot hand a device to both allocators is written in
-//! [`book`].
+//! `ownership/book.rs`.
 //!
 //! A pass runs only when something it reads changed ([`InputChanges`]) or a moment it computed
 //! has come (a fence, a linger, an assumed allocation's expiry, a node write's back-off), and

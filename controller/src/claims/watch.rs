@@ -31,16 +31,16 @@ type Request = std::result::Result<ReconcileRequest<ResourceClaim>, watcher::Err
 
 /// Runs the claim controller until `shutdown`.
 ///
-/// One watch per kind feeds both a store and the reconcile queue, and the store is written
-/// before the event is queued, so a reconcile never sees a pod or claim older than the event
-/// that triggered it. The claim watch is the process's (shared with the webhook, see
-/// [`ProcessCaches`]); pods and nodes, which only the leader reads, are watched here into
-/// the stores of [`Context::claims`], stripped of what kerf never reads ([`strip`]). Claims
-/// trigger themselves; pods trigger the claims they use (creation, scheduling, deletion); an
-/// allocation by someone else triggers the controller claims that must yield its devices; and
-/// every claim is reconciled again each resync period. Ownership of the devices is decided
-/// next to it, every [`ClaimSettings::ownership_tick`](super::ClaimSettings), and the claims'
-/// node label by [`node_label`] on the same claim events and store.
+/// One watch per kind feeds both a store and the reconcile queue, and the store is written before
+/// the event is queued, so a reconcile never sees a pod or claim older than the event that
+/// triggered it. The claim watch is the process's (shared with the webhook, see
+/// [`ProcessCaches`](crate::cache::ProcessCaches)); pods and nodes, which only the leader reads,
+/// are watched here into the stores of [`Context::claims`], stripped of what kerf never reads
+/// ([`strip`]). Claims trigger themselves; pods trigger the claims they use (creation, scheduling,
+/// deletion); an allocation by someone else triggers the controller claims that must yield its
+/// devices; and every claim is reconciled again each resync period. Ownership of the devices is
+/// decided next to it, every [`ClaimSettings::ownership_tick`](super::ClaimSettings), and the
+/// claims' node label by `node_label.rs` on the same claim events and store.
 ///
 /// # Errors
 /// [`Error::ControllerStopped`] when another claim controller already runs on `ctx` (the

@@ -79,7 +79,7 @@ pub(super) fn assess(
 }
 
 impl Context {
-    /// Tells the user about `error` from `write` when [`assess`] says so: a Warning Event on
+    /// Tells the user about `error` from `write` when `assess` (above) says so: a Warning Event on
     /// each object of `regarding` and one count of the write-failure metric. `attempts` counts
     /// the consecutive failures of the write, this one included. Returns what was reported.
     pub async fn report_write_failure(
