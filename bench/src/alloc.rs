@@ -49,7 +49,7 @@ fn scan(index: &Index) -> Duration {
 ///
 /// # Errors
 /// The mock profile is missing.
-pub fn allocate(options: &BenchOptions) -> Result<Summary> {
+pub(crate) fn allocate(options: &BenchOptions) -> Result<Summary> {
     let (mut index, inventory) = workload::cluster(options.nodes, PROFILE)?;
     let pods = pods(&shapes(options, options.allocate_claims), Policy::BinPack);
     let decisions = decide_all(&mut index, &pods);
@@ -167,7 +167,7 @@ fn allocate_targets(s: &mut Summary, rate: f64, all: &Samples) {
 
 /// How full a cluster got before its first failure.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Packed {
+pub(crate) struct Packed {
     /// Claims placed before the first that did not fit.
     pub claims: usize,
     /// Share of the cluster's GPU memory allocated (whole GPUs count their whole memory).
@@ -181,7 +181,7 @@ pub struct Packed {
 }
 
 /// What `index` has allocated.
-pub fn packed(index: &Index, claims: usize) -> Packed {
+pub(crate) fn packed(index: &Index, claims: usize) -> Packed {
     let (mut total_memory, mut memory, mut compute) = (0u128, 0u128, 0u64);
     let (mut gpus, mut whole, mut used) = (0u64, 0u64, 0u64);
     for node in index.nodes() {
@@ -221,7 +221,7 @@ pub fn packed(index: &Index, claims: usize) -> Packed {
 }
 
 /// Allocates `shapes` with kerf's allocator and `policy` until the first that does not fit.
-pub fn pack_kerf(mut index: Index, shapes: &[Shape], policy: Policy) -> Packed {
+pub(crate) fn pack_kerf(mut index: Index, shapes: &[Shape], policy: Policy) -> Packed {
     for (i, pod) in pods(shapes, policy).iter().enumerate() {
         match place_where(&index, pod, |_| true) {
             Ok(placement) => index.apply(&placement),
@@ -236,7 +236,11 @@ pub fn pack_kerf(mut index: Index, shapes: &[Shape], policy: Policy) -> Packed {
 ///
 /// # Errors
 /// [`Error::Workload`] when the allocator fails (a search that took too long).
-pub fn pack_first_fit(mut index: Index, shapes: &[Shape], choice: NodeChoice) -> Result<Packed> {
+pub(crate) fn pack_first_fit(
+    mut index: Index,
+    shapes: &[Shape],
+    choice: NodeChoice,
+) -> Result<Packed> {
     let mut baseline = Baseline::new(&index, choice);
     for (i, shape) in shapes.iter().enumerate() {
         match baseline.place(*shape).map_err(Error::Workload)? {
@@ -254,7 +258,7 @@ pub fn pack_first_fit(mut index: Index, shapes: &[Shape], choice: NodeChoice) ->
 ///
 /// # Errors
 /// The mock profile is missing, or the workload never fills the cluster.
-pub fn packing(options: &BenchOptions) -> Result<Summary> {
+pub(crate) fn packing(options: &BenchOptions) -> Result<Summary> {
     let (index, inventory) = workload::cluster(options.nodes, PROFILE)?;
     let shapes = shapes(options, options.allocate_claims);
     let runs = [

@@ -38,7 +38,7 @@ const NVLINK: &str = "nvlinkDomain";
 
 /// How the baseline chooses among nodes where the request fits.
 #[derive(Debug, Clone)]
-pub enum NodeChoice {
+pub(crate) enum NodeChoice {
     /// The first node by name: plain first-fit over the whole cluster
     /// ([`Allocator::first_fit`]).
     InOrder,
@@ -51,7 +51,7 @@ pub enum NodeChoice {
 
 /// Where the baseline put one claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FitPlacement {
+pub(crate) struct FitPlacement {
     /// The node.
     pub node: String,
     /// The devices, in inventory order.
@@ -60,7 +60,7 @@ pub struct FitPlacement {
 
 impl FitPlacement {
     /// The usage this placement puts on kerf's index for a claim of `shape`.
-    pub fn device_uses(&self, shape: Shape) -> Vec<DeviceUse> {
+    pub(crate) fn device_uses(&self, shape: Shape) -> Vec<DeviceUse> {
         self.devices
             .iter()
             .map(|device| match shape {
@@ -76,7 +76,7 @@ impl FitPlacement {
 /// The baseline allocator over one cluster: its slices, what is allocated, and the
 /// allocator's state (compiled selectors, where Filter starts next).
 #[derive(Debug)]
-pub struct Baseline {
+pub(crate) struct Baseline {
     snapshot: Snapshot,
     state: AllocatedState,
     allocator: Allocator,
@@ -86,7 +86,7 @@ pub struct Baseline {
 
 impl Baseline {
     /// A baseline over the nodes and GPUs `index` knows now, nothing allocated.
-    pub fn new(index: &Index, choice: NodeChoice) -> Self {
+    pub(crate) fn new(index: &Index, choice: NodeChoice) -> Self {
         let mut nodes = Vec::new();
         let mut slices = Vec::new();
         for node in index.nodes() {
@@ -133,7 +133,7 @@ impl Baseline {
     /// # Errors
     ///
     /// The allocator's error (a quantity that does not parse, a search that took too long).
-    pub fn place(&mut self, shape: Shape) -> Result<Option<FitPlacement>, String> {
+    pub(crate) fn place(&mut self, shape: Shape) -> Result<Option<FitPlacement>, String> {
         let claims = [claim(shape)];
         let feasible = match &mut self.choice {
             NodeChoice::InOrder => {

@@ -12,7 +12,7 @@ use crate::{Error, Result};
 ///
 /// # Errors
 /// A step fails.
-pub fn durable_write(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
+pub(crate) fn durable_write(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
     let temp = dir.join(format!(".{name}.floor-tmp"));
     let mut file = OpenOptions::new()
         .write(true)
@@ -33,7 +33,7 @@ pub fn durable_write(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
 
 /// The files one prepare writes durably, by size: the floor writes as many of the same sizes.
 #[derive(Debug, Clone)]
-pub struct FloorWrites {
+pub(crate) struct FloorWrites {
     dir: PathBuf,
     files: Vec<(String, Vec<u8>)>,
 }
@@ -44,7 +44,7 @@ impl FloorWrites {
     ///
     /// # Errors
     /// `dir` cannot be created.
-    pub fn new(dir: &Path, prefix: &str, sizes: &[usize]) -> Result<Self> {
+    pub(crate) fn new(dir: &Path, prefix: &str, sizes: &[usize]) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
         let files = sizes
             .iter()
@@ -61,7 +61,7 @@ impl FloorWrites {
     ///
     /// # Errors
     /// A write fails.
-    pub fn write_all(&self) -> Result<()> {
+    pub(crate) fn write_all(&self) -> Result<()> {
         for (name, contents) in &self.files {
             durable_write(&self.dir, name, contents)?;
         }
@@ -73,7 +73,7 @@ impl FloorWrites {
     ///
     /// # Errors
     /// A file cannot be written or renamed.
-    pub fn write_plain(&self) -> Result<()> {
+    pub(crate) fn write_plain(&self) -> Result<()> {
         for (name, contents) in &self.files {
             let temp = self.dir.join(format!(".{name}.floor-tmp"));
             std::fs::write(&temp, contents).map_err(|e| Error::io("write", &temp, e))?;
@@ -84,12 +84,12 @@ impl FloorWrites {
     }
 
     /// Total bytes per round.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.files.iter().map(|(_, c)| c.len()).sum()
     }
 
     /// Writes per round.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.files.len()
     }
 }

@@ -24,9 +24,9 @@ use crate::workload::{self, Mix, Workload};
 use crate::{BenchOptions, Error, Reexec, Result, sys};
 
 /// Hidden benchmark name of the plugin child.
-pub const PLUGIN_CHILD: &str = "__footprint-plugin-child";
+pub(crate) const PLUGIN_CHILD: &str = "__footprint-plugin-child";
 /// Hidden benchmark name of the index child.
-pub const INDEX_CHILD: &str = "__footprint-index-child";
+pub(crate) const INDEX_CHILD: &str = "__footprint-index-child";
 
 /// Claims the cycles go round.
 const CYCLE_CLAIMS: usize = 8;
@@ -72,7 +72,7 @@ impl PluginMemory {
 
 /// The index's memory as measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct IndexMemory {
+pub(crate) struct IndexMemory {
     /// RSS before anything was built.
     pub before: u64,
     /// RSS with the nodes in the index.
@@ -87,7 +87,10 @@ pub struct IndexMemory {
 ///
 /// # Errors
 /// The plugin or a child process fails.
-pub fn footprint(options: &BenchOptions, runtime: &tokio::runtime::Runtime) -> Result<Summary> {
+pub(crate) fn footprint(
+    options: &BenchOptions,
+    runtime: &tokio::runtime::Runtime,
+) -> Result<Summary> {
     std::fs::create_dir_all(&options.work_dir)
         .map_err(|e| Error::io("create", &options.work_dir, e))?;
     let dir = tempfile::Builder::new()
@@ -343,7 +346,7 @@ fn index_in_child(reexec: &Reexec, options: &BenchOptions) -> Result<IndexMemory
 ///
 /// # Errors
 /// The mock profile is missing.
-pub fn index_memory(options: &BenchOptions) -> Result<IndexMemory> {
+pub(crate) fn index_memory(options: &BenchOptions) -> Result<IndexMemory> {
     let before = sys::rss_bytes(None)?;
     let (mut index, _) = workload::cluster(options.nodes, PROFILE)?;
     let nodes = sys::rss_bytes(None)?;
@@ -377,7 +380,7 @@ pub fn index_memory(options: &BenchOptions) -> Result<IndexMemory> {
 ///
 /// # Errors
 /// The request is malformed or the plugin fails.
-pub fn plugin_child(runtime: &tokio::runtime::Runtime) -> Result<()> {
+pub(crate) fn plugin_child(runtime: &tokio::runtime::Runtime) -> Result<()> {
     let request = read_request()?;
     let fields = parse_fields(&request);
     let root = fields
@@ -404,7 +407,7 @@ pub fn plugin_child(runtime: &tokio::runtime::Runtime) -> Result<()> {
 ///
 /// # Errors
 /// The request is malformed.
-pub fn index_child(options: &BenchOptions) -> Result<()> {
+pub(crate) fn index_child(options: &BenchOptions) -> Result<()> {
     let request = read_request()?;
     let fields = parse_fields(&request);
     let number = |key: &str| -> Result<u64> {
@@ -445,7 +448,7 @@ fn answer(line: &str) -> Result<()> {
 
 /// `key=value` fields separated by spaces; a value runs to the next ` key=` (so paths with
 /// spaces survive when they are the last field).
-pub fn parse_fields(line: &str) -> HashMap<String, String> {
+pub(crate) fn parse_fields(line: &str) -> HashMap<String, String> {
     let mut fields = HashMap::new();
     let mut key: Option<&str> = None;
     let mut value = String::new();

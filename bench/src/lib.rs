@@ -50,23 +50,23 @@
 //! with [`gpu_tools::run_as_tool`]. `KERF_BENCH_FAKE_GPU_TOOLS` ([`gpu_tools::PROGRAM_ENV`])
 //! names another program instead (e.g. `kerf-fake-gpu-tools`).
 
-pub mod alloc;
-pub mod args;
-pub mod baseline;
+mod alloc;
+mod args;
+mod baseline;
 pub mod controller_footprint;
-pub mod error;
-pub mod floor;
-pub mod footprint;
+mod error;
+mod floor;
+mod footprint;
 pub mod gpu_tools;
-pub mod node;
-pub mod prepare;
-pub mod prepare_real;
-pub mod rng;
-pub mod scheduling;
-pub mod stats;
-pub mod summary;
-pub mod sys;
-pub mod workload;
+mod node;
+mod prepare;
+mod prepare_real;
+mod rng;
+mod scheduling;
+mod stats;
+mod summary;
+mod sys;
+mod workload;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

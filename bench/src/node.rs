@@ -21,18 +21,18 @@ use crate::gpu_tools::FakeGpuTools;
 use crate::{Error, Result};
 
 /// The DRA driver name the benchmark plugin runs as.
-pub const DRIVER: &str = "gpu.kerf.dev";
+pub(crate) const DRIVER: &str = "gpu.kerf.dev";
 /// The benchmark node's name.
-pub const NODE: &str = "bench-node";
+pub(crate) const NODE: &str = "bench-node";
 /// Namespace of the benchmark claims.
-pub const NAMESPACE: &str = "bench";
+pub(crate) const NAMESPACE: &str = "bench";
 /// The mock inventory: 8 × H100 SXM 80GB in one NVLink domain.
-pub const PROFILE: &str = "h100-sxm-80gb";
+pub(crate) const PROFILE: &str = "h100-sxm-80gb";
 
 const GI: u64 = 1 << 30;
 
 /// The plugin's files and sockets under `root`.
-pub fn plugin_config(root: &Path) -> PluginConfig {
+pub(crate) fn plugin_config(root: &Path) -> PluginConfig {
     PluginConfig {
         driver_name: DRIVER.into(),
         node_name: NODE.into(),
@@ -69,7 +69,7 @@ pub fn plugin_config(root: &Path) -> PluginConfig {
 ///
 /// # Errors
 /// A file cannot be created.
-pub fn make_driver_root(root: &Path) -> Result<()> {
+pub(crate) fn make_driver_root(root: &Path) -> Result<()> {
     let lib = root.join("usr/lib/x86_64-linux-gnu");
     let bin = root.join("usr/bin");
     for dir in [&lib, &bin] {
@@ -92,7 +92,7 @@ pub fn make_driver_root(root: &Path) -> Result<()> {
 
 /// Benchmark claim number `n` of series `series` (series keep claim sets apart), as the
 /// kubelet names it.
-pub fn numbered_claim(series: u64, n: u64) -> Claim {
+pub(crate) fn numbered_claim(series: u64, n: u64) -> Claim {
     let uid = crate::workload::claim_uid((series << 40) | n);
     Claim::new(NAMESPACE, &format!("claim-{series}-{n}"), &uid)
 }
@@ -103,7 +103,11 @@ pub fn numbered_claim(series: u64, n: u64) -> Claim {
 ///
 /// # Errors
 /// `gpu` is not a GPU of the inventory, or kerf-api refuses the allocation.
-pub fn slice_claim(claim: &Claim, inventory: &Inventory, gpu: usize) -> Result<ResourceClaim> {
+pub(crate) fn slice_claim(
+    claim: &Claim,
+    inventory: &Inventory,
+    gpu: usize,
+) -> Result<ResourceClaim> {
     let info = inventory
         .gpus
         .get(gpu)
@@ -144,7 +148,7 @@ pub fn slice_claim(claim: &Claim, inventory: &Inventory, gpu: usize) -> Result<R
 ///
 /// # Errors
 /// A file cannot be created, or discovery fails.
-pub fn lay_out(root: &Path, layout: &NodeLayout<'_>) -> Result<(PluginConfig, Inventory)> {
+pub(crate) fn lay_out(root: &Path, layout: &NodeLayout<'_>) -> Result<(PluginConfig, Inventory)> {
     let mut config = plugin_config(root);
     if let Some(dir) = layout.cdi_dir {
         dir.clone_into(&mut config.cdi_dir);
@@ -164,7 +168,7 @@ pub fn lay_out(root: &Path, layout: &NodeLayout<'_>) -> Result<(PluginConfig, In
 ///
 /// # Errors
 /// The UID makes no valid file name.
-pub fn spec_path(config: &PluginConfig, claim: &Claim) -> Result<PathBuf> {
+pub(crate) fn spec_path(config: &PluginConfig, claim: &Claim) -> Result<PathBuf> {
     let kind = PreparerConfig::cdi_kind_for(&config.driver_name);
     let name = kerf_core::cdi::transient_spec_file_name(&kind, &claim.uid)?;
     Ok(config.cdi_dir.join(name))
@@ -172,7 +176,7 @@ pub fn spec_path(config: &PluginConfig, claim: &Claim) -> Result<PathBuf> {
 
 /// Where a benchmark node keeps what does not live under its root.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct NodeLayout<'a> {
+pub(crate) struct NodeLayout<'a> {
     /// The CDI specs' directory, instead of `<root>/cdi`.
     pub cdi_dir: Option<&'a Path>,
     /// GPU tools that make the plugin enforce MPS slices (start and adopt control daemons);
@@ -181,9 +185,7 @@ pub struct NodeLayout<'a> {
 }
 
 /// The benchmark node: a running plugin and the claims it can read.
-pub struct BenchNode {
-    /// Root of the node's files and sockets.
-    pub root: PathBuf,
+pub(crate) struct BenchNode {
     /// The plugin's configuration.
     pub config: PluginConfig,
     /// The mock inventory.
@@ -198,7 +200,7 @@ impl BenchNode {
     ///
     /// # Errors
     /// The files cannot be laid out or the plugin does not start.
-    pub async fn start(root: &Path) -> Result<Self> {
+    pub(crate) async fn start(root: &Path) -> Result<Self> {
         Self::start_with_cdi_dir(root, None).await
     }
 
@@ -207,7 +209,7 @@ impl BenchNode {
     ///
     /// # Errors
     /// As [`BenchNode::start`].
-    pub async fn start_with_cdi_dir(root: &Path, cdi_dir: Option<&Path>) -> Result<Self> {
+    pub(crate) async fn start_with_cdi_dir(root: &Path, cdi_dir: Option<&Path>) -> Result<Self> {
         Self::start_with(
             root,
             &NodeLayout {
@@ -222,7 +224,7 @@ impl BenchNode {
     ///
     /// # Errors
     /// As [`BenchNode::start`].
-    pub async fn start_with(root: &Path, layout: &NodeLayout<'_>) -> Result<Self> {
+    pub(crate) async fn start_with(root: &Path, layout: &NodeLayout<'_>) -> Result<Self> {
         let (config, inventory) = lay_out(root, layout)?;
         let claim_reader = Arc::new(MemoryClaimReader::default());
         let connections = Connections {
@@ -234,7 +236,6 @@ impl BenchNode {
         };
         let plugin = plugin::start(&config, inventory.clone(), connections).await?;
         Ok(BenchNode {
-            root: root.to_owned(),
             config,
             inventory,
             claim_reader,
@@ -246,7 +247,7 @@ impl BenchNode {
     ///
     /// # Errors
     /// As [`slice_claim`].
-    pub fn add_claims(&self, series: u64, count: usize) -> Result<Vec<Claim>> {
+    pub(crate) fn add_claims(&self, series: u64, count: usize) -> Result<Vec<Claim>> {
         let gpus = self.inventory.gpus.len().max(1);
         (0..count)
             .map(|n| {
@@ -262,7 +263,7 @@ impl BenchNode {
     ///
     /// # Errors
     /// The UID makes no valid file name.
-    pub fn spec_path(&self, claim: &Claim) -> Result<PathBuf> {
+    pub(crate) fn spec_path(&self, claim: &Claim) -> Result<PathBuf> {
         spec_path(&self.config, claim)
     }
 
@@ -270,7 +271,7 @@ impl BenchNode {
     ///
     /// # Errors
     /// A plugin task failed.
-    pub async fn stop(self) -> Result<()> {
+    pub(crate) async fn stop(self) -> Result<()> {
         self.plugin.shutdown().await.map_err(Error::from)
     }
 }
@@ -278,7 +279,7 @@ impl BenchNode {
 /// The kubelet's side of the plugin's sockets, with the benchmarks' rule on top of the
 /// kubelet's: every claim must be prepared with at least one device.
 #[derive(Clone)]
-pub struct Kubelet {
+pub(crate) struct Kubelet {
     plugin: RegisteredPlugin,
 }
 
@@ -288,7 +289,7 @@ impl Kubelet {
     ///
     /// # Errors
     /// A socket cannot be dialled, a call fails, or the registration is refused.
-    pub async fn connect(config: &PluginConfig) -> Result<Self> {
+    pub(crate) async fn connect(config: &PluginConfig) -> Result<Self> {
         let client = KubeletClient::new().call_timeout(None);
         let plugin = client.register(&config.registration_socket).await?;
         Ok(Kubelet { plugin })
@@ -298,7 +299,7 @@ impl Kubelet {
     ///
     /// # Errors
     /// The call fails or breaks the kubelet's rules, or a claim has an error or no device.
-    pub async fn prepare(&self, claims: &[Claim]) -> Result<()> {
+    pub(crate) async fn prepare(&self, claims: &[Claim]) -> Result<()> {
         let answer = self.plugin.prepare_response(claims).await?;
         for (uid, outcome) in answer.outcomes() {
             match outcome {
@@ -314,7 +315,7 @@ impl Kubelet {
     ///
     /// # Errors
     /// The call fails or breaks the kubelet's rules, or a claim has an error.
-    pub async fn unprepare(&self, claims: &[Claim]) -> Result<()> {
+    pub(crate) async fn unprepare(&self, claims: &[Claim]) -> Result<()> {
         let answer = self.plugin.unprepare_response(claims).await?;
         answer.all_unprepared()?;
         Ok(())
@@ -325,7 +326,7 @@ impl Kubelet {
     ///
     /// # Errors
     /// The call fails.
-    pub async fn empty_prepare(&self) -> Result<()> {
+    pub(crate) async fn empty_prepare(&self) -> Result<()> {
         self.plugin.prepare_response(&[]).await?;
         Ok(())
     }

@@ -235,7 +235,7 @@ pub(crate) async fn timed<F: Future<Output = Result<()>>>(f: F) -> Result<Durati
 ///
 /// # Errors
 /// A node cannot be set up, the fake GPU tools cannot run, or a call fails.
-pub async fn prepare(options: &BenchOptions) -> Result<Summary> {
+pub(crate) async fn prepare(options: &BenchOptions) -> Result<Summary> {
     let plain = plain_prepares(options).await?;
     let mps = mps_prepares(options).await?;
     Ok(prepare_summary(&plain, &mps))
@@ -661,7 +661,10 @@ pub enum SpecLayout {
 ///
 /// # Errors
 /// The node cannot be set up or a call fails.
-pub async fn prepare_parallel(options: &BenchOptions, layout: SpecLayout) -> Result<Summary> {
+pub(crate) async fn prepare_parallel(
+    options: &BenchOptions,
+    layout: SpecLayout,
+) -> Result<Summary> {
     let node_cdi_dir = (layout == SpecLayout::Node).then_some(options.node_cdi_dir.as_path());
     let setup = start_node(&options.work_dir, node_cdi_dir, None).await?;
     let sizes = warm_up(&setup.node, &setup.kubelet).await?;

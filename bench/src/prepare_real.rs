@@ -97,7 +97,7 @@ fn gets_of_series(fake: &FakeApi, series: u64) -> usize {
 
 /// What the plugin's claim cache did, as the API server saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheUse {
+pub(crate) enum CacheUse {
     /// No list or watch of ResourceClaims came: the plugin has no claim cache, every prepare
     /// GETs its claim.
     NotUsed,
@@ -110,7 +110,7 @@ pub enum CacheUse {
 
 impl CacheUse {
     /// The figure's value.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             CacheUse::NotUsed => "not_used",
             CacheUse::Hit => "hit",
@@ -476,7 +476,7 @@ async fn run(options: &BenchOptions, variant: Variant) -> Result<RealRuns> {
 ///
 /// # Errors
 /// The node or the API server cannot be set up, or a call fails.
-pub async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
+pub(crate) async fn prepare_real(options: &BenchOptions) -> Result<Summary> {
     let main = run(options, MAIN).await?;
     let mut tail = Vec::with_capacity(TAIL.len());
     for variant in TAIL {

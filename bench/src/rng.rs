@@ -6,29 +6,29 @@ use kerf_core::rng::SeededRng;
 
 /// A seeded sequence with the benchmarks' mapping to a range.
 #[derive(Debug, Clone)]
-pub struct Rng(SeededRng);
+pub(crate) struct Rng(SeededRng);
 
 impl Rng {
     /// A generator seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
+    pub(crate) fn new(seed: u64) -> Self {
         Rng(SeededRng::new(seed))
     }
 
     /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0.next_u64()
     }
 
     /// A number in `0..n` (0 when `n` is 0), by multiply-shift: no modulo bias worth
     /// mentioning for the small `n` used here. (Not [`SeededRng::below`], which takes the
     /// modulo: the workloads and their figures were drawn with this mapping.)
-    pub fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         let wide = u128::from(self.next_u64()) * u128::from(n);
         u64::try_from(wide >> 64).unwrap_or(0)
     }
 
     /// An index into a slice of `len` elements (0 for an empty one).
-    pub fn index(&mut self, len: usize) -> usize {
+    pub(crate) fn index(&mut self, len: usize) -> usize {
         usize::try_from(self.below(len as u64)).unwrap_or(0)
     }
 }

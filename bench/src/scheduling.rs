@@ -43,7 +43,7 @@ use crate::sys;
 use crate::{BenchOptions, Result};
 
 /// Rounds of each phase on small clusters.
-pub const ROUNDS: usize = 3;
+pub(crate) const ROUNDS: usize = 3;
 /// Above this many nodes, two rounds (one in each order): a 500-node round takes minutes.
 const LARGE_CLUSTER: usize = 64;
 /// How long a phase may take before the benchmark gives up: this, plus [`PHASE_PER_POD`]
@@ -179,7 +179,7 @@ impl Measured {
 ///
 /// # Errors
 /// The simulated cluster does not start, or a phase does not finish in time.
-pub async fn scheduling(options: &BenchOptions) -> Result<Summary> {
+pub(crate) async fn scheduling(options: &BenchOptions) -> Result<Summary> {
     let nodes = options.scheduling_nodes;
     let pods = options.scheduling_pods;
     let mut config = SimConfig::new(h100_nodes(nodes), options.seed);

@@ -4,30 +4,31 @@ use std::time::Duration;
 
 /// A set of measured durations, sorted once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Samples {
+pub(crate) struct Samples {
     sorted: Vec<Duration>,
 }
 
 impl Samples {
     /// Sorts `samples`.
-    pub fn new(mut samples: Vec<Duration>) -> Self {
+    pub(crate) fn new(mut samples: Vec<Duration>) -> Self {
         samples.sort_unstable();
         Samples { sorted: samples }
     }
 
     /// Number of samples.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.sorted.len()
     }
 
     /// True when nothing was measured.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.sorted.is_empty()
     }
 
     /// The nearest-rank percentile `p` (0–100): the smallest sample that at least `p` percent
     /// of the samples do not exceed. Zero for no samples.
-    pub fn percentile(&self, p: f64) -> Duration {
+    pub(crate) fn percentile(&self, p: f64) -> Duration {
         self.sorted
             .get(nearest_rank_index(self.sorted.len(), p))
             .copied()
@@ -35,39 +36,39 @@ impl Samples {
     }
 
     /// The median.
-    pub fn p50(&self) -> Duration {
+    pub(crate) fn p50(&self) -> Duration {
         self.percentile(50.0)
     }
 
     /// The 99th percentile.
-    pub fn p99(&self) -> Duration {
+    pub(crate) fn p99(&self) -> Duration {
         self.percentile(99.0)
     }
 
     /// The largest sample.
-    pub fn max(&self) -> Duration {
+    pub(crate) fn max(&self) -> Duration {
         self.sorted.last().copied().unwrap_or_default()
     }
 
     /// The sum of the samples.
-    pub fn total(&self) -> Duration {
+    pub(crate) fn total(&self) -> Duration {
         self.sorted.iter().sum()
     }
 
     /// `p50 <ms> ms  p99 <ms> ms`, as the benchmarks' detail lines print a case.
-    pub fn p50_p99_ms(&self) -> String {
+    pub(crate) fn p50_p99_ms(&self) -> String {
         format!("p50 {} ms  p99 {} ms", ms(self.p50()), ms(self.p99()))
     }
 
     /// `p50 <ms> ms  p99 <ms> ms  max <ms> ms`.
-    pub fn p50_p99_max_ms(&self) -> String {
+    pub(crate) fn p50_p99_max_ms(&self) -> String {
         format!("{}  max {} ms", self.p50_p99_ms(), ms(self.max()))
     }
 }
 
 /// Index into `n` sorted samples of the nearest-rank percentile `p`: rank `ceil(p/100 * n)`,
 /// at least 1.
-pub fn nearest_rank_index(n: usize, p: f64) -> usize {
+pub(crate) fn nearest_rank_index(n: usize, p: f64) -> usize {
     if n == 0 {
         return 0;
     }
@@ -83,22 +84,22 @@ pub fn nearest_rank_index(n: usize, p: f64) -> usize {
 }
 
 /// Milliseconds with three decimals, e.g. `0.812`.
-pub fn ms(d: Duration) -> String {
+pub(crate) fn ms(d: Duration) -> String {
     format!("{:.3}", d.as_secs_f64() * 1e3)
 }
 
 /// Microseconds with one decimal, e.g. `41.7`.
-pub fn us(d: Duration) -> String {
+pub(crate) fn us(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e6)
 }
 
 /// `a / b` with two decimals; `inf` when `b` is zero.
-pub fn ratio(a: Duration, b: Duration) -> String {
+pub(crate) fn ratio(a: Duration, b: Duration) -> String {
     ratio_f(a.as_secs_f64(), b.as_secs_f64())
 }
 
 /// `a / b` with two decimals; `inf` when `b` is zero.
-pub fn ratio_f(a: f64, b: f64) -> String {
+pub(crate) fn ratio_f(a: f64, b: f64) -> String {
     if b == 0.0 {
         "inf".to_owned()
     } else {
@@ -107,12 +108,12 @@ pub fn ratio_f(a: f64, b: f64) -> String {
 }
 
 /// A share as percent with one decimal, e.g. `87.5`.
-pub fn percent(share: f64) -> String {
+pub(crate) fn percent(share: f64) -> String {
     format!("{:.1}", share * 100.0)
 }
 
 /// Bytes as MiB with one decimal.
-pub fn mib(bytes: u64) -> String {
+pub(crate) fn mib(bytes: u64) -> String {
     #[allow(clippy::cast_precision_loss)] // Memory sizes are far below 2^52.
     let mib = bytes as f64 / f64::from(1u32 << 20);
     format!("{mib:.1}")

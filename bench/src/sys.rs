@@ -10,7 +10,7 @@ use crate::{Error, Result};
 ///
 /// # Errors
 /// The status file cannot be read or has no `VmRSS` line.
-pub fn rss_bytes(pid: Option<u32>) -> Result<u64> {
+pub(crate) fn rss_bytes(pid: Option<u32>) -> Result<u64> {
     let path = match pid {
         Some(pid) => PathBuf::from(format!("/proc/{pid}/status")),
         None => PathBuf::from("/proc/self/status"),
@@ -26,7 +26,7 @@ pub fn rss_bytes(pid: Option<u32>) -> Result<u64> {
 }
 
 /// The `VmRSS:   1234 kB` line of a status file, in bytes.
-pub fn parse_vm_rss(status: &str) -> Option<u64> {
+pub(crate) fn parse_vm_rss(status: &str) -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let mut parts = line["VmRSS:".len()..].split_whitespace();
     let value: u64 = parts.next()?.parse().ok()?;
@@ -41,7 +41,7 @@ pub fn parse_vm_rss(status: &str) -> Option<u64> {
 ///
 /// # Errors
 /// The stat file cannot be read or parsed.
-pub fn cpu_time() -> Result<Duration> {
+pub(crate) fn cpu_time() -> Result<Duration> {
     let path = Path::new("/proc/self/stat");
     let text = std::fs::read_to_string(path).map_err(|e| Error::io("read", path, e))?;
     parse_cpu_time(&text).ok_or_else(|| {
@@ -56,7 +56,7 @@ pub fn cpu_time() -> Result<Duration> {
 /// `utime + stime` of a `/proc/<pid>/stat` line (fields 14 and 15, after the parenthesised
 /// command name, which may contain spaces), in clock ticks of `USER_HZ`, which the kernel
 /// fixes at 100 per second for this interface.
-pub fn parse_cpu_time(stat: &str) -> Option<Duration> {
+pub(crate) fn parse_cpu_time(stat: &str) -> Option<Duration> {
     const USER_HZ: u64 = 100;
     let after_name = &stat[stat.rfind(')')? + 1..];
     // Field 3 (state) is the first after the name: utime and stime are fields 14 and 15.
@@ -71,7 +71,7 @@ pub fn parse_cpu_time(stat: &str) -> Option<Duration> {
 ///
 /// # Errors
 /// `path` cannot be resolved or the mount table cannot be read.
-pub fn fs_type(path: &Path) -> Result<String> {
+pub(crate) fn fs_type(path: &Path) -> Result<String> {
     let path = path
         .canonicalize()
         .map_err(|e| Error::io("resolve", path, e))?;
@@ -82,7 +82,7 @@ pub fn fs_type(path: &Path) -> Result<String> {
 }
 
 /// [`fs_type`] over the text of a mount table.
-pub fn fs_type_in(mounts: &str, path: &Path) -> Option<String> {
+pub(crate) fn fs_type_in(mounts: &str, path: &Path) -> Option<String> {
     mounts
         .lines()
         .filter_map(|line| {
@@ -118,7 +118,7 @@ fn unescape_mount_field(field: &str) -> PathBuf {
 }
 
 /// File systems that keep everything in memory: fsync on them is free.
-pub fn is_memory_fs(fs_type: &str) -> bool {
+pub(crate) fn is_memory_fs(fs_type: &str) -> bool {
     matches!(fs_type, "tmpfs" | "ramfs" | "devtmpfs")
 }
 

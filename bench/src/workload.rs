@@ -14,7 +14,7 @@ const GI: u64 = 1 << 30;
 
 /// Shares of the claim shapes, in percent of claims; they add up to 100.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mix {
+pub(crate) struct Mix {
     /// One slice of one GPU.
     pub slice: u32,
     /// One whole GPU.
@@ -38,13 +38,13 @@ impl Default for Mix {
 }
 
 /// Slice memory sizes drawn uniformly: 5Gi to 40Gi in steps of 5Gi.
-pub const SLICE_MEMORY_GI: [u64; 8] = [5, 10, 15, 20, 25, 30, 35, 40];
+pub(crate) const SLICE_MEMORY_GI: [u64; 8] = [5, 10, 15, 20, 25, 30, 35, 40];
 /// Slice compute shares drawn uniformly, in percent.
-pub const SLICE_COMPUTE_PERCENT: [u8; 5] = [10, 20, 30, 40, 50];
+pub(crate) const SLICE_COMPUTE_PERCENT: [u8; 5] = [10, 20, 30, 40, 50];
 
 /// What one claim asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Shape {
+pub(crate) enum Shape {
     /// One slice.
     Slice(SliceSize),
     /// `count` whole GPUs, in one NVLink domain when `count` > 1.
@@ -56,7 +56,7 @@ pub enum Shape {
 
 impl Shape {
     /// The claim's request, with `policy` for choosing among GPUs and nodes.
-    pub fn request(self, policy: Policy) -> DeviceRequest {
+    pub(crate) fn request(self, policy: Policy) -> DeviceRequest {
         let mut request = match self {
             Shape::Slice(size) => {
                 let mut r = DeviceRequest::slices("gpu", 1, size);
@@ -76,7 +76,7 @@ impl Shape {
     }
 
     /// A pod with one claim of this shape keyed `key`.
-    pub fn pod(self, key: String, policy: Policy) -> PodRequest {
+    pub(crate) fn pod(self, key: String, policy: Policy) -> PodRequest {
         PodRequest {
             claims: vec![ClaimRequest {
                 key,
@@ -88,14 +88,14 @@ impl Shape {
 
 /// The seeded stream of claim shapes.
 #[derive(Debug, Clone)]
-pub struct Workload {
+pub(crate) struct Workload {
     rng: Rng,
     mix: Mix,
 }
 
 impl Workload {
     /// The stream for `seed` with mix `mix`.
-    pub fn new(seed: u64, mix: Mix) -> Self {
+    pub(crate) fn new(seed: u64, mix: Mix) -> Self {
         Workload {
             rng: Rng::new(seed),
             mix,
@@ -103,7 +103,7 @@ impl Workload {
     }
 
     /// The next claim's shape.
-    pub fn next_shape(&mut self) -> Shape {
+    pub(crate) fn next_shape(&mut self) -> Shape {
         let total =
             self.mix.slice + self.mix.whole_one + self.mix.nvlink_two + self.mix.nvlink_four;
         let roll = u32::try_from(self.rng.below(u64::from(total.max(1)))).unwrap_or(0);
@@ -127,7 +127,7 @@ impl Workload {
 }
 
 /// A claim UID in RFC 4122 form, unique per `n`.
-pub fn claim_uid(n: u64) -> String {
+pub(crate) fn claim_uid(n: u64) -> String {
     format!(
         "{:08x}-{:04x}-4{:03x}-8{:03x}-{:012x}",
         n & 0xffff_ffff,
@@ -139,7 +139,7 @@ pub fn claim_uid(n: u64) -> String {
 }
 
 /// Node `n`'s name.
-pub fn node_name(n: usize) -> String {
+pub(crate) fn node_name(n: usize) -> String {
     format!("node-{n:04}")
 }
 
@@ -147,7 +147,7 @@ pub fn node_name(n: usize) -> String {
 ///
 /// # Errors
 /// The profile is not a mock profile.
-pub fn cluster(nodes: usize, profile: &str) -> Result<(Index, Inventory)> {
+pub(crate) fn cluster(nodes: usize, profile: &str) -> Result<(Index, Inventory)> {
     let inventory = kerf_core::mock::from_spec(profile)?;
     let mut index = Index::new();
     for n in 0..nodes {

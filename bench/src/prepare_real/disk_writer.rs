@@ -41,7 +41,7 @@ impl DiskWriter {
     ///
     /// # Errors
     /// The log cannot be created.
-    pub fn start(dir: &Path) -> Result<Self> {
+    pub(super) fn start(dir: &Path) -> Result<Self> {
         let path = dir.join("disk-writer.log");
         let file = OpenOptions::new()
             .create(true)
@@ -63,7 +63,7 @@ impl DiskWriter {
     ///
     /// # Errors
     /// A write failed, or the thread panicked.
-    pub fn stop(self) -> Result<Written> {
+    pub(super) fn stop(self) -> Result<Written> {
         self.stop.store(true, Ordering::Relaxed);
         let records = self
             .thread

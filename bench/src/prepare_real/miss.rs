@@ -90,7 +90,7 @@ pub(super) struct Allocator {
 impl Allocator {
     /// The writers of `fake`: the cluster admin for kube-scheduler, kerf-controller's
     /// ServiceAccount for the controller.
-    pub fn new(fake: &FakeApi) -> Self {
+    pub(super) fn new(fake: &FakeApi) -> Self {
         Allocator {
             scheduler: Api::namespaced(fake.client(), NAMESPACE),
             controller: Api::namespaced(fake.client_as(Identity::kerf_controller()), NAMESPACE),
@@ -101,7 +101,7 @@ impl Allocator {
     ///
     /// # Errors
     /// The API server refuses the write.
-    pub async fn allocate(&self, claim: &MissClaim, writer: Writer) -> Result<()> {
+    pub(super) async fn allocate(&self, claim: &MissClaim, writer: Writer) -> Result<()> {
         let name = &claim.claim.name;
         let failed = |e: kube::Error| {
             Error::Workload(format!(

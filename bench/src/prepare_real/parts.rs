@@ -30,7 +30,7 @@ pub(super) struct Sizes {
 impl Sizes {
     /// The sizes of the files of `claim`, which the plugin configured by `config` holds
     /// prepared (and no other claim, so the checkpoint is a one-claim checkpoint).
-    pub fn of_prepared(config: &PluginConfig, claim: &Claim) -> Result<Self> {
+    pub(super) fn of_prepared(config: &PluginConfig, claim: &Claim) -> Result<Self> {
         let metadata_dir = config
             .checkpoint_file
             .parent()
@@ -46,7 +46,7 @@ impl Sizes {
     }
 
     /// Bytes of the files written without fsync: the spec and the metadata files.
-    pub fn plain_bytes(&self) -> usize {
+    pub(super) fn plain_bytes(&self) -> usize {
         self.spec + self.metadata.iter().map(|(_, size)| size).sum::<usize>()
     }
 }
@@ -85,7 +85,7 @@ pub(super) struct Floor {
 
 impl Floor {
     /// Writes go to `dir`; `claims` are the labelled claims, by (namespace, name).
-    pub fn new(
+    pub(super) fn new(
         dir: &Path,
         sizes: &Sizes,
         claims: impl IntoIterator<Item = ((String, String), ResourceClaim)>,
@@ -97,7 +97,7 @@ impl Floor {
     }
 
     /// Claims in the lookup map.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.claims.len()
     }
 
@@ -139,7 +139,12 @@ pub(super) struct Parts {
 impl Parts {
     /// The checkpoint and metadata writes go to `dir`, the spec's to `spec_dir` (on the file
     /// systems of the plugin's); GETs through `client`.
-    pub fn new(dir: &Path, spec_dir: &Path, sizes: &Sizes, client: &kube::Client) -> Result<Self> {
+    pub(super) fn new(
+        dir: &Path,
+        spec_dir: &Path,
+        sizes: &Sizes,
+        client: &kube::Client,
+    ) -> Result<Self> {
         Ok(Parts {
             checkpoint: FloorWrites::new(dir, "part-checkpoint", &[sizes.checkpoint])?,
             plain: PlainWrites::new(&dir.join("plain"), spec_dir, sizes)?,
@@ -252,7 +257,7 @@ pub(super) struct PartRuns {
 impl PartRuns {
     /// The miss path's floor, sample by sample: the GET and the floor measured in the same
     /// round, added.
-    pub fn miss_floor(&self) -> Vec<Duration> {
+    pub(super) fn miss_floor(&self) -> Vec<Duration> {
         self.api
             .iter()
             .zip(&self.floor)
