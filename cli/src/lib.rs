@@ -7,7 +7,7 @@
 //!   claims allocated on them (or from saved YAML).
 
 pub mod demo;
-pub mod error;
+mod error;
 pub mod inventory;
 pub mod status;
 
