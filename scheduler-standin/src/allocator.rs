@@ -40,10 +40,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
 use crate::allocated::{AllocatedState, DeviceId, new_share_id};
-use crate::capacity::{self, Amounts};
+use crate::capacity::{self, Amounts, Requested};
 use crate::cel::CelCache;
 use crate::constraints::Constraint;
 use crate::pods::{claim_key, node_selector_matches, tainted};
+use crate::prepared::DeviceFacts;
 use crate::snapshot::Snapshot;
 use kerf_api::counters::{self, Counters};
 
@@ -61,20 +62,11 @@ pub struct Allocator {
 /// Most search steps one node may take before the attempt fails.
 pub const MAX_STEPS: usize = 200_000;
 
-/// A resource pool: (driver, pool name).
-pub(crate) type PoolId = (String, String);
-
-/// A pool's slices of its newest generation.
-#[derive(Clone)]
-pub(crate) struct Pool<'a> {
-    slices: Vec<&'a ResourceSlice>,
-    complete: bool,
-}
-
 /// A device a request's selectors accept on this node.
 struct Candidate<'a> {
-    id: DeviceId,
-    pool: PoolId,
+    facts: &'a DeviceFacts,
+    /// The device's pool: its position in the snapshot's prepared pools.
+    pool: usize,
     device: &'a Device,
     node_local: bool,
 }
@@ -84,6 +76,7 @@ struct Request<'a> {
     claim: usize,
     name: &'a str,
     exactly: &'a ExactDeviceRequest,
+    requested: Requested<'a>,
     class: &'a DeviceClass,
     all: bool,
     count: usize,
@@ -91,131 +84,67 @@ struct Request<'a> {
 }
 
 /// One device chosen for a request.
-struct Chosen {
-    request: String,
-    id: DeviceId,
+struct Chosen<'a> {
+    request: &'a str,
+    id: &'a DeviceId,
     node_local: bool,
     share_id: Option<String>,
     consumed: Option<BTreeMap<String, Quantity>>,
 }
 
 /// What one successful [`Search::allocate_device`] changed, to take it back.
-struct Undo {
+struct Undo<'a> {
     claim: usize,
-    request: String,
-    shared: Option<(DeviceId, Amounts)>,
-    exclusive: Option<DeviceId>,
-    counters: Option<(PoolId, Counters)>,
+    request: &'a str,
+    shared: Option<(&'a DeviceId, Amounts)>,
+    exclusive: Option<&'a DeviceId>,
+    counters: Option<(usize, Counters)>,
 }
 
 /// The state of one node's search.
 struct Search<'a> {
+    snapshot: &'a Snapshot,
     state: &'a AllocatedState,
-    pools: BTreeMap<PoolId, Pool<'a>>,
-    available: HashMap<PoolId, Counters>,
+    available: HashMap<usize, Counters>,
     requests: Vec<Request<'a>>,
-    constraints: Vec<Vec<Constraint>>,
-    exclusive: HashSet<DeviceId>,
-    capacity: HashMap<DeviceId, Amounts>,
-    counters: HashMap<PoolId, Counters>,
-    results: Vec<Vec<Chosen>>,
+    constraints: Vec<Vec<Constraint<'a>>>,
+    exclusive: HashSet<&'a DeviceId>,
+    capacity: HashMap<&'a DeviceId, Amounts>,
+    counters: HashMap<usize, Counters>,
+    results: Vec<Vec<Chosen<'a>>>,
     steps: usize,
-}
-
-/// Every pool's slices of its newest generation, with whether all of them are there.
-pub(crate) fn current_pools(snapshot: &Snapshot) -> BTreeMap<PoolId, Pool<'_>> {
-    let mut pools: BTreeMap<PoolId, Pool<'_>> = BTreeMap::new();
-    for slice in &snapshot.slices {
-        let id = (slice.spec.driver.clone(), slice.spec.pool.name.clone());
-        let pool = pools.entry(id).or_insert(Pool {
-            slices: Vec::new(),
-            complete: false,
-        });
-        match pool.slices.first().map(|s| s.spec.pool.generation) {
-            Some(generation) if generation > slice.spec.pool.generation => continue,
-            Some(generation) if generation < slice.spec.pool.generation => pool.slices.clear(),
-            _ => {}
-        }
-        pool.slices.push(slice);
-    }
-    for pool in pools.values_mut() {
-        pool.complete = pool.slices.first().is_some_and(|s| {
-            i64::try_from(pool.slices.len()).is_ok_and(|n| n == s.spec.pool.resource_slice_count)
-        });
-    }
-    pools
-}
-
-/// The pools a node may see, found without looking at every pool for every node: a pool whose
-/// slices all name one node (`nodeName`) is that node's alone; every other pool (`allNodes`,
-/// a `nodeSelector`, per-device node selection) is a candidate for every node. Filter uses
-/// it so that one pass over N nodes does not read N × N slices.
-pub(crate) struct PoolsByNode<'p, 'a> {
-    pools: &'p BTreeMap<PoolId, Pool<'a>>,
-    by_node: HashMap<&'a str, Vec<&'p PoolId>>,
-    everywhere: Vec<&'p PoolId>,
-}
-
-impl<'p, 'a> PoolsByNode<'p, 'a> {
-    pub(crate) fn new(pools: &'p BTreeMap<PoolId, Pool<'a>>) -> Self {
-        let mut by_node: HashMap<&'a str, Vec<&'p PoolId>> = HashMap::new();
-        let mut everywhere = Vec::new();
-        for (id, pool) in pools {
-            let node = pool
-                .slices
-                .first()
-                .and_then(|s| s.spec.node_name.as_deref());
-            let one_node = node.filter(|name| {
-                pool.slices.iter().all(|s| {
-                    s.spec.node_name.as_deref() == Some(*name)
-                        && s.spec.per_device_node_selection != Some(true)
-                })
-            });
-            match one_node {
-                Some(name) => by_node.entry(name).or_default().push(id),
-                None => everywhere.push(id),
-            }
-        }
-        Self {
-            pools,
-            by_node,
-            everywhere,
-        }
-    }
-
-    /// The pools `node` may see, in pool order.
-    pub(crate) fn for_node(&self, node: &str) -> BTreeMap<PoolId, Pool<'a>> {
-        self.by_node
-            .get(node)
-            .into_iter()
-            .flatten()
-            .chain(&self.everywhere)
-            .filter_map(|id| self.pools.get(*id).map(|p| ((*id).clone(), p.clone())))
-            .collect()
-    }
 }
 
 /// `NodeMatches`: by name, all nodes, or a node selector.
 fn node_matches(
     node: &Node,
+    node_name: &str,
     name: Option<&String>,
     all: Option<bool>,
     selector: Option<&NodeSelector>,
 ) -> bool {
     match (name, all, selector) {
-        (Some(name), _, _) => *name == node.name_any(),
+        (Some(name), _, _) => name == node_name,
         (None, Some(true), _) => true,
         (None, _, Some(selector)) => node_selector_matches(selector, node),
         _ => false,
     }
 }
 
+/// The node a search runs for, with its name read once.
+struct OnNode<'n> {
+    node: &'n Node,
+    name: String,
+}
+
 impl Allocator {
-    /// The devices `class` and `exactly` select on `node`, in pool/slice/device order.
+    /// The devices `class` and `exactly` select on `node` among `pools` (positions in the
+    /// snapshot's prepared pools), in pool/slice/device order.
     fn candidates<'a>(
         &mut self,
-        pools: &BTreeMap<PoolId, Pool<'a>>,
-        node: &Node,
+        snapshot: &'a Snapshot,
+        pools: &[usize],
+        node: &OnNode<'_>,
         class: &DeviceClass,
         exactly: &ExactDeviceRequest,
     ) -> Result<Vec<Candidate<'a>>, String> {
@@ -227,22 +156,26 @@ impl Allocator {
             .chain(exactly.selectors.iter().flatten())
             .filter_map(|s| s.cel.as_ref().map(|c| c.expression.as_str()))
             .collect();
+        let prepared = snapshot.prepared();
         let mut candidates = Vec::new();
-        for (pool_id, pool) in pools.iter().filter(|(_, p)| p.complete) {
-            for slice in pool.slices.iter().copied() {
-                let spec = &slice.spec;
+        for &pool in pools.iter().filter(|p| prepared.pools[**p].complete) {
+            for &at in &prepared.pools[pool].slices {
+                let spec = &snapshot.slices[at].spec;
                 let per_device = spec.per_device_node_selection == Some(true);
                 let slice_local = node_matches(
-                    node,
+                    node.node,
+                    &node.name,
                     spec.node_name.as_ref(),
                     spec.all_nodes,
                     spec.node_selector.as_ref(),
                 );
-                'devices: for device in spec.devices.iter().flatten() {
+                let devices = spec.devices.iter().flatten().zip(&prepared.devices[at]);
+                'devices: for (device, facts) in devices {
                     let (local, node_local) = if per_device {
                         let name = device.node_name.as_ref();
                         let local = node_matches(
-                            node,
+                            node.node,
+                            &node.name,
                             name,
                             device.all_nodes,
                             device.node_selector.as_ref(),
@@ -255,29 +188,25 @@ impl Allocator {
                         continue;
                     }
                     for expression in &expressions {
-                        let matched =
-                            self.cel
-                                .matches(expression, device, &spec.driver)
-                                .map_err(|e| {
-                                    format!(
-                                        "class {}: device {}/{}/{}: {e}",
-                                        class.name_any(),
-                                        spec.driver,
-                                        spec.pool.name,
-                                        device.name
-                                    )
-                                })?;
+                        let matched = facts
+                            .cel_value(device, &spec.driver)
+                            .and_then(|value| self.cel.matches_value(expression, value))
+                            .map_err(|e| {
+                                format!(
+                                    "class {}: device {}/{}/{}: {e}",
+                                    class.name_any(),
+                                    spec.driver,
+                                    spec.pool.name,
+                                    device.name
+                                )
+                            })?;
                         if !matched {
                             continue 'devices;
                         }
                     }
                     candidates.push(Candidate {
-                        id: (
-                            spec.driver.clone(),
-                            spec.pool.name.clone(),
-                            device.name.clone(),
-                        ),
-                        pool: pool_id.clone(),
+                        facts,
+                        pool,
                         device,
                         node_local,
                     });
@@ -302,19 +231,22 @@ impl Allocator {
         claims: &[&ResourceClaim],
         state: &AllocatedState,
     ) -> Result<Option<Vec<AllocationResult>>, String> {
-        self.allocate_in(snapshot, current_pools(snapshot), node, claims, state)
+        self.allocate_in(snapshot, node, claims, state)
     }
 
-    /// [`Self::allocate_on_node`] with the pools `node` may see, read from `snapshot` by the
-    /// caller.
+    /// [`Self::allocate_on_node`], for Filter's pass over every node.
     pub(crate) fn allocate_in<'a>(
         &mut self,
         snapshot: &'a Snapshot,
-        pools: BTreeMap<PoolId, Pool<'a>>,
         node: &Node,
-        claims: &[&ResourceClaim],
-        state: &AllocatedState,
+        claims: &[&'a ResourceClaim],
+        state: &'a AllocatedState,
     ) -> Result<Option<Vec<AllocationResult>>, String> {
+        let node = OnNode {
+            node,
+            name: node.name_any(),
+        };
+        let pools = snapshot.prepared().pools_for(&node.name);
         let mut requests = Vec::new();
         let mut constraints = Vec::new();
         for (index, claim) in claims.iter().enumerate() {
@@ -340,11 +272,13 @@ impl Allocator {
                 let Some(class) = snapshot.classes.get(&exactly.device_class_name) else {
                     return Ok(None);
                 };
-                let candidates = self.candidates(&pools, node, class, exactly)?;
+                let candidates = self.candidates(snapshot, &pools, &node, class, exactly)?;
+                let wanted = exactly.capacity.as_ref().and_then(|c| c.requests.as_ref());
                 requests.push(Request {
                     claim: index,
                     name: &request.name,
                     exactly,
+                    requested: Requested::new(wanted),
                     class,
                     all: exactly.allocation_mode.as_deref() == Some("All"),
                     count: usize::try_from(exactly.count.unwrap_or(1)).unwrap_or(0),
@@ -353,8 +287,8 @@ impl Allocator {
             }
         }
         let mut search = Search {
+            snapshot,
             state,
-            pools,
             available: HashMap::new(),
             requests,
             constraints,
@@ -368,29 +302,26 @@ impl Allocator {
         if !search.allocate_one(0, 0, 0)? {
             return Ok(None);
         }
-        Ok(Some(search.into_results(claims, &node.name_any())))
+        Ok(Some(search.into_results(claims, &node.name)))
     }
 }
 
-impl Search<'_> {
+impl<'a> Search<'a> {
     /// `validateDeviceRequest` for `allocationMode: All`: keep the candidates whose capacity
     /// check passes against what is allocated already.
     fn narrow_all_requests(&mut self) -> Result<(), String> {
         for request in self.requests.iter_mut().filter(|r| r.all) {
-            let wanted = request
-                .exactly
-                .capacity
-                .as_ref()
-                .and_then(|c| c.requests.as_ref());
             let mut kept = Vec::new();
             for candidate in request.candidates.drain(..) {
-                let consumed = capacity::request_consumption(wanted, candidate.device)?;
+                let (device, facts) = (candidate.device, candidate.facts);
+                let consumed = capacity::request_consumption(&request.requested, device, facts)?;
                 if let Some(consumed) = consumed
                     && capacity::fits(
                         &consumed,
-                        self.state.consumed(&candidate.id),
+                        self.state.consumed(&facts.id),
                         None,
-                        candidate.device,
+                        device,
+                        facts,
                     )?
                 {
                     kept.push(candidate);
@@ -448,16 +379,18 @@ impl Search<'_> {
     }
 
     /// The pool's counters left after its allocated devices, computed once per attempt.
-    fn available(&mut self, pool: &PoolId) -> Result<&Counters, String> {
-        if !self.available.contains_key(pool) {
-            let slices = self
+    fn available(&mut self, pool: usize) -> Result<&Counters, String> {
+        if !self.available.contains_key(&pool) {
+            let snapshot = self.snapshot;
+            let slices: Vec<&ResourceSlice> = snapshot
+                .prepared()
                 .pools
                 .get(pool)
-                .map(|p| p.slices.as_slice())
+                .map(|p| p.slices.iter().map(|s| &*snapshot.slices[*s]).collect())
                 .unwrap_or_default();
             let state = self.state;
             let available = counters::available(
-                slices,
+                &slices,
                 |slice, device| {
                     state.is_allocated(&(
                         slice.spec.driver.clone(),
@@ -467,9 +400,9 @@ impl Search<'_> {
                 },
                 &capacity::amount,
             )?;
-            self.available.insert(pool.clone(), available);
+            self.available.insert(pool, available);
         }
-        Ok(&self.available[pool])
+        Ok(&self.available[&pool])
     }
 
     /// `allocateDevice`: candidate `index` of request `request`, if it can be taken.
@@ -480,37 +413,29 @@ impl Search<'_> {
         request: usize,
         index: usize,
         must: bool,
-    ) -> Result<Option<Undo>, String> {
+    ) -> Result<Option<Undo<'a>>, String> {
         let current = &self.requests[request];
         let (claim, name, exactly) = (current.claim, current.name, current.exactly);
         let candidate = &current.candidates[index];
-        let (id, pool, device) = (
-            candidate.id.clone(),
-            candidate.pool.clone(),
-            candidate.device,
-        );
+        let (facts, pool, device) = (candidate.facts, candidate.pool, candidate.device);
+        let id = &facts.id;
         let node_local = candidate.node_local;
         let shareable = device.allow_multiple_allocations == Some(true);
-        if self.state.exclusive(&id) || self.exclusive.contains(&id) {
+        if self.state.exclusive(id) || self.exclusive.contains(id) {
             return Ok(None);
         }
         if tainted(device, exactly.tolerations.as_deref().unwrap_or_default()) {
             return Ok(None);
         }
-        let wanted = exactly.capacity.as_ref().and_then(|c| c.requests.as_ref());
-        let Some(consumed) = capacity::request_consumption(wanted, device)? else {
+        let Some(consumed) = capacity::request_consumption(&current.requested, device, facts)?
+        else {
             return Ok(None);
         };
-        if !capacity::fits(
-            &consumed,
-            self.state.consumed(&id),
-            self.capacity.get(&id),
-            device,
-        )? {
+        let existing = self.state.consumed(id);
+        if !capacity::fits(&consumed, existing, self.capacity.get(id), device, facts)? {
             return Ok(None);
         }
-        let skip_counters =
-            shareable && (self.state.consumed(&id).is_some() || self.capacity.contains_key(&id));
+        let skip_counters = shareable && (existing.is_some() || self.capacity.contains_key(id));
         let mut taken_counters = None;
         if !skip_counters
             && device
@@ -518,14 +443,9 @@ impl Search<'_> {
                 .as_ref()
                 .is_some_and(|c| !c.is_empty())
         {
-            let mine = counters::consumption(device, &capacity::amount)?;
-            let mut total = self.counters.get(&pool).cloned().unwrap_or_default();
-            for (key, value) in &mine {
-                *total.entry(key.clone()).or_insert(0) += value;
-            }
-            if !counters::within(self.available(&pool)?, &total) {
+            let Some(mine) = self.counters_fit(device, pool)? else {
                 return Ok(None);
-            }
+            };
             taken_counters = Some(mine);
         }
         if !self.add_to_constraints(claim, name, device, &id.0) {
@@ -539,38 +459,21 @@ impl Search<'_> {
         }
         let mut undo = Undo {
             claim,
-            request: name.to_owned(),
+            request: name,
             shared: None,
             exclusive: None,
             counters: None,
         };
         if let Some(mine) = taken_counters {
-            let total = self.counters.entry(pool.clone()).or_default();
+            let total = self.counters.entry(pool).or_default();
             for (key, value) in &mine {
                 *total.entry(key.clone()).or_insert(0) += value;
             }
             undo.counters = Some((pool, mine));
         }
-        let (share_id, written) = if shareable {
-            let amounts: Amounts = consumed.iter().map(|(k, c)| (k.clone(), c.nanos)).collect();
-            let entry = self.capacity.entry(id.clone()).or_default();
-            for (key, value) in &amounts {
-                *entry.entry(key.clone()).or_insert(0) += value;
-            }
-            undo.shared = Some((id.clone(), amounts));
-            let written: BTreeMap<String, Quantity> =
-                consumed.into_iter().map(|(k, c)| (k, c.quantity)).collect();
-            (
-                Some(new_share_id()),
-                (!written.is_empty()).then_some(written),
-            )
-        } else {
-            self.exclusive.insert(id.clone());
-            undo.exclusive = Some(id.clone());
-            (None, None)
-        };
+        let (share_id, written) = self.take(id, consumed, device, &mut undo);
         self.results[claim].push(Chosen {
-            request: name.to_owned(),
+            request: name,
             id,
             node_local,
             share_id,
@@ -579,12 +482,50 @@ impl Search<'_> {
         Ok(Some(undo))
     }
 
+    /// Marks the device taken in this attempt: a share's consumed capacity (with a fresh share
+    /// ID and the `consumedCapacity` to write), or the whole device.
+    fn take(
+        &mut self,
+        id: &'a DeviceId,
+        consumed: Vec<capacity::Consumed<'_>>,
+        device: &Device,
+        undo: &mut Undo<'a>,
+    ) -> (Option<String>, Option<BTreeMap<String, Quantity>>) {
+        if device.allow_multiple_allocations != Some(true) {
+            self.exclusive.insert(id);
+            undo.exclusive = Some(id);
+            return (None, None);
+        }
+        let amounts = capacity::amounts(&consumed, device);
+        let entry = self.capacity.entry(id).or_default();
+        for (key, value) in &amounts {
+            *entry.entry(key.clone()).or_insert(0) += value;
+        }
+        undo.shared = Some((id, amounts));
+        let written = capacity::written(consumed, device);
+        (
+            Some(new_share_id()),
+            (!written.is_empty()).then_some(written),
+        )
+    }
+
+    /// `checkAvailableCounters`: what `device` consumes of its pool's shared counters, when
+    /// that still fits next to the devices taken earlier in this attempt; `None` when not.
+    fn counters_fit(&mut self, device: &Device, pool: usize) -> Result<Option<Counters>, String> {
+        let mine = counters::consumption(device, &capacity::amount)?;
+        let mut total = self.counters.get(&pool).cloned().unwrap_or_default();
+        for (key, value) in &mine {
+            *total.entry(key.clone()).or_insert(0) += value;
+        }
+        Ok(counters::within(self.available(pool)?, &total).then_some(mine))
+    }
+
     /// Adds the device to every constraint of the claim, or to none when one refuses it.
     fn add_to_constraints(
         &mut self,
         claim: usize,
         request: &str,
-        device: &Device,
+        device: &'a Device,
         driver: &str,
     ) -> bool {
         let constraints = &mut self.constraints[claim];
@@ -600,22 +541,22 @@ impl Search<'_> {
     }
 
     /// Takes back one [`Self::allocate_device`].
-    fn undo(&mut self, undo: Undo) {
+    fn undo(&mut self, undo: Undo<'a>) {
         for constraint in &mut self.constraints[undo.claim] {
-            constraint.remove(&undo.request);
+            constraint.remove(undo.request);
         }
         if let Some(id) = undo.exclusive {
-            self.exclusive.remove(&id);
+            self.exclusive.remove(id);
         }
         if let Some((id, amounts)) = undo.shared
-            && let Some(entry) = self.capacity.get_mut(&id)
+            && let Some(entry) = self.capacity.get_mut(id)
         {
             for (key, value) in amounts {
                 *entry.entry(key).or_insert(0) -= value;
             }
             // `ConsumedCapacityCollection.Remove` forgets a device whose amounts are all 0.
             if entry.values().all(|v| *v == 0) {
-                self.capacity.remove(&id);
+                self.capacity.remove(id);
             }
         }
         if let Some((pool, mine)) = undo.counters
@@ -658,10 +599,10 @@ impl Search<'_> {
             let request_results = chosen
                 .into_iter()
                 .map(|c| DeviceRequestAllocationResult {
-                    request: c.request,
-                    driver: c.id.0,
-                    pool: c.id.1,
-                    device: c.id.2,
+                    request: c.request.to_owned(),
+                    driver: c.id.0.clone(),
+                    pool: c.id.1.clone(),
+                    device: c.id.2.clone(),
                     share_id: c.share_id,
                     consumed_capacity: c.consumed,
                     ..DeviceRequestAllocationResult::default()

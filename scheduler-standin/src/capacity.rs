@@ -24,12 +24,15 @@
 //! percent. `violatesPolicy` compares `default` by value, where upstream compares the Go
 //! structs (same value in the same notation).
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 
 use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, Device, DeviceCapacity};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::cel::CelQuantity;
+use crate::prepared::DeviceFacts;
 
 /// Amounts per capacity (or counter) name, in units of 10⁻⁹.
 pub(super) type Amounts = HashMap<String, i128>;
@@ -42,78 +45,148 @@ const NANOS_PER_UNIT: i128 = 1_000_000_000;
 ///
 /// A message naming `what` and the text when it is not a quantity.
 pub(super) fn amount(quantity: &Quantity, what: &str) -> Result<i128, String> {
+    amount_of(quantity, what)
+}
+
+/// [`amount`] with `what` written only into an error: the allocator checks capacities of
+/// many devices and names one only when it reports a failure.
+fn amount_of(quantity: &Quantity, what: impl fmt::Display) -> Result<i128, String> {
     CelQuantity::parse(&quantity.0)
         .map(CelQuantity::nanos)
         .map_err(|e| format!("{what}: {e}"))
 }
 
-/// One capacity's consumption: the amount and the quantity written into `consumedCapacity`.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) struct Consumed {
-    pub nanos: i128,
-    pub quantity: Quantity,
+/// A parse result kept from earlier, with `what` added to its error.
+fn parsed(result: &Result<i128, String>, what: impl fmt::Display) -> Result<i128, String> {
+    result.clone().map_err(|e| format!("{what}: {e}"))
 }
 
-impl Consumed {
-    fn of(quantity: &Quantity, what: &str) -> Result<Self, String> {
+/// Names one capacity of a device (and which part of its policy) in an error message.
+#[derive(Clone, Copy)]
+struct What<'a> {
+    device: &'a str,
+    capacity: &'a str,
+    part: &'static str,
+}
+
+impl What<'_> {
+    fn part(self, part: &'static str) -> Self {
+        Self { part, ..self }
+    }
+}
+
+impl fmt::Display for What<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "device {} capacity {}{}",
+            self.device, self.capacity, self.part
+        )
+    }
+}
+
+/// A request's `capacity.requests`, each amount parsed once for all devices it is tried on.
+pub(super) struct Requested<'a> {
+    /// (name, quantity, its amount or the parse error), in name order.
+    entries: Vec<(&'a str, &'a Quantity, Result<i128, String>)>,
+}
+
+impl<'a> Requested<'a> {
+    pub(super) fn new(requests: Option<&'a BTreeMap<String, Quantity>>) -> Self {
+        let entries = requests
+            .into_iter()
+            .flatten()
+            .map(|(name, q)| {
+                let nanos = CelQuantity::parse(&q.0).map(CelQuantity::nanos);
+                (name.as_str(), q, nanos)
+            })
+            .collect();
+        Self { entries }
+    }
+
+    fn get(&self, name: &str) -> Option<(&'a Quantity, &Result<i128, String>)> {
+        self.entries
+            .iter()
+            .find(|(n, _, _)| *n == name)
+            .map(|(_, q, nanos)| (*q, nanos))
+    }
+}
+
+/// One capacity's consumption: the amount and the quantity written into `consumedCapacity`.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Consumed<'a> {
+    pub nanos: i128,
+    pub quantity: Cow<'a, Quantity>,
+}
+
+impl<'a> Consumed<'a> {
+    fn of(quantity: &'a Quantity, what: What<'_>) -> Result<Self, String> {
         Ok(Self {
-            nanos: amount(quantity, what)?,
-            quantity: quantity.clone(),
+            nanos: amount_of(quantity, what)?,
+            quantity: Cow::Borrowed(quantity),
         })
     }
 }
 
-/// What a request consumes of every capacity of `device`, by capacity name, or `None` when
-/// the device cannot serve it (an unknown capacity requested, or a policy violated).
+/// What a request consumes of every capacity of `device`, in the order of its capacities, or
+/// `None` when the device cannot serve it (an unknown capacity requested, or a policy
+/// violated). `facts` are the device's, with its parsed capacity values.
 ///
 /// # Errors
 ///
 /// A quantity that does not parse, naming the device and capacity.
-pub(super) fn request_consumption(
-    requests: Option<&BTreeMap<String, Quantity>>,
-    device: &Device,
-) -> Result<Option<BTreeMap<String, Consumed>>, String> {
+pub(super) fn request_consumption<'a>(
+    requested: &Requested<'a>,
+    device: &'a Device,
+    facts: &DeviceFacts,
+) -> Result<Option<Vec<Consumed<'a>>>, String> {
     let capacities = device.capacity.as_ref();
-    if requests
-        .into_iter()
-        .flatten()
-        .any(|(name, _)| !capacities.is_some_and(|c| c.contains_key(name)))
+    if requested
+        .entries
+        .iter()
+        .any(|(name, _, _)| !capacities.is_some_and(|c| c.contains_key(*name)))
     {
         return Ok(None);
     }
-    let mut consumed = BTreeMap::new();
-    for (name, capacity) in capacities.into_iter().flatten() {
-        let what = format!("device {} capacity {name}", device.name);
-        let requested = requests.and_then(|r| r.get(name));
-        let amount = consumption(requested, capacity, &what)?;
-        if violates_policy(amount.nanos, capacity.request_policy.as_ref(), &what)? {
+    let mut consumed = Vec::with_capacity(facts.capacity.len());
+    for ((name, capacity), value) in capacities.into_iter().flatten().zip(&facts.capacity) {
+        let what = What {
+            device: &device.name,
+            capacity: name,
+            part: "",
+        };
+        let amount = consumption(requested.get(name), capacity, value, what)?;
+        if violates_policy(amount.nanos, capacity.request_policy.as_ref(), what)? {
             return Ok(None);
         }
-        consumed.insert(name.clone(), amount);
+        consumed.push(amount);
     }
     Ok(Some(consumed))
 }
 
-/// Whether `consumed` fits next to `existing` (allocations in the API) and `allocating`
-/// (earlier shares of this attempt) within every capacity's value.
+/// Whether `consumed` (from [`request_consumption`] for `device`) fits next to `existing`
+/// (allocations in the API) and `allocating` (earlier shares of this attempt) within every
+/// capacity's value.
 ///
 /// # Errors
 ///
 /// A capacity value that does not parse.
 pub(super) fn fits(
-    consumed: &BTreeMap<String, Consumed>,
+    consumed: &[Consumed<'_>],
     existing: Option<&Amounts>,
     allocating: Option<&Amounts>,
     device: &Device,
+    facts: &DeviceFacts,
 ) -> Result<bool, String> {
-    for (name, capacity) in device.capacity.iter().flatten() {
-        let value = amount(
-            &capacity.value,
-            &format!("device {} capacity {name}", device.name),
+    let capacities = device.capacity.iter().flatten().zip(&facts.capacity);
+    for (((name, _), value), this) in capacities.zip(consumed) {
+        let value = parsed(
+            value,
+            format_args!("device {} capacity {name}", device.name),
         )?;
         let total = existing.and_then(|e| e.get(name)).copied().unwrap_or(0)
             + allocating.and_then(|a| a.get(name)).copied().unwrap_or(0)
-            + consumed.get(name).map_or(0, |c| c.nanos);
+            + this.nanos;
         if total > value {
             return Ok(false);
         }
@@ -121,34 +194,61 @@ pub(super) fn fits(
     Ok(true)
 }
 
-/// `calculateConsumedCapacity` for one capacity.
-fn consumption(
-    requested: Option<&Quantity>,
-    capacity: &DeviceCapacity,
-    what: &str,
-) -> Result<Consumed, String> {
+/// The amounts of `consumed`, by the names of `device`'s capacities.
+pub(super) fn amounts(consumed: &[Consumed<'_>], device: &Device) -> Amounts {
+    device
+        .capacity
+        .iter()
+        .flatten()
+        .zip(consumed)
+        .map(|((name, _), c)| (name.clone(), c.nanos))
+        .collect()
+}
+
+/// The `consumedCapacity` written for `consumed`, by the names of `device`'s capacities.
+pub(super) fn written(consumed: Vec<Consumed<'_>>, device: &Device) -> BTreeMap<String, Quantity> {
+    device
+        .capacity
+        .iter()
+        .flatten()
+        .zip(consumed)
+        .map(|((name, _), c)| (name.clone(), c.quantity.into_owned()))
+        .collect()
+}
+
+/// `calculateConsumedCapacity` for one capacity, whose parsed value is `value`.
+fn consumption<'a>(
+    requested: Option<(&'a Quantity, &Result<i128, String>)>,
+    capacity: &'a DeviceCapacity,
+    value: &Result<i128, String>,
+    what: What<'_>,
+) -> Result<Consumed<'a>, String> {
     let policy = capacity.request_policy.as_ref();
-    let Some(requested) = requested else {
-        return Consumed::of(
-            policy
-                .and_then(|p| p.default.as_ref())
-                .unwrap_or(&capacity.value),
-            what,
-        );
+    let Some((requested, requested_nanos)) = requested else {
+        return match policy.and_then(|p| p.default.as_ref()) {
+            Some(default) => Consumed::of(default, what),
+            None => Ok(Consumed {
+                nanos: parsed(value, what)?,
+                quantity: Cow::Borrowed(&capacity.value),
+            }),
+        };
     };
+    let value = parsed(requested_nanos, what)?;
     let Some(policy) = policy else {
-        return Consumed::of(requested, what);
+        return Ok(Consumed {
+            nanos: value,
+            quantity: Cow::Borrowed(requested),
+        });
     };
-    let value = amount(requested, what)?;
     if let Some(range) = &policy.valid_range {
-        let min = amount(&range.min, &format!("{what} validRange.min"))?;
+        let min = amount_of(&range.min, what.part(" validRange.min"))?;
         if value < min {
             return Consumed::of(&range.min, what);
         }
         let Some(step_quantity) = &range.step else {
             return Consumed::of(requested, what);
         };
-        let step = amount(step_quantity, &format!("{what} validRange.step"))?;
+        let step = amount_of(step_quantity, what.part(" validRange.step"))?;
         if step <= 0 {
             return Err(format!("{what}: validRange.step must be positive"));
         }
@@ -157,12 +257,12 @@ fn consumption(
         let binary = step_quantity.0.ends_with('i');
         return Ok(Consumed {
             nanos,
-            quantity: Quantity(format_amount(nanos, binary)),
+            quantity: Cow::Owned(Quantity(format_amount(nanos, binary))),
         });
     }
     if let Some(values) = &policy.valid_values {
         for valid in values {
-            if value <= amount(valid, &format!("{what} validValues"))? {
+            if value <= amount_of(valid, what.part(" validValues"))? {
                 return Consumed::of(valid, what);
             }
         }
@@ -174,32 +274,32 @@ fn consumption(
 fn violates_policy(
     nanos: i128,
     policy: Option<&CapacityRequestPolicy>,
-    what: &str,
+    what: What<'_>,
 ) -> Result<bool, String> {
     let Some(policy) = policy else {
         return Ok(false);
     };
     if let Some(default) = &policy.default
-        && amount(default, &format!("{what} default"))? == nanos
+        && amount_of(default, what.part(" default"))? == nanos
     {
         return Ok(false);
     }
     if let Some(range) = &policy.valid_range {
         if let Some(max) = &range.max
-            && nanos > amount(max, &format!("{what} validRange.max"))?
+            && nanos > amount_of(max, what.part(" validRange.max"))?
         {
             return Ok(true);
         }
         if let Some(step) = &range.step {
-            let step = amount(step, &format!("{what} validRange.step"))?;
-            let min = amount(&range.min, &format!("{what} validRange.min"))?;
+            let step = amount_of(step, what.part(" validRange.step"))?;
+            let min = amount_of(&range.min, what.part(" validRange.min"))?;
             return Ok(step > 0 && (nanos - min) % step != 0);
         }
         return Ok(false);
     }
     if let Some(values) = policy.valid_values.as_ref().filter(|v| !v.is_empty()) {
         for valid in values {
-            if amount(valid, &format!("{what} validValues"))? == nanos {
+            if amount_of(valid, what.part(" validValues"))? == nanos {
                 return Ok(false);
             }
         }
@@ -271,9 +371,11 @@ mod tests {
 
     fn consumed_memory(request: Option<&str>) -> Option<String> {
         let requests = request.map(|r| BTreeMap::from([("memory".to_owned(), q(r))]));
-        request_consumption(requests.as_ref(), &memory_device())
+        let device = memory_device();
+        let facts = DeviceFacts::of("gpu.kerf.dev", "pool", &device);
+        request_consumption(&Requested::new(requests.as_ref()), &device, &facts)
             .unwrap()
-            .map(|c| c["memory"].quantity.0.clone())
+            .map(|c| c[0].quantity.0.clone())
     }
 
     #[test]
@@ -288,8 +390,10 @@ mod tests {
     #[test]
     fn an_unknown_capacity_skips_the_device() {
         let requests = BTreeMap::from([("gpu.kerf.dev/memory".to_owned(), q("1Gi"))]);
+        let device = memory_device();
+        let facts = DeviceFacts::of("gpu.kerf.dev", "pool", &device);
         assert_eq!(
-            request_consumption(Some(&requests), &memory_device()).unwrap(),
+            request_consumption(&Requested::new(Some(&requests)), &device, &facts).unwrap(),
             None
         );
     }

@@ -392,15 +392,27 @@ impl CelCache {
         device: &Device,
         driver: &str,
     ) -> Result<bool, String> {
-        let program = self
-            .programs
-            .entry(expression.to_owned())
-            .or_insert_with(|| {
-                Program::compile(expression)
-                    .map(Arc::new)
-                    .map_err(|e| format!("CEL compile error: {e}"))
-            })
-            .clone()?;
+        self.matches_value(expression, &device_value(device, driver)?)
+    }
+
+    /// [`Self::matches`] for a device whose CEL `device` variable ([`device_value`]) is
+    /// built already: the allocator builds it once per device and snapshot.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::matches`].
+    pub fn matches_value(&mut self, expression: &str, device: &Value) -> Result<bool, String> {
+        // Looked up before inserting, so that a known expression costs no key allocation.
+        let program = if let Some(compiled) = self.programs.get(expression) {
+            compiled.clone()?
+        } else {
+            let compiled = Program::compile(expression)
+                .map(Arc::new)
+                .map_err(|e| format!("CEL compile error: {e}"));
+            self.programs
+                .insert(expression.to_owned(), compiled.clone());
+            compiled?
+        };
         let mut context = Context::default();
         for (name, result) in [
             ("quantity", context.add_function("quantity", quantity)),
@@ -417,7 +429,7 @@ impl CelCache {
         ] {
             result.map_err(|e| format!("register CEL function {name}: {e:?}"))?;
         }
-        context.add_variable_from_value("device", device_value(device, driver)?);
+        context.add_variable_from_value("device", device.clone());
         match program.execute(&context) {
             Ok(Value::Bool(matches)) => Ok(matches),
             Ok(other) => Err(format!(

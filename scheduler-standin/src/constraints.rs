@@ -12,26 +12,27 @@
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceConstraint};
 
-/// An attribute value, typed.
+/// An attribute value, typed, borrowed from the device (the search tries many devices and
+/// keeps only a few).
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Value {
+enum Value<'a> {
     Bool(bool),
     Int(i64),
-    String(String),
-    Version(String),
+    String(&'a str),
+    Version(&'a str),
 }
 
-impl Value {
-    fn of(attribute: &DeviceAttribute) -> Option<Self> {
+impl<'a> Value<'a> {
+    fn of(attribute: &'a DeviceAttribute) -> Option<Self> {
         if let Some(v) = attribute.bool {
             Some(Self::Bool(v))
         } else if let Some(v) = attribute.int {
             Some(Self::Int(v))
         } else if let Some(v) = &attribute.string {
-            Some(Self::String(v.clone()))
+            Some(Self::String(v))
         } else {
             // semver 2.0 versions are in minimal form: equal versions are equal strings.
-            attribute.version.clone().map(Self::Version)
+            attribute.version.as_deref().map(Self::Version)
         }
     }
 
@@ -41,20 +42,25 @@ impl Value {
 }
 
 #[derive(Debug)]
-enum Kind {
-    Match { first: Option<Value>, count: usize },
-    Distinct { values: Vec<Value> },
+enum Kind<'a> {
+    Match {
+        first: Option<Value<'a>>,
+        count: usize,
+    },
+    Distinct {
+        values: Vec<Value<'a>>,
+    },
 }
 
 /// One constraint of a claim, tracking the devices chosen so far in an attempt.
 #[derive(Debug)]
-pub(super) struct Constraint {
+pub(super) struct Constraint<'a> {
     requests: Vec<String>,
     attribute: String,
-    kind: Kind,
+    kind: Kind<'a>,
 }
 
-impl Constraint {
+impl<'a> Constraint<'a> {
     /// The constraint `spec` describes.
     ///
     /// # Errors
@@ -91,7 +97,7 @@ impl Constraint {
 
     /// Whether `device` of `driver`, chosen for `request`, keeps the constraint; if so it
     /// is counted until [`Self::remove`].
-    pub fn add(&mut self, request: &str, device: &Device, driver: &str) -> bool {
+    pub fn add(&mut self, request: &str, device: &'a Device, driver: &str) -> bool {
         if !self.applies_to(request) {
             return true;
         }
@@ -138,7 +144,7 @@ impl Constraint {
 
 /// `lookupAttribute`: the fully qualified name as published, or, when its domain is the
 /// driver's, the bare name.
-fn lookup(device: &Device, driver: &str, name: &str) -> Option<Value> {
+fn lookup<'a>(device: &'a Device, driver: &str, name: &str) -> Option<Value<'a>> {
     let attributes = device.attributes.as_ref()?;
     if let Some(attribute) = attributes.get(name) {
         return Value::of(attribute);
@@ -169,7 +175,7 @@ mod tests {
         }
     }
 
-    fn constraint(distinct: bool) -> Constraint {
+    fn constraint<'a>(distinct: bool) -> Constraint<'a> {
         let spec = DeviceConstraint {
             requests: Some(vec!["a".to_owned(), "b".to_owned()]),
             match_attribute: (!distinct).then(|| "gpu.kerf.dev/uuid".to_owned()),
@@ -180,26 +186,25 @@ mod tests {
 
     #[test]
     fn distinct_refuses_a_repeated_value_until_removed() {
+        let gpu1 = device("GPU-1");
         let mut c = constraint(true);
-        assert!(c.add("a", &device("GPU-1"), "gpu.kerf.dev"));
-        assert!(!c.add("b", &device("GPU-1"), "gpu.kerf.dev"));
-        assert!(c.add("other", &device("GPU-1"), "gpu.kerf.dev"));
-        assert!(
-            !c.add("b", &device("GPU-1"), "other.driver"),
-            "no attribute"
-        );
+        assert!(c.add("a", &gpu1, "gpu.kerf.dev"));
+        assert!(!c.add("b", &gpu1, "gpu.kerf.dev"));
+        assert!(c.add("other", &gpu1, "gpu.kerf.dev"));
+        assert!(!c.add("b", &gpu1, "other.driver"), "no attribute");
         c.remove("a");
-        assert!(c.add("b", &device("GPU-1"), "gpu.kerf.dev"));
+        assert!(c.add("b", &gpu1, "gpu.kerf.dev"));
     }
 
     #[test]
     fn match_requires_the_first_value() {
+        let (gpu1, gpu2) = (device("GPU-1"), device("GPU-2"));
         let mut c = constraint(false);
-        assert!(c.add("a", &device("GPU-1"), "gpu.kerf.dev"));
-        assert!(!c.add("b", &device("GPU-2"), "gpu.kerf.dev"));
-        assert!(c.add("b", &device("GPU-1"), "gpu.kerf.dev"));
+        assert!(c.add("a", &gpu1, "gpu.kerf.dev"));
+        assert!(!c.add("b", &gpu2, "gpu.kerf.dev"));
+        assert!(c.add("b", &gpu1, "gpu.kerf.dev"));
         c.remove("b");
         c.remove("a");
-        assert!(c.add("b", &device("GPU-2"), "gpu.kerf.dev"));
+        assert!(c.add("b", &gpu2, "gpu.kerf.dev"));
     }
 }

@@ -13,7 +13,7 @@ use kerf_api::claim_status::allocation_of;
 use kube::ResourceExt;
 
 use crate::allocated::AllocatedState;
-use crate::allocator::{Allocator, PoolsByNode, current_pools};
+use crate::allocator::Allocator;
 use crate::pods::{node_fits, node_selector_matches};
 use crate::snapshot::Snapshot;
 use crate::throttle::num_feasible_nodes_to_find;
@@ -123,8 +123,6 @@ impl Allocator {
             ..Filtered::default()
         };
         let wanted: Vec<&ResourceClaim> = to_allocate.iter().map(|i| &claims[*i]).collect();
-        let all_pools = current_pools(snapshot);
-        let pools = PoolsByNode::new(&all_pools);
         let count = snapshot.nodes.len();
         let mut processed = 0;
         for at in (0..count).map(|offset| (start + offset) % count) {
@@ -148,8 +146,7 @@ impl Allocator {
                 .collect();
             let mut allocations = Vec::new();
             if !wanted.is_empty() {
-                let name = node.name_any();
-                match self.allocate_in(snapshot, pools.for_node(&name), node, &wanted, state)? {
+                match self.allocate_in(snapshot, node, &wanted, state)? {
                     None => {
                         "cannot allocate all claims".clone_into(&mut filtered.reason);
                         continue;

@@ -49,6 +49,7 @@ mod claim_controller;
 mod constraints;
 mod filter;
 mod pods;
+mod prepared;
 mod snapshot;
 mod spawn;
 mod throttle;

@@ -19,7 +19,7 @@
 //! A [`Snapshot`] is plain data: [`crate::Allocator`] decides from one without any client.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -28,9 +28,15 @@ use kube::{Api, Client, Resource, ResourceExt as _};
 use serde::de::DeserializeOwned;
 
 use crate::pods::{claim_key, pod_key};
+use crate::prepared::Prepared;
 
 /// The objects a cycle decides from.
-#[derive(Debug, Clone, Default)]
+///
+/// The allocator works out what it needs of the slices once per snapshot (pools, parsed
+/// capacities, CEL inputs) and keeps it with the snapshot: change the cluster by building a
+/// new snapshot, not by editing these fields after allocating from it. A clone starts without
+/// that work.
+#[derive(Debug, Default)]
 pub struct Snapshot {
     /// The nodes, by name.
     pub nodes: Vec<Arc<Node>>,
@@ -42,6 +48,21 @@ pub struct Snapshot {
     pub claims: HashMap<String, Arc<ResourceClaim>>,
     /// The pods, by `namespace/name`.
     pub pods: Vec<Arc<Pod>>,
+    /// The allocator's view of the slices, built on first use.
+    prepared: OnceLock<Prepared>,
+}
+
+impl Clone for Snapshot {
+    fn clone(&self) -> Self {
+        Self {
+            nodes: self.nodes.clone(),
+            slices: self.slices.clone(),
+            classes: self.classes.clone(),
+            claims: self.claims.clone(),
+            pods: self.pods.clone(),
+            prepared: OnceLock::new(),
+        }
+    }
 }
 
 impl Snapshot {
@@ -68,7 +89,13 @@ impl Snapshot {
             classes: classes.into_iter().map(|c| (c.name_any(), c)).collect(),
             claims: claims.into_iter().map(|c| (claim_key(&c), c)).collect(),
             pods,
+            prepared: OnceLock::new(),
         }
+    }
+
+    /// The allocator's view of the slices, worked out on the first call.
+    pub(crate) fn prepared(&self) -> &Prepared {
+        self.prepared.get_or_init(|| Prepared::new(self))
     }
 }
 
