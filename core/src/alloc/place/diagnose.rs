@@ -6,7 +6,7 @@ use std::cmp::Reverse;
 
 use crate::slice::Sharing;
 
-use super::super::index::NodeEntry;
+use super::super::index::{GpuEntry, GpuFree, NodeEntry};
 use super::super::request::{DeviceRequest, GpuSelector, SliceSize, TopologyScope};
 use super::super::taint::{DeviceTaint, untolerated};
 use super::super::unplaceable::{BestCandidate, Unplaceable, UnplaceableReason};
@@ -228,34 +228,10 @@ fn failure<'n>(
             continue;
         }
         matching += 1;
-        let free = &slot.free;
-        let untolerated = gpu
-            .blocking_taints
-            .then(|| untolerated(&gpu.info.taints, &req.tolerations))
-            .flatten();
-        match req.slice {
-            _ if untolerated.is_some() => {
-                blockers.tainted += 1;
-                taint = taint.or(untolerated.map(|t| (gpu.info.device.as_str(), t)));
-            }
-            _ if req.admin_access => {
-                fitting += 1;
-                fitting_nvlink.extend(gpu.nvlink);
-                fitting_pcie.extend(gpu.pcie);
-            }
-            None if !free.idle => blockers.in_use += 1,
-            Some(_) if free.whole_held => blockers.in_use += 1,
-            Some(_) if req.max_slices_per_gpu.is_some_and(|max| free.slices >= max) => {
-                blockers.max_slices += 1;
-            }
-            Some(_) if sharing_conflicts(req.sharing, free) => blockers.sharing += 1,
-            Some(size) if free.memory < size.memory_bytes => blockers.memory += 1,
-            Some(size) if free.compute < size.compute_percent => blockers.compute += 1,
-            _ => {
-                fitting += 1;
-                fitting_nvlink.extend(gpu.nvlink);
-                fitting_pcie.extend(gpu.pcie);
-            }
+        if fits_or_counts(req, gpu, &slot.free, &mut blockers, &mut taint) {
+            fitting += 1;
+            fitting_nvlink.extend(gpu.nvlink);
+            fitting_pcie.extend(gpu.pcie);
         }
     }
     let together = match req.topology {
@@ -283,6 +259,38 @@ fn failure<'n>(
         fitting,
         taint,
     }
+}
+
+/// True when the matching `gpu` (free as `free`) fits `req`; else counts what keeps it out
+/// in `blockers` (and notes the first untolerated taint in `taint`).
+fn fits_or_counts<'n>(
+    req: &DeviceRequest,
+    gpu: &'n GpuEntry,
+    free: &GpuFree,
+    blockers: &mut Blockers,
+    taint: &mut Option<(&'n str, &'n DeviceTaint)>,
+) -> bool {
+    let untolerated = gpu
+        .blocking_taints
+        .then(|| untolerated(&gpu.info.taints, &req.tolerations))
+        .flatten();
+    match req.slice {
+        _ if untolerated.is_some() => {
+            blockers.tainted += 1;
+            *taint = taint.or(untolerated.map(|t| (gpu.info.device.as_str(), t)));
+        }
+        _ if req.admin_access => return true,
+        None if !free.idle => blockers.in_use += 1,
+        Some(_) if free.whole_held => blockers.in_use += 1,
+        Some(_) if req.max_slices_per_gpu.is_some_and(|max| free.slices >= max) => {
+            blockers.max_slices += 1;
+        }
+        Some(_) if sharing_conflicts(req.sharing, free) => blockers.sharing += 1,
+        Some(size) if free.memory < size.memory_bytes => blockers.memory += 1,
+        Some(size) if free.compute < size.compute_percent => blockers.compute += 1,
+        _ => return true,
+    }
+    false
 }
 
 impl Blockers {
