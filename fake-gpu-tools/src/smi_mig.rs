@@ -143,75 +143,87 @@ fn instances(mig: &MockMig, gpu: Option<u32>) -> Result<Vec<(u32, GpuInstance)>,
 
 fn list(mig: &MockMig, gpu: Option<u32>, compute: bool) -> Outcome {
     let gis = instances(mig, gpu)?;
-    let mut text = String::new();
     if compute {
         if gis.iter().all(|(_, gi)| gi.cis.is_empty()) {
             return Err(("No compute instances found: Not Found".to_owned(), 6));
         }
-        let _ = writeln!(text, "{CI_RULE}");
-        let _ = writeln!(
-            text,
-            "| Compute instances:                                                 |"
-        );
-        let _ = writeln!(
-            text,
-            "| GPU     GPU       Name             Profile   Instance   Placement  |"
-        );
-        let _ = writeln!(
-            text,
-            "|       Instance                       ID        ID       Start:Size |"
-        );
-        let _ = writeln!(
-            text,
-            "|         ID                                                         |"
-        );
-        let _ = writeln!(
-            text,
-            "|====================================================================|"
-        );
-        for (gpu, gi) in &gis {
-            let (name, slices) = profile(gi.profile_id);
-            for ci in &gi.cis {
-                let row = format!(
-                    "{gpu:>4}  {:>5}       MIG {name:<12} {:>5}  {:>8}  {:>10}:{slices}",
-                    gi.gi_id, ci.profile_id, ci.ci_id, 0
-                );
-                let _ = writeln!(text, "|{row:<68}|");
-            }
-        }
-        let _ = writeln!(text, "{CI_RULE}");
+        Ok(compute_table(&gis))
     } else {
         if gis.is_empty() {
             return Err(("No GPU instances found: Not Found".to_owned(), 6));
         }
-        let _ = writeln!(text, "{GI_RULE}");
-        let _ = writeln!(
-            text,
-            "| GPU instances:                                        |"
-        );
-        let _ = writeln!(
-            text,
-            "| GPU   Name             Profile  Instance   Placement  |"
-        );
-        let _ = writeln!(
-            text,
-            "|                          ID       ID       Start:Size |"
-        );
-        let _ = writeln!(
-            text,
-            "|=======================================================|"
-        );
-        for (gpu, gi) in &gis {
-            let (name, _) = profile(gi.profile_id);
-            let row = format!(
-                "{gpu:>4}  MIG {name:<12} {:>6}  {:>8}  {:>10}:{}",
-                gi.profile_id, gi.gi_id, gi.placement.start, gi.placement.size
-            );
-            let _ = writeln!(text, "|{row:<55}|");
-        }
-        let _ = writeln!(text, "{GI_RULE}");
+        Ok(gpu_instance_table(&gis))
     }
-    Ok(text)
+}
+
+/// The table `nvidia-smi mig -lci` prints for `gis`.
+fn compute_table(gis: &[(u32, GpuInstance)]) -> String {
+    let mut text = String::new();
+    let _ = writeln!(text, "{CI_RULE}");
+    let _ = writeln!(
+        text,
+        "| Compute instances:                                                 |"
+    );
+    let _ = writeln!(
+        text,
+        "| GPU     GPU       Name             Profile   Instance   Placement  |"
+    );
+    let _ = writeln!(
+        text,
+        "|       Instance                       ID        ID       Start:Size |"
+    );
+    let _ = writeln!(
+        text,
+        "|         ID                                                         |"
+    );
+    let _ = writeln!(
+        text,
+        "|====================================================================|"
+    );
+    for (gpu, gi) in gis {
+        let (name, slices) = profile(gi.profile_id);
+        for ci in &gi.cis {
+            let row = format!(
+                "{gpu:>4}  {:>5}       MIG {name:<12} {:>5}  {:>8}  {:>10}:{slices}",
+                gi.gi_id, ci.profile_id, ci.ci_id, 0
+            );
+            let _ = writeln!(text, "|{row:<68}|");
+        }
+    }
+    let _ = writeln!(text, "{CI_RULE}");
+    text
+}
+
+/// The table `nvidia-smi mig -lgi` prints for `gis`.
+fn gpu_instance_table(gis: &[(u32, GpuInstance)]) -> String {
+    let mut text = String::new();
+    let _ = writeln!(text, "{GI_RULE}");
+    let _ = writeln!(
+        text,
+        "| GPU instances:                                        |"
+    );
+    let _ = writeln!(
+        text,
+        "| GPU   Name             Profile  Instance   Placement  |"
+    );
+    let _ = writeln!(
+        text,
+        "|                          ID       ID       Start:Size |"
+    );
+    let _ = writeln!(
+        text,
+        "|=======================================================|"
+    );
+    for (gpu, gi) in gis {
+        let (name, _) = profile(gi.profile_id);
+        let row = format!(
+            "{gpu:>4}  MIG {name:<12} {:>6}  {:>8}  {:>10}:{}",
+            gi.profile_id, gi.gi_id, gi.placement.start, gi.placement.size
+        );
+        let _ = writeln!(text, "|{row:<55}|");
+    }
+    let _ = writeln!(text, "{GI_RULE}");
+    text
 }
 
 fn destroy_ci(mig: &MockMig, options: &Options) -> Outcome {
