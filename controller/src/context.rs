@@ -18,8 +18,8 @@ use crate::features::ApiSupport;
 use crate::metrics::Metrics;
 use crate::retry::{BackoffConfig, ObjectBackoff};
 
+pub(crate) use crate::error::Write;
 pub(crate) use events::EventRecorder;
-pub(crate) use write_failures::Write;
 
 /// Field manager of every write of the controller: server-side apply, merge patches, creates
 /// and Events. The default of [`ControllerConfig::field_manager`], through which it is passed.

@@ -24,7 +24,7 @@ pub enum Error {
     #[error("{write}: Kubernetes API: {source}")]
     Write {
         /// The write.
-        write: Box<crate::context::Write>,
+        write: Box<Write>,
         /// The API's answer.
         #[source]
         source: kube::Error,
@@ -121,7 +121,7 @@ impl Error {
     }
 
     /// Builds an [`Error::Write`]: `write` failed with `source`.
-    pub fn write(write: crate::context::Write, source: kube::Error) -> Self {
+    pub fn write(write: Write, source: kube::Error) -> Self {
         Error::Write {
             write: Box::new(write),
             source,
@@ -147,6 +147,45 @@ fn kube_reason(error: &kube::Error) -> &'static str {
 
 /// Result alias for kerf-controller.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One write of the controller, named for its failure report: `verb` on `resource` (plural,
+/// with the subresource, as RBAC names it) of object `name` in `namespace`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Write {
+    /// RBAC verb: `patch`, `create`, `update`.
+    pub verb: &'static str,
+    /// Plural resource and subresource, e.g. `resourceclaims/status`.
+    pub resource: &'static str,
+    /// Namespace of the object; `None` for cluster-scoped ones.
+    pub namespace: Option<String>,
+    /// Name of the object.
+    pub name: String,
+}
+
+impl Write {
+    /// A `patch` of `resource` on the object `name` in `namespace`.
+    pub fn patch(resource: &'static str, namespace: Option<&str>, name: &str) -> Self {
+        Self {
+            verb: "patch",
+            resource,
+            namespace: namespace.map(str::to_owned),
+            name: name.to_owned(),
+        }
+    }
+}
+
+impl std::fmt::Display for Write {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(namespace) => write!(
+                f,
+                "{} {} {namespace}/{}",
+                self.verb, self.resource, self.name
+            ),
+            None => write!(f, "{} {} {}", self.verb, self.resource, self.name),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -180,7 +219,7 @@ mod tests {
         let Error::Kube(conflict) = api_error(409, "Conflict") else {
             unreachable!()
         };
-        let write = crate::context::Write::patch("pods", Some("ns"), "p");
+        let write = Write::patch("pods", Some("ns"), "p");
         let error = Error::write(write, conflict);
         assert_eq!(error.reason(), "kube_conflict");
         assert!(error.is_routine());

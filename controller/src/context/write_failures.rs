@@ -15,46 +15,8 @@ use kerf_api::write_failure::{self, Report, WriteAttempt};
 use kube::runtime::events::{Event, EventType};
 
 use super::Context;
+use crate::error::Write;
 use crate::retry::KEEPS_FAILING_AFTER;
-
-/// One write of the controller, named for its failure report: `verb` on `resource` (plural,
-/// with the subresource, as RBAC names it) of object `name` in `namespace`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Write {
-    /// RBAC verb: `patch`, `create`, `update`.
-    pub verb: &'static str,
-    /// Plural resource and subresource, e.g. `resourceclaims/status`.
-    pub resource: &'static str,
-    /// Namespace of the object; `None` for cluster-scoped ones.
-    pub namespace: Option<String>,
-    /// Name of the object.
-    pub name: String,
-}
-
-impl Write {
-    /// A `patch` of `resource` on the object `name` in `namespace`.
-    pub fn patch(resource: &'static str, namespace: Option<&str>, name: &str) -> Self {
-        Self {
-            verb: "patch",
-            resource,
-            namespace: namespace.map(str::to_owned),
-            name: name.to_owned(),
-        }
-    }
-}
-
-impl std::fmt::Display for Write {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.namespace {
-            Some(namespace) => write!(
-                f,
-                "{} {} {namespace}/{}",
-                self.verb, self.resource, self.name
-            ),
-            None => write!(f, "{} {} {}", self.verb, self.resource, self.name),
-        }
-    }
-}
 
 /// What to tell the user about `error` from `write` at its `attempts`-th consecutive failure
 /// by `component`; `None` when the failure is expected, or transient and still within its
