@@ -13,12 +13,16 @@
 //!   the CPU per pod. Measured with `kerf-bench controller-footprint` (500 nodes of 8 H100,
 //!   1000 slice claims, 2 replicas, 2-core host shared with builds), two pairs of runs of one
 //!   source: leader CPU per pod 7.0 / 6.2 ms with mimalloc against 9.9 / 11.4 ms with glibc,
-//!   burst 28.3 / 23.7 s against 32.3 / 31.7 s. The price is memory: leader RSS 107 / 115 MiB
-//!   (peak 124) against 76 / 78 MiB, standby 36 / 34 against 25 MiB. heaptrack puts the
-//!   leader's live heap at 44 MB after the burst, 31 MB of it the cached ResourceSlices, so
-//!   the difference is pages mimalloc keeps, not kerf's data. Build with
-//!   `--no-default-features` for the system allocator where memory matters more than CPU, and
-//!   to profile the heap with heaptrack (which cannot see mimalloc).
+//!   burst 28.3 / 23.7 s against 32.3 / 31.7 s. The price was memory, pages mimalloc keeps
+//!   rather than kerf's data: with mimalloc's defaults it commits each arena up front and keeps
+//!   freed pages for a second, and the leader held 96–104 MiB where glibc held 77 MiB (after
+//!   the slice cache was compacted). The Deployment (`deploy/base/controller.yaml`) therefore
+//!   sets `MIMALLOC_ARENA_EAGER_COMMIT=0` and `MIMALLOC_PURGE_DELAY=0` (mimalloc reads its
+//!   options from the environment; setting them from Rust would need `unsafe`): 59.6–64.5 MiB
+//!   in three runs, less than glibc, at no CPU cost the runs could tell apart (`kerf-bench
+//!   controller-footprint`, which starts its replicas with the Deployment's environment).
+//!   Build with `--no-default-features` for the system allocator, and to profile the heap with
+//!   heaptrack (which cannot see mimalloc).
 //!
 //! Each binary has its own cargo feature `mimalloc` (on by default), which enables this
 //! crate's feature `mimalloc`. The macro expands in the binary, so its `cfg` reads the
