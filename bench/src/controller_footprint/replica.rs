@@ -280,4 +280,21 @@ mod tests {
         assert_eq!(parse_vm_hwm(status), Some(6 << 20));
         assert_eq!(parse_vm_hwm("VmRSS:\t 1 kB\n"), None);
     }
+
+    /// The replicas run with the allocator settings the Deployment ships (the footprint's
+    /// memory figures depend on them), and nothing the pod supplies.
+    #[test]
+    fn replicas_get_the_deployments_literal_environment() {
+        let env = deployment_env().unwrap();
+        for (name, value) in [
+            ("MIMALLOC_ARENA_EAGER_COMMIT", "0"),
+            ("MIMALLOC_PURGE_DELAY", "0"),
+        ] {
+            assert!(
+                env.contains(&(name.to_owned(), value.to_owned())),
+                "{name}={value} in {env:?}"
+            );
+        }
+        assert!(env.iter().all(|(name, _)| name != "POD_NAME"), "{env:?}");
+    }
 }
