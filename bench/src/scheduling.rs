@@ -218,22 +218,8 @@ async fn run_phase(
     pods: usize,
     measured: &mut Measured,
 ) -> Result<()> {
-    let owner = phase.owner();
-    sim.label_nodes(NODE_LABEL, owner.as_str()).await?;
-    let what = format!("devices published as the {owner}'s");
     let settle = scaled(SETTLE_TIMEOUT, SETTLE_PER_NODE, sim.config().nodes.len());
-    sim.wait_for(&what, settle, |sim| {
-        check::published_owners(sim.fake(), kerf_tests::sim::DRIVER)
-            .values()
-            .all(|o| *o == Some(owner))
-    })
-    .await?;
-    if owner == Owner::Controller {
-        // kerf-controller places on a device it took back only after the settle period that
-        // follows seeing the device republished (its fence), decided at its next tick.
-        let claims = &sim.config().controller.claims;
-        tokio::time::sleep(claims.ownership.settle + 4 * claims.ownership_tick).await;
-    }
+    hand_over(sim, phase.owner(), settle).await?;
     sim.fake().clear_requests();
     let steps_before = sim.stats.steps;
     let cpu_before = sys::cpu_time()?;
@@ -261,8 +247,48 @@ async fn run_phase(
     })
     .await?;
     let requests = sim.fake().request_counts();
+    let last = record_latencies(sim, &keys, &created, started, measured);
+    measured.pods += pods;
+    measured.cycles += sim.stats.steps - steps_before;
+    measured.cpu += sys::cpu_time()?.saturating_sub(cpu_before);
+    measured.busy += last.saturating_duration_since(started);
+    for (kind, count) in requests.counts {
+        *measured.requests.counts.entry(kind).or_insert(0) += count;
+    }
+    cleanup(sim, &plans, settle).await
+}
+
+/// Gives every node's devices to `owner` and waits until they are published as its (and,
+/// for kerf-controller, until it may place on them).
+async fn hand_over(sim: &mut Sim, owner: Owner, settle: Duration) -> Result<()> {
+    sim.label_nodes(NODE_LABEL, owner.as_str()).await?;
+    let what = format!("devices published as the {owner}'s");
+    sim.wait_for(&what, settle, |sim| {
+        check::published_owners(sim.fake(), kerf_tests::sim::DRIVER)
+            .values()
+            .all(|o| *o == Some(owner))
+    })
+    .await?;
+    if owner == Owner::Controller {
+        // kerf-controller places on a device it took back only after the settle period that
+        // follows seeing the device republished (its fence), decided at its next tick.
+        let claims = &sim.config().controller.claims;
+        tokio::time::sleep(claims.ownership.settle + 4 * claims.ownership_tick).await;
+    }
+    Ok(())
+}
+
+/// Adds each pod's create-to-bound latency (and, for gated pods, to ungated and ungated to
+/// bound) to `measured`; returns the last binding (`started` if none).
+fn record_latencies(
+    sim: &Sim,
+    keys: &[String],
+    created: &[Instant],
+    started: Instant,
+    measured: &mut Measured,
+) -> Instant {
     let mut last = started;
-    for (key, created) in keys.iter().zip(&created) {
+    for (key, created) in keys.iter().zip(created) {
         let bound = sim.pods().bound_at(key).unwrap_or(started);
         last = last.max(bound);
         measured
@@ -277,14 +303,7 @@ async fn run_phase(
                 .push(bound.saturating_duration_since(ungated));
         }
     }
-    measured.pods += pods;
-    measured.cycles += sim.stats.steps - steps_before;
-    measured.cpu += sys::cpu_time()?.saturating_sub(cpu_before);
-    measured.busy += last.saturating_duration_since(started);
-    for (kind, count) in requests.counts {
-        *measured.requests.counts.entry(kind).or_insert(0) += count;
-    }
-    cleanup(sim, &plans, settle).await
+    last
 }
 
 /// Deletes the phase's pods and claims and waits until every claim is gone.
@@ -351,14 +370,7 @@ fn summary(options: &BenchOptions, controller: &Measured, direct: &Measured) -> 
     let (c_rate, d_rate) = (controller.rate(), direct.rate());
     let ratio = ratio_f(c_rate, d_rate);
     let mut s = Summary::new("scheduling");
-    s.detail(format!(
-        "{} nodes x 8 H100 (simulated: in-memory API server, kerf-controller, plugin publishers, scheduler stand-in at 50 QPS / burst 100, filtering up to {} feasible nodes), {} rounds x {} pods per phase, seed {}",
-        options.scheduling_nodes,
-        kerf_tests::scheduler::num_feasible_nodes_to_find(options.scheduling_nodes),
-        rounds(options.scheduling_nodes),
-        options.scheduling_pods,
-        options.seed
-    ));
+    s.detail(setup_detail(options));
     s.detail(format!(
         "controller (gate -> kerf-controller allocates -> ungate -> stand-in binds): {c_rate:.1} pods/s, latency p50 {} ms p99 {} ms",
         ms(c.p50()),
@@ -380,16 +392,7 @@ fn summary(options: &BenchOptions, controller: &Measured, direct: &Measured) -> 
         ms(after.p50()),
         ms(after.p99())
     ));
-    s.detail(format!(
-        "stand-in cycles per pod: controller {}, direct {}",
-        controller.cycles_per_pod(),
-        direct.cycles_per_pod()
-    ));
-    s.detail(format!(
-        "CPU per pod (whole process: API server, controller, publishers, stand-in): controller {} ms, direct {} ms",
-        ms(controller.cpu_per_pod()),
-        ms(direct.cpu_per_pod())
-    ));
+    per_pod_details(&mut s, controller, direct);
     let c_writes = request_details(&mut s, "controller", controller);
     let d_writes = request_details(&mut s, "direct", direct);
     s.detail(
@@ -420,4 +423,30 @@ fn summary(options: &BenchOptions, controller: &Measured, direct: &Measured) -> 
         format!("ratio {ratio}"),
     );
     s
+}
+
+/// What the `scheduling` benchmark ran on.
+fn setup_detail(options: &BenchOptions) -> String {
+    format!(
+        "{} nodes x 8 H100 (simulated: in-memory API server, kerf-controller, plugin publishers, scheduler stand-in at 50 QPS / burst 100, filtering up to {} feasible nodes), {} rounds x {} pods per phase, seed {}",
+        options.scheduling_nodes,
+        kerf_tests::scheduler::num_feasible_nodes_to_find(options.scheduling_nodes),
+        rounds(options.scheduling_nodes),
+        options.scheduling_pods,
+        options.seed
+    )
+}
+
+/// The stand-in's cycles and the process's CPU per pod, on both paths.
+fn per_pod_details(s: &mut Summary, controller: &Measured, direct: &Measured) {
+    s.detail(format!(
+        "stand-in cycles per pod: controller {}, direct {}",
+        controller.cycles_per_pod(),
+        direct.cycles_per_pod()
+    ));
+    s.detail(format!(
+        "CPU per pod (whole process: API server, controller, publishers, stand-in): controller {} ms, direct {} ms",
+        ms(controller.cpu_per_pod()),
+        ms(direct.cpu_per_pod())
+    ));
 }
