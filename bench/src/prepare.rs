@@ -764,6 +764,13 @@ fn parallel_summary(
         .figure("separate_ratio_floor", ratio(separate.p50(), floor.p50()))
         .figure("batched_ratio_floor", ratio(batched.p50(), floor.p50()))
         .figure("floor_ratio", ratio(floor.p50(), one));
+    parallel_targets(&mut s, width, separate_ratio, batched_ratio);
+    s
+}
+
+/// The `prepare-parallel(-node)` targets: `width` claims at once, as separate calls and as
+/// one batched call, within 4 x one claim.
+fn parallel_targets(s: &mut Summary, width: usize, separate_ratio: f64, batched_ratio: f64) {
     s.target(
         "separate_target",
         format!("{width} concurrent calls within 4 x one claim"),
@@ -776,5 +783,4 @@ fn parallel_summary(
         batched_ratio <= 4.0,
         format!("{batched_ratio:.2} x"),
     );
-    s
 }
