@@ -83,34 +83,7 @@ pub const RESERVED_FOR_MAX: usize = 256;
 /// How many times PreBind retries a claim update after a conflict (`retry.DefaultRetry`).
 const BIND_RETRIES: usize = 5;
 
-/// A small deterministic RNG (SplitMix64): the same seed gives the same choices.
-#[derive(Debug, Clone)]
-pub struct SeededRng(u64);
-
-impl SeededRng {
-    /// An RNG starting from `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A number in `0..n`; 0 when `n` is 0.
-    pub fn below(&mut self, n: usize) -> usize {
-        if n == 0 {
-            return 0;
-        }
-        // Modulo bias is irrelevant for test scheduling choices.
-        usize::try_from(self.next_u64() % (n as u64)).unwrap_or(0)
-    }
-}
+pub use kerf_core::rng::SeededRng;
 
 /// Settings of the stand-in.
 #[derive(Debug, Clone)]
