@@ -432,14 +432,15 @@ fn summary(
         config.replicas,
         config.nodes
     ));
-    let env = replica::deployment_env()
-        .map(|env| {
+    let env = replica::deployment_env().map_or_else(
+        |e| e.to_string(),
+        |env| {
             env.iter()
                 .map(|(name, value)| format!("{name}={value}"))
                 .collect::<Vec<_>>()
                 .join(" ")
-        })
-        .unwrap_or_else(|e| e.to_string());
+        },
+    );
     s.detail(format!(
         "replicas' environment from deploy/base/controller.yaml: {env}"
     ));
