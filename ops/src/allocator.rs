@@ -18,8 +18,8 @@
 //!   freed pages for a second, and the leader held 96–104 MiB where glibc held 77 MiB (after
 //!   the slice cache was compacted). The Deployment (`deploy/base/controller.yaml`) therefore
 //!   sets `MIMALLOC_ARENA_EAGER_COMMIT=0` and `MIMALLOC_PURGE_DELAY=0` (mimalloc reads its
-//!   options from the environment; setting them from Rust would need `unsafe`): 59.6–64.5 MiB
-//!   in three runs, less than glibc, at no CPU cost the runs could tell apart (`kerf-bench
+//!   options from the environment; setting them from Rust would need `unsafe`): 58.8–69.9 MiB
+//!   in six runs, less than glibc, at no CPU cost the runs could tell apart (`kerf-bench
 //!   controller-footprint`, which starts its replicas with the Deployment's environment).
 //!   Build with `--no-default-features` for the system allocator, and to profile the heap with
 //!   heaptrack (which cannot see mimalloc).
