@@ -1,8 +1,8 @@
-//! What the MPS daemon tests of issue 27 (tests/tests/e2e_mps_daemons.rs) decide about kerf's
+//! What the MPS daemon tests (tests/tests/e2e_mps_daemons.rs) decide about kerf's
 //! own pods and their own test pods: pure functions over API objects and command output, so
 //! they are unit-tested without a cluster. The cluster side is in daemon_pods.rs.
 //!
-//! The daemon pod's shape is the one the lead's design for issue 27 fixes: labels
+//! The daemon pod's shape is the one the design fixes: labels
 //! `app.kubernetes.io/component: mps-control-daemon` and `gpu.kerf.dev/gpu: <GPU UUID>`,
 //! `spec.nodeName` set by the plugin, one container; a daemon counts as restarted when the
 //! pod's UID, `containerStatuses[0].containerID` or `restartCount` changes.
@@ -221,7 +221,7 @@ impl PipeCheck {
 }
 
 /// Why `daemon_set` would not roll one node with the old and the new plugin side by side:
-/// issue 27 wants `maxSurge: 1, maxUnavailable: 0`. `None` when it does.
+/// that needs `maxSurge: 1, maxUnavailable: 0`. `None` when it does.
 pub fn rolling_update_problem(daemon_set: &DaemonSet) -> Option<String> {
     let strategy = daemon_set
         .spec
@@ -246,7 +246,7 @@ pub fn rolling_update_problem(daemon_set: &DaemonSet) -> Option<String> {
     let may_stop_first = unavailable.is_none() || !zero(&unavailable);
     (no_surge || may_stop_first).then(|| {
         format!(
-            "rollingUpdate maxSurge {surge:?}, maxUnavailable {unavailable:?}: the old plugin would stop before the new one runs (issue 27 wants maxSurge: 1, maxUnavailable: 0)"
+            "rollingUpdate maxSurge {surge:?}, maxUnavailable {unavailable:?}: the old plugin would stop before the new one runs (side by side needs maxSurge: 1, maxUnavailable: 0)"
         )
     })
 }
@@ -439,7 +439,7 @@ mod tests {
             rolling_update_problem(&daemon_set(pct("10%"), pct("0%"))),
             None
         );
-        // deploy/base before issue 27, and the API server's defaults.
+        // deploy/base before the MPS daemon pods, and the API server's defaults.
         assert!(rolling_update_problem(&daemon_set(Some(int(0)), Some(int(1)))).is_some());
         assert!(rolling_update_problem(&daemon_set(None, None)).is_some());
         assert!(rolling_update_problem(&daemon_set(Some(int(1)), None)).is_some());

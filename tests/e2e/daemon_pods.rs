@@ -1,4 +1,4 @@
-//! kerf's own pods, for the MPS daemon tests of issue 27 (tests/tests/e2e_mps_daemons.rs): the
+//! kerf's own pods, for the MPS daemon tests (tests/tests/e2e_mps_daemons.rs): the
 //! kubelet plugin pod of a node and the MPS control daemon pod of a GPU, both in
 //! [`KERF_NAMESPACE`], read through the API; and the kubectl the tests run (`exec`, `rollout`).
 //!

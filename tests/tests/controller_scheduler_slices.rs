@@ -1,4 +1,4 @@
-//! Scheduler slices, the controller's half (issue 16): the DeviceClass CEL of sliced and whole
+//! Scheduler slices, the controller's half: the DeviceClass CEL of sliced and whole
 //! Scheduler classes, their Ready condition, the shared publication the ownership tick writes
 //! on each Node (`gpu.kerf.dev/shared-publication`), the inventory view of shareable and
 //! dynamic-MIG devices, and seeded interleavings of class, ownership and share changes.

@@ -1,4 +1,4 @@
-//! Dynamic MIG, the controller's half (issue 16): with the kubelet plugin's real dynamic-MIG
+//! Dynamic MIG, the controller's half: with the kubelet plugin's real dynamic-MIG
 //! pool (counter sets, full GPUs and placements) on a node, the ownership tick records every
 //! device as kube-scheduler's, whatever the node's allocator label, never moves one to the
 //! controller, and the published `allocator` attribute follows (one owner per GPU).

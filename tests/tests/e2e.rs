@@ -30,10 +30,10 @@ mod expect;
 mod extended;
 #[path = "../e2e/health.rs"]
 mod health;
+#[path = "../e2e/install_and_parameters.rs"]
+mod install_and_parameters;
 #[path = "../e2e/issue13.rs"]
 mod issue13;
-#[path = "../e2e/issue26.rs"]
-mod issue26;
 #[path = "../e2e/manifests.rs"]
 mod manifests;
 #[path = "../e2e/settings.rs"]
@@ -731,7 +731,7 @@ async fn health_flip_visible_in_pod_status() -> Result<()> {
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn spaced_json_claim_runs() -> Result<()> {
-    e2e("spaced", issue26::spaced_json_claim).await
+    e2e("spaced", install_and_parameters::spaced_json_claim).await
 }
 
 /// kerf installed the way the README says, with one `kubectl apply -f deploy/kerf.yaml`: the
@@ -744,5 +744,9 @@ async fn spaced_json_claim_runs() -> Result<()> {
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn kubectl_apply_installs_kerf() -> Result<()> {
-    cluster::e2e_installing_kerf("install", issue26::kubectl_apply_installs_kerf).await
+    cluster::e2e_installing_kerf(
+        "install",
+        install_and_parameters::kubectl_apply_installs_kerf,
+    )
+    .await
 }

@@ -1,4 +1,4 @@
-//! Cluster e2e for issue 27: MPS control daemons run in pods of their own (one per GPU, in
+//! Cluster e2e for MPS daemon pods: MPS control daemons run in pods of their own (one per GPU, in
 //! kerf-system, created by the kubelet plugin), so deleting, rolling or OOM-killing the plugin
 //! leaves every running MPS workload's daemon alone, prepares succeed while the DaemonSet
 //! rolls, and a daemon that really dies is started again and reported on its claims.

@@ -1,4 +1,4 @@
-//! Cluster e2e for issue 16 on Kubernetes 1.36 (DRAConsumableCapacity and
+//! Cluster e2e for scheduler slices and dynamic MIG on Kubernetes 1.36 (DRAConsumableCapacity and
 //! DRAPartitionableDevices on by default), kerf deployed with mock GPUs: kube-scheduler hands
 //! out two slices of one GPU of a sliced Scheduler GpuClass, and a dynamic MIG device of a
 //! MIG-profile Scheduler GpuClass.

@@ -1,4 +1,4 @@
-//! Pods asking for GPUs by extended resource name count as kube-scheduler's demand (issue 26):
+//! Pods asking for GPUs by extended resource name count as kube-scheduler's demand:
 //! with every GPU of the node recorded as the controller's, a pod with only
 //! `resources.limits: {gpu.kerf.dev/gpu: N}` of a Scheduler class gets N GPUs lent to the
 //! scheduler (the Node's ownership record `gpu.kerf.dev/allocators`), as a claim of that class
@@ -114,7 +114,8 @@ fn owned_by(fake: &FakeApi, owner: Owner) -> Vec<String> {
         .collect()
 }
 
-/// Waits until every GPU is recorded as the controller's: the state of issue 26's cluster.
+/// Waits until every GPU is recorded as the controller's: a cluster whose GPUs are all the
+/// controller's when extended-resource pods arrive.
 async fn all_controllers(fake: &FakeApi) {
     eventually(
         "every GPU recorded as the controller's",

@@ -1,5 +1,5 @@
 //! Every write of kerf-kubelet-plugin names its field manager, `kerf-kubelet-plugin`, so
-//! `managedFields` shows who wrote what (issue 14: writes showed up as manager `unknown`).
+//! `managedFields` shows who wrote what (without a field manager a write shows up as manager `unknown`).
 //!
 //! A plugin with all its API connections (`Connections::kube`) runs against the in-memory API
 //! server: it probes device taints, publishes its ResourceSlices, prepares a claim (which

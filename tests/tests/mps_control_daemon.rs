@@ -1,4 +1,4 @@
-//! `kerf-kubelet-plugin mps-control-daemon`, the program of an MPS daemon pod (issue 27), run
+//! `kerf-kubelet-plugin mps-control-daemon`, the program of an MPS daemon pod, run
 //! as a process (`kerf-test-plugin mps-control-daemon`, the same library code) with the fake
 //! `nvidia-cuda-mps-control -f` of `kerf-fake-gpu-tools` in a mock driver root: the daemon
 //! comes up and accepts connections, SIGTERM becomes `quit` and exit 0, a daemon that dies

@@ -1,4 +1,4 @@
-//! The kubelet plugin reaps the MPS control daemons it starts (issue 27): the fake
+//! The kubelet plugin reaps the MPS control daemons it starts: the fake
 //! `nvidia-cuda-mps-control -d` daemonizes with a double fork as the real one does, so each
 //! daemon is re-parented to the plugin's init (`kerf_kubelet_plugin::reaper`), which must
 //! reap it once it quits. The plugin runs as its own process (`kerf-test-plugin`) as in its

@@ -1,5 +1,5 @@
 //! A burst of slice pods right after an API server outage is placed about as fast as one
-//! before it (issue 14: after a 45 s outage a burst of 40 slice pods took 106 s against 21 s).
+//! before it (once, after a 45 s outage, a burst of 40 slice pods took 106 s against 21 s).
 //!
 //! The whole-cluster simulation (real kerf-controller without leader election, real
 //! publishers, the kube-scheduler stand-in) places a burst, then the in-memory API server

@@ -1,4 +1,4 @@
-//! The bodies of the cluster tests of issue 26: a controller-class claim created from JSON with
+//! The bodies of the cluster tests of installing and claim parameters: a controller-class claim created from JSON with
 //! spaces, as Python's `json.dumps` writes it, through a raw request; and kerf installed with
 //! `kubectl apply -f deploy/kerf.yaml` alone, then a controller-class pod run to completion.
 
