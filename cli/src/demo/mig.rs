@@ -173,6 +173,14 @@ pub(super) fn setup(
     })
 }
 
+/// Adds the node's GPUs to the controller's capacity `index`: the controller reads every
+/// node's slices, and partitionable devices give it nothing.
+pub(super) fn add_to_index(setup: &Setup, driver: &str, index: &mut kerf_core::alloc::Index) {
+    for (_, gpus) in kerf_api::node_gpus_from_slices(&setup.slices, driver) {
+        index.upsert_node(gpus);
+    }
+}
+
 /// Starts the node's plugin, prepares and unprepares the pods that run on it through its DRA
 /// socket (reading the MIG instances in between and after), and stops it.
 ///

@@ -152,37 +152,24 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         .transpose()?;
     let mut index = node::capacity_index(&slices, driver);
     if let Some(setup) = &mig_setup {
-        // The controller reads every node's slices; partitionable devices give it nothing.
-        for (_, gpus) in kerf_api::node_gpus_from_slices(&setup.slices, driver) {
-            index.upsert_node(gpus);
-        }
+        mig::add_to_index(setup, driver, &mut index);
     }
 
     let manifests = manifests::load(&[config.classes.clone(), config.claims.clone()])?;
     let classes = classes::build(&manifests, driver);
     let mut workload = workload::build(&manifests);
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let mut scheduler_nodes = vec![scheduler::Node {
+    let main = scheduler::Node {
         name: &config.node_name,
         driver,
         devices: &devices,
         slices: &slices,
-    }];
-    if let Some(setup) = &mig_setup {
-        scheduler_nodes.push(scheduler::Node {
-            name: &setup.name,
-            driver,
-            devices: &setup.devices,
-            slices: &setup.slices,
-        });
-    }
+    };
+    let scheduler_nodes = with_mig_node(main, mig_setup.as_ref());
     let (claim_outcomes, pod_outcomes) =
         allocate::allocate_all(&mut workload, &classes, &scheduler_nodes, &mut index, &now);
 
-    let store = Arc::new(MemoryClaimReader::default());
-    for claim in workload.claims.iter().filter_map(|c| c.claim.clone()) {
-        store.insert(claim);
-    }
+    let store = claim_store(&workload);
     let main_node = MainNode {
         config,
         layout: &layout,
@@ -192,15 +179,16 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
     };
     let mut node_run = main_node.run(inventory, Arc::clone(&store)).await?;
 
-    let mig_report = match &mig_setup {
-        Some(setup) => {
-            let mut mig_run = mig::run_node(setup, &workload, &pod_outcomes, store).await?;
-            let report = mig::report(setup, driver, &mut mig_run)?;
-            node_run.merge(mig_run);
-            Some(report)
-        }
-        None => None,
-    };
+    let mig_node = mig_setup.as_ref();
+    let mig_report = run_mig_node(
+        mig_node,
+        driver,
+        &workload,
+        &pod_outcomes,
+        store,
+        &mut node_run,
+    )
+    .await?;
     let node_devices: Vec<(&str, &[Device])> = scheduler_nodes
         .iter()
         .map(|n| (n.name, n.devices))
@@ -217,6 +205,49 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
     summary.mig_node = mig_report;
     write_outputs(&layout, &summary, &workload)?;
     Ok(summary)
+}
+
+/// The nodes the scheduler stand-in sees: the main node, and the MIG node when there is one.
+fn with_mig_node<'a>(
+    main: scheduler::Node<'a>,
+    mig: Option<&'a mig::Setup>,
+) -> Vec<scheduler::Node<'a>> {
+    let driver = main.driver;
+    let mig = mig.map(|setup| scheduler::Node {
+        name: &setup.name,
+        driver,
+        devices: &setup.devices,
+        slices: &setup.slices,
+    });
+    std::iter::once(main).chain(mig).collect()
+}
+
+/// The allocated claims, as the plugins read them from the API server.
+fn claim_store(workload: &Workload) -> Arc<MemoryClaimReader> {
+    let store = Arc::new(MemoryClaimReader::default());
+    for claim in workload.claims.iter().filter_map(|c| c.claim.clone()) {
+        store.insert(claim);
+    }
+    store
+}
+
+/// Runs the MIG node's plugin and visit (when there is a MIG node), merges them into
+/// `node_run` and reports the node.
+async fn run_mig_node(
+    setup: Option<&mig::Setup>,
+    driver: &str,
+    workload: &Workload,
+    pods: &[PodOutcome],
+    store: Arc<MemoryClaimReader>,
+    node_run: &mut NodeRun,
+) -> Result<Option<MigNodeReport>> {
+    let Some(setup) = setup else {
+        return Ok(None);
+    };
+    let mut mig_run = mig::run_node(setup, workload, pods, store).await?;
+    let report = mig::report(setup, driver, &mut mig_run)?;
+    node_run.merge(mig_run);
+    Ok(Some(report))
 }
 
 /// The main node's plugin and the kubelet's visit to it.
@@ -360,22 +391,7 @@ impl Run<'_> {
             .pods
             .iter()
             .zip(pod_outcomes)
-            .map(|(pod, outcome)| PodReport {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                owner: pod.owner.clone(),
-                claims: pod
-                    .claims
-                    .iter()
-                    .map(|c| match &c.claim {
-                        Ok(i) => workload.claims[*i].name.clone(),
-                        Err(_) => format!("?{}", c.pod_claim_name),
-                    })
-                    .collect(),
-                scheduled: outcome.schedulable.is_ok(),
-                node: outcome.schedulable.clone().ok(),
-                error: outcome.schedulable.clone().err(),
-            })
+            .map(|(pod, outcome)| pod_report(pod, outcome, workload))
             .collect();
         Summary {
             node: config.node_name.clone(),
@@ -386,24 +402,7 @@ impl Run<'_> {
             classes: classes.reports.clone(),
             claims,
             pods,
-            invalid_manifests: manifests
-                .invalid
-                .iter()
-                .filter(|i| {
-                    !matches!(
-                        i.kind.as_str(),
-                        "ResourceClaim" | "GpuClass" | "DeviceClass"
-                    )
-                })
-                .map(|i| {
-                    let what = if i.kind.is_empty() {
-                        String::new()
-                    } else {
-                        format!("{}/{} ", i.kind, i.name)
-                    };
-                    format!("{what}({}): {}", i.origin, i.error)
-                })
-                .collect(),
+            invalid_manifests: invalid_manifest_lines(manifests),
             ignored: manifests.ignored.clone(),
             containers_error: node_run.containers_error.take(),
             container_runtime: node_run.container_runtime.take(),
@@ -415,6 +414,47 @@ impl Run<'_> {
             mig_node: None,
         }
     }
+}
+
+fn pod_report(pod: &workload::DemoPod, outcome: &PodOutcome, workload: &Workload) -> PodReport {
+    PodReport {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        owner: pod.owner.clone(),
+        claims: pod
+            .claims
+            .iter()
+            .map(|c| match &c.claim {
+                Ok(i) => workload.claims[*i].name.clone(),
+                Err(_) => format!("?{}", c.pod_claim_name),
+            })
+            .collect(),
+        scheduled: outcome.schedulable.is_ok(),
+        node: outcome.schedulable.clone().ok(),
+        error: outcome.schedulable.clone().err(),
+    }
+}
+
+/// One line per invalid manifest the claim and class reports do not already name.
+fn invalid_manifest_lines(manifests: &manifests::Manifests) -> Vec<String> {
+    manifests
+        .invalid
+        .iter()
+        .filter(|i| {
+            !matches!(
+                i.kind.as_str(),
+                "ResourceClaim" | "GpuClass" | "DeviceClass"
+            )
+        })
+        .map(|i| {
+            let what = if i.kind.is_empty() {
+                String::new()
+            } else {
+                format!("{}/{} ", i.kind, i.name)
+            };
+            format!("{what}({}): {}", i.origin, i.error)
+        })
+        .collect()
 }
 
 fn claim_report(
@@ -455,37 +495,15 @@ fn claim_report(
     let device_reports = allocated
         .iter()
         .map(|a| {
-            let mps = uid.as_deref().and_then(|u| {
-                let name = cdi::claim_device_name(u, &a.device);
-                let pipe = pipes.iter().find(|p| p.device == name)?;
-                Some(MpsReport {
-                    pipe_directory: pipe.host.clone(),
-                    container_pipe_directory: pipe.container.clone(),
-                    daemon_pid: node_run.mps_daemons.get(&pipe.host).copied().flatten(),
-                })
-            });
-            let published = node_devices
-                .iter()
-                .find(|(node, _)| *node == a.pool)
-                .and_then(|(_, devices)| devices.iter().find(|d| d.name == a.device));
-            let string = |name: &str| {
-                published
-                    .and_then(|d| device_attribute(d, driver, name))
-                    .and_then(|v| v.string.clone())
-            };
-            DeviceReport {
-                request: a.request.clone(),
-                device: a.device.clone(),
-                device_type: string(attributes::TYPE).unwrap_or_default(),
-                mig_profile: string(attributes::PROFILE),
-                memory_bytes: a.limits.memory_bytes,
-                compute_percent: a.limits.compute_percent,
-                sharing: a.sharing.to_string(),
-                cdi_device_ids: cdi_ids.get(&a.device).cloned().unwrap_or_default(),
-                mps,
-                mig_instance: published
-                    .and_then(|d| mig::instance_of(d, driver, &node_run.mig_prepared)),
-            }
+            device_report(
+                a,
+                uid.as_deref(),
+                &pipes,
+                node_devices,
+                driver,
+                &cdi_ids,
+                node_run,
+            )
         })
         .collect();
     let node = allocated.first().map(|a| a.pool.clone());
@@ -505,6 +523,48 @@ fn claim_report(
         cdi_spec: spec.map(|(_, value)| value),
         container: uid.as_deref().and_then(|u| node_run.containers.remove(u)),
         uid,
+    }
+}
+
+/// The report of one allocated device of a claim: what was published, prepared and started.
+fn device_report(
+    a: &kerf_api::AllocatedDevice,
+    uid: Option<&str>,
+    pipes: &[mps::PipeMount],
+    node_devices: &[(&str, &[Device])],
+    driver: &str,
+    cdi_ids: &BTreeMap<String, Vec<String>>,
+    node_run: &NodeRun,
+) -> DeviceReport {
+    let mps = uid.and_then(|u| {
+        let name = cdi::claim_device_name(u, &a.device);
+        let pipe = pipes.iter().find(|p| p.device == name)?;
+        Some(MpsReport {
+            pipe_directory: pipe.host.clone(),
+            container_pipe_directory: pipe.container.clone(),
+            daemon_pid: node_run.mps_daemons.get(&pipe.host).copied().flatten(),
+        })
+    });
+    let published = node_devices
+        .iter()
+        .find(|(node, _)| *node == a.pool)
+        .and_then(|(_, devices)| devices.iter().find(|d| d.name == a.device));
+    let string = |name: &str| {
+        published
+            .and_then(|d| device_attribute(d, driver, name))
+            .and_then(|v| v.string.clone())
+    };
+    DeviceReport {
+        request: a.request.clone(),
+        device: a.device.clone(),
+        device_type: string(attributes::TYPE).unwrap_or_default(),
+        mig_profile: string(attributes::PROFILE),
+        memory_bytes: a.limits.memory_bytes,
+        compute_percent: a.limits.compute_percent,
+        sharing: a.sharing.to_string(),
+        cdi_device_ids: cdi_ids.get(&a.device).cloned().unwrap_or_default(),
+        mps,
+        mig_instance: published.and_then(|d| mig::instance_of(d, driver, &node_run.mig_prepared)),
     }
 }
 
