@@ -182,6 +182,40 @@ impl SchedulerStandIn {
         let _ = api.create(&PostParams::default(), &event).await;
     }
 
+    /// Adds the built-in finalizer to `claim` unless it has it; `claim` becomes the claim as
+    /// written.
+    async fn add_finalizer(
+        &self,
+        api: &Api<ResourceClaim>,
+        label: &str,
+        claim: &mut ResourceClaim,
+    ) -> Result<(), FinalizerWrite> {
+        if claim.finalizers().iter().any(|f| f == BUILTIN_FINALIZER) {
+            return Ok(());
+        }
+        claim
+            .metadata
+            .finalizers
+            .get_or_insert_with(Vec::new)
+            .push(BUILTIN_FINALIZER.to_owned());
+        self.throttled().await;
+        match api
+            .replace(&claim.name_any(), &PostParams::default(), claim)
+            .await
+        {
+            Ok(updated) => {
+                *claim = updated;
+                Ok(())
+            }
+            Err(e) if is_conflict(&e) => Err(FinalizerWrite::Conflict(format!(
+                "add finalizer to claim {label}: {e}"
+            ))),
+            Err(e) => Err(FinalizerWrite::Failed(format!(
+                "add finalizer to claim {label}: {e}"
+            ))),
+        }
+    }
+
     async fn bind_claim(
         &self,
         reserved: &ReservedClaim,
@@ -212,21 +246,13 @@ impl SchedulerStandIn {
                         "claim {label} got allocated elsewhere in the meantime"
                     ));
                 }
-                if !claim.finalizers().iter().any(|f| f == BUILTIN_FINALIZER) {
-                    claim
-                        .metadata
-                        .finalizers
-                        .get_or_insert_with(Vec::new)
-                        .push(BUILTIN_FINALIZER.to_owned());
-                    self.throttled().await;
-                    match api.replace(&name, &PostParams::default(), &claim).await {
-                        Ok(updated) => claim = updated,
-                        Err(e) if is_conflict(&e) => {
-                            last_error = format!("add finalizer to claim {label}: {e}");
-                            continue;
-                        }
-                        Err(e) => return Err(format!("add finalizer to claim {label}: {e}")),
+                match self.add_finalizer(&api, &label, &mut claim).await {
+                    Ok(()) => {}
+                    Err(FinalizerWrite::Conflict(message)) => {
+                        last_error = message;
+                        continue;
                     }
+                    Err(FinalizerWrite::Failed(message)) => return Err(message),
                 }
                 let mut allocation = allocation.clone();
                 allocation.allocation_timestamp = Some(Time(Timestamp::now()));
@@ -239,17 +265,7 @@ impl SchedulerStandIn {
                     "add reservation to claim {label}: status.allocation: Invalid value: field is immutable (the scheduler stamps a missing allocationTimestamp)"
                 ));
             }
-            claim
-                .status
-                .get_or_insert_with(ResourceClaimStatus::default)
-                .reserved_for
-                .get_or_insert_with(Vec::new)
-                .push(ResourceClaimConsumerReference {
-                    api_group: None,
-                    resource: "pods".to_owned(),
-                    name: pod.name_any(),
-                    uid: pod.uid().unwrap_or_default(),
-                });
+            add_consumer(&mut claim, pod);
             let what = if reserved.allocation.is_some() {
                 "add allocation and reservation to"
             } else {
@@ -329,4 +345,27 @@ impl SchedulerStandIn {
                 .await;
         }
     }
+}
+
+/// Why the built-in finalizer was not added.
+enum FinalizerWrite {
+    /// A conflict: read the claim again and retry.
+    Conflict(String),
+    /// Anything else: binding fails.
+    Failed(String),
+}
+
+/// Adds `pod` to the claim's `reservedFor`.
+fn add_consumer(claim: &mut ResourceClaim, pod: &Pod) {
+    claim
+        .status
+        .get_or_insert_with(ResourceClaimStatus::default)
+        .reserved_for
+        .get_or_insert_with(Vec::new)
+        .push(ResourceClaimConsumerReference {
+            api_group: None,
+            resource: "pods".to_owned(),
+            name: pod.name_any(),
+            uid: pod.uid().unwrap_or_default(),
+        });
 }

@@ -367,90 +367,22 @@ impl SchedulerStandIn {
         rng: &mut SeededRng,
     ) -> CycleOutcome {
         let pod_name = pod_key(pod);
-        let unschedulable = |reason: String| CycleOutcome::Unschedulable {
-            pod: pod_name.clone(),
-            reason,
-            deallocated: None,
+        let prepared = pre_filter(pod, snapshot).and_then(|claims| {
+            let to_allocate = claims_to_allocate(&claims, snapshot)?;
+            let state = self.allocated_state(snapshot)?;
+            Ok((claims, to_allocate, state))
+        });
+        let (claims, to_allocate, state) = match prepared {
+            Ok(prepared) => prepared,
+            Err(stop) => return stop.outcome(pod_name),
         };
-        // PreFilter: the pod's claims.
-        let namespace = pod.namespace().unwrap_or_default();
-        let mut claims = Vec::new();
-        for (reference, name) in pod_claim_names(pod) {
-            let Some(name) = name else {
-                return unschedulable(format!(
-                    "waiting for resource claim of pod claim {reference} to be created"
-                ));
-            };
-            let Some(claim) = snapshot.claims.get(&key(Some(&namespace), &name)) else {
-                return unschedulable(format!("resourceclaim \"{name}\" not found"));
-            };
-            if claim.metadata.deletion_timestamp.is_some() {
-                return unschedulable(format!("resourceclaim \"{name}\" is being deleted"));
-            }
-            if !is_reserved_for(claim, pod) && reserved_for(claim).len() >= RESERVED_FOR_MAX {
-                return unschedulable(format!(
-                    "resourceclaim \"{name}\" is reserved for the maximum number of consumers"
-                ));
-            }
-            claims.push(ResourceClaim::clone(claim));
-        }
-        let mut to_allocate = Vec::new();
-        for (index, claim) in claims.iter().enumerate() {
-            if allocation_of(claim).is_some() {
-                continue;
-            }
-            for request in claim
-                .spec
-                .devices
-                .iter()
-                .flat_map(|d| d.requests.iter().flatten())
-            {
-                let Some(exactly) = &request.exactly else {
-                    return CycleOutcome::Error {
-                        pod: pod_name,
-                        message: format!(
-                            "request {}: firstAvailable is not supported by the stand-in",
-                            request.name
-                        ),
-                    };
-                };
-                if !snapshot.classes.contains_key(&exactly.device_class_name) {
-                    return unschedulable(format!(
-                        "request {}: device class {} does not exist",
-                        request.name, exactly.device_class_name
-                    ));
-                }
-            }
-            to_allocate.push(index);
-        }
-        // `ListAllAllocatedDevices` and the claim assume cache: written and in-flight.
-        let mut state = AllocatedState::default();
-        let written = snapshot.claims.values().filter_map(|c| allocation_of(c));
-        let in_flight = self
-            .pending
-            .iter()
-            .flat_map(|r| r.claims.iter().filter_map(|c| c.allocation.as_ref()));
-        for allocation in written.chain(in_flight) {
-            if let Err(message) = state.add(allocation) {
-                return CycleOutcome::Error {
-                    pod: pod_name,
-                    message,
-                };
-            }
-        }
-
         // Filter.
         let filtered = match self
             .allocator
             .filter(pod, &claims, &to_allocate, snapshot, &state)
         {
             Ok(filtered) => filtered,
-            Err(message) => {
-                return CycleOutcome::Error {
-                    pod: pod_name,
-                    message,
-                };
-            }
+            Err(message) => return Stop::Error(message).outcome(pod_name),
         };
         let mut feasible = filtered.feasible;
         if feasible.is_empty() {
@@ -458,11 +390,35 @@ impl SchedulerStandIn {
                 .post_filter(pod, &claims, &filtered.unavailable, filtered.reason, rng)
                 .await;
         }
+        let chosen = feasible.swap_remove(rng.below(feasible.len()));
+        self.reserve(pod, &claims, &to_allocate, chosen)
+    }
 
-        // Reserve.
+    /// `ListAllAllocatedDevices` and the claim assume cache: what is written and in flight.
+    fn allocated_state(&self, snapshot: &Snapshot) -> Result<AllocatedState, Stop> {
+        let mut state = AllocatedState::default();
+        let written = snapshot.claims.values().filter_map(|c| allocation_of(c));
+        let in_flight = self
+            .pending
+            .iter()
+            .flat_map(|r| r.claims.iter().filter_map(|c| c.allocation.as_ref()));
+        for allocation in written.chain(in_flight) {
+            state.add(allocation).map_err(Stop::Error)?;
+        }
+        Ok(state)
+    }
+
+    /// Reserve: the pod waits for PreBind on the chosen node with its allocations.
+    fn reserve(
+        &mut self,
+        pod: &Pod,
+        claims: &[ResourceClaim],
+        to_allocate: &[usize],
+        chosen: Feasible,
+    ) -> CycleOutcome {
         let Feasible {
             node, allocations, ..
-        } = feasible.swap_remove(rng.below(feasible.len()));
+        } = chosen;
         let mut allocations = allocations.into_iter();
         let reserved = claims
             .iter()
@@ -484,8 +440,93 @@ impl SchedulerStandIn {
             at: Instant::now(),
         });
         CycleOutcome::Reserved {
-            pod: pod_name,
+            pod: pod_key(pod),
             node,
         }
     }
+}
+
+/// Why a scheduling cycle stopped before Filter.
+#[derive(Debug)]
+enum Stop {
+    /// The pod cannot be scheduled now (upstream's words).
+    Unschedulable(String),
+    /// The cycle failed.
+    Error(String),
+}
+
+impl Stop {
+    fn outcome(self, pod: String) -> CycleOutcome {
+        match self {
+            Stop::Unschedulable(reason) => CycleOutcome::Unschedulable {
+                pod,
+                reason,
+                deallocated: None,
+            },
+            Stop::Error(message) => CycleOutcome::Error { pod, message },
+        }
+    }
+}
+
+/// PreFilter: the pod's claims, each existing, not being deleted and with room in
+/// `reservedFor`.
+fn pre_filter(pod: &Pod, snapshot: &Snapshot) -> Result<Vec<ResourceClaim>, Stop> {
+    let namespace = pod.namespace().unwrap_or_default();
+    let mut claims = Vec::new();
+    for (reference, name) in pod_claim_names(pod) {
+        let Some(name) = name else {
+            return Err(Stop::Unschedulable(format!(
+                "waiting for resource claim of pod claim {reference} to be created"
+            )));
+        };
+        let Some(claim) = snapshot.claims.get(&key(Some(&namespace), &name)) else {
+            return Err(Stop::Unschedulable(format!(
+                "resourceclaim \"{name}\" not found"
+            )));
+        };
+        if claim.metadata.deletion_timestamp.is_some() {
+            return Err(Stop::Unschedulable(format!(
+                "resourceclaim \"{name}\" is being deleted"
+            )));
+        }
+        if !is_reserved_for(claim, pod) && reserved_for(claim).len() >= RESERVED_FOR_MAX {
+            return Err(Stop::Unschedulable(format!(
+                "resourceclaim \"{name}\" is reserved for the maximum number of consumers"
+            )));
+        }
+        claims.push(ResourceClaim::clone(claim));
+    }
+    Ok(claims)
+}
+
+/// The indexes of the claims without allocation, each request checked for what the
+/// stand-in supports and a class that exists.
+fn claims_to_allocate(claims: &[ResourceClaim], snapshot: &Snapshot) -> Result<Vec<usize>, Stop> {
+    let mut to_allocate = Vec::new();
+    for (index, claim) in claims.iter().enumerate() {
+        if allocation_of(claim).is_some() {
+            continue;
+        }
+        for request in claim
+            .spec
+            .devices
+            .iter()
+            .flat_map(|d| d.requests.iter().flatten())
+        {
+            let Some(exactly) = &request.exactly else {
+                return Err(Stop::Error(format!(
+                    "request {}: firstAvailable is not supported by the stand-in",
+                    request.name
+                )));
+            };
+            if !snapshot.classes.contains_key(&exactly.device_class_name) {
+                return Err(Stop::Unschedulable(format!(
+                    "request {}: device class {} does not exist",
+                    request.name, exactly.device_class_name
+                )));
+            }
+        }
+        to_allocate.push(index);
+    }
+    Ok(to_allocate)
 }
