@@ -158,7 +158,7 @@ fn slice(i: usize) -> Value {
             .and_then(|a| a.get_mut(kerf_api::resourceslice::attributes::UUID))
             .and_then(|a| a.string.as_mut())
             .unwrap();
-        uuid.push_str(&format!("-{i}"));
+        *uuid = format!("{uuid}-{i}");
     }
     json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
