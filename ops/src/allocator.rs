@@ -17,10 +17,12 @@
 //!   rather than kerf's data: with mimalloc's defaults it commits each arena up front and keeps
 //!   freed pages for a second, and the leader held 96–104 MiB where glibc held 77 MiB (after
 //!   the slice cache was compacted). The Deployment (`deploy/base/controller.yaml`) therefore
-//!   sets `MIMALLOC_ARENA_EAGER_COMMIT=0` and `MIMALLOC_PURGE_DELAY=0` (mimalloc reads its
-//!   options from the environment; setting them from Rust would need `unsafe`): 58.8–69.9 MiB
-//!   in six runs, less than glibc, at no CPU cost the runs could tell apart (`kerf-bench
-//!   controller-footprint`, which starts its replicas with the Deployment's environment).
+//!   sets `MIMALLOC_ARENA_EAGER_COMMIT=0`, `MIMALLOC_PAGE_COMMIT_ON_DEMAND=1`,
+//!   `MIMALLOC_PAGE_FULL_RETAIN=0` and `MIMALLOC_PURGE_DELAY=0` (mimalloc reads its options
+//!   from the environment; setting them from Rust would need `unsafe`): 57.9–62.2 MiB in four
+//!   runs (the first and last setting alone: 58.8–69.9 MiB in six), less than glibc, at no CPU
+//!   cost the runs could tell apart (`kerf-bench controller-footprint`, which starts its
+//!   replicas with the Deployment's environment).
 //!   Build with `--no-default-features` for the system allocator, and to profile the heap with
 //!   heaptrack (which cannot see mimalloc).
 //!

@@ -288,6 +288,8 @@ mod tests {
         let env = deployment_env().unwrap();
         for (name, value) in [
             ("MIMALLOC_ARENA_EAGER_COMMIT", "0"),
+            ("MIMALLOC_PAGE_COMMIT_ON_DEMAND", "1"),
+            ("MIMALLOC_PAGE_FULL_RETAIN", "0"),
             ("MIMALLOC_PURGE_DELAY", "0"),
         ] {
             assert!(
