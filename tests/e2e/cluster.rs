@@ -179,7 +179,7 @@ async fn clean_up(
     let namespaces: Api<Namespace> = Api::all(client.clone());
     delete_ignoring_absent(&namespaces, namespace).await?;
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
-    let gone = wait::until(
+    let gone = wait::poll_until(
         format_args!("namespace {namespace} to be deleted"),
         timeout,
         || async {
@@ -264,7 +264,7 @@ impl TestEnv {
             .unwrap_or_else(PoisonError::into_inner)
             .push(name.clone());
         let device_classes: Api<DeviceClass> = Api::all(self.client.clone());
-        wait::until(
+        wait::poll_until(
             format_args!("kerf's controller to create DeviceClass {name} for GpuClass {name}"),
             self.settings.timeout,
             || async {
@@ -324,7 +324,7 @@ impl TestEnv {
         ready: impl Fn(&ResourceClaim) -> bool,
     ) -> Result<ResourceClaim> {
         let claims = self.api::<ResourceClaim>();
-        wait::until(
+        wait::poll_until(
             format_args!("claim {name} to be {what}"),
             self.settings.timeout,
             || async {
@@ -393,7 +393,7 @@ impl TestEnv {
     where
         K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
     {
-        wait::until(
+        wait::poll_until(
             format_args!("{} {name} to be gone", K::kind(&())),
             self.settings.timeout,
             || async {
@@ -473,7 +473,7 @@ impl TestEnv {
     /// What pod `name`'s container reported, once its report is complete: a Running
     /// container may not have printed all of it yet.
     pub async fn wait_report(&self, name: &str) -> Result<ContainerReport> {
-        wait::until(
+        wait::poll_until(
             format_args!("pod {name}'s container to print its whole report"),
             self.settings.timeout,
             || async {
@@ -536,7 +536,7 @@ impl TestEnv {
 
     /// Waits for an Event with `reason` about `kind`/`name`.
     pub async fn wait_event(&self, kind: &str, name: &str, reason: &str) -> Result<Event> {
-        wait::until(
+        wait::poll_until(
             format_args!("an Event {reason} about {kind} {name}"),
             self.settings.timeout,
             || async {

@@ -55,7 +55,7 @@ pub async fn wait_daemon(
     what: &str,
     accept: impl Fn(&DaemonIdentity) -> bool,
 ) -> Result<DaemonIdentity> {
-    wait::until(
+    wait::poll_until(
         format_args!("the MPS daemon of GPU {uuid} on node {node} to be {what}"),
         env.settings.timeout,
         || async {
@@ -157,7 +157,7 @@ pub async fn expect_no_event(env: &TestEnv, kind: &str, name: &str, reason: &str
 
 /// The one plugin pod of `node`, once it is Ready (before the test disturbs it).
 pub async fn plugin_pod(env: &TestEnv, node: &str) -> Result<Pod> {
-    wait::until(
+    wait::poll_until(
         format_args!("one Ready kerf plugin pod on node {node}"),
         env.settings.timeout,
         || async {
@@ -181,7 +181,7 @@ pub async fn wait_plugin_replaced(
     old_uid: &str,
     bound: Duration,
 ) -> Result<Pod> {
-    wait::until(
+    wait::poll_until(
         format_args!("plugin pod {old_uid} on node {node} to be gone and a new one Ready"),
         bound,
         || async {
@@ -210,7 +210,7 @@ pub async fn wait_surge(
     old_uid: &str,
     bound: Duration,
 ) -> Result<(Pod, bool)> {
-    wait::until(
+    wait::poll_until(
         format_args!("the roll to create a new plugin pod on node {node}"),
         bound,
         || async {
@@ -272,7 +272,7 @@ pub async fn kubectl(env: &TestEnv, args: &[&str]) -> Result<String> {
 /// Waits until test pod `pod`'s `CUDA_MPS_PIPE_DIRECTORY` holds the daemon's `control` socket,
 /// looked at with `kubectl exec` in its container (the test image has a shell).
 pub async fn wait_pipe_control(env: &TestEnv, pod: &str) -> Result<PipeCheck> {
-    wait::until(
+    wait::poll_until(
         format_args!("pod {pod}'s CUDA_MPS_PIPE_DIRECTORY to hold the daemon's control socket"),
         env.settings.timeout,
         || async {

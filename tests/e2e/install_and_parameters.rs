@@ -273,7 +273,7 @@ async fn kubectl_apply(kubectl: &str, manifest: &std::path::Path) -> Result<()> 
 /// (as `kubectl rollout status` decides).
 async fn wait_deployment(env: &TestEnv, namespace: &str, name: &str) -> Result<()> {
     let api: Api<Deployment> = Api::namespaced(env.client.clone(), namespace);
-    wait::until(
+    wait::poll_until(
         format_args!("Deployment {namespace}/{name} to be ready"),
         env.settings.timeout,
         || async {
@@ -309,7 +309,7 @@ async fn wait_deployment(env: &TestEnv, namespace: &str, name: &str) -> Result<(
 /// schedules to, and on one node at least.
 async fn wait_daemon_set(env: &TestEnv, namespace: &str, name: &str) -> Result<()> {
     let api: Api<DaemonSet> = Api::namespaced(env.client.clone(), namespace);
-    wait::until(
+    wait::poll_until(
         format_args!("DaemonSet {namespace}/{name} to be ready"),
         env.settings.timeout,
         || async {
@@ -340,7 +340,7 @@ async fn wait_daemon_set(env: &TestEnv, namespace: &str, name: &str) -> Result<(
 async fn wait_default_class(env: &TestEnv) -> Result<()> {
     let device_classes: Api<DeviceClass> = Api::all(env.client.clone());
     let classes: Api<GpuClass> = Api::all(env.client.clone());
-    wait::until(
+    wait::poll_until(
         format_args!("kerf's controller to create GpuClass and DeviceClass {DEFAULT_SLICE_CLASS}"),
         env.settings.timeout,
         || async {

@@ -36,7 +36,7 @@ pub async fn extended_resource_pod(env: TestEnv) -> Result<()> {
     let class = env.gpu_class("extended", spec).await?;
     let classes: Api<GpuClass> = Api::all(env.client.clone());
     let device_classes: Api<DeviceClass> = Api::all(env.client.clone());
-    wait::until(
+    wait::poll_until(
         format_args!("DeviceClass {class} to carry extendedResourceName {resource}"),
         env.settings.timeout,
         || async {
@@ -156,7 +156,7 @@ async fn wait_health(
     bound: std::time::Duration,
     accept: impl Fn(&str) -> bool,
 ) -> Result<String> {
-    wait::until(
+    wait::poll_until(
         format_args!("allocatedResourcesStatus claim:{CLAIM_REF}: {what}"),
         bound,
         || async {
@@ -177,7 +177,7 @@ async fn wait_taint(env: &TestEnv, pool: &str, device: &str, present: bool) -> R
     let driver = &env.settings.driver;
     let key = format!("{driver}/unhealthy");
     let value = format!("xid-{NON_FATAL_XID}");
-    wait::until(
+    wait::poll_until(
         format_args!(
             "device {device} of pool {pool} {} taint {key}={value}:NoSchedule",
             if present { "to carry" } else { "to lose" }

@@ -19,11 +19,13 @@ pub enum Poll<T> {
     Pending(String),
 }
 
-/// Checks `probe` until it is [`Poll::Ready`] or `timeout` has passed.
+/// Checks `probe` until it is [`Poll::Ready`] or `timeout` has passed, and returns an error
+/// (never panics) when it does not get there: cluster checks report their failure through
+/// `Result`. Not to be confused with `kerf_tests::wait::until`, which panics on timeout.
 ///
 /// A probe error counts as "not yet" (API servers have hiccups) and is kept for the message;
 /// use [`fail_fast`] when some states mean the condition can never hold.
-pub async fn until<T, F, Fut>(what: impl Display, timeout: Duration, mut probe: F) -> Result<T>
+pub async fn poll_until<T, F, Fut>(what: impl Display, timeout: Duration, mut probe: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Poll<T>>>,
@@ -42,7 +44,7 @@ where
     }
 }
 
-/// Like [`until`], but a probe that returns `Err(Stop)` ends the wait at once with that error:
+/// Like [`poll_until`], but a probe that returns `Err(Stop)` ends the wait at once with that error:
 /// for states that can never turn good (a pod that failed).
 pub async fn fail_fast<T, F, Fut>(what: impl Display, timeout: Duration, mut probe: F) -> Result<T>
 where
@@ -89,7 +91,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wait_that_never_succeeds_names_what_and_the_last_state() {
-        let error = until("the answer", Duration::ZERO, || async {
+        let error = poll_until("the answer", Duration::ZERO, || async {
             Ok(Poll::<()>::Pending("attempt 1".to_owned()))
         })
         .await
@@ -99,7 +101,7 @@ mod tests {
             error,
             "timed out after 0ns waiting for the answer; last seen: attempt 1"
         );
-        let error = until("the answer", Duration::ZERO, || async {
+        let error = poll_until("the answer", Duration::ZERO, || async {
             Err::<Poll<()>, _>(anyhow::anyhow!("connection refused"))
         })
         .await
@@ -109,7 +111,7 @@ mod tests {
             error.ends_with("last seen: the last check failed: connection refused"),
             "{error}"
         );
-        let value = until("the answer", Duration::ZERO, || async {
+        let value = poll_until("the answer", Duration::ZERO, || async {
             Ok(Poll::Ready(42))
         })
         .await

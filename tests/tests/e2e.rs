@@ -101,7 +101,7 @@ const BURST_RUNNING_WITHIN: Duration = Duration::from_secs(30);
 async fn resource_slices_describe_every_plugin_node() -> Result<()> {
     e2e("slices", |env: TestEnv| async move {
         let driver = env.settings.driver.clone();
-        let slices = wait::until(
+        let slices = wait::poll_until(
             format_args!("complete, consistent ResourceSlices of driver {driver}"),
             env.settings.timeout,
             || async {
@@ -314,7 +314,7 @@ async fn deployment_slices_are_bin_packed() -> Result<()> {
             .await?;
 
         let deployments = env.api::<Deployment>();
-        wait::until(
+        wait::poll_until(
             "deployment binpack to have 3 ready replicas",
             env.settings.timeout,
             || async {

@@ -422,7 +422,7 @@ async fn daemon_left_behind(env: &TestEnv, pod: &MpsPod) -> Result<()> {
         return Ok(());
     }
     let labels = daemon_checks::daemon_labels(&pod.uuid);
-    wait::until(
+    wait::poll_until(
         format_args!(
             "the MPS daemon pod of GPU {} to go once no claim uses it",
             pod.uuid

@@ -133,7 +133,7 @@ async fn kube_scheduler_allocates_two_slices_of_one_gpu() -> Result<()> {
         let first = scheduler_slices::capacity_claim_spec(&class, &capacity, &[]);
         env.create(&manifests::resource_claim("share-a", first)).await?;
         create_reporting_pod(&env, "share-a").await?;
-        wait::until(
+        wait::poll_until(
             "kerf-controller to lend a GPU for pending pod share-a and the plugin to publish it shareable (allowMultipleAllocations)",
             env.settings.timeout,
             || async {
