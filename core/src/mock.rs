@@ -11,9 +11,11 @@
 //! | `a100-40gb-dynmig` | 4 × `NVIDIA A100-SXM4-40GB` | the same board with every GPU in MIG mode and no MIG devices: dynamic MIG creates them on demand from [`crate::mig_catalog::catalog_for`] |
 //! | `a100-80gb-dynmig` | 8 × `NVIDIA A100-SXM4-80GB` | DGX A100 80GB (two 4-GPU boards' layout), every GPU in MIG mode without MIG devices, for dynamic MIG |
 //! | `h100-sxm-80gb-dynmig` | 8 × `NVIDIA H100 80GB HBM3` | the DGX H100 of `h100-sxm-80gb` with every GPU in MIG mode without MIG devices, for dynamic MIG |
+//! | `h100-nvl` | 2 × `NVIDIA H100 NVL` | a PCIe server with one H100 NVL pair: two 94 GB PCIe cards joined by NVLink bridges, no NVSwitch, so no fabric domain |
 //!
 //! Memory sizes are NVML's `memory_info().total` (what `nvidia-smi` prints as `…MiB`), not the
-//! marketing size: 81559 MiB for the H100, 40960 MiB for the A100, 23034 MiB for the L4.
+//! marketing size: 81559 MiB for the H100 SXM, 95830 MiB for the H100 NVL, 40960 MiB for the
+//! A100, 23034 MiB for the L4.
 //!
 //! `PROFILE:COUNT` changes the number of GPUs (1 to [`MAX_MOCK_GPUS`]). GPU `m` always looks
 //! the same whatever the count: its UUID derives from the profile name and `m` only, and PCI
@@ -53,14 +55,17 @@ pub const A100_40GB_DYNMIG: &str = "a100-40gb-dynmig";
 pub const A100_80GB_DYNMIG: &str = "a100-80gb-dynmig";
 /// Name of the 8 × H100 SXM 80GB profile in MIG mode without MIG devices, for dynamic MIG.
 pub const H100_SXM_80GB_DYNMIG: &str = "h100-sxm-80gb-dynmig";
+/// Name of the 2 × H100 NVL profile: one NVLink-bridged pair of PCIe cards.
+pub const H100_NVL: &str = "h100-nvl";
 
-const PROFILE_NAMES: [&str; 6] = [
+const PROFILE_NAMES: [&str; 7] = [
     H100_SXM_80GB,
     A100_40GB_MIG,
     L4,
     A100_40GB_DYNMIG,
     A100_80GB_DYNMIG,
     H100_SXM_80GB_DYNMIG,
+    H100_NVL,
 ];
 
 /// The names of the built-in mock profiles.
@@ -224,6 +229,10 @@ const A100_SLOTS: [Slot; 4] = [
 ];
 /// Two L4 cards, one per socket.
 const L4_SLOTS: [Slot; 2] = [(0x17, 0x16, 0), (0xca, 0xc9, 1)];
+/// One H100 NVL pair: two PCIe cards on the same socket, each under its own root port (the
+/// bridges join the pair, so it sits in neighbouring slots). GPU 0 at bus 0x4e as `nvidia-smi`
+/// shows a two-card H100 NVL machine (NVIDIA/gpu-admin-tools issue #4).
+const H100_NVL_SLOTS: [Slot; 2] = [(0x4e, 0x4a, 0), (0x5e, 0x5a, 0)];
 
 /// How the GPUs of a profile are linked by NVLink.
 #[derive(Clone, Copy)]
@@ -232,7 +241,8 @@ enum Links {
     None,
     /// Every GPU of the inventory reaches every other through NVSwitch; one fabric domain.
     Switched,
-    /// Direct NVLink between all GPUs of the same board, no fabric domain.
+    /// Direct NVLink between all GPUs of the same board, no fabric domain; with a board of two
+    /// PCIe cards, the NVLink bridges of an H100 NVL pair.
     PerBoard,
 }
 
@@ -294,7 +304,7 @@ struct Profile {
     empty_mig_mode: bool,
 }
 
-const PROFILES: [Profile; 6] = [
+const PROFILES: [Profile; 7] = [
     Profile {
         name: H100_SXM_80GB,
         natural_count: 8,
@@ -372,6 +382,23 @@ const PROFILES: [Profile; 6] = [
         links: Links::Switched,
         mig_layouts: &[],
         empty_mig_mode: true,
+    },
+    Profile {
+        name: H100_NVL,
+        natural_count: 2,
+        // NVML's name and `memory_info().total` as `nvidia-smi` prints them for this card
+        // ("NVIDIA H100 NVL", "95830MiB", NVIDIA/gpu-admin-tools issue #4); 132 SMs like the
+        // SXM part: NVML reports 16896 CUDA cores, 128 per Hopper SM (fastfetch-cli/fastfetch
+        // issue #1658).
+        product_name: "NVIDIA H100 NVL",
+        architecture: "Hopper",
+        compute_capability: ComputeCapability { major: 9, minor: 0 },
+        memory_mib: 95830,
+        multiprocessors: 132,
+        slots: &H100_NVL_SLOTS,
+        links: Links::PerBoard,
+        mig_layouts: &[],
+        empty_mig_mode: false,
     },
 ];
 

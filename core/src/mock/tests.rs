@@ -26,6 +26,7 @@ fn every_profile_validates_at_its_natural_count() {
         (A100_40GB_DYNMIG, 4),
         (A100_80GB_DYNMIG, 8),
         (H100_SXM_80GB_DYNMIG, 8),
+        (H100_NVL, 2),
     ] {
         let inventory = profile(name);
         assert_eq!(inventory.gpus.len(), count, "{name}");
@@ -40,9 +41,40 @@ fn every_profile_validates_at_its_natural_count() {
             L4,
             A100_40GB_DYNMIG,
             A100_80GB_DYNMIG,
-            H100_SXM_80GB_DYNMIG
+            H100_SXM_80GB_DYNMIG,
+            H100_NVL
         ]
     );
+}
+
+#[test]
+fn h100_nvl_is_nvlink_bridged_pairs_of_pcie_cards() {
+    let inventory = profile(H100_NVL);
+    for gpu in &inventory.gpus {
+        assert_eq!(gpu.product_name, "NVIDIA H100 NVL");
+        assert_eq!(gpu.architecture, "Hopper");
+        assert_eq!(
+            gpu.compute_capability,
+            ComputeCapability { major: 9, minor: 0 }
+        );
+        assert_eq!(gpu.memory_bytes, 95830 * MIB);
+        assert_eq!(gpu.multiprocessors, 132);
+        // Bridged, not switched: no fabric domain.
+        assert!(gpu.nvlink_domain.is_none());
+        assert!(!gpu.mig_enabled && gpu.mig_devices.is_empty());
+    }
+    assert_eq!(inventory.gpus[0].nvlink_peers, [1]);
+    assert_eq!(inventory.gpus[1].nvlink_peers, [0]);
+    assert_eq!(inventory.gpus[0].pci_bus_id, "0000:4e:00.0");
+    // Four cards are two pairs: a card's only peer is its bridge partner.
+    let four = profile("h100-nvl:4");
+    let peers: Vec<&[u32]> = four
+        .gpus
+        .iter()
+        .map(|g| g.nvlink_peers.as_slice())
+        .collect();
+    assert_eq!(peers, [&[1][..], &[0], &[3], &[2]]);
+    assert_eq!(four.gpus[2].pci_bus_id, "0001:4e:00.0");
 }
 
 #[test]
