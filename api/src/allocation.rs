@@ -9,6 +9,7 @@ mod status;
 mod tests;
 mod uses;
 
+pub(crate) use prioritized::as_exact as as_exact_request;
 pub use prioritized::claim_allocation_status;
 pub use request::{claim_request, core_selector};
 pub use status::{MAX_ALLOCATION_RESULTS, allocation_status, node_selector};

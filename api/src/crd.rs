@@ -11,6 +11,7 @@ use kube::CustomResourceExt;
 
 use crate::error::{Error, Result};
 use crate::gpuclass::GpuClass;
+use crate::gpuquota::GpuQuota;
 
 /// The first line of every generated manifest.
 pub const HEADER: &str = "# Generated from kerf-api's Rust types by `cargo run -p kerf-api --bin crdgen`. Do not edit.\n";
@@ -32,26 +33,36 @@ pub fn gpuclass_crd() -> CustomResourceDefinition {
     crd
 }
 
+/// The GpuQuota CRD as kerf installs it, with formats as in [`gpuclass_crd`].
+pub fn gpuquota_crd() -> CustomResourceDefinition {
+    let mut crd = GpuQuota::crd();
+    formats::kubernetes_formats(&mut crd);
+    crd
+}
+
 /// Every CRD kerf defines, rendered as YAML.
 ///
 /// # Errors
 ///
 /// [`Error::Serialize`] if YAML serialisation fails.
 pub fn crd_files() -> Result<Vec<CrdFile>> {
-    let crd = gpuclass_crd();
-    let name = crd
-        .metadata
-        .name
-        .clone()
-        .unwrap_or_else(|| "gpuclasses.gpu.kerf.dev".to_owned());
-    let body = serde_saphyr::to_string(&crd).map_err(|e| Error::Serialize {
-        what: "GpuClass CRD",
-        message: e.to_string(),
-    })?;
-    Ok(vec![CrdFile {
-        file_name: format!("{name}.yaml"),
-        yaml: format!("{HEADER}{body}"),
-    }])
+    [
+        ("GpuClass CRD", gpuclass_crd()),
+        ("GpuQuota CRD", gpuquota_crd()),
+    ]
+    .into_iter()
+    .map(|(what, crd)| {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let body = serde_saphyr::to_string(&crd).map_err(|e| Error::Serialize {
+            what,
+            message: e.to_string(),
+        })?;
+        Ok(CrdFile {
+            file_name: format!("{name}.yaml"),
+            yaml: format!("{HEADER}{body}"),
+        })
+    })
+    .collect()
 }
 
 #[cfg(test)]
@@ -73,6 +84,7 @@ mod tests {
 
     #[test]
     fn generated_crds_use_only_formats_kubernetes_knows() {
+        assert_eq!(formats::unknown_formats(&gpuquota_crd()), []);
         let crd = gpuclass_crd();
         assert_eq!(formats::unknown_formats(&crd), []);
         let schema = serde_json::to_value(&crd.spec.versions[0].schema).expect("schema serialises");

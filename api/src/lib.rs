@@ -6,6 +6,7 @@
 //!   [`claim_node_label`]: the label naming the node a claim is allocated on.
 //! - [`resourceslice`]: [`resource_slices`], the node's inventory as ResourceSlices.
 //! - [`gpuclass`]: the GpuClass custom resource.
+//! - [`gpuquota`]: the GpuQuota custom resource and what a claim is charged against it.
 //! - [`crd`]: the generated CRD manifests (written to `crds/` by the `crdgen` binary).
 //! - [`features`]: probes of the optional API fields the server keeps (device taints, extended
 //!   resource names).
@@ -33,6 +34,7 @@ pub mod device_status;
 mod error;
 pub mod features;
 pub mod gpuclass;
+pub mod gpuquota;
 mod group;
 pub mod inventory_view;
 pub mod node_selection;
@@ -49,6 +51,7 @@ pub use allocation::{allocation_status, claim_request, device_uses};
 pub use claim::{AllocatedDevice, resolve_allocation};
 pub use error::{Error, Result};
 pub use gpuclass::{GpuClass, GpuClassSpec, GpuClassStatus};
+pub use gpuquota::{GpuQuota, GpuQuotaSpec, GpuQuotaStatus};
 pub use group::{API_VERSION, GROUP, VERSION};
 pub use inventory_view::{inventory_view, node_gpus_from_slices};
 pub use params::{

@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::params::join;
 
 /// A subrequest as the `exactly` request it stands for (subrequests have no admin access).
-pub(super) fn as_exact(sub: &DeviceSubRequest) -> ExactDeviceRequest {
+pub(crate) fn as_exact(sub: &DeviceSubRequest) -> ExactDeviceRequest {
     ExactDeviceRequest {
         admin_access: None,
         allocation_mode: sub.allocation_mode.clone(),
