@@ -161,6 +161,10 @@ pub struct GpuClassStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "crate::schema::quantity")]
     pub free_memory: Option<Quantity>,
+    /// The largest matching device (by memory): what a GpuQuota charges for one whole device
+    /// of this class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub largest_device: Option<DeviceSizeStatus>,
     /// The spec generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -168,6 +172,18 @@ pub struct GpuClassStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "crate::schema::conditions")]
     pub conditions: Vec<Condition>,
+}
+
+/// The size of one device, as a GpuQuota charges it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceSizeStatus {
+    /// Its memory.
+    #[schemars(schema_with = "crate::schema::quantity")]
+    pub memory: Quantity,
+    /// Its compute in percent of a GPU: 100 for a GPU, a MIG device its share of the GPU's
+    /// multiprocessors.
+    pub compute: u64,
 }
 
 impl GpuClassSpec {

@@ -388,6 +388,8 @@ async fn write_status(
         matching_devices: capacity.map(|c| i64::try_from(c.matching_devices).unwrap_or(i64::MAX)),
         total_memory: capacity.map(|c| bytes_quantity(c.total_memory_bytes)),
         free_memory: capacity.map(|c| bytes_quantity(c.free_memory_bytes)),
+        // Filled in by the quota work: the largest matching device.
+        largest_device: None,
         observed_generation: generation,
         conditions,
     };

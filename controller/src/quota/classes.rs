@@ -1,0 +1,1 @@
+//! How a GpuQuota sees each of kerf's classes (`kerf_api::gpuquota::QuotaClass`).

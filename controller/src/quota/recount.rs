@@ -1,0 +1,1 @@
+//! The recount of every GpuQuota's `status.used` from the claims that exist.
