@@ -16,7 +16,12 @@
 //! ValidatingAdmissionPolicies from `deploy/base/resourceslice-policy.yaml` and
 //! `mps-daemon-pod-policy.yaml` (`admission_policy`), the immutable spec of ResourceClaims
 //! and ResourceClaimTemplates with their opaque parameters kept as the bytes the client sent
-//! (`claims`), and the update rules of object metadata (`meta_rules`).
+//! (`claims`), the update rules of object metadata (`meta_rules`), and the validating
+//! admission webhooks of the stored ValidatingWebhookConfigurations, called over HTTPS at each
+//! CREATE, UPDATE and DELETE their rules match, without the store's lock held meanwhile
+//! (`webhooks`; a test says where a webhook's Service serves with
+//! [`FakeApi::serve_webhook_service`] and may install kerf's configurations with
+//! [`FakeApi::install_webhook_configurations`]).
 //!
 //! Where FakeApi still differs from kube-apiserver 1.36:
 //! - authorization: see `rbac`;
@@ -33,10 +38,20 @@
 //!   (keys sorted); a real server keeps the text of the sub-objects it does not descend into;
 //! - a claim's `Invalid value` shows the new spec as JSON, where the real server prints Go's
 //!   `%#v` of its internal struct; the causes and reason are the real ones;
-//! - admission plugins other than TaintNodesByCondition and kerf's policy do not run
-//!   (no NodeRestriction, no LimitRanger, no webhooks); the node lifecycle controller's
-//!   tainting is synchronous and waits for a Ready condition (see `admission`), and it
-//!   neither adds NoExecute taints nor marks silent nodes Unknown;
+//! - admission plugins other than TaintNodesByCondition, kerf's policy and validating webhooks
+//!   do not run (no NodeRestriction, no LimitRanger, no NamespaceLifecycle, no ResourceQuota,
+//!   **no mutating webhooks**: MutatingWebhookConfigurations are stored but never called);
+//!   the node lifecycle controller's tainting is synchronous and waits for a Ready condition
+//!   (see `admission`), and it neither adds NoExecute taints nor marks silent nodes Unknown;
+//! - of validating webhooks (`webhooks`), not imitated: `matchPolicy: Equivalent` (a rule
+//!   matches only the version the request names), AdmissionReview v1beta1, the `authorizer`
+//!   variable of matchConditions, CEL type checking and cost limits, warnings, audit
+//!   annotations, a Service's port (the fake dials the address the test gave), and calls on
+//!   `dryRun` requests; error texts of a failed call are Rust's (`Connection refused (os
+//!   error 111)`, not Go's `connect: connection refused`); a namespace a webhook's
+//!   namespaceSelector must look at has to exist as an object (else `404`, as upstream);
+//!   timeouts run on Tokio's clock, so a paused-clock test sees a webhook time out as soon
+//!   as nothing else is runnable;
 //! - field selectors accept any dotted field path; list pagination returns everything at once;
 //! - pods are deleted gracefully only on nodes named by [`FakeApi::graceful_pod_deletion_on`]
 //!   (`pod_deletion`); elsewhere at once, as if their kubelet had confirmed at once;
@@ -53,7 +68,7 @@
 //! `store` objects and their lifecycle, `patch` PATCH and server-side apply, `watch` change
 //! history and watch streams, `selectors` field and label selectors, `faults` the request log
 //! and injected faults, `fixtures` the test-side API that bypasses HTTP, `raw_json` JSON text
-//! as Go's encoder handles it.
+//! as Go's encoder handles it, `webhooks` validating admission webhooks.
 
 mod admission;
 mod admission_policy;
@@ -77,15 +92,20 @@ mod tests_admission;
 #[cfg(test)]
 mod tests_claims;
 mod watch;
+mod webhooks;
 
 pub use faults::describe_requests;
 pub use fixtures::StoreView;
 pub use identity::{Identity, KERF_NAMESPACE, NODE_NAME_EXTRA};
 pub use rbac::{Attributes, Check, Grant, KERF_RBAC_MANIFESTS, Policy, RbacError, RuleSource};
 pub use request_counts::{RequestCounts, RequestKind};
+pub use webhooks::KERF_WEBHOOK_MANIFEST;
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::Bytes;
@@ -114,6 +134,11 @@ struct Inner {
     outage: tokio::sync::watch::Sender<Option<Outage>>,
     /// Authorizes requests of users outside `system:masters` (`rbac`).
     rbac: Arc<rbac::Authorizer>,
+    /// Where the Services named by webhook configurations are served
+    /// ([`FakeApi::serve_webhook_service`]).
+    webhook_services: Mutex<HashMap<(String, String), SocketAddr>>,
+    /// How many AdmissionReviews were sent, for their uids (`webhooks`).
+    review_uids: AtomicU64,
 }
 
 /// How the fake is unreachable during an injected outage ([`FakeApi::set_outage`]).
@@ -230,13 +255,16 @@ struct State {
     policies: Arc<admission_policy::Policies>,
     /// Nodes whose pods are deleted gracefully (`pod_deletion`).
     kubelet_nodes: HashSet<String>,
+    /// The CEL environment of webhooks' matchConditions (`webhooks`).
+    webhook_cel: Arc<cel::Env>,
 }
 
 /// An API error, rendered as a `Status` object.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct ApiError {
     code: u16,
-    reason: &'static str,
+    /// Empty when the Status has none (a webhook's denial may lack one).
+    reason: Cow<'static, str>,
     message: String,
     /// `details` of the `Status` (e.g. the causes of a 422), when there are any.
     details: Option<Value>,
@@ -248,7 +276,7 @@ impl ApiError {
     fn new(code: u16, message: impl Into<String>) -> Self {
         Self {
             code,
-            reason: reason_for(code),
+            reason: Cow::Borrowed(reason_for(code)),
             message: message.into(),
             details: None,
         }
@@ -286,6 +314,11 @@ impl ApiError {
             "reason": self.reason,
             "code": self.code,
         });
+        if self.reason.is_empty()
+            && let Some(map) = status.as_object_mut()
+        {
+            map.remove("reason");
+        }
         if let Some(details) = &self.details {
             status["details"] = details.clone();
         }
@@ -332,8 +365,13 @@ impl Default for FakeApi {
 
 impl FakeApi {
     /// An empty API server. Pods, nodes, namespaces, services, persistent volume claims,
-    /// workloads, ResourceClaims and kerf's GpuClasses have a `/status` subresource, as on a
-    /// real cluster: writes to the main resource leave their status alone.
+    /// workloads, ResourceClaims and kerf's GpuClasses and GpuQuotas have a `/status`
+    /// subresource, as on a real cluster: writes to the main resource leave their status alone,
+    /// and writes to `/status` change nothing else (for custom resources as apiextensions'
+    /// `statusStrategy.PrepareForUpdate` in kubernetes/kubernetes
+    /// `staging/src/k8s.io/apiextensions-apiserver/pkg/registry/customresource/status_strategy.go`
+    /// does it: the old object with the new status). A PUT whose `metadata.resourceVersion`
+    /// is not the stored one is `409 Conflict`, on every resource.
     pub fn new() -> Self {
         let (events, _) = broadcast::channel(WATCH_BUFFER);
         let status_subresources = [
@@ -350,6 +388,7 @@ impl FakeApi {
             "jobs",
             "resourceclaims",
             "gpuclasses",
+            "gpuquotas",
         ]
         .into_iter()
         .map(str::to_owned)
@@ -370,6 +409,7 @@ impl FakeApi {
             raw_params: HashMap::new(),
             policies: Arc::new(admission_policy::Policies::kerf()),
             kubelet_nodes: HashSet::new(),
+            webhook_cel: Arc::new(cel::Env::stdlib()),
         };
         Self {
             inner: Arc::new(Inner {
@@ -377,6 +417,8 @@ impl FakeApi {
                 events,
                 outage: tokio::sync::watch::Sender::new(None),
                 rbac: Arc::new(rbac::Authorizer::kerf()),
+                webhook_services: Mutex::new(HashMap::new()),
+                review_uids: AtomicU64::new(0),
             }),
         }
     }

@@ -11,6 +11,7 @@ use serde_json::{Map, Value, json};
 use super::claims::Write;
 use super::meta_rules::{group_of, invalid, object_meta_update_errors};
 use super::routing::ApiRequest;
+use super::webhooks::{Attributes, Operation};
 use super::{ApiResult, ObjKey, State};
 
 /// The taint kube-apiserver's TaintNodesByCondition admission plugin puts on every new Node.
@@ -145,11 +146,14 @@ fn now() -> Value {
 impl State {
     /// Validates a create (`old` is `None`) or update of the object at `key` to `new`, as
     /// kube-apiserver does after its mutating admission: the update rules of object metadata
-    /// and of ResourceClaims, then the ValidatingAdmissionPolicies.
+    /// and of ResourceClaims, then the ValidatingAdmissionPolicies, then the validating
+    /// admission webhooks (`webhooks`; kube-apiserver's plugin order puts
+    /// ValidatingAdmissionPolicy before ValidatingAdmissionWebhook).
     ///
     /// # Errors
     ///
-    /// `422 Invalid` for what validation or a policy refuses.
+    /// `422 Invalid` for what validation or a policy refuses; a webhook's denial or failure;
+    /// [`super::ApiError::awaiting_webhooks`] when webhooks must be called first.
     pub(super) fn admit(
         &mut self,
         request: &ApiRequest,
@@ -158,10 +162,21 @@ impl State {
         new: &Value,
         write: &Write<'_>,
     ) -> ApiResult<()> {
+        let attributes = Attributes {
+            operation: if old.is_some() {
+                Operation::Update
+            } else {
+                Operation::Create
+            },
+            key,
+            subresource: if request.parsed.status { "status" } else { "" },
+            old,
+            new: Some(new),
+        };
         if request.parsed.status {
             // The status strategies reset metadata and spec; no policy kerf ships matches
-            // a subresource.
-            return Ok(());
+            // a subresource, but a webhook's rules may name it.
+            return self.validating_webhooks(request, &attributes);
         }
         if let Some(old) = old {
             let errors = object_meta_update_errors(old, new);
@@ -173,14 +188,16 @@ impl State {
         self.guard_claim_spec(key, old, new, write)?;
         let operation = if old.is_some() { "UPDATE" } else { "CREATE" };
         self.policies
-            .validate(&request.user, operation, key, old, Some(new))
+            .validate(&request.user, operation, key, old, Some(new))?;
+        self.validating_webhooks(request, &attributes)
     }
 
-    /// Validating admission of a DELETE of `current` at `key`.
+    /// Validating admission of a DELETE of `current` at `key`: policies, then webhooks.
     ///
     /// # Errors
     ///
-    /// `422 Invalid` when a policy refuses it.
+    /// `422 Invalid` when a policy refuses it; a webhook's denial or failure;
+    /// [`super::ApiError::awaiting_webhooks`] when webhooks must be called first.
     pub(super) fn admit_delete(
         &self,
         request: &ApiRequest,
@@ -188,6 +205,14 @@ impl State {
         current: &Value,
     ) -> ApiResult<()> {
         self.policies
-            .validate(&request.user, "DELETE", key, Some(current), None)
+            .validate(&request.user, "DELETE", key, Some(current), None)?;
+        let attributes = Attributes {
+            operation: Operation::Delete,
+            key,
+            subresource: "",
+            old: Some(current),
+            new: None,
+        };
+        self.validating_webhooks(request, &attributes)
     }
 }

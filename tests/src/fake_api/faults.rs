@@ -30,7 +30,7 @@ impl Fault {
         match &self.answer {
             Some((reason, message)) => ApiError {
                 code: self.code,
-                reason,
+                reason: std::borrow::Cow::Borrowed(reason),
                 message: message.clone(),
                 details: None,
             },

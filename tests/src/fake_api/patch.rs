@@ -180,8 +180,9 @@ impl State {
             }
             let key = Self::key_in_collection(&request.parsed, &mut body, key.name.clone())?;
             request.authorize_write(&key, None, &body)?;
+            let body = self.prepared_for_create(request, &key, body);
             self.admit(request, &key, None, &body, &Write::Reencoded)?;
-            let created = self.create_object(events, key, body);
+            let created = self.commit(events, key, body, None);
             self.applied.insert(applied_key, config);
             return Ok((201, created));
         };

@@ -14,6 +14,7 @@ use http_body_util::{BodyExt as _, Full};
 use serde_json::Value;
 
 use super::rbac::{Attributes, Authorizer};
+use super::webhooks::RoundsCell;
 use super::{ApiError, ApiResult, FakeApi, FakeBody, Identity, ObjKey, RecordedRequest};
 
 impl tower::Service<Request<kube::client::Body>> for FakeApi {
@@ -43,6 +44,8 @@ pub(super) struct ApiRequest {
     /// The fake's authorizer, for the checks a write makes once its objects are known
     /// ([`ApiRequest::authorize_write`]).
     pub(super) rbac: Arc<Authorizer>,
+    /// The admission webhooks' verdicts on this write, kept across its runs (`webhooks`).
+    pub(super) webhooks: RoundsCell,
 }
 
 impl ApiRequest {
@@ -66,6 +69,10 @@ impl ApiRequest {
             .ok_or_else(|| ApiError::new(405, "this verb needs an object path"))
     }
 }
+
+/// How often a write runs at most when the object changes while its admission webhooks are
+/// called (each change calls them again).
+const WEBHOOK_ROUNDS: usize = 16;
 
 fn verb_of(method: &Method, path: &ParsedPath, query: &Query) -> &'static str {
     let has_name = path.name.is_some();
@@ -360,6 +367,7 @@ impl FakeApi {
             user,
             attributes,
             rbac: Arc::clone(&self.inner.rbac),
+            webhooks: RoundsCell::default(),
         };
         if verb == "watch" {
             return match self.watch(&request) {
@@ -374,7 +382,7 @@ impl FakeApi {
                 Err(err) => error_response(&err),
             };
         }
-        match self.dispatch(verb, &request) {
+        match self.dispatch(verb, &request).await {
             // Written as the store holds it: a claim's opaque parameters as their stored text.
             Ok((code, value)) => bytes_response(
                 code,
@@ -388,7 +396,36 @@ impl FakeApi {
         }
     }
 
-    fn dispatch(&self, verb: &str, request: &ApiRequest) -> ApiResult<(u16, Value)> {
+    /// Runs the write (or read) of `request`; a write that must wait for admission webhooks
+    /// is run again once they answered, without the store's lock held meanwhile (`webhooks`).
+    async fn dispatch(&self, verb: &str, request: &ApiRequest) -> ApiResult<(u16, Value)> {
+        // A collection's objects each wait for their webhooks in turn.
+        let rounds = if verb == "deletecollection" {
+            WEBHOOK_ROUNDS * 256
+        } else {
+            WEBHOOK_ROUNDS
+        };
+        for _ in 0..rounds {
+            match self.dispatch_locked(verb, request) {
+                Err(err) if err.awaits_webhooks() => self.call_waiting_webhooks(request).await,
+                done => return done,
+            }
+        }
+        // The object kept changing while its webhooks ran: what `GuaranteedUpdate` answers
+        // when its retries keep conflicting.
+        let key = request.object_key().unwrap_or_else(|_| ObjKey {
+            prefix: request.parsed.prefix.clone(),
+            resource: request.parsed.resource.clone(),
+            namespace: request.parsed.namespace.clone().unwrap_or_default(),
+            name: String::new(),
+        });
+        Err(ApiError::conflict(
+            &key,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        ))
+    }
+
+    fn dispatch_locked(&self, verb: &str, request: &ApiRequest) -> ApiResult<(u16, Value)> {
         let events = &self.inner.events;
         let mut state = self.state();
         if let Some(dry_run) = request.query.get("dryRun") {

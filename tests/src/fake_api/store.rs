@@ -383,9 +383,14 @@ impl State {
         // kube-apiserver's create handler retries a generated name that is taken
         // (RetryGenerateName, on since 1.31): up to 7 more names before AlreadyExists.
         let generated = str_at(&obj, "/metadata/name").is_empty();
+        // A create run again after its webhooks answered keeps the name they saw.
+        let remembered = request.rounds().created().map(|(k, _, _)| k.name.clone());
         let mut tries = 0;
         let key = loop {
-            let name = self.name_for_create(&obj)?;
+            let name = match &remembered {
+                Some(name) if generated && tries == 0 => name.clone(),
+                _ => self.name_for_create(&obj)?,
+            };
             let key = Self::key_in_collection(&request.parsed, &mut obj, name)?;
             if !self.objects.contains_key(&key) {
                 break key;
@@ -396,31 +401,51 @@ impl State {
                     409,
                     format!("{} {:?} already exists", qualified_resource(&key), key.name),
                 );
-                err.reason = "AlreadyExists";
+                err.reason = "AlreadyExists".into();
                 return Err(err);
             }
             metadata_mut(&mut obj).remove("name");
         };
         let text = std::str::from_utf8(&request.body).unwrap_or("");
+        let obj = self.prepared_for_create(request, &key, obj);
         self.admit(request, &key, None, &obj, &Write::Body(text))?;
-        Ok(self.create_object(events, key, obj))
+        Ok(self.commit(events, key, obj, None))
     }
 
-    pub(super) fn create_object(
+    /// `obj` as `BeforeCreate` leaves it for validation and validating admission: type
+    /// fields, no status where it has its own subresource, uid, creationTimestamp and
+    /// generation, those of an earlier run of the same request when there was one (`webhooks`).
+    pub(super) fn prepared_for_create(
         &mut self,
-        events: &broadcast::Sender<Broadcast>,
-        key: ObjKey,
+        request: &ApiRequest,
+        key: &ObjKey,
         mut obj: Value,
     ) -> Value {
-        self.fill_type_meta(&key, &mut obj);
-        self.learn_kind(&key, &obj);
-        if self.has_status_subresource(&key)
+        self.fill_type_meta(key, &mut obj);
+        self.learn_kind(key, &obj);
+        if self.has_status_subresource(key)
             && let Some(map) = obj.as_object_mut()
         {
             map.remove("status");
         }
-        self.init_metadata(&mut obj);
-        self.commit(events, key, obj, None)
+        let remembered = request
+            .rounds()
+            .created()
+            .filter(|(k, _, _)| k == key)
+            .map(|(_, uid, timestamp)| (uid.clone(), timestamp.clone()));
+        let (uid, timestamp) = remembered.unwrap_or_else(|| {
+            self.uids += 1;
+            (json!(uid_from(self.uids)), now_timestamp())
+        });
+        request
+            .rounds()
+            .remember_created(key.clone(), uid.clone(), timestamp.clone());
+        let meta = metadata_mut(&mut obj);
+        meta.insert("uid".to_owned(), uid);
+        meta.insert("creationTimestamp".to_owned(), timestamp);
+        meta.insert("generation".to_owned(), json!(1));
+        meta.remove("deletionTimestamp");
+        obj
     }
 
     pub(super) fn fill_type_meta(&self, key: &ObjKey, obj: &mut Value) {
