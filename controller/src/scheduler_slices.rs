@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::DeviceClass;
+use k8s_openapi::api::resource::v1::{Device, DeviceClass};
 use kerf_api::controller_claims::class_parameters;
 use kerf_api::params::GpuClassParameters;
 use kerf_api::resourceslice::{DeviceFields, TYPE_GPU, attributes, device_attribute};
@@ -134,6 +134,25 @@ pub(crate) fn node_publication<'a, D: DeviceFields + 'a>(
             })
             .collect(),
     )
+}
+
+/// What kerf-controller publishes for one node (`pool`) from the DeviceClasses it caches:
+/// the shared publication of `gpus` (pass only those the ownership record gives the scheduler
+/// and no controller claim holds, as the ownership tick does in `claims/ownership.rs`
+/// `publications`), and per sliced class the GPUs (`pool/device`) it selects in conflict
+/// with another, which the GpuClass reconciler reports as `ConflictingSlicing`. For callers
+/// that model the controller without running it (`kerf demo`); it assumes the API server
+/// serves DRAConsumableCapacity.
+pub fn node_shares(
+    device_classes: &[Arc<DeviceClass>],
+    driver: &str,
+    pool: &str,
+    gpus: &[Device],
+) -> (SharedPublication, BTreeMap<String, Vec<String>>) {
+    let sliced = sliced_classes(device_classes, driver);
+    let publication = node_publication(gpus, driver, &sliced);
+    let conflicts = conflicts(gpus.iter().map(|d| (pool, d)), driver, &sliced);
+    (publication, conflicts)
 }
 
 /// Per sliced class, the GPUs (`node/device`, sorted) it selects in conflict with another
