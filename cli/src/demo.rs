@@ -21,6 +21,12 @@
 //!    published as counter sets and MIG placements (Kubernetes 1.36 partitionable devices);
 //!    pods whose claims fit nowhere else run there, and its own plugin creates each
 //!    allocated placement's MIG instance at prepare and destroys it at unprepare.
+//! 6. Scheduler slices ([`shareable`]): every node's GPUs are published as on a Kubernetes 1.36
+//!    cluster with `DRAConsumableCapacity` — kerf-controller's shared publication made
+//!    shareable by the plugin — and the classes are reconciled for it. A third node,
+//!    `demo-nvl-node` (2 × H100 NVL, which the sliced class of the examples selects), gets its
+//!    GPUs shareable; kube-scheduler's allocator cuts shares from them and its own plugin
+//!    prepares them under MPS. The H100s of the main node stay whole for the whole-GPU class.
 //!
 //! [`run`] returns the [`Summary`] and writes it to `<output-dir>/summary.json`;
 //! [`print::render_summary`] is the report `kerf demo` prints from it.
@@ -37,27 +43,29 @@ pub mod node;
 pub mod print;
 pub mod report;
 pub mod scheduler;
+pub mod shareable;
+mod side_node;
+mod summarize;
 mod visit;
 pub mod workload;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::Device;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kerf_api::resourceslice::{attributes, device_attribute};
-use kerf_core::cdi;
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections};
 
 use crate::error::{Error, Result};
-use allocate::{ClaimOutcome, PodOutcome};
+use allocate::PodOutcome;
 use claim_store::MemoryClaimReader;
 use manifests::ManifestSource;
 pub use mig::{MigNode, MigNodeReport};
 use node::Layout;
 pub use report::{ClaimReport, DeviceReport, MpsReport, PodReport, Summary};
+pub use shareable::{ShareableNode, ShareableNodeReport};
+use summarize::Run;
 use visit::{NodeRun, NodeVisit};
 use workload::Workload;
 
@@ -91,13 +99,16 @@ pub struct DemoConfig {
     /// enforces MPS slices with one (fake) MPS daemon per GPU; without it, as the plugin's
     /// mock mode without `--mock-driver-root`, slices are accounting only.
     pub gpu_tools: Option<PathBuf>,
-    /// The dynamic-MIG node beside the main one, or `None` for the main node alone.
+    /// The dynamic-MIG node beside the main one, or `None` for none.
     pub mig_node: Option<MigNode>,
+    /// The node of shareable GPUs beside the main one, or `None` for none.
+    pub shareable_node: Option<ShareableNode>,
 }
 
 impl DemoConfig {
-    /// The defaults: the embedded examples on an `h100-sxm-80gb` node named `demo-node` and
-    /// the dynamic-MIG node `demo-mig-node` (`a100-40gb-dynmig`).
+    /// The defaults: the embedded examples on an `h100-sxm-80gb` node named `demo-node`, the
+    /// dynamic-MIG node `demo-mig-node` (`a100-40gb-dynmig`) and the node of shareable GPUs
+    /// `demo-nvl-node` (`h100-nvl`).
     pub fn new(output_dir: impl Into<PathBuf>) -> Self {
         DemoConfig {
             output_dir: output_dir.into(),
@@ -112,6 +123,7 @@ impl DemoConfig {
             // which its main passes explicitly.
             gpu_tools: None,
             mig_node: Some(MigNode::default()),
+            shareable_node: Some(ShareableNode::default()),
         }
     }
 }
@@ -143,20 +155,15 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         config.gpu_tools.is_some(),
     );
     let inventory = node::discover(&plugin_config)?;
-    let slices = crate::inventory::resource_slices(&inventory, driver, &config.node_name)?;
-    let devices = node::published_devices(&slices);
-    let mig_setup = config
-        .mig_node
-        .as_ref()
-        .map(|m| mig::setup(m, &config.output_dir, driver, config.gpu_tools.as_deref()))
-        .transpose()?;
-    let mut index = node::capacity_index(&slices, driver);
-    if let Some(setup) = &mig_setup {
-        mig::add_to_index(setup, driver, &mut index);
-    }
-
     let manifests = manifests::load(&[config.classes.clone(), config.claims.clone()])?;
     let classes = classes::build(&manifests, driver);
+    let mut slices = crate::inventory::resource_slices(&inventory, driver, &config.node_name)?;
+    let main_whole = shareable::publish(&mut slices, &config.node_name, driver, &classes)?;
+    let devices = node::published_devices(&slices);
+    let sides = SideNodes::setup(config, &classes)?;
+    let mut index = node::capacity_index(&slices, driver);
+    sides.add_to_index(driver, &mut index);
+
     let mut workload = workload::build(&manifests);
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let main = scheduler::Node {
@@ -165,7 +172,9 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         devices: &devices,
         slices: &slices,
     };
-    let scheduler_nodes = with_mig_node(main, mig_setup.as_ref());
+    let scheduler_nodes: Vec<scheduler::Node<'_>> = std::iter::once(main)
+        .chain(sides.scheduler_nodes(driver))
+        .collect();
     let (claim_outcomes, pod_outcomes) =
         allocate::allocate_all(&mut workload, &classes, &scheduler_nodes, &mut index, &now);
 
@@ -178,17 +187,9 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         pods: &pod_outcomes,
     };
     let mut node_run = main_node.run(inventory, Arc::clone(&store)).await?;
-
-    let mig_node = mig_setup.as_ref();
-    let mig_report = run_mig_node(
-        mig_node,
-        driver,
-        &workload,
-        &pod_outcomes,
-        store,
-        &mut node_run,
-    )
-    .await?;
+    let side_reports = sides
+        .run(driver, &workload, &pod_outcomes, store, &mut node_run)
+        .await?;
     let node_devices: Vec<(&str, &[Device])> = scheduler_nodes
         .iter()
         .map(|n| (n.name, n.devices))
@@ -202,24 +203,86 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         workload: &workload,
     };
     let mut summary = run.summarize(&claim_outcomes, &pod_outcomes, node_run);
-    summary.mig_node = mig_report;
+    (summary.mig_node, summary.shareable_node) = side_reports;
+    summary.published_whole = main_whole;
+    summary
+        .published_whole
+        .extend(sides.shareable.iter().flat_map(|s| s.whole.iter().cloned()));
     write_outputs(&layout, &summary, &workload)?;
     Ok(summary)
 }
 
-/// The nodes the scheduler stand-in sees: the main node, and the MIG node when there is one.
-fn with_mig_node<'a>(
-    main: scheduler::Node<'a>,
-    mig: Option<&'a mig::Setup>,
-) -> Vec<scheduler::Node<'a>> {
-    let driver = main.driver;
-    let mig = mig.map(|setup| scheduler::Node {
-        name: &setup.name,
-        driver,
-        devices: &setup.devices,
-        slices: &setup.slices,
-    });
-    std::iter::once(main).chain(mig).collect()
+/// The nodes beside the main one: the dynamic-MIG node and the node of shareable GPUs, each
+/// when the configuration asks for it.
+struct SideNodes {
+    mig: Option<mig::Setup>,
+    shareable: Option<shareable::Setup>,
+}
+
+impl SideNodes {
+    /// Lays out, discovers and publishes each node; the shareable node needs the `classes`
+    /// to publish as kerf-controller decides.
+    fn setup(config: &DemoConfig, classes: &classes::Classes) -> Result<Self> {
+        let output = config.output_dir.as_path();
+        let driver = config.driver_name.as_str();
+        let tools = config.gpu_tools.as_deref();
+        Ok(SideNodes {
+            mig: config
+                .mig_node
+                .as_ref()
+                .map(|m| mig::setup(m, output, driver, tools))
+                .transpose()?,
+            shareable: config
+                .shareable_node
+                .as_ref()
+                .map(|s| shareable::setup(s, output, driver, tools, classes))
+                .transpose()?,
+        })
+    }
+
+    fn nodes(&self) -> impl Iterator<Item = &side_node::SideNode> {
+        let mig = self.mig.iter().map(|m| &m.node);
+        mig.chain(self.shareable.iter().map(|s| &s.node))
+    }
+
+    /// The nodes as the scheduler stand-in sees them, after the main node, in this order.
+    fn scheduler_nodes<'a>(
+        &'a self,
+        driver: &'a str,
+    ) -> impl Iterator<Item = scheduler::Node<'a>> + 'a {
+        self.nodes().map(move |n| n.scheduler_node(driver))
+    }
+
+    /// Adds every node's GPUs to the controller's capacity `index`.
+    fn add_to_index(&self, driver: &str, index: &mut kerf_core::alloc::Index) {
+        for node in self.nodes() {
+            node.add_to_index(driver, index);
+        }
+    }
+
+    /// Runs each node's plugin and visit, merges them into `node_run` and reports the nodes.
+    async fn run(
+        &self,
+        driver: &str,
+        workload: &Workload,
+        pods: &[PodOutcome],
+        store: Arc<MemoryClaimReader>,
+        node_run: &mut NodeRun,
+    ) -> Result<(Option<MigNodeReport>, Option<ShareableNodeReport>)> {
+        let mut mig_report = None;
+        if let Some(setup) = &self.mig {
+            let mut mig_run = mig::run_node(setup, workload, pods, Arc::clone(&store)).await?;
+            mig_report = Some(mig::report(setup, driver, &mut mig_run)?);
+            node_run.merge(mig_run);
+        }
+        let mut shareable_report = None;
+        if let Some(setup) = &self.shareable {
+            let shareable_run = setup.node.run(None, workload, pods, store).await?;
+            shareable_report = Some(shareable::report(setup, driver));
+            node_run.merge(shareable_run);
+        }
+        Ok((mig_report, shareable_report))
+    }
 }
 
 /// The allocated claims, as the plugins read them from the API server.
@@ -229,25 +292,6 @@ fn claim_store(workload: &Workload) -> Arc<MemoryClaimReader> {
         store.insert(claim);
     }
     store
-}
-
-/// Runs the MIG node's plugin and visit (when there is a MIG node), merges them into
-/// `node_run` and reports the node.
-async fn run_mig_node(
-    setup: Option<&mig::Setup>,
-    driver: &str,
-    workload: &Workload,
-    pods: &[PodOutcome],
-    store: Arc<MemoryClaimReader>,
-    node_run: &mut NodeRun,
-) -> Result<Option<MigNodeReport>> {
-    let Some(setup) = setup else {
-        return Ok(None);
-    };
-    let mut mig_run = mig::run_node(setup, workload, pods, store).await?;
-    let report = mig::report(setup, driver, &mut mig_run)?;
-    node_run.merge(mig_run);
-    Ok(Some(report))
 }
 
 /// The main node's plugin and the kubelet's visit to it.
@@ -349,223 +393,6 @@ fn check_config(config: &DemoConfig) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// What the summary is made from, besides the outcomes.
-struct Run<'a> {
-    config: &'a DemoConfig,
-    layout: &'a Layout,
-    /// Each node's published devices, main node first.
-    node_devices: &'a [(&'a str, &'a [Device])],
-    manifests: &'a manifests::Manifests,
-    classes: &'a classes::Classes,
-    workload: &'a Workload,
-}
-
-impl Run<'_> {
-    fn summarize(
-        &self,
-        claim_outcomes: &[ClaimOutcome],
-        pod_outcomes: &[PodOutcome],
-        mut node_run: NodeRun,
-    ) -> Summary {
-        let Run {
-            config,
-            layout,
-            node_devices,
-            manifests,
-            classes,
-            workload,
-        } = *self;
-        let driver = config.driver_name.as_str();
-        let devices = node_devices.first().map_or(&[][..], |(_, d)| *d);
-        let claims = workload
-            .claims
-            .iter()
-            .zip(claim_outcomes)
-            .map(|(claim, outcome)| {
-                claim_report(claim, outcome, node_devices, driver, &mut node_run)
-            })
-            .collect();
-        let pods = workload
-            .pods
-            .iter()
-            .zip(pod_outcomes)
-            .map(|(pod, outcome)| pod_report(pod, outcome, workload))
-            .collect();
-        Summary {
-            node: config.node_name.clone(),
-            driver: driver.to_owned(),
-            inventory: inventory_text(&config.discovery),
-            devices: report::describe_devices(devices, driver),
-            output_dir: layout.root.clone(),
-            classes: classes.reports.clone(),
-            claims,
-            pods,
-            invalid_manifests: invalid_manifest_lines(manifests),
-            ignored: manifests.ignored.clone(),
-            containers_error: node_run.containers_error.take(),
-            container_runtime: node_run.container_runtime.take(),
-            gpu_tools_root: config
-                .gpu_tools
-                .as_ref()
-                .map(|_| layout.gpu_tools_root.clone()),
-            device_health: node_run.health.take(),
-            mig_node: None,
-        }
-    }
-}
-
-fn pod_report(pod: &workload::DemoPod, outcome: &PodOutcome, workload: &Workload) -> PodReport {
-    PodReport {
-        namespace: pod.namespace.clone(),
-        name: pod.name.clone(),
-        owner: pod.owner.clone(),
-        claims: pod
-            .claims
-            .iter()
-            .map(|c| match &c.claim {
-                Ok(i) => workload.claims[*i].name.clone(),
-                Err(_) => format!("?{}", c.pod_claim_name),
-            })
-            .collect(),
-        scheduled: outcome.schedulable.is_ok(),
-        node: outcome.schedulable.clone().ok(),
-        error: outcome.schedulable.clone().err(),
-    }
-}
-
-/// One line per invalid manifest the claim and class reports do not already name.
-fn invalid_manifest_lines(manifests: &manifests::Manifests) -> Vec<String> {
-    manifests
-        .invalid
-        .iter()
-        .filter(|i| {
-            !matches!(
-                i.kind.as_str(),
-                "ResourceClaim" | "GpuClass" | "DeviceClass"
-            )
-        })
-        .map(|i| {
-            let what = if i.kind.is_empty() {
-                String::new()
-            } else {
-                format!("{}/{} ", i.kind, i.name)
-            };
-            format!("{what}({}): {}", i.origin, i.error)
-        })
-        .collect()
-}
-
-fn claim_report(
-    claim: &workload::DemoClaim,
-    outcome: &ClaimOutcome,
-    node_devices: &[(&str, &[Device])],
-    driver: &str,
-    node_run: &mut NodeRun,
-) -> ClaimReport {
-    let uid = claim.claim.as_ref().map(|_| claim.uid().to_owned());
-    let classes = kerf_api::controller_claims::request_class_names(
-        claim.claim.as_ref().and_then(|c| c.spec.devices.as_ref()),
-    )
-    .map(str::to_owned)
-    .collect();
-    let prepared = uid.as_deref().and_then(|u| node_run.prepared.get(u));
-    let cdi_ids: BTreeMap<String, Vec<String>> = match prepared {
-        Some(Ok(devices)) => devices
-            .iter()
-            .map(|d| (d.device_name.clone(), d.cdi_device_ids.clone()))
-            .collect(),
-        _ => BTreeMap::new(),
-    };
-    let mut error = outcome.error.clone();
-    if let Some(Err(e)) = prepared {
-        error = Some(format!("NodePrepareResources: {e}"));
-    }
-    let allocated = claim
-        .claim
-        .as_ref()
-        .and_then(|c| kerf_api::resolve_allocation(c, driver).ok())
-        .unwrap_or_default();
-    let spec = uid.as_deref().and_then(|u| node_run.specs.remove(u));
-    let pipes = spec
-        .as_ref()
-        .map(|(_, value)| mps::pipe_mounts(value))
-        .unwrap_or_default();
-    let device_reports = allocated
-        .iter()
-        .map(|a| {
-            device_report(
-                a,
-                uid.as_deref(),
-                &pipes,
-                node_devices,
-                driver,
-                &cdi_ids,
-                node_run,
-            )
-        })
-        .collect();
-    let node = allocated.first().map(|a| a.pool.clone());
-    ClaimReport {
-        namespace: claim.namespace.clone(),
-        name: claim.name.clone(),
-        origin: claim.origin.clone(),
-        template: claim.template.clone(),
-        classes,
-        pods: claim.pods.clone(),
-        allocated_by: outcome.allocated_by,
-        node,
-        devices: device_reports,
-        prepared: matches!(prepared, Some(Ok(_))),
-        error,
-        cdi_spec_file: spec.as_ref().map(|(path, _)| path.clone()),
-        cdi_spec: spec.map(|(_, value)| value),
-        container: uid.as_deref().and_then(|u| node_run.containers.remove(u)),
-        uid,
-    }
-}
-
-/// The report of one allocated device of a claim: what was published, prepared and started.
-fn device_report(
-    a: &kerf_api::AllocatedDevice,
-    uid: Option<&str>,
-    pipes: &[mps::PipeMount],
-    node_devices: &[(&str, &[Device])],
-    driver: &str,
-    cdi_ids: &BTreeMap<String, Vec<String>>,
-    node_run: &NodeRun,
-) -> DeviceReport {
-    let mps = uid.and_then(|u| {
-        let name = cdi::claim_device_name(u, &a.device);
-        let pipe = pipes.iter().find(|p| p.device == name)?;
-        Some(MpsReport {
-            pipe_directory: pipe.host.clone(),
-            container_pipe_directory: pipe.container.clone(),
-            daemon_pid: node_run.mps_daemons.get(&pipe.host).copied().flatten(),
-        })
-    });
-    let published = node_devices
-        .iter()
-        .find(|(node, _)| *node == a.pool)
-        .and_then(|(_, devices)| devices.iter().find(|d| d.name == a.device));
-    let string = |name: &str| {
-        published
-            .and_then(|d| device_attribute(d, driver, name))
-            .and_then(|v| v.string.clone())
-    };
-    DeviceReport {
-        request: a.request.clone(),
-        device: a.device.clone(),
-        device_type: string(attributes::TYPE).unwrap_or_default(),
-        mig_profile: string(attributes::PROFILE),
-        memory_bytes: a.limits.memory_bytes,
-        compute_percent: a.limits.compute_percent,
-        sharing: a.sharing.to_string(),
-        cdi_device_ids: cdi_ids.get(&a.device).cloned().unwrap_or_default(),
-        mps,
-        mig_instance: published.and_then(|d| mig::instance_of(d, driver, &node_run.mig_prepared)),
-    }
 }
 
 fn write_outputs(layout: &Layout, summary: &Summary, workload: &Workload) -> Result<()> {

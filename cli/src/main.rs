@@ -210,7 +210,7 @@ struct DemoArgs {
         default_value = demo::mig::DEFAULT_MIG_MOCK_GPUS
     )]
     mig_mock_gpus: String,
-    /// Run the main node alone, without the dynamic-MIG node.
+    /// Run without the dynamic-MIG node.
     #[arg(long, env = "KERF_DEMO_NO_MIG_NODE")]
     no_mig_node: bool,
     /// Log filter for the plugin's and controller's logs on stderr (tracing EnvFilter syntax).
@@ -400,6 +400,7 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
             name: args.mig_node_name,
             discovery: Discovery::MockProfile(args.mig_mock_gpus),
         }),
+        shareable_node: Some(demo::ShareableNode::default()),
     };
     println!(
         "kerf demo — output directory: {}",

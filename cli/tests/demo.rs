@@ -118,6 +118,7 @@ async fn the_examples_on_a_mock_h100_node() {
     );
 
     whole_gpu_by_the_scheduler(&summary);
+    scheduler_slices_on_the_nvl_node(output.path(), &summary);
     slice_with_limits_in_its_cdi_spec(output.path(), &summary);
     invalid_claim_names_the_field(&summary);
     nvlink_pair(&summary);
@@ -208,6 +209,7 @@ fn mps_slices_share_their_gpus_daemon(output: &Path, summary: &Summary) {
     let daemons: BTreeSet<u32> = summary
         .claims
         .iter()
+        .filter(|c| c.node.as_deref() == Some("demo-node"))
         .flat_map(|c| &c.devices)
         .filter_map(|d| d.mps.as_ref())
         .map(|m| {
@@ -215,7 +217,7 @@ fn mps_slices_share_their_gpus_daemon(output: &Path, summary: &Summary) {
                 .expect("the daemon ran while its slices were prepared")
         })
         .collect();
-    // The slices are on two GPUs (see deployment_claims_are_packed): two daemons.
+    // The main node's slices are on two GPUs (see deployment_claims_are_packed): two daemons.
     assert_eq!(daemons.len(), 2, "{daemons:?}");
     assert!(claim(summary, "whole-gpu").devices[0].mps.is_none());
     for pid in daemons {
@@ -223,13 +225,22 @@ fn mps_slices_share_their_gpus_daemon(output: &Path, summary: &Summary) {
     }
 }
 
-/// A whole GPU, placed by the scheduler stand-in, prepared with one CDI device.
+/// A whole GPU, placed by the scheduler stand-in on an SXM H100 of the main node (the sliced
+/// class selects the H100 NVL, so the main node's GPUs stay whole for the class h100),
+/// prepared with one CDI device.
 fn whole_gpu_by_the_scheduler(summary: &Summary) {
     let whole = claim(summary, "whole-gpu");
     assert_eq!(
         whole.allocated_by,
         Some(AllocatedBy::Scheduler),
         "{whole:#?}"
+    );
+    assert_eq!(whole.node.as_deref(), Some("demo-node"), "{whole:#?}");
+    assert_eq!(whole.devices[0].share_id, None, "{whole:#?}");
+    assert!(
+        summary.devices.iter().all(|d| !d.contains("shareable")),
+        "{:?}",
+        summary.devices
     );
     assert!(whole.prepared, "{whole:#?}");
     assert_eq!(whole.devices.len(), 1);
@@ -244,6 +255,92 @@ fn whole_gpu_by_the_scheduler(summary: &Summary) {
         )]
     );
     assert!(!spec_env(whole).iter().any(|e| e.starts_with("CUDA_MPS_")));
+}
+
+/// The scheduler-slice claims: kube-scheduler's allocator (the stand-in) cuts shares from the
+/// H100 NVLs of demo-nvl-node, which are published shareable with the sliced class's slicing,
+/// and writes a shareID per share; that node's plugin prepares each share as an MPS client of
+/// its GPU's daemon, with the share's limits in the CDI spec.
+fn scheduler_slices_on_the_nvl_node(output: &Path, summary: &Summary) {
+    let node = summary.shareable_node.as_ref().expect("the shareable node");
+    assert_eq!(node.node, "demo-nvl-node");
+    assert_eq!(node.devices.len(), 2, "{node:#?}");
+    for device in &node.devices {
+        assert!(
+            device.contains("NVIDIA H100 NVL")
+                && device.contains(
+                    "shareable: memory in 1Gi steps, compute 25% unless asked, at most 7 shares"
+                ),
+            "{device}"
+        );
+    }
+    assert!(
+        summary.published_whole.is_empty(),
+        "{:?}",
+        summary.published_whole
+    );
+
+    let single = claim(summary, "scheduler-slice-gpu");
+    let pair = claim(summary, "scheduler-slice-pair");
+    for share in [single, pair] {
+        assert_eq!(
+            share.allocated_by,
+            Some(AllocatedBy::Scheduler),
+            "{share:#?}"
+        );
+        assert_eq!(share.node.as_deref(), Some("demo-nvl-node"), "{share:#?}");
+        assert!(share.prepared, "{share:#?}");
+        assert!(
+            share
+                .cdi_spec_file
+                .as_ref()
+                .unwrap()
+                .starts_with(output.join("demo-nvl-node").join("cdi")),
+            "{share:#?}"
+        );
+        for device in &share.devices {
+            assert!(device.share_id.is_some(), "{device:#?}");
+            assert_eq!(device.sharing, "MPS", "{device:#?}");
+            let mps = device.mps.as_ref().expect("an MPS daemon for the share");
+            assert!(
+                mps.pipe_directory
+                    .starts_with(output.join("demo-nvl-node").join("mps")),
+                "{mps:?}"
+            );
+            let pid = mps
+                .daemon_pid
+                .expect("the daemon ran while the share was prepared");
+            assert!(!is_mps_daemon(pid), "daemon {pid} outlived the demo");
+        }
+    }
+    assert_eq!(single.devices.len(), 1);
+    assert_eq!(single.devices[0].memory_bytes, Some(10 * GI));
+    assert_eq!(single.devices[0].compute_percent, Some(30));
+    let env = spec_env(single);
+    assert!(
+        env.contains(&"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=30".to_owned()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=10240M".to_owned()),
+        "{env:?}"
+    );
+    // distinctAttribute on the GPU UUID: the pair's shares are on both GPUs.
+    assert_eq!(pair.devices.len(), 2);
+    assert_ne!(pair.devices[0].device, pair.devices[1].device);
+    assert!(
+        pair.devices
+            .iter()
+            .all(|d| d.memory_bytes == Some(20 * GI) && d.compute_percent == Some(40)),
+        "{pair:#?}"
+    );
+    assert_clean(&output.join("demo-nvl-node"));
+    let table = demo::report::render_table(summary);
+    let share_id = single.devices[0].share_id.as_deref().unwrap();
+    assert!(
+        table.contains(&format!("share {share_id} of the shareable GPU")),
+        "{table}"
+    );
 }
 
 /// A 10Gi / 25% slice by the controller, with its limits in its CDI spec.
@@ -446,6 +543,66 @@ async fn a_deployment_alone_is_packed_onto_one_gpu() {
     assert_eq!(
         names,
         ["inference-0-gpu", "inference-1-gpu", "inference-2-gpu"]
+    );
+}
+
+/// Two sliced Scheduler classes that select the H100 NVL with different slicing: as
+/// kerf-controller decides, the GPUs are published whole, the report says why, and the
+/// scheduler-slice claims find no shareable GPU.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_sliced_classes_leave_the_gpus_whole() {
+    let classes = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(examples("admin")).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, classes.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let original =
+        std::fs::read_to_string(examples("admin").join("scheduler-slices.yaml")).unwrap();
+    let other = original
+        .replace("name: h100-scheduler-slice", "name: h100-scheduler-slice-3")
+        .replace("maxSlicesPerGpu: 7", "maxSlicesPerGpu: 3");
+    assert_ne!(other, original);
+    std::fs::write(classes.path().join("scheduler-slices-3.yaml"), other).unwrap();
+    let output = tempfile::tempdir().unwrap();
+    let config = DemoConfig {
+        classes: ManifestSource::Dir(classes.path().to_owned()),
+        ..config(output.path())
+    };
+    let summary = demo::run(&config).await.unwrap();
+    assert_clean(output.path());
+    assert_eq!(
+        summary.published_whole.len(),
+        2,
+        "{:?}",
+        summary.published_whole
+    );
+    for (line, gpu) in summary.published_whole.iter().zip(["gpu-0", "gpu-1"]) {
+        assert!(
+            line.starts_with(&format!("demo-nvl-node/{gpu}: published whole"))
+                && line.contains("h100-scheduler-slice, h100-scheduler-slice-3"),
+            "{line}"
+        );
+    }
+    let node = summary.shareable_node.as_ref().unwrap();
+    assert!(
+        node.devices.iter().all(|d| !d.contains("shareable")),
+        "{node:#?}"
+    );
+    let single = claim(&summary, "scheduler-slice-gpu");
+    assert_eq!(single.allocated_by, None, "{single:#?}");
+    assert!(
+        single
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("h100-scheduler-slice"),
+        "{single:#?}"
+    );
+    assert!(claim(&summary, "whole-gpu").prepared);
+    let printed = demo::print::render_summary(&summary, false);
+    assert!(
+        printed.contains("not shareable: demo-nvl-node/gpu-0: published whole"),
+        "{printed}"
     );
 }
 

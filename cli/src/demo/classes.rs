@@ -87,8 +87,10 @@ pub fn build(manifests: &Manifests, driver: &str) -> Classes {
                 "DeviceClass {name:?} exists and is not owned by this GpuClass; the controller leaves it alone"
             ))
         } else {
-            // The demo's in-memory cluster serves no DRAConsumableCapacity: classes as on 1.34/1.35.
-            match kerf_controller::deviceclass::device_class(&gpu_class, driver, MANAGER, false) {
+            // The demo's in-memory cluster is a 1.36 one serving DRAConsumableCapacity, as the
+            // stand-in allocates consumable capacity: sliced Scheduler classes select shareable
+            // GPUs, whole-GPU Scheduler classes only GPUs that are not.
+            match kerf_controller::deviceclass::device_class(&gpu_class, driver, MANAGER, true) {
                 Ok(device_class) => {
                     classes.device_classes.insert(name.clone(), device_class);
                     None

@@ -6,28 +6,25 @@
 //! and one device per MIG placement consuming it. The scheduler stand-in picks a placement
 //! that fits the counters ([`kerf_api::counters`]); at prepare the plugin creates the GPU and
 //! compute instance in mock mode's emulated driver state
-//! ([`kerf_fake_gpu_tools::mig::MockMig`], under [`PluginConfig::mock_mig_root`]) and at
+//! ([`kerf_fake_gpu_tools::mig::MockMig`], under [`kerf_kubelet_plugin::config::PluginConfig::mock_mig_root`]) and at
 //! unprepare destroys them. The demo reads that state while the claims are prepared and
 //! after they are unprepared ([`live_instances`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{CounterSet, Device, ResourceSlice};
+use k8s_openapi::api::resource::v1::{CounterSet, Device};
 use kerf_api::quantity::format_bytes;
 use kerf_api::resourceslice::{TYPE_MIG, attributes, device_attribute};
-use kerf_core::inventory::Inventory;
 use kerf_core::mig_catalog::counter_set_name;
 use kerf_fake_gpu_tools::mig::MockMig;
-use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
-use kerf_kubelet_plugin::health::HealthConfig;
-use kerf_kubelet_plugin::plugin::{self, Connections};
+use kerf_kubelet_plugin::config::Discovery;
 use serde::{Deserialize, Serialize};
 
 use super::allocate::PodOutcome;
 use super::claim_store::MemoryClaimReader;
-use super::node::{self, Layout};
-use super::visit::{self, NodeRun, NodeVisit};
+use super::side_node::SideNode;
+use super::visit::NodeRun;
 use super::workload::Workload;
 use crate::error::{Error, Result};
 
@@ -114,13 +111,7 @@ pub struct MigNodeReport {
 
 /// The dynamic-MIG node before its plugin runs.
 pub(super) struct Setup {
-    pub(super) name: String,
-    pub(super) inventory_text: String,
-    pub(super) layout: Layout,
-    pub(super) plugin_config: PluginConfig,
-    pub(super) inventory: Inventory,
-    pub(super) slices: Vec<ResourceSlice>,
-    pub(super) devices: Vec<Device>,
+    pub(super) node: SideNode,
     pub(super) counter_sets: Vec<CounterSet>,
 }
 
@@ -136,49 +127,27 @@ pub(super) fn setup(
     driver: &str,
     gpu_tools: Option<&std::path::Path>,
 ) -> Result<Setup> {
-    kerf_core::names::object_name("--mig-node-name", &mig.name)?;
-    let layout = Layout::new(&output.join(&mig.name), driver);
-    layout.create()?;
-    if let Some(program) = gpu_tools {
-        // Its fake `nvidia-smi mig` then shows the instances the plugin creates.
-        layout.install_gpu_tools(program)?;
-    }
-    let plugin_config = node::plugin_config(
-        &layout,
+    // With the tools, its fake `nvidia-smi mig` shows the instances the plugin creates.
+    let node = SideNode::open(
+        (&mig.name, "--mig-node-name"),
+        &mig.discovery,
+        output,
         driver,
-        &mig.name,
-        mig.discovery.clone(),
-        gpu_tools.is_some(),
-    );
-    let inventory = node::discover(&plugin_config)?;
+        gpu_tools,
+    )?;
     let features = crate::inventory::Features {
         consumable_capacity: None,
         partitionable_devices: true,
     };
-    let slices = crate::inventory::published_slices(&inventory, driver, &mig.name, &features)?;
-    let devices = node::published_devices(&slices);
+    let slices = crate::inventory::published_slices(&node.inventory, driver, &mig.name, &features)?;
     let counter_sets = slices
         .iter()
         .flat_map(|s| s.spec.shared_counters.clone().unwrap_or_default())
         .collect();
     Ok(Setup {
-        name: mig.name.clone(),
-        inventory_text: super::inventory_text(&mig.discovery),
-        layout,
-        plugin_config,
-        inventory,
-        slices,
-        devices,
+        node: node.with_slices(slices),
         counter_sets,
     })
-}
-
-/// Adds the node's GPUs to the controller's capacity `index`: the controller reads every
-/// node's slices, and partitionable devices give it nothing.
-pub(super) fn add_to_index(setup: &Setup, driver: &str, index: &mut kerf_core::alloc::Index) {
-    for (_, gpus) in kerf_api::node_gpus_from_slices(&setup.slices, driver) {
-        index.upsert_node(gpus);
-    }
 }
 
 /// Starts the node's plugin, prepares and unprepares the pods that run on it through its DRA
@@ -192,44 +161,8 @@ pub(super) async fn run_node(
     pods: &[PodOutcome],
     store: Arc<MemoryClaimReader>,
 ) -> Result<NodeRun> {
-    let driver = setup.plugin_config.driver_name.as_str();
-    let plugin_config = PluginConfig {
-        health: HealthConfig {
-            // The demo has no Node object whose annotation could declare faults.
-            mock_annotation: false,
-            ..HealthConfig::defaults(true)
-        },
-        ..setup.plugin_config.clone()
-    };
-    let running = plugin::start(
-        &plugin_config,
-        setup.inventory.clone(),
-        Connections {
-            mps_daemon_pods: None,
-            device_status: None,
-            claim_reader: store,
-            publisher: None,
-            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
-        },
-    )
-    .await?;
-    let visit = NodeVisit {
-        layout: &setup.layout,
-        driver,
-        node: &setup.name,
-        workload,
-        pods,
-        health: false,
-        mig_root: setup.plugin_config.mock_mig_root(),
-    };
-    let visited = visit.run(None).await;
-    let stopped = running.shutdown().await;
-    let daemons_stopped = visit::stop_leftover_daemons(&setup.plugin_config).await;
-    let node_run = visited?;
-    stopped?;
-    daemons_stopped?;
-    visit::check_clean(&setup.layout, driver)?;
-    Ok(node_run)
+    let mig_root = setup.node.plugin_config.mock_mig_root();
+    setup.node.run(mig_root, workload, pods, store).await
 }
 
 /// The report of the node: its GPUs with their counter sets and devices, and the instances
@@ -238,12 +171,13 @@ pub(super) async fn run_node(
 /// # Errors
 /// The MIG state could not be read after the unprepare.
 pub(super) fn report(setup: &Setup, driver: &str, node_run: &mut NodeRun) -> Result<MigNodeReport> {
+    let node = &setup.node;
     let instances_left = node_run.mig_left.take().transpose()?.unwrap_or_default();
     let is_mig = |d: &Device| {
         device_attribute(d, driver, attributes::TYPE).and_then(|a| a.string.as_deref())
             == Some(TYPE_MIG)
     };
-    let gpus = setup
+    let gpus = node
         .inventory
         .gpus
         .iter()
@@ -258,7 +192,7 @@ pub(super) fn report(setup: &Setup, driver: &str, node_run: &mut NodeRun) -> Res
             let Some(counters) = setup.counter_sets.iter().find(|s| s.name == set) else {
                 return format!("{described}: no counter set, not published as MIG placements");
             };
-            let placements = setup
+            let placements = node
                 .devices
                 .iter()
                 .filter(|d| {
@@ -276,16 +210,16 @@ pub(super) fn report(setup: &Setup, driver: &str, node_run: &mut NodeRun) -> Res
         })
         .collect();
     Ok(MigNodeReport {
-        node: setup.name.clone(),
-        inventory: setup.inventory_text.clone(),
+        node: node.name.clone(),
+        inventory: node.inventory_text.clone(),
         gpus,
-        slices: setup.slices.len(),
-        counter_slices: setup
+        slices: node.slices.len(),
+        counter_slices: node
             .slices
             .iter()
             .filter(|s| s.spec.shared_counters.is_some())
             .count(),
-        mig_state_root: setup.plugin_config.mock_mig_root().unwrap_or_default(),
+        mig_state_root: node.plugin_config.mock_mig_root().unwrap_or_default(),
         instances_prepared: node_run.mig_prepared.clone(),
         instances_left,
     })

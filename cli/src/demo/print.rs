@@ -31,6 +31,19 @@ pub fn render_summary(summary: &Summary, run_containers: bool) -> String {
             let _ = writeln!(out, "  {gpu}");
         }
     }
+    if let Some(node) = &summary.shareable_node {
+        let _ = writeln!(
+            out,
+            "node {} ({}), scheduler slices: GPUs published shareable (Kubernetes 1.36 consumable capacity):",
+            node.node, node.inventory
+        );
+        for device in &node.devices {
+            let _ = writeln!(out, "  {device}");
+        }
+    }
+    for whole in &summary.published_whole {
+        let _ = writeln!(out, "not shareable: {whole}");
+    }
     out.push_str("classes:\n");
     out.push_str(&report::render_classes(summary));
     for problem in &summary.invalid_manifests {
@@ -199,6 +212,8 @@ mod tests {
             gpu_tools_root: None,
             device_health: None,
             mig_node: None,
+            shareable_node: None,
+            published_whole: vec![],
         }
     }
 

@@ -13,6 +13,7 @@ use super::classes::ClassReport;
 use super::containers::ContainerRun;
 use super::health::HealthReport;
 use super::mig::{LiveInstance, MigNodeReport};
+use super::shareable::{ShareableNodeReport, shareable_text};
 
 /// Everything `<output-dir>/summary.json` holds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -53,6 +54,13 @@ pub struct Summary {
     /// The dynamic-MIG node, when the run had one.
     #[serde(default)]
     pub mig_node: Option<MigNodeReport>,
+    /// The node of shareable GPUs, when the run had one.
+    #[serde(default)]
+    pub shareable_node: Option<ShareableNodeReport>,
+    /// GPUs a sliced Scheduler class selects that are published whole, on any node, as
+    /// `node/device: why`.
+    #[serde(default)]
+    pub published_whole: Vec<String>,
 }
 
 /// One claim.
@@ -103,6 +111,9 @@ pub struct DeviceReport {
     pub device_type: String,
     /// The MIG profile of a MIG device.
     pub mig_profile: Option<String>,
+    /// The share ID kube-scheduler wrote for a share of a shareable GPU (a scheduler slice).
+    #[serde(default)]
+    pub share_id: Option<String>,
     /// Memory of a slice, in bytes; `None` for the whole device.
     pub memory_bytes: Option<u64>,
     /// Compute percent of a slice; `None` for the whole device.
@@ -194,7 +205,8 @@ impl Summary {
     }
 }
 
-/// `gpu-0 (NVIDIA H100 80GB HBM3, 80Gi)` per published device.
+/// `gpu-0 (NVIDIA H100 80GB HBM3, 80Gi)` per published device, a shareable one with its
+/// slicing (`, shareable: memory in 1Gi steps, …`).
 pub fn describe_devices(devices: &[Device], driver: &str) -> Vec<String> {
     devices
         .iter()
@@ -219,6 +231,7 @@ pub fn describe_devices(devices: &[Device], driver: &str) -> Vec<String> {
             if !domain.is_empty() {
                 let _ = write!(text, ", NVLink {domain}");
             }
+            text.push_str(&shareable_text(device));
             text.push(')');
             text
         })
@@ -272,7 +285,12 @@ pub fn render_table(summary: &Summary) -> String {
             } else {
                 device.cdi_device_ids.join(" ")
             });
-            let mut notes: Vec<String> = device.mps.iter().map(MpsReport::text).collect();
+            let mut notes: Vec<String> = device
+                .share_id
+                .iter()
+                .map(|id| format!("share {id} of the shareable GPU (kube-scheduler's shareID)"))
+                .collect();
+            notes.extend(device.mps.iter().map(MpsReport::text));
             notes.extend(
                 device
                     .mig_instance
@@ -435,6 +453,7 @@ mod tests {
             device: "gpu-0".into(),
             device_type: "gpu".into(),
             mig_profile: mig.map(str::to_owned),
+            share_id: None,
             memory_bytes: memory,
             compute_percent: compute,
             sharing: "Exclusive".into(),
@@ -510,6 +529,8 @@ mod tests {
             container_runtime: None,
             gpu_tools_root: None,
             mig_node: None,
+            shareable_node: None,
+            published_whole: vec![],
             device_health: None,
         };
         let table = render_table(&summary);
