@@ -145,6 +145,15 @@ pub struct Args {
     )]
     pub webhook_claim_configuration: String,
 
+    /// The ValidatingWebhookConfiguration of the GpuQuota webhook, whose caBundle the
+    /// controller keeps too (self-made certificates only); empty: none.
+    #[arg(
+        long,
+        env = "KERF_WEBHOOK_QUOTA_CONFIGURATION",
+        default_value = "kerf-gpu-quota"
+    )]
+    pub webhook_quota_configuration: String,
+
     /// Directory with `tls.crt` and `tls.key` (e.g. a cert-manager Secret), reloaded when they
     /// change; then the controller makes no certificate and leaves caBundle alone.
     #[arg(long, env = "KERF_WEBHOOK_CERT_DIR")]
@@ -287,6 +296,11 @@ impl Args {
                 .filter(|name| !name.is_empty())
                 .cloned()
                 .collect(),
+                validating_configurations: [&self.webhook_quota_configuration]
+                    .into_iter()
+                    .filter(|name| !name.is_empty())
+                    .cloned()
+                    .collect(),
                 validity: self.webhook_cert_validity,
                 renew_before: self.webhook_renew_before,
             };
@@ -401,6 +415,7 @@ mod tests {
             panic!("self-signed by default");
         };
         assert_eq!(without.webhook_configurations, ["kerf-scheduling-gate"]);
+        assert_eq!(settings.validating_configurations, ["kerf-gpu-quota"]);
         assert!(settings.renew_before < settings.validity);
         let files = parse(&["--webhook-cert-dir", "/certs"])
             .webhook_config()

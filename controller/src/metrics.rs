@@ -16,6 +16,7 @@
 //! | `leader` | gauge | – |
 //! | `admissions_total` | counter | `outcome` (`gated`/`not_gated`/`error`) |
 //! | `claim_admissions_total` | counter | `resource` (`resourceclaims`/`resourceclaimtemplates`), `outcome` (`normalized`/`no_kerf_config`/`denied`/`error`) |
+//! | `quota_admissions_total` | counter | `outcome` (`charged`/`not_charged`/`denied`/`error`) |
 //! | `ownership_moves_total` | counter | `to` (`scheduler`/`controller`) |
 //! | `ownership_devices` | gauge | `owner` (`scheduler`/`controller`/`settling`) |
 //! | `ownership_passes_total` | counter | – |
@@ -138,6 +139,7 @@ pub struct Metrics {
     leader: Gauge,
     admissions: Family<AdmissionLabels, Counter>,
     claim_admissions: Family<ClaimAdmissionLabels, Counter>,
+    quota_admissions: Family<AdmissionLabels, Counter>,
     ownership_moves: Family<MoveLabels, Counter>,
     ownership_devices: Family<OwnerLabels, Gauge>,
     ownership_passes: Counter,
@@ -163,6 +165,7 @@ impl Metrics {
             leader: Gauge::default(),
             admissions: Family::default(),
             claim_admissions: Family::default(),
+            quota_admissions: Family::default(),
             ownership_moves: Family::default(),
             ownership_devices: Family::default(),
             ownership_passes: Counter::default(),
@@ -246,6 +249,11 @@ impl Metrics {
             "claim_admissions",
             "ResourceClaims and ResourceClaimTemplates reviewed by the admission webhook, by resource and outcome (normalized, no_kerf_config, denied, error)",
             self.claim_admissions.clone(),
+        );
+        registry.register(
+            "quota_admissions",
+            "ResourceClaims checked against GpuQuotas by the admission webhook, by outcome (charged, not_charged, denied, error)",
+            self.quota_admissions.clone(),
         );
     }
 
@@ -412,6 +420,14 @@ impl Metrics {
     pub fn record_claim_admission(&self, resource: &'static str, outcome: &'static str) {
         self.claim_admissions
             .get_or_create(&ClaimAdmissionLabels { resource, outcome })
+            .inc();
+    }
+
+    /// Counts one quota review of a claim with `outcome` (`charged`, `not_charged`, `denied`
+    /// or `error`).
+    pub fn record_quota_admission(&self, outcome: &'static str) {
+        self.quota_admissions
+            .get_or_create(&AdmissionLabels { outcome })
             .inc();
     }
 

@@ -6,23 +6,30 @@
 //!   are checked (invalid `GpuClaimParameters` are denied, naming field and value) and their
 //!   parameters rewritten in the form kube-apiserver's later re-encodings keep byte for byte
 //!   (`failurePolicy: Fail`, scoped by `matchConditions` to objects with a kerf config; see
-//!   `deploy/base/webhook.yaml`).
+//!   `deploy/base/webhook.yaml`);
+//! - as the validating webhook `quota.gpu.kerf.dev` (path [`QUOTA_PATH`]), ResourceClaims
+//!   being created are charged against their namespace's GpuQuotas and refused over quota
+//!   (`failurePolicy: Ignore`: the controller's recount repairs the usage of claims admitted
+//!   while no replica answered).
 //!
 //! - [`decide`](mod@decide): the pure pod decision and its JSONPatch;
 //! - [`claims`]: the pure claim decision and its JSONPatch;
+//! - [`quota`]: the GpuQuota check of a claim and the write of its charge;
 //! - [`canonical`]: the JSON form kube-apiserver keeps;
 //! - [`review`]: AdmissionReview v1 in, AdmissionReview v1 out, routed by resource;
 //! - [`server`]: HTTPS (rustls, hyper) with a certificate swapped without a restart;
 //! - [`tls`]: a self-made CA and serving certificate, or PEM files (cert-manager);
-//! - [`ca_bundle`]: keeps this replica's CA in the MutatingWebhookConfigurations;
-//! - [`lookup`]: the watch caches the pod decisions read, on every replica (the claims and
-//!   DeviceClasses are the process's, shared with the leader's reconcilers).
+//! - [`ca_bundle`]: keeps this replica's CA in the webhook configurations;
+//! - [`lookup`]: the watch caches the pod decisions read, on every replica (the claims,
+//!   DeviceClasses, GpuClasses and GpuQuotas are the process's, shared with the leader's
+//!   reconcilers).
 
 pub mod ca_bundle;
 pub mod canonical;
 pub mod claims;
 pub mod decide;
 pub mod lookup;
+pub mod quota;
 pub mod review;
 pub mod server;
 pub mod tls;
@@ -33,7 +40,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
@@ -41,6 +50,7 @@ pub use claims::{ClaimDecision, ClaimResource, decide_claim};
 pub use decide::{ClaimLookup, Decision, Skip, decide};
 pub use kerf_api::controller_claims::SCHEDULING_GATE;
 pub use lookup::WebhookCaches;
+pub use quota::{QUOTA_PATH, QuotaAdmission};
 pub use tls::CertResolver;
 
 use crate::cache::ProcessCaches;
@@ -102,6 +112,8 @@ pub struct SelfSigned {
     /// The MutatingWebhookConfigurations whose `caBundle`s to keep (the pod webhook's and the
     /// claim webhooks').
     pub webhook_configurations: Vec<String>,
+    /// The ValidatingWebhookConfigurations whose `caBundle`s to keep (the quota webhook's).
+    pub validating_configurations: Vec<String>,
     /// How long each certificate is valid.
     pub validity: Duration,
     /// How long before expiry a new certificate replaces it.
@@ -172,7 +184,12 @@ pub async fn run(webhook: Webhook) -> Result<()> {
     let (caches, fill) =
         WebhookCaches::start(&process, &webhook.client, &webhook.config.driver_name);
     let fill = tokio::spawn(fill);
-    let result = serve_on(webhook, Arc::new(caches)).await;
+    let quota = QuotaAdmission::new(
+        webhook.client.clone(),
+        process.clone(),
+        &webhook.config.driver_name,
+    );
+    let result = serve_on(webhook, Arc::new(caches), Arc::new(quota)).await;
     fill.abort();
     if let Some(fill) = process_fill {
         fill.abort();
@@ -180,8 +197,13 @@ pub async fn run(webhook: Webhook) -> Result<()> {
     result
 }
 
-/// [`run`] once the caches are started: serves from `caches` once they are ready.
-async fn serve_on(webhook: Webhook, caches: Arc<WebhookCaches>) -> Result<()> {
+/// [`run`] once the caches are started: serves from `caches` and `quota` once the caches are
+/// ready.
+async fn serve_on(
+    webhook: Webhook,
+    caches: Arc<WebhookCaches>,
+    quota: Arc<QuotaAdmission>,
+) -> Result<()> {
     let Webhook {
         config,
         client,
@@ -204,8 +226,12 @@ async fn serve_on(webhook: Webhook, caches: Arc<WebhookCaches>) -> Result<()> {
     let tls = tls::server_config(resolver)?;
     tracing::info!(address = %config.address, "admission webhook serving");
     serving.store(true, Ordering::Release);
-    let driver = Arc::from(config.driver_name.as_str());
-    let result = server::serve(listener, tls, caches, driver, metrics, shutdown).await;
+    let reviewers = server::Reviewers {
+        lookup: caches,
+        driver: Arc::from(config.driver_name.as_str()),
+        quota,
+    };
+    let result = server::serve(listener, tls, reviewers, metrics, shutdown).await;
     serving.store(false, Ordering::Release);
     keeper.abort();
     result
@@ -225,7 +251,7 @@ fn keep_certificate(
             let issued = tls::issue(&names, settings.validity)?;
             let resolver = CertResolver::new(issued.key.clone());
             let keeper = keep_self_signed(
-                Api::<MutatingWebhookConfiguration>::all(client),
+                client,
                 settings.clone(),
                 config.field_manager.clone(),
                 resolver.clone(),
@@ -248,7 +274,7 @@ fn keep_certificate(
 /// the new certificate (the API server must trust it first). If the bundle cannot be written
 /// until the old certificate expires, the new one is served anyway.
 async fn keep_self_signed(
-    api: Api<MutatingWebhookConfiguration>,
+    client: Client,
     settings: SelfSigned,
     field_manager: String,
     resolver: Arc<CertResolver>,
@@ -260,13 +286,7 @@ async fn keep_self_signed(
     let mut pending: Option<tls::Issued> = None;
     loop {
         let candidate = pending.as_ref().unwrap_or(&current);
-        let bundle_ok = ensure_all(
-            &api,
-            &settings.webhook_configurations,
-            &candidate.ca_pem,
-            &field_manager,
-        )
-        .await;
+        let bundle_ok = ensure_both(&client, &settings, &candidate.ca_pem, &field_manager).await;
         if let Some(next) = pending.take() {
             if bundle_ok || SystemTime::now() >= current.not_after {
                 resolver.swap(next.key.clone());
@@ -301,13 +321,30 @@ async fn keep_self_signed(
     }
 }
 
+/// Puts `ca` into the `caBundle` of every webhook of the mutating and the validating
+/// configurations of `settings`; true when each one trusts it now.
+async fn ensure_both(
+    client: &Client,
+    settings: &SelfSigned,
+    ca: &str,
+    field_manager: &str,
+) -> bool {
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone());
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    let names = &settings.webhook_configurations;
+    let mutating_ok = ensure_all(&mutating, names, ca, field_manager).await;
+    let names = &settings.validating_configurations;
+    let validating_ok = ensure_all(&validating, names, ca, field_manager).await;
+    mutating_ok && validating_ok
+}
+
 /// Puts `ca` into the `caBundle` of every webhook of each configuration in `names`; true when
 /// each one trusts it now. A configuration that does not exist counts as done (it has no
 /// webhook that could call this replica; one created later gets the CA on the next round,
 /// at most [`BUNDLE_RECHECK`] later), so a removed claim configuration cannot hold up the
 /// rotation of the pod webhook's certificate; it is logged every round.
-async fn ensure_all(
-    api: &Api<MutatingWebhookConfiguration>,
+async fn ensure_all<K: ca_bundle::WebhookConfiguration>(
+    api: &Api<K>,
     names: &[String],
     ca: &str,
     field_manager: &str,

@@ -29,6 +29,7 @@ fn webhook() -> WebhookConfig {
             service: "kerf-webhook".to_owned(),
             namespace: "kerf-system".to_owned(),
             webhook_configurations: Vec::new(),
+            validating_configurations: Vec::new(),
             validity: Duration::from_secs(3600),
             renew_before: Duration::from_secs(600),
         }),

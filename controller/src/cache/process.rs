@@ -1,13 +1,16 @@
 //! The watches of the kinds both the admission webhook and the reconcilers read: every
-//! ResourceClaim and every DeviceClass, watched once per process. The webhook serves on every
-//! replica for the whole process; a leadership term borrows these stores instead of watching
-//! the same objects a second (and, for claims, a third) time.
+//! ResourceClaim, DeviceClass, GpuClass and GpuQuota, watched once per process. The webhook
+//! serves on every replica for the whole process; a leadership term borrows these stores
+//! instead of watching the same objects a second (and, for claims, a third) time. The quota
+//! webhook and the leader's quota recount price claims from the same GpuClass store, so they
+//! agree on what a claim costs.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{Stream, StreamExt as _, stream};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use kerf_api::{GpuClass, GpuQuota};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -24,7 +27,14 @@ pub struct ProcessCaches {
     pub claims: Store<ResourceClaim>,
     /// Every DeviceClass of the cluster.
     pub device_classes: Store<DeviceClass>,
-    /// Counts changes of either store (see [`super::Caches::changes`]).
+    /// Every GpuClass: its status sizes the devices a quota charges
+    /// (`crate::quota::classes::quota_class`).
+    pub gpu_classes: Store<GpuClass>,
+    /// Every GpuQuota of the cluster, which the quota webhook checks claims against.
+    pub gpu_quotas: Store<GpuQuota>,
+    /// Counts changes of the claim and DeviceClass stores (see [`super::Caches::changes`]);
+    /// GpuClass and GpuQuota changes do not count: the reconcilers that read the counter do
+    /// not read those stores.
     pub(super) changes: watch::Receiver<u64>,
     claim_subscribers: Arc<Subscribers>,
     /// One waiter at a time on the stores' readiness; see [`super::Caches::wait_ready`]. Shared
@@ -37,6 +47,8 @@ impl std::fmt::Debug for ProcessCaches {
         f.debug_struct("ProcessCaches")
             .field("claims", &self.claims.len())
             .field("device_classes", &self.device_classes.len())
+            .field("gpu_classes", &self.gpu_classes.len())
+            .field("gpu_quotas", &self.gpu_quotas.len())
             .finish_non_exhaustive()
     }
 }
@@ -67,13 +79,33 @@ impl ProcessCaches {
             strip::managed_fields,
         );
         let class_ticks = class_changes.filter_map(|change| std::future::ready(change.tick()));
-        let fill = stream::select(claim_ticks, class_ticks).for_each(move |()| {
+        let (gpu_classes, gpu_class_changes) = cache(
+            Api::all(client.clone()),
+            all(),
+            "GpuClass",
+            strip::managed_fields,
+        );
+        let (gpu_quotas, quota_changes) = cache(
+            Api::all(client.clone()),
+            all(),
+            "GpuQuota",
+            strip::managed_fields,
+        );
+        // Polled for their stores only: they tick nothing.
+        let quiet = stream::select(
+            gpu_class_changes.filter_map(|_| std::future::ready(None)),
+            quota_changes.filter_map(|_| std::future::ready(None)),
+        );
+        let ticks = stream::select(stream::select(claim_ticks, class_ticks), quiet);
+        let fill = ticks.for_each(move |()| {
             notify.send_modify(|n| *n = n.wrapping_add(1));
             std::future::ready(())
         });
         let caches = Self {
             claims,
             device_classes,
+            gpu_classes,
+            gpu_quotas,
             changes,
             claim_subscribers,
             ready_waiters: Arc::default(),
@@ -81,7 +113,7 @@ impl ProcessCaches {
         (caches, fill)
     }
 
-    /// Waits until both stores hold their first complete list.
+    /// Waits until every store holds its first complete list.
     ///
     /// # Errors
     ///
@@ -99,7 +131,9 @@ impl ProcessCaches {
         self.device_classes
             .wait_until_ready()
             .await
-            .map_err(stopped)
+            .map_err(stopped)?;
+        self.gpu_classes.wait_until_ready().await.map_err(stopped)?;
+        self.gpu_quotas.wait_until_ready().await.map_err(stopped)
     }
 
     /// Every change of the claim store, after the store has it: first every claim already in

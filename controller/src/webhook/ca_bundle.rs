@@ -1,4 +1,5 @@
-//! Keeps this replica's CA in the `caBundle` of the MutatingWebhookConfiguration.
+//! Keeps this replica's CA in the `caBundle` of the webhook configurations (mutating and
+//! validating).
 //!
 //! Every replica makes its own CA, and the API server may call any replica behind the Service,
 //! so the bundle holds several CAs: a replica puts its current CA first and keeps the others'
@@ -8,9 +9,12 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use kube::Api;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::error::{Error, Result};
@@ -57,7 +61,39 @@ pub fn merged_bundle(existing: &str, ca: &str) -> String {
     blocks.concat()
 }
 
-/// Makes sure every webhook of the MutatingWebhookConfiguration `name` trusts `ca` (a PEM
+/// A kind of webhook configuration whose webhooks each have a `clientConfig.caBundle`.
+pub trait WebhookConfiguration:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug
+{
+    /// The kind, for errors.
+    const KIND: &'static str;
+    /// The client configuration of each webhook, in order.
+    fn client_configs(&self) -> Vec<&WebhookClientConfig>;
+}
+
+impl WebhookConfiguration for MutatingWebhookConfiguration {
+    const KIND: &'static str = "MutatingWebhookConfiguration";
+    fn client_configs(&self) -> Vec<&WebhookClientConfig> {
+        self.webhooks
+            .iter()
+            .flatten()
+            .map(|w| &w.client_config)
+            .collect()
+    }
+}
+
+impl WebhookConfiguration for ValidatingWebhookConfiguration {
+    const KIND: &'static str = "ValidatingWebhookConfiguration";
+    fn client_configs(&self) -> Vec<&WebhookClientConfig> {
+        self.webhooks
+            .iter()
+            .flatten()
+            .map(|w| &w.client_config)
+            .collect()
+    }
+}
+
+/// Makes sure every webhook of the webhook configuration `name` trusts `ca` (a PEM
 /// certificate), patching with `field_manager`. Returns whether it wrote.
 ///
 /// # Errors
@@ -65,19 +101,17 @@ pub fn merged_bundle(existing: &str, ca: &str) -> String {
 /// [`Error::Kube`] when the configuration cannot be read or the patch fails (also on a
 /// concurrent change: the patch tests the resourceVersion it read); [`Error::MissingField`]
 /// when the configuration has no resourceVersion.
-pub async fn ensure_ca(
-    api: &Api<MutatingWebhookConfiguration>,
+pub async fn ensure_ca<K: WebhookConfiguration>(
+    api: &Api<K>,
     name: &str,
     ca: &str,
     field_manager: &str,
 ) -> Result<bool> {
     let config = api.get(name).await?;
     let wanted = pem_blocks(ca);
-    let webhooks = config.webhooks.as_deref().unwrap_or_default();
     let mut ops = Vec::new();
-    for (i, webhook) in webhooks.iter().enumerate() {
-        let current = webhook
-            .client_config
+    for (i, client_config) in config.client_configs().into_iter().enumerate() {
+        let current = client_config
             .ca_bundle
             .as_ref()
             .map(|b| String::from_utf8_lossy(&b.0).into_owned())
@@ -96,10 +130,11 @@ pub async fn ensure_ca(
         return Ok(false);
     }
     let version = config
-        .metadata
+        .meta()
         .resource_version
+        .clone()
         .ok_or(Error::MissingField {
-            kind: "MutatingWebhookConfiguration",
+            kind: K::KIND,
             field: "resourceVersion",
         })?;
     ops.insert(

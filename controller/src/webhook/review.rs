@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use super::claims::{ClaimDecision, ClaimResource, decide_claim};
 use super::decide::{ClaimLookup, Decision, Skip, decide};
+use super::quota::QuotaOutcome;
 
 /// How one review ended, for metrics and logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,6 +26,8 @@ pub enum Outcome {
     NotGated(Skip),
     /// A ResourceClaim or ResourceClaimTemplate was reviewed.
     Claim(ClaimResource, ClaimOutcome),
+    /// A ResourceClaim was checked against its namespace's GpuQuotas.
+    Quota(QuotaOutcome),
     /// The review could not be handled; the pod is admitted unchanged (or the body was not a
     /// review at all).
     Error(String),
@@ -37,7 +40,7 @@ impl Outcome {
         match self {
             Outcome::Gated => "gated",
             Outcome::NotGated(_) => "not_gated",
-            Outcome::Claim(..) | Outcome::Error(_) => "error",
+            Outcome::Claim(..) | Outcome::Quota(_) | Outcome::Error(_) => "error",
         }
     }
 }
@@ -93,25 +96,11 @@ pub struct Answer {
 /// `admission.k8s.io/v1` AdmissionReview with a `request` gets HTTP 400 and a `Status` naming
 /// the problem; the API server then applies the webhook's failure policy.
 pub fn handle(body: &[u8], lookup: &impl ClaimLookup, driver: &str) -> Answer {
-    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
-        Ok(review) => review,
-        Err(e) => return bad_request(format!("not an AdmissionReview: {e}")),
+    let (request, mut response) = match parse(body) {
+        Ok(parsed) => parsed,
+        Err(answer) => return answer,
     };
-    if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
-        return bad_request(format!(
-            "expected admission.k8s.io/v1 AdmissionReview, got {}/{}",
-            review.types.api_version, review.types.kind
-        ));
-    }
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
-        Ok(request) => request,
-        Err(e) => return bad_request(format!("AdmissionReview without request: {e}")),
-    };
-    let mut response = serde_json::to_value(AdmissionResponse::from(&request).into_review())
-        .unwrap_or_else(|_| json!({}));
     let answer = &mut response["response"];
-    answer["uid"] = json!(request.uid);
-    answer["allowed"] = json!(true);
     if let Some(resource) =
         ClaimResource::from_request(&request.resource.group, &request.resource.resource)
     {
@@ -136,6 +125,36 @@ pub fn handle(body: &[u8], lookup: &impl ClaimLookup, driver: &str) -> Answer {
         body: response.to_string().into_bytes(),
         outcome,
     }
+}
+
+/// The request of an AdmissionReview body, and the review to answer it with: `allowed: true`
+/// with the request's uid, to be changed by the caller.
+///
+/// # Errors
+///
+/// The HTTP 400 [`Answer`] for a body that is not an `admission.k8s.io/v1` AdmissionReview
+/// with a `request`.
+pub(crate) fn parse(body: &[u8]) -> Result<(AdmissionRequest<DynamicObject>, Value), Answer> {
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
+        Ok(review) => review,
+        Err(e) => return Err(bad_request(format!("not an AdmissionReview: {e}"))),
+    };
+    if review.types.api_version != "admission.k8s.io/v1" || review.types.kind != "AdmissionReview" {
+        return Err(bad_request(format!(
+            "expected admission.k8s.io/v1 AdmissionReview, got {}/{}",
+            review.types.api_version, review.types.kind
+        )));
+    }
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(request) => request,
+        Err(e) => return Err(bad_request(format!("AdmissionReview without request: {e}"))),
+    };
+    let mut response = serde_json::to_value(AdmissionResponse::from(&request).into_review())
+        .unwrap_or_else(|_| json!({}));
+    let answer = &mut response["response"];
+    answer["uid"] = json!(request.uid);
+    answer["allowed"] = json!(true);
+    Ok((request, response))
 }
 
 /// Decides for a claim or template and writes the decision into `answer` (the review's

@@ -16,7 +16,8 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::decide::ClaimLookup;
-use super::review::{self, ClaimOutcome, Outcome};
+use super::quota::{QUOTA_PATH, QuotaAdmission, QuotaOutcome};
+use super::review::{self, Answer, ClaimOutcome, Outcome};
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -25,9 +26,31 @@ const MAX_BODY: usize = 4 << 20;
 /// How long a client may take for the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves AdmissionReviews on `listener` with `tls` until `shutdown` is cancelled; pod reviews
-/// read `lookup`, claim reviews check the configs of `driver`, and all are counted in
-/// `metrics`. Connections in flight are dropped at shutdown.
+/// What the server answers reviews with.
+pub struct Reviewers<L> {
+    /// What pod reviews read.
+    pub lookup: Arc<L>,
+    /// The driver whose claim configs are checked.
+    pub driver: Arc<str>,
+    /// Reviews sent to [`QUOTA_PATH`].
+    pub quota: Arc<QuotaAdmission>,
+}
+
+impl<L> Clone for Reviewers<L> {
+    fn clone(&self) -> Self {
+        Self {
+            lookup: self.lookup.clone(),
+            driver: self.driver.clone(),
+            quota: self.quota.clone(),
+        }
+    }
+}
+
+/// Serves AdmissionReviews on `listener` with `tls` until `shutdown` is cancelled: reviews
+/// sent to [`QUOTA_PATH`] are checked against GpuQuotas, the others are routed by resource
+/// (pod reviews read `reviewers.lookup`, claim reviews check the configs of
+/// `reviewers.driver`); all are counted in `metrics`. Connections in flight are dropped at
+/// shutdown.
 ///
 /// # Errors
 ///
@@ -35,8 +58,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn serve<L>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
-    lookup: Arc<L>,
-    driver: Arc<str>,
+    reviewers: Reviewers<L>,
     metrics: Metrics,
     shutdown: CancellationToken,
 ) -> Result<()>
@@ -60,8 +82,7 @@ where
             }
             Err(error) => return Err(Error::Webhook(error)),
         };
-        let (acceptor, lookup, metrics) = (acceptor.clone(), lookup.clone(), metrics.clone());
-        let driver = driver.clone();
+        let (acceptor, reviewers, metrics) = (acceptor.clone(), reviewers.clone(), metrics.clone());
         connections.spawn(async move {
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => tls,
@@ -75,10 +96,8 @@ where
                 }
             };
             let service = service_fn(move |request| {
-                let (lookup, driver, metrics) = (lookup.clone(), driver.clone(), metrics.clone());
-                async move {
-                    Ok::<_, Infallible>(answer(request, (&*lookup, &driver), &metrics).await)
-                }
+                let (reviewers, metrics) = (reviewers.clone(), metrics.clone());
+                async move { Ok::<_, Infallible>(answer(request, &reviewers, &metrics).await) }
             });
             if let Err(error) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(tls), service)
@@ -102,14 +121,15 @@ fn is_transient(error: &std::io::Error) -> bool {
         .is_some_and(|code| code == 24 || code == 23) // EMFILE, ENFILE
 }
 
-async fn answer(
+async fn answer<L: ClaimLookup>(
     request: Request<Incoming>,
-    (lookup, driver): (&impl ClaimLookup, &str),
+    reviewers: &Reviewers<L>,
     metrics: &Metrics,
 ) -> Response<Full<Bytes>> {
     if request.method() != Method::POST {
         return plain(StatusCode::METHOD_NOT_ALLOWED, "POST an AdmissionReview\n");
     }
+    let quota = request.uri().path() == QUOTA_PATH;
     let body = match Limited::new(request.into_body(), MAX_BODY).collect().await {
         Ok(body) => body.to_bytes(),
         Err(error) => {
@@ -120,8 +140,37 @@ async fn answer(
             );
         }
     };
-    let answer = review::handle(&body, lookup, driver);
+    let answer = if quota {
+        reviewers.quota.handle(&body).await
+    } else {
+        review::handle(&body, &*reviewers.lookup, &reviewers.driver)
+    };
+    record(&answer, metrics);
+    let mut response = Response::new(Full::new(Bytes::from(answer.body)));
+    *response.status_mut() =
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Counts and logs how a review ended.
+fn record(answer: &Answer, metrics: &Metrics) {
     match &answer.outcome {
+        Outcome::Quota(outcome) => {
+            metrics.record_quota_admission(outcome.label());
+            match outcome {
+                QuotaOutcome::Error(message) => {
+                    tracing::warn!(%message, "webhook: quota review not handled");
+                }
+                QuotaOutcome::Denied(message) => {
+                    tracing::info!(%message, "webhook: claim refused by quota");
+                }
+                outcome => tracing::debug!(?outcome, "webhook: claim charged"),
+            }
+        }
         Outcome::Claim(resource, outcome) => {
             metrics.record_claim_admission(resource.label(), outcome.label());
             match outcome {
@@ -144,14 +193,6 @@ async fn answer(
             tracing::debug!(?outcome, "webhook: reviewed a pod");
         }
     }
-    let mut response = Response::new(Full::new(Bytes::from(answer.body)));
-    *response.status_mut() =
-        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 fn plain(status: StatusCode, text: &str) -> Response<Full<Bytes>> {

@@ -73,6 +73,7 @@ pub fn start(
             service: "kerf-webhook".to_owned(),
             namespace: "kerf-system".to_owned(),
             webhook_configurations: configurations.iter().map(|&c| c.to_owned()).collect(),
+            validating_configurations: Vec::new(),
             validity,
             renew_before,
         }),

@@ -44,6 +44,8 @@ const CONTROLLER_CLASS: &str = "slice.gpu.kerf.dev";
 /// The MutatingWebhookConfigurations of `deploy/base/webhook.yaml`, whose caBundle the
 /// webhook keeps.
 const WEBHOOK_CONFIGURATIONS: [&str; 2] = ["kerf-scheduling-gate", "kerf-claim-parameters"];
+/// The ValidatingWebhookConfiguration of the quota webhook (`deploy/base/webhook.yaml`).
+const QUOTA_CONFIGURATION: &str = "kerf-gpu-quota";
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
 const PODS: &str = "/api/v1/namespaces/default/pods";
 
@@ -382,6 +384,7 @@ fn webhook() -> WebhookConfig {
             service: "kerf-webhook".to_owned(),
             namespace: KERF_NAMESPACE.to_owned(),
             webhook_configurations: WEBHOOK_CONFIGURATIONS.map(str::to_owned).to_vec(),
+            validating_configurations: vec![QUOTA_CONFIGURATION.to_owned()],
             validity: Duration::from_secs(3600),
             renew_before: Duration::from_secs(600),
         }),

@@ -1,0 +1,319 @@
+//! The validating webhook `quota.gpu.kerf.dev`: a ResourceClaim being created is charged
+//! against every GpuQuota of its namespace, and refused when it would exceed one.
+//!
+//! The model is ResourceQuota's admission (kubernetes/kubernetes
+//! `staging/src/k8s.io/apiserver/pkg/admission/plugin/resourcequota/controller.go`,
+//! `checkQuotas`): the claim is checked against `status.used`, and the raised usage is written
+//! back with a replace of `/status` carrying the `resourceVersion` read. Two admissions racing
+//! for the last share cannot both win: the second write conflicts (409), the quota is read
+//! again, and the decision is taken on the newer usage. Within one replica admissions of the
+//! same quota take turns (a lock per quota), so its own reviews never conflict with each
+//! other; conflicts come only from other replicas and the recount.
+//!
+//! - [`decide`](mod@decide): the pure verdict of one quota on one charge.
+//!
+//! The configuration (`deploy/base/webhook.yaml`) uses `failurePolicy: Ignore`: while no
+//! replica answers, claims are admitted uncharged and the controller's recount adds them to
+//! `status.used` within one resync. A claim admitted by some quotas of its namespace and then
+//! refused by another keeps its charge on the first ones only until their recount, which drops
+//! an admission whose claim never appears once `ADMITTED_GRACE` has passed.
+
+pub(crate) mod decide;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kerf_api::GpuQuota;
+use kerf_api::gpuquota::{Charge, claim_charge};
+use kube::api::PostParams;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, Operation};
+use kube::{Api, Client, ResourceExt as _};
+use serde_json::{Value, json};
+
+use self::decide::{Admission, Verdict, evaluate};
+use super::review::{self, Answer, Outcome};
+use crate::cache::ProcessCaches;
+use crate::quota::classes::quota_class;
+
+/// The path the quota webhook's configuration calls (the other webhooks use `/mutate`).
+pub const QUOTA_PATH: &str = "/quota";
+
+/// How many conflicting writes of one quota an admission retries before refusing the claim.
+const MAX_TRIES: usize = 10;
+
+/// How the quota review of a claim ended, for metrics and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuotaOutcome {
+    /// Admitted and charged to this many quotas.
+    Charged(usize),
+    /// Admitted without a write: no quota in the namespace, a charge of zero, a dry run.
+    NotCharged,
+    /// Refused: over a quota, not chargeable, or the quota could not be written.
+    Denied(String),
+    /// Not handled (not the CREATE of a claim); admitted.
+    Error(String),
+}
+
+impl QuotaOutcome {
+    /// The metric label: `charged`, `not_charged`, `denied` or `error`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            QuotaOutcome::Charged(_) => "charged",
+            QuotaOutcome::NotCharged => "not_charged",
+            QuotaOutcome::Denied(_) => "denied",
+            QuotaOutcome::Error(_) => "error",
+        }
+    }
+}
+
+/// What the quota webhook reads and writes: the process's caches (claims' classes, GpuClasses,
+/// GpuQuotas) and the API server, for the status writes.
+pub struct QuotaAdmission {
+    client: Client,
+    caches: ProcessCaches,
+    driver: String,
+    /// The last copy of each quota this replica wrote or read (newer than the cache right
+    /// after a write), behind the lock its admissions take turns on.
+    turns: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<Option<GpuQuota>>>>>,
+}
+
+impl std::fmt::Debug for QuotaAdmission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuotaAdmission")
+            .field("driver", &self.driver)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QuotaAdmission {
+    /// Admission for the classes of `driver`, reading `caches` and writing through `client`.
+    pub fn new(client: Client, caches: ProcessCaches, driver: &str) -> Self {
+        Self {
+            client,
+            caches,
+            driver: driver.to_owned(),
+            turns: Mutex::default(),
+        }
+    }
+
+    /// Handles one AdmissionReview body sent to [`QUOTA_PATH`]: the CREATE of a ResourceClaim
+    /// is answered `allowed: false` with `status.code` 403 (`reason: Forbidden`) and the
+    /// message the user reads when it does not fit, `allowed: true` otherwise (after its
+    /// charge was written, unless `dryRun`). Anything else is allowed with the reason in
+    /// `status.message`; a body that is not a review gets HTTP 400.
+    pub async fn handle(&self, body: &[u8]) -> Answer {
+        let (request, mut response) = match review::parse(body) {
+            Ok(parsed) => parsed,
+            Err(answer) => return answer,
+        };
+        let outcome = self.review(&request).await;
+        let answer = &mut response["response"];
+        match &outcome {
+            QuotaOutcome::Denied(message) => {
+                answer["allowed"] = json!(false);
+                answer["status"] = forbidden(message, &request);
+            }
+            QuotaOutcome::Error(message) => answer["status"] = json!({"message": message}),
+            QuotaOutcome::Charged(_) | QuotaOutcome::NotCharged => {}
+        }
+        Answer {
+            status: 200,
+            body: response.to_string().into_bytes(),
+            outcome: Outcome::Quota(outcome),
+        }
+    }
+
+    /// The verdict on one request.
+    async fn review(&self, request: &AdmissionRequest<DynamicObject>) -> QuotaOutcome {
+        if request.operation != Operation::Create
+            || request.resource.group != "resource.k8s.io"
+            || request.resource.resource != "resourceclaims"
+            || request.sub_resource.is_some()
+        {
+            return QuotaOutcome::Error(format!(
+                "kerf's quota webhook handles the CREATE of resourceclaims, not {:?} of {}",
+                request.operation, request.resource.resource
+            ));
+        }
+        let namespace = request.namespace.clone().unwrap_or_default();
+        let mut quotas: Vec<Arc<GpuQuota>> = self
+            .caches
+            .gpu_quotas
+            .state()
+            .into_iter()
+            .filter(|q| q.namespace().as_deref() == Some(namespace.as_str()))
+            .collect();
+        if quotas.is_empty() {
+            return QuotaOutcome::NotCharged;
+        }
+        // The first refusal the user reads does not depend on the cache's order.
+        quotas.sort_by_key(|q| q.name_any());
+        let claim = match decode_claim(request) {
+            Ok(claim) => claim,
+            Err(message) => return QuotaOutcome::Denied(message),
+        };
+        let charge = match self.charge(&claim) {
+            Ok(charge) => charge,
+            Err(error) => {
+                return QuotaOutcome::Denied(format!(
+                    "the claim's GPU quota charge cannot be computed: {error}"
+                ));
+            }
+        };
+        let admission = Admission {
+            name: claim.name_any(),
+            // Set by the API server before validating admission; a claim without one (a
+            // review posted by hand) is matched by nobody and its admission expires.
+            uid: claim.uid().unwrap_or_default(),
+            time: Time(Timestamp::now()),
+        };
+        let mut charged = 0;
+        for quota in quotas {
+            match self
+                .admit(quota, &charge, &admission, request.dry_run)
+                .await
+            {
+                Ok(true) => charged += 1,
+                Ok(false) => {}
+                Err(message) => return QuotaOutcome::Denied(message),
+            }
+        }
+        if charged == 0 {
+            QuotaOutcome::NotCharged
+        } else {
+            QuotaOutcome::Charged(charged)
+        }
+    }
+
+    /// The claim's charge, its classes seen as the recount sees them.
+    fn charge(&self, claim: &ResourceClaim) -> kerf_api::Result<Charge> {
+        let (devices, gpus) = (&self.caches.device_classes, &self.caches.gpu_classes);
+        claim_charge(claim, &self.driver, |name| {
+            quota_class(devices, gpus, &self.driver, name)
+        })
+    }
+
+    /// Charges one quota, starting from `cached`: whether it wrote (`false` when the quota is
+    /// unaffected, is gone, or on a dry run).
+    ///
+    /// # Errors
+    ///
+    /// The refusal the user reads: over the quota, or its status could not be written.
+    async fn admit(
+        &self,
+        cached: Arc<GpuQuota>,
+        charge: &Charge,
+        admission: &Admission,
+        dry_run: bool,
+    ) -> Result<bool, String> {
+        let (namespace, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
+        let turn = self.turn(&namespace, &name);
+        let mut last = turn.lock().await;
+        // The copy kept from this replica's last write is newer than the cache until the
+        // watch catches up; one of another quota of the same name (re-created) is not.
+        let mut quota = match last.take() {
+            Some(kept) if kept.uid() == cached.uid() => kept,
+            _ => (*cached).clone(),
+        };
+        let api = Api::<GpuQuota>::namespaced(self.client.clone(), &namespace);
+        for _ in 0..MAX_TRIES {
+            let status = match evaluate(&quota, charge, admission) {
+                Verdict::Unaffected => {
+                    *last = Some(quota);
+                    return Ok(false);
+                }
+                Verdict::Deny(message) => {
+                    *last = Some(quota);
+                    return Err(message);
+                }
+                Verdict::Charge(status) => status,
+            };
+            if dry_run {
+                // A dry run is checked, never written (sideEffects: NoneOnDryRun).
+                *last = Some(quota);
+                return Ok(false);
+            }
+            let mut raised = quota.clone();
+            raised.status = Some(*status);
+            match api
+                .replace_status(&name, &PostParams::default(), &raised)
+                .await
+            {
+                Ok(written) => {
+                    *last = Some(written);
+                    return Ok(true);
+                }
+                Err(kube::Error::Api(status)) if status.code == 409 => {
+                    quota = match api.get_opt(&name).await {
+                        Ok(Some(fresh)) => fresh,
+                        Ok(None) => return Ok(false),
+                        Err(error) => return Err(unwritable(&name, &error)),
+                    };
+                }
+                // Deleted since the cache saw it: it caps nothing any more.
+                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
+                Err(error) => return Err(unwritable(&name, &error)),
+            }
+        }
+        Err(format!(
+            "could not update GpuQuota {name}: {MAX_TRIES} conflicting writes in a row; retry \
+             the create"
+        ))
+    }
+
+    /// The lock admissions of quota `namespace/name` take turns on, with the last copy seen.
+    fn turn(&self, namespace: &str, name: &str) -> Arc<tokio::sync::Mutex<Option<GpuQuota>>> {
+        // A map of locks is consistent whatever panicked while it was held.
+        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        // Quotas deleted since their last admission leave their slot until here: drop the
+        // slots nobody holds whose quota the cache no longer has.
+        if turns.len() > self.caches.gpu_quotas.len().saturating_mul(2) + 16 {
+            let store = &self.caches.gpu_quotas;
+            turns.retain(|(ns, n), slot| {
+                Arc::strong_count(slot) > 1
+                    || store
+                        .get(&kube::runtime::reflector::ObjectRef::new(n).within(ns))
+                        .is_some()
+            });
+        }
+        turns
+            .entry((namespace.to_owned(), name.to_owned()))
+            .or_default()
+            .clone()
+    }
+}
+
+/// The refusal when quota `name` cannot be written: without the write, the charge would not
+/// count against the next claim.
+fn unwritable(name: &str, error: &kube::Error) -> String {
+    format!("could not update GpuQuota {name}: {error}")
+}
+
+/// The claim of a review.
+fn decode_claim(request: &AdmissionRequest<DynamicObject>) -> Result<ResourceClaim, String> {
+    let object = request
+        .object
+        .as_ref()
+        .ok_or_else(|| "the review carries no claim".to_owned())?;
+    serde_json::to_value(object)
+        .and_then(serde_json::from_value::<ResourceClaim>)
+        .map_err(|e| format!("cannot read the claim: {e}"))
+}
+
+/// A refusal as ResourceQuota's admission makes it (`admission.NewForbidden`: 403
+/// `Forbidden`); kube-apiserver's `ToStatusErr`
+/// (`staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/errors/statuserror.go`) puts
+/// `admission webhook "quota.gpu.kerf.dev" denied the request: ` in front of the message.
+fn forbidden(message: &str, request: &AdmissionRequest<DynamicObject>) -> Value {
+    json!({
+        "status": "Failure",
+        "code": 403,
+        "reason": "Forbidden",
+        "message": message,
+        "details": {"name": request.name, "group": "resource.k8s.io", "kind": "resourceclaims"},
+    })
+}
