@@ -1,6 +1,6 @@
 //! `kerf status`: every kerf GPU of the cluster, per node, from kerf's ResourceSlices and the
-//! ResourceClaims allocated on them — what an admin would otherwise script with kubectl and
-//! jq.
+//! ResourceClaims allocated on them, and the GpuQuotas of every namespace with what their
+//! claims hold ([`quotas`]) — what an admin would otherwise script with kubectl and jq.
 //!
 //! [`fetch`] lists both kinds once; [`files::read`] reads them from saved YAML instead; [`watch`] keeps them with watches and hands each changed
 //! [`Status`] to a callback. Neither needs a kubeconfig: they take a `kube::Client`, which the
@@ -40,12 +40,23 @@
 //!     }],
 //!     "unreadable": [{"device": "gpu-7", "reason": "attributes[\"uuid\"]: missing"}]
 //!   }],
-//!   "unmatchedClaims": [{"node": "node-9", "device": "gpu-0", "claim": {…}}]
+//!   "unmatchedClaims": [{"node": "node-9", "device": "gpu-0", "claim": {…}}],
+//!   "quotas": [{
+//!     "namespace": "team-a", "name": "team-a",
+//!     "ready": true,                               // false: not enforced; null: not counted yet
+//!     "problem": null,                             // why not, when ready is false
+//!     "total": {"used": {"memoryBytes": 21474836480, "compute": 50, "gpus": 0},
+//!               "hard": {"memoryBytes": 42949672960, "compute": 100, "gpus": 2}},
+//!     "classes": [{"class": "h100-slice", "used": {…}, "hard": {"memoryBytes": …,
+//!                  "compute": null, "gpus": null}}],   // null: not capped
+//!     "pendingAdmissions": 0
+//!   }]
 //! }
 //! ```
 
 pub mod files;
 pub mod model;
+pub mod quotas;
 mod render;
 
 use std::future::Future;
@@ -53,6 +64,7 @@ use std::pin::pin;
 
 use futures::{Stream, StreamExt as _, stream};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kerf_api::gpuquota::GpuQuota;
 use kerf_api::watch_backoff::WatchBackoff;
 use kube::api::{Api, ListParams};
 use kube::runtime::reflector::{self, Store, reflector};
@@ -67,11 +79,12 @@ fn driver_selector(driver: &str) -> String {
     format!("spec.driver={driver}")
 }
 
-/// Lists `driver`'s ResourceSlices and every ResourceClaim once.
+/// Lists `driver`'s ResourceSlices, every ResourceClaim and every GpuQuota once (no quotas
+/// where the GpuQuota CRD is not installed).
 ///
 /// # Errors
-/// [`Error::Kube`] when either list fails (unreachable server, missing RBAC for listing ResourceSlices or
-/// ResourceClaims in all namespaces).
+/// [`Error::Kube`] when a list fails (unreachable server, missing RBAC for listing
+/// ResourceSlices, or ResourceClaims or GpuQuotas in all namespaces).
 pub async fn fetch(client: &kube::Client, driver: &str) -> Result<Snapshot> {
     let slices = Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default().fields(&driver_selector(driver)))
@@ -87,10 +100,38 @@ pub async fn fetch(client: &kube::Client, driver: &str) -> Result<Snapshot> {
             action: "listing ResourceClaims in all namespaces",
             source,
         })?;
+    let quotas = match Api::<GpuQuota>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(list) => list.items,
+        // A cluster whose kerf predates GpuQuota has no quotas to show.
+        Err(error) if is_not_found(&error) => Vec::new(),
+        Err(source) => {
+            return Err(Error::Kube {
+                action: "listing GpuQuotas in all namespaces",
+                source,
+            });
+        }
+    };
     Ok(Snapshot {
         slices: slices.items,
         claims: claims.items,
+        quotas,
     })
+}
+
+fn is_not_found(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.is_not_found())
+}
+
+/// Whether the API server serves GpuQuotas (the CRD is installed): probed once, so that a watch
+/// of a kind the server lacks does not hold back the status for ever.
+async fn serves_quotas(client: &kube::Client) -> bool {
+    let probe = Api::<GpuQuota>::all(client.clone())
+        .list(&ListParams::default().limit(1))
+        .await;
+    !matches!(&probe, Err(error) if is_not_found(error))
 }
 
 /// The JSON document (see the module docs), pretty-printed.
@@ -104,7 +145,8 @@ pub fn json(status: &Status) -> Result<String> {
     })
 }
 
-/// Watches `driver`'s ResourceSlices and all ResourceClaims, and calls `on_change` with the
+/// Watches `driver`'s ResourceSlices, all ResourceClaims and (where served) all GpuQuotas,
+/// and calls `on_change` with the
 /// status once both are listed and then after every change that alters it, until `shutdown`
 /// completes (`Ok`). Watch failures are retried with kube's default back-off; each is passed
 /// to `on_error`.
@@ -124,11 +166,21 @@ pub async fn watch(
         "ResourceSlices",
     );
     let (claims, claim_events) = cache(
-        Api::<ResourceClaim>::all(client),
+        Api::<ResourceClaim>::all(client.clone()),
         watcher::Config::default(),
         "ResourceClaims",
     );
-    let mut events = stream::select(slice_events, claim_events);
+    let (quotas, quota_events) = if serves_quotas(&client).await {
+        let (store, events) = cache(
+            Api::<GpuQuota>::all(client),
+            watcher::Config::default(),
+            "GpuQuotas",
+        );
+        (Some(store), events.boxed())
+    } else {
+        (None, stream::empty().boxed())
+    };
+    let mut events = stream::select(stream::select(slice_events, claim_events), quota_events);
     let mut shutdown = pin!(shutdown);
     let mut last: Option<Status> = None;
     loop {
@@ -143,12 +195,18 @@ pub async fn watch(
             Some(Tick::Changed) => {
                 // Before both initial lists are in, a status would show claims without their
                 // devices or devices without their claims.
-                if !(is_ready(&slices) && is_ready(&claims)) {
+                let quotas_ready = quotas.as_ref().is_none_or(is_ready);
+                if !(is_ready(&slices) && is_ready(&claims) && quotas_ready) {
                     continue;
                 }
                 let snapshot = Snapshot {
                     slices: slices.state().iter().map(|s| (**s).clone()).collect(),
                     claims: claims.state().iter().map(|c| (**c).clone()).collect(),
+                    quotas: quotas
+                        .iter()
+                        .flat_map(Store::state)
+                        .map(|q| (*q).clone())
+                        .collect(),
                 };
                 let status = Status::new(&snapshot, driver);
                 if last.as_ref() != Some(&status) {

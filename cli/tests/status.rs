@@ -228,7 +228,7 @@ async fn json_has_the_documented_shape() {
     let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
     assert_eq!(
         keys(&doc),
-        ["driver", "nodes", "unmatchedClaims", "version"]
+        ["driver", "nodes", "quotas", "unmatchedClaims", "version"]
     );
     assert_eq!(doc["version"], 1);
     assert_eq!(doc["driver"], DRIVER);

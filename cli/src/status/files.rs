@@ -5,17 +5,18 @@
 use std::path::Path;
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kerf_api::gpuquota::GpuQuota;
 use serde_json::Value;
 
 use super::model::Snapshot;
 use crate::error::{Error, Result};
 
-/// Reads every ResourceSlice and ResourceClaim of `paths` (multi-document YAML or JSON; a
+/// Reads every ResourceSlice, ResourceClaim and GpuQuota of `paths` (multi-document YAML or JSON; a
 /// `List` contributes its items). Objects of other kinds are skipped.
 ///
 /// # Errors
 /// [`Error::Io`] when a file cannot be read; [`Error::Yaml`] when one is not YAML, or a
-/// ResourceSlice or ResourceClaim in it does not decode (the error names the file and the
+/// ResourceSlice, ResourceClaim or GpuQuota in it does not decode (the error names the file and the
 /// object).
 pub fn read(paths: &[impl AsRef<Path>]) -> Result<Snapshot> {
     let mut snapshot = Snapshot::default();
@@ -51,6 +52,9 @@ fn add(snapshot: &mut Snapshot, document: Value, path: &Path) -> Result<()> {
         "ResourceClaim" => snapshot
             .claims
             .push(serde_json::from_value::<ResourceClaim>(document).map_err(invalid)?),
+        "GpuQuota" => snapshot
+            .quotas
+            .push(serde_json::from_value::<GpuQuota>(document).map_err(invalid)?),
         kind if kind.ends_with("List") => match document.get("items") {
             Some(Value::Array(items)) => {
                 for item in items.clone() {

@@ -24,6 +24,8 @@ pub struct Snapshot {
     pub slices: Vec<ResourceSlice>,
     /// ResourceClaims of every namespace.
     pub claims: Vec<ResourceClaim>,
+    /// GpuQuotas of every namespace (none where the CRD is not installed).
+    pub quotas: Vec<kerf_api::gpuquota::GpuQuota>,
 }
 
 /// Every kerf GPU of the cluster, per node.
@@ -38,6 +40,8 @@ pub struct Status {
     pub nodes: Vec<NodeStatus>,
     /// Claims allocated on devices no current slice lists (a node gone, a device removed).
     pub unmatched_claims: Vec<UnmatchedClaim>,
+    /// GpuQuotas, by namespace and name.
+    pub quotas: Vec<super::quotas::QuotaStatus>,
 }
 
 /// One node's pool and devices.
@@ -283,6 +287,7 @@ impl Status {
             driver: driver.to_owned(),
             nodes: nodes.into_values().collect(),
             unmatched_claims: unmatched(claims),
+            quotas: super::quotas::quotas(&snapshot.quotas),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The table `kerf status` prints: per node, one row per whole GPU and per MIG device, with
-//! text bars for memory and compute and one line per claim.
+//! text bars for memory and compute and one line per claim; then the GpuQuotas
+//! (`quotas.rs`).
 
 use std::fmt::Write as _;
 
@@ -25,6 +26,12 @@ pub fn table(status: &Status) -> String {
             out.push('\n');
         }
         render_node(&mut out, node);
+    }
+    let quotas = super::quotas::render(&status.quotas, gib);
+    if !quotas.is_empty() {
+        out.push_str("\nGPU quotas\n");
+        out.push_str(&align(&quotas));
+        out.push_str(&super::quotas::problems(&status.quotas));
     }
     if !status.unmatched_claims.is_empty() {
         out.push_str("\nclaims on devices no current ResourceSlice lists:\n");
