@@ -631,6 +631,9 @@ impl State {
         for (key, obj) in doomed {
             match self.admit_delete(request, &key, &obj) {
                 Ok(()) => deleted.push(self.delete_with_options(events, key, obj, &options)),
+                // This object's webhooks are called before the collection goes on (`webhooks`);
+                // the objects deleted so far stay deleted.
+                Err(err) if err.awaits_webhooks() => return Err(err),
                 Err(err) => {
                     denied.get_or_insert(err);
                 }

@@ -155,6 +155,22 @@ impl State {
         if matching::is_exempt(attributes.key) {
             return Ok(());
         }
+        // Most fakes have no webhooks: every write pays only for this look.
+        let configurations = self.validating_configurations();
+        if configurations.is_empty() {
+            return Ok(());
+        }
+        let mut applying = Vec::new();
+        for configuration in configurations {
+            for hook in configuration.webhooks.into_iter().flatten() {
+                if self.webhook_applies(&hook, attributes)? {
+                    applying.push(hook);
+                }
+            }
+        }
+        if applying.is_empty() {
+            return Ok(());
+        }
         let seen = json!({
             "operation": attributes.operation.as_str(),
             "key": [&attributes.key.prefix, &attributes.key.resource,
@@ -166,20 +182,11 @@ impl State {
         if let Some((_, verdict)) = request.rounds().verdicts.iter().find(|(s, _)| *s == seen) {
             return verdict.clone();
         }
-        let mut calls = Vec::new();
         let review = self.review(&request.user, request, attributes);
-        for configuration in self.validating_configurations() {
-            for hook in configuration.webhooks.into_iter().flatten() {
-                if !self.webhook_applies(&hook, attributes)?
-                    || !matching::conditions_match(
-                        &self.webhook_cel,
-                        &hook,
-                        attributes,
-                        &review["request"],
-                    )?
-                {
-                    continue;
-                }
+        let mut calls = Vec::new();
+        for hook in applying {
+            if matching::conditions_match(&self.webhook_cel, &hook, attributes, &review["request"])?
+            {
                 calls.push(invocation(&hook, &review));
             }
         }

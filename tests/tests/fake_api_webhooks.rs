@@ -1,0 +1,628 @@
+//! FakeApi calls validating admission webhooks as kube-apiserver does (kubernetes/kubernetes
+//! `staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/`): over HTTPS trusting only the
+//! configuration's caBundle, with the AdmissionReview of `request/admissionreview.go`, denials
+//! worded by `errors/statuserror.go` (`ToStatusErr`), failures by the failure policy, and
+//! `ShouldCallHook`'s selectors and matchConditions. The webhook here is a tiny server of the
+//! test's own (`server`).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "helpers outside #[test] functions fail the test the same way"
+)]
+
+#[path = "fake_api_webhooks/server.rs"]
+mod server;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_tests::fake_api::{FakeApi, KERF_WEBHOOK_MANIFEST};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
+use serde_json::{Value, json};
+use server::{Webhook, allowed, denied, handler};
+
+const NAMESPACE: &str = "webhooks";
+const SERVICE: &str = "validator";
+const HOST: &str = "validator.webhooks.svc";
+/// Ends a test that would otherwise hang (a webhook called under the store's lock).
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A webhook named `name` of Service `webhooks/validator` for `operations` on ResourceClaims.
+fn webhook(name: &str, operations: &[&str], failure_policy: &str, ca_bundle: &str) -> Value {
+    json!({
+        "name": name,
+        "clientConfig": {
+            "service": {"namespace": NAMESPACE, "name": SERVICE, "path": "/validate", "port": 443},
+            "caBundle": ca_bundle,
+        },
+        "rules": [{
+            "operations": operations, "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
+            "resources": ["resourceclaims"], "scope": "Namespaced",
+        }],
+        "failurePolicy": failure_policy,
+        "sideEffects": "None",
+        "admissionReviewVersions": ["v1"],
+        "timeoutSeconds": 5,
+    })
+}
+
+fn configure(fake: &FakeApi, name: &str, webhooks: Vec<Value>) {
+    fake.insert(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name}, "webhooks": webhooks,
+    }));
+}
+
+fn namespace(fake: &FakeApi, name: &str, labels: Value) {
+    fake.insert(json!({
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels},
+    }));
+}
+
+fn claim(name: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}},
+    }))
+    .unwrap()
+}
+
+/// A fake with the webhook `name` (`failure_policy`) for `operations` on ResourceClaims,
+/// served by `server`, and the namespaces `team-a` and the webhook's own.
+async fn cluster(
+    name: &str,
+    operations: &[&str],
+    failure_policy: &str,
+    answer: server::Handler,
+) -> (FakeApi, Webhook) {
+    let server = server::start(&[HOST], answer).await;
+    let fake = FakeApi::new();
+    namespace(&fake, "team-a", json!({}));
+    namespace(&fake, NAMESPACE, json!({}));
+    configure(
+        &fake,
+        "claims",
+        vec![webhook(
+            name,
+            operations,
+            failure_policy,
+            &server.ca_bundle(),
+        )],
+    );
+    fake.serve_webhook_service(NAMESPACE, SERVICE, server.address);
+    (fake, server)
+}
+
+fn claims(fake: &FakeApi) -> Api<ResourceClaim> {
+    Api::namespaced(fake.client(), "team-a")
+}
+
+fn api_error(result: Result<impl std::fmt::Debug, kube::Error>) -> kube::core::Status {
+    match result {
+        Err(kube::Error::Api(status)) => *status,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn an_allowed_claim_is_stored_as_the_webhook_saw_it() {
+    let (fake, server) = cluster(
+        "check.example.com",
+        &["CREATE"],
+        "Fail",
+        handler(|_| allowed()),
+    )
+    .await;
+    let stored = claims(&fake)
+        .create(&PostParams::default(), &claim("first"))
+        .await
+        .unwrap();
+    let reviews = server.reviews();
+    assert_eq!(reviews.len(), 1, "one call: {reviews:#?}");
+    let review = &reviews[0];
+    assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(review["kind"], "AdmissionReview");
+    let request = &review["request"];
+    assert!(!request["uid"].as_str().unwrap().is_empty());
+    let gvk = json!({"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"});
+    let gvr = json!({"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"});
+    assert_eq!(
+        [
+            &request["kind"],
+            &request["requestKind"],
+            &request["resource"],
+            &request["requestResource"]
+        ],
+        [&gvk, &gvk, &gvr, &gvr]
+    );
+    assert_eq!(
+        (
+            &request["name"],
+            &request["namespace"],
+            &request["operation"]
+        ),
+        (&json!("first"), &json!("team-a"), &json!("CREATE"))
+    );
+    assert_eq!(request["userInfo"]["username"], "kubernetes-admin");
+    assert_eq!(
+        request["userInfo"]["groups"],
+        json!(["system:masters", "system:authenticated"])
+    );
+    assert_eq!(request["dryRun"], false);
+    assert_eq!(request["oldObject"], Value::Null);
+    assert_eq!(request["options"]["kind"], "CreateOptions");
+    assert!(request.get("subResource").is_none());
+    // Validating admission runs after BeforeCreate: the object has its uid and timestamp,
+    // and the store keeps the very same.
+    let object = &request["object"];
+    assert_eq!(
+        object["metadata"]["uid"].as_str(),
+        stored.metadata.uid.as_deref()
+    );
+    assert!(object["metadata"]["creationTimestamp"].is_string());
+    assert!(object["metadata"].get("resourceVersion").is_none());
+}
+
+#[tokio::test]
+async fn a_generated_name_is_in_the_review_and_stored() {
+    let (fake, server) = cluster(
+        "check.example.com",
+        &["CREATE"],
+        "Fail",
+        handler(|_| allowed()),
+    )
+    .await;
+    let mut generated = claim("");
+    generated.metadata.name = None;
+    generated.metadata.generate_name = Some("gpu-".to_owned());
+    let stored = claims(&fake)
+        .create(&PostParams::default(), &generated)
+        .await
+        .unwrap();
+    let name = stored.metadata.name.unwrap();
+    assert!(name.starts_with("gpu-") && name.len() == 9, "{name}");
+    let request = server.reviews()[0]["request"].clone();
+    assert_eq!(request["name"], json!(name));
+    assert_eq!(request["object"]["metadata"]["name"], json!(name));
+    assert_eq!(request["object"]["metadata"]["generateName"], "gpu-");
+}
+
+#[tokio::test]
+async fn a_denial_reaches_the_client_as_kube_apiserver_words_it() {
+    let answer = handler(|review| {
+        match review["request"]["name"].as_str() {
+            Some("forbidden") => denied(json!({
+                "code": 403, "reason": "Forbidden",
+                "message": "exceeded quota: team-a, requested: memory=20Gi, used: memory=40Gi, limited: memory=40Gi",
+            })),
+            // No code: ToStatusErr raises it to 400; no message: the reason is shown.
+            Some("bare") => denied(json!({"reason": "NotWelcome"})),
+            _ => denied(json!({})),
+        }
+    });
+    let (fake, _server) = cluster("quota.gpu.kerf.dev", &["CREATE"], "Fail", answer).await;
+    let status = api_error(
+        claims(&fake)
+            .create(&PostParams::default(), &claim("forbidden"))
+            .await,
+    );
+    assert_eq!(
+        (status.code, status.reason.as_str(), status.message.as_str()),
+        (
+            403,
+            "Forbidden",
+            "admission webhook \"quota.gpu.kerf.dev\" denied the request: exceeded quota: team-a, requested: memory=20Gi, used: memory=40Gi, limited: memory=40Gi"
+        )
+    );
+    let status = api_error(
+        claims(&fake)
+            .create(&PostParams::default(), &claim("bare"))
+            .await,
+    );
+    assert_eq!(
+        (status.code, status.reason.as_str(), status.message.as_str()),
+        (
+            400,
+            "NotWelcome",
+            "admission webhook \"quota.gpu.kerf.dev\" denied the request: NotWelcome"
+        )
+    );
+    let status = api_error(
+        claims(&fake)
+            .create(&PostParams::default(), &claim("silent"))
+            .await,
+    );
+    assert_eq!(
+        (status.code, status.message.as_str()),
+        (
+            400,
+            "admission webhook \"quota.gpu.kerf.dev\" denied the request without explanation"
+        )
+    );
+    assert!(
+        claims(&fake)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn failure_policy_decides_while_the_webhook_is_down() {
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let fake = FakeApi::new();
+    namespace(&fake, "team-a", json!({}));
+    configure(
+        &fake,
+        "strict",
+        vec![webhook("strict.example.com", &["CREATE"], "Fail", "")],
+    );
+    fake.serve_webhook_service(NAMESPACE, SERVICE, closed);
+    let status = api_error(
+        claims(&fake)
+            .create(&PostParams::default(), &claim("refused"))
+            .await,
+    );
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (500, "InternalError")
+    );
+    let prefix = "Internal error occurred: failed calling webhook \"strict.example.com\": failed to call webhook: Post \"https://validator.webhooks.svc:443/validate?timeout=5s\": ";
+    assert!(status.message.starts_with(prefix), "{}", status.message);
+
+    let fake = FakeApi::new();
+    namespace(&fake, "team-a", json!({}));
+    configure(
+        &fake,
+        "lenient",
+        vec![webhook("lenient.example.com", &["CREATE"], "Ignore", "")],
+    );
+    fake.serve_webhook_service(NAMESPACE, SERVICE, closed);
+    claims(&fake)
+        .create(&PostParams::default(), &claim("admitted"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_certificate_the_ca_bundle_does_not_sign_fails_the_call() {
+    let (fake, _server) = cluster(
+        "check.example.com",
+        &["CREATE"],
+        "Fail",
+        handler(|_| allowed()),
+    )
+    .await;
+    let other = server::start(&[HOST], handler(|_| allowed())).await;
+    // The configuration trusts `other`'s CA, but the Service still points at the first server.
+    configure(
+        &fake,
+        "claims",
+        vec![webhook(
+            "check.example.com",
+            &["CREATE"],
+            "Fail",
+            &other.ca_bundle(),
+        )],
+    );
+    let status = api_error(
+        claims(&fake)
+            .create(&PostParams::default(), &claim("untrusted"))
+            .await,
+    );
+    assert_eq!(status.code, 500, "{}", status.message);
+    assert!(other.reviews().is_empty());
+}
+
+#[tokio::test]
+async fn a_namespace_selector_that_does_not_match_skips_the_call() {
+    let server = server::start(&[HOST], handler(|_| denied(json!({"code": 403})))).await;
+    let fake = FakeApi::new();
+    namespace(&fake, "team-a", json!({"quota": "enforced"}));
+    namespace(&fake, "team-b", json!({}));
+    let mut selective = webhook(
+        "selective.example.com",
+        &["CREATE"],
+        "Fail",
+        &server.ca_bundle(),
+    );
+    selective["namespaceSelector"] = json!({"matchLabels": {"quota": "enforced"}});
+    configure(&fake, "selective", vec![selective]);
+    fake.serve_webhook_service(NAMESPACE, SERVICE, server.address);
+    Api::<ResourceClaim>::namespaced(fake.client(), "team-b")
+        .create(&PostParams::default(), &claim("free"))
+        .await
+        .unwrap();
+    assert!(server.reviews().is_empty());
+    let status = api_error(
+        claims(&fake)
+            .create(&PostParams::default(), &claim("checked"))
+            .await,
+    );
+    assert_eq!(status.code, 403);
+    assert_eq!(server.reviews().len(), 1);
+    // kube-apiserver's label on every namespace is matched too.
+    let mut by_name = webhook(
+        "by-name.example.com",
+        &["CREATE"],
+        "Fail",
+        &server.ca_bundle(),
+    );
+    by_name["namespaceSelector"] = json!({"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["team-b"]},
+    ]});
+    configure(&fake, "selective", vec![by_name]);
+    Api::<ResourceClaim>::namespaced(fake.client(), "team-b")
+        .create(&PostParams::default(), &claim("free-too"))
+        .await
+        .unwrap();
+    assert_eq!(server.reviews().len(), 1);
+}
+
+#[tokio::test]
+async fn match_conditions_skip_the_call_or_follow_the_failure_policy() {
+    let server = server::start(&[HOST], handler(|_| denied(json!({"code": 403})))).await;
+    let fake = FakeApi::new();
+    namespace(&fake, "team-a", json!({}));
+    let with_condition = |policy: &str, expression: &str| {
+        let mut hook = webhook(
+            "conditional.example.com",
+            &["CREATE"],
+            policy,
+            &server.ca_bundle(),
+        );
+        hook["matchConditions"] = json!([{"name": "only", "expression": expression}]);
+        hook
+    };
+    fake.serve_webhook_service(NAMESPACE, SERVICE, server.address);
+    configure(
+        &fake,
+        "conditional",
+        vec![with_condition("Fail", "object.metadata.name == 'checked'")],
+    );
+    claims(&fake)
+        .create(&PostParams::default(), &claim("skipped"))
+        .await
+        .unwrap();
+    assert!(server.reviews().is_empty());
+    let status = api_error(
+        claims(&fake)
+            .create(&PostParams::default(), &claim("checked"))
+            .await,
+    );
+    assert_eq!(status.code, 403);
+    assert_eq!(server.reviews().len(), 1);
+    // `request` is bound: the user's name is there.
+    configure(
+        &fake,
+        "conditional",
+        vec![with_condition(
+            "Fail",
+            "request.userInfo.username == 'nobody'",
+        )],
+    );
+    claims(&fake)
+        .create(&PostParams::default(), &claim("not-nobody"))
+        .await
+        .unwrap();
+    // An expression that cannot be evaluated: Fail refuses without calling, Ignore skips.
+    configure(
+        &fake,
+        "conditional",
+        vec![with_condition("Fail", "object.spec.missing.field == 1")],
+    );
+    let status = api_error(
+        claims(&fake)
+            .create(&PostParams::default(), &claim("broken"))
+            .await,
+    );
+    assert_eq!((status.code, status.reason.as_str()), (403, "Forbidden"));
+    assert!(
+        status.message.starts_with("resourceclaims.resource.k8s.io \"broken\" is forbidden: expression 'object.spec.missing.field == 1' resulted in error: "),
+        "{}",
+        status.message
+    );
+    configure(
+        &fake,
+        "conditional",
+        vec![with_condition("Ignore", "object.spec.missing.field == 1")],
+    );
+    claims(&fake)
+        .create(&PostParams::default(), &claim("ignored"))
+        .await
+        .unwrap();
+    assert_eq!(server.reviews().len(), 1);
+}
+
+#[tokio::test]
+async fn update_and_delete_reviews_carry_the_old_object() {
+    let (fake, server) = cluster(
+        "check.example.com",
+        &["UPDATE", "DELETE"],
+        "Fail",
+        handler(|_| allowed()),
+    )
+    .await;
+    let api = claims(&fake);
+    let mut stored = api
+        .create(&PostParams::default(), &claim("c"))
+        .await
+        .unwrap();
+    assert!(server.reviews().is_empty(), "CREATE is not in the rules");
+    stored.metadata.labels = Some([("team".to_owned(), "a".to_owned())].into());
+    api.replace("c", &PostParams::default(), &stored)
+        .await
+        .unwrap();
+    api.delete("c", &DeleteParams::default()).await.unwrap();
+    let reviews = server.reviews();
+    let [update, delete] = reviews.as_slice() else {
+        panic!("two calls: {reviews:#?}");
+    };
+    let update = &update["request"];
+    assert_eq!(update["operation"], "UPDATE");
+    assert_eq!(update["options"]["kind"], "UpdateOptions");
+    assert_eq!(update["object"]["metadata"]["labels"]["team"], "a");
+    assert!(update["oldObject"]["metadata"].get("labels").is_none());
+    let delete = &delete["request"];
+    assert_eq!(delete["operation"], "DELETE");
+    assert_eq!(delete["options"]["kind"], "DeleteOptions");
+    assert_eq!(delete["object"], Value::Null);
+    assert_eq!(delete["oldObject"]["metadata"]["labels"]["team"], "a");
+    assert!(api.get_opt("c").await.unwrap().is_none());
+}
+
+fn gpu_quotas(fake: &FakeApi) -> Api<DynamicObject> {
+    let resource = ApiResource {
+        group: "gpu.kerf.dev".to_owned(),
+        version: "v1alpha1".to_owned(),
+        api_version: "gpu.kerf.dev/v1alpha1".to_owned(),
+        kind: "GpuQuota".to_owned(),
+        plural: "gpuquotas".to_owned(),
+    };
+    Api::namespaced_with(fake.client(), "team-a", &resource)
+}
+
+fn gpu_quota(spec: Value, status: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuQuota",
+        "metadata": {"name": "team-a"}, "spec": spec, "status": status,
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_webhook_writes_into_the_fake_while_it_is_called() {
+    let fake_slot: Arc<std::sync::OnceLock<FakeApi>> = Arc::default();
+    let slot = Arc::clone(&fake_slot);
+    // As kerf's quota webhook does: a conditional status update of the GpuQuota, then allow.
+    let answer: server::Handler = Arc::new(move |review| {
+        let fake = slot.get().unwrap().clone();
+        Box::pin(async move {
+            let quotas = gpu_quotas(&fake);
+            let mut quota = quotas.get("team-a").await.unwrap();
+            let name = review["request"]["name"].as_str().unwrap().to_owned();
+            quota.data["status"] = json!({"admitted": [name]});
+            quotas
+                .replace_status("team-a", &PostParams::default(), &quota)
+                .await
+                .unwrap();
+            allowed()
+        })
+    });
+    let (fake, _server) = cluster("quota.gpu.kerf.dev", &["CREATE"], "Fail", answer).await;
+    fake_slot.set(fake.clone()).unwrap();
+    gpu_quotas(&fake)
+        .create(
+            &PostParams::default(),
+            &gpu_quota(json!({"hard": {"gpus": 2}}), json!({})),
+        )
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        DEADLINE,
+        claims(&fake).create(&PostParams::default(), &claim("charged")),
+    )
+    .await
+    .expect("the webhook's write waited for the store's lock")
+    .unwrap();
+    let quota = gpu_quotas(&fake).get("team-a").await.unwrap();
+    assert_eq!(quota.data["status"], json!({"admitted": ["charged"]}));
+}
+
+#[tokio::test]
+async fn concurrent_creates_reach_the_webhook_together() {
+    // Each call waits until both are in the webhook: only a fake that calls webhooks without
+    // its lock held lets both in.
+    let barrier = Arc::new(tokio::sync::Barrier::new(2));
+    let answer: server::Handler = Arc::new(move |_| {
+        let barrier = Arc::clone(&barrier);
+        Box::pin(async move {
+            barrier.wait().await;
+            allowed()
+        })
+    });
+    let (fake, server) = cluster("check.example.com", &["CREATE"], "Fail", answer).await;
+    let api = claims(&fake);
+    let params = PostParams::default();
+    let (one, two) = (claim("one"), claim("two"));
+    let both = async { tokio::join!(api.create(&params, &one), api.create(&params, &two)) };
+    let (one, two) = tokio::time::timeout(DEADLINE, both)
+        .await
+        .expect("the second create never reached the webhook");
+    one.unwrap();
+    two.unwrap();
+    assert_eq!(server.reviews().len(), 2);
+}
+
+#[tokio::test]
+async fn gpu_quotas_have_a_status_subresource_and_refuse_stale_writes() {
+    let fake = FakeApi::new();
+    let quotas = gpu_quotas(&fake);
+    let created = quotas
+        .create(
+            &PostParams::default(),
+            &gpu_quota(json!({"hard": {"gpus": 2}}), json!({"used": {"gpus": 9}})),
+        )
+        .await
+        .unwrap();
+    // Created without the status a client sent, as a CRD with the subresource is.
+    assert!(created.data.get("status").is_none());
+    let mut status_write = created.clone();
+    status_write.data["spec"] = json!({"hard": {"gpus": 99}});
+    status_write.data["status"] = json!({"used": {"gpus": 1}});
+    let after_status = quotas
+        .replace_status("team-a", &PostParams::default(), &status_write)
+        .await
+        .unwrap();
+    assert_eq!(after_status.data["spec"], json!({"hard": {"gpus": 2}}));
+    assert_eq!(after_status.data["status"], json!({"used": {"gpus": 1}}));
+    let mut main_write = after_status.clone();
+    main_write.data["spec"] = json!({"hard": {"gpus": 3}});
+    main_write.data["status"] = json!({"used": {"gpus": 7}});
+    let after_main = quotas
+        .replace("team-a", &PostParams::default(), &main_write)
+        .await
+        .unwrap();
+    assert_eq!(after_main.data["spec"], json!({"hard": {"gpus": 3}}));
+    assert_eq!(after_main.data["status"], json!({"used": {"gpus": 1}}));
+    // `status_write` carries the first resourceVersion: both subresources refuse it.
+    let stale = api_error(
+        quotas
+            .replace_status("team-a", &PostParams::default(), &status_write)
+            .await,
+    );
+    assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
+    let stale = api_error(
+        quotas
+            .replace("team-a", &PostParams::default(), &status_write)
+            .await,
+    );
+    assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
+    assert_eq!(
+        stale.message,
+        "Operation cannot be fulfilled on gpuquotas.gpu.kerf.dev \"team-a\": the object has been modified; please apply your changes to the latest version and try again"
+    );
+}
+
+#[tokio::test]
+async fn kerfs_manifest_installs_with_a_ca_bundle() {
+    let fake = FakeApi::new();
+    let names = fake.install_webhook_configurations(KERF_WEBHOOK_MANIFEST, Some("PEM"));
+    assert!(
+        names.contains(&"kerf-claim-parameters".to_owned()),
+        "{names:?}"
+    );
+    let bundles = fake
+        .mutating_webhook_ca_bundles("kerf-claim-parameters")
+        .unwrap();
+    assert!(bundles.iter().all(|b| b == "PEM"), "{bundles:?}");
+}
