@@ -207,6 +207,9 @@ impl GpuResources {
     /// [`Error::InvalidConfig`] at `path.memory` for a memory that is not a byte quantity.
     pub fn amount(&self, path: &str) -> Result<GpuAmount> {
         let memory_bytes = match &self.memory {
+            // `quantity_bytes` refuses 0 (no device has no memory), but a usage is 0 before
+            // any claim and a cap of 0 forbids GPU memory: both are written as "0".
+            Some(q) if is_zero(&q.0) => 0,
             Some(q) => quantity_bytes(q)
                 .map_err(|e| Error::config(format!("{path}.memory"), e.to_string()))?,
             None => 0,
@@ -235,6 +238,12 @@ impl GpuResources {
             gpus: Some(amount.gpus),
         }
     }
+}
+
+/// Whether a quantity is zero (`0`, `0Gi`, `0.0`, `0e3`).
+fn is_zero(text: &str) -> bool {
+    let number = text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    !number.starts_with('-') && number.parse::<f64>().is_ok_and(|n| n == 0.0)
 }
 
 /// Which of the three resources a `hard` caps.

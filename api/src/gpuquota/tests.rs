@@ -299,3 +299,22 @@ fn a_spec_with_a_class_twice_or_a_bad_memory_is_refused() {
     let err = bad.validate("spec").unwrap_err().to_string();
     assert!(err.starts_with("spec.hard.memory"), "{err}");
 }
+
+#[test]
+fn a_zero_memory_reads_back_as_zero() {
+    // What a recount writes before any claim, and a cap that forbids GPU memory.
+    let zero = GpuResources::of(GpuAmount::ZERO);
+    assert_eq!(zero.amount("used").unwrap(), GpuAmount::ZERO);
+    for text in ["0", "0Gi", "0.0"] {
+        let cap = GpuResources {
+            memory: Some(Quantity(text.to_owned())),
+            ..GpuResources::default()
+        };
+        assert_eq!(cap.amount("hard").unwrap(), GpuAmount::ZERO, "{text}");
+    }
+    let negative = GpuResources {
+        memory: Some(Quantity("-1Gi".to_owned())),
+        ..GpuResources::default()
+    };
+    assert!(negative.amount("hard").is_err());
+}
