@@ -491,16 +491,20 @@ fn deployment_claims_are_packed(summary: &Summary) {
         .collect();
     assert_eq!(generated.len(), 3);
     assert!(generated.iter().all(|c| c.prepared && c.pods.len() == 1));
-    let slice_gpus: BTreeSet<&str> = summary
+    // Device names repeat across nodes: the main node's claims only.
+    let main_node: Vec<&ClaimReport> = summary
         .claims
+        .iter()
+        .filter(|c| c.node.as_deref() == Some("demo-node"))
+        .collect();
+    let slice_gpus: BTreeSet<&str> = main_node
         .iter()
         .filter(|c| c.devices.iter().any(|d| d.memory_bytes.is_some()))
         .flat_map(|c| c.devices.iter().map(|d| d.device.as_str()))
         .collect();
     // 20Gi/50% + 10Gi/25% + 3 × 8Gi/15% = 120% of compute: two GPUs, not five.
     assert_eq!(slice_gpus.len(), 2, "{slice_gpus:?}");
-    let whole_gpus: Vec<&str> = summary
-        .claims
+    let whole_gpus: Vec<&str> = main_node
         .iter()
         .flat_map(|c| &c.devices)
         .filter(|d| d.memory_bytes.is_none())

@@ -6,9 +6,10 @@
 //! and one device per MIG placement consuming it. The scheduler stand-in picks a placement
 //! that fits the counters ([`kerf_api::counters`]); at prepare the plugin creates the GPU and
 //! compute instance in mock mode's emulated driver state
-//! ([`kerf_fake_gpu_tools::mig::MockMig`], under [`kerf_kubelet_plugin::config::PluginConfig::mock_mig_root`]) and at
-//! unprepare destroys them. The demo reads that state while the claims are prepared and
-//! after they are unprepared ([`live_instances`]).
+//! ([`kerf_fake_gpu_tools::mig::MockMig`], under
+//! [`kerf_kubelet_plugin::config::PluginConfig::mock_mig_root`]) and at unprepare destroys
+//! them. The demo reads that state while the claims are prepared and after they are
+//! unprepared ([`live_instances`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
