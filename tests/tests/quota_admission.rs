@@ -96,8 +96,8 @@ async fn claims_up_to_the_quota_are_admitted_and_the_next_is_refused_in_resource
         [summary.memory, summary.compute, summary.gpus],
         ["40Gi/40Gi", "100/100", "0/2"]
     );
-    assert_eq!(quota_admissions(&cluster.registry, "charged"), 2);
-    assert_eq!(quota_admissions(&cluster.registry, "denied"), 1);
+    assert_eq!(quota_admissions(&cluster, "charged"), 2);
+    assert_eq!(quota_admissions(&cluster, "denied"), 1);
 
     // A claim of another driver's class, and any claim of a namespace without a quota, is
     // charged nothing: both are admitted and the quota is not written.
@@ -113,7 +113,7 @@ async fn claims_up_to_the_quota_are_admitted_and_the_next_is_refused_in_resource
         .unwrap();
     let after = cluster.read_quota(TEAM, TEAM).await;
     assert_eq!(after.metadata.resource_version, before);
-    assert_eq!(quota_admissions(&cluster.registry, "not_charged"), 2);
+    assert_eq!(quota_admissions(&cluster, "not_charged"), 2);
     cluster.stop.cancel();
 }
 
@@ -126,7 +126,9 @@ async fn concurrent_creates_of_random_sizes_never_exceed_the_quota() {
     const CAP_GIB: u64 = 64;
     const CAP_COMPUTE: u64 = 150;
     const CLAIMS: usize = 16;
-    let cluster = Cluster::start().await;
+    // Two replicas: admissions of one replica take turns, those of two race for the
+    // quota's resourceVersion.
+    let cluster = Cluster::start_replicas(2).await;
     for seed in 1..=8_u64 {
         let namespace = format!("team-{seed}");
         let hard = json!({"memory": format!("{CAP_GIB}Gi"), "compute": CAP_COMPUTE});

@@ -33,66 +33,65 @@ pub const QUOTA_CONFIGURATION: &str = "kerf-gpu-quota";
 pub const WAIT: Duration = Duration::from_secs(20);
 pub const GI: u64 = 1 << 30;
 
-/// A FakeApi with kerf's webhook served by a kerf-controller replica.
+/// A FakeApi with kerf's webhook served by kerf-controller replicas behind one Service.
 pub struct Cluster {
     pub fake: FakeApi,
-    /// Stops the webhook.
+    /// Stops the webhooks (and the Service's forwarding).
     pub stop: CancellationToken,
-    pub registry: Registry,
+    pub replicas: Vec<Replica>,
+    /// Where the Service listens.
     pub port: u16,
+}
+
+/// One kerf-controller replica's webhook.
+pub struct Replica {
+    pub registry: Registry,
     /// The process caches the webhook reads.
     pub caches: ProcessCaches,
 }
 
 impl Cluster {
-    /// The fake, its classes, and the webhook serving with its CA in the configurations.
+    /// The fake, its classes, and one replica serving with its CA in the configurations.
     pub async fn start() -> Self {
+        Self::start_replicas(1).await
+    }
+
+    /// The fake, its classes, and `count` replicas, each with its own CA in the
+    /// configurations; the Service sends each connection to the next replica in turn, as
+    /// kube-proxy spreads connections over a Service's endpoints.
+    pub async fn start_replicas(count: usize) -> Self {
         let fake = FakeApi::new();
         namespace(&fake, KERF_NAMESPACE);
         fake.install_webhook_configurations(KERF_WEBHOOK_MANIFEST, None);
         fake.insert(device_class(SLICE_CLASS, DRIVER, "Controller"));
         fake.insert(device_class(OTHER_CLASS, "other.example.com", "Scheduler"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut registry = Registry::default();
         let stop = CancellationToken::new();
-        let serving = Arc::new(AtomicBool::new(false));
-        let client = fake.client_as(Identity::kerf_controller());
-        let (caches, fill) = ProcessCaches::start(&client);
-        let fill = tokio::spawn(fill);
-        let filling = stop.clone();
-        tokio::spawn(async move {
-            filling.cancelled().await;
-            fill.abort();
-        });
-        tokio::spawn(webhook::run(webhook::Webhook {
-            config: config(port),
-            client,
-            caches: Some(caches.clone()),
-            metrics: Metrics::new(&mut registry),
-            serving: Arc::clone(&serving),
-            shutdown: stop.clone(),
-        }));
+        let mut replicas = Vec::new();
+        let mut ports = Vec::new();
+        for _ in 0..count {
+            let port = free_port();
+            replicas.push(start_replica(&fake, port, &stop).await);
+            ports.push(port);
+        }
+        let port = if count == 1 {
+            ports[0]
+        } else {
+            service(ports, &stop).await
+        };
         fake.serve_webhook_service(
             KERF_NAMESPACE,
             "kerf-webhook",
             ([127, 0, 0, 1], port).into(),
         );
-        until(
-            "the webhook serves with its CA in kerf-gpu-quota",
-            WAIT,
-            || serving.load(Ordering::Acquire) && quota_ca_bundle(&fake).is_some(),
-        )
+        until("every replica's CA in kerf-gpu-quota", WAIT, || {
+            quota_ca_bundle(&fake).is_some_and(|b| b.matches("BEGIN CERTIFICATE").count() == count)
+        })
         .await;
         Cluster {
             fake,
             stop,
-            registry,
+            replicas,
             port,
-            caches,
         }
     }
 
@@ -112,9 +111,11 @@ impl Cluster {
             .unwrap();
         // The webhook charges against its cache: a claim created before the cache has the
         // quota would be admitted uncharged (as on a real cluster, until the recount).
-        until("the webhook's cache has the quota", WAIT, || {
+        until("every webhook's cache has the quota", WAIT, || {
             let key = ObjectRef::new(name).within(namespace_name);
-            self.caches.gpu_quotas.get(&key).is_some()
+            self.replicas
+                .iter()
+                .all(|r| r.caches.gpu_quotas.get(&key).is_some())
         })
         .await;
     }
@@ -135,6 +136,68 @@ impl Cluster {
     }
 }
 
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A replica's webhook on `port`, as kerf-controller's ServiceAccount, serving once this
+/// returns.
+async fn start_replica(fake: &FakeApi, port: u16, stop: &CancellationToken) -> Replica {
+    let mut registry = Registry::default();
+    let serving = Arc::new(AtomicBool::new(false));
+    let client = fake.client_as(Identity::kerf_controller());
+    let (caches, fill) = ProcessCaches::start(&client);
+    let fill = tokio::spawn(fill);
+    let filling = stop.clone();
+    tokio::spawn(async move {
+        filling.cancelled().await;
+        fill.abort();
+    });
+    tokio::spawn(webhook::run(webhook::Webhook {
+        config: config(port),
+        client,
+        caches: Some(caches.clone()),
+        metrics: Metrics::new(&mut registry),
+        serving: Arc::clone(&serving),
+        shutdown: stop.clone(),
+    }));
+    until("the replica serves", WAIT, || {
+        serving.load(Ordering::Acquire)
+    })
+    .await;
+    Replica { registry, caches }
+}
+
+/// A Service in front of the replicas at `ports`: each connection goes to the next one in
+/// turn (TLS passes through; the configurations' caBundle trusts every replica's CA).
+async fn service(ports: Vec<u16>, stop: &CancellationToken) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = stop.clone();
+    tokio::spawn(async move {
+        for next in (0..).map(|i| ports[i % ports.len()]) {
+            let accepted = tokio::select! {
+                () = stop.cancelled() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let Ok((mut inbound, _)) = accepted else {
+                continue;
+            };
+            tokio::spawn(async move {
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(("127.0.0.1", next)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    port
+}
+
 /// The webhook as kerf-controller's self-signed mode runs it on `port`.
 fn config(port: u16) -> WebhookConfig {
     WebhookConfig {
@@ -152,14 +215,19 @@ fn config(port: u16) -> WebhookConfig {
     }
 }
 
-/// The caBundle of the quota webhook, once the controller has set it.
+/// The caBundle of the quota webhook (PEM), once the controller has set it.
 fn quota_ca_bundle(fake: &FakeApi) -> Option<String> {
+    use base64::Engine as _;
     let path = format!(
         "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/{QUOTA_CONFIGURATION}"
     );
-    fake.get(&path)?["webhooks"][0]["clientConfig"]["caBundle"]
-        .as_str()
-        .map(str::to_owned)
+    let encoded = fake.get(&path)?["webhooks"][0]["clientConfig"]["caBundle"]
+        .as_str()?
+        .to_owned();
+    let pem = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .ok()?;
+    String::from_utf8(pem).ok()
 }
 
 /// A namespace object: the webhook's namespaceSelector reads its labels.
@@ -208,8 +276,16 @@ pub fn other_claim(name: &str) -> ResourceClaim {
     .unwrap()
 }
 
-/// `kerf_controller_quota_admissions_total{outcome}` as the registry reports it.
-pub fn quota_admissions(registry: &Registry, outcome: &str) -> i64 {
+/// `kerf_controller_quota_admissions_total{outcome}`, summed over the replicas.
+pub fn quota_admissions(cluster: &Cluster, outcome: &str) -> i64 {
+    cluster
+        .replicas
+        .iter()
+        .map(|r| replica_admissions(&r.registry, outcome))
+        .sum()
+}
+
+fn replica_admissions(registry: &Registry, outcome: &str) -> i64 {
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
     let series = format!("kerf_controller_quota_admissions_total{{outcome=\"{outcome}\"}} ");
