@@ -12,6 +12,7 @@ use crate::context::{ControllerConfig, FIELD_MANAGER};
 use crate::default_classes::DefaultClasses;
 use crate::error::{Error, Result};
 use crate::leader::LeaseConfig;
+use crate::quota::QuotaSettings;
 use crate::retry::BackoffConfig;
 use crate::run::Config;
 use crate::webhook::{Certificates, SelfSigned, WebhookConfig};
@@ -107,6 +108,16 @@ pub struct Args {
     #[arg(long, env = "KERF_UNPLACEABLE_RETRY", default_value = "30s", value_parser = humantime::parse_duration)]
     pub unplaceable_retry: Duration,
 
+    /// How often every GpuQuota's usage is recounted from the claims even without a change:
+    /// the longest a quota stays wrong after a missed admission.
+    #[arg(long, env = "KERF_QUOTA_RESYNC", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub quota_resync: Duration,
+
+    /// How long a claim the webhook admitted counts in its GpuQuota's usage before the
+    /// controller sees it (a create that failed after admission frees its share then).
+    #[arg(long, env = "KERF_QUOTA_ADMITTED_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub quota_admitted_grace: Duration,
+
     /// Serve the mutating admission webhook that puts the scheduling gate
     /// `gpu.kerf.dev/allocation` on pods with Controller-class claims, and checks and
     /// normalizes kerf's parameters in ResourceClaims and ResourceClaimTemplates being created
@@ -196,8 +207,10 @@ impl Args {
     pub fn into_config(self, host_name: Option<String>) -> Result<Config> {
         kerf_core::names::driver_name("--driver-name", &self.driver_name)
             .map_err(|e| Error::Config(e.to_string()))?;
-        if self.resync_period.is_zero() {
-            return Err(Error::Config("--resync-period must be positive".to_owned()));
+        if self.resync_period.is_zero() || self.quota_resync.is_zero() {
+            return Err(Error::Config(
+                "--resync-period and --quota-resync must be positive".to_owned(),
+            ));
         }
         if self.backoff_base.is_zero() || self.backoff_base > self.backoff_max {
             return Err(Error::Config(format!(
@@ -240,6 +253,10 @@ impl Args {
                     max: self.backoff_max,
                 },
                 instance: identity,
+                quota: QuotaSettings {
+                    resync: self.quota_resync,
+                    admitted_grace: self.quota_admitted_grace,
+                },
             },
             leader_election,
             metrics_address: parse_address(&self.metrics_address)?,

@@ -44,6 +44,8 @@ pub struct ControllerConfig {
     pub instance: Option<String>,
     /// Timing of the ResourceClaim allocation controller.
     pub claims: crate::claims::ClaimSettings,
+    /// Timing of the GpuQuota recount.
+    pub quota: crate::quota::QuotaSettings,
 }
 
 impl ControllerConfig {
@@ -57,6 +59,7 @@ impl ControllerConfig {
             backoff: BackoffConfig::default(),
             instance: None,
             claims: crate::claims::ClaimSettings::default(),
+            quota: crate::quota::QuotaSettings::default(),
         }
     }
 }

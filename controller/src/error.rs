@@ -172,6 +172,14 @@ impl Write {
             name: name.to_owned(),
         }
     }
+
+    /// An `update` (a replace, `PUT`) of `resource` on the object `name` in `namespace`.
+    pub fn update(resource: &'static str, namespace: Option<&str>, name: &str) -> Self {
+        Self {
+            verb: "update",
+            ..Self::patch(resource, namespace, name)
+        }
+    }
 }
 
 impl std::fmt::Display for Write {

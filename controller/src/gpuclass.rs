@@ -31,6 +31,7 @@ use futures::StreamExt as _;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
+use kerf_api::gpuclass::DeviceSizeStatus;
 use kerf_api::gpuclass::{
     CONDITION_EXTENDED_RESOURCE, CONDITION_READY, validate_extended_resource_name,
 };
@@ -206,12 +207,12 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context, memo: &RefreshMemo) ->
     }
 
     let extended_verdict = apply_device_class(class, ctx, &name, existing.as_deref()).await?;
-    let (capacity, readiness) = count_capacity(class, ctx, memo, &name, &selector);
+    let (counted, readiness) = count_capacity(class, ctx, memo, &name, &selector);
     write_status(
         class,
         ctx,
         Some(&name),
-        Some(&capacity),
+        Some(&counted),
         readiness,
         extended_verdict,
     )
@@ -254,6 +255,13 @@ async fn apply_device_class(
     Ok(extended.verdict)
 }
 
+/// What step 4 counts: the class's devices and their memory, and its largest device (what a
+/// GpuQuota charges per whole device, [`crate::quota::device_size`]).
+struct Counted {
+    capacity: ClassCapacity,
+    largest: Option<DeviceSizeStatus>,
+}
+
 /// Step 4 of a reconcile: counts the class's matching devices and their memory from the
 /// caches, sets the class gauges, and says whether the class is ready.
 fn count_capacity(
@@ -262,7 +270,7 @@ fn count_capacity(
     memo: &RefreshMemo,
     name: &str,
     selector: &DeviceSelector,
-) -> (ClassCapacity, Readiness) {
+) -> (Counted, Readiness) {
     let driver = ctx.config.driver_name.as_str();
     let consumable_capacity = ctx.api_support.consumable_capacity.is_served();
     let slices = ctx.caches.slices.state();
@@ -271,6 +279,7 @@ fn count_capacity(
     let usage = memo.usage(&slices, &claims, driver);
     let scope = ClassScope::of_class(selector, &class.spec.parameters(), consumable_capacity);
     let capacity = class_capacity(&scope, &devices, &usage.memory, driver);
+    let largest = crate::quota::device_size::largest_device(&scope, &devices, driver);
     ctx.metrics.set_class_capacity(name, &capacity);
     let free = free_compute(&scope, &devices, &usage.compute, driver);
     ctx.metrics.set_class_free_compute(name, free);
@@ -289,7 +298,7 @@ fn count_capacity(
     } else {
         capacity_readiness(name, &capacity)
     };
-    (capacity, readiness)
+    (Counted { capacity, largest }, readiness)
 }
 
 fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Readiness {
@@ -362,7 +371,7 @@ async fn write_status(
     class: &GpuClass,
     ctx: &Context,
     device_class: Option<&str>,
-    capacity: Option<&ClassCapacity>,
+    counted: Option<&Counted>,
     readiness: Readiness,
     extended: Option<Verdict>,
 ) -> Result<()> {
@@ -379,6 +388,7 @@ async fn write_status(
             previous_extended,
         )
     });
+    let capacity = counted.map(|c| &c.capacity);
     let mut conditions = vec![condition.clone()];
     conditions.extend(extended_condition.clone());
     let status = GpuClassStatus {
@@ -388,8 +398,7 @@ async fn write_status(
         matching_devices: capacity.map(|c| i64::try_from(c.matching_devices).unwrap_or(i64::MAX)),
         total_memory: capacity.map(|c| bytes_quantity(c.total_memory_bytes)),
         free_memory: capacity.map(|c| bytes_quantity(c.free_memory_bytes)),
-        // Filled in by the quota work: the largest matching device.
-        largest_device: None,
+        largest_device: counted.and_then(|c| c.largest.clone()),
         observed_generation: generation,
         conditions,
     };

@@ -13,6 +13,8 @@
 //! - [`default_classes`]: the default GpuClasses the leader creates (create only).
 //! - [`claims`]: KEP-3063 allocation of GPU slices for ResourceClaims of controller classes.
 //! - [`webhook`]: the mutating admission webhook that gates pods with controller claims.
+//! - [`quota`]: GPU quota per namespace (GpuQuota): the recount of `status.used` from the
+//!   claims ([`quota::recount`]) and the size of each class's largest device.
 //! - `context.rs`: what every reconciler gets ([`Context`]); [`retry`]: how failed reconciles
 //!   are retried; [`cache`]: the watch-fed caches; `metrics.rs`: Prometheus metrics ([`Metrics`]); [`args`]:
 //!   the command-line flags.
@@ -31,8 +33,8 @@ pub mod features;
 pub mod gpuclass;
 mod http;
 mod leader;
-mod quota;
 mod metrics;
+pub mod quota;
 pub mod retry;
 mod run;
 mod scheduler_slices;

@@ -21,6 +21,8 @@
 //! | `ownership_devices` | gauge | `owner` (`scheduler`/`controller`/`settling`) |
 //! | `ownership_passes_total` | counter | – |
 //! | `claim_node_labels_total` | counter | `action` (`set`/`removed`) |
+//! | `quota_used` | gauge | `namespace`, `quota`, `resource` (`memory`/`compute`/`gpus`) |
+//! | `quota_hard` | gauge | `namespace`, `quota`, `resource` (capped resources only) |
 //!
 //! One series has no `kerf_controller_` prefix, because it counts what kerf as a whole must
 //! never do: `kerf_allocation_conflicts_total` (counter, `allocator` of the other claim:
@@ -44,6 +46,7 @@ use prometheus_client::registry::Registry;
 use kerf_ops::write_failures::ApiWriteFailures;
 
 use crate::capacity::ClassCapacity;
+use crate::quota::QuotaMetrics;
 
 /// Prefix of every metric of the controller (an underscore is added by the registry).
 const PREFIX: &str = "kerf_controller";
@@ -146,6 +149,7 @@ pub struct Metrics {
     conflicts: Family<ConflictLabels, Counter>,
     claim_node_labels: Family<LabelActionLabels, Counter>,
     write_failures: ApiWriteFailures,
+    quota: QuotaMetrics,
     /// Classes that have per-class series: a `Family` cannot list its label sets.
     classes: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -172,6 +176,7 @@ impl Metrics {
             conflicts: Family::default(),
             claim_node_labels: Family::default(),
             write_failures: ApiWriteFailures::new("controller", registry),
+            quota: QuotaMetrics::default(),
             classes: Arc::default(),
         };
         registry.register(
@@ -187,6 +192,12 @@ impl Metrics {
         self.register_classes(registry);
         self.register_claims(registry);
         self.register_ownership(registry);
+        self.quota.register(registry);
+    }
+
+    /// The GpuQuota recount's gauges.
+    pub(crate) fn quota(&self) -> &QuotaMetrics {
+        &self.quota
     }
 
     /// The reconcile and GpuClass status series.

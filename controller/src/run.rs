@@ -91,6 +91,10 @@ pub fn controllers() -> Vec<ControllerTask> {
     vec![
         ControllerTask::new(gpuclass::CONTROLLER, gpuclass::run),
         ControllerTask::new("resourceclaim", crate::claims::run),
+        ControllerTask::new(
+            crate::quota::recount::CONTROLLER,
+            crate::quota::recount::run,
+        ),
     ]
 }
 
