@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_tests::fake_api::{FakeApi, KERF_WEBHOOK_MANIFEST};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use serde_json::{Value, json};
 use server::{Webhook, allowed, denied, handler};
 
@@ -49,16 +49,19 @@ fn webhook(name: &str, operations: &[&str], failure_policy: &str, ca_bundle: &st
 }
 
 fn configure(fake: &FakeApi, name: &str, webhooks: Vec<Value>) {
-    fake.insert(json!({
+    let mut configuration = json!({
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name}, "webhooks": webhooks,
-    }));
+        "metadata": {"name": name},
+    });
+    configuration["webhooks"] = Value::Array(webhooks);
+    fake.insert(configuration);
 }
 
 fn namespace(fake: &FakeApi, name: &str, labels: Value) {
-    fake.insert(json!({
-        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels},
-    }));
+    let mut namespace =
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
+    namespace["metadata"]["labels"] = labels;
+    fake.insert(namespace);
 }
 
 fn claim(name: &str) -> ResourceClaim {
@@ -244,7 +247,7 @@ async fn a_denial_reaches_the_client_as_kube_apiserver_words_it() {
     );
     assert!(
         claims(&fake)
-            .list(&Default::default())
+            .list(&ListParams::default())
             .await
             .unwrap()
             .items
@@ -492,11 +495,12 @@ fn gpu_quotas(fake: &FakeApi) -> Api<DynamicObject> {
 }
 
 fn gpu_quota(spec: Value, status: Value) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuQuota",
-        "metadata": {"name": "team-a"}, "spec": spec, "status": status,
-    }))
-    .unwrap()
+    let mut quota = json!({
+        "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuQuota", "metadata": {"name": "team-a"},
+    });
+    quota["spec"] = spec;
+    quota["status"] = status;
+    serde_json::from_value(quota).unwrap()
 }
 
 #[tokio::test]

@@ -349,7 +349,7 @@ async fn call_hook(
         Err(_) if call.fail_open => return Ok(()),
         Err(e) => {
             // `ErrCallingWebhook.Error()`, wrapped by `NewInternalError`.
-            return Err(internal_error(format!(
+            return Err(internal_error(&format!(
                 "failed calling webhook {:?}: {e}",
                 call.webhook
             )));

@@ -38,7 +38,9 @@ pub fn allowed() -> Value {
 
 /// A denial with `result` as its Status.
 pub fn denied(result: Value) -> Value {
-    json!({"allowed": false, "status": result})
+    let mut response = json!({"allowed": false});
+    response["status"] = result;
+    response
 }
 
 /// A running webhook.

@@ -152,7 +152,7 @@ impl State {
         }
         let labels = self.namespace_labels(attributes)?;
         let selector = selector.cloned().unwrap_or_default();
-        selector_matches(&selector, &labels).map_err(internal_error)
+        selector_matches(&selector, &labels).map_err(|e| internal_error(&e))
     }
 
     /// `ShouldCallHook` without the matchConditions: namespace selector, object selector and
@@ -170,7 +170,7 @@ impl State {
             selector if is_empty(selector) => Ok(true),
             Some(selector) => selector_matches(selector, &labels_of(attributes.new))
                 .and_then(|new| Ok(new || selector_matches(selector, &labels_of(attributes.old))?))
-                .map_err(internal_error),
+                .map_err(|e| internal_error(&e)),
             None => Ok(true),
         };
         if matches!(object, Ok(false)) {
@@ -191,7 +191,7 @@ impl State {
 }
 
 /// `apierrors.NewInternalError`.
-pub(super) fn internal_error(message: String) -> ApiError {
+pub(super) fn internal_error(message: &str) -> ApiError {
     let message_text = format!("Internal error occurred: {message}");
     let mut err = ApiError::new(500, message_text);
     err.details = Some(json!({"causes": [{"message": message}]}));
