@@ -49,6 +49,8 @@ pub const RESOURCE_COMPUTE: &str = "compute";
 pub const RESOURCE_GPUS: &str = "gpus";
 
 /// `GpuQuota.spec`: the caps of one namespace.
+// Several printcolumns share `type_ = "string"`, which clippy takes for duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "gpu.kerf.dev",
