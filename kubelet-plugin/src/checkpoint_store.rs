@@ -37,7 +37,7 @@
 //!   its entry is durable. So every prepare (past its API read, like upstream's helper, which
 //!   fetches claims "before serializing") and unprepare holds a shared `flock` on
 //!   `<checkpoint>.operations.lock` ([`CheckpointStore::operation`]), and start-up's
-//!   clean-up holds it exclusively ([`CheckpointStore::start_up_hold`]): it waits for the other
+//!   clean-up holds it exclusively (`CheckpointStore::start_up_hold`): it waits for the other
 //!   instance's operations to end, and the other instance's next ones wait for it. A prepare of
 //!   a claim already prepared takes no hold: nothing start-up removes belongs to it.
 //!
@@ -236,7 +236,7 @@ impl CheckpointStore {
     /// that someone waits for (or never, if the process stops first). For state whose loss
     /// in a crash is harmless, such as a prepare that has started; waking the writer for it
     /// would put a disk write nobody waits for in front of the ones callers do wait for.
-    pub fn mutate_lazily<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> T {
+    pub(crate) fn mutate_lazily<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> T {
         let mut guard = self.fresh();
         let out = f(&mut guard.checkpoint);
         guard.seq += 1;
@@ -270,7 +270,7 @@ impl CheckpointStore {
     ///
     /// # Errors
     /// The write that covered `seq` failed and no later write has succeeded.
-    pub async fn persisted(&self, seq: u64) -> Result<()> {
+    async fn persisted(&self, seq: u64) -> Result<()> {
         let mut rx = self.shared.progress.subscribe();
         let progress = rx
             .wait_for(|p| p.durable >= seq || p.failed >= seq)
@@ -312,7 +312,7 @@ impl CheckpointStore {
     ///
     /// # Errors
     /// The lock file cannot be opened or locked.
-    pub async fn start_up_hold(&self) -> Result<OperationsHold> {
+    pub(crate) async fn start_up_hold(&self) -> Result<OperationsHold> {
         self.hold(true).await
     }
 

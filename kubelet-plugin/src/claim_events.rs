@@ -17,7 +17,7 @@ use crate::preparer::ClaimRef;
 
 /// The reporting component of the plugin's Events and the field manager of its writes: the
 /// plugin's one field manager, [`crate::publish::FIELD_MANAGER`].
-pub const REPORTING_CONTROLLER: &str = crate::publish::FIELD_MANAGER;
+pub(crate) const REPORTING_CONTROLLER: &str = crate::publish::FIELD_MANAGER;
 
 /// A Warning Event about a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub trait ClaimEvents: Send + Sync + 'static {
 }
 
 /// Events through the API server (`events.k8s.io/v1`), reported as
-/// [`REPORTING_CONTROLLER`] on this node and created under that field manager.
+/// `REPORTING_CONTROLLER` on this node and created under that field manager.
 ///
 /// Each warning is a new Event named as client-go's `tools/events` names them
 /// (`<object>.<nanoseconds in hex>`), without kube-runtime's `Recorder`, which creates Events
@@ -184,7 +184,8 @@ impl MemoryClaimEvents {
     }
 
     /// The warnings about the Node published so far, oldest first.
-    pub fn node_warnings(&self) -> Vec<NodeWarning> {
+    #[cfg(test)]
+    pub(crate) fn node_warnings(&self) -> Vec<NodeWarning> {
         self.node_warnings
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -1,6 +1,6 @@
 //! The claim reader: where the plugin reads the ResourceClaims the kubelet names.
 //!
-//! A reader may keep a watch-fed cache of this node's claims ([`CachingClaimReader`]); a
+//! A reader may keep a watch-fed cache of this node's claims (`CachingClaimReader`); a
 //! prepare ([`read`]) then takes a claim from it when [`Cached::usable`] says it can stand in
 //! for the GET, and otherwise races the API server's answer against the watch (see [`miss`]).
 
@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 mod cache;
 pub mod miss;
 
-pub use cache::{CachingClaimReader, ClaimCache};
+pub(crate) use cache::CachingClaimReader;
 pub use miss::{Lookup, ReadError, Wanted, read};
 
 /// Reads one ResourceClaim. The kubelet sends only namespace, name and UID; the allocation

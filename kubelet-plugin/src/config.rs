@@ -10,7 +10,7 @@ use crate::health::HealthConfig;
 use crate::mps_daemons::MpsSettings;
 
 /// Which GPUs NVML discovery may make dynamic-MIG GPUs (kerf creates their MIG devices at
-/// prepare); see [`crate::discovery::DynamicMigPolicy`], which adds the instances kerf's
+/// prepare); see `crate::discovery::DynamicMigPolicy`, which adds the instances kerf's
 /// checkpoint records.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DynamicMigSettings {

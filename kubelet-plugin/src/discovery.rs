@@ -18,13 +18,13 @@ pub mod nvml;
 #[allow(unsafe_code)]
 pub(crate) mod nvml_raw;
 
-pub use facts::{DynamicMigPolicy, KerfInstances};
-pub use mock::MockDiscovery;
-pub use nvml::NvmlDiscovery;
+pub(crate) use facts::{DynamicMigPolicy, KerfInstances};
+pub(crate) use mock::MockDiscovery;
+pub(crate) use nvml::NvmlDiscovery;
 
 /// Where NVML discovery gets its [`DynamicMigPolicy`] each time it runs: the flags, and the
 /// MIG instances the checkpoint records now.
-pub type DynamicMigSource = Arc<dyn Fn() -> DynamicMigPolicy + Send + Sync>;
+pub(crate) type DynamicMigSource = Arc<dyn Fn() -> DynamicMigPolicy + Send + Sync>;
 
 /// A source of the node's GPU inventory.
 pub trait DeviceDiscovery: Send + Sync {
@@ -59,7 +59,7 @@ pub fn select(
 ///
 /// # Errors
 /// As [`select`].
-pub fn select_with_dynamic_mig(
+pub(crate) fn select_with_dynamic_mig(
     mock_gpus: Option<&str>,
     mock_inventory: Option<&Path>,
     dynamic_mig: Option<DynamicMigSource>,

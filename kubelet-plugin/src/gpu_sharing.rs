@@ -17,7 +17,7 @@
 //! Each GPU's record also names the daemon that served it ([`Incarnation`]). Whenever the
 //! plugin finds another one — at start-up, in the periodic check, at a prepare — the daemon
 //! was replaced and its clients lost their server: that is reported once per replacement
-//! ([`Restarted`]), whoever restarted it (the plugin, or the kubelet restarting a daemon pod).
+//! (`Restarted`), whoever restarted it (the plugin, or the kubelet restarting a daemon pod).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -33,12 +33,12 @@ use crate::preparer::ClaimRef;
 use crate::{Error, Result};
 
 /// The GPU whose MPS daemon serves `device`: whole GPUs shared by MPS.
-pub fn mps_gpu(device: &DeviceRecord) -> Option<&str> {
+fn mps_gpu(device: &DeviceRecord) -> Option<&str> {
     (device.sharing == Sharing::Mps && device.mig.is_none()).then_some(device.uuid.as_str())
 }
 
 /// The GPU whose time slice `device` needs, with the interval it asks for.
-pub fn time_sliced_gpu(device: &DeviceRecord) -> Option<(&str, TimeSliceInterval)> {
+fn time_sliced_gpu(device: &DeviceRecord) -> Option<(&str, TimeSliceInterval)> {
     (device.sharing == Sharing::TimeSlicing && device.mig.is_none())
         .then_some((device.uuid.as_str(), device.time_slice_interval))
 }
@@ -75,7 +75,7 @@ pub struct SharingRestore {
     /// GPUs whose daemon was started (after a reboot, or because it had died).
     pub started: Vec<String>,
     /// GPUs whose daemon is not the one recorded: replaced while the plugin was down. Their
-    /// claims are reported by the next [`GpuSharing::check_daemons`].
+    /// claims are reported by the next `GpuSharing::check_daemons`.
     pub replaced: Vec<String>,
     /// GPUs whose daemon no prepared claim needed, stopped.
     pub orphans_stopped: Vec<String>,
@@ -89,7 +89,7 @@ pub struct SharingRestore {
 
 /// A daemon found replaced (dead and started again, by the plugin or by the kubelet).
 #[derive(Debug)]
-pub struct Restarted {
+pub(crate) struct Restarted {
     /// The GPU.
     pub gpu: String,
     /// The claims with MPS slices on it.
@@ -118,7 +118,7 @@ impl GpuSharing {
     }
 
     /// Whether slices are enforced.
-    pub fn is_enforced(&self) -> bool {
+    pub(crate) fn is_enforced(&self) -> bool {
         self.tools.is_some()
     }
 
@@ -145,7 +145,7 @@ impl GpuSharing {
     /// [`Error::Mps`] or [`Error::TimeSlice`] naming the GPU and the tool's words. What this
     /// call did for other GPUs of the claim stays; [`GpuSharing::release`] after the claim is
     /// removed undoes it.
-    pub async fn set_up(
+    pub(crate) async fn set_up(
         &self,
         devices: &[DeviceRecord],
         checkpoint: &CheckpointStore,
@@ -316,7 +316,7 @@ impl GpuSharing {
     /// Starts again the daemons that died on GPUs that still have MPS claims, and reports
     /// every daemon found replaced since the plugin last looked (here, at start-up or at a
     /// prepare). Returns one entry per replaced daemon.
-    pub async fn check_daemons(&self, checkpoint: &CheckpointStore) -> Vec<Restarted> {
+    pub(crate) async fn check_daemons(&self, checkpoint: &CheckpointStore) -> Vec<Restarted> {
         let Some(tools) = &self.tools else {
             return Vec::new();
         };

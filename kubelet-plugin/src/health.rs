@@ -25,7 +25,7 @@ pub mod nvml;
 
 /// The kubelet's default health check timeout when a plugin sends none (upstream kubelet
 /// `pkg/kubelet/cm/dra/healthinfo.go`, `DefaultHealthTimeout`).
-pub const DEFAULT_HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How the plugin observes and reports device health.
 #[derive(Debug, Clone)]
@@ -68,7 +68,7 @@ impl HealthConfig {
 
 /// A third of the timeout (at least one second): two resends may be lost before the kubelet
 /// calls the device Unknown.
-pub fn resend_interval_for(timeout: Duration) -> Duration {
+pub(crate) fn resend_interval_for(timeout: Duration) -> Duration {
     (timeout / 3).max(Duration::from_secs(1))
 }
 
@@ -134,14 +134,14 @@ impl HealthMonitor {
     }
 
     /// Replaces every fault `source` reported with `faults`.
-    pub fn set_source(&self, source: Source, faults: Faults) {
+    fn set_source(&self, source: Source, faults: Faults) {
         self.update(|parts| {
             parts.insert(source, faults);
         });
     }
 
     /// Adds one fault of GPU `uuid` to what `source` reported (sticky: nothing removes it
-    /// but [`HealthMonitor::set_source`]).
+    /// but `HealthMonitor::set_source`).
     pub fn add_fault(&self, source: Source, uuid: &str, fault: Fault) {
         self.update(|parts| {
             let faults = parts
@@ -224,7 +224,7 @@ fn unite(parts: &BTreeMap<Source, Faults>) -> NodeHealth {
 }
 
 /// The low-cardinality class of a fault for the fault counter.
-pub fn fault_class(fault: &Fault) -> &'static str {
+fn fault_class(fault: &Fault) -> &'static str {
     match fault {
         Fault::Xid { code } if FATAL_XIDS.contains(code) => "fatal_xid",
         Fault::Xid { .. } => "xid",

@@ -205,7 +205,7 @@ impl Metrics {
     }
 
     /// Counts a dead MPS daemon of `gpu` started again (`restarted`) or not.
-    pub fn record_mps_daemon_restart(&self, gpu: &str, restarted: bool) {
+    pub(crate) fn record_mps_daemon_restart(&self, gpu: &str, restarted: bool) {
         self.mps_daemon_restarts
             .get_or_create(&RestartLabels {
                 gpu: gpu.to_owned(),
@@ -216,7 +216,7 @@ impl Metrics {
 
     /// Records the outcome and duration of preparing one claim; `result` carries the error's
     /// reason label on failure.
-    pub fn record_prepare(&self, result: Result<(), &'static str>, elapsed: Duration) {
+    pub(crate) fn record_prepare(&self, result: Result<(), &'static str>, elapsed: Duration) {
         self.prepare_claims
             .get_or_create(&OutcomeLabels::from_result(result))
             .inc();
@@ -227,30 +227,14 @@ impl Metrics {
     /// delivered it while the API read was in flight, `api_any`: a `resourceVersion=0` GET,
     /// `api`: a quorum GET), for `reason` (why the cache could not answer at once; empty for
     /// `cache`).
-    pub fn record_claim_lookup_from(&self, source: &'static str, reason: &'static str) {
+    pub(crate) fn record_claim_lookup_from(&self, source: &'static str, reason: &'static str) {
         self.claim_lookups
             .get_or_create(&LookupLabels { source, reason })
             .inc();
     }
 
-    /// Counts one claim read by a prepare: from the cache (`fallback` is `None`), or from the
-    /// API server for the reason `fallback` names.
-    pub fn record_claim_lookup(&self, fallback: Option<&'static str>) {
-        let labels = match fallback {
-            None => LookupLabels {
-                source: "cache",
-                reason: "",
-            },
-            Some(reason) => LookupLabels {
-                source: "api",
-                reason,
-            },
-        };
-        self.claim_lookups.get_or_create(&labels).inc();
-    }
-
     /// Records the outcome and duration of unpreparing one claim.
-    pub fn record_unprepare(&self, result: Result<(), &'static str>, elapsed: Duration) {
+    pub(crate) fn record_unprepare(&self, result: Result<(), &'static str>, elapsed: Duration) {
         self.unprepare_claims
             .get_or_create(&OutcomeLabels::from_result(result))
             .inc();
@@ -258,7 +242,7 @@ impl Metrics {
     }
 
     /// Counts one DRA gRPC request, e.g. `("NodePrepareResources", "v1")`.
-    pub fn record_request(&self, method: &'static str, api_version: &'static str) {
+    pub(crate) fn record_request(&self, method: &'static str, api_version: &'static str) {
         self.requests
             .get_or_create(&RequestLabels {
                 method,
@@ -268,19 +252,19 @@ impl Metrics {
     }
 
     /// Sets the number of claims currently prepared.
-    pub fn set_prepared_claims(&self, n: i64) {
+    pub(crate) fn set_prepared_claims(&self, n: i64) {
         self.prepared_claims.set(n);
     }
 
     /// Records the outcome of one ResourceSlice publish attempt.
-    pub fn record_publish(&self, result: Result<(), &'static str>) {
+    pub(crate) fn record_publish(&self, result: Result<(), &'static str>) {
         self.publish
             .get_or_create(&OutcomeLabels::from_result(result))
             .inc();
     }
 
     /// Sets how many published devices are healthy, unhealthy and unknown.
-    pub fn set_device_health(&self, healthy: i64, unhealthy: i64, unknown: i64) {
+    pub(crate) fn set_device_health(&self, healthy: i64, unhealthy: i64, unknown: i64) {
         for (status, n) in [
             ("healthy", healthy),
             ("unhealthy", unhealthy),
@@ -293,12 +277,12 @@ impl Metrics {
     }
 
     /// Counts one fault that appeared, by its class (see the fault counter's labels).
-    pub fn record_fault(&self, reason: &'static str) {
+    pub(crate) fn record_fault(&self, reason: &'static str) {
         self.faults.get_or_create(&FaultLabels { reason }).inc();
     }
 
     /// Sets whether the kubelet has registered the plugin.
-    pub fn set_registered(&self, registered: bool) {
+    pub(crate) fn set_registered(&self, registered: bool) {
         self.registration_status.set(i64::from(registered));
     }
 }
@@ -427,9 +411,9 @@ mod tests {
     #[test]
     fn claim_lookups_are_counted_by_source_and_reason() {
         let (registry, metrics) = setup();
-        metrics.record_claim_lookup(None);
-        metrics.record_claim_lookup(None);
-        metrics.record_claim_lookup(Some("miss"));
+        metrics.record_claim_lookup_from("cache", "");
+        metrics.record_claim_lookup_from("cache", "");
+        metrics.record_claim_lookup_from("api", "miss");
         let text = encoded(&registry);
         assert!(
             text.contains(r#"kerf_plugin_claim_lookups_total{source="cache",reason=""} 2"#),

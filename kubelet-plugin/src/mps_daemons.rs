@@ -3,7 +3,7 @@
 //! plugin restart, and restarted (and reported) when it dies.
 //!
 //! Two ways to run them ([`ControlDaemons`], `--mps-daemons`):
-//! - [`PodDaemons`] (`pod`, what the DaemonSet uses): one pod per GPU in the plugin's
+//! - `PodDaemons` (`pod`, what the DaemonSet uses): one pod per GPU in the plugin's
 //!   namespace, created through the API and run by the kubelet, so that deleting, upgrading
 //!   or OOM-killing the plugin's pod never stops a daemon that prepared claims use — the
 //!   design of NVIDIA's DRA driver, whose kubelet plugin creates its MPS control daemon as a
@@ -29,7 +29,7 @@ use std::time::Duration;
 use kerf_core::mps::{MpsClient, MpsDirectories, TimeSliceInterval, timeslice_args};
 
 pub use pod_spec::{DaemonPodTemplate, daemon_pod_name};
-pub use pods::PodDaemons;
+pub(crate) use pods::PodDaemons;
 pub use processes::{ProcessDaemons, RunningDaemon, daemon_in};
 
 use crate::error::{Error, Result};
@@ -180,7 +180,7 @@ impl ControlDaemons {
     /// The same daemons with their files under another MPS root: for stopping the daemons a
     /// plugin started before its root was changed.
     #[must_use]
-    pub fn with_root(&self, root: PathBuf) -> Self {
+    pub(crate) fn with_root(&self, root: PathBuf) -> Self {
         match self {
             ControlDaemons::Processes(daemons) => {
                 ControlDaemons::Processes(daemons.with_root(root))
@@ -203,7 +203,11 @@ impl ControlDaemons {
     ///
     /// # Errors
     /// [`Error::TimeSlice`] naming the GPU and `nvidia-smi`'s own message.
-    pub async fn set_time_slice(&self, gpu_uuid: &str, interval: TimeSliceInterval) -> Result<()> {
+    pub(crate) async fn set_time_slice(
+        &self,
+        gpu_uuid: &str,
+        interval: TimeSliceInterval,
+    ) -> Result<()> {
         let root = &self.settings().driver_root;
         tools::smi(root, gpu_uuid, &timeslice_args(gpu_uuid, interval))
             .await

@@ -118,7 +118,7 @@ impl RunningPlugin {
     }
 
     /// A token that stops the plugin when cancelled.
-    pub fn shutdown_token(&self) -> CancellationToken {
+    pub(crate) fn shutdown_token(&self) -> CancellationToken {
         self.shutdown.clone()
     }
 

@@ -76,7 +76,7 @@ pub struct ClaimRef {
 
 impl ClaimRef {
     /// The claim of a checkpoint entry, keyed by `uid`.
-    pub fn of_entry(uid: &str, entry: &ClaimEntry) -> Self {
+    pub(crate) fn of_entry(uid: &str, entry: &ClaimEntry) -> Self {
         ClaimRef {
             namespace: entry.namespace.clone(),
             uid: uid.to_owned(),
@@ -176,7 +176,7 @@ impl Preparer {
     /// sharing of a share whose claim names none, and the grid on which a share is the whole
     /// GPU. Without it shares are shared by MPS.
     #[must_use]
-    pub fn with_shared_publication(mut self, handle: SharedPublicationHandle) -> Self {
+    pub(crate) fn with_shared_publication(mut self, handle: SharedPublicationHandle) -> Self {
         self.publication = handle;
         self
     }
@@ -184,7 +184,7 @@ impl Preparer {
     /// Creates and destroys the MIG instances of dynamic-MIG placement devices with `mig`
     /// ([`crate::dynamic_mig`]); without it such devices fail to prepare.
     #[must_use]
-    pub fn with_dynamic_mig(mut self, mig: DynamicMig) -> Self {
+    pub(crate) fn with_dynamic_mig(mut self, mig: DynamicMig) -> Self {
         self.mig = mig;
         self
     }
@@ -262,7 +262,7 @@ impl Preparer {
     /// [`Error::Prepare`] when the claim itself is at fault (not found, not allocated to this
     /// node, a device held by another claim, …); other variants when the API server, the CDI
     /// directory or the checkpoint failed.
-    pub async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
+    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>> {
         validate_claim_ref(claim)?;
         let _guard = self.locks.lock(&claim.uid).await;
         if let Some(entry) = self.completed_entry(claim)? {
@@ -313,7 +313,7 @@ impl Preparer {
     ///
     /// # Errors
     /// The UID is not a valid UID, or the spec or checkpoint could not be updated.
-    pub async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<()> {
+    async fn unprepare_claim(&self, claim: &ClaimRef) -> Result<()> {
         names::claim_uid("claim.uid", &claim.uid)?;
         let _guard = self.locks.lock(&claim.uid).await;
         let (known, devices) = self.checkpoint.read(|cp| {
@@ -356,7 +356,7 @@ impl Preparer {
     ///
     /// # Errors
     /// A spec could not be written or the CDI directory could not be read.
-    pub async fn restore_cdi_specs(&self) -> Result<RestoreReport> {
+    pub(crate) async fn restore_cdi_specs(&self) -> Result<RestoreReport> {
         type Completed = (ClaimRef, Option<String>, Vec<DeviceRecord>);
         let completed: Vec<Completed> = self.checkpoint.read(|cp| {
             cp.claims
@@ -407,7 +407,7 @@ impl Preparer {
     ///
     /// # Errors
     /// The checkpoint write that drops unfinished entries failed.
-    pub async fn restore_dynamic_mig(&self) -> Result<MigRestore> {
+    pub(crate) async fn restore_dynamic_mig(&self) -> Result<MigRestore> {
         let restored = self.mig.restore(&self.inventory, &self.checkpoint).await;
         self.update_prepared_gauge();
         restored
@@ -415,22 +415,22 @@ impl Preparer {
 
     /// Brings the GPUs' MPS daemons and time slices in line with the checkpoint at start-up:
     /// adopts or restarts what prepared claims need, stops and restores the rest.
-    pub async fn restore_sharing(&self) -> SharingRestore {
+    pub(crate) async fn restore_sharing(&self) -> SharingRestore {
         self.sharing.restore(&self.checkpoint).await
     }
 
     /// Starts again the MPS daemons that died on GPUs that still have MPS claims.
-    pub async fn check_mps_daemons(&self) -> Vec<Restarted> {
+    pub(crate) async fn check_mps_daemons(&self) -> Vec<Restarted> {
         self.sharing.check_daemons(&self.checkpoint).await
     }
 
     /// Whether MPS and time-slicing are enforced on the GPUs.
-    pub fn sharing_enforced(&self) -> bool {
+    pub(crate) fn sharing_enforced(&self) -> bool {
         self.sharing.is_enforced()
     }
 
     /// Number of claims in the checkpoint.
-    pub fn prepared_claims(&self) -> usize {
+    pub(crate) fn prepared_claims(&self) -> usize {
         self.checkpoint.read(|cp| cp.claims.len())
     }
 
@@ -548,7 +548,7 @@ impl Preparer {
 
 /// What [`Preparer::restore_cdi_specs`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RestoreReport {
+pub(crate) struct RestoreReport {
     /// Specs of completed claims written again.
     pub rewritten: usize,
     /// Spec files of kerf's CDI kind that no claim owned (including undecodable ones named for

@@ -30,19 +30,18 @@
 //! published without the attribute. A malformed record is warned about once per bad value and
 //! ignored: the publisher keeps the last good record. The shared publication (scheduler
 //! slices, [`kerf_api::shared_publication`]) is read from the same Node and watch; see
-//! [`SharedPublicationHandle`] and the `scheduler_slices` submodule.
+//! `SharedPublicationHandle` and the `scheduler_slices` submodule.
 //!
 //! A dynamic-MIG GPU is published as partitionable devices (a counter set and one device per
 //! MIG placement, [`kerf_api::resourceslice::dynamic_mig`]) when the API server keeps them: the
-//! publisher probes `DRAPartitionableDevices` the first time the inventory has such a GPU
-//! (or takes a start-up probe, [`Publisher::with_partitionable_devices`]); without it the GPU
-//! is published whole, with one log line. See the `dynamic_mig` submodule.
+//! publisher probes `DRAPartitionableDevices` the first time the inventory has such a GPU;
+//! without it the GPU is published whole, with one log line. See the `dynamic_mig` submodule.
 //!
 //! With [`Publisher::with_device_taints`] an unhealthy device carries the taint
 //! `<driver>/unhealthy` ([`kerf_api::resourceslice::taints`]) and the publisher publishes again
 //! whenever the health changes; the pool is then cut at 64 devices per slice, the API's limit
 //! for slices with taints, whether or not any device is tainted, so a taint never re-chunks
-//! the pool. In mock mode [`Publisher::with_mock_fault_annotation`] hands each version of the
+//! the pool. In mock mode `Publisher::with_mock_fault_annotation` hands each version of the
 //! watched Node to the mock fault annotation source.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -62,7 +61,7 @@ use kube::runtime::watcher::{self, Event};
 use tokio::sync::watch;
 
 use crate::health::mock::NodeAnnotationSource;
-pub use scheduler_slices::SharedPublicationHandle;
+pub(crate) use scheduler_slices::SharedPublicationHandle;
 
 mod dynamic_mig;
 mod failures;
@@ -80,10 +79,10 @@ pub const CONTENT_HASH_ANNOTATION: &str = "gpu.kerf.dev/content-hash";
 
 /// Default wait between noticing a lost or changed slice and publishing again: long enough to
 /// coalesce the burst of events a kubelet wipe causes, short enough to be "prompt".
-pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(500);
+const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(500);
 
 /// Default first and longest waits between failed publish attempts.
-pub const DEFAULT_RETRY_BACKOFF: (Duration, Duration) =
+const DEFAULT_RETRY_BACKOFF: (Duration, Duration) =
     (Duration::from_millis(500), Duration::from_secs(30));
 
 /// How often [`Publisher::run`] tries to delete the slices at shutdown before giving up.
@@ -194,7 +193,10 @@ impl Publisher {
     /// At shutdown, leaves the slices alone while another instance of the driver serves
     /// this node (a rolling update's newer instance; see [`crate::grpc::instances`]).
     #[must_use]
-    pub fn with_other_instances(mut self, others: crate::grpc::instances::OtherInstances) -> Self {
+    pub(crate) fn with_other_instances(
+        mut self,
+        others: crate::grpc::instances::OtherInstances,
+    ) -> Self {
         self.others = Some(others);
         self
     }
@@ -226,7 +228,7 @@ impl Publisher {
     /// Hands every version of the watched Node to `source` (mock mode: faults declared in a
     /// Node annotation).
     #[must_use]
-    pub fn with_mock_fault_annotation(mut self, source: NodeAnnotationSource) -> Self {
+    pub(crate) fn with_mock_fault_annotation(mut self, source: NodeAnnotationSource) -> Self {
         self.fault_annotation = Some(source);
         self
     }

@@ -51,7 +51,7 @@ pub enum InitMode {
 impl InitMode {
     /// Whether a process with PID `pid` becomes the init.
     #[must_use]
-    pub fn runs_init(self, pid: u32) -> bool {
+    fn runs_init(self, pid: u32) -> bool {
         match self {
             Self::Auto => pid == 1,
             Self::Always => true,
@@ -61,7 +61,7 @@ impl InitMode {
 }
 
 /// The argument the init appends for its child (the last `--init` wins).
-pub const CHILD_ARG: &str = "--init=child";
+pub(crate) const CHILD_ARG: &str = "--init=child";
 
 /// The signals the init passes on to the plugin: what the kubelet, a container runtime or an
 /// admin sends to PID 1 to stop it or to ask for something.

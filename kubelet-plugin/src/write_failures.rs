@@ -46,7 +46,7 @@ impl WriteFailureReports {
 
     /// Tells about the failed `verb` of `resource` (e.g. `resourceclaims/status`) of `claim`
     /// at its `attempts`-th try out of `retry_budget`, on the claim. Returns what was told.
-    pub async fn claim_write_failed(
+    pub(crate) async fn claim_write_failed(
         &self,
         claim: &ClaimRef,
         (verb, resource): (&'static str, &'static str),

@@ -39,7 +39,7 @@ use super::{ApiClaimReader, Cached, ClaimReader, Wanted};
 use crate::Result;
 
 /// This node's ResourceClaims as one label-selected watch sees them.
-pub struct ClaimCache {
+pub(crate) struct ClaimCache {
     store: Store<ResourceClaim>,
     /// True while the watch is in step with the API server (see the module docs).
     live: Arc<AtomicBool>,
@@ -92,7 +92,7 @@ impl ClaimCache {
     /// Resolves with the cached claim once it is usable for `wanted` ([`Wanted::usable`]): at
     /// once when it is, else after the watch event that makes it so. Never resolves when no
     /// such event comes; the caller races it against a GET.
-    pub async fn until_usable(&self, wanted: &Wanted) -> Arc<ResourceClaim> {
+    async fn until_usable(&self, wanted: &Wanted) -> Arc<ResourceClaim> {
         let mut changes = self.changes.subscribe();
         loop {
             // Marked seen before the lookup, so an event applied after it wakes the wait.
@@ -108,29 +108,14 @@ impl ClaimCache {
     }
 
     /// Whether the claim with `uid` is held back (see [`ClaimCache::hold_back`]).
-    pub fn is_held_back(&self, uid: &str) -> bool {
+    fn is_held_back(&self, uid: &str) -> bool {
         self.held_back.contains(Some(uid))
     }
 
     /// Holds back the claim with `uid`, unprepared here, until the watch shows its allocation
     /// cleared or the claim gone (see the module docs).
-    pub fn hold_back(&self, uid: &str) {
+    fn hold_back(&self, uid: &str) {
         self.held_back.insert(uid);
-    }
-
-    /// Whether the watch is in step with the API server, i.e. lookups are answered.
-    pub fn is_synced(&self) -> bool {
-        self.live.load(Ordering::Acquire)
-    }
-
-    /// Number of claims held.
-    pub fn len(&self) -> usize {
-        self.store.len()
-    }
-
-    /// True when no claim is held.
-    pub fn is_empty(&self) -> bool {
-        self.store.is_empty()
     }
 
     /// The watch that feeds the cache until `shutdown`; `None` once taken (one watch per
@@ -233,7 +218,7 @@ fn forget_unlisted(held_back: &HeldBack, store: &Store<ResourceClaim>) {
 
 /// Reads claims from this node's [`ClaimCache`] when it holds them, and GETs them from the API
 /// server ([`ApiClaimReader`]) otherwise.
-pub struct CachingClaimReader {
+pub(crate) struct CachingClaimReader {
     api: ApiClaimReader,
     cache: ClaimCache,
 }
@@ -245,11 +230,6 @@ impl CachingClaimReader {
             cache: ClaimCache::new(client.clone(), node),
             api: ApiClaimReader::new(client),
         }
-    }
-
-    /// The cache.
-    pub fn cache(&self) -> &ClaimCache {
-        &self.cache
     }
 }
 

@@ -4,7 +4,7 @@
 //! The NVML layer ([`super::nvml`]) only fills these plain structs; everything that interprets
 //! a value — PCI address normalisation, sysfs path parsing, SM counts, MIG profile names, NVLink
 //! peer sets — lives here, where it is unit-tested without a GPU. The only reads of the host's
-//! files are in [`host`] ([`HostPaths`]), which hands their text to the parsers here; the MIG
+//! files are in [`host`] (`HostPaths`), which hands their text to the parsers here; the MIG
 //! facts (MIG devices, the capability-device table and major) are in [`mig`].
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -17,21 +17,21 @@ mod dynamic_mig;
 mod host;
 mod mig;
 
-pub use dynamic_mig::{
-    DynamicMigPolicy, GI_PROFILE_1_SLICE_REV1, KerfInstances, RawGiProfile, catalog_difference,
-    decode_catalog, dynamic_decision, full_compute_profile, gpu_catalog,
+pub(crate) use dynamic_mig::{
+    DynamicMigPolicy, KerfInstances, RawGiProfile, dynamic_decision, gpu_catalog,
 };
-pub use host::HostPaths;
+pub(crate) use host::HostPaths;
+pub use mig::MigMinors;
 use mig::convert_mig;
-pub use mig::{
-    MigMinors, RawMig, caps_major_from_proc_devices, ids_from_legacy_mig_uuid, mig_profile_name,
+pub(crate) use mig::{
+    RawMig, caps_major_from_proc_devices, ids_from_legacy_mig_uuid, mig_profile_name,
 };
 
 const MIB: u64 = 1024 * 1024;
 
 /// What NVML reported about the whole node.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RawSystem {
+pub(crate) struct RawSystem {
     /// `nvmlSystemGetDriverVersion`, e.g. `570.124.06`.
     pub driver_version: String,
     /// `nvmlSystemGetCudaDriverVersion`, e.g. `12080`, when available.
@@ -51,9 +51,9 @@ pub struct RawGpu {
     pub uuid: String,
     /// Product name, e.g. `NVIDIA H100 80GB HBM3`.
     pub name: String,
-    /// Brand, already in display form (see [`super::nvml::brand_name`]).
+    /// Brand, already in display form (see `super::nvml::brand_name`).
     pub brand: String,
-    /// Architecture, already in display form (see [`super::nvml::architecture_name`]).
+    /// Architecture, already in display form (see `super::nvml::architecture_name`).
     pub architecture: String,
     /// CUDA compute capability `(major, minor)`.
     pub compute_capability: (i32, i32),
@@ -93,13 +93,13 @@ pub struct RawFabric {
 }
 
 /// NVML's `NVML_GPU_FABRIC_STATE_COMPLETED`.
-pub const FABRIC_STATE_COMPLETED: u8 = 3;
+pub(crate) const FABRIC_STATE_COMPLETED: u8 = 3;
 /// NVML's `NVML_SUCCESS`.
-pub const NVML_SUCCESS: u32 = 0;
+pub(crate) const NVML_SUCCESS: u32 = 0;
 
 /// Facts about a PCI device read from sysfs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PciHostFacts {
+pub(crate) struct PciHostFacts {
     /// `numa_node`, `None` when the platform reports -1 or nothing.
     pub numa_node: Option<u32>,
     /// `pci<domain>:<bus>` root complex from the device's sysfs path.
@@ -108,7 +108,7 @@ pub struct PciHostFacts {
 
 /// Facts from the host's sysfs and procfs, keyed by normalised PCI bus id.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct HostFacts {
+pub(crate) struct HostFacts {
     /// Per GPU PCI bus id (sysfs form).
     pub pci: BTreeMap<String, PciHostFacts>,
     /// The driver's MIG capability table.
@@ -118,7 +118,7 @@ pub struct HostFacts {
 /// Turns NVML's PCI bus id (`00000000:1B:00.0`, 8-digit domain, uppercase) into sysfs form
 /// (`0000:1b:00.0`), the form `/sys/bus/pci/devices` and `resource.kubernetes.io/pciBusID`
 /// use. `None` when it is not a PCI address.
-pub fn normalize_bus_id(nvml: &str) -> Option<String> {
+fn normalize_bus_id(nvml: &str) -> Option<String> {
     let mut parts = nvml.trim().split(':');
     let (domain, bus, rest) = (parts.next()?, parts.next()?, parts.next()?);
     if parts.next().is_some() {
@@ -139,7 +139,7 @@ pub fn normalize_bus_id(nvml: &str) -> Option<String> {
 }
 
 /// Reads sysfs `numa_node`: a number, or -1 when the platform has no NUMA information.
-pub fn parse_numa_node(text: &str) -> Option<u32> {
+fn parse_numa_node(text: &str) -> Option<u32> {
     text.trim()
         .parse::<i64>()
         .ok()
@@ -149,7 +149,7 @@ pub fn parse_numa_node(text: &str) -> Option<u32> {
 /// The PCIe root complex (`pci0000:15`) from the target of `/sys/bus/pci/devices/<bus id>`,
 /// e.g. `../../../devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:18:00.0`: the first
 /// component under `devices`. `None` when the link does not end at `bus_id` or has no root.
-pub fn pcie_root_from_sysfs_link(target: &Path, bus_id: &str) -> Option<String> {
+fn pcie_root_from_sysfs_link(target: &Path, bus_id: &str) -> Option<String> {
     if target.file_name()?.to_str()? != bus_id {
         return None;
     }
@@ -173,7 +173,7 @@ fn is_pcie_root(value: &str) -> bool {
 }
 
 /// CUDA cores per SM for a compute capability; `None` for capabilities kerf does not know.
-pub fn cores_per_sm(major: i32, minor: i32) -> Option<u32> {
+fn cores_per_sm(major: i32, minor: i32) -> Option<u32> {
     match (major, minor) {
         (3, _) => Some(192),
         (5 | 9..=12, _) | (6, 1 | 2) | (8, 6..=9) => Some(128),
@@ -216,7 +216,7 @@ pub fn nvlink_domain(fabric: &RawFabric) -> Option<String> {
 
 /// The canonical text form of a 16-byte UUID: lowercase hex in 8-4-4-4-12 groups, bytes in
 /// order (RFC 9562), as `uuid.FromBytes` and NVIDIA's tools print a fabric cluster UUID.
-pub fn format_uuid(bytes: &[u8; 16]) -> String {
+fn format_uuid(bytes: &[u8; 16]) -> String {
     let mut text = String::with_capacity(36);
     for (i, byte) in bytes.iter().enumerate() {
         if matches!(i, 4 | 6 | 8 | 10) {
@@ -273,7 +273,7 @@ pub fn nvlink_peers(gpus: &[RawGpu]) -> BTreeMap<u32, Vec<u32>> {
 
 /// The result of converting raw facts: the inventory, and what had to be left out and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Converted {
+pub(crate) struct Converted {
     /// The inventory (not yet validated).
     pub inventory: Inventory,
     /// One message per GPU or MIG device left out, or MIG catalogue NVML described wrongly.
@@ -287,7 +287,11 @@ pub struct Converted {
 /// essential facts are missing are left out with a message in [`Converted::skipped`], so one
 /// odd device does not hide the others. MIG-enabled GPUs get their catalogue
 /// ([`gpu_catalog`]) and are dynamic-MIG GPUs as `policy` decides ([`dynamic_decision`]).
-pub fn build_inventory(raw: &RawSystem, host: &HostFacts, policy: &DynamicMigPolicy) -> Converted {
+pub(crate) fn build_inventory(
+    raw: &RawSystem,
+    host: &HostFacts,
+    policy: &DynamicMigPolicy,
+) -> Converted {
     let peers = nvlink_peers(&raw.gpus);
     let mut skipped = Vec::new();
     let mut notes = Vec::new();

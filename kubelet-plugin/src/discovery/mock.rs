@@ -9,7 +9,7 @@ use crate::Result;
 
 /// Discovery that returns a mock inventory.
 #[derive(Debug, Clone)]
-pub struct MockDiscovery {
+pub(crate) struct MockDiscovery {
     source: MockSource,
 }
 
@@ -37,7 +37,7 @@ impl MockDiscovery {
     ///
     /// # Errors
     /// [`crate::Error::Core`] when the file cannot be read, decoded or validated.
-    pub fn from_file(path: &Path) -> Result<Self> {
+    pub(crate) fn from_file(path: &Path) -> Result<Self> {
         kerf_core::mock::load_file(path)?;
         Ok(MockDiscovery {
             source: MockSource::File(path.to_path_buf()),

@@ -1,6 +1,6 @@
 //! GPU discovery through NVML (nvml-wrapper, which loads `libnvidia-ml.so` at run time).
 //!
-//! This layer only asks NVML and copies the answers into [`RawSystem`]; the interpretation is
+//! This layer only asks NVML and copies the answers into `RawSystem`; the interpretation is
 //! in [`super::facts`]. The facts nvml-wrapper 0.13 has no safe call for — MIG GPU-instance
 //! and compute-instance ids, MIG placements, the NVLink fabric registration — come from the
 //! raw calls of `super::nvml_raw`.
@@ -32,7 +32,7 @@ const NVLINK_MAX_LINKS: u32 = 18;
 const MIG_ENABLED: u32 = 1;
 
 /// Discovers the node's GPUs through NVML.
-pub struct NvmlDiscovery {
+pub(crate) struct NvmlDiscovery {
     nvml: Nvml,
     host: HostPaths,
     dynamic_mig: Option<DynamicMigSource>,
@@ -60,7 +60,7 @@ impl NvmlDiscovery {
     ///
     /// # Errors
     /// As [`NvmlDiscovery::init`].
-    pub fn init_with_host_paths(host: HostPaths) -> Result<Self> {
+    fn init_with_host_paths(host: HostPaths) -> Result<Self> {
         let nvml = Nvml::init().map_err(|e| Error::Nvml(format!("initialise: {}", message(&e))))?;
         Ok(NvmlDiscovery {
             nvml,
@@ -74,7 +74,7 @@ impl NvmlDiscovery {
     /// MIG instances kerf created (which do not make a GPU static) change as claims are
     /// prepared. Without it no GPU is dynamic.
     #[must_use]
-    pub fn with_dynamic_mig(mut self, source: DynamicMigSource) -> Self {
+    pub(crate) fn with_dynamic_mig(mut self, source: DynamicMigSource) -> Self {
         self.dynamic_mig = Some(source);
         self
     }
@@ -255,7 +255,7 @@ fn known<T>(answer: Result<Option<T>>, device: &str, fact: &'static str) -> Opti
 }
 
 /// Display name of an NVML brand, as `nvidia-smi -q` prints it.
-pub fn brand_name(brand: Brand) -> &'static str {
+pub(crate) fn brand_name(brand: Brand) -> &'static str {
     match brand {
         Brand::Nvidia => "NVIDIA",
         Brand::Tesla => "Tesla",
@@ -279,7 +279,7 @@ pub fn brand_name(brand: Brand) -> &'static str {
 
 /// Architecture name as kerf publishes it: NVIDIA's names, with Ada spelled out as
 /// `Ada Lovelace`.
-pub fn architecture_name(architecture: &DeviceArchitecture) -> &'static str {
+pub(crate) fn architecture_name(architecture: &DeviceArchitecture) -> &'static str {
     match architecture {
         DeviceArchitecture::Kepler => "Kepler",
         DeviceArchitecture::Maxwell => "Maxwell",

@@ -14,7 +14,7 @@ use crate::Result;
 
 /// The GPU a MIG call is about: NVML finds it by UUID, the mock by minor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MigGpu<'a> {
+pub(crate) struct MigGpu<'a> {
     /// The GPU's minor number.
     pub minor: u32,
     /// The GPU's UUID (`GPU-…`).
@@ -23,7 +23,7 @@ pub struct MigGpu<'a> {
 
 /// A compute instance that was just created.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CreatedCompute {
+pub(crate) struct CreatedCompute {
     /// Compute instance id.
     pub ci_id: u32,
     /// UUID of the MIG device it makes (`MIG-…`).
@@ -64,7 +64,7 @@ impl MigFailureKind {
 ///
 /// Implementations: NVML (a GPU node) and the mock over `kerf-fake-gpu-tools`' emulated
 /// instances (mock mode, tests, `kerf demo`). Each call blocks.
-pub trait MigControl: Send + Sync + 'static {
+pub(crate) trait MigControl: Send + Sync + 'static {
     /// Creates a GPU instance of `gi_profile_id` at `placement`; returns its id.
     ///
     /// # Errors

@@ -50,7 +50,7 @@ enum Backend {
 
 /// Creates and destroys the MIG instances of dynamic-MIG placement devices (see the module
 /// docs).
-pub struct DynamicMig {
+pub(crate) struct DynamicMig {
     backend: Backend,
     host: HostPaths,
     gpu_locks: ClaimLocks,
@@ -91,13 +91,13 @@ impl DynamicMig {
 
     /// Aborts the process right after `step` of every MIG prepare (mock-mode crash tests).
     #[must_use]
-    pub fn with_crash_at(mut self, step: Option<CrashStep>) -> Self {
+    pub(crate) fn with_crash_at(mut self, step: Option<CrashStep>) -> Self {
         self.crash_at = step;
         self
     }
 
     /// Aborts the process when `step` is the one asked for ([`DynamicMig::with_crash_at`]).
-    pub fn crash_point(&self, step: CrashStep) {
+    pub(crate) fn crash_point(&self, step: CrashStep) {
         crash_point(self.crash_at, step);
     }
 
@@ -133,7 +133,7 @@ impl DynamicMig {
     /// The checkpoint write failed, a driver call failed ([`Error::Mig`]), the placement is
     /// held by another claim ([`PrepareError::DeviceHeld`]), or there is no MIG control
     /// ([`Error::Config`]). Whatever this call created is destroyed again before it returns.
-    pub async fn set_up(
+    pub(crate) async fn set_up(
         &self,
         claim_uid: &str,
         devices: &mut [DeviceRecord],

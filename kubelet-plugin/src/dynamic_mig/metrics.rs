@@ -22,7 +22,7 @@ struct OpLabels {
 
 /// Handle to the counters; clones count into the same series.
 #[derive(Clone, Debug, Default)]
-pub struct MigMetrics {
+pub(crate) struct MigMetrics {
     operations: Family<OpLabels, Counter>,
 }
 

@@ -21,7 +21,7 @@ use crate::{Error, Result};
 
 /// What [`DynamicMig::restore`] did.
 #[derive(Debug, Default)]
-pub struct MigRestore {
+pub(crate) struct MigRestore {
     /// Instances kept for completed claims.
     pub kept: usize,
     /// Compute instances destroyed.

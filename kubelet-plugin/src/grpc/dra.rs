@@ -14,7 +14,7 @@ use crate::preparer::{ClaimRef, Preparer};
 
 /// The DRA service; clone it into both API versions' servers.
 #[derive(Clone)]
-pub struct DraService {
+pub(crate) struct DraService {
     preparer: Arc<Preparer>,
     metrics: Metrics,
 }
@@ -127,7 +127,7 @@ impl AsRef<DraService> for DraService {
 
 dra_plugin!(v1, "v1", DraService);
 
-/// The v1beta1 face of [`DraService`]: the same messages without `share_id`.
+/// The v1beta1 face of `DraService`: the same messages without `share_id`.
 #[derive(Clone)]
 pub struct V1beta1(DraService);
 

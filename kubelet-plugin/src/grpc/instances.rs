@@ -21,7 +21,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Finds the other instances of one driver by their registration sockets.
 #[derive(Debug, Clone)]
-pub struct OtherInstances {
+pub(crate) struct OtherInstances {
     registry_dir: PathBuf,
     driver: String,
     own_socket: PathBuf,
@@ -40,7 +40,7 @@ impl OtherInstances {
 
     /// For the instance whose registration socket is `own_socket`: its directory is the
     /// registry. `None` for a socket path without a directory.
-    pub fn of_socket(driver: &str, own_socket: &Path) -> Option<Self> {
+    pub(crate) fn of_socket(driver: &str, own_socket: &Path) -> Option<Self> {
         let dir = own_socket.parent()?;
         Some(Self::new(dir, driver, own_socket))
     }

@@ -18,7 +18,7 @@ use kube::Api;
 use crate::config::PluginConfig;
 
 /// The first kubelet minor version (of major version 1) that keeps several instances.
-pub const FIRST_MINOR_WITH_INSTANCES: u32 = 33;
+const FIRST_MINOR_WITH_INSTANCES: u32 = 33;
 
 /// `config` with the fixed socket names when it has per-instance ones and the kubelet of its
 /// node is older than 1.33. A kubelet version that cannot be read keeps the names it has (a
@@ -86,7 +86,7 @@ fn fixed_names(config: &PluginConfig) -> (std::path::PathBuf, std::path::PathBuf
 
 /// Whether a kubelet `version` (`v1.33.2`, `v1.32.4-eks-1234`) keeps several instances of a
 /// driver; `None` when it does not parse.
-pub fn keeps_instances(version: &str) -> Option<bool> {
+fn keeps_instances(version: &str) -> Option<bool> {
     let mut parts = version.strip_prefix('v').unwrap_or(version).split('.');
     let major: u32 = parts.next()?.parse().ok()?;
     let minor: String = parts

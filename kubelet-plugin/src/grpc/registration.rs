@@ -14,7 +14,7 @@ use crate::metrics::Metrics;
 
 /// Answers the kubelet's registration calls.
 #[derive(Clone)]
-pub struct RegistrationService {
+pub(crate) struct RegistrationService {
     driver_name: String,
     dra_endpoint: PathBuf,
     /// Raised while the kubelet's last `NotifyRegistrationStatus` said registered.

@@ -21,7 +21,7 @@ use crate::{Error, Result};
 const SUN_PATH_MAX: usize = 108;
 
 /// A bound Unix socket whose file is removed when this value is dropped.
-pub struct BoundSocket {
+pub(crate) struct BoundSocket {
     path: PathBuf,
     listener: Option<UnixListener>,
     /// Device and inode of the file this value bound, to leave a successor's file alone.
@@ -56,11 +56,6 @@ impl BoundSocket {
         })
     }
 
-    /// The socket's path.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The incoming connections, for tonic's `serve_with_incoming*`, each behind a
     /// [`LenientAuthority`] so that requests are answered whatever `:authority` the client
     /// sends (the kubelet's plugin watcher sends the socket path, which h2 alone refuses).
@@ -69,7 +64,7 @@ impl BoundSocket {
     ///
     /// # Errors
     /// The stream was already taken.
-    pub fn incoming_any_authority(
+    pub(crate) fn incoming_any_authority(
         &mut self,
         name: &str,
     ) -> Result<impl Stream<Item = std::io::Result<LenientAuthority<UnixStream>>> + use<>> {

@@ -26,11 +26,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 /// Longest `message` the kubelet accepts (`DeviceHealth.message`, 1.36).
-pub const MAX_MESSAGE_CHARS: usize = 1024;
+const MAX_MESSAGE_CHARS: usize = 1024;
 
 /// Serves the health stream of one node's published devices.
 #[derive(Debug, Clone)]
-pub struct HealthService {
+pub(crate) struct HealthService {
     health: watch::Receiver<NodeHealth>,
     inventory: Arc<Inventory>,
     pool: String,
@@ -106,7 +106,7 @@ pub fn response(
 
 /// `message` cut to [`MAX_MESSAGE_CHARS`] characters: longer ones keep their first 1021
 /// characters and end in `...`.
-pub fn truncate_message(message: &str) -> String {
+fn truncate_message(message: &str) -> String {
     if message.chars().count() <= MAX_MESSAGE_CHARS {
         return message.to_owned();
     }

@@ -86,7 +86,7 @@ fn read_file(path: &Path) -> Read {
 /// # Errors
 ///
 /// None: problems with the file are logged. The `Result` fits the plugin's task list.
-pub async fn watch_fault_file(
+pub(crate) async fn watch_fault_file(
     path: PathBuf,
     monitor: HealthMonitor,
     interval: Duration,
@@ -116,7 +116,7 @@ pub async fn watch_fault_file(
 /// The mock faults of the Node's annotation, applied to the monitor as the Node changes.
 /// Cloning shares the last state.
 #[derive(Debug, Clone)]
-pub struct NodeAnnotationSource {
+pub(crate) struct NodeAnnotationSource {
     inner: Arc<Mutex<MockSource>>,
 }
 

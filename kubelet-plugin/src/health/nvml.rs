@@ -18,7 +18,7 @@
 //! maps an event with GPU and compute instance IDs to one MIG device, which nvml-wrapper's
 //! `EventData` does not carry).
 //!
-//! The NVML calls are behind [`HealthBackend`], so the loop is tested with a scripted backend.
+//! The NVML calls are behind `HealthBackend`, so the loop is tested with a scripted backend.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -57,7 +57,7 @@ pub enum Event {
 
 /// What a wait for an event found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Waited {
+enum Waited {
     /// An event.
     Event(Event),
     /// None within the wait.
@@ -68,7 +68,7 @@ pub enum Waited {
 
 /// What one poll of a GPU found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Polled {
+struct Polled {
     /// The GPU is lost or has no handle.
     pub lost: bool,
     /// Volatile uncorrected ECC errors, when the GPU counts them.
@@ -80,7 +80,7 @@ pub struct Polled {
 }
 
 /// The NVML calls the health loop makes.
-pub trait HealthBackend {
+trait HealthBackend {
     /// Registers the GPU's XID and double-bit ECC events.
     ///
     /// # Errors
@@ -95,7 +95,7 @@ pub trait HealthBackend {
 }
 
 /// Watches `gpus` through `backend` until `shutdown`, setting faults in `monitor`.
-pub fn run_health_loop<B: HealthBackend>(
+fn run_health_loop<B: HealthBackend>(
     backend: &mut B,
     gpus: &[String],
     policy: &XidPolicy,
@@ -264,7 +264,7 @@ impl HealthBackend for NvmlBackend<'_> {
 /// # Errors
 ///
 /// [`crate::Error::Internal`] when the blocking thread panicked.
-pub async fn watch_nvml(
+pub(crate) async fn watch_nvml(
     monitor: HealthMonitor,
     policy: XidPolicy,
     poll_interval: Duration,

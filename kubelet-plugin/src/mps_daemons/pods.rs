@@ -69,7 +69,7 @@ impl PodDaemons {
     /// # Errors
     /// [`Error::Kube`] when the pod cannot be read; [`Error::Config`] when it lacks what the
     /// template copies.
-    pub async fn template_of_plugin_pod(
+    pub(crate) async fn template_of_plugin_pod(
         client: kube::Client,
         namespace: &str,
         name: &str,
@@ -87,7 +87,7 @@ impl PodDaemons {
 
     /// The same daemons with their files under `root`.
     #[must_use]
-    pub fn with_root(&self, root: PathBuf) -> Self {
+    pub(crate) fn with_root(&self, root: PathBuf) -> Self {
         PodDaemons {
             settings: MpsSettings {
                 root,

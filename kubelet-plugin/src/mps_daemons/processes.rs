@@ -47,7 +47,7 @@ impl ProcessDaemons {
     /// The same tools with daemons under another MPS root: for stopping the daemons a plugin
     /// started before its root was changed.
     #[must_use]
-    pub fn with_root(&self, root: PathBuf) -> Self {
+    pub(crate) fn with_root(&self, root: PathBuf) -> Self {
         Self {
             settings: MpsSettings {
                 root,

@@ -280,7 +280,7 @@ impl DeviceStatusWriter {
 /// The facts of a claim's prepared devices for its status: the records, with the parent GPU
 /// and profile of MIG devices from `inventory` and the MPS directories from `sharing` (both
 /// in memory; no API read).
-pub fn prepared_facts(
+pub(crate) fn prepared_facts(
     inventory: &Inventory,
     sharing: &GpuSharing,
     devices: &[DeviceRecord],

@@ -17,15 +17,6 @@ use kube::api::{Api, PostParams};
 use super::{FIELD_MANAGER, Publisher};
 
 impl Publisher {
-    /// Takes for granted what a start-up probe of `DRAPartitionableDevices` found, instead of
-    /// probing on first need.
-    #[must_use]
-    pub fn with_partitionable_devices(self, probed: &Probed) -> Self {
-        log_probe(probed);
-        self.state().partitionable = Some(probed.is_served());
-        self
-    }
-
     /// Probes partitionable devices the first time `inventory` has a dynamic-MIG GPU with a
     /// catalogue; afterwards (and while there is none) it does nothing.
     pub(super) async fn probe_partitionable_devices(&self, inventory: &Inventory) {

@@ -26,7 +26,7 @@ impl Publisher {
     /// short debounce when a slice disappears or is changed by someone else, or when the
     /// Node's ownership record changes; checks again every `resync`, and retries failures
     /// with exponential backoff. At shutdown it deletes this node's slices of this driver
-    /// (unless another instance of the driver serves the node, [`Publisher::with_other_instances`])
+    /// (unless another instance of the driver serves the node, `Publisher::with_other_instances`)
     /// and returns.
     ///
     /// # Errors

@@ -60,15 +60,6 @@ impl Publisher {
         self.publication.clone()
     }
 
-    /// Takes for granted what a start-up probe of `DRAConsumableCapacity`
-    /// ([`features::consumable_capacity_probe`]) found, instead of probing on first need.
-    #[must_use]
-    pub fn with_consumable_capacity(self, probed: &Probed) -> Self {
-        log_probe(probed);
-        self.state().scheduler_slices.served = Some(probed.is_served());
-        self
-    }
-
     /// Takes the shared publication of `node`; `true` when it differs from the one held. A
     /// malformed value is warned about once per distinct value and the last good one is kept.
     pub(super) fn observe_publication(&self, node: &Node) -> bool {

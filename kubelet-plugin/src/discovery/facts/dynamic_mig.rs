@@ -21,7 +21,7 @@ const MIB: u64 = 1024 * 1024;
 
 /// NVML's `NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1`: the one-slice profile with the media
 /// extensions (`1g.5gb+me`), which NVML's slice and memory figures do not tell apart.
-pub const GI_PROFILE_1_SLICE_REV1: u32 = 7;
+pub(crate) const GI_PROFILE_1_SLICE_REV1: u32 = 7;
 
 /// What NVML reported about one GPU-instance profile of a GPU.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -58,7 +58,7 @@ pub struct RawGiProfile {
 /// The compute-instance profile index (`NVML_COMPUTE_INSTANCE_PROFILE_*`) of a compute
 /// instance spanning a GPU instance of `compute_slices` slices; `None` for slice counts NVML
 /// has no such profile for.
-pub fn full_compute_profile(compute_slices: u32) -> Option<u32> {
+pub(crate) fn full_compute_profile(compute_slices: u32) -> Option<u32> {
     match compute_slices {
         1 => Some(0),
         2 => Some(1),
@@ -81,7 +81,7 @@ pub fn full_compute_profile(compute_slices: u32) -> Option<u32> {
 /// # Errors
 /// A message naming the profile when NVML's answer is inconsistent: placements of different
 /// sizes, an empty placement, or a profile without a name or memory figures.
-pub fn decode_catalog(
+pub(crate) fn decode_catalog(
     parent_memory_mib: u64,
     raw: &[RawGiProfile],
 ) -> Result<Option<GpuMigCatalog>, String> {
@@ -167,7 +167,7 @@ fn decode_profile(
 ///
 /// # Errors
 /// [`decode_catalog`]'s message when NVML's answer is inconsistent.
-pub fn gpu_catalog(gpu: &RawGpu) -> Result<(Option<GpuMigCatalog>, Option<String>), String> {
+pub(crate) fn gpu_catalog(gpu: &RawGpu) -> Result<(Option<GpuMigCatalog>, Option<String>), String> {
     let builtin = catalog_for(&gpu.name);
     let Some(nvml) = decode_catalog(gpu.memory_total_bytes / MIB, &gpu.mig_profiles)? else {
         return Ok((builtin.cloned(), None));
@@ -177,7 +177,7 @@ pub fn gpu_catalog(gpu: &RawGpu) -> Result<(Option<GpuMigCatalog>, Option<String
 }
 
 /// How `nvml` differs from `builtin`, profile by profile; `None` when they agree.
-pub fn catalog_difference(nvml: &GpuMigCatalog, builtin: &GpuMigCatalog) -> Option<String> {
+pub(crate) fn catalog_difference(nvml: &GpuMigCatalog, builtin: &GpuMigCatalog) -> Option<String> {
     let mut differences = Vec::new();
     for profile in &nvml.profiles {
         match builtin.profile(&profile.name) {
@@ -210,7 +210,7 @@ pub fn catalog_difference(nvml: &GpuMigCatalog, builtin: &GpuMigCatalog) -> Opti
 /// The MIG instances kerf itself created, as the checkpoint records them: a GPU whose only
 /// MIG devices are these is still free for dynamic MIG.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct KerfInstances {
+pub(crate) struct KerfInstances {
     /// `(parent GPU minor, GPU instance id)` of each created GPU instance.
     pub gpu_instances: BTreeSet<(u32, u32)>,
     /// UUIDs (`MIG-…`) of the MIG devices created.
@@ -221,7 +221,7 @@ impl KerfInstances {
     /// The instances the checkpoint's records name
     /// ([`kerf_core::mig_reconcile::recorded_instances`]); intents without a GPU instance id
     /// name none.
-    pub fn from_records(records: &[RecordedInstance]) -> Self {
+    pub(crate) fn from_records(records: &[RecordedInstance]) -> Self {
         let mut kerf = KerfInstances::default();
         for record in records {
             let instance = &record.instance;
@@ -238,7 +238,7 @@ impl KerfInstances {
 
 /// Which MIG-enabled GPUs discovery marks as dynamic ([`kerf_core::inventory::Gpu::dynamic_mig`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DynamicMigPolicy {
+pub(crate) struct DynamicMigPolicy {
     /// Whether dynamic MIG is on at all (`--dynamic-mig`).
     pub enabled: bool,
     /// Minors of GPUs the admin keeps statically partitioned (`--static-mig-gpus`).
@@ -254,7 +254,7 @@ pub struct DynamicMigPolicy {
 ///
 /// # Errors
 /// The reason the GPU is not dynamic.
-pub fn dynamic_decision(
+pub(crate) fn dynamic_decision(
     gpu: &RawGpu,
     catalog: Option<&GpuMigCatalog>,
     policy: &DynamicMigPolicy,

@@ -10,7 +10,7 @@ use super::{
 
 /// Where the host's `/sys` and `/proc` are; a container mounts them elsewhere at times.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostPaths {
+pub(crate) struct HostPaths {
     /// sysfs mount, normally `/sys`.
     pub sys: PathBuf,
     /// procfs mount, normally `/proc`.
@@ -29,7 +29,7 @@ impl Default for HostPaths {
 impl HostPaths {
     /// Reads NUMA node and PCIe root of the PCI device `bus_id` (sysfs form). Missing files
     /// give `None`: VMs and some platforms have no NUMA information.
-    pub fn pci_facts(&self, bus_id: &str) -> PciHostFacts {
+    fn pci_facts(&self, bus_id: &str) -> PciHostFacts {
         let device = self.sys.join("bus/pci/devices").join(bus_id);
         let numa_node = std::fs::read_to_string(device.join("numa_node"))
             .ok()
@@ -44,7 +44,7 @@ impl HostPaths {
     }
 
     /// Reads `/proc/driver/nvidia-caps/mig-minors`; empty when the driver does not provide it.
-    pub fn mig_minors(&self) -> MigMinors {
+    pub(crate) fn mig_minors(&self) -> MigMinors {
         std::fs::read_to_string(self.proc.join("driver/nvidia-caps/mig-minors"))
             .map(|text| MigMinors::parse(&text))
             .unwrap_or_default()
@@ -55,7 +55,7 @@ impl HostPaths {
     /// or names no `nvidia-caps` device. A CDI device node needs it to be created in a
     /// container without a node on the host (a MIG instance made after the host's
     /// `/dev/nvidia-caps` was populated).
-    pub fn nvidia_caps_major(&self) -> Option<u32> {
+    pub(crate) fn nvidia_caps_major(&self) -> Option<u32> {
         let path = self.proc.join("devices");
         match std::fs::read_to_string(&path) {
             Ok(text) => caps_major_from_proc_devices(&text),
@@ -67,7 +67,7 @@ impl HostPaths {
     }
 
     /// Gathers the host facts for every GPU of `raw`.
-    pub fn facts_for(&self, raw: &RawSystem) -> HostFacts {
+    pub(crate) fn facts_for(&self, raw: &RawSystem) -> HostFacts {
         let pci = raw
             .gpus
             .iter()

@@ -86,7 +86,7 @@ fn numbered(part: &str, prefix: &str) -> Option<u32> {
 /// MIG device's share of the parent rounded up to eighths, times the parent's memory in GB
 /// rounded up, rounded to the nearest GB. Media-engine variants (`+me`, `+gfx`) are not
 /// visible in these attributes and come out without the suffix.
-pub fn mig_profile_name(
+pub(crate) fn mig_profile_name(
     gpu_instance_slices: u32,
     compute_instance_slices: u32,
     memory_mib: u64,
@@ -109,7 +109,7 @@ pub fn mig_profile_name(
 
 /// GPU and compute instance ids encoded in the MIG UUID form of drivers before R470:
 /// `MIG-GPU-<parent uuid>/<gi>/<ci>`. Newer drivers use opaque `MIG-<uuid>` UUIDs.
-pub fn ids_from_legacy_mig_uuid(uuid: &str) -> Option<(u32, u32)> {
+pub(crate) fn ids_from_legacy_mig_uuid(uuid: &str) -> Option<(u32, u32)> {
     let rest = uuid.strip_prefix("MIG-GPU-")?;
     let mut parts = rest.rsplitn(3, '/');
     let ci = parts.next()?.parse().ok()?;
@@ -131,7 +131,7 @@ pub(super) const NVIDIA_CAPS_DEVICE: &str = "nvidia-caps";
 /// (NVIDIA/nvidia-container-toolkit `internal/info/proc/devices/devices.go`
 /// (`processProcDeviceLine`), whose `NVIDIACaps` names this device); unlike that reader, a
 /// name in the `Block devices:` section is not taken, since a cap node is a character device.
-pub fn caps_major_from_proc_devices(text: &str) -> Option<u32> {
+pub(crate) fn caps_major_from_proc_devices(text: &str) -> Option<u32> {
     let mut character = true;
     for line in text.lines() {
         let line = line.trim();
