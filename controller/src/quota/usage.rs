@@ -173,11 +173,9 @@ mod tests {
             admitted("u-old", now - Duration::from_secs(60)),
         ];
         let usage = usage(&claims, &entries, now, grace, charge);
-        assert_eq!(usage.total, slice(40));
-        assert_eq!(
-            usage.classes,
-            BTreeMap::from([("slices".to_owned(), slice(40))])
-        );
+        let two = slice(20).times(2);
+        assert_eq!(usage.total, two);
+        assert_eq!(usage.classes, BTreeMap::from([("slices".to_owned(), two)]));
         assert_eq!(usage.claims, 2);
         let kept: Vec<&str> = usage.admitted.iter().map(|e| e.uid.as_str()).collect();
         assert_eq!(kept, ["u-new"]);
