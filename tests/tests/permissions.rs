@@ -10,6 +10,8 @@
 mod common;
 #[path = "permissions/flow.rs"]
 mod flow;
+#[path = "permissions/quota_flow.rs"]
+mod quota_flow;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -70,6 +70,10 @@ impl QuotaOutcome {
     }
 }
 
+/// The lock admissions of one quota take turns on, holding the last copy of it this replica
+/// wrote or read.
+type Turn = Arc<tokio::sync::Mutex<Option<GpuQuota>>>;
+
 /// What the quota webhook reads and writes: the process's caches (claims' classes, GpuClasses,
 /// GpuQuotas) and the API server, for the status writes.
 pub struct QuotaAdmission {
@@ -78,7 +82,7 @@ pub struct QuotaAdmission {
     driver: String,
     /// The last copy of each quota this replica wrote or read (newer than the cache right
     /// after a write), behind the lock its admissions take turns on.
-    turns: Mutex<HashMap<(String, String), Arc<tokio::sync::Mutex<Option<GpuQuota>>>>>,
+    turns: Mutex<HashMap<(String, String), Turn>>,
 }
 
 impl std::fmt::Debug for QuotaAdmission {
@@ -222,41 +226,25 @@ impl QuotaAdmission {
         let api = Api::<GpuQuota>::namespaced(self.client.clone(), &namespace);
         for _ in 0..MAX_TRIES {
             let status = match evaluate(&quota, charge, admission) {
-                Verdict::Unaffected => {
-                    *last = Some(quota);
-                    return Ok(false);
-                }
-                Verdict::Deny(message) => {
-                    *last = Some(quota);
-                    return Err(message);
-                }
-                Verdict::Charge(status) => status,
-            };
-            if dry_run {
+                Verdict::Charge(status) if !dry_run => status,
                 // A dry run is checked, never written (sideEffects: NoneOnDryRun).
-                *last = Some(quota);
-                return Ok(false);
-            }
+                verdict => {
+                    *last = Some(quota);
+                    return match verdict {
+                        Verdict::Deny(message) => Err(message),
+                        _ => Ok(false),
+                    };
+                }
+            };
             let mut raised = quota.clone();
             raised.status = Some(*status);
-            match api
-                .replace_status(&name, &PostParams::default(), &raised)
-                .await
-            {
-                Ok(written) => {
+            match write(&api, &name, &raised).await? {
+                Write::Written(written) => {
                     *last = Some(written);
                     return Ok(true);
                 }
-                Err(kube::Error::Api(status)) if status.code == 409 => {
-                    quota = match api.get_opt(&name).await {
-                        Ok(Some(fresh)) => fresh,
-                        Ok(None) => return Ok(false),
-                        Err(error) => return Err(unwritable(&name, &error)),
-                    };
-                }
-                // Deleted since the cache saw it: it caps nothing any more.
-                Err(kube::Error::Api(status)) if status.code == 404 => return Ok(false),
-                Err(error) => return Err(unwritable(&name, &error)),
+                Write::Stale(fresh) => quota = fresh,
+                Write::Gone => return Ok(false),
             }
         }
         Err(format!(
@@ -266,7 +254,7 @@ impl QuotaAdmission {
     }
 
     /// The lock admissions of quota `namespace/name` take turns on, with the last copy seen.
-    fn turn(&self, namespace: &str, name: &str) -> Arc<tokio::sync::Mutex<Option<GpuQuota>>> {
+    fn turn(&self, namespace: &str, name: &str) -> Turn {
         // A map of locks is consistent whatever panicked while it was held.
         let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
         // Quotas deleted since their last admission leave their slot until here: drop the
@@ -284,6 +272,38 @@ impl QuotaAdmission {
             .entry((namespace.to_owned(), name.to_owned()))
             .or_default()
             .clone()
+    }
+}
+
+/// How a conditional write of a quota's status ended.
+enum Write {
+    /// Written; the quota as stored now.
+    Written(GpuQuota),
+    /// Someone wrote since it was read; the quota as stored now.
+    Stale(GpuQuota),
+    /// Deleted since the cache saw it: it caps nothing any more.
+    Gone,
+}
+
+/// Replaces the status of quota `name` with `raised`'s, on the condition that it is still at
+/// `raised`'s resourceVersion.
+///
+/// # Errors
+///
+/// The refusal the user reads when the quota can be neither written nor read again.
+async fn write(api: &Api<GpuQuota>, name: &str, raised: &GpuQuota) -> Result<Write, String> {
+    match api
+        .replace_status(name, &PostParams::default(), raised)
+        .await
+    {
+        Ok(written) => Ok(Write::Written(written)),
+        Err(kube::Error::Api(status)) if status.code == 409 => match api.get_opt(name).await {
+            Ok(Some(fresh)) => Ok(Write::Stale(fresh)),
+            Ok(None) => Ok(Write::Gone),
+            Err(error) => Err(unwritable(name, &error)),
+        },
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(Write::Gone),
+        Err(error) => Err(unwritable(name, &error)),
     }
 }
 

@@ -44,8 +44,6 @@ const CONTROLLER_CLASS: &str = "slice.gpu.kerf.dev";
 /// The MutatingWebhookConfigurations of `deploy/base/webhook.yaml`, whose caBundle the
 /// webhook keeps.
 const WEBHOOK_CONFIGURATIONS: [&str; 2] = ["kerf-scheduling-gate", "kerf-claim-parameters"];
-/// The ValidatingWebhookConfiguration of the quota webhook (`deploy/base/webhook.yaml`).
-const QUOTA_CONFIGURATION: &str = "kerf-gpu-quota";
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
 const PODS: &str = "/api/v1/namespaces/default/pods";
 
@@ -194,6 +192,7 @@ pub async fn controller(fake: &FakeApi) {
             "webhooks": [{"name": format!("{name}.gpu.kerf.dev"), "clientConfig": {}}],
         }));
     }
+    crate::quota_flow::stub_configuration(fake);
     // A template a pod would name: the webhook's cache lists it.
     fake.insert(json!({
         "apiVersion": "resource.k8s.io/v1",
@@ -208,11 +207,16 @@ pub async fn controller(fake: &FakeApi) {
     let mut controllers = kerf_controller::controllers();
     controllers.push(default_classes::task(defaults));
     let stop = CancellationToken::new();
+    let port = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let process = kerf_controller::Process {
         config: config(),
         client: fake.client_as(Identity::kerf_controller()),
         controllers,
-        webhook: Some(webhook()),
+        webhook: Some(webhook(port)),
         shutdown: stop.clone(),
     };
     let run = tokio::spawn(process.run());
@@ -222,7 +226,7 @@ pub async fn controller(fake: &FakeApi) {
                 "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/{name}"
             ))
             .is_some_and(|c| c["webhooks"][0]["clientConfig"]["caBundle"].is_string())
-        })
+        }) && crate::quota_flow::ca_bundle(fake).is_some()
     })
     .await;
     until("the webhook's template cache filled", WAIT, || {
@@ -237,6 +241,7 @@ pub async fn controller(fake: &FakeApi) {
     })
     .await;
     claim_path(fake).await;
+    crate::quota_flow::admissions(fake, port, CONTROLLER_CLASS).await;
     stop.cancel();
     run.await.unwrap().unwrap();
 }
@@ -374,17 +379,17 @@ fn config() -> Config {
     }
 }
 
-/// The webhook with its self-signed certificate, on a port of its own.
-fn webhook() -> WebhookConfig {
+/// The webhook with its self-signed certificate, on `port`.
+fn webhook(port: u16) -> WebhookConfig {
     WebhookConfig {
-        address: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+        address: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
         driver_name: DRIVER.to_owned(),
         field_manager: FIELD_MANAGER.to_owned(),
         certificates: Certificates::SelfSigned(SelfSigned {
             service: "kerf-webhook".to_owned(),
             namespace: KERF_NAMESPACE.to_owned(),
             webhook_configurations: WEBHOOK_CONFIGURATIONS.map(str::to_owned).to_vec(),
-            validating_configurations: vec![QUOTA_CONFIGURATION.to_owned()],
+            validating_configurations: vec![crate::quota_flow::QUOTA_CONFIGURATION.to_owned()],
             validity: Duration::from_secs(3600),
             renew_before: Duration::from_secs(600),
         }),

@@ -64,11 +64,9 @@ pub(crate) fn evaluate(quota: &GpuQuota, charge: &Charge, admission: &Admission)
     }
     let used = amount_or_zero(status.used.as_ref(), &name, "status.used");
     let class_used = class_usage(&status, &name);
-    let mut over = match exceeded(None, charge.total, used, &quota.spec.hard, "spec.hard") {
-        Ok(over) => over,
-        // validate() checked every quantity of the spec.
-        Err(_) => Vec::new(),
-    };
+    // validate() checked every quantity of the spec: none of these fails.
+    let mut over =
+        exceeded(None, charge.total, used, &quota.spec.hard, "spec.hard").unwrap_or_default();
     for (i, class) in quota.spec.classes.iter().enumerate() {
         let Some(&asked) = charge.classes.get(&class.name) else {
             continue;
