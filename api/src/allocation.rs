@@ -11,6 +11,6 @@ mod uses;
 
 pub(crate) use prioritized::as_exact as as_exact_request;
 pub use prioritized::claim_allocation_status;
-pub use request::{claim_request, core_selector};
-pub use status::{MAX_ALLOCATION_RESULTS, allocation_status, node_selector};
+pub use request::claim_request;
+pub use status::{allocation_status, node_selector};
 pub use uses::device_uses;

@@ -15,18 +15,18 @@
 //! part belongs to the caller's allocator.)
 //!
 //! Counter values are Kubernetes quantities; callers pass the parser that turns them into
-//! whole numbers in their unit ([`AmountOf`]), so that one rule serves every caller.
+//! whole numbers in their unit (`AmountOf`), so that one rule serves every caller.
 
 use std::collections::HashMap;
 
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-/// Counter amounts by (counter set, counter), in the unit of the caller's [`AmountOf`].
+/// Counter amounts by (counter set, counter), in the unit of the caller's `AmountOf`.
 pub type Counters = HashMap<(String, String), i128>;
 
 /// Parses a counter value; the second argument names the counter for the error.
-pub type AmountOf<'a, E> = &'a dyn Fn(&Quantity, &str) -> Result<i128, E>;
+type AmountOf<'a, E> = &'a dyn Fn(&Quantity, &str) -> Result<i128, E>;
 
 /// What `device` consumes, by (counter set, counter).
 ///

@@ -6,7 +6,7 @@
 //! with `+listMapKey=driver`, `device`, `pool`, `shareID`), so that a server-side apply by
 //! kerf's field manager owns only kerf's entries. Each entry carries a `Ready=True` condition
 //! and `data`, a JSON object describing kerf's result, kept within the API server's limit
-//! ([`DATA_MAX_BYTES`]).
+//! (`DATA_MAX_BYTES`).
 
 use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -18,13 +18,13 @@ use serde_json::{Map, Value, json};
 /// Largest `data` the API server accepts, in bytes of JSON:
 /// `AllocatedDeviceStatusDataMaxLength` (10 Ki), checked by `validateDeviceStatus` in
 /// kubernetes/kubernetes `pkg/apis/resource/validation/validation.go`.
-pub const DATA_MAX_BYTES: usize = 10 * 1024;
+const DATA_MAX_BYTES: usize = 10 * 1024;
 
 /// The condition type kerf sets on every prepared device.
-pub const READY_CONDITION: &str = "Ready";
+const READY_CONDITION: &str = "Ready";
 
 /// The reason of the `Ready` condition of a prepared device.
-pub const PREPARED_REASON: &str = "Prepared";
+const PREPARED_REASON: &str = "Prepared";
 
 /// What kerf knows about one prepared device, beyond its checkpoint record: the facts the
 /// record does not keep (the parent GPU of a MIG device, the MIG profile, the MPS client
@@ -55,7 +55,7 @@ impl PreparedDeviceFacts {
 }
 
 /// The status entry of one prepared device: its identity (driver, pool, device, shareID),
-/// `Ready=True` with `reason` [`PREPARED_REASON`] since `prepared_at`, and [`device_data`].
+/// `Ready=True` with `reason` `PREPARED_REASON` since `prepared_at`, and `device_data`.
 pub fn allocated_device_status(
     driver: &str,
     node: &str,
@@ -99,7 +99,7 @@ fn ready_message(node: &str, facts: &PreparedDeviceFacts) -> String {
 /// the object too large (IDs and paths are not length-limited here), the IDs are replaced by
 /// their count, then the MPS paths dropped, each time with `truncated: true`, so the write is
 /// never refused for its size.
-pub fn device_data(facts: &PreparedDeviceFacts) -> Value {
+fn device_data(facts: &PreparedDeviceFacts) -> Value {
     let full = full_data(facts);
     if encoded_len(&full) <= DATA_MAX_BYTES {
         return full;

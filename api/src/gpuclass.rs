@@ -21,7 +21,8 @@ pub const CONDITION_EXTENDED_RESOURCE: &str = "ExtendedResource";
 /// Longest extended resource name: kube-apiserver checks `requests.<name>` as a qualified name
 /// (`IsExtendedResourceName`), whose prefix is a DNS subdomain of at most 253 characters and
 /// whose name part has at most 63, so the prefix of the name itself has at most 244.
-pub const MAX_EXTENDED_RESOURCE_NAME_LEN: usize = 244 + 1 + 63;
+#[cfg(test)]
+const MAX_EXTENDED_RESOURCE_NAME_LEN: usize = 244 + 1 + 63;
 
 /// The prefix kube-apiserver reserves for resource quota keys; names may not start with it.
 const QUOTA_REQUESTS_PREFIX: &str = "requests.";

@@ -33,7 +33,7 @@ pub const RECORD_ANNOTATION: &str = "gpu.kerf.dev/allocators";
 /// The Node label by which an admin pins the owner of all of a node's devices.
 pub const NODE_LABEL: &str = "gpu.kerf.dev/allocator";
 /// [`NODE_LABEL`] value that leaves the node's devices to the controller's dynamic policy.
-pub const DYNAMIC: &str = "dynamic";
+const DYNAMIC: &str = "dynamic";
 
 /// Who may allocate a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -196,7 +196,7 @@ pub fn publish_owners(specs: &mut [ResourceSliceSpec], record: &Record) {
 
 /// The device name of the GPU whose counters `device` consumes, when it is a placement
 /// (consumes counters and names its parent's minor).
-pub fn placement_parent<D: DeviceFields + ?Sized>(device: &D, driver: &str) -> Option<String> {
+fn placement_parent<D: DeviceFields + ?Sized>(device: &D, driver: &str) -> Option<String> {
     if !device.consumes_counters() {
         return None;
     }

@@ -578,7 +578,7 @@ impl SharingConfig {
     /// The time slice for a device shared by `sharing` under this class: the class's interval
     /// when the device is time-sliced, `None` otherwise (a claim may override the class's
     /// strategy, and an interval means nothing to an MPS or exclusive device).
-    pub fn time_slice_interval_for(&self, sharing: Sharing) -> Option<TimeSliceInterval> {
+    pub(crate) fn time_slice_interval_for(self, sharing: Sharing) -> Option<TimeSliceInterval> {
         self.time_slice_interval
             .filter(|_| sharing == Sharing::TimeSlicing)
     }
@@ -765,7 +765,7 @@ impl SliceDevice {
 }
 
 /// Parses `major.minor` into a compute capability.
-pub fn parse_compute_capability(text: &str) -> Option<ComputeCapability> {
+fn parse_compute_capability(text: &str) -> Option<ComputeCapability> {
     let (major, minor) = text.split_once('.')?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     if !digits(major) || !digits(minor) {

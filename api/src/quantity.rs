@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::error::{Error, Result};
 
 /// The largest value Kubernetes can represent in a quantity.
-pub const MAX_BYTES: u64 = u64::MAX >> 1;
+pub(crate) const MAX_BYTES: u64 = u64::MAX >> 1;
 
 /// u128 holds every number of up to 38 decimal digits.
 const MAX_SIGNIFICANT_DIGITS: usize = 38;
@@ -45,7 +45,7 @@ const DECIMAL_SUFFIXES: [(&str, i64); 10] = [
 /// # Errors
 ///
 /// [`Error::InvalidQuantity`] when the text is not a quantity, or is zero, negative, not a
-/// whole number of bytes (`0.5`, `1500m`, `0.1Ki`) or larger than [`MAX_BYTES`].
+/// whole number of bytes (`0.5`, `1500m`, `0.1Ki`) or larger than `MAX_BYTES`.
 pub fn parse_bytes(text: &str) -> Result<u64> {
     let invalid = |reason| Error::InvalidQuantity {
         value: text.to_owned(),

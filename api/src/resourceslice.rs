@@ -24,13 +24,11 @@ pub mod scheduler_slices;
 pub mod taints;
 
 pub use fields::{DeviceFields, SliceFields};
+use names::MAX_NAME_LEN;
 pub use names::{
-    MAX_ATTRIBUTE_VALUE_LEN, MAX_ATTRIBUTES_AND_CAPACITIES, MAX_DEVICE_NAME_LEN,
-    MAX_DEVICES_PER_SLICE, MAX_DOMAIN_LEN, MAX_NAME_LEN, MAX_QUALIFIED_NAME_ID_LEN, TYPE_GPU,
-    TYPE_MIG, attributes, capacities, is_dns_label, is_dns_subdomain, is_qualified_name,
-    pci_bus_id, semver,
+    TYPE_GPU, TYPE_MIG, attributes, capacities, is_dns_label, is_dns_subdomain, pci_bus_id, semver,
 };
-pub use pool::{SliceFeatures, node_slices, resource_slices, resource_slices_chunked};
+pub use pool::{SliceFeatures, node_slices, resource_slices};
 
 /// The name of slice `index` of `driver`'s pool on `node`: `<node>-<driver>-<index>`.
 ///

@@ -13,12 +13,12 @@ use std::time::Duration;
 use kube::runtime::utils::Backoff;
 
 /// First delay after a failed watch or list.
-pub const FIRST_DELAY: Duration = Duration::from_millis(250);
+const FIRST_DELAY: Duration = Duration::from_millis(250);
 /// Longest delay between two attempts.
 pub const MAX_DELAY: Duration = Duration::from_secs(5);
 
-/// Capped exponential back-off for watches: [`FIRST_DELAY`], doubling, at most
-/// [`MAX_DELAY`]; `reset` (after a success) starts again at [`FIRST_DELAY`].
+/// Capped exponential back-off for watches: `FIRST_DELAY`, doubling, at most
+/// [`MAX_DELAY`]; `reset` (after a success) starts again at `FIRST_DELAY`.
 #[derive(Debug, Clone)]
 pub struct WatchBackoff {
     next: Duration,

@@ -20,7 +20,7 @@
 /// The text of a validation error on a field that may not change after creation
 /// (apimachinery's `field.ErrorTypeInvalid` with `apimachineryvalidation.FieldImmutableErrorMsg`
 /// in `staging/src/k8s.io/apimachinery/pkg/api/validation/objectmeta.go`).
-pub const FIELD_IMMUTABLE: &str = "field is immutable";
+const FIELD_IMMUTABLE: &str = "field is immutable";
 
 /// How a failed API write should be handled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub enum WriteFailure {
 
 impl WriteFailure {
     /// Classifies an HTTP status `code` with the Status `message` the server sent.
-    pub fn from_status(code: u16, message: &str) -> Self {
+    fn from_status(code: u16, message: &str) -> Self {
         match code {
             409 => Self::Conflict,
             404 => Self::NotFound,
@@ -131,7 +131,7 @@ impl WriteFailure {
 
 /// The server's own words about `error`: the Status message (with its code and reason) of an
 /// API answer, else the client's error.
-pub fn server_message(error: &kube::Error) -> String {
+fn server_message(error: &kube::Error) -> String {
     match error {
         kube::Error::Api(status) if status.reason.is_empty() => {
             format!("{} ({})", status.message, status.code)

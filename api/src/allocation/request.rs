@@ -46,7 +46,7 @@ impl From<PlacementPolicy> for alloc::Policy {
 ///
 /// [`Error::InvalidConfig`] for a minimum memory or compute capability that does not parse,
 /// or a MIG profile (MIG devices are the scheduler's).
-pub fn core_selector(selector: &GpuSelector, path: &str) -> Result<alloc::GpuSelector> {
+pub(crate) fn core_selector(selector: &GpuSelector, path: &str) -> Result<alloc::GpuSelector> {
     if let Some(profile) = &selector.mig_profile {
         return Err(Error::config(
             join(path, "migProfile"),
@@ -91,7 +91,7 @@ pub fn core_selector(selector: &GpuSelector, path: &str) -> Result<alloc::GpuSel
 /// `selectors`; `capacity` requests; `constraints`; a class that is not a kerf Controller
 /// class (for any subrequest); an opaque config of this driver that does not decode or is not
 /// `GpuClaimParameters`; a memory that breaks the class granularity; more than
-/// [`MAX_ALLOCATION_RESULTS`] devices in total; invalid class parameters.
+/// `MAX_ALLOCATION_RESULTS` devices in total; invalid class parameters.
 pub fn claim_request(
     claim: &ResourceClaim,
     class_params: impl Fn(&str) -> Option<GpuClassParameters>,

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::params::{GpuSliceAllocation, OpaqueKind, SliceDevice};
 
 /// Most results one allocation may hold (`AllocationResultsMaxSize`).
-pub const MAX_ALLOCATION_RESULTS: usize = 32;
+pub(crate) const MAX_ALLOCATION_RESULTS: usize = 32;
 
 /// The `status.allocation` that puts `placement`'s devices on `node`.
 ///
@@ -32,7 +32,7 @@ pub const MAX_ALLOCATION_RESULTS: usize = 32;
 ///
 /// # Errors
 ///
-/// [`Error::InvalidConfig`] when the placement has more than [`MAX_ALLOCATION_RESULTS`]
+/// [`Error::InvalidConfig`] when the placement has more than `MAX_ALLOCATION_RESULTS`
 /// devices or a device the `GpuSliceAllocation` cannot describe (empty name or UUID).
 pub fn allocation_status(
     placement_for_claim: &ClaimPlacement,

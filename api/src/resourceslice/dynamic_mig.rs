@@ -62,7 +62,7 @@ pub fn counter_set(gpu: &Gpu, catalog: &GpuMigCatalog) -> CounterSet {
 ///
 /// [`Error::InvalidResourceSlice`] when a device breaks an API limit (name, attribute value
 /// length or count).
-pub fn gpu_devices(
+pub(crate) fn gpu_devices(
     gpu: &Gpu,
     catalog: &GpuMigCatalog,
     inventory: &Inventory,
@@ -78,7 +78,7 @@ pub fn gpu_devices(
 /// # Errors
 ///
 /// As [`gpu_devices`].
-pub fn placement_device(
+fn placement_device(
     gpu: &Gpu,
     placement: CatalogPlacement<'_>,
     inventory: &Inventory,

@@ -25,17 +25,17 @@ use crate::error::{Error, Result};
 /// (`ResourceSliceMaxDevicesWithTaintsOrConsumesCounters`).
 pub const MAX_DEVICES_PER_SLICE_WITH_COUNTERS: usize = MAX_DEVICES_PER_SLICE_WITH_TAINTS;
 /// Most shared counter sets in one slice (`ResourceSliceMaxCounterSets`).
-pub const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
+pub(crate) const MAX_COUNTER_SETS_PER_SLICE: usize = 8;
 /// Most counters in one counter set (`ResourceSliceMaxCountersPerCounterSet`).
-pub const MAX_COUNTERS_PER_SET: usize = 32;
+const MAX_COUNTERS_PER_SET: usize = 32;
 /// Most `consumesCounters` entries of one device
 /// (`ResourceSliceMaxDeviceCounterConsumptionsPerDevice`).
-pub const MAX_CONSUMPTIONS_PER_DEVICE: usize = 2;
+const MAX_CONSUMPTIONS_PER_DEVICE: usize = 2;
 /// Most counters in one `consumesCounters` entry
 /// (`ResourceSliceMaxCountersPerDeviceCounterConsumption`).
-pub const MAX_COUNTERS_PER_CONSUMPTION: usize = 32;
+const MAX_COUNTERS_PER_CONSUMPTION: usize = 32;
 /// Most entries of `requestPolicy.validValues` (`CapacityRequestPolicyDiscreteMaxOptions`).
-pub const MAX_VALID_VALUES: usize = 10;
+const MAX_VALID_VALUES: usize = 10;
 /// Largest object etcd stores by default (`--max-request-bytes`, 1.5 MiB): a bigger slice is
 /// refused however valid its fields are. kerf checks the JSON size, which is above the
 /// protobuf size the API server stores.
@@ -47,7 +47,7 @@ pub const MAX_OBJECT_BYTES: usize = 1536 * 1024;
 /// A policy is refused on a device without `allowMultipleAllocations: true`
 /// (`validateSingleAllocatableDeviceCapacity`). With a policy: `validValues` and `validRange`
 /// exclude each other; `default` is required with either; values are ascending, unique, at most
-/// [`MAX_VALID_VALUES`], none above the capacity, and `default` is one of them; a range has a
+/// `MAX_VALID_VALUES`, none above the capacity, and `default` is one of them; a range has a
 /// `default ≥ min`, `min ≤ max ≤ value`, `default ≤ max`, `min + step ≤ value`, and
 /// `default` and `max` lie on the step grid from `min`.
 ///

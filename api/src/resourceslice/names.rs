@@ -4,19 +4,19 @@
 //! [`super`](crate::resourceslice): every part of building a slice reads it, it reads none.
 
 /// Most devices one ResourceSlice may hold (without taints, counters or list attributes).
-pub const MAX_DEVICES_PER_SLICE: usize = 128;
+pub(crate) const MAX_DEVICES_PER_SLICE: usize = 128;
 /// Most attributes and capacities one device may have, combined.
-pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+pub(crate) const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// Longest string or version attribute value, in bytes.
-pub const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
+pub(crate) const MAX_ATTRIBUTE_VALUE_LEN: usize = 64;
 /// Longest identifier part of an attribute or capacity name.
-pub const MAX_QUALIFIED_NAME_ID_LEN: usize = 32;
+pub(crate) const MAX_QUALIFIED_NAME_ID_LEN: usize = 32;
 /// Longest domain part of an attribute or capacity name, and longest driver name.
-pub const MAX_DOMAIN_LEN: usize = 63;
+pub(crate) const MAX_DOMAIN_LEN: usize = 63;
 /// Longest device name (a DNS label).
-pub const MAX_DEVICE_NAME_LEN: usize = 63;
+pub(crate) const MAX_DEVICE_NAME_LEN: usize = 63;
 /// Longest object name (a DNS subdomain), and longest pool name.
-pub const MAX_NAME_LEN: usize = 253;
+pub(crate) const MAX_NAME_LEN: usize = 253;
 
 /// Names of the attributes kerf publishes.
 pub mod attributes {
@@ -35,7 +35,7 @@ pub mod attributes {
     /// Kernel driver version as semver, e.g. `570.124.6` for `570.124.06` (version).
     pub const DRIVER_VERSION: &str = "driverVersion";
     /// CUDA driver API version as semver, e.g. `12.8.0` (version), when known.
-    pub const CUDA_DRIVER_VERSION: &str = "cudaDriverVersion";
+    pub(crate) const CUDA_DRIVER_VERSION: &str = "cudaDriverVersion";
     /// NVML index of a whole GPU (int).
     pub const INDEX: &str = "index";
     /// Minor number of a whole GPU (int).
@@ -43,7 +43,7 @@ pub mod attributes {
     /// NVLink domain of the GPU, when it has one (string).
     pub const NVLINK_DOMAIN: &str = "nvlinkDomain";
     /// NUMA node of the GPU, when known (int).
-    pub const NUMA_NODE: &str = "numaNode";
+    pub(crate) const NUMA_NODE: &str = "numaNode";
     /// MIG profile, e.g. `1g.10gb` (string).
     pub const PROFILE: &str = "profile";
     /// UUID of a MIG device's parent GPU (string).
@@ -58,7 +58,7 @@ pub mod attributes {
     /// takes (int; `nvidia-smi mig -lgip`'s `ID`, e.g. 19 for `1g.5gb`).
     pub const GI_PROFILE_ID: &str = "giProfileId";
     /// Standard attribute: the PCIe root complex, `pci<domain>:<bus>` (string), when known.
-    pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+    pub(crate) const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
     /// Standard attribute: PCI address in extended BDF notation, `0000:1b:00.0` (string).
     /// Whole GPUs only: it identifies a PCI device, which a MIG device is not.
     pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
@@ -182,7 +182,7 @@ fn is_label_body(label: &str) -> bool {
 
 /// True for an attribute or capacity name the API accepts: a C identifier of at most 32
 /// characters, optionally prefixed by `<DNS subdomain of at most 63 characters>/`.
-pub fn is_qualified_name(name: &str) -> bool {
+pub(crate) fn is_qualified_name(name: &str) -> bool {
     let (domain, id) = match name.rsplit_once('/') {
         Some((domain, id)) => (Some(domain), id),
         None => (None, name),

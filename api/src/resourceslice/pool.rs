@@ -32,7 +32,7 @@ pub struct SliceFeatures {
 /// plugin publishes (before it adds taints, the `allocator` attribute and scheduler slices).
 ///
 /// Without partitionable devices, or without a dynamic-MIG GPU, this is
-/// [`resource_slices_chunked`] at 128 devices per slice (64 with device taints); a dynamic-MIG
+/// `resource_slices_chunked` at 128 devices per slice (64 with device taints); a dynamic-MIG
 /// GPU is then its whole GPU, and its MIG devices (instances kerf created) are not published.
 ///
 /// With partitionable devices and at least one dynamic-MIG GPU with a catalogue, the pool is:
@@ -138,7 +138,7 @@ fn spec(
 ///
 /// The pool is named after the node and `spec.nodeName` is the node. Devices are ordered by
 /// GPU minor number, then MIG placement, and split into slices of at most
-/// [`MAX_DEVICES_PER_SLICE`]; every slice carries the pool's `resourceSliceCount`. An empty
+/// `MAX_DEVICES_PER_SLICE`; every slice carries the pool's `resourceSliceCount`. An empty
 /// inventory gives one empty slice, so consumers see the pool. `pool.generation` is 0: the
 /// publisher sets it.
 ///
@@ -164,7 +164,7 @@ pub fn resource_slices(
 ///
 /// As [`resource_slices`]; also [`Error::InvalidResourceSlice`] when `max_devices` is 0 or
 /// above [`MAX_DEVICES_PER_SLICE`].
-pub fn resource_slices_chunked(
+pub(crate) fn resource_slices_chunked(
     inventory: &Inventory,
     driver: &str,
     node_name: &str,

@@ -43,7 +43,7 @@ pub const SLICES: &str = "slices";
 const FULL_COMPUTE: u8 = 100;
 
 /// Makes the devices that are the scheduler's in `record` and named in `publication`
-/// shareable ([`share_device`]). A device that cannot be made shareable stays whole; its error
+/// shareable (`share_device`). A device that cannot be made shareable stays whole; its error
 /// is returned so the caller can log it (a share publication must never cost the GPU).
 pub fn publish_shared(
     specs: &mut [ResourceSliceSpec],
@@ -77,7 +77,7 @@ pub fn publish_shared(
 /// `multiprocessors` capacities, when its memory is less than two granules (the API requires
 /// `min + step ≤ value`), or when a capacity or the attribute count would break an API rule
 /// ([`check_request_policy`]).
-pub fn share_device(device: &mut Device, slicing: &SharedSlicing) -> Result<()> {
+fn share_device(device: &mut Device, slicing: &SharedSlicing) -> Result<()> {
     let at = format!("devices[{:?}]", device.name);
     let is_gpu = device
         .attributes

@@ -12,10 +12,7 @@ use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceSliceSpec};
 use kerf_core::health::{DeviceHealth, TaintPolicy};
 
 /// Most devices a slice may hold when any of its devices has a taint.
-pub const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
-
-/// Most taints one device may have.
-pub const MAX_TAINTS_PER_DEVICE: usize = 16;
+pub(crate) const MAX_DEVICES_PER_SLICE_WITH_TAINTS: usize = 64;
 
 /// The key of the taint of an unhealthy device of `driver`: `<driver>/unhealthy`.
 pub fn unhealthy_taint_key(driver: &str) -> String {
@@ -68,9 +65,13 @@ mod tests {
     #[test]
     fn a_faulty_gpu_and_its_mig_devices_are_tainted_and_the_rest_not() {
         let inventory = mock::from_spec("a100-40gb-mig:2").expect("mock profile");
-        let mut specs =
-            crate::resourceslice::resource_slices_chunked(&inventory, "gpu.kerf.dev", "n", 64)
-                .expect("slices");
+        let mut specs = crate::resourceslice::pool::resource_slices_chunked(
+            &inventory,
+            "gpu.kerf.dev",
+            "n",
+            64,
+        )
+        .expect("slices");
         let first = inventory.gpus[0].uuid.clone();
         let mut health = NodeHealth::default();
         health.set_faults(&first, [Fault::Xid { code: 79 }]);

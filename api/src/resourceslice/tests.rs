@@ -5,7 +5,11 @@ use kerf_core::inventory::{ComputeCapability, Gpu, Inventory, MigDevice, MigPlac
 use proptest::prelude::*;
 
 use super::device::check_names_and_count;
-use super::names::ATTRIBUTES_ADDED_LATER;
+use super::names::{
+    ATTRIBUTES_ADDED_LATER, MAX_ATTRIBUTE_VALUE_LEN, MAX_ATTRIBUTES_AND_CAPACITIES,
+    MAX_DEVICES_PER_SLICE, is_qualified_name,
+};
+use super::pool::resource_slices_chunked;
 use super::*;
 
 const DRIVER: &str = "gpu.kerf.dev";
