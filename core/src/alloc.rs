@@ -23,12 +23,10 @@ mod unplaceable;
 
 pub use index::{GpuUsage, GpuView, Index, NodeView};
 pub use model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
-pub use place::{
-    ClaimPlacement, MAX_DEVICES_PER_REQUEST, PlacedDevice, PodPlacement, place, place_where,
-};
+pub use place::{ClaimPlacement, PlacedDevice, PodPlacement, place, place_where};
 pub use request::{
     ClaimRequest, DeviceRequest, GpuSelector, MAX_SUBREQUESTS, PodRequest, Policy, SliceSize,
     TopologyScope,
 };
 pub use taint::{DeviceTaint, TaintEffect, Toleration, TolerationOperator};
-pub use unplaceable::{BestCandidate, Unplaceable, UnplaceableReason};
+pub use unplaceable::{Unplaceable, UnplaceableReason};

@@ -25,18 +25,14 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-pub use encoder::{EncodedSpec, SpecEncoder};
+pub use encoder::SpecEncoder;
 pub use generate::{
     COMMON_DEVICE_NODES, ClaimSpec, ClaimSpecRequest, CommonEdits, DeviceNodePolicy, GeneratedSpec,
     MigCaps, PreparedDevice, READ_ONLY_BIND, env_key, generate, generate_for_workload,
 };
 pub use metadata::{
-    CLAIM_FILE, CLAIM_FILES_CONTAINER_DIR, ClaimWorkload, ContainerClaimName, METADATA_API_VERSION,
-    METADATA_CONTAINER_DIR, METADATA_HOST_SUBDIR, METADATA_KIND, MetadataFile,
-    POD_CLAIM_NAME_ANNOTATION, RESOURCE_CLAIM_TEMPLATES_SUBDIR, RESOURCE_CLAIMS_SUBDIR,
-    TEMPLATE_CLAIM_FILES_CONTAINER_DIR, WorkloadRequest, check_pod_claim_name,
-    claim_container_path, claim_metadata_dir, metadata_files, remove_metadata_files,
-    remove_orphan_metadata, request_container_path, requests_of, write_metadata_files,
+    ClaimWorkload, METADATA_HOST_SUBDIR, POD_CLAIM_NAME_ANNOTATION, check_pod_claim_name,
+    metadata_files, remove_metadata_files, remove_orphan_metadata, write_metadata_files,
 };
 pub use spec::{ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec};
 pub use validate::{parse_kind, validate_device_name, validate_env, validate_kind};

@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 /// Library directories searched, relative to the root, most specific first. A directory that
 /// resolves to one already searched (merged-`/usr` aliases like `lib64 -> usr/lib64`) is
 /// skipped, so each file is mounted once, at the first path it was found under.
-pub const LIBRARY_DIRS: [&str; 8] = [
+const LIBRARY_DIRS: [&str; 8] = [
     "usr/lib/x86_64-linux-gnu",
     "usr/lib/aarch64-linux-gnu",
     "usr/lib64",
@@ -49,7 +49,7 @@ pub const LIBRARY_STEMS: [&str; 11] = [
 ];
 
 /// Binary directories searched, relative to the root.
-pub const BINARY_DIRS: [&str; 2] = ["usr/bin", "bin"];
+const BINARY_DIRS: [&str; 2] = ["usr/bin", "bin"];
 
 /// Binaries mounted when present.
 pub const BINARIES: [&str; 5] = [
@@ -105,8 +105,8 @@ impl DriverFiles {
     }
 }
 
-/// Finds the driver libraries ([`LIBRARY_STEMS`] in [`LIBRARY_DIRS`]) and binaries
-/// ([`BINARIES`] in [`BINARY_DIRS`]) under `root`. Missing directories and dangling symlinks
+/// Finds the driver libraries ([`LIBRARY_STEMS`] in `LIBRARY_DIRS`) and binaries
+/// ([`BINARIES`] in `BINARY_DIRS`) under `root`. Missing directories and dangling symlinks
 /// are skipped; the result is deterministic.
 ///
 /// # Errors

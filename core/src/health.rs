@@ -16,7 +16,7 @@ use crate::inventory::Inventory;
 /// (NVIDIA k8s-dra-driver-gpu `cmd/gpu-kubelet-plugin/device_health.go`, `xidsToSkip`):
 /// graphics engine exception, memory page fault, GPU stopped processing, preemptive
 /// clean-up, video processor exception, context switch timeout.
-pub const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
+const APPLICATION_XIDS: [u64; 6] = [13, 31, 43, 45, 68, 109];
 
 /// XIDs after which the GPU must be reset or the node rebooted (NVIDIA's XID catalog):
 /// double-bit ECC (48), internal micro-controller halt (62), ECC page retirement or row
@@ -38,7 +38,7 @@ pub enum HealthStatus {
 
 /// How bad a fault is; ordered from least to most severe.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Severity {
+enum Severity {
     /// Worth reporting, not a reason to keep work off the device (throttling).
     Informational,
     /// The device's health cannot be observed.
@@ -76,7 +76,7 @@ pub enum Fault {
 
 impl Fault {
     /// How bad the fault is.
-    pub fn severity(&self) -> Severity {
+    fn severity(&self) -> Severity {
         match self {
             Fault::Xid { code } if FATAL_XIDS.contains(code) => Severity::Fatal,
             Fault::Xid { .. } => Severity::Unhealthy,
@@ -114,7 +114,7 @@ impl Fault {
     }
 }
 
-/// Which XIDs count as faults: all except [`APPLICATION_XIDS`] and the admin's additions.
+/// Which XIDs count as faults: all except `APPLICATION_XIDS` and the admin's additions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XidPolicy {
     ignored: BTreeSet<u64>,
@@ -127,7 +127,7 @@ impl Default for XidPolicy {
 }
 
 impl XidPolicy {
-    /// Ignores [`APPLICATION_XIDS`] and `additional` ones.
+    /// Ignores `APPLICATION_XIDS` and `additional` ones.
     pub fn ignoring(additional: impl IntoIterator<Item = u64>) -> Self {
         XidPolicy {
             ignored: APPLICATION_XIDS.into_iter().chain(additional).collect(),
@@ -248,11 +248,6 @@ impl DeviceHealth {
         }
     }
 
-    /// The most severe fault's severity, `None` without faults.
-    pub fn severity(&self) -> Option<Severity> {
-        self.faults.iter().map(Fault::severity).max()
-    }
-
     /// Every fault in words, most severe first; empty when healthy.
     pub fn message(&self) -> String {
         self.faults
@@ -303,9 +298,9 @@ impl std::str::FromStr for TaintEffect {
 /// Which taint an unhealthy device gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaintPolicy {
-    /// Effect for [`Severity::Unhealthy`] faults.
+    /// Effect for `Severity::Unhealthy` faults.
     pub unhealthy: TaintEffect,
-    /// Effect for [`Severity::Fatal`] faults.
+    /// Effect for `Severity::Fatal` faults.
     pub fatal: TaintEffect,
 }
 

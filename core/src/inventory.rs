@@ -7,7 +7,6 @@
 use serde::{Deserialize, Serialize};
 
 mod validate;
-pub use validate::MAX_ATTRIBUTE_LEN;
 
 /// Everything the kubelet plugin knows about the GPUs of one node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -150,7 +149,7 @@ impl MigDevice {
 /// Static MIG devices ([`MigDevice::device_name`]) and the placements of a dynamic-MIG GPU
 /// ([`crate::mig_catalog::GpuMigCatalog::placements`]) share it, so an instance created for a
 /// placement keeps the name it was allocated under.
-pub fn mig_device_name(parent_minor: u32, profile: &str, start: u32) -> String {
+pub(crate) fn mig_device_name(parent_minor: u32, profile: &str, start: u32) -> String {
     let profile: String = profile
         .chars()
         .map(|c| {

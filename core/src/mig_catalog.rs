@@ -47,21 +47,21 @@ const MIB: u64 = 1024 * 1024;
 /// Prefix of the per-memory-slice counters: `memory-slice-0` … `memory-slice-7`.
 pub const COUNTER_MEMORY_SLICE_PREFIX: &str = "memory-slice-";
 /// Counter of compute slices.
-pub const COUNTER_COMPUTE_SLICES: &str = "compute-slices";
+const COUNTER_COMPUTE_SLICES: &str = "compute-slices";
 /// Counter of streaming multiprocessors.
 pub const COUNTER_MULTIPROCESSORS: &str = "multiprocessors";
 /// Counter of memory, in bytes.
 pub const COUNTER_MEMORY: &str = "memory";
 /// Counter of copy engines.
-pub const COUNTER_COPY_ENGINES: &str = "copy-engines";
+const COUNTER_COPY_ENGINES: &str = "copy-engines";
 /// Counter of video decoders.
-pub const COUNTER_DECODERS: &str = "decoders";
+const COUNTER_DECODERS: &str = "decoders";
 /// Counter of video encoders.
-pub const COUNTER_ENCODERS: &str = "encoders";
+const COUNTER_ENCODERS: &str = "encoders";
 /// Counter of JPEG engines.
-pub const COUNTER_JPEG_ENGINES: &str = "jpeg-engines";
+const COUNTER_JPEG_ENGINES: &str = "jpeg-engines";
 /// Counter of optical-flow accelerators.
-pub const COUNTER_OFA_ENGINES: &str = "ofa-engines";
+const COUNTER_OFA_ENGINES: &str = "ofa-engines";
 
 /// One GPU-instance profile of a GPU model, as NVML describes it
 /// (`nvmlGpuInstanceProfileInfo_t`), with the placements its instances can take.
@@ -140,7 +140,7 @@ pub struct CatalogPlacement<'a> {
 
 impl CatalogPlacement<'_> {
     /// The published device name on GPU `gpu_minor`, the one an existing MIG device of this
-    /// profile and placement has ([`mig_device_name`]).
+    /// profile and placement has (`mig_device_name`).
     pub fn device_name(&self, gpu_minor: u32) -> String {
         mig_device_name(gpu_minor, &self.profile.name, self.placement.start)
     }

@@ -59,7 +59,7 @@ pub const CONTAINER_SHM_DIRECTORY: &str = "/dev/shm";
 /// The node-wide shared-memory directory's name under the MPS root.
 pub const SHM_DIRECTORY_NAME: &str = "shm";
 /// Options of the client mounts: writable (clients create files there), no devices or setuid.
-pub const CLIENT_MOUNT_OPTIONS: [&str; 4] = ["rw", "nosuid", "nodev", "bind"];
+pub(crate) const CLIENT_MOUNT_OPTIONS: [&str; 4] = ["rw", "nosuid", "nodev", "bind"];
 /// Default root of the per-GPU directories on the node.
 pub const DEFAULT_MPS_ROOT: &str = "/var/run/kerf/mps";
 
@@ -188,7 +188,7 @@ pub enum ComputeMode {
 
 impl ComputeMode {
     /// The `nvidia-smi -c` argument.
-    pub fn as_arg(self) -> &'static str {
+    fn as_arg(self) -> &'static str {
         match self {
             ComputeMode::Default => "DEFAULT",
             ComputeMode::ExclusiveProcess => "EXCLUSIVE_PROCESS",
@@ -223,7 +223,7 @@ pub enum TimeSliceInterval {
 
 impl TimeSliceInterval {
     /// The value `--set-timeslice` takes.
-    pub fn as_arg(self) -> u8 {
+    fn as_arg(self) -> u8 {
         match self {
             TimeSliceInterval::Default => 0,
             TimeSliceInterval::Short => 1,

@@ -14,17 +14,17 @@ use crate::error::{Error, Result};
 
 /// Longest claim UID accepted. Kubernetes UIDs are 36 characters; the slack tolerates other
 /// UID generators without letting a UID grow into a path-length problem.
-pub const MAX_UID_LEN: usize = 64;
+const MAX_UID_LEN: usize = 64;
 /// Longest DNS-1123 label (RFC 1123).
-pub const MAX_DNS_LABEL_LEN: usize = 63;
+const MAX_DNS_LABEL_LEN: usize = 63;
 /// Longest DNS-1123 subdomain (RFC 1123).
-pub const MAX_DNS_SUBDOMAIN_LEN: usize = 253;
+const MAX_DNS_SUBDOMAIN_LEN: usize = 253;
 /// Longest DRA driver name (Kubernetes limits `ResourceSlice.spec.driver` to 63 characters).
-pub const MAX_DRIVER_NAME_LEN: usize = 63;
+const MAX_DRIVER_NAME_LEN: usize = 63;
 /// Longest GPU UUID accepted (NVML UUIDs are 40 characters).
-pub const MAX_GPU_UUID_LEN: usize = 64;
+const MAX_GPU_UUID_LEN: usize = 64;
 
-/// Validates a claim UID: `[a-z0-9-]`, 1 to [`MAX_UID_LEN`] characters, not starting with `-`.
+/// Validates a claim UID: `[a-z0-9-]`, 1 to `MAX_UID_LEN` characters, not starting with `-`.
 ///
 /// Kubernetes writes UIDs in RFC 4122 form (`8-4-4-4-12` lowercase hex); any lowercase
 /// alphanumeric-and-dash string is accepted so that test clusters with other UID formats work.
@@ -71,7 +71,7 @@ pub fn object_name<'a>(field: &'static str, value: &'a str) -> Result<&'a str> {
 ///
 /// # Errors
 /// [`Error::InvalidName`] naming `field` when the value breaks the rule.
-pub fn dns_label<'a>(field: &'static str, value: &'a str) -> Result<&'a str> {
+pub(crate) fn dns_label<'a>(field: &'static str, value: &'a str) -> Result<&'a str> {
     reject_path_hazards(field, value)?;
     check_len(
         field,
@@ -88,7 +88,7 @@ pub fn dns_label<'a>(field: &'static str, value: &'a str) -> Result<&'a str> {
 ///
 /// # Errors
 /// [`Error::InvalidName`] naming `field` when the value breaks the rule.
-pub fn dns_subdomain<'a>(field: &'static str, value: &'a str) -> Result<&'a str> {
+fn dns_subdomain<'a>(field: &'static str, value: &'a str) -> Result<&'a str> {
     subdomain_with_limit(
         field,
         value,
@@ -146,7 +146,7 @@ fn label_rule(label: &str) -> std::result::Result<(), &'static str> {
 
 /// Rejects what could change the meaning of a path or a C string, with a precise reason.
 /// Validates the UUID of a whole GPU before it names a directory: `GPU-` followed by
-/// hexadecimal digits and dashes, at most [`MAX_GPU_UUID_LEN`] characters. `MIG-` UUIDs are
+/// hexadecimal digits and dashes, at most `MAX_GPU_UUID_LEN` characters. `MIG-` UUIDs are
 /// refused: a MIG device never names a per-GPU directory.
 ///
 /// # Errors

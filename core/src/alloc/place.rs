@@ -31,7 +31,7 @@ mod pick;
 mod tests;
 
 /// Most devices one request may ask for; more is an invalid request.
-pub const MAX_DEVICES_PER_REQUEST: u32 = 1024;
+pub(crate) const MAX_DEVICES_PER_REQUEST: u32 = 1024;
 
 /// Where a pod's claims go: one node, and per claim the devices of each request.
 #[derive(Debug, Clone, PartialEq, Eq)]

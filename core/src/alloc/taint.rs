@@ -30,7 +30,7 @@ pub struct DeviceTaint {
 
 impl DeviceTaint {
     /// True when the taint keeps a device from requests that do not tolerate it.
-    pub fn blocks_allocation(&self) -> bool {
+    pub(crate) fn blocks_allocation(&self) -> bool {
         matches!(
             self.effect,
             TaintEffect::NoSchedule | TaintEffect::NoExecute

@@ -54,22 +54,22 @@ use crate::error::{Error, Result};
 use crate::names;
 
 /// Where KEP-5304 metadata files appear inside containers.
-pub const METADATA_CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
+pub(crate) const METADATA_CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
 
 /// The KEP-5304 subdirectory of directly referenced claims, keyed by claim name.
-pub const RESOURCE_CLAIMS_SUBDIR: &str = "resourceclaims";
+pub(crate) const RESOURCE_CLAIMS_SUBDIR: &str = "resourceclaims";
 
 /// The KEP-5304 subdirectory of claims made from a ResourceClaimTemplate, keyed by pod claim
 /// name.
-pub const RESOURCE_CLAIM_TEMPLATES_SUBDIR: &str = "resourceclaimtemplates";
+pub(crate) const RESOURCE_CLAIM_TEMPLATES_SUBDIR: &str = "resourceclaimtemplates";
 
 /// Where kerf's claim-wide files of directly referenced claims appear inside containers, as
 /// `<claim name>.json`.
-pub const CLAIM_FILES_CONTAINER_DIR: &str = "/var/run/kerf/claims";
+pub(crate) const CLAIM_FILES_CONTAINER_DIR: &str = "/var/run/kerf/claims";
 
 /// Where kerf's claim-wide files of claims made from a template appear inside containers, as
 /// `<pod claim name>.json`.
-pub const TEMPLATE_CLAIM_FILES_CONTAINER_DIR: &str = "/var/run/kerf/claimtemplates";
+pub(crate) const TEMPLATE_CLAIM_FILES_CONTAINER_DIR: &str = "/var/run/kerf/claimtemplates";
 
 /// The annotation kube-controller-manager's resourceclaim controller puts on a claim it
 /// generates from a template, holding `pod.spec.resourceClaims[].name` (upstream
@@ -81,13 +81,13 @@ pub const METADATA_HOST_SUBDIR: &str = "dra-device-metadata";
 
 /// The host file name of the claim-wide file inside a claim's directory; request files are
 /// `<request>.json`, and request names cannot contain `.`.
-pub const CLAIM_FILE: &str = "claim.json";
+pub(crate) const CLAIM_FILE: &str = "claim.json";
 
 /// `apiVersion` of the files.
-pub const METADATA_API_VERSION: &str = "metadata.resource.k8s.io/v1alpha1";
+pub(crate) const METADATA_API_VERSION: &str = "metadata.resource.k8s.io/v1alpha1";
 
 /// `kind` of the files.
-pub const METADATA_KIND: &str = "DeviceMetadata";
+pub(crate) const METADATA_KIND: &str = "DeviceMetadata";
 
 /// What a claim's metadata files are made from besides its [`ClaimSpec`].
 #[derive(Debug, Clone, Copy)]
@@ -123,13 +123,13 @@ pub struct MetadataFile {
 }
 
 /// The host directory of one claim's files.
-pub fn claim_metadata_dir(metadata_dir: &Path, claim_uid: &str) -> PathBuf {
+pub(crate) fn claim_metadata_dir(metadata_dir: &Path, claim_uid: &str) -> PathBuf {
     metadata_dir.join(claim_uid)
 }
 
 /// The name a container knows a claim by, and so the directory its files appear under.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContainerClaimName<'a> {
+pub(crate) enum ContainerClaimName<'a> {
     /// A claim the pod names directly: its own name.
     Claim(&'a str),
     /// A claim made from a ResourceClaimTemplate: the pod claim name.
@@ -154,7 +154,7 @@ impl<'a> ContainerClaimName<'a> {
 }
 
 /// The in-container path of the KEP-5304 file of `request` of a claim.
-pub fn request_container_path(
+pub(crate) fn request_container_path(
     driver: &str,
     claim: ContainerClaimName<'_>,
     request: &str,
@@ -179,7 +179,7 @@ pub fn request_container_path(
 }
 
 /// The in-container path of kerf's claim-wide file.
-pub fn claim_container_path(claim: ContainerClaimName<'_>) -> String {
+pub(crate) fn claim_container_path(claim: ContainerClaimName<'_>) -> String {
     let dir = match claim {
         ContainerClaimName::Claim(_) => CLAIM_FILES_CONTAINER_DIR,
         ContainerClaimName::PodClaim(_) => TEMPLATE_CLAIM_FILES_CONTAINER_DIR,
@@ -199,7 +199,7 @@ pub fn check_pod_claim_name(value: &str) -> Result<&str> {
 
 /// One request of a claim as its workload sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WorkloadRequest {
+pub(crate) struct WorkloadRequest {
     /// The top-level request name: the directory of its file and the `<REQ>` of its
     /// variables.
     pub name: String,
@@ -213,7 +213,7 @@ pub struct WorkloadRequest {
 
 impl ClaimWorkload<'_> {
     /// The name the claim's container paths and claim-named variables use.
-    pub fn container_name<'c>(&'c self, claim: &ClaimSpec<'c>) -> ContainerClaimName<'c> {
+    pub(crate) fn container_name<'c>(&'c self, claim: &ClaimSpec<'c>) -> ContainerClaimName<'c> {
         ContainerClaimName::of(claim.claim_name, self.pod_claim_name)
     }
 }
@@ -227,7 +227,7 @@ impl ClaimWorkload<'_> {
 /// DNS label (it becomes a path segment and part of an environment variable name), or a full
 /// name is not `<label>` or `<label>/<label>`; [`Error::InvalidName`] for a pod claim name
 /// that is not a DNS label.
-pub fn requests_of(
+pub(crate) fn requests_of(
     claim: &ClaimSpec<'_>,
     workload: &ClaimWorkload<'_>,
 ) -> Result<Vec<WorkloadRequest>> {
@@ -318,7 +318,7 @@ fn check_request_name(name: &str) -> Result<()> {
 ///
 /// # Errors
 ///
-/// The errors of [`requests_of`]; [`Error::Json`] if encoding fails (it does not).
+/// The errors of `requests_of`; [`Error::Json`] if encoding fails (it does not).
 pub fn metadata_files(
     claim: &ClaimSpec<'_>,
     workload: &ClaimWorkload<'_>,

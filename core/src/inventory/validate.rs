@@ -9,14 +9,14 @@ use super::{Gpu, Inventory, MigDevice};
 use crate::error::{Error, Result};
 
 /// Kubernetes' limit on a string or version attribute value of a ResourceSlice device.
-pub const MAX_ATTRIBUTE_LEN: usize = 64;
+pub(crate) const MAX_ATTRIBUTE_LEN: usize = 64;
 
 impl Inventory {
     /// Checks the invariants every consumer of an inventory relies on:
     /// - `driverVersion` (and `cudaDriverVersion` when set) is non-empty;
     /// - minors and UUIDs (GPU and MIG) are unique;
     /// - names are non-empty and every value published as a ResourceSlice string attribute
-    ///   fits Kubernetes' limit of [`MAX_ATTRIBUTE_LEN`] characters;
+    ///   fits Kubernetes' limit of `MAX_ATTRIBUTE_LEN` characters;
     /// - `pciBusId` is in sysfs form (`0000:1b:00.0`) and `pcieRoot` in the form `pci0000:00`;
     /// - memory and multiprocessors are positive;
     /// - NVLink peers name other GPUs of the inventory, each at most once;
