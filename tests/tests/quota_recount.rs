@@ -24,6 +24,7 @@ use kerf_api::gpuquota::{
     AdmittedClaim, ClassQuota, GpuAmount, GpuQuota, GpuQuotaSpec, GpuQuotaStatus, GpuResources,
 };
 use kerf_api::params::{Allocator, GpuSelector};
+use kerf_api::quantity::bytes_quantity;
 use kerf_api::{GpuClass, GpuClassSpec};
 use kerf_controller::quota::{QuotaSettings, recount};
 use kerf_controller::{Context, ControllerConfig, gpuclass};
@@ -340,6 +341,20 @@ async fn usage_is_summed_from_the_claims_per_class_and_deletion_frees() {
         })
         .await;
     assert_eq!(class_used(&freed, "h100"), GpuAmount::ZERO);
+}
+
+#[tokio::test]
+async fn a_gpu_class_reports_its_largest_device() {
+    let fake = FakeApi::new();
+    seed_node(&fake);
+    seed_classes(&fake);
+    let _controller = Controller::start(&fake, QuotaSettings::default(), false).await;
+    for name in ["h100", "h100-slice"] {
+        let class: GpuClass = fake.get_resource(None, name).unwrap();
+        let largest = class.status.unwrap().largest_device.unwrap();
+        assert_eq!(largest.memory, bytes_quantity(H100_BYTES), "{name}");
+        assert_eq!(largest.compute, 100, "{name}: a whole GPU");
+    }
 }
 
 #[tokio::test]
