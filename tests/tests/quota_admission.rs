@@ -17,8 +17,11 @@ mod cluster;
 use std::collections::BTreeSet;
 
 use cluster::{Cluster, GI, other_claim, quota_admissions, slice_claim};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::gpuquota::{GpuAmount, GpuResources};
+use kerf_controller::webhook::QuotaAdmission;
 use kerf_core::rng::SeededRng;
+use kerf_tests::fake_api::Identity;
 use kube::api::PostParams;
 use serde_json::json;
 
@@ -30,7 +33,7 @@ const DENIED: &str = "admission webhook \"quota.gpu.kerf.dev\" denied the reques
 async fn create(
     cluster: &Cluster,
     namespace: &str,
-    claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    claim: &ResourceClaim,
 ) -> Result<String, (u16, String)> {
     match cluster
         .claims(namespace)
@@ -253,4 +256,73 @@ async fn with_the_webhook_down_claims_are_admitted_uncharged() {
         .await
         .unwrap();
     assert_eq!(used(&cluster.read_quota(TEAM, TEAM).await), GpuAmount::ZERO);
+}
+
+/// An AdmissionReview of the CREATE of `claim` in `namespace`, as kube-apiserver sends it.
+fn review(namespace: &str, claim: &ResourceClaim, dry_run: bool) -> Vec<u8> {
+    let mut object = serde_json::to_value(claim).unwrap();
+    object["metadata"]["namespace"] = json!(namespace);
+    object["metadata"]["uid"] = json!(format!("uid-{}", claim.metadata.name.as_ref().unwrap()));
+    let gvr = json!({"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"});
+    let gvk = json!({"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"});
+    json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "review-1", "kind": gvk, "resource": gvr, "requestKind": gvk,
+            "requestResource": gvr, "name": claim.metadata.name, "namespace": namespace,
+            "operation": "CREATE", "userInfo": {"username": "alice"}, "object": object,
+            "oldObject": null, "dryRun": dry_run, "options": {"kind": "CreateOptions", "apiVersion": "meta.k8s.io/v1"},
+        },
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// `sideEffects: NoneOnDryRun`: a dry-run create is checked (a claim over the quota is still
+/// refused) and never written. kube-apiserver sends dry-run requests only to such webhooks;
+/// FakeApi sends them none, so the review is posted by hand.
+#[tokio::test]
+async fn a_dry_run_is_checked_and_never_charged() {
+    let cluster = Cluster::start().await;
+    cluster.quota(TEAM, TEAM, json!({"memory": "40Gi"})).await;
+    let before = cluster
+        .read_quota(TEAM, TEAM)
+        .await
+        .metadata
+        .resource_version;
+    let client = cluster.fake.client_as(Identity::kerf_controller());
+    let caches = cluster.replicas[0].caches.clone();
+    let admission = QuotaAdmission::new(client, caches, cluster::DRIVER);
+    let answer = |body: Vec<u8>| {
+        let admission = &admission;
+        async move {
+            let answer = admission.handle(&body).await;
+            assert_eq!(answer.status, 200);
+            serde_json::from_slice::<serde_json::Value>(&answer.body).unwrap()["response"].clone()
+        }
+    };
+    let fits = answer(review(TEAM, &slice_claim("fits", 20, 10), true)).await;
+    assert_eq!(fits["allowed"], json!(true), "{fits}");
+    let over = answer(review(TEAM, &slice_claim("over", 41, 10), true)).await;
+    assert_eq!(over["allowed"], json!(false), "{over}");
+    assert_eq!(over["status"]["code"], json!(403));
+    assert_eq!(over["status"]["reason"], json!("Forbidden"));
+    assert_eq!(
+        over["status"]["message"],
+        json!(
+            "exceeded quota: team-a, requested: memory=41Gi, used: memory=0, limited: \
+             memory=40Gi"
+        )
+    );
+    let after = cluster.read_quota(TEAM, TEAM).await;
+    assert_eq!(after.metadata.resource_version, before, "nothing written");
+
+    // The same review without dryRun is charged.
+    let charged = answer(review(TEAM, &slice_claim("fits", 20, 10), false)).await;
+    assert_eq!(charged["allowed"], json!(true), "{charged}");
+    assert_eq!(
+        used(&cluster.read_quota(TEAM, TEAM).await).memory_bytes,
+        20 * GI
+    );
+    cluster.stop.cancel();
 }
