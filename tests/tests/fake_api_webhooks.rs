@@ -14,101 +14,20 @@
 #[path = "fake_api_webhooks/server.rs"]
 mod server;
 
-use std::sync::Arc;
-use std::time::Duration;
+#[path = "fake_api_webhooks/fixture.rs"]
+mod fixture;
 
+use std::sync::Arc;
+
+use fixture::{
+    DEADLINE, HOST, NAMESPACE, SERVICE, api_error, claim, claims, cluster, configure, gpu_quota,
+    gpu_quotas, namespace, webhook,
+};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_tests::fake_api::{FakeApi, KERF_WEBHOOK_MANIFEST};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
-use server::{Webhook, allowed, denied, handler};
-
-const NAMESPACE: &str = "webhooks";
-const SERVICE: &str = "validator";
-const HOST: &str = "validator.webhooks.svc";
-/// Ends a test that would otherwise hang (a webhook called under the store's lock).
-const DEADLINE: Duration = Duration::from_secs(20);
-
-/// A webhook named `name` of Service `webhooks/validator` for `operations` on ResourceClaims.
-fn webhook(name: &str, operations: &[&str], failure_policy: &str, ca_bundle: &str) -> Value {
-    json!({
-        "name": name,
-        "clientConfig": {
-            "service": {"namespace": NAMESPACE, "name": SERVICE, "path": "/validate", "port": 443},
-            "caBundle": ca_bundle,
-        },
-        "rules": [{
-            "operations": operations, "apiGroups": ["resource.k8s.io"], "apiVersions": ["v1"],
-            "resources": ["resourceclaims"], "scope": "Namespaced",
-        }],
-        "failurePolicy": failure_policy,
-        "sideEffects": "None",
-        "admissionReviewVersions": ["v1"],
-        "timeoutSeconds": 5,
-    })
-}
-
-fn configure(fake: &FakeApi, name: &str, webhooks: Vec<Value>) {
-    let mut configuration = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name},
-    });
-    configuration["webhooks"] = Value::Array(webhooks);
-    fake.insert(configuration);
-}
-
-fn namespace(fake: &FakeApi, name: &str, labels: Value) {
-    let mut namespace =
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}});
-    namespace["metadata"]["labels"] = labels;
-    fake.insert(namespace);
-}
-
-fn claim(name: &str) -> ResourceClaim {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu"}}]}},
-    }))
-    .unwrap()
-}
-
-/// A fake with the webhook `name` (`failure_policy`) for `operations` on ResourceClaims,
-/// served by `server`, and the namespaces `team-a` and the webhook's own.
-async fn cluster(
-    name: &str,
-    operations: &[&str],
-    failure_policy: &str,
-    answer: server::Handler,
-) -> (FakeApi, Webhook) {
-    let server = server::start(&[HOST], answer).await;
-    let fake = FakeApi::new();
-    namespace(&fake, "team-a", json!({}));
-    namespace(&fake, NAMESPACE, json!({}));
-    configure(
-        &fake,
-        "claims",
-        vec![webhook(
-            name,
-            operations,
-            failure_policy,
-            &server.ca_bundle(),
-        )],
-    );
-    fake.serve_webhook_service(NAMESPACE, SERVICE, server.address);
-    (fake, server)
-}
-
-fn claims(fake: &FakeApi) -> Api<ResourceClaim> {
-    Api::namespaced(fake.client(), "team-a")
-}
-
-fn api_error(result: Result<impl std::fmt::Debug, kube::Error>) -> kube::core::Status {
-    match result {
-        Err(kube::Error::Api(status)) => *status,
-        other => panic!("expected an API error, got {other:?}"),
-    }
-}
+use server::{allowed, denied, handler};
 
 #[tokio::test]
 async fn an_allowed_claim_is_stored_as_the_webhook_saw_it() {
@@ -253,77 +172,6 @@ async fn a_denial_reaches_the_client_as_kube_apiserver_words_it() {
             .items
             .is_empty()
     );
-}
-
-#[tokio::test]
-async fn failure_policy_decides_while_the_webhook_is_down() {
-    // A port nothing listens on.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
-    let fake = FakeApi::new();
-    namespace(&fake, "team-a", json!({}));
-    configure(
-        &fake,
-        "strict",
-        vec![webhook("strict.example.com", &["CREATE"], "Fail", "")],
-    );
-    fake.serve_webhook_service(NAMESPACE, SERVICE, closed);
-    let status = api_error(
-        claims(&fake)
-            .create(&PostParams::default(), &claim("refused"))
-            .await,
-    );
-    assert_eq!(
-        (status.code, status.reason.as_str()),
-        (500, "InternalError")
-    );
-    let prefix = "Internal error occurred: failed calling webhook \"strict.example.com\": failed to call webhook: Post \"https://validator.webhooks.svc:443/validate?timeout=5s\": ";
-    assert!(status.message.starts_with(prefix), "{}", status.message);
-
-    let fake = FakeApi::new();
-    namespace(&fake, "team-a", json!({}));
-    configure(
-        &fake,
-        "lenient",
-        vec![webhook("lenient.example.com", &["CREATE"], "Ignore", "")],
-    );
-    fake.serve_webhook_service(NAMESPACE, SERVICE, closed);
-    claims(&fake)
-        .create(&PostParams::default(), &claim("admitted"))
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn a_certificate_the_ca_bundle_does_not_sign_fails_the_call() {
-    let (fake, _server) = cluster(
-        "check.example.com",
-        &["CREATE"],
-        "Fail",
-        handler(|_| allowed()),
-    )
-    .await;
-    let other = server::start(&[HOST], handler(|_| allowed())).await;
-    // The configuration trusts `other`'s CA, but the Service still points at the first server.
-    configure(
-        &fake,
-        "claims",
-        vec![webhook(
-            "check.example.com",
-            &["CREATE"],
-            "Fail",
-            &other.ca_bundle(),
-        )],
-    );
-    let status = api_error(
-        claims(&fake)
-            .create(&PostParams::default(), &claim("untrusted"))
-            .await,
-    );
-    assert_eq!(status.code, 500, "{}", status.message);
-    assert!(other.reviews().is_empty());
 }
 
 #[tokio::test]
@@ -483,26 +331,6 @@ async fn update_and_delete_reviews_carry_the_old_object() {
     assert!(api.get_opt("c").await.unwrap().is_none());
 }
 
-fn gpu_quotas(fake: &FakeApi) -> Api<DynamicObject> {
-    let resource = ApiResource {
-        group: "gpu.kerf.dev".to_owned(),
-        version: "v1alpha1".to_owned(),
-        api_version: "gpu.kerf.dev/v1alpha1".to_owned(),
-        kind: "GpuQuota".to_owned(),
-        plural: "gpuquotas".to_owned(),
-    };
-    Api::namespaced_with(fake.client(), "team-a", &resource)
-}
-
-fn gpu_quota(spec: Value, status: Value) -> DynamicObject {
-    let mut quota = json!({
-        "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuQuota", "metadata": {"name": "team-a"},
-    });
-    quota["spec"] = spec;
-    quota["status"] = status;
-    serde_json::from_value(quota).unwrap()
-}
-
 #[tokio::test]
 async fn a_webhook_writes_into_the_fake_while_it_is_called() {
     let fake_slot: Arc<std::sync::OnceLock<FakeApi>> = Arc::default();
@@ -565,56 +393,6 @@ async fn concurrent_creates_reach_the_webhook_together() {
     one.unwrap();
     two.unwrap();
     assert_eq!(server.reviews().len(), 2);
-}
-
-#[tokio::test]
-async fn gpu_quotas_have_a_status_subresource_and_refuse_stale_writes() {
-    let fake = FakeApi::new();
-    let quotas = gpu_quotas(&fake);
-    let created = quotas
-        .create(
-            &PostParams::default(),
-            &gpu_quota(json!({"hard": {"gpus": 2}}), json!({"used": {"gpus": 9}})),
-        )
-        .await
-        .unwrap();
-    // Created without the status a client sent, as a CRD with the subresource is.
-    assert!(created.data.get("status").is_none());
-    let mut status_write = created.clone();
-    status_write.data["spec"] = json!({"hard": {"gpus": 99}});
-    status_write.data["status"] = json!({"used": {"gpus": 1}});
-    let after_status = quotas
-        .replace_status("team-a", &PostParams::default(), &status_write)
-        .await
-        .unwrap();
-    assert_eq!(after_status.data["spec"], json!({"hard": {"gpus": 2}}));
-    assert_eq!(after_status.data["status"], json!({"used": {"gpus": 1}}));
-    let mut main_write = after_status.clone();
-    main_write.data["spec"] = json!({"hard": {"gpus": 3}});
-    main_write.data["status"] = json!({"used": {"gpus": 7}});
-    let after_main = quotas
-        .replace("team-a", &PostParams::default(), &main_write)
-        .await
-        .unwrap();
-    assert_eq!(after_main.data["spec"], json!({"hard": {"gpus": 3}}));
-    assert_eq!(after_main.data["status"], json!({"used": {"gpus": 1}}));
-    // `status_write` carries the first resourceVersion: both subresources refuse it.
-    let stale = api_error(
-        quotas
-            .replace_status("team-a", &PostParams::default(), &status_write)
-            .await,
-    );
-    assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
-    let stale = api_error(
-        quotas
-            .replace("team-a", &PostParams::default(), &status_write)
-            .await,
-    );
-    assert_eq!((stale.code, stale.reason.as_str()), (409, "Conflict"));
-    assert_eq!(
-        stale.message,
-        "Operation cannot be fulfilled on gpuquotas.gpu.kerf.dev \"team-a\": the object has been modified; please apply your changes to the latest version and try again"
-    );
 }
 
 #[tokio::test]

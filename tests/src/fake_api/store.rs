@@ -81,7 +81,7 @@ pub(super) fn set_generation(old: &Value, new: &mut Value) {
     metadata_mut(new).insert("generation".to_owned(), json!(generation));
 }
 
-fn now_timestamp() -> Value {
+pub(super) fn now_timestamp() -> Value {
     let now =
         k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     serde_json::to_value(now).unwrap_or(Value::Null)
@@ -323,7 +323,7 @@ impl State {
             .ok_or_else(|| ApiError::not_found(key))
     }
 
-    fn has_status_subresource(&self, key: &ObjKey) -> bool {
+    pub(super) fn has_status_subresource(&self, key: &ObjKey) -> bool {
         self.status_subresources.contains(&key.resource)
     }
 
@@ -410,42 +410,6 @@ impl State {
         let obj = self.prepared_for_create(request, &key, obj);
         self.admit(request, &key, None, &obj, &Write::Body(text))?;
         Ok(self.commit(events, key, obj, None))
-    }
-
-    /// `obj` as `BeforeCreate` leaves it for validation and validating admission: type
-    /// fields, no status where it has its own subresource, uid, creationTimestamp and
-    /// generation, those of an earlier run of the same request when there was one (`webhooks`).
-    pub(super) fn prepared_for_create(
-        &mut self,
-        request: &ApiRequest,
-        key: &ObjKey,
-        mut obj: Value,
-    ) -> Value {
-        self.fill_type_meta(key, &mut obj);
-        self.learn_kind(key, &obj);
-        if self.has_status_subresource(key)
-            && let Some(map) = obj.as_object_mut()
-        {
-            map.remove("status");
-        }
-        let remembered = request
-            .rounds()
-            .created()
-            .filter(|(k, _, _)| k == key)
-            .map(|(_, uid, timestamp)| (uid.clone(), timestamp.clone()));
-        let (uid, timestamp) = remembered.unwrap_or_else(|| {
-            self.uids += 1;
-            (json!(uid_from(self.uids)), now_timestamp())
-        });
-        request
-            .rounds()
-            .remember_created(key.clone(), uid.clone(), timestamp.clone());
-        let meta = metadata_mut(&mut obj);
-        meta.insert("uid".to_owned(), uid);
-        meta.insert("creationTimestamp".to_owned(), timestamp);
-        meta.insert("generation".to_owned(), json!(1));
-        meta.remove("deletionTimestamp");
-        obj
     }
 
     pub(super) fn fill_type_meta(&self, key: &ObjKey, obj: &mut Value) {

@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 use super::identity::Identity;
 use super::meta_rules::group_of;
 use super::routing::ApiRequest;
-use super::store::uid_from;
+use super::store::{metadata_mut, now_timestamp, uid_from};
 use super::{ApiError, ApiResult, FakeApi, ObjKey, State};
 use client::Endpoint;
 use matching::internal_error;
@@ -195,6 +195,42 @@ impl State {
         }
         request.rounds().waiting = Some((seen, calls));
         Err(ApiError::awaiting_webhooks())
+    }
+
+    /// `obj` as `BeforeCreate` leaves it for validation and validating admission: type
+    /// fields, no status where it has its own subresource, uid, creationTimestamp and
+    /// generation, those of an earlier run of the same request when there was one.
+    pub(super) fn prepared_for_create(
+        &mut self,
+        request: &ApiRequest,
+        key: &ObjKey,
+        mut obj: Value,
+    ) -> Value {
+        self.fill_type_meta(key, &mut obj);
+        self.learn_kind(key, &obj);
+        if self.has_status_subresource(key)
+            && let Some(map) = obj.as_object_mut()
+        {
+            map.remove("status");
+        }
+        let remembered = request
+            .rounds()
+            .created()
+            .filter(|(k, _, _)| k == key)
+            .map(|(_, uid, timestamp)| (uid.clone(), timestamp.clone()));
+        let (uid, timestamp) = remembered.unwrap_or_else(|| {
+            self.uids += 1;
+            (json!(uid_from(self.uids)), now_timestamp())
+        });
+        request
+            .rounds()
+            .remember_created(key.clone(), uid.clone(), timestamp.clone());
+        let meta = metadata_mut(&mut obj);
+        meta.insert("uid".to_owned(), uid);
+        meta.insert("creationTimestamp".to_owned(), timestamp);
+        meta.insert("generation".to_owned(), json!(1));
+        meta.remove("deletionTimestamp");
+        obj
     }
 
     /// The stored ValidatingWebhookConfigurations, by name.

@@ -1,6 +1,10 @@
 //! A tiny HTTPS admission webhook for the FakeApi webhook tests: its own CA and a serving
 //! certificate for the names it is given, every AdmissionReview it receives recorded, each
 //! answered by the test's handler.
+#![allow(
+    dead_code,
+    reason = "each test binary uses a part of the server's helpers"
+)]
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,7 +23,8 @@ use rcgen::{
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use serde_json::{Value, json};
 
-/// What the webhook answers to a review: the `response` object without its `uid`.
+/// What the webhook answers to a review: the `response` object, the request's `uid` added
+/// when it has none.
 pub type Handler = Arc<dyn Fn(Value) -> Pin<Box<dyn Future<Output = Value> + Send>> + Send + Sync>;
 
 /// A handler from a plain function of the review.
@@ -110,7 +115,10 @@ async fn serve(
     let review: Value = serde_json::from_slice(&body).unwrap();
     recorded.lock().unwrap().push(review.clone());
     let mut response = answer(review.clone()).await;
-    response["uid"] = review["request"]["uid"].clone();
+    // A handler may answer with another uid, to test how a wrong answer is treated.
+    if response.get("uid").is_none() {
+        response["uid"] = review["request"]["uid"].clone();
+    }
     let answer = json!({
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response,
     });
