@@ -21,7 +21,7 @@
 //!    published as counter sets and MIG placements (Kubernetes 1.36 partitionable devices);
 //!    pods whose claims fit nowhere else run there, and its own plugin creates each
 //!    allocated placement's MIG instance at prepare and destroys it at unprepare.
-//! 6. Scheduler slices ([`shareable`]): every node's GPUs are published as on a Kubernetes 1.36
+//! 6. Scheduler slices ([`shareable`]): the nodes' GPUs are published as on a Kubernetes 1.36
 //!    cluster with `DRAConsumableCapacity` — kerf-controller's shared publication made
 //!    shareable by the plugin — and the classes are reconciled for it. A third node,
 //!    `demo-nvl-node` (2 × H100 NVL, which the sliced class of the examples selects), gets its
@@ -54,6 +54,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::Device;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kerf_core::inventory::Inventory;
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections};
 
@@ -142,19 +143,7 @@ impl DemoConfig {
 pub async fn run(config: &DemoConfig) -> Result<Summary> {
     check_config(config)?;
     let driver = config.driver_name.as_str();
-    let layout = Layout::new(&config.output_dir, driver);
-    layout.create()?;
-    if let Some(program) = &config.gpu_tools {
-        layout.install_gpu_tools(program)?;
-    }
-    let plugin_config = node::plugin_config(
-        &layout,
-        driver,
-        &config.node_name,
-        config.discovery.clone(),
-        config.gpu_tools.is_some(),
-    );
-    let inventory = node::discover(&plugin_config)?;
+    let (layout, plugin_config, inventory) = open_main_node(config)?;
     let manifests = manifests::load(&[config.classes.clone(), config.claims.clone()])?;
     let classes = classes::build(&manifests, driver);
     let mut slices = crate::inventory::resource_slices(&inventory, driver, &config.node_name)?;
@@ -205,11 +194,29 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
     let mut summary = run.summarize(&claim_outcomes, &pod_outcomes, node_run);
     (summary.mig_node, summary.shareable_node) = side_reports;
     summary.published_whole = main_whole;
-    summary
-        .published_whole
-        .extend(sides.shareable.iter().flat_map(|s| s.whole.iter().cloned()));
+    summary.published_whole.extend(sides.published_whole());
     write_outputs(&layout, &summary, &workload)?;
     Ok(summary)
+}
+
+/// Lays the main node out under the output directory (with the fake GPU tools when asked)
+/// and discovers its GPUs as its plugin will.
+fn open_main_node(config: &DemoConfig) -> Result<(Layout, PluginConfig, Inventory)> {
+    let driver = config.driver_name.as_str();
+    let layout = Layout::new(&config.output_dir, driver);
+    layout.create()?;
+    if let Some(program) = &config.gpu_tools {
+        layout.install_gpu_tools(program)?;
+    }
+    let plugin_config = node::plugin_config(
+        &layout,
+        driver,
+        &config.node_name,
+        config.discovery.clone(),
+        config.gpu_tools.is_some(),
+    );
+    let inventory = node::discover(&plugin_config)?;
+    Ok((layout, plugin_config, inventory))
 }
 
 /// The nodes beside the main one: the dynamic-MIG node and the node of shareable GPUs, each
@@ -251,6 +258,11 @@ impl SideNodes {
         driver: &'a str,
     ) -> impl Iterator<Item = scheduler::Node<'a>> + 'a {
         self.nodes().map(move |n| n.scheduler_node(driver))
+    }
+
+    /// The GPUs of the nodes that a sliced class selects but that stay whole, and why.
+    fn published_whole(&self) -> impl Iterator<Item = String> + '_ {
+        self.shareable.iter().flat_map(|s| s.whole.iter().cloned())
     }
 
     /// Adds every node's GPUs to the controller's capacity `index`.
@@ -306,11 +318,7 @@ struct MainNode<'a> {
 impl MainNode<'_> {
     /// Starts the plugin, prepares and unprepares the node's pods with the health flip and
     /// the containers, stops the plugin and checks that nothing is left.
-    async fn run(
-        &self,
-        inventory: kerf_core::inventory::Inventory,
-        store: Arc<MemoryClaimReader>,
-    ) -> Result<NodeRun> {
+    async fn run(&self, inventory: Inventory, store: Arc<MemoryClaimReader>) -> Result<NodeRun> {
         let MainNode {
             config,
             layout,

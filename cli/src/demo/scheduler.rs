@@ -1,5 +1,5 @@
 //! kube-scheduler for claims of Scheduler classes (whole GPUs, MIG devices, dynamic-MIG
-//! placements), which kerf's controller leaves alone: kube-scheduler's structured allocator
+//! placements, shares of shareable GPUs), which kerf's controller leaves alone: kube-scheduler's structured allocator
 //! as the tests' stand-in implements it ([`kerf_scheduler_standin::Allocator`]: DeviceClass
 //! and request CEL selectors, `matchAttribute`/`distinctAttribute` constraints, shared
 //! counters, consumable capacity, taints; the first devices in ResourceSlice order that

@@ -3,7 +3,8 @@
 //! `h100-nvl`: the H100 NVL that `examples/admin/scheduler-slices.yaml` selects), with its own
 //! kubelet plugin.
 //!
-//! Every node's ResourceSlices are published the way the cluster publishes them ([`publish`]):
+//! The main node's and this node's ResourceSlices are published the way the cluster publishes
+//! them (`publish`; the dynamic-MIG node's GPUs are in MIG mode, never shareable):
 //! - kerf-controller decides: its ownership record gives every GPU to the scheduler while
 //!   nothing is allocated ([`super::scheduler::owners`]), and the GPUs that the sliced
 //!   Scheduler classes select alike make up the Node's shared publication
