@@ -8,12 +8,12 @@ use crate::rewrite::{AuthorityPolicy, Decision};
 /// The value the server side puts in place of an `:authority` h2 would refuse: the one
 /// grpc-go sends for `unix:` targets (grpc-go `internal/transport`, since grpc/grpc-go#3730)
 /// and the kubelet sets for its DRA and device plugin clients (kubernetes/kubernetes#112597).
-pub const REPLACEMENT: &str = "localhost";
+pub(crate) const REPLACEMENT: &str = "localhost";
 
 /// Whether h2's server accepts `value` as `:authority`: it parses it with
 /// `http::uri::Authority` (h2 `server::Peer::convert_poll_message`) and resets the stream
 /// with PROTOCOL_ERROR when that fails.
-pub fn h2_accepts(value: &[u8]) -> bool {
+pub(crate) fn h2_accepts(value: &[u8]) -> bool {
     http::uri::Authority::try_from(value).is_ok()
 }
 
@@ -64,7 +64,7 @@ impl AuthorityForm {
     }
 
     /// Whether the server side passes this form on unchanged.
-    pub fn is_accepted_as_is(self) -> bool {
+    fn is_accepted_as_is(self) -> bool {
         matches!(self, AuthorityForm::Absent | AuthorityForm::Host)
     }
 

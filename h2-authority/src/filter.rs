@@ -77,7 +77,7 @@ impl<R: BlockRewriter> Filter<R> {
 
     /// The rewriter, for inspection.
     #[cfg(test)]
-    pub fn rewriter(&self) -> &R {
+    pub(crate) fn rewriter(&self) -> &R {
         &self.rewriter
     }
 

@@ -65,6 +65,6 @@ mod hpack;
 mod rewrite;
 mod server;
 
-pub use authority::{AuthorityForm, AuthorityLog, REPLACEMENT, SendAuthority, h2_accepts};
+pub use authority::{AuthorityForm, AuthorityLog, SendAuthority};
 pub use client::WithAuthority;
 pub use server::LenientAuthority;

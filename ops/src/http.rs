@@ -29,7 +29,7 @@ struct AppState {
 }
 
 /// The HTTP routes, without a listener (separate so tests and embedders can mount them).
-pub fn router(registry: Arc<Registry>, ready: ReadyFlags) -> Router {
+fn router(registry: Arc<Registry>, ready: ReadyFlags) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))

@@ -28,7 +28,7 @@ impl ReadyFlag {
 
     /// Whether the flag is up.
     #[must_use]
-    pub fn is_set(&self) -> bool {
+    fn is_set(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
 }

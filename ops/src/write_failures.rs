@@ -8,7 +8,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 /// The metric's name in the registry (the counter's `_total` is added on encoding).
-pub const METRIC: &str = "kerf_api_write_failures";
+const METRIC: &str = "kerf_api_write_failures";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WriteFailureLabels {

@@ -4,7 +4,7 @@
 //! - Registration, as the kubelet's plugin watcher does it
 //!   (`pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go`): `GetInfo`, the
 //!   first of the plugin's `supported_versions` this kubelet knows
-//!   ([`choose_dra_service`]), `NotifyRegistrationStatus` with the verdict (a refusal too),
+//!   (`choose_dra_service`), `NotifyRegistrationStatus` with the verdict (a refusal too),
 //!   then a connection to the plugin's DRA endpoint. The watcher's `dial` uses grpc-go with
 //!   a context dialer and no `WithAuthority`, so registration calls carry `:authority` = the
 //!   registration socket's path ([`Authority::SocketPath`]); the DRA client
@@ -55,7 +55,7 @@ const NODE_UNPREPARE_RESOURCES: &str = "NodeUnprepareResources";
 ///
 /// # Errors
 /// The reason the kubelet would refuse the registration, in its words.
-pub fn choose_dra_service<'a, S: AsRef<str>>(
+fn choose_dra_service<'a, S: AsRef<str>>(
     info: &'a PluginInfo,
     known: &[S],
 ) -> Result<&'a str, String> {
@@ -94,7 +94,7 @@ pub enum DraVersion {
 
 impl DraVersion {
     /// The gRPC service name the plugin advertises for this version.
-    pub fn service_name(self) -> &'static str {
+    fn service_name(self) -> &'static str {
         match self {
             DraVersion::V1 => DRA_V1,
             DraVersion::V1beta1 => DRA_V1BETA1,
@@ -102,7 +102,7 @@ impl DraVersion {
     }
 
     /// The version a service name stands for, if this client speaks it.
-    pub fn from_service_name(name: &str) -> Option<Self> {
+    fn from_service_name(name: &str) -> Option<Self> {
         [DraVersion::V1, DraVersion::V1beta1]
             .into_iter()
             .find(|v| v.service_name() == name)
@@ -113,10 +113,7 @@ impl DraVersion {
 ///
 /// # Errors
 /// The reason the kubelet would refuse the registration.
-pub fn choose_dra_version<S: AsRef<str>>(
-    info: &PluginInfo,
-    known: &[S],
-) -> Result<DraVersion, String> {
+fn choose_dra_version<S: AsRef<str>>(info: &PluginInfo, known: &[S]) -> Result<DraVersion, String> {
     let service = choose_dra_service(info, known)?;
     DraVersion::from_service_name(service)
         .ok_or_else(|| format!("this kubelet does not speak {service}"))

@@ -77,7 +77,7 @@ fn percent_encode(path: &[u8]) -> Vec<u8> {
 ///
 /// # Errors
 /// The socket does not accept the connection.
-pub async fn dial_unix(
+pub(crate) async fn dial_unix(
     path: &Path,
     authority: Authority,
 ) -> Result<Channel, tonic::transport::Error> {
