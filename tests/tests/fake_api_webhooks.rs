@@ -219,79 +219,60 @@ async fn a_namespace_selector_that_does_not_match_skips_the_call() {
     assert_eq!(server.reviews().len(), 1);
 }
 
-#[tokio::test]
-async fn match_conditions_skip_the_call_or_follow_the_failure_policy() {
+/// A fake whose webhook `conditional.example.com` (denying everything) has one
+/// matchCondition, `expression`, under `failure_policy`.
+async fn conditional(failure_policy: &str, expression: &str) -> (FakeApi, server::Webhook) {
     let server = server::start(&[HOST], handler(|_| denied(json!({"code": 403})))).await;
     let fake = FakeApi::new();
     namespace(&fake, "team-a", json!({}));
-    let with_condition = |policy: &str, expression: &str| {
-        let mut hook = webhook(
-            "conditional.example.com",
-            &["CREATE"],
-            policy,
-            &server.ca_bundle(),
-        );
-        hook["matchConditions"] = json!([{"name": "only", "expression": expression}]);
-        hook
-    };
+    let bundle = server.ca_bundle();
+    let mut hook = webhook(
+        "conditional.example.com",
+        &["CREATE"],
+        failure_policy,
+        &bundle,
+    );
+    hook["matchConditions"] = json!([{"name": "only", "expression": expression}]);
+    configure(&fake, "conditional", vec![hook]);
     fake.serve_webhook_service(NAMESPACE, SERVICE, server.address);
-    configure(
-        &fake,
-        "conditional",
-        vec![with_condition("Fail", "object.metadata.name == 'checked'")],
-    );
-    claims(&fake)
-        .create(&PostParams::default(), &claim("skipped"))
+    (fake, server)
+}
+
+async fn create(fake: &FakeApi, name: &str) -> Result<ResourceClaim, kube::Error> {
+    claims(fake)
+        .create(&PostParams::default(), &claim(name))
         .await
-        .unwrap();
+}
+
+#[tokio::test]
+async fn a_false_match_condition_skips_the_call() {
+    let (fake, server) = conditional("Fail", "object.metadata.name == 'checked'").await;
+    create(&fake, "skipped").await.unwrap();
     assert!(server.reviews().is_empty());
-    let status = api_error(
-        claims(&fake)
-            .create(&PostParams::default(), &claim("checked"))
-            .await,
-    );
-    assert_eq!(status.code, 403);
+    assert_eq!(api_error(create(&fake, "checked").await).code, 403);
     assert_eq!(server.reviews().len(), 1);
     // `request` is bound: the user's name is there.
-    configure(
-        &fake,
-        "conditional",
-        vec![with_condition(
-            "Fail",
-            "request.userInfo.username == 'nobody'",
-        )],
-    );
-    claims(&fake)
-        .create(&PostParams::default(), &claim("not-nobody"))
-        .await
-        .unwrap();
-    // An expression that cannot be evaluated: Fail refuses without calling, Ignore skips.
-    configure(
-        &fake,
-        "conditional",
-        vec![with_condition("Fail", "object.spec.missing.field == 1")],
-    );
-    let status = api_error(
-        claims(&fake)
-            .create(&PostParams::default(), &claim("broken"))
-            .await,
-    );
+    let (fake, server) = conditional("Fail", "request.userInfo.username == 'nobody'").await;
+    create(&fake, "not-nobody").await.unwrap();
+    assert!(server.reviews().is_empty());
+}
+
+#[tokio::test]
+async fn a_match_condition_that_fails_to_evaluate_follows_the_failure_policy() {
+    let broken = "object.spec.missing.field == 1";
+    // Fail refuses without calling the webhook (`NewForbidden` with the evaluation error).
+    let (fake, server) = conditional("Fail", broken).await;
+    let status = api_error(create(&fake, "broken").await);
     assert_eq!((status.code, status.reason.as_str()), (403, "Forbidden"));
-    assert!(
-        status.message.starts_with("resourceclaims.resource.k8s.io \"broken\" is forbidden: expression 'object.spec.missing.field == 1' resulted in error: "),
-        "{}",
-        status.message
+    let expected = format!(
+        "resourceclaims.resource.k8s.io \"broken\" is forbidden: expression '{broken}' resulted in error: "
     );
-    configure(
-        &fake,
-        "conditional",
-        vec![with_condition("Ignore", "object.spec.missing.field == 1")],
-    );
-    claims(&fake)
-        .create(&PostParams::default(), &claim("ignored"))
-        .await
-        .unwrap();
-    assert_eq!(server.reviews().len(), 1);
+    assert!(status.message.starts_with(&expected), "{}", status.message);
+    assert!(server.reviews().is_empty());
+    // Ignore skips the webhook.
+    let (fake, server) = conditional("Ignore", broken).await;
+    create(&fake, "ignored").await.unwrap();
+    assert!(server.reviews().is_empty());
 }
 
 #[tokio::test]
