@@ -13,17 +13,24 @@
 
 #[path = "quota_admission/cluster.rs"]
 mod cluster;
+mod common;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use cluster::{Cluster, GI, other_claim, quota_admissions, slice_claim};
+use common::controller::Watched;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::gpuquota::{GpuAmount, GpuResources};
+use kerf_controller::ControllerConfig;
+use kerf_controller::quota::recount;
 use kerf_controller::webhook::QuotaAdmission;
 use kerf_core::rng::SeededRng;
-use kerf_tests::fake_api::Identity;
-use kube::api::PostParams;
+use kerf_tests::fake_api::{Identity, KERF_NAMESPACE};
+use kerf_tests::wait::eventually;
+use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 const TEAM: &str = "team-a";
 /// What kubectl prints in front of the webhook's message (kube-apiserver's `ToStatusErr`).
@@ -324,5 +331,78 @@ async fn a_dry_run_is_checked_and_never_charged() {
         used(&cluster.read_quota(TEAM, TEAM).await).memory_bytes,
         20 * GI
     );
+    cluster.stop.cancel();
+}
+
+/// While the webhook cannot be reached (`failurePolicy: Ignore`) claims are admitted
+/// uncharged; kerf-controller's recount (the leader's, another process than the webhook's
+/// replica here) adds them to `used`, after which the webhook refuses what no longer fits, and
+/// a deleted claim frees its share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_is_repaired_by_the_recount_after_a_webhook_outage() {
+    let cluster = Cluster::start().await;
+    cluster.quota(TEAM, TEAM, json!({"memory": "40Gi"})).await;
+    let leader = Watched::start(&cluster.fake, ControllerConfig::new(cluster::DRIVER)).await;
+    let stop = CancellationToken::new();
+    tokio::spawn(recount::run(Arc::new(leader.context), stop.clone()));
+
+    // Nothing listens on the Service's address: every call fails and is ignored.
+    let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    cluster
+        .fake
+        .serve_webhook_service(KERF_NAMESPACE, "kerf-webhook", nowhere);
+    create(&cluster, TEAM, &slice_claim("a", 20, 10))
+        .await
+        .unwrap();
+    create(&cluster, TEAM, &slice_claim("b", 30, 10))
+        .await
+        .unwrap();
+    let used_memory = |gib: u64| {
+        let cluster = &cluster;
+        move || async move {
+            let quota = cluster.read_quota(TEAM, TEAM).await;
+            (used(&quota).memory_bytes == gib * GI).then_some(())
+        }
+    };
+    eventually(
+        "the recount counts the uncharged claims",
+        cluster::WAIT,
+        used_memory(50),
+    )
+    .await;
+
+    let service = ([127, 0, 0, 1], cluster.port).into();
+    cluster
+        .fake
+        .serve_webhook_service(KERF_NAMESPACE, "kerf-webhook", service);
+    assert_eq!(
+        create(&cluster, TEAM, &slice_claim("c", 1, 10)).await,
+        Err((
+            403,
+            format!(
+                "{DENIED}exceeded quota: team-a, requested: memory=1Gi, used: memory=50Gi, \
+                 limited: memory=40Gi"
+            )
+        ))
+    );
+    cluster
+        .claims(TEAM)
+        .delete("b", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the recount frees the deleted claim",
+        cluster::WAIT,
+        used_memory(20),
+    )
+    .await;
+    create(&cluster, TEAM, &slice_claim("c", 1, 10))
+        .await
+        .unwrap();
+    eventually("c charged", cluster::WAIT, used_memory(21)).await;
+    stop.cancel();
     cluster.stop.cancel();
 }

@@ -8,7 +8,10 @@
 //! for the last share cannot both win: the second write conflicts (409), the quota is read
 //! again, and the decision is taken on the newer usage. Within one replica admissions of the
 //! same quota take turns (a lock per quota), so its own reviews never conflict with each
-//! other; conflicts come only from other replicas and the recount.
+//! other; conflicts come only from other replicas and the recount. A claim is charged on the
+//! newer of the cache's copy and the one this replica last wrote, but refused only on the
+//! quota as stored (read again first): a cache that has not seen a recount free usage yet
+//! must not refuse a claim that fits.
 //!
 //! - [`decide`](mod@decide): the pure verdict of one quota on one charge.
 //!
@@ -217,16 +220,24 @@ impl QuotaAdmission {
         let (namespace, name) = (cached.namespace().unwrap_or_default(), cached.name_any());
         let turn = self.turn(&namespace, &name);
         let mut last = turn.lock().await;
-        // The copy kept from this replica's last write is newer than the cache until the
-        // watch catches up; one of another quota of the same name (re-created) is not.
-        let mut quota = match last.take() {
-            Some(kept) if kept.uid() == cached.uid() => kept,
-            _ => (*cached).clone(),
-        };
+        let mut quota = newer(last.take(), &cached);
         let api = Api::<GpuQuota>::namespaced(self.client.clone(), &namespace);
+        // Whether `quota` was read from the API server during this admission.
+        let mut fresh = false;
         for _ in 0..MAX_TRIES {
             let status = match evaluate(&quota, charge, admission) {
                 Verdict::Charge(status) if !dry_run => status,
+                // A copy from the cache may predate a recount that freed usage: a refusal is
+                // made on the quota as stored.
+                Verdict::Deny(_) if !fresh => {
+                    match api.get_opt(&name).await {
+                        Ok(Some(stored)) => quota = stored,
+                        Ok(None) => return Ok(false),
+                        Err(error) => return Err(unwritable(&name, &error)),
+                    }
+                    fresh = true;
+                    continue;
+                }
                 // A dry run is checked, never written (sideEffects: NoneOnDryRun).
                 verdict => {
                     *last = Some(quota);
@@ -243,7 +254,7 @@ impl QuotaAdmission {
                     *last = Some(written);
                     return Ok(true);
                 }
-                Write::Stale(fresh) => quota = fresh,
+                Write::Stale(stored) => (quota, fresh) = (stored, true),
                 Write::Gone => return Ok(false),
             }
         }
@@ -272,6 +283,27 @@ impl QuotaAdmission {
             .entry((namespace.to_owned(), name.to_owned()))
             .or_default()
             .clone()
+    }
+}
+
+/// The newer of the copy this replica kept from its last write or read and the cache's, as
+/// ResourceQuota's admission picks between its own writes and its informer's
+/// (`quotaAccessor.checkCache` in kubernetes/kubernetes
+/// `staging/src/k8s.io/apiserver/pkg/admission/plugin/resourcequota/resource_access.go`,
+/// comparing resourceVersions as numbers). A kept copy of another quota of the same name
+/// (deleted and created again), or one whose version is not a number, loses to the cache.
+fn newer(kept: Option<GpuQuota>, cached: &GpuQuota) -> GpuQuota {
+    let version = |q: &GpuQuota| q.resource_version().and_then(|v| v.parse::<u64>().ok());
+    match kept {
+        Some(kept)
+            if kept.uid() == cached.uid()
+                && version(&kept)
+                    .zip(version(cached))
+                    .is_some_and(|(k, c)| k > c) =>
+        {
+            kept
+        }
+        _ => cached.clone(),
     }
 }
 
