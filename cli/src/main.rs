@@ -213,6 +213,25 @@ struct DemoArgs {
     /// Run without the dynamic-MIG node.
     #[arg(long, env = "KERF_DEMO_NO_MIG_NODE")]
     no_mig_node: bool,
+    /// The name of the node of shareable GPUs: a third mock node whose GPUs the sliced
+    /// Scheduler classes select are published shareable (Kubernetes 1.36 consumable capacity),
+    /// with its own plugin preparing the scheduler slices kube-scheduler cuts from them.
+    #[arg(
+        long,
+        env = "KERF_DEMO_SHAREABLE_NODE_NAME",
+        default_value = demo::shareable::DEFAULT_SHAREABLE_NODE_NAME
+    )]
+    shareable_node_name: String,
+    /// Mock GPUs of the node of shareable GPUs, PROFILE[:COUNT].
+    #[arg(
+        long,
+        env = "KERF_DEMO_SHAREABLE_MOCK_GPUS",
+        default_value = demo::shareable::DEFAULT_SHAREABLE_MOCK_GPUS
+    )]
+    shareable_mock_gpus: String,
+    /// Run without the node of shareable GPUs.
+    #[arg(long, env = "KERF_DEMO_NO_SHAREABLE_NODE")]
+    no_shareable_node: bool,
     /// Log filter for the plugin's and controller's logs on stderr (tracing EnvFilter syntax).
     #[arg(long, env = "KERF_LOG", default_value = "warn")]
     log_filter: String,
@@ -400,7 +419,10 @@ fn run_demo(args: DemoArgs) -> anyhow::Result<ExitCode> {
             name: args.mig_node_name,
             discovery: Discovery::MockProfile(args.mig_mock_gpus),
         }),
-        shareable_node: Some(demo::ShareableNode::default()),
+        shareable_node: (!args.no_shareable_node).then_some(demo::ShareableNode {
+            name: args.shareable_node_name,
+            discovery: Discovery::MockProfile(args.shareable_mock_gpus),
+        }),
     };
     println!(
         "kerf demo — output directory: {}",
