@@ -16,7 +16,7 @@ use common::controller::{ClaimController, Watched, metric};
 use std::sync::Arc;
 use std::time::Duration;
 
-use claim_cluster::{mirror_ownership_records, node, slices};
+use claim_cluster::{gpu_nodes, mirror_ownership_records};
 use k8s_openapi::api::resource::v1::DeviceClass;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::params::{Allocator, ControllerPlacement, GpuSelector, PlacementPolicy};
@@ -40,13 +40,6 @@ const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 const DEADLINE: Duration = Duration::from_secs(20);
 
 // ---- fixtures ----
-
-fn nodes_with_gpus(fake: &FakeApi) {
-    for name in NODES {
-        node(fake, name, json!({}), json!([]), true);
-        slices(fake, name);
-    }
-}
 
 /// A BinPack controller class of 1Gi slices.
 fn slices_class() -> GpuClass {
@@ -149,7 +142,7 @@ fn field_manager(query: &str) -> Option<&str> {
 #[tokio::test]
 async fn every_write_of_a_controller_run_names_the_kerf_controller_field_manager() {
     let fake = FakeApi::new();
-    nodes_with_gpus(&fake);
+    gpu_nodes(&fake, &NODES);
     fake.insert_resource(&slices_class());
     let shutdown = CancellationToken::new();
     tokio::spawn(mirror_ownership_records(fake.clone(), shutdown.clone()));
@@ -296,7 +289,7 @@ async fn a_conflict_and_a_not_found_under_a_reconcile_are_counted_without_a_warn
     let logs = CapturedLogs::default();
     let _guard = logs.capture(tracing::Level::WARN);
     let fake = FakeApi::new();
-    nodes_with_gpus(&fake);
+    gpu_nodes(&fake, &NODES);
     claim(&fake, "c", "10Gi");
     pod(&fake, "p", "c");
     // The first two writes of the claim (marking it for allocation) fail as if it had
@@ -326,7 +319,7 @@ async fn a_claim_that_keeps_failing_warns_once_past_the_threshold() {
     let logs = CapturedLogs::default();
     let _guard = logs.capture(tracing::Level::WARN);
     let fake = FakeApi::new();
-    nodes_with_gpus(&fake);
+    gpu_nodes(&fake, &NODES);
     claim(&fake, "c", "10Gi");
     pod(&fake, "p", "c");
     let failures = usize::try_from(KEEPS_FAILING_AFTER).unwrap() + 2;

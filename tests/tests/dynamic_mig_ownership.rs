@@ -10,13 +10,12 @@
 
 use std::time::Duration;
 
-use claim_cluster::{Controller, DRIVER, node};
+use claim_cluster::{Controller, DRIVER, node, publish_slices};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kerf_api::ownership::{Owner, Record, published_owner};
-use kerf_api::resourceslice::{SliceFeatures, node_slices};
+use kerf_api::resourceslice::SliceFeatures;
 use kerf_tests::fake_api::FakeApi;
-use kube::api::ObjectMeta;
 use serde_json::json;
 
 mod common;
@@ -34,25 +33,11 @@ fn dynamic_mig_cluster(label: &str) -> (FakeApi, usize) {
         json!([]),
         true,
     );
-    let inventory = kerf_core::mock::from_spec("a100-40gb-dynmig").unwrap();
     let features = SliceFeatures {
         device_taints: false,
         partitionable_devices: true,
     };
-    let specs = node_slices(&inventory, DRIVER, NODE, features).unwrap();
-    let devices = specs
-        .iter()
-        .flat_map(|s| s.devices.iter().flatten())
-        .count();
-    for (i, spec) in specs.into_iter().enumerate() {
-        fake.insert_resource(&ResourceSlice {
-            metadata: ObjectMeta {
-                name: Some(kerf_api::slice_name(NODE, DRIVER, i)),
-                ..ObjectMeta::default()
-            },
-            spec,
-        });
-    }
+    let devices = publish_slices(&fake, NODE, "a100-40gb-dynmig", features);
     (fake, devices)
 }
 

@@ -24,6 +24,7 @@
 
 mod common;
 
+use common::claim_cluster::device_class;
 use common::webhook_server;
 
 use std::time::Duration;
@@ -31,26 +32,17 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use kerf_api::controller_claims::SCHEDULING_GATE;
+use kerf_api::params::{Allocator, PlacementPolicy};
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::wait::eventually;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use webhook_server::{DRIVER, bundles, configuration};
+use webhook_server::{bundles, configuration};
 
 const CONFIGURATION: &str = "kerf-scheduling-gate";
 const DEADLINE: Duration = Duration::from_secs(15);
-
-fn class(fake: &FakeApi, name: &str, allocator: &str) {
-    fake.insert(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
-        "metadata": {"name": name},
-        "spec": {"config": [{"opaque": {"driver": DRIVER, "parameters": {
-            "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClassParameters",
-            "allocator": allocator}}}]},
-    }));
-}
 
 fn devices(class: &str) -> Value {
     json!({"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]})
@@ -58,8 +50,18 @@ fn devices(class: &str) -> Value {
 
 fn cluster() -> FakeApi {
     let fake = FakeApi::new();
-    class(&fake, "slices", "Controller");
-    class(&fake, "whole", "Scheduler");
+    device_class(
+        &fake,
+        "slices",
+        Allocator::Controller,
+        PlacementPolicy::BinPack,
+    );
+    device_class(
+        &fake,
+        "whole",
+        Allocator::Scheduler,
+        PlacementPolicy::BinPack,
+    );
     for (name, class) in [("slice-claim", "slices"), ("whole-claim", "whole")] {
         fake.insert(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

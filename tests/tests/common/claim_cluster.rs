@@ -15,6 +15,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::ownership;
 use kerf_api::params::{Allocator, ControllerPlacement, GpuSelector, PlacementPolicy};
+use kerf_api::resourceslice::{SliceFeatures, node_slices};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::claims;
 use kerf_controller::{BackoffConfig, Config, ControllerConfig, ControllerTask, Metrics, Process};
@@ -51,8 +52,19 @@ pub fn node(fake: &FakeApi, name: &str, labels: Value, taints: Value, ready: boo
 
 /// Publishes the node's 8 × H100 as the kubelet plugin would.
 pub fn slices(fake: &FakeApi, node: &str) {
-    let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
-    let specs = kerf_api::resource_slices(&inventory, DRIVER, node).unwrap();
+    publish_slices(fake, node, "h100-sxm-80gb", SliceFeatures::default());
+}
+
+/// Publishes the GPUs of mock spec `gpus` (`kerf_core::mock::from_spec`) on `node` as the
+/// kubelet plugin would when the API server serves `features`; returns how many devices the
+/// pool has.
+pub fn publish_slices(fake: &FakeApi, node: &str, gpus: &str, features: SliceFeatures) -> usize {
+    let inventory = kerf_core::mock::from_spec(gpus).unwrap();
+    let specs = node_slices(&inventory, DRIVER, node, features).unwrap();
+    let devices = specs
+        .iter()
+        .flat_map(|s| s.devices.iter().flatten())
+        .count();
     for (i, spec) in specs.into_iter().enumerate() {
         fake.insert_resource(&ResourceSlice {
             metadata: ObjectMeta {
@@ -61,6 +73,15 @@ pub fn slices(fake: &FakeApi, node: &str) {
             },
             spec,
         });
+    }
+    devices
+}
+
+/// Ready nodes named `names`, each with 8 × H100 published.
+pub fn gpu_nodes(fake: &FakeApi, names: &[&str]) {
+    for &name in names {
+        node(fake, name, json!({}), json!([]), true);
+        slices(fake, name);
     }
 }
 
@@ -101,10 +122,7 @@ pub fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, policy: Pl
 /// and the `whole` scheduler class.
 pub fn cluster() -> FakeApi {
     let fake = FakeApi::new();
-    for name in NODES {
-        node(&fake, name, json!({}), json!([]), true);
-        slices(&fake, name);
-    }
+    gpu_nodes(&fake, &NODES);
     classes(&fake);
     fake
 }
