@@ -30,6 +30,8 @@
 
 mod client;
 mod matching;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -349,7 +351,9 @@ impl FakeApi {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let calls = calls.into_iter().map(|call| {
-            let uid = uid_from(self.inner.review_uids.fetch_add(1, Ordering::Relaxed) + 1);
+            // Counted down from the top, so no review shares a uid with a stored object.
+            let sent = self.inner.review_uids.fetch_add(1, Ordering::Relaxed);
+            let uid = uid_from(u64::MAX - sent);
             call_hook(call, uid, &services)
         });
         let outcomes = futures::future::join_all(calls).await;

@@ -45,7 +45,7 @@ pub(super) fn is_exempt(key: &ObjKey) -> bool {
 }
 
 /// `rules.Matcher.Matches` for one rule.
-fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> bool {
+pub(super) fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> bool {
     let key = attributes.key;
     let exact_or_wildcard = |items: Option<&Vec<String>>, wanted: &str| {
         items.is_some_and(|items| items.iter().any(|i| i == "*" || i == wanted))
@@ -74,7 +74,7 @@ fn rule_matches(rule: &RuleWithOperations, attributes: &Attributes<'_>) -> bool 
 /// # Errors
 ///
 /// The text of `LabelSelectorAsSelector`'s error for an operator it does not know.
-fn selector_matches(
+pub(super) fn selector_matches(
     selector: &LabelSelector,
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, String> {
