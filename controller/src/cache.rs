@@ -28,7 +28,8 @@ use crate::error::{Error, Result};
 use kerf_api::watch_backoff::WatchBackoff;
 
 pub use process::ProcessCaches;
-pub use slice::{CompactDevice, CompactSlice, Interner};
+pub(crate) use slice::CompactDevice;
+pub use slice::{CompactSlice, Interner};
 
 /// Read handles of the caches. Clones share the same stores.
 #[derive(Clone)]

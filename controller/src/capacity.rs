@@ -226,7 +226,7 @@ pub struct ComputeUse {
 
 /// The compute every allocation of `driver` in `claims` uses on `devices`: what
 /// [`free_compute_gpus`] counts, independent of the class (see [`RefreshMemo`]).
-pub fn compute_in_use(
+fn compute_in_use(
     devices: &[PublishedDevice<'_>],
     claims: &[Arc<ResourceClaim>],
     driver: &str,

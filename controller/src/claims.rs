@@ -44,7 +44,8 @@ mod watch;
 pub(crate) mod write;
 mod yielding;
 
-pub use context::{ClaimSettings, ClaimsPart};
+pub use context::ClaimSettings;
+pub(crate) use context::ClaimsPart;
 pub use reasons::CONDITION_TYPE;
 pub use reconcile::{RETRY, reconcile};
 pub use watch::run;

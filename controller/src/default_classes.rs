@@ -29,7 +29,7 @@ use crate::retry::BackoffConfig;
 use crate::run::ControllerTask;
 
 /// Name of the task in logs.
-pub const CONTROLLER: &str = "default-gpu-classes";
+pub(crate) const CONTROLLER: &str = "default-gpu-classes";
 
 /// The ConfigMap (in [`DefaultClasses::record_namespace`]) whose data keys are the default
 /// classes the controller created or found, each with the time it did.

@@ -1,6 +1,6 @@
 //! The DeviceClass a GpuClass is reconciled into.
 //!
-//! Same name as the GpuClass; one CEL selector ([`crate::selector::class_cel`]); the class
+//! Same name as the GpuClass; one CEL selector (`crate::selector::class_cel`); the class
 //! settings as opaque `GpuClassParameters` config for the driver, so the kubelet plugin and the
 //! allocation controller read them from the DeviceClass exactly as from a hand-written one. The
 //! GpuClass is its controller owner, so deleting the GpuClass makes the garbage collector delete
@@ -23,11 +23,11 @@ use crate::error::{Error, Result};
 use crate::selector::class_cel;
 
 /// Label on every DeviceClass the controller writes.
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 
-/// Builds the DeviceClass of `class` for `driver`; `manager` is the [`MANAGED_BY_LABEL`] value;
+/// Builds the DeviceClass of `class` for `driver`; `manager` is the `MANAGED_BY_LABEL` value;
 /// `consumable_capacity` says whether the API server serves DRAConsumableCapacity (see
-/// [`class_cel`]).
+/// `class_cel`).
 ///
 /// # Errors
 ///
@@ -78,7 +78,7 @@ pub fn device_class(
 
 /// Whether `device_class` is controlled by `class` (an owner reference with `controller: true`
 /// and the class's UID), i.e. the controller may overwrite it.
-pub fn is_controlled_by(device_class: &DeviceClass, class: &GpuClass) -> bool {
+pub(crate) fn is_controlled_by(device_class: &DeviceClass, class: &GpuClass) -> bool {
     let Some(uid) = class.uid() else { return false };
     device_class
         .owner_references()
@@ -89,7 +89,7 @@ pub fn is_controlled_by(device_class: &DeviceClass, class: &GpuClass) -> bool {
 /// Whether `existing` (the cached DeviceClass, if any) differs from `desired` in what the
 /// controller sets: spec, its labels, its owner reference. Skipping identical applies keeps
 /// the frequent cache-driven reconciles free of writes.
-pub fn needs_apply(existing: Option<&DeviceClass>, desired: &DeviceClass) -> bool {
+pub(crate) fn needs_apply(existing: Option<&DeviceClass>, desired: &DeviceClass) -> bool {
     let Some(existing) = existing else {
         return true;
     };

@@ -23,7 +23,7 @@
 //!
 //! A pod asking by extended resource has no ResourceClaim before kube-scheduler's PreBind,
 //! so kerf-controller counts its requests as scheduler demand itself
-//! (`claims::ownership`, [`device_class_for`] maps the name as kube-scheduler does).
+//! (`claims::ownership`, `device_class_for` maps the name as kube-scheduler does).
 //!
 //! Two DeviceClasses with one name: the API documents (`DeviceClassSpec.ExtendedResourceName`)
 //! that the class created later is picked, and of classes created in the same second the one
@@ -43,7 +43,7 @@ pub mod reasons {
     pub const NAME_APPLIED: &str = "NameApplied";
     /// The DeviceClass carries the name; another DeviceClass names it too, but kube-scheduler
     /// picks this one.
-    pub const NAME_SHARED: &str = "NameShared";
+    pub(crate) const NAME_SHARED: &str = "NameShared";
     /// The DeviceClass carries the name, but kube-scheduler picks another DeviceClass for it.
     pub const NAME_TAKEN: &str = "NameTakenByDeviceClass";
     /// Controller classes cannot serve extended resource requests; the name is not written.
@@ -153,7 +153,7 @@ enum Shared {
 
 /// The extended resource name every DeviceClass carries implicitly, before its own name
 /// (`resourceapi.ResourceDeviceClassPrefix`).
-pub const IMPLICIT_NAME_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
+const IMPLICIT_NAME_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
 
 /// The DeviceClass kube-scheduler serves extended resource `resource` from, among
 /// `device_classes`: the class named after [`IMPLICIT_NAME_PREFIX`], or of the classes whose
@@ -163,7 +163,7 @@ pub const IMPLICIT_NAME_PREFIX: &str = "deviceclass.resource.kubernetes.io/";
 /// (`ExtendedResourceCache.OnDeviceClassEvent`: the explicit name and the implicit one) and
 /// `extendeddynamicresources.go` (`hasDeviceClassMappedExtendedResource`: only a resource that
 /// maps to a class is served by DRA).
-pub fn device_class_for<'a>(
+pub(crate) fn device_class_for<'a>(
     resource: &str,
     device_classes: &'a [std::sync::Arc<DeviceClass>],
 ) -> Option<&'a DeviceClass> {

@@ -19,7 +19,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 
 /// Feature gate of consumable capacity, for log lines and conditions.
-pub const CONSUMABLE_CAPACITY_GATE: &str = "DRAConsumableCapacity";
+pub(crate) const CONSUMABLE_CAPACITY_GATE: &str = "DRAConsumableCapacity";
 
 /// What the API server serves of the optional fields the controller writes.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -57,18 +57,18 @@ use crate::retry::Retry;
 use crate::selector::DeviceSelector;
 
 /// Name of this controller in metrics and logs.
-pub const CONTROLLER: &str = "gpuclass";
+pub(crate) const CONTROLLER: &str = "gpuclass";
 
 /// `Ready` reasons the reconciler writes.
 pub mod reasons {
     /// The DeviceClass is in place and devices match.
     pub const DEVICE_CLASS_APPLIED: &str = "DeviceClassApplied";
     /// The DeviceClass is in place but no published device matches.
-    pub const NO_MATCHING_DEVICES: &str = "NoMatchingDevices";
+    pub(crate) const NO_MATCHING_DEVICES: &str = "NoMatchingDevices";
     /// The spec has a value the controller cannot use.
-    pub const INVALID_SPEC: &str = "InvalidSpec";
+    pub(crate) const INVALID_SPEC: &str = "InvalidSpec";
     /// A DeviceClass of the same name exists and this GpuClass does not control it.
-    pub const DEVICE_CLASS_CONFLICT: &str = "DeviceClassConflict";
+    pub(crate) const DEVICE_CLASS_CONFLICT: &str = "DeviceClassConflict";
     /// A sliced Scheduler class on a cluster without DRAConsumableCapacity.
     pub const CONSUMABLE_CAPACITY_UNAVAILABLE: &str = "ConsumableCapacityUnavailable";
     /// A sliced Scheduler class selects GPUs another sliced class slices differently.

@@ -1,7 +1,7 @@
 //! One retry policy for every reconciler ([`Retry`]): per-object exponential back-off
 //! ([`BackoffConfig`], counted by [`ObjectBackoff`]), the reconcile metric labelled by the
 //! error's variant ([`Error::reason`]), and logs in which the expected outcomes of optimistic
-//! concurrency (conflict, NotFound) are not warnings ([`log_failure`]).
+//! concurrency (conflict, NotFound) are not warnings (`log_failure`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -90,7 +90,7 @@ impl ObjectBackoff {
     /// the delay after its consecutive failures has passed since the last one. For writers
     /// outside kube-runtime's requeue (a periodic tick), which must skip an object in back-off
     /// themselves.
-    pub fn backing_off(&self, config: &BackoffConfig, key: &str) -> bool {
+    pub(crate) fn backing_off(&self, config: &BackoffConfig, key: &str) -> bool {
         self.lock()
             .get(key)
             .is_some_and(|(count, last)| last.elapsed() < config.delay(*count))
@@ -99,7 +99,7 @@ impl ObjectBackoff {
     /// How much longer `key`'s next attempt must wait, when its last failure was a refused
     /// write ([`ObjectBackoff::hold`]) and the delay after its consecutive failures has not
     /// passed yet.
-    pub fn held_for(&self, config: &BackoffConfig, key: &str) -> Option<Duration> {
+    pub(crate) fn held_for(&self, config: &BackoffConfig, key: &str) -> Option<Duration> {
         let failures = self.lock();
         let (count, last) = failures.get(key)?;
         if !self.held(key) {
@@ -112,7 +112,7 @@ impl ObjectBackoff {
     }
 
     /// Marks `key`'s current failure as one the API server refused: until its back-off delay
-    /// has passed, [`ObjectBackoff::held_for`] tells reconciles to wait. A refusal does not
+    /// has passed, `ObjectBackoff::held_for` tells reconciles to wait. A refusal does not
     /// go away by itself, and the object's own watch events (a rollback of the failed
     /// write's earlier steps changes it) would otherwise bring it back at once, in a loop.
     pub fn hold(&self, key: &str) {
@@ -144,7 +144,8 @@ impl ObjectBackoff {
     }
 
     /// How many objects are failing now.
-    pub fn failing_objects(&self) -> usize {
+    #[cfg(test)]
+    fn failing_objects(&self) -> usize {
         self.lock().len()
     }
 
@@ -159,7 +160,7 @@ impl ObjectBackoff {
 /// and go to debug, other errors warn on an object's first failure, and any object that fails
 /// [`KEEPS_FAILING_AFTER`] times in a row warns then and every as many failures after. The
 /// reconcile metric counts every failure by reason either way.
-pub fn log_failure(controller: &'static str, object: &str, error: &Error, failure: Failure) {
+fn log_failure(controller: &'static str, object: &str, error: &Error, failure: Failure) {
     let keeps_failing = failure.count.is_multiple_of(KEEPS_FAILING_AFTER);
     let first_fault = failure.count == 1 && !error.is_routine();
     if keeps_failing {
@@ -181,7 +182,7 @@ pub fn log_failure(controller: &'static str, object: &str, error: &Error, failur
 
 /// How one controller retries its failed reconciles. The three reconcilers (GpuClasses,
 /// claims, the claims' node label) share everything but their name and whether a refused write
-/// holds the object ([`Retry::holding_refused`]).
+/// holds the object (`Retry::holding_refused`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retry {
     controller: &'static str,
@@ -202,7 +203,7 @@ impl Retry {
     /// back-off delay has passed ([`ObjectBackoff::hold`]): for a reconciler whose own watch
     /// brings the object back at once after a failed write (a rollback changes it).
     #[must_use]
-    pub const fn holding_refused(self) -> Self {
+    pub(crate) const fn holding_refused(self) -> Self {
         Self {
             hold_refused: true,
             ..self
@@ -267,7 +268,7 @@ impl Retry {
     }
 
     /// kube-runtime's error policy: counts the failure of the object, logs it by
-    /// [`log_failure`] and requeues it after its next back-off delay.
+    /// `log_failure` and requeues it after its next back-off delay.
     pub fn error_policy<K: Resource>(self) -> impl Fn(Arc<K>, &Error, Arc<Context>) -> Action {
         move |object: Arc<K>, error: &Error, ctx: Arc<Context>| {
             let key = self.key(object.as_ref());

@@ -20,7 +20,7 @@ use kerf_core::inventory::ComputeCapability;
 
 /// `type` value of no published device: the selector of Controller classes requires it, so
 /// kube-scheduler never allocates their claims and leaves them to kerf's controller.
-pub const TYPE_SLICE: &str = "slice";
+const TYPE_SLICE: &str = "slice";
 
 /// Whether a class selects whole GPUs or MIG devices of one profile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,7 +194,7 @@ impl DeviceSelector {
 /// # Errors
 ///
 /// As [`DeviceSelector::new`].
-pub fn class_cel(
+pub(crate) fn class_cel(
     params: &GpuClassParameters,
     driver: &str,
     path: &str,
@@ -225,7 +225,7 @@ pub fn class_cel(
 
 /// `type` value of no published device, selected by sliced Scheduler classes on a cluster
 /// without DRAConsumableCapacity: their claims stay pending, and the class says why.
-pub const TYPE_SHARES_UNAVAILABLE: &str = "shares-unavailable";
+const TYPE_SHARES_UNAVAILABLE: &str = "shares-unavailable";
 
 /// The never-matching selector of a sliced Scheduler class without DRAConsumableCapacity.
 pub fn unavailable_cel(driver: &str) -> String {
@@ -239,7 +239,7 @@ pub fn unavailable_cel(driver: &str) -> String {
 }
 
 /// The never-matching selector of Controller classes.
-pub fn controller_cel(driver: &str) -> String {
+fn controller_cel(driver: &str) -> String {
     format!(
         "{} && device.attributes[{}].{} == {}",
         driver_guard(driver),
@@ -259,7 +259,7 @@ fn capability_semver(capability: ComputeCapability) -> String {
 }
 
 /// A CEL double-quoted string literal of `value`.
-pub fn cel_string(value: &str) -> String {
+pub(crate) fn cel_string(value: &str) -> String {
     let mut out = String::with_capacity(value.len() + 2);
     out.push('"');
     for c in value.chars() {

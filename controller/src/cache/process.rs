@@ -143,7 +143,7 @@ impl ProcessCaches {
     /// A claim written between the first part and the second may come twice; none is missed:
     /// the store is read and the subscriber added under the lock each claim is sent under,
     /// and a claim is sent only after the store has it.
-    pub fn claim_updates(&self) -> impl Stream<Item = Change<ResourceClaim>> + Send + use<> {
+    pub(crate) fn claim_updates(&self) -> impl Stream<Item = Change<ResourceClaim>> + Send + use<> {
         let receiver = self.claim_subscribers.subscribe(&self.claims);
         stream::unfold(receiver, |mut receiver| async move {
             let claim = receiver.recv().await?;

@@ -63,7 +63,8 @@ impl RefreshMemo {
     }
 
     /// How many times a usage was computed rather than reused (what the tests count).
-    pub fn computations(&self) -> u64 {
+    #[cfg(test)]
+    fn computations(&self) -> u64 {
         self.computations.load(Ordering::Relaxed)
     }
 }

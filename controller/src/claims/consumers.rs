@@ -48,7 +48,7 @@ pub fn pod_claims(pod: &Pod) -> PodClaims {
 }
 
 /// True when the pod uses the claim named `claim` (in its own namespace).
-pub fn uses_claim(pod: &Pod, claim: &str) -> bool {
+pub(crate) fn uses_claim(pod: &Pod, claim: &str) -> bool {
     pod_claims(pod).names.iter().any(|n| n == claim)
 }
 
@@ -63,7 +63,7 @@ pub fn is_live(pod: &Pod) -> bool {
 }
 
 /// A pod the scheduler has not yet bound to a node.
-pub fn is_unscheduled(pod: &Pod) -> bool {
+pub(crate) fn is_unscheduled(pod: &Pod) -> bool {
     assigned_node(pod).is_none()
 }
 
@@ -78,7 +78,7 @@ pub fn assigned_node(pod: &Pod) -> Option<&str> {
 /// A pod whose claims the controller should still allocate: not bound yet, or created with
 /// `spec.nodeName` and not started (the kubelet waits for the claims' allocations;
 /// kube-controller-manager's resourceclaim controller then reserves them for the pod).
-pub fn awaits_allocation(pod: &Pod) -> bool {
+pub(crate) fn awaits_allocation(pod: &Pod) -> bool {
     let pending = pod
         .status
         .as_ref()

@@ -218,7 +218,7 @@ impl Context {
     /// Marks `node` unsuitable for pod `pod_uid`: for [`ClaimSettings::rejection_backoff`]
     /// the first time, twice as long on each repeat, at most
     /// [`ClaimSettings::rejection_backoff_max`].
-    pub fn mark_unsuitable(&self, pod_uid: &str, node: &str) {
+    pub(crate) fn mark_unsuitable(&self, pod_uid: &str, node: &str) {
         let (base, max) = (
             self.config.claims.rejection_backoff,
             self.config.claims.rejection_backoff_max,
@@ -231,25 +231,25 @@ impl Context {
     }
 
     /// Nodes currently unsuitable for pod `pod_uid`.
-    pub fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
+    pub(crate) fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
         self.claims.ledger.unsuitable_nodes(pod_uid)
     }
 
     /// True when devices the controller took over are still behind their ownership fence:
     /// placements that fail now may fit once they pass.
-    pub fn capacity_settling(&self) -> bool {
+    pub(crate) fn capacity_settling(&self) -> bool {
         self.claims.ledger.settling()
     }
 
     /// Remembers that `claim` waits for capacity.
-    pub fn wait_for_capacity(&self, claim: &ResourceClaim) {
+    pub(crate) fn wait_for_capacity(&self, claim: &ResourceClaim) {
         self.claims
             .ledger
             .wait_for_capacity(ObjectRef::from_obj(claim));
     }
 
     /// Capacity was freed: every waiting claim is reconciled again.
-    pub fn capacity_freed(&self) {
+    pub(crate) fn capacity_freed(&self) {
         for claim in self.claims.ledger.take_waiting() {
             if self.claims.trigger.send(claim).is_err() {
                 // The controller is stopping; nothing will be reconciled any more.
@@ -260,7 +260,7 @@ impl Context {
 
     /// For an annotated claim without allocation: true (once) when the missing allocation is
     /// not the controller's doing, i.e. the scheduler cleared it.
-    pub fn take_rejection(&self, uid: &str) -> bool {
+    pub(crate) fn take_rejection(&self, uid: &str) -> bool {
         self.claims.ledger.take_rejection(uid)
     }
 }

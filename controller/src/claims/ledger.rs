@@ -265,7 +265,7 @@ impl<'a> Books<'a> {
 
     /// What the sync that made these books did.
     #[cfg(test)]
-    pub fn sync_work(&self) -> super::index::SyncWork {
+    fn sync_work(&self) -> super::index::SyncWork {
         self.state.capacity.last_work()
     }
 

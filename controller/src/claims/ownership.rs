@@ -9,7 +9,7 @@
 //! records that changed. Why this cannot hand a device to both allocators is written in
 //! `ownership/book.rs`.
 //!
-//! A pass runs only when something it reads changed ([`InputChanges`]) or a moment it computed
+//! A pass runs only when something it reads changed (`InputChanges`) or a moment it computed
 //! has come (a fence, a linger, an assumed allocation's expiry, a node write's back-off), and
 //! at most once per [`ClaimSettings::ownership_tick`](super::ClaimSettings): a busy cluster
 //! costs at most one pass per tick, an idle one none. Passes are counted in
@@ -41,7 +41,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
 pub use book::{Change, DeviceFacts, OwnershipBook, OwnershipTiming};
-pub use inputs::InputChanges;
+pub(crate) use inputs::InputChanges;
 
 use super::index::CapacityIndex;
 use super::report::{node_write_failed, node_write_key, publish};
@@ -51,7 +51,7 @@ use crate::context::Context;
 use demand::IdleGpus;
 
 /// Event reason: kube-scheduler allocated a device the controller owns.
-pub const SCHEDULER_TOOK_DEVICE: &str = "AllocatorGuardMissing";
+const SCHEDULER_TOOK_DEVICE: &str = "AllocatorGuardMissing";
 
 /// What the pass loop remembers between passes: what it already warned about.
 #[derive(Debug, Default)]

@@ -6,15 +6,15 @@
 pub const CONDITION_TYPE: &str = "gpu.kerf.dev/GpuAllocation";
 
 /// The claims are allocated (condition True; Event on each claim).
-pub const ALLOCATED: &str = "Allocated";
+pub(crate) const ALLOCATED: &str = "Allocated";
 /// Nothing fits (condition False; Warning Events).
-pub const UNPLACEABLE: &str = "Unplaceable";
+pub(crate) const UNPLACEABLE: &str = "Unplaceable";
 /// A claim's parameters are invalid (condition False; Warning Event on the claim).
-pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+pub(crate) const INVALID_PARAMETERS: &str = "InvalidParameters";
 /// The controller cleared its allocation of a claim.
-pub const DEALLOCATED: &str = "Deallocated";
+pub(crate) const DEALLOCATED: &str = "Deallocated";
 /// The scheduler cleared an allocation the controller wrote: the node is avoided for the pod.
-pub const NODE_REJECTED: &str = "NodeRejected";
+pub(crate) const NODE_REJECTED: &str = "NodeRejected";
 /// The API server refused a write of one of the pod's claims (condition False; the
 /// Warning Events on the claim and the pod, reason `WriteRefused`, quote its answer).
 pub const CLAIM_WRITE_REFUSED: &str = "ClaimWriteRefused";

@@ -125,7 +125,7 @@ impl OwnershipBook {
     }
 
     /// A tick has decided every published device: until then no device is usable.
-    pub fn mark_decided(&mut self) {
+    pub(crate) fn mark_decided(&mut self) {
         self.decided = true;
     }
 
@@ -136,7 +136,7 @@ impl OwnershipBook {
     }
 
     /// Devices the controller has taken over whose fence has not passed yet.
-    pub fn settling_devices(&self) -> usize {
+    fn settling_devices(&self) -> usize {
         self.nodes
             .values()
             .flat_map(BTreeMap::values)
@@ -145,7 +145,7 @@ impl OwnershipBook {
     }
 
     /// Changes whenever the set of usable devices of `node` changes.
-    pub fn epoch(&self, node: &str) -> u64 {
+    pub(crate) fn epoch(&self, node: &str) -> u64 {
         self.epochs.get(node).copied().unwrap_or(0)
     }
 
@@ -173,7 +173,7 @@ impl OwnershipBook {
     /// by design: a lingering device that demand or the node's policy keeps does not move when
     /// its linger runs out, which costs one pass, once (a moment not after `now` is never
     /// returned again).
-    pub fn next_due(&self, timing: OwnershipTiming, now: Instant) -> Option<Instant> {
+    pub(crate) fn next_due(&self, timing: OwnershipTiming, now: Instant) -> Option<Instant> {
         self.nodes
             .values()
             .flat_map(BTreeMap::values)

@@ -45,25 +45,19 @@ impl InputChanges {
         self.0.send_modify(|n| *n = n.wrapping_add(1));
     }
 
-    /// A closure for a watch stream's `inspect`, placed after the reflector: every event,
-    /// relists included, bumps the counter once the store holds it.
-    pub fn bumper<T>(&self) -> impl FnMut(&T) + Send + 'static {
-        let changes = self.clone();
-        move |_| changes.bump()
-    }
-
     /// The counter now. Read it before reading what it counts: a change after the read bumps
     /// it past the value read.
     pub fn version(&self) -> u64 {
         *self.0.borrow()
     }
 
-    /// [`InputChanges::bumper`] for the node watch, bumping only when what a pass reads of a
+    /// A closure for the node watch stream's `inspect`, placed after the reflector (so the
+    /// store holds the event when the counter moves), bumping only when what a pass reads of a
     /// Node changed: its labels (policy, node selectors), kerf's record and shared publication
     /// annotations, `unschedulable`, taints and the Ready condition's status. A kubelet's status
     /// heartbeat (every node, every few minutes) changes none of these, and at 500 nodes would
     /// otherwise wake a pass every second on an idle cluster.
-    pub fn node_bumper(&self) -> impl FnMut(&WatchItem<Node>) + Send + 'static {
+    pub(crate) fn node_bumper(&self) -> impl FnMut(&WatchItem<Node>) + Send + 'static {
         let changes = self.clone();
         let mut seen: HashMap<String, u64> = HashMap::new();
         move |item| {
@@ -90,11 +84,12 @@ impl InputChanges {
         }
     }
 
-    /// [`InputChanges::bumper`] for the pod watch, bumping only for pods a pass reads: those
+    /// A closure for the pod watch stream's `inspect`, placed after the reflector, bumping only
+    /// for pods a pass reads: those
     /// not bound to a node yet (pending demand), and a pod's leaving that set (bound or
     /// deleted). Bound pods' status updates, and every other workload of the cluster once
     /// running, wake nothing.
-    pub fn pod_bumper(&self) -> impl FnMut(&WatchItem<Pod>) + Send + 'static {
+    pub(crate) fn pod_bumper(&self) -> impl FnMut(&WatchItem<Pod>) + Send + 'static {
         let changes = self.clone();
         let mut unbound: HashSet<(String, String)> = HashSet::new();
         move |item| {
