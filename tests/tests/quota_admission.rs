@@ -399,9 +399,10 @@ async fn usage_is_repaired_by_the_recount_after_a_webhook_outage() {
         used_memory(20),
     )
     .await;
-    create(&cluster, TEAM, &slice_claim("c", 1, 10))
-        .await
-        .unwrap();
+    if let Err(refused) = create(&cluster, TEAM, &slice_claim("c", 1, 10)).await {
+        let stored = cluster.read_quota(TEAM, TEAM).await.status;
+        panic!("c refused after the deletion: {refused:?}; the quota's status: {stored:?}");
+    }
     eventually("c charged", cluster::WAIT, used_memory(21)).await;
     stop.cancel();
     cluster.stop.cancel();
