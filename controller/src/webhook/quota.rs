@@ -369,3 +369,32 @@ fn forbidden(message: &str, request: &AdmissionRequest<DynamicObject>) -> Value 
         "details": {"name": request.name, "group": "resource.k8s.io", "kind": "resourceclaims"},
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kerf_api::GpuQuotaSpec;
+
+    fn quota(uid: &str, version: &str) -> GpuQuota {
+        let mut quota = GpuQuota::new("q", GpuQuotaSpec::default());
+        quota.metadata.uid = Some(uid.to_owned());
+        quota.metadata.resource_version = Some(version.to_owned());
+        quota
+    }
+
+    fn version(quota: &GpuQuota) -> &str {
+        quota.metadata.resource_version.as_deref().unwrap()
+    }
+
+    #[test]
+    fn the_kept_copy_wins_only_while_it_is_newer_than_the_cache() {
+        let cached = quota("u", "10");
+        assert_eq!(version(&newer(Some(quota("u", "12")), &cached)), "12");
+        assert_eq!(version(&newer(Some(quota("u", "9")), &cached)), "10");
+        assert_eq!(version(&newer(Some(quota("u", "10")), &cached)), "10");
+        assert_eq!(version(&newer(None, &cached)), "10");
+        // Another quota of the same name, or versions that are not numbers.
+        assert_eq!(version(&newer(Some(quota("v", "12")), &cached)), "10");
+        assert_eq!(version(&newer(Some(quota("u", "x")), &cached)), "10");
+    }
+}
