@@ -24,7 +24,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kerf_core::alloc::{DeviceUse, Index};
-use kerf_scheduler_standin::{AllocatedState, Allocator, Feasible, Snapshot};
+use kerf_scheduler_standin::{AllocatedState, Allocator, Snapshot};
 
 use crate::rng::Rng;
 use crate::workload::Shape;
@@ -148,12 +148,16 @@ impl Baseline {
                 (!filtered.feasible.is_empty()).then(|| filtered.feasible.swap_remove(pick))
             }
         };
-        let Some(Feasible {
-            node, allocations, ..
-        }) = feasible
-        else {
+        let Some(feasible) = feasible else {
             return Ok(None);
         };
+        let allocations = self.allocator.allocate_feasible(
+            &feasible,
+            &claims,
+            &[0],
+            &self.snapshot,
+            &self.state,
+        )?;
         let mut devices = Vec::new();
         for allocation in &allocations {
             self.state.add(allocation)?;
@@ -165,7 +169,10 @@ impl Baseline {
                     .map(|r| r.device.clone()),
             );
         }
-        Ok(Some(FitPlacement { node, devices }))
+        Ok(Some(FitPlacement {
+            node: feasible.node,
+            devices,
+        }))
     }
 }
 

@@ -11,7 +11,8 @@
 //! (`AllocatedState`, `GenerateShareID`) and `structured/allocator.go` (`IsDeviceAllocated`:
 //! exclusively allocated, or holding at least one share).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -23,12 +24,77 @@ use crate::capacity::{Amounts, amount};
 /// A device of a ResourceSlice: (driver, pool, device).
 pub type DeviceId = (String, String, String);
 
+/// A [`DeviceId`] with its hash worked out once: the allocator looks up the same published
+/// devices on every node of every Filter, and hashing three strings each time was most of
+/// what a device check cost.
+#[derive(Debug, Clone)]
+pub(crate) struct DeviceKey {
+    hash: u64,
+    /// The device.
+    pub id: DeviceId,
+}
+
+impl DeviceKey {
+    /// The key of `id`.
+    pub(crate) fn new(id: DeviceId) -> Self {
+        let mut hasher = DefaultHasher::new();
+        id.hash(&mut hasher);
+        Self {
+            hash: hasher.finish(),
+            id,
+        }
+    }
+}
+
+impl PartialEq for DeviceKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.id == other.id
+    }
+}
+
+impl Eq for DeviceKey {}
+
+impl Hash for DeviceKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Hands a [`DeviceKey`]'s stored hash to the map unchanged.
+#[derive(Default)]
+pub(crate) struct StoredHash(u64);
+
+impl Hasher for StoredHash {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used by `DeviceKey`; anything else still hashes, if slowly.
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+/// How the allocated claims use one device.
+#[derive(Debug, Default)]
+pub(crate) struct InUse {
+    /// Held by an allocation without `shareID`.
+    pub exclusive: bool,
+    /// The shares' aggregated consumed capacity, when any share wrote `consumedCapacity`.
+    pub consumed: Option<Amounts>,
+}
+
 /// Devices in use by allocations visible to a cycle (written ones and in-flight ones).
 #[derive(Debug, Default)]
 pub struct AllocatedState {
-    exclusive: HashSet<DeviceId>,
-    shared: HashSet<DeviceId>,
-    consumed: HashMap<DeviceId, Amounts>,
+    /// Every device held exclusively or by at least one share.
+    devices: HashMap<DeviceKey, InUse, BuildHasherDefault<StoredHash>>,
 }
 
 impl AllocatedState {
@@ -46,13 +112,14 @@ impl AllocatedState {
             if result.admin_access == Some(true) {
                 continue;
             }
-            let id = (
+            let key = DeviceKey::new((
                 result.driver.clone(),
                 result.pool.clone(),
                 result.device.clone(),
-            );
+            ));
+            let entry = self.devices.entry(key).or_default();
             if result.share_id.is_none() {
-                self.exclusive.insert(id);
+                entry.exclusive = true;
                 continue;
             }
             if let Some(consumed) = &result.consumed_capacity {
@@ -60,29 +127,24 @@ impl AllocatedState {
                     "consumedCapacity of {}/{}/{}",
                     result.driver, result.pool, result.device
                 );
-                let entry = self.consumed.entry(id.clone()).or_default();
+                let total = entry.consumed.get_or_insert_default();
                 for (name, quantity) in consumed {
-                    *entry.entry(name.clone()).or_insert(0) += amount(quantity, &what)?;
+                    total.add(name, amount(quantity, &what)?);
                 }
             }
-            self.shared.insert(id);
         }
         Ok(())
     }
 
-    /// Whether an allocation without `shareID` holds the device (`AllocatedDevices`).
-    pub fn exclusive(&self, id: &DeviceId) -> bool {
-        self.exclusive.contains(id)
-    }
-
-    /// The device's aggregated consumed capacity of all shares (`AggregatedCapacity`).
-    pub fn consumed(&self, id: &DeviceId) -> Option<&Amounts> {
-        self.consumed.get(id)
+    /// How allocated claims use the device; `None` when none does (`IsDeviceAllocated` is
+    /// false).
+    pub(crate) fn in_use(&self, key: &DeviceKey) -> Option<&InUse> {
+        self.devices.get(key)
     }
 
     /// `IsDeviceAllocated`: exclusively or by at least one share.
-    pub fn is_allocated(&self, id: &DeviceId) -> bool {
-        self.exclusive.contains(id) || self.shared.contains(id)
+    pub(crate) fn is_allocated(&self, key: &DeviceKey) -> bool {
+        self.devices.contains_key(key)
     }
 }
 
@@ -116,6 +178,7 @@ pub(super) fn new_share_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashSet;
 
     #[test]
     fn share_ids_are_uuids_and_distinct() {

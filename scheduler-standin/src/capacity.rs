@@ -25,7 +25,7 @@
 //! structs (same value in the same notation).
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, Device, DeviceCapacity};
@@ -34,8 +34,25 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::cel::CelQuantity;
 use crate::prepared::DeviceFacts;
 
-/// Amounts per capacity (or counter) name, in units of 10⁻⁹.
-pub(super) type Amounts = HashMap<String, i128>;
+/// Amounts per capacity name, in units of 10⁻⁹: the few capacities of a device, found by
+/// comparing names rather than hashing them.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) struct Amounts(Vec<(String, i128)>);
+
+impl Amounts {
+    /// The amount of capacity `name`, if any.
+    pub(super) fn get(&self, name: &str) -> Option<i128> {
+        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+    }
+
+    /// Adds `value` to capacity `name`.
+    pub(super) fn add(&mut self, name: &str, value: i128) {
+        match self.0.iter_mut().find(|(n, _)| n == name) {
+            Some((_, total)) => *total += value,
+            None => self.0.push((name.to_owned(), value)),
+        }
+    }
+}
 
 const NANOS_PER_UNIT: i128 = 1_000_000_000;
 
@@ -128,9 +145,11 @@ impl<'a> Consumed<'a> {
     }
 }
 
-/// What a request consumes of every capacity of `device`, in the order of its capacities, or
-/// `None` when the device cannot serve it (an unknown capacity requested, or a policy
-/// violated). `facts` are the device's, with its parsed capacity values.
+/// What a request consumes of every capacity of `device`, in the order of its capacities,
+/// written into `consumed` (cleared first); false when the device cannot serve it (an
+/// unknown capacity requested, or a policy violated). `facts` are the device's, with its
+/// parsed capacity values. The caller keeps `consumed` from one device to the next, so that
+/// checking a device allocates nothing.
 ///
 /// # Errors
 ///
@@ -139,16 +158,17 @@ pub(super) fn request_consumption<'a>(
     requested: &Requested<'a>,
     device: &'a Device,
     facts: &DeviceFacts,
-) -> Result<Option<Vec<Consumed<'a>>>, String> {
+    consumed: &mut Vec<Consumed<'a>>,
+) -> Result<bool, String> {
+    consumed.clear();
     let capacities = device.capacity.as_ref();
     if requested
         .entries
         .iter()
         .any(|(name, _, _)| !capacities.is_some_and(|c| c.contains_key(*name)))
     {
-        return Ok(None);
+        return Ok(false);
     }
-    let mut consumed = Vec::with_capacity(facts.capacity.len());
     for ((name, capacity), value) in capacities.into_iter().flatten().zip(&facts.capacity) {
         let what = What {
             device: &device.name,
@@ -157,16 +177,17 @@ pub(super) fn request_consumption<'a>(
         };
         let amount = consumption(requested.get(name), capacity, value, what)?;
         if violates_policy(amount.nanos, capacity.request_policy.as_ref(), what)? {
-            return Ok(None);
+            consumed.clear();
+            return Ok(false);
         }
         consumed.push(amount);
     }
-    Ok(Some(consumed))
+    Ok(true)
 }
 
 /// Whether `consumed` (from [`request_consumption`] for `device`) fits next to `existing`
-/// (allocations in the API) and `allocating` (earlier shares of this attempt) within every
-/// capacity's value.
+/// (allocations in the API, by capacity name) and `allocating` (earlier shares of this
+/// attempt, in the order of the device's capacities) within every capacity's value.
 ///
 /// # Errors
 ///
@@ -174,18 +195,18 @@ pub(super) fn request_consumption<'a>(
 pub(super) fn fits(
     consumed: &[Consumed<'_>],
     existing: Option<&Amounts>,
-    allocating: Option<&Amounts>,
+    allocating: Option<&[i128]>,
     device: &Device,
     facts: &DeviceFacts,
 ) -> Result<bool, String> {
     let capacities = device.capacity.iter().flatten().zip(&facts.capacity);
-    for (((name, _), value), this) in capacities.zip(consumed) {
+    for (i, (((name, _), value), this)) in capacities.zip(consumed).enumerate() {
         let value = parsed(
             value,
             format_args!("device {} capacity {name}", device.name),
         )?;
-        let total = existing.and_then(|e| e.get(name)).copied().unwrap_or(0)
-            + allocating.and_then(|a| a.get(name)).copied().unwrap_or(0)
+        let total = existing.and_then(|e| e.get(name)).unwrap_or(0)
+            + allocating.and_then(|a| a.get(i)).copied().unwrap_or(0)
             + this.nanos;
         if total > value {
             return Ok(false);
@@ -194,25 +215,19 @@ pub(super) fn fits(
     Ok(true)
 }
 
-/// The amounts of `consumed`, by the names of `device`'s capacities.
-pub(super) fn amounts(consumed: &[Consumed<'_>], device: &Device) -> Amounts {
-    device
-        .capacity
-        .iter()
-        .flatten()
-        .zip(consumed)
-        .map(|((name, _), c)| (name.clone(), c.nanos))
-        .collect()
+/// The amounts of `consumed`, in the order of the device's capacities.
+pub(super) fn amounts(consumed: &[Consumed<'_>]) -> Vec<i128> {
+    consumed.iter().map(|c| c.nanos).collect()
 }
 
 /// The `consumedCapacity` written for `consumed`, by the names of `device`'s capacities.
-pub(super) fn written(consumed: Vec<Consumed<'_>>, device: &Device) -> BTreeMap<String, Quantity> {
+pub(super) fn written(consumed: &[Consumed<'_>], device: &Device) -> BTreeMap<String, Quantity> {
     device
         .capacity
         .iter()
         .flatten()
         .zip(consumed)
-        .map(|((name, _), c)| (name.clone(), c.quantity.into_owned()))
+        .map(|((name, _), c)| (name.clone(), c.quantity.clone().into_owned()))
         .collect()
 }
 
@@ -373,9 +388,15 @@ mod tests {
         let requests = request.map(|r| BTreeMap::from([("memory".to_owned(), q(r))]));
         let device = memory_device();
         let facts = DeviceFacts::of("gpu.kerf.dev", "pool", &device);
-        request_consumption(&Requested::new(requests.as_ref()), &device, &facts)
-            .unwrap()
-            .map(|c| c[0].quantity.0.clone())
+        let mut consumed = Vec::new();
+        request_consumption(
+            &Requested::new(requests.as_ref()),
+            &device,
+            &facts,
+            &mut consumed,
+        )
+        .unwrap()
+        .then(|| consumed[0].quantity.0.clone())
     }
 
     #[test]
@@ -392,9 +413,15 @@ mod tests {
         let requests = BTreeMap::from([("gpu.kerf.dev/memory".to_owned(), q("1Gi"))]);
         let device = memory_device();
         let facts = DeviceFacts::of("gpu.kerf.dev", "pool", &device);
-        assert_eq!(
-            request_consumption(&Requested::new(Some(&requests)), &device, &facts).unwrap(),
-            None
+        let mut consumed = Vec::new();
+        assert!(
+            !request_consumption(
+                &Requested::new(Some(&requests)),
+                &device,
+                &facts,
+                &mut consumed
+            )
+            .unwrap()
         );
     }
 

@@ -41,7 +41,7 @@ impl<'a> Value<'a> {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Kind<'a> {
     Match {
         first: Option<Value<'a>>,
@@ -52,11 +52,12 @@ enum Kind<'a> {
     },
 }
 
-/// One constraint of a claim, tracking the devices chosen so far in an attempt.
-#[derive(Debug)]
+/// One constraint of a claim, tracking the devices chosen so far in an attempt. It borrows
+/// its spec, so that each node's attempt starts from a cheap clone of a fresh one.
+#[derive(Debug, Clone)]
 pub(super) struct Constraint<'a> {
-    requests: Vec<String>,
-    attribute: String,
+    requests: &'a [String],
+    attribute: &'a str,
     kind: Kind<'a>,
 }
 
@@ -67,12 +68,12 @@ impl<'a> Constraint<'a> {
     ///
     /// Neither `matchAttribute` nor `distinctAttribute` set, as upstream's "empty
     /// constraint (unsupported constraint type?)".
-    pub fn new(spec: &DeviceConstraint, index: usize) -> Result<Self, String> {
-        let requests = spec.requests.clone().unwrap_or_default();
+    pub fn new(spec: &'a DeviceConstraint, index: usize) -> Result<Self, String> {
+        let requests = spec.requests.as_deref().unwrap_or_default();
         if let Some(attribute) = &spec.match_attribute {
             return Ok(Self {
                 requests,
-                attribute: attribute.clone(),
+                attribute,
                 kind: Kind::Match {
                     first: None,
                     count: 0,
@@ -82,7 +83,7 @@ impl<'a> Constraint<'a> {
         if let Some(attribute) = &spec.distinct_attribute {
             return Ok(Self {
                 requests,
-                attribute: attribute.clone(),
+                attribute,
                 kind: Kind::Distinct { values: Vec::new() },
             });
         }
@@ -101,7 +102,7 @@ impl<'a> Constraint<'a> {
         if !self.applies_to(request) {
             return true;
         }
-        let Some(value) = lookup(device, driver, &self.attribute) else {
+        let Some(value) = lookup(device, driver, self.attribute) else {
             return false;
         };
         match &mut self.kind {
@@ -175,19 +176,19 @@ mod tests {
         }
     }
 
-    fn constraint<'a>(distinct: bool) -> Constraint<'a> {
-        let spec = DeviceConstraint {
+    fn spec(distinct: bool) -> DeviceConstraint {
+        DeviceConstraint {
             requests: Some(vec!["a".to_owned(), "b".to_owned()]),
             match_attribute: (!distinct).then(|| "gpu.kerf.dev/uuid".to_owned()),
             distinct_attribute: distinct.then(|| "gpu.kerf.dev/uuid".to_owned()),
-        };
-        Constraint::new(&spec, 0).unwrap()
+        }
     }
 
     #[test]
     fn distinct_refuses_a_repeated_value_until_removed() {
         let gpu1 = device("GPU-1");
-        let mut c = constraint(true);
+        let spec = spec(true);
+        let mut c = Constraint::new(&spec, 0).unwrap();
         assert!(c.add("a", &gpu1, "gpu.kerf.dev"));
         assert!(!c.add("b", &gpu1, "gpu.kerf.dev"));
         assert!(c.add("other", &gpu1, "gpu.kerf.dev"));
@@ -199,7 +200,8 @@ mod tests {
     #[test]
     fn match_requires_the_first_value() {
         let (gpu1, gpu2) = (device("GPU-1"), device("GPU-2"));
-        let mut c = constraint(false);
+        let spec = spec(false);
+        let mut c = Constraint::new(&spec, 0).unwrap();
         assert!(c.add("a", &gpu1, "gpu.kerf.dev"));
         assert!(!c.add("b", &gpu2, "gpu.kerf.dev"));
         assert!(c.add("b", &gpu1, "gpu.kerf.dev"));

@@ -13,20 +13,20 @@ use kerf_api::claim_status::allocation_of;
 use kube::ResourceExt;
 
 use crate::allocated::AllocatedState;
-use crate::allocator::Allocator;
+use crate::allocator::{Allocator, OnNode};
+use crate::plan::Plan;
 use crate::pods::{node_fits, node_selector_matches};
 use crate::snapshot::Snapshot;
 use crate::throttle::num_feasible_nodes_to_find;
 
-/// A node where the pod fits, with the allocations of its claims there.
-#[derive(Debug, Clone)]
+/// A node where the pod fits. Its allocations are built for the node that is picked
+/// ([`Allocator::allocate_feasible`]), not for every feasible one.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Feasible {
     /// The node's position in [`Snapshot::nodes`].
     pub at: usize,
     /// The node's name.
     pub node: String,
-    /// One allocation per claim to allocate, in the order given to [`Allocator::filter`].
-    pub allocations: Vec<AllocationResult>,
 }
 
 /// What Filter found over the nodes.
@@ -103,6 +103,45 @@ impl Allocator {
         Ok(filtered.feasible.into_iter().next())
     }
 
+    /// The allocations of the claims at `to_allocate` on `feasible`, a node [`Self::filter`]
+    /// or [`Self::first_fit`] found with the same arguments: one per claim, in that order.
+    ///
+    /// Upstream's Filter keeps the allocation it found on every node and Reserve takes the
+    /// picked node's (`nodeAllocations` in `dynamicresources.go`). The search is
+    /// deterministic, so searching the picked node again finds the same devices; only the
+    /// share IDs, random anyway, are drawn here, and the hundreds of nodes not picked cost
+    /// no allocation results.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::filter`], or the node no longer fits (`state` changed since Filter).
+    pub fn allocate_feasible(
+        &mut self,
+        feasible: &Feasible,
+        claims: &[ResourceClaim],
+        to_allocate: &[usize],
+        snapshot: &Snapshot,
+        state: &AllocatedState,
+    ) -> Result<Vec<AllocationResult>, String> {
+        let wanted: Vec<&ResourceClaim> = to_allocate.iter().map(|i| &claims[*i]).collect();
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(node) = snapshot.nodes.get(feasible.at) else {
+            return Err(format!("node {} is not in the snapshot", feasible.node));
+        };
+        let node = OnNode::new(node);
+        let pools = snapshot.prepared().pools_at(feasible.at);
+        let plan = Plan::new(snapshot, &wanted);
+        match self.search(snapshot, &plan, (&node, pools), state)? {
+            Some(search) => Ok(search.into_results(&wanted, &node.name)),
+            None => Err(format!(
+                "node {} no longer fits the claims it fitted in Filter",
+                feasible.node
+            )),
+        }
+    }
+
     /// Filter from node `start` on until `limit` nodes fit; what it found and how many
     /// nodes it processed.
     fn filter_from(
@@ -123,6 +162,7 @@ impl Allocator {
             ..Filtered::default()
         };
         let wanted: Vec<&ResourceClaim> = to_allocate.iter().map(|i| &claims[*i]).collect();
+        let plan = Plan::new(snapshot, &wanted);
         let count = snapshot.nodes.len();
         let mut processed = 0;
         for at in (0..count).map(|offset| (start + offset) % count) {
@@ -144,14 +184,15 @@ impl Allocator {
                 })
                 .map(|(i, _)| i)
                 .collect();
-            let mut allocations = Vec::new();
             if !wanted.is_empty() {
-                match self.allocate_in(snapshot, node, &wanted, state)? {
-                    None => {
-                        "cannot allocate all claims".clone_into(&mut filtered.reason);
-                        continue;
-                    }
-                    Some(a) => allocations = a,
+                let pools = snapshot.prepared().pools_at(at);
+                let on_node = OnNode::new(node);
+                if self
+                    .search(snapshot, &plan, (&on_node, pools), state)?
+                    .is_none()
+                {
+                    "cannot allocate all claims".clone_into(&mut filtered.reason);
+                    continue;
                 }
             }
             if !mismatched.is_empty() {
@@ -162,7 +203,6 @@ impl Allocator {
             filtered.feasible.push(Feasible {
                 at,
                 node: node.name_any(),
-                allocations,
             });
         }
         filtered.feasible.sort_by_key(|f| f.at);

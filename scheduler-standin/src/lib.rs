@@ -48,8 +48,10 @@ pub mod cel;
 mod claim_controller;
 mod constraints;
 mod filter;
+mod plan;
 mod pods;
 mod prepared;
+mod search;
 mod snapshot;
 mod spawn;
 mod throttle;
@@ -391,7 +393,15 @@ impl SchedulerStandIn {
                 .await;
         }
         let chosen = feasible.swap_remove(rng.below(feasible.len()));
-        self.reserve(pod, &claims, &to_allocate, chosen)
+        let allocations =
+            match self
+                .allocator
+                .allocate_feasible(&chosen, &claims, &to_allocate, snapshot, &state)
+            {
+                Ok(allocations) => allocations,
+                Err(message) => return Stop::Error(message).outcome(pod_name),
+            };
+        self.reserve(pod, &claims, &to_allocate, (chosen.node, allocations))
     }
 
     /// `ListAllAllocatedDevices` and the claim assume cache: what is written and in flight.
@@ -408,17 +418,15 @@ impl SchedulerStandIn {
         Ok(state)
     }
 
-    /// Reserve: the pod waits for PreBind on the chosen node with its allocations.
+    /// Reserve: the pod waits for PreBind on the chosen node with its allocations (one per
+    /// claim at `to_allocate`).
     fn reserve(
         &mut self,
         pod: &Pod,
         claims: &[ResourceClaim],
         to_allocate: &[usize],
-        chosen: Feasible,
+        (node, allocations): (String, Vec<AllocationResult>),
     ) -> CycleOutcome {
-        let Feasible {
-            node, allocations, ..
-        } = chosen;
         let mut allocations = allocations.into_iter();
         let reserved = claims
             .iter()

@@ -13,8 +13,9 @@ use std::sync::OnceLock;
 
 use cel::Value;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use kube::ResourceExt;
 
-use crate::allocated::DeviceId;
+use crate::allocated::DeviceKey;
 use crate::cel::{CelQuantity, device_value};
 use crate::snapshot::Snapshot;
 
@@ -28,7 +29,11 @@ pub(crate) struct Pool {
 /// One published device with what the allocator needs of it, parsed once.
 #[derive(Debug)]
 pub(crate) struct DeviceFacts {
-    pub id: DeviceId,
+    /// The device's ID, hashed once.
+    pub key: DeviceKey,
+    /// The device's position among all devices of the snapshot, for the search's own
+    /// bookkeeping of what it took.
+    pub slot: usize,
     /// Each capacity's value in units of 10⁻⁹, in the order of `device.capacity`; the parse
     /// error (without the device's name) where it does not parse, reported when used.
     pub capacity: Vec<Result<i128, String>>,
@@ -59,6 +64,8 @@ pub(crate) struct Prepared {
     by_node: HashMap<String, Vec<usize>>,
     /// Every other pool (`allNodes`, a `nodeSelector`, per-device node selection).
     everywhere: Vec<usize>,
+    /// [`Self::pools_for`] of each node of [`Snapshot::nodes`], in that order.
+    node_pools: Vec<Vec<usize>>,
     /// Per slice of the snapshot, its devices' facts in device order.
     pub devices: Vec<Vec<DeviceFacts>>,
 }
@@ -74,13 +81,33 @@ impl Prepared {
                 None => everywhere.push(index),
             }
         }
-        let devices = snapshot.slices.iter().map(|s| facts(s)).collect();
-        Self {
+        let mut slot = 0;
+        let devices = snapshot
+            .slices
+            .iter()
+            .map(|s| facts(s, &mut slot))
+            .collect();
+        let mut prepared = Self {
             pools,
             by_node,
             everywhere,
+            node_pools: Vec::new(),
             devices,
-        }
+        };
+        prepared.node_pools = snapshot
+            .nodes
+            .iter()
+            .map(|node| prepared.pools_for(&node.name_any()))
+            .collect();
+        prepared
+    }
+
+    /// [`Self::pools_for`] the node at `at` in [`Snapshot::nodes`], worked out once.
+    pub(crate) fn pools_at(&self, at: usize) -> &[usize] {
+        self.node_pools
+            .get(at)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
     }
 
     /// The pools `node` may see, in pool order: its own and those of no single node. Only
@@ -139,12 +166,18 @@ fn one_node<'a>(slices: &'a [std::sync::Arc<ResourceSlice>], pool: &Pool) -> Opt
         .then_some(name)
 }
 
-fn facts(slice: &ResourceSlice) -> Vec<DeviceFacts> {
+/// The facts of the slice's devices, numbering them from `slot` on.
+fn facts(slice: &ResourceSlice, slot: &mut usize) -> Vec<DeviceFacts> {
     let spec = &slice.spec;
     spec.devices
         .iter()
         .flatten()
-        .map(|device| DeviceFacts::of(&spec.driver, &spec.pool.name, device))
+        .map(|device| {
+            let mut facts = DeviceFacts::of(&spec.driver, &spec.pool.name, device);
+            facts.slot = *slot;
+            *slot += 1;
+            facts
+        })
         .collect()
 }
 
@@ -152,7 +185,8 @@ impl DeviceFacts {
     /// The facts of `device` in pool `pool` of `driver`.
     pub(crate) fn of(driver: &str, pool: &str, device: &Device) -> Self {
         Self {
-            id: (driver.to_owned(), pool.to_owned(), device.name.clone()),
+            key: DeviceKey::new((driver.to_owned(), pool.to_owned(), device.name.clone())),
+            slot: 0,
             capacity: device
                 .capacity
                 .iter()
