@@ -244,7 +244,9 @@ impl GpuResources {
 
 /// Whether a quantity is zero (`0`, `0Gi`, `0.0`, `0e3`).
 fn is_zero(text: &str) -> bool {
-    let number = text.trim().trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let number = text
+        .trim()
+        .trim_end_matches(|c: char| c.is_ascii_alphabetic());
     !number.starts_with('-') && number.parse::<f64>().is_ok_and(|n| n == 0.0)
 }
 
