@@ -11,39 +11,7 @@ use super::report::{self, Summary};
 /// mentions `--run-containers`.
 #[must_use]
 pub fn render_summary(summary: &Summary, run_containers: bool) -> String {
-    let mut out = String::new();
-    // Writing to a String cannot fail.
-    let _ = writeln!(
-        out,
-        "node {} ({}), driver {}:",
-        summary.node, summary.inventory, summary.driver
-    );
-    for device in &summary.devices {
-        let _ = writeln!(out, "  {device}");
-    }
-    if let Some(mig) = &summary.mig_node {
-        let _ = writeln!(
-            out,
-            "node {} ({}), dynamic MIG: partitionable devices (Kubernetes 1.36), {} ResourceSlices, {} of them counter sets only:",
-            mig.node, mig.inventory, mig.slices, mig.counter_slices
-        );
-        for gpu in &mig.gpus {
-            let _ = writeln!(out, "  {gpu}");
-        }
-    }
-    if let Some(node) = &summary.shareable_node {
-        let _ = writeln!(
-            out,
-            "node {} ({}), scheduler slices: GPUs published shareable (Kubernetes 1.36 consumable capacity):",
-            node.node, node.inventory
-        );
-        for device in &node.devices {
-            let _ = writeln!(out, "  {device}");
-        }
-    }
-    for whole in &summary.published_whole {
-        let _ = writeln!(out, "not shareable: {whole}");
-    }
+    let mut out = render_nodes(summary);
     out.push_str("classes:\n");
     out.push_str(&report::render_classes(summary));
     for problem in &summary.invalid_manifests {
@@ -91,6 +59,45 @@ pub fn render_summary(summary: &Summary, run_containers: bool) -> String {
     let failed = failed_containers(summary);
     if !failed.is_empty() {
         let _ = writeln!(out, "containers that failed: {}", failed.join(", "));
+    }
+    out
+}
+
+/// The nodes: the main one, the dynamic-MIG node and the node of shareable GPUs, with their
+/// devices as published.
+fn render_nodes(summary: &Summary) -> String {
+    let mut out = String::new();
+    // Writing to a String cannot fail.
+    let _ = writeln!(
+        out,
+        "node {} ({}), driver {}:",
+        summary.node, summary.inventory, summary.driver
+    );
+    for device in &summary.devices {
+        let _ = writeln!(out, "  {device}");
+    }
+    if let Some(mig) = &summary.mig_node {
+        let _ = writeln!(
+            out,
+            "node {} ({}), dynamic MIG: partitionable devices (Kubernetes 1.36), {} ResourceSlices, {} of them counter sets only:",
+            mig.node, mig.inventory, mig.slices, mig.counter_slices
+        );
+        for gpu in &mig.gpus {
+            let _ = writeln!(out, "  {gpu}");
+        }
+    }
+    if let Some(node) = &summary.shareable_node {
+        let _ = writeln!(
+            out,
+            "node {} ({}), scheduler slices: GPUs published shareable (Kubernetes 1.36 consumable capacity):",
+            node.node, node.inventory
+        );
+        for device in &node.devices {
+            let _ = writeln!(out, "  {device}");
+        }
+    }
+    for whole in &summary.published_whole {
+        let _ = writeln!(out, "not shareable: {whole}");
     }
     out
 }
