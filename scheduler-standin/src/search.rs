@@ -434,7 +434,7 @@ impl<'a> Search<'a> {
                     opaque: config.opaque.clone(),
                 });
             }
-            let request_results = chosen.into_iter().map(request_result).collect();
+            let request_results = chosen.iter().map(request_result).collect();
             results.push(AllocationResult {
                 devices: Some(DeviceAllocationResult {
                     results: Some(request_results),
@@ -450,7 +450,7 @@ impl<'a> Search<'a> {
 
 /// One chosen device as a result: a share gets a fresh share ID and, when it consumes any
 /// capacity, its `consumedCapacity`.
-fn request_result(chosen: Chosen<'_>) -> DeviceRequestAllocationResult {
+fn request_result(chosen: &Chosen<'_>) -> DeviceRequestAllocationResult {
     let (driver, pool, device) = &chosen.key.id;
     let consumed_capacity = chosen
         .share
