@@ -239,22 +239,11 @@ impl<'a> Search<'a> {
             return Ok(None);
         }
         let in_use = self.state.in_use(&facts.key);
-        let mut consumed = std::mem::take(&mut self.consumed);
-        let servable = !in_use.is_some_and(|u| u.exclusive)
-            && !tainted(
-                device,
-                planned.exactly.tolerations.as_deref().unwrap_or_default(),
-            )
-            && capacity::request_consumption(&planned.requested, device, facts, &mut consumed)?;
-        let existing = in_use.and_then(|u| u.consumed.as_ref());
-        if !servable || !capacity::fits(&consumed, existing, allocating, device, facts)? {
-            self.consumed = consumed;
-            if allocating.is_none() {
-                self.requests[request].rejected[index] = true;
-            }
+        let existing = in_use.and_then(|u| u.consumed.as_ref()).is_some();
+        let skip_counters = shareable && (existing || allocating.is_some());
+        let Some(mut consumed) = self.consumption(request, index)? else {
             return Ok(None);
-        }
-        let skip_counters = shareable && (existing.is_some() || allocating.is_some());
+        };
         let mut taken_counters = None;
         if !skip_counters
             && device
@@ -306,6 +295,39 @@ impl<'a> Search<'a> {
             consumed,
         });
         Ok(Some(undo))
+    }
+
+    /// The capacity candidate `index` of request `request` would consume, or `None` when it
+    /// cannot serve the request: in exclusive use, tainted, or out of capacity. A refusal that
+    /// holds for the whole search (no share of the device is being taken in this attempt) is
+    /// remembered, so backtracking does not check the device again.
+    fn consumption(
+        &mut self,
+        request: usize,
+        index: usize,
+    ) -> Result<Option<Vec<Consumed<'a>>>, String> {
+        let current = &self.requests[request];
+        let planned = current.planned;
+        let candidate = &current.candidates[index];
+        let (facts, device) = (candidate.facts, candidate.device);
+        let allocating = allocating(&self.capacity, facts.slot);
+        let in_use = self.state.in_use(&facts.key);
+        let mut consumed = std::mem::take(&mut self.consumed);
+        let servable = !in_use.is_some_and(|u| u.exclusive)
+            && !tainted(
+                device,
+                planned.exactly.tolerations.as_deref().unwrap_or_default(),
+            )
+            && capacity::request_consumption(&planned.requested, device, facts, &mut consumed)?;
+        let existing = in_use.and_then(|u| u.consumed.as_ref());
+        if servable && capacity::fits(&consumed, existing, allocating, device, facts)? {
+            return Ok(Some(consumed));
+        }
+        self.consumed = consumed;
+        if allocating.is_none() {
+            self.requests[request].rejected[index] = true;
+        }
+        Ok(None)
     }
 
     /// Marks the device (`slot`) taken in this attempt: a share's consumed capacity, or the
