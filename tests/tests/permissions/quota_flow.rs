@@ -14,7 +14,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::GpuQuota;
-use kerf_api::gpuquota::{GpuAmount, GpuResources};
 use kerf_tests::fake_api::{FakeApi, Identity, KERF_NAMESPACE, KERF_WEBHOOK_MANIFEST};
 use kerf_tests::wait::eventually;
 use kube::api::{Api, PostParams};
@@ -24,7 +23,6 @@ use serde_json::json;
 pub const QUOTA_CONFIGURATION: &str = "kerf-gpu-quota";
 const TEAM: &str = "quota-team";
 const WAIT: Duration = Duration::from_secs(20);
-const GIB: u64 = 1 << 30;
 
 /// A stand-in for `kerf-gpu-quota` before the controller starts: one webhook without rules
 /// (never called), whose caBundle the controller fills.
@@ -87,28 +85,17 @@ pub async fn admissions(fake: &FakeApi, port: u16, class: &str) {
         }
     })
     .await;
-    // The leader's recount writes the status too: the admin retries on a conflict, as
-    // kubectl users do.
-    let used = GpuAmount {
-        memory_bytes: 20 * GIB,
-        ..GpuAmount::ZERO
-    };
-    for attempt in 1.. {
-        let mut stale = quotas.get_status(TEAM).await.unwrap();
-        stale.status.as_mut().unwrap().used = Some(GpuResources::of(used));
-        match quotas
-            .replace_status(TEAM, &PostParams::default(), &stale)
-            .await
-        {
-            Ok(_) => break,
-            Err(kube::Error::Api(status)) if status.code == 409 && attempt < 10 => {}
-            Err(error) => panic!("the admin's status write: {error}"),
-        }
-    }
+    // The next status write of the quota conflicts, as when another replica or the recount
+    // wrote first: the writer (the webhook, or the recount if it writes first) reads the quota
+    // again. Injected, because whether a real race happens depends on timing.
+    fake.fail_next(
+        "PUT",
+        &format!("/apis/gpu.kerf.dev/v1alpha1/namespaces/{TEAM}/gpuquotas/{TEAM}/status"),
+        409,
+        1,
+    );
     let after = slice_claim("after-conflict", class);
     claims.create(&PostParams::default(), &after).await.unwrap();
-    // The leader's recount may have written too (it recounts `used` from the claims, so the
-    // admin's figure does not stay): either way the webhook's copy was stale.
     let user = Identity::kerf_controller().username;
     let read_again = fake.authorization_checks().iter().any(|c| {
         c.allowed
