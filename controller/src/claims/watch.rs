@@ -53,6 +53,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
             name: CONTROLLER,
             message: "another claim controller runs on the same context".to_owned(),
         })?;
+    // kube-runtime's applier waits for its store's first list itself, and kube-runtime 5
+    // wakes only the last of several waiters on one store (see `ProcessCaches::wait_ready`):
+    // the two appliers below share the claim store with kerf's own waiters, so they start only
+    // once it is ready and their wait returns at once. (The pod and node stores cannot be
+    // awaited here: the appliers' queue and the node watch below fill them.)
+    tokio::select! {
+        () = shutdown.cancelled() => return Ok(()),
+        ready = ctx.caches.process().wait_ready() => ready?,
+    }
     let resync_period = ctx.config.resync_period;
     let claims = ctx.caches.claims.clone();
     // The node label reconciler runs on the same watch and store: every claim event goes to
