@@ -10,11 +10,14 @@
 //! - [`taint`]: device taints and request tolerations, matched as kube-scheduler does.
 //! - [`request`]: [`PodRequest`] and what each request asks for.
 //! - [`Index`]: free capacity per GPU, updated incrementally.
+//! - [`node_fit`]: whether a pod's CPU, memory and other node resources fit, as kube-scheduler
+//!   decides it.
 //! - [`place`] / [`place_where`]: the placement decision, [`PodPlacement`] or [`Unplaceable`].
 
 mod hash;
 mod index;
 pub mod model;
+pub mod node_fit;
 mod place;
 mod prioritized;
 pub mod request;
