@@ -13,8 +13,25 @@
 //! Quantities are plain integers in the units kube-scheduler's `framework.Resource` uses:
 //! millicores for CPU, bytes for memory and ephemeral storage, the quantity's value for
 //! scalar resources (hugepages in bytes, extended resources in units).
+//!
+//! Also here, for the callers that filter nodes as kube-scheduler does (kerf-controller, and
+//! the bench that replays traces through the same code): a pod's effective requests from its
+//! containers ([`pod_requests`], upstream `PodRequests`), host ports ([`HostPorts`], upstream
+//! `NodePorts`) and the `0/N nodes are available: …` message ([`Diagnosis`], upstream
+//! `FitError`) with the filter plugins' reasons.
 
 use std::collections::BTreeMap;
+
+mod diagnosis;
+mod ports;
+mod requests;
+
+pub use diagnosis::{
+    Diagnosis, NODE_AFFINITY_REASON, NODE_NAME_REASON, NODE_PORTS_REASON, TAINT_REASON,
+    UNSCHEDULABLE_REASON,
+};
+pub use ports::{HostPort, HostPorts};
+pub use requests::{InitContainer, PodLevelRequests, PodShape, pod_requests};
 
 /// Resource amounts, as kube-scheduler's `framework.Resource`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -121,7 +138,9 @@ impl NodeResources {
 
     /// Free memory in bytes (may be negative when the node is over-committed).
     pub fn free_memory(&self) -> i64 {
-        self.allocatable.memory.saturating_sub(self.requested.memory)
+        self.allocatable
+            .memory
+            .saturating_sub(self.requested.memory)
     }
 
     /// Counts a pod with these requests on the node.
