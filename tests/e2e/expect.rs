@@ -68,14 +68,25 @@ pub fn claim_devices(
     Ok(())
 }
 
-/// The one allocation result of kerf's driver on `claim`, as (pool, device).
+/// The one allocation result of kerf's driver on `claim`, as (pool, device), for the suite's
+/// request [`CLAIM_REF`].
 pub fn single_result(claim: &ResourceClaim, driver: &str) -> Result<(String, String)> {
+    single_result_for(claim, driver, CLAIM_REF)
+}
+
+/// The one allocation result of kerf's driver on `claim`, as (pool, device), which must be
+/// for the request named `request`.
+pub fn single_result_for(
+    claim: &ResourceClaim,
+    driver: &str,
+    request: &str,
+) -> Result<(String, String)> {
     let results = checks::allocation_results(claim, driver);
     match results.as_slice() {
         [result] => {
             ensure!(
-                result.request == CLAIM_REF,
-                "the result is for request {:?}, expected {CLAIM_REF:?}",
+                result.request == request,
+                "the result is for request {:?}, expected {request:?}",
                 result.request
             );
             Ok((result.pool.clone(), result.device.clone()))

@@ -78,6 +78,24 @@ pub fn claim_name(pod: &Pod) -> Option<&str> {
         .filter(|n| !n.is_empty())
 }
 
+/// The name kube-scheduler gives the request of the special claim for `resource` of `pod`:
+/// `container-<i>-request-<j>`, where `i` is the container's index among the init containers
+/// followed by the containers, and `j` the resource's index among the container's requests
+/// sorted by name (kubernetes/kubernetes
+/// `pkg/scheduler/framework/plugins/dynamicresources/extended/`, `createDeviceRequests`). Read
+/// it from the pod as the API server stored it: limits of extended resources are defaulted into
+/// requests there. `None` when no container requests `resource`.
+pub fn request_name(pod: &Pod, resource: &str) -> Option<String> {
+    let spec = pod.spec.as_ref()?;
+    let containers = spec.init_containers.iter().flatten().chain(&spec.containers);
+    containers.enumerate().find_map(|(at, container)| {
+        let requests = container.resources.as_ref()?.requests.as_ref()?;
+        // BTreeMap keys iterate sorted, as upstream sorts the names.
+        let index = requests.keys().position(|name| name == resource)?;
+        Some(format!("container-{at}-request-{index}"))
+    })
+}
+
 /// Checks that `claim` is the special claim kube-scheduler makes for `pod`.
 pub fn expect_special_claim(claim: &ResourceClaim, pod: &Pod) -> Result<()> {
     let annotated = claim
@@ -118,6 +136,28 @@ mod tests {
 
     fn settings() -> Settings {
         Settings::from_lookup(|_| None).unwrap()
+    }
+
+    #[test]
+    fn request_names_count_init_containers_and_sorted_requests() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {
+                "initContainers": [{"name": "init"}],
+                "containers": [
+                    {"name": "a"},
+                    {"name": "b", "resources": {"requests": {
+                        "memory": "1Gi", "cpu": "1", "gpu.kerf.dev/x": "1"
+                    }}}
+                ]
+            }
+        }))
+        .unwrap();
+        assert_eq!(
+            request_name(&pod, "gpu.kerf.dev/x").as_deref(),
+            Some("container-2-request-1")
+        );
+        assert_eq!(request_name(&pod, "gpu.kerf.dev/y"), None);
     }
 
     #[test]

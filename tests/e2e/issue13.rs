@@ -11,7 +11,7 @@ use kerf_api::gpuclass::CONDITION_EXTENDED_RESOURCE;
 use kube::Api;
 
 use super::cluster::{PodState, TestEnv};
-use super::expect::{self, pod_node, single_result};
+use super::expect::{self, pod_node, single_result, single_result_for};
 use super::manifests::{self, CLAIM_REF, Script};
 use super::wait::{self, Poll};
 use super::{extended, health};
@@ -70,7 +70,9 @@ pub async fn extended_resource_pod(env: TestEnv) -> Result<()> {
         .to_owned();
     let claim = env.claim(&claim_name).await?;
     extended::expect_special_claim(&claim, &pod)?;
-    let (pool, device) = single_result(&claim, &driver)?;
+    let request = extended::request_name(&pod, &resource)
+        .with_context(|| format!("no container of the running pod requests {resource}"))?;
+    let (pool, device) = single_result_for(&claim, &driver, &request)?;
     ensure!(
         pod_node(&pod) == Some(pool.as_str()),
         "the pod runs on {:?} but its GPU is in pool {pool}",
