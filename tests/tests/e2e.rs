@@ -375,8 +375,14 @@ async fn deployment_slices_are_bin_packed() -> Result<()> {
     .await
 }
 
-/// A claim whose parameters are out of range: kerf's controller reports an
-/// `InvalidParameters` Event that names the field, and allocates nothing.
+/// A claim whose parameters are out of range is refused where the user sees it, naming the
+/// field and the value, and nothing is allocated.
+///
+/// Where kerf's claim webhook is installed (`kerf-claim-parameters`, failurePolicy Fail, as
+/// deploy/ installs it) the create itself is denied with the webhook's words. Where it is not
+/// (kerf started as processes without webhooks), the API server stores the opaque parameters
+/// unchecked and kerf's controller must report an `InvalidParameters` Event and allocate
+/// nothing once a pod uses the claim. The test says which of the two it checked.
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn invalid_parameters_are_reported_and_not_allocated() -> Result<()> {
@@ -385,7 +391,6 @@ async fn invalid_parameters_are_reported_and_not_allocated() -> Result<()> {
         let class = env
             .gpu_class("invalid", manifests::controller_class_spec(None))
             .await?;
-        // The API server stores opaque parameters unchecked; kerf must reject compute 150.
         let params = json!({
             "apiVersion": kerf_api::API_VERSION,
             "kind": "GpuClaimParameters",
@@ -393,53 +398,89 @@ async fn invalid_parameters_are_reported_and_not_allocated() -> Result<()> {
             "compute": 150,
         });
         let spec = manifests::claim_spec(&class, &driver, Some(params), &[]);
-        env.create(&manifests::resource_claim("invalid", spec))
-            .await?;
-        // Allocation waits for a consumer, so the error only shows once a pod uses the claim.
-        let pod_spec = manifests::pod_spec(
-            &env.settings,
-            PodClaim::Claim("invalid"),
-            Script::ReportAndSleep,
-            "Never",
-        );
-        env.create(&manifests::pod("invalid", pod_spec, false))
-            .await?;
-
-        let event = env
-            .wait_event("ResourceClaim", "invalid", "InvalidParameters")
-            .await?;
-        let message = event.message.unwrap_or_default();
-        ensure!(
-            message.contains("spec.devices.config[0].opaque.parameters.compute")
-                && message.contains("150"),
-            "the InvalidParameters Event should name the field and value, it says: {message}"
-        );
-        for look in 0..2 {
-            if look > 0 {
-                tokio::time::sleep(SETTLE).await;
+        let webhook = claim_webhook_installed(&env).await?;
+        match env.create(&manifests::resource_claim("invalid", spec)).await {
+            Err(refused) if webhook => {
+                let message = format!("{refused:#}");
+                ensure!(
+                    message.contains("kerf-claim-parameters") || message.contains("denied"),
+                    "the create should be denied by kerf's claim webhook, it failed with: {message}"
+                );
+                ensure!(
+                    message.contains("compute") && message.contains("150"),
+                    "the denial should name the field and value, it says: {message}"
+                );
+                ensure!(
+                    env.api::<ResourceClaim>().get_opt("invalid").await?.is_none(),
+                    "a refused claim was stored"
+                );
+                eprintln!("[invalid] refused at admission: {message}");
+                Ok(())
             }
-            let claim = env.claim("invalid").await?;
-            ensure!(
-                !checks::is_allocated(&claim) && checks::allocated_node(&claim).is_none(),
-                "an invalid claim got allocated: {}",
-                checks::describe_claim(&claim)
-            );
-            let pod = env.api::<Pod>().get("invalid").await?;
-            ensure!(
-                pod_node(&pod).is_none(),
-                "a pod with an invalid claim was bound to {:?}",
-                pod_node(&pod)
-            );
-            let allocated = env
-                .events_about("ResourceClaim", "invalid")
-                .await?
-                .into_iter()
-                .any(|e| e.reason.as_deref() == Some("Allocated"));
-            ensure!(!allocated, "an invalid claim got an Allocated Event");
+            Err(error) => Err(error),
+            Ok(_) if webhook => {
+                bail!("kerf's claim webhook is installed but admitted a claim with compute 150")
+            }
+            Ok(_) => invalid_claim_reported_by_controller(&env).await,
         }
-        Ok(())
     })
     .await
+}
+
+/// Whether the cluster has kerf's claim-parameters webhook (deploy/'s
+/// ValidatingWebhookConfiguration `kerf-claim-parameters`).
+async fn claim_webhook_installed(env: &TestEnv) -> Result<bool> {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+    Ok(configs.get_opt("kerf-claim-parameters").await?.is_some())
+}
+
+/// The stored invalid claim "invalid", used by a pod: kerf's controller reports an
+/// `InvalidParameters` Event that names the field and value, and allocates nothing.
+async fn invalid_claim_reported_by_controller(env: &TestEnv) -> Result<()> {
+    eprintln!("[invalid] no claim webhook installed: checking the controller's Event");
+    // Allocation waits for a consumer, so the error only shows once a pod uses the claim.
+    let pod_spec = manifests::pod_spec(
+        &env.settings,
+        PodClaim::Claim("invalid"),
+        Script::ReportAndSleep,
+        "Never",
+    );
+    env.create(&manifests::pod("invalid", pod_spec, false))
+        .await?;
+    let event = env
+        .wait_event("ResourceClaim", "invalid", "InvalidParameters")
+        .await?;
+    let message = event.message.unwrap_or_default();
+    ensure!(
+        message.contains("spec.devices.config[0].opaque.parameters.compute")
+            && message.contains("150"),
+        "the InvalidParameters Event should name the field and value, it says: {message}"
+    );
+    for look in 0..2 {
+        if look > 0 {
+            tokio::time::sleep(SETTLE).await;
+        }
+        let claim = env.claim("invalid").await?;
+        ensure!(
+            !checks::is_allocated(&claim) && checks::allocated_node(&claim).is_none(),
+            "an invalid claim got allocated: {}",
+            checks::describe_claim(&claim)
+        );
+        let pod = env.api::<Pod>().get("invalid").await?;
+        ensure!(
+            pod_node(&pod).is_none(),
+            "a pod with an invalid claim was bound to {:?}",
+            pod_node(&pod)
+        );
+        let allocated = env
+            .events_about("ResourceClaim", "invalid")
+            .await?
+            .into_iter()
+            .any(|e| e.reason.as_deref() == Some("Allocated"));
+        ensure!(!allocated, "an invalid claim got an Allocated Event");
+    }
+    Ok(())
 }
 
 /// Deleting the pods gives the capacity back: a claim the pod named stays but is deallocated
