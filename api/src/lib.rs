@@ -11,6 +11,8 @@
 //! - [`features`]: probes of the optional API fields the server keeps (device taints, extended
 //!   resource names).
 //! - [`quantity`]: byte quantities (`40Gi`) parsed exactly.
+//! - [`pod_resources`]: a Pod's requests and host ports and a Node's allocatable, as
+//!   kube-scheduler reads them, in kerf-core's amounts.
 //! - [`inventory_view`](mod@inventory_view): [`node_gpus_from_slices`], the controller's
 //!   inventory read back from kerf's ResourceSlices.
 //! - [`ownership`]: which of kube-scheduler and kerf-controller may allocate each device.
@@ -40,6 +42,7 @@ pub mod inventory_view;
 pub mod node_selection;
 pub mod ownership;
 pub mod params;
+pub mod pod_resources;
 pub mod quantity;
 pub mod resourceslice;
 mod schema;

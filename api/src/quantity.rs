@@ -90,6 +90,66 @@ pub fn quantity_bytes(quantity: &Quantity) -> Result<u64> {
     parse_bytes(&quantity.0)
 }
 
+/// The quantity in units of 10^`exp10`, rounded up to a whole number: upstream
+/// `resource.Quantity.ScaledValue` (k8s.io/apimachinery `pkg/api/resource/quantity.go`), so
+/// `exp10` -3 is `MilliValue` (CPU in millicores: `100m` → 100, `0.5m` → 1) and 0 is `Value`
+/// (bytes, units: `1.5` → 2). Zero is allowed, as requests and allocatable may be zero.
+///
+/// # Errors
+///
+/// [`Error::InvalidQuantity`] when the text is not a quantity, is negative, or its scaled
+/// value does not fit in an `i64`.
+pub fn scaled_ceil(quantity: &Quantity, exp10: i64) -> Result<i64> {
+    const TOO_LARGE: &str = "is larger than the largest quantity Kubernetes can represent (2^63-1)";
+    let text = quantity.0.as_str();
+    let invalid = |reason| Error::InvalidQuantity {
+        value: text.to_owned(),
+        reason,
+    };
+    let number = split_number(text).ok_or_else(|| invalid("malformed"))?;
+    let scale = parse_suffix(number.suffix).ok_or_else(|| invalid("unknown suffix"))?;
+    let significant = significant_digits(number.integer, number.fraction);
+    if significant.digits.is_empty() {
+        return Ok(0);
+    }
+    if number.negative {
+        return Err(invalid("must not be negative"));
+    }
+    if significant.digits.len() > MAX_SIGNIFICANT_DIGITS {
+        return Err(invalid("has too many significant digits"));
+    }
+    let mantissa: u128 = significant
+        .digits
+        .parse()
+        .map_err(|_| invalid("malformed digits"))?;
+    let numerator = 1u128
+        .checked_shl(scale.exp2)
+        .filter(|_| scale.exp2 < 128)
+        .and_then(|two_pow| mantissa.checked_mul(two_pow))
+        .ok_or_else(|| invalid(TOO_LARGE))?;
+    let exp = scale
+        .exp10
+        .saturating_sub(significant.fraction_len)
+        .saturating_sub(exp10);
+    let value = if exp >= 0 {
+        u32::try_from(exp)
+            .ok()
+            .and_then(|e| 10u128.checked_pow(e))
+            .and_then(|ten_pow| numerator.checked_mul(ten_pow))
+            .ok_or_else(|| invalid(TOO_LARGE))?
+    } else {
+        match u32::try_from(exp.unsigned_abs())
+            .ok()
+            .and_then(|k| 10u128.checked_pow(k))
+        {
+            Some(ten_pow) => numerator.div_ceil(ten_pow),
+            // The divisor exceeds every u128, the numerator is positive: rounds up to 1.
+            None => 1,
+        }
+    };
+    i64::try_from(value).map_err(|_| invalid(TOO_LARGE))
+}
+
 /// Formats a byte count as a quantity: with the largest binary suffix that keeps it whole
 /// (`80Gi`, `81559Mi`), or as a plain integer when it is not a multiple of 1024.
 pub fn format_bytes(bytes: u64) -> String {
@@ -249,6 +309,37 @@ mod tests {
             }
             other => panic!("{text}: expected InvalidQuantity, got {other:?}"),
         }
+    }
+
+    fn ceil(text: &str, exp10: i64) -> i64 {
+        scaled_ceil(&Quantity(text.to_owned()), exp10).unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+
+    #[test]
+    fn milli_values_round_up_as_upstream() {
+        assert_eq!(ceil("20", -3), 20_000);
+        assert_eq!(ceil("100m", -3), 100);
+        assert_eq!(ceil("0.5", -3), 500);
+        assert_eq!(ceil("1.0001", -3), 1001);
+        assert_eq!(ceil("500u", -3), 1);
+        assert_eq!(ceil("1n", -3), 1);
+        assert_eq!(ceil("0", -3), 0);
+        assert_eq!(ceil("0m", -3), 0);
+        assert_eq!(ceil("1Ki", -3), 1_024_000);
+        assert_eq!(ceil("1e-40", -3), 1);
+    }
+
+    #[test]
+    fn values_round_up_and_overflow_is_an_error() {
+        assert_eq!(ceil("128Gi", 0), 128 << 30);
+        assert_eq!(ceil("1.5", 0), 2);
+        assert_eq!(ceil("2500m", 0), 3);
+        assert_eq!(ceil("110", 0), 110);
+        assert_eq!(ceil("9223372036854775807", 0), i64::MAX);
+        for bad in ["8Ei", "-1", "x", "1Zi"] {
+            assert!(scaled_ceil(&Quantity(bad.to_owned()), 0).is_err(), "{bad}");
+        }
+        assert!(scaled_ceil(&Quantity("9223372036854775807".to_owned()), -3).is_err());
     }
 
     #[test]
