@@ -20,24 +20,29 @@ pub fn managed_fields<K: Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
 }
 
-/// Keeps of a Pod what the claim reconciler, the ownership tick and the Events read:
+/// Keeps of a Pod what the claim reconciler, the nodes' books, the ownership tick and the
+/// Events read:
 /// - metadata but `managedFields` and `annotations` (which may hold kubectl's
 ///   `last-applied-configuration`, a second copy of the whole pod; nothing reads pod
 ///   annotations);
 /// - of the spec, the claims (`resourceClaims`), the gates (`schedulingGates`), the node
 ///   (`nodeName`), what decides the nodes the pod may run on (`nodeSelector`, the node part
-///   of `affinity`, `tolerations`) and the containers' and init containers' names, resources
-///   (extended-resource requests) and restart policy (sidecars); images, commands,
-///   environments, volumes and probes go;
-/// - of the status, `phase`, kerf's own condition ([`CONDITION_TYPE`], which the reconciler
-///   compares before writing it), `resourceClaimStatuses` and `extendedResourceClaimStatus`;
-///   the kubelet's and kube-scheduler's conditions, container statuses and addresses go.
+///   of `affinity`, `tolerations`), what it takes of a node (`overhead`, pod-level
+///   `resources`, `priority` against nominated pods) and the containers' and init
+///   containers' names, resources (requests: `claims::node_usage`, extended resources:
+///   `claims::ownership`), restart policy (sidecars) and host ports (the `ports` with a
+///   `hostPort`); images, commands, environments, volumes, probes and the other ports go;
+/// - of the status, `phase`, `nominatedNodeName`, kerf's own condition ([`CONDITION_TYPE`],
+///   which the reconciler compares before writing it), `resourceClaimStatuses` and
+///   `extendedResourceClaimStatus`; the kubelet's and kube-scheduler's conditions, container
+///   statuses and addresses go.
 pub fn pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
     pod.metadata.annotations = None;
     pod.spec = pod.spec.take().map(pod_spec);
     pod.status = pod.status.take().map(|status| PodStatus {
         phase: status.phase,
+        nominated_node_name: status.nominated_node_name,
         conditions: status.conditions.map(|conditions| {
             conditions
                 .into_iter()
@@ -60,6 +65,9 @@ fn pod_spec(spec: PodSpec) -> PodSpec {
             ..Affinity::default()
         }),
         tolerations: spec.tolerations,
+        overhead: spec.overhead,
+        resources: spec.resources,
+        priority: spec.priority,
         scheduling_gates: spec.scheduling_gates,
         resource_claims: spec.resource_claims,
         containers: spec.containers.into_iter().map(container).collect(),
@@ -70,25 +78,34 @@ fn pod_spec(spec: PodSpec) -> PodSpec {
     }
 }
 
-/// A container's name, resources and restart policy: what the extended-resource totals read
-/// (`claims::ownership::extended::requests`).
+/// A container's name, resources, restart policy and host ports: what the extended-resource
+/// totals (`claims::ownership::extended::requests`) and the nodes' books
+/// (`kerf_api::pod_resources`) read.
 fn container(container: Container) -> Container {
+    let host_ports: Vec<_> = container
+        .ports
+        .into_iter()
+        .flatten()
+        .filter(|p| p.host_port.is_some_and(|port| port > 0))
+        .collect();
     Container {
         name: container.name,
         resources: container.resources,
         restart_policy: container.restart_policy,
+        ports: (!host_ports.is_empty()).then_some(host_ports),
         ..Container::default()
     }
 }
 
 /// Keeps of a Node its metadata but `managedFields` (labels select nodes and carry the
 /// ownership policy; annotations carry the ownership record and the shared publication), its
-/// spec (`unschedulable`, `taints`) and, of its status, the `Ready` condition only: the
-/// image list, addresses, capacity, node info and the other conditions are the kubelet's
-/// and kube-scheduler's business.
+/// spec (`unschedulable`, `taints`) and, of its status, `allocatable` (what pods may take) and
+/// the `Ready` condition only: the image list, addresses, capacity, node info and the other
+/// conditions are the kubelet's and kube-scheduler's business.
 pub fn node(node: &mut Node) {
     node.metadata.managed_fields = None;
     node.status = node.status.take().map(|status| NodeStatus {
+        allocatable: status.allocatable,
         conditions: status.conditions.map(|conditions| {
             conditions
                 .into_iter()

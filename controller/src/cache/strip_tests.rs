@@ -5,6 +5,7 @@ use crate::claims::consumers;
 use crate::claims::nodes::node_fits;
 use crate::claims::write::has_condition;
 use k8s_openapi::api::resource::v1::ResourceSlice;
+use kerf_api::pod_resources::{host_ports, node_allocatable, pod_resource_requests, priority};
 use kube::ResourceExt as _;
 use serde_json::json;
 
@@ -44,16 +45,23 @@ fn full_pod(phase: &str, node_name: Option<&str>) -> Pod {
             ],
             "containers": [{
                 "name": "main", "image": "cuda:12", "command": ["train"],
-                "env": [{"name": "A", "value": "b"}], "resources": resources
+                "env": [{"name": "A", "value": "b"}], "resources": resources,
+                "ports": [{"containerPort": 80, "hostPort": 8080}, {"containerPort": 9090}]
             }],
             "initContainers": [
-                {"name": "sidecar", "image": "s", "restartPolicy": "Always", "resources": {"limits": {"gpu.kerf.dev/gpu": "1"}}},
-                {"name": "init", "image": "i", "resources": {"limits": {"gpu.kerf.dev/gpu": "3"}}}
+                {"name": "sidecar", "image": "s", "restartPolicy": "Always",
+                 "resources": {"requests": {"memory": "1Gi"}, "limits": {"gpu.kerf.dev/gpu": "1"}},
+                 "ports": [{"containerPort": 53, "hostPort": 53, "protocol": "UDP"}]},
+                {"name": "init", "image": "i", "resources": {"requests": {"cpu": "4"}, "limits": {"gpu.kerf.dev/gpu": "3"}}}
             ],
+            "overhead": {"cpu": "250m", "memory": "120Mi"},
+            "resources": {"requests": {"memory": "8Gi"}},
+            "priority": 1000,
             "volumes": [{"name": "data", "emptyDir": {}}]
         },
         "status": {
             "phase": phase,
+            "nominatedNodeName": "n2",
             "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "gpu.kerf.dev/GpuAllocation", "status": "True"}],
             "resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-x7k"}],
             "extendedResourceClaimStatus": {"resourceClaimName": "p-ext", "requestMappings": []},
@@ -80,7 +88,8 @@ fn full_node(name: &str, labels: serde_json::Value, taints: serde_json::Value) -
             ],
             "images": [{"names": ["cuda:12"], "sizeBytes": 1}],
             "addresses": [{"type": "InternalIP", "address": "10.0.0.2"}],
-            "allocatable": {"cpu": "64"}
+            "capacity": {"cpu": "64", "pods": "110"},
+            "allocatable": {"cpu": "63", "memory": "250Gi", "pods": "110", "example.com/fpga": "1"}
         }
     }))
     .unwrap()
@@ -148,6 +157,15 @@ fn stripped_pods_answer_every_reader_as_full_ones() {
             consumers::awaits_allocation(full)
         );
         assert_eq!(has_condition(&stripped), has_condition(full));
+        // The nodes' books: requests, host ports, priority, nomination.
+        let requests = pod_resource_requests(&stripped);
+        assert_eq!(requests, pod_resource_requests(full));
+        assert!(requests.milli_cpu == 4250 && requests.memory == (8 << 30) + (120 << 20));
+        assert_eq!(host_ports(&stripped), host_ports(full));
+        assert_eq!(host_ports(&stripped).len(), 2);
+        assert_eq!(priority(&stripped), priority(full));
+        let nominated = |p: &Pod| p.status.as_ref().unwrap().nominated_node_name.clone();
+        assert_eq!(nominated(&stripped), nominated(full));
         let kerf_condition = |p: &Pod| {
             let conditions = p.status.as_ref().unwrap().conditions.clone().unwrap();
             conditions.into_iter().find(|c| c.type_ == CONDITION_TYPE)
@@ -216,6 +234,8 @@ fn stripped_pods_lose_what_nobody_reads() {
     assert!(stripped.metadata.annotations.is_none());
     assert!(spec.volumes.is_none());
     assert!(spec.containers[0].image.is_none() && spec.containers[0].env.is_none());
+    let ports = spec.containers[0].ports.as_ref().unwrap();
+    assert_eq!(ports.len(), 1, "only the host port stays: {ports:?}");
     assert!(spec.affinity.as_ref().unwrap().pod_anti_affinity.is_none());
     assert!(
         stripped
@@ -235,6 +255,8 @@ fn stripped_nodes_answer_every_reader_as_full_ones() {
         for pod in &pods {
             assert_eq!(node_fits(pod, &stripped), node_fits(pod, &full));
         }
+        assert_eq!(node_allocatable(&stripped), node_allocatable(&full));
+        assert!(node_allocatable(&stripped).is_some());
         // The ownership tick reads the policy label and the record and publication
         // annotations; Events name the node.
         assert_eq!(stripped.metadata.labels, full.metadata.labels);
