@@ -86,6 +86,17 @@ pub struct Args {
     #[arg(long, env = "KERF_REJECTION_BACKOFF_MAX", default_value = "5m", value_parser = humantime::parse_duration)]
     pub rejection_backoff_max: Duration,
 
+    /// After this many rejections of one pod's placements by kube-scheduler (still
+    /// remembered), the controller stops placing the pod for a while and says so in a Warning;
+    /// 0: no bound.
+    #[arg(long, env = "KERF_MAX_NODE_REJECTIONS", default_value_t = 10)]
+    pub max_node_rejections: u32,
+
+    /// How long a pod whose claims the controller placed counts on its node (requests, host
+    /// ports) before kube-scheduler binds it; 0: until it is bound, deleted or placed again.
+    #[arg(long, env = "KERF_ASSUMED_POD_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub assumed_pod_ttl: Duration,
+
     /// How long after it observed a device republished as its own the controller waits before
     /// placing on it: allocations kube-scheduler decided earlier (between its Reserve and
     /// PreBind) land within it.
@@ -274,6 +285,8 @@ impl Args {
                 linger: self.ownership_linger,
             },
             ownership_tick: self.ownership_tick,
+            assumed_pod_ttl: self.assumed_pod_ttl,
+            max_node_rejections: self.max_node_rejections,
             ..ClaimSettings::default()
         }
     }
@@ -370,6 +383,9 @@ mod tests {
         assert_eq!(config.controller.resync_period, Duration::from_secs(600));
         assert_eq!(config.controller.backoff, BackoffConfig::default());
         assert_eq!(config.controller.instance.as_deref(), Some("host-1"));
+        let claims = config.controller.claims;
+        assert_eq!(claims.assumed_pod_ttl, Duration::from_secs(300));
+        assert_eq!(claims.max_node_rejections, 10);
         let lease = config.leader_election.unwrap();
         assert_eq!(
             lease,

@@ -16,7 +16,9 @@
 //! Events say it, without a pod status write in the middle of the scheduling path.
 //!
 //! Where things are: the decision tree is [`reconcile()`] (`reconcile.rs`); a pod's claims are
-//! allocated together in `allocate.rs`, placed in `placement.rs` and written (or rolled back,
+//! allocated together in `allocate.rs`, placed in `placement.rs` (on a node the pod fits as
+//! kube-scheduler filters nodes: `nodes.rs`, and the node's pods' requests and host ports kept
+//! by `node_usage.rs`) and written (or rolled back,
 //! or deallocated) in `commit.rs`; yielding to the scheduler is `yielding.rs`; Events and the
 //! pod condition are worded in `report.rs`; the watches are wired in `watch.rs`; the node label
 //! the kubelet plugins watch their claims by is kept by `node_label.rs`, on the claim store. All
@@ -32,6 +34,7 @@ mod gate;
 pub(crate) mod index;
 mod ledger;
 pub(crate) mod node_label;
+pub(crate) mod node_usage;
 pub(crate) mod nodes;
 pub mod ownership;
 mod placement;

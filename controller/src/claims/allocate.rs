@@ -12,17 +12,19 @@ use kube::runtime::events::EventType;
 
 use super::commit::{deallocate, write_placement};
 use super::gate;
-use super::placement::{NoFit, Placing, place_and_begin};
-use super::report::{describe, publish, report_allocated, report_invalid, report_unplaceable};
-use super::state::{allocated_on, allocation_of, annotated_node, is_reserved};
+use super::placement::{NoFit, Placing, place_and_begin, pod_fit};
+use super::report::{
+    describe, publish, report_allocated, report_invalid, report_rejection_limit, report_unplaceable,
+};
+use super::state::{allocated_on, allocation_of, annotated_node, is_reserved, pod_uid};
 use super::yielding::note_rejection;
 use super::{consumers, reasons};
 use crate::context::Context;
 use crate::error::Result;
 
-/// Places every unallocated controller claim of `pod` on one node (its `spec.nodeName` when it
-/// was created with one) and writes the allocations, all or nothing; then releases the pod's
-/// scheduling gate.
+/// Places every unallocated controller claim of `pod` on one node the pod fits (its
+/// `spec.nodeName` when it was created with one) and writes the allocations, all or nothing;
+/// then releases the pod's scheduling gate.
 pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action> {
     let started = Instant::now();
     let Some(claims) = cached_pod_claims(pod, ctx) else {
@@ -34,6 +36,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
         .partition(|c| allocation_of(c).is_some());
     if todo.is_empty() {
         if let Some(node) = placed.iter().find_map(|c| allocated_on(c, ctx.driver())) {
+            assume_placed(pod, &node, ctx);
             report_allocated(ctx, pod, placed.len(), &node).await;
         }
         gate::release(pod, ctx).await?;
@@ -43,7 +46,10 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
         // A claim of the pod the scheduler rejected: its node must not be chosen again.
         note_rejection(claim, &[pod], ctx).await;
     }
-    let pinned = pinned_nodes(pod, &placed, ctx);
+    if let Some(action) = rejection_limit(pod, &todo, started, ctx).await {
+        return Ok(action);
+    }
+    let pinned = pinned_nodes(&placed, ctx);
     let request = match pod_request(&todo, ctx) {
         Ok(request) => request,
         Err((claim, error)) => {
@@ -57,6 +63,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
         Placing::Placed(placement, writing) => (placement, writing),
         Placing::Busy => return Ok(Action::requeue(ctx.config.claims.pending_retry)),
         Placing::NoFit(no_fit) => {
+            forget_assumed(pod, ctx);
             let unfit = Unfit {
                 placed: &placed,
                 todo: &todo,
@@ -80,11 +87,58 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
             Ok(Action::await_change())
         }
         Err(error) => {
+            forget_assumed(pod, ctx);
             ctx.metrics
                 .record_allocation(Err(error.reason()), started.elapsed());
             Err(error)
         }
     }
+}
+
+/// The pod's claims are all allocated on `node` and it is not bound yet: it counts there
+/// until kube-scheduler binds it (after a restart, or a placement whose assumption expired).
+fn assume_placed(pod: &Pod, node: &str, ctx: &Context) {
+    let Some(uid) = pod_uid(pod) else { return };
+    if !consumers::is_unscheduled(pod) || ctx.claims.node_usage.is_assumed(uid) {
+        return;
+    }
+    let fit = pod_fit(pod, ctx);
+    let ttl = ctx.config.claims.assumed_pod_ttl;
+    ctx.claims
+        .node_usage
+        .assume(uid, node, &fit, ttl, Instant::now());
+}
+
+/// The pod's placement is not written (nothing fits, or the write failed): it takes nothing
+/// on the node it was assumed on.
+fn forget_assumed(pod: &Pod, ctx: &Context) {
+    if let Some(uid) = pod_uid(pod) {
+        ctx.claims.node_usage.forget(uid);
+    }
+}
+
+/// kube-scheduler rejected the pod's placements as often as `--max-node-rejections` allows
+/// (for filters the controller does not model): the pod is not placed again until some of the
+/// rejections are forgotten, and a Warning on the pod and its claims says so.
+async fn rejection_limit(
+    pod: &Pod,
+    todo: &[Arc<ResourceClaim>],
+    started: Instant,
+    ctx: &Context,
+) -> Option<Action> {
+    let limit = ctx.config.claims.max_node_rejections;
+    let uid = pod_uid(pod)?;
+    let rejections = ctx.rejections(uid);
+    if limit == 0 || rejections < limit {
+        return None;
+    }
+    let message = format!(
+        "kube-scheduler rejected {rejections} placements of this pod's claims (--max-node-rejections {limit}), for a filter kerf-controller does not model (inter-pod affinity, topology spread, volumes, other drivers' claims: see the pod's FailedScheduling Events); not placing them again until rejections are forgotten (after at most twice --rejection-backoff-max)"
+    );
+    ctx.metrics
+        .record_allocation(Err("rejection_limit"), started.elapsed());
+    report_rejection_limit(ctx, pod, todo, &message).await;
+    Some(Action::requeue(ctx.config.claims.unplaceable_retry))
 }
 
 /// The pod's claims from the cache, or `None` while one of them (or a claim its templates
@@ -102,14 +156,14 @@ fn cached_pod_claims(pod: &Pod, ctx: &Context) -> Option<Vec<Arc<ResourceClaim>>
         .collect()
 }
 
-/// The nodes the pod is tied to: where its allocated claims are, and its `spec.nodeName`.
-fn pinned_nodes(pod: &Pod, placed: &[Arc<ResourceClaim>], ctx: &Context) -> Vec<String> {
+/// The nodes the pod is tied to by its allocated claims. (A pod created with `spec.nodeName`
+/// runs there whatever kerf decides: the NodeName filter keeps the other nodes out,
+/// `nodes.rs`.)
+fn pinned_nodes(placed: &[Arc<ResourceClaim>], ctx: &Context) -> Vec<String> {
     let mut pinned: Vec<String> = placed
         .iter()
         .filter_map(|c| allocated_on(c, ctx.driver()))
         .collect();
-    // A pod created with spec.nodeName runs there whatever kerf decides.
-    pinned.extend(consumers::assigned_node(pod).map(str::to_owned));
     pinned.sort();
     pinned.dedup();
     pinned

@@ -13,6 +13,7 @@ use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use super::gate::ReleasedGates;
 use super::ledger::{Books, Ledger, WriteGuard};
+use super::node_usage::NodeUsage;
 use super::ownership::InputChanges;
 use super::pod_index::PodsByClaim;
 use crate::context::Context;
@@ -34,6 +35,14 @@ pub struct ClaimSettings {
     /// The shortest time between two ownership passes; a pass runs only when its inputs
     /// changed or a fence or linger is due ([`super::ownership`]).
     pub ownership_tick: Duration,
+    /// How long a pod the controller placed counts on its node before kube-scheduler binds it
+    /// (its requests and host ports, `super::node_usage`); zero: until bound, deleted or
+    /// placed again.
+    pub assumed_pod_ttl: Duration,
+    /// After this many rejections by kube-scheduler still remembered for one pod (filters the
+    /// controller does not model), the pod is not placed again until they are forgotten; a
+    /// Warning says so. Zero: no bound.
+    pub max_node_rejections: u32,
 }
 
 impl Default for ClaimSettings {
@@ -45,6 +54,8 @@ impl Default for ClaimSettings {
             pending_retry: Duration::from_secs(2),
             ownership: super::ownership::OwnershipTiming::default(),
             ownership_tick: Duration::from_millis(500),
+            assumed_pod_ttl: Duration::from_secs(300),
+            max_node_rejections: 10,
         }
     }
 }
@@ -58,6 +69,9 @@ pub struct ClaimsPart {
     /// The pods that use each claim, kept by the pod watch after the store and before the
     /// pod's claims are queued, so finding a claim's consumers does not walk every pod.
     pub(super) pods_by_claim: PodsByClaim,
+    /// What the bound, nominated and assumed pods take of each node, kept by the pod and node
+    /// watches after their stores ([`super::node_usage`]).
+    pub(super) node_usage: NodeUsage,
     /// Every node.
     pub nodes: Store<Node>,
     /// Free capacity, writes in flight, rejections, claims waiting for capacity.
@@ -113,6 +127,7 @@ impl ClaimsPart {
         ClaimsPart {
             pods,
             pods_by_claim: PodsByClaim::default(),
+            node_usage: NodeUsage::default(),
             nodes,
             ledger: Ledger::new(ownership_inputs.clone()),
             trigger,
@@ -233,6 +248,11 @@ impl Context {
     /// Nodes currently unsuitable for pod `pod_uid`.
     pub(crate) fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
         self.claims.ledger.unsuitable_nodes(pod_uid)
+    }
+
+    /// The rejections by kube-scheduler still remembered for pod `pod_uid`.
+    pub(crate) fn rejections(&self, pod_uid: &str) -> u32 {
+        self.claims.ledger.rejections(pod_uid)
     }
 
     /// True when devices the controller took over are still behind their ownership fence:

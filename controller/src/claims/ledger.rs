@@ -219,6 +219,21 @@ impl Ledger {
             .collect()
     }
 
+    /// How many rejections of pod `pod_uid` are still remembered: each mark counts the
+    /// rejections of its node (a repeat counts again).
+    pub(super) fn rejections(&self, pod_uid: &str) -> u32 {
+        let now = Instant::now();
+        let state = self.lock();
+        state
+            .unsuitable
+            .get(pod_uid)
+            .into_iter()
+            .flatten()
+            .filter(|(_, mark)| mark.forget_at > now)
+            .map(|(_, mark)| mark.repeats.saturating_add(1))
+            .fold(0, u32::saturating_add)
+    }
+
     /// True when devices taken over by the controller wait for their fence.
     pub(super) fn settling(&self) -> bool {
         self.lock().ownership.settling()

@@ -1,57 +1,89 @@
-//! Which nodes may run a pod: the subset of the scheduler's node filters that decides where
-//! the controller may place the pod's GPU slices (node selector, required node affinity,
-//! taints, readiness, cordon).
+//! Which nodes may run a pod: the node filters of kube-scheduler that read only the pod and the
+//! Node, in the order of its default plugins (`pkg/scheduler/apis/config/v1/default_plugins.go`),
+//! each worded as the plugin words it ([`NodeRejection`]'s `Display`). Readiness comes first:
+//! kerf's own check (upstream leaves NotReady nodes to their `node.kubernetes.io/not-ready`
+//! taint). The filters that need the node's other pods (host ports, resources) are
+//! `node_usage`'s.
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kerf_api::node_selection::{node_selector_matches, untolerated_blocking_taint};
+use kerf_core::alloc::node_fit::{
+    NODE_AFFINITY_REASON, NODE_NAME_REASON, TAINT_REASON, UNSCHEDULABLE_REASON,
+};
 
-/// Why a node cannot run a pod, in words fit for an Event.
+/// The taint kube-scheduler treats `spec.unschedulable` as (`v1.TaintNodeUnschedulable`).
+const UNSCHEDULABLE_TAINT: &str = "node.kubernetes.io/unschedulable";
+
+/// Why a node cannot run a pod; `Display` gives kube-scheduler's reason (kerf's own for
+/// readiness).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum NodeRejection {
     /// The node is not Ready.
     NotReady,
-    /// The node is cordoned.
+    /// The node is cordoned and the pod does not tolerate it (`nodeunschedulable`).
     Unschedulable,
-    /// `spec.nodeSelector` does not match.
+    /// The pod's `spec.nodeName` names another node (`nodename`).
+    NodeName,
+    /// A NoSchedule/NoExecute taint is not tolerated (`tainttoleration`).
+    Taint,
+    /// `spec.nodeSelector` does not match (`nodeaffinity`).
     NodeSelector,
-    /// Required node affinity does not match.
+    /// Required node affinity does not match (`nodeaffinity`).
     NodeAffinity,
-    /// A NoSchedule/NoExecute taint is not tolerated.
-    Taint(String),
 }
 
 impl std::fmt::Display for NodeRejection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            NodeRejection::NotReady => f.write_str("not Ready"),
-            NodeRejection::Unschedulable => f.write_str("cordoned"),
-            NodeRejection::NodeSelector => f.write_str("does not match the pod's nodeSelector"),
-            NodeRejection::NodeAffinity => {
-                f.write_str("does not match the pod's required node affinity")
-            }
-            NodeRejection::Taint(key) => write!(f, "has taint {key} the pod does not tolerate"),
-        }
+        f.write_str(match self {
+            NodeRejection::NotReady => NOT_READY_REASON,
+            NodeRejection::Unschedulable => UNSCHEDULABLE_REASON,
+            NodeRejection::NodeName => NODE_NAME_REASON,
+            NodeRejection::Taint => TAINT_REASON,
+            NodeRejection::NodeSelector | NodeRejection::NodeAffinity => NODE_AFFINITY_REASON,
+        })
     }
 }
+
+/// kerf's words for a node that is not Ready.
+pub(crate) const NOT_READY_REASON: &str = "node(s) were not Ready";
 
 /// Checks whether `node` may run `pod`.
 ///
 /// # Errors
-/// The first reason the node is unsuitable.
+/// The first filter that rejects the node.
 pub(crate) fn node_fits(pod: &Pod, node: &Node) -> Result<(), NodeRejection> {
     if !is_ready(node) {
         return Err(NodeRejection::NotReady);
     }
-    if node
-        .spec
-        .as_ref()
-        .and_then(|s| s.unschedulable)
-        .unwrap_or(false)
-    {
+    let spec = pod.spec.as_ref();
+    let tolerations = spec
+        .and_then(|s| s.tolerations.as_deref())
+        .unwrap_or_default();
+    if is_cordoned(node) && !tolerates_unschedulable(tolerations) {
         return Err(NodeRejection::Unschedulable);
     }
-    let labels = node.metadata.labels.clone().unwrap_or_default();
     let name = node.metadata.name.as_deref().unwrap_or_default();
+    if spec
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|wanted| !wanted.is_empty() && wanted != name)
+    {
+        return Err(NodeRejection::NodeName);
+    }
+    let taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default();
+    if untolerated_blocking_taint(taints, tolerations).is_some() {
+        return Err(NodeRejection::Taint);
+    }
+    node_affinity(pod, node, name)
+}
+
+/// The `nodeaffinity` filter: `spec.nodeSelector`, then the required node affinity.
+fn node_affinity(pod: &Pod, node: &Node, name: &str) -> Result<(), NodeRejection> {
+    let no_labels = std::collections::BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&no_labels);
     let spec = pod.spec.as_ref();
     if let Some(selector) = spec.and_then(|s| s.node_selector.as_ref())
         && !selector.iter().all(|(k, v)| labels.get(k) == Some(v))
@@ -66,27 +98,30 @@ pub(crate) fn node_fits(pod: &Pod, node: &Node) -> Result<(), NodeRejection> {
                 .as_ref()
         });
     if let Some(required) = required
-        && !node_selector_matches(required, &labels, name)
+        && !node_selector_matches(required, labels, name)
     {
         return Err(NodeRejection::NodeAffinity);
     }
-    let tolerations = spec
-        .and_then(|s| s.tolerations.as_deref())
-        .unwrap_or_default();
-    let taints = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.taints.as_deref())
-        .unwrap_or_default();
-    if let Some(taint) = untolerated_blocking_taint(taints, tolerations) {
-        return Err(NodeRejection::Taint(format!(
-            "{}={}:{}",
-            taint.key,
-            taint.value.as_deref().unwrap_or(""),
-            taint.effect
-        )));
-    }
     Ok(())
+}
+
+fn is_cordoned(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false)
+}
+
+/// A pod that tolerates `node.kubernetes.io/unschedulable:NoSchedule` also tolerates
+/// `spec.unschedulable` (kubernetes/kubernetes
+/// `pkg/scheduler/framework/plugins/nodeunschedulable/node_unschedulable.go`, `Filter`).
+fn tolerates_unschedulable(tolerations: &[k8s_openapi::api::core::v1::Toleration]) -> bool {
+    let taint = Taint {
+        key: UNSCHEDULABLE_TAINT.to_owned(),
+        effect: "NoSchedule".to_owned(),
+        ..Taint::default()
+    };
+    untolerated_blocking_taint(std::slice::from_ref(&taint), tolerations).is_none()
 }
 
 fn is_ready(node: &Node) -> bool {
@@ -155,6 +190,45 @@ mod tests {
             node_fits(&pod(json!({})), &cordoned),
             Err(NodeRejection::Unschedulable)
         );
+        assert_eq!(
+            NodeRejection::Unschedulable.to_string(),
+            "node(s) were unschedulable"
+        );
+    }
+
+    #[test]
+    fn a_pod_tolerating_the_unschedulable_taint_may_use_a_cordoned_node() {
+        let cordoned = node(json!({"spec": {"unschedulable": true}}));
+        let tolerant = pod(json!({"tolerations": [
+            {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+        ]}));
+        assert_eq!(node_fits(&tolerant, &cordoned), Ok(()));
+        let everything = pod(json!({"tolerations": [{"operator": "Exists"}]}));
+        assert_eq!(node_fits(&everything, &cordoned), Ok(()));
+        let no_execute = pod(json!({"tolerations": [
+            {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoExecute"}
+        ]}));
+        assert_eq!(
+            node_fits(&no_execute, &cordoned),
+            Err(NodeRejection::Unschedulable)
+        );
+    }
+
+    #[test]
+    fn a_node_name_admits_that_node_only() {
+        assert_eq!(
+            node_fits(&pod(json!({"nodeName": "n1"})), &node(json!({}))),
+            Ok(())
+        );
+        let elsewhere = pod(json!({"nodeName": "n2"}));
+        assert_eq!(
+            node_fits(&elsewhere, &node(json!({}))),
+            Err(NodeRejection::NodeName)
+        );
+        assert_eq!(
+            NodeRejection::NodeName.to_string(),
+            "node(s) didn't match the requested node name"
+        );
     }
 
     #[test]
@@ -218,7 +292,7 @@ mod tests {
         );
         assert!(matches!(
             node_fits(&pod(json!({})), &tainted),
-            Err(NodeRejection::Taint(_))
+            Err(NodeRejection::Taint)
         ));
         let equal = pod(
             json!({"tolerations": [{"key": "gpu", "operator": "Equal", "value": "h100", "effect": "NoSchedule"}]}),

@@ -15,6 +15,9 @@ pub(crate) const INVALID_PARAMETERS: &str = "InvalidParameters";
 pub(crate) const DEALLOCATED: &str = "Deallocated";
 /// The scheduler cleared an allocation the controller wrote: the node is avoided for the pod.
 pub(crate) const NODE_REJECTED: &str = "NodeRejected";
+/// The scheduler rejected the pod's placements `--max-node-rejections` times: the controller
+/// stops placing it for a while (condition False; Warning Events on the pod and its claims).
+pub(crate) const TOO_MANY_REJECTIONS: &str = "TooManyRejections";
 /// The API server refused a write of one of the pod's claims (condition False; the
 /// Warning Events on the claim and the pod, reason `WriteRefused`, quote its answer).
 pub const CLAIM_WRITE_REFUSED: &str = "ClaimWriteRefused";

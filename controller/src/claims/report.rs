@@ -2,7 +2,6 @@
 //! condition, in words an admin can act on — also when the API server will not take the
 //! controller's writes ([`write_failed`]).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod};
@@ -20,39 +19,23 @@ use crate::context::Write;
 use crate::error::Error;
 
 /// The allocator's sentence, prefixed with the failing claim's name (its message names only
-/// the request) and followed by the nodes that were not considered and why.
-pub(super) fn explain(
-    unplaceable: &Unplaceable,
-    rejections: &BTreeMap<String, String>,
-    claims: &[Arc<ResourceClaim>],
-) -> String {
+/// the request) and closed with a period: what follows kube-scheduler's `0/N nodes are
+/// available: …` when nodes passed the filters but the pod's claims fit on none of them.
+pub(super) fn explain(unplaceable: &Unplaceable, claims: &[Arc<ResourceClaim>]) -> String {
     let claim = unplaceable.claim().and_then(|key| {
         claims
             .iter()
             .find(|c| c.metadata.uid.as_deref() == Some(key))
     });
-    let unplaceable = match claim {
+    let sentence = match claim {
         Some(claim) => format!("claim {}: {unplaceable}", claim.name_any()),
         None => unplaceable.to_string(),
     };
-    if rejections.is_empty() {
-        return unplaceable;
-    }
-    let skipped: Vec<String> = rejections
-        .iter()
-        .take(5)
-        .map(|(node, why)| format!("{node} {why}"))
-        .collect();
-    let more = rejections.len().saturating_sub(5);
-    let tail = if more > 0 {
-        format!(" and {more} more")
+    if sentence.ends_with('.') {
+        sentence
     } else {
-        String::new()
-    };
-    format!(
-        "{unplaceable} (nodes not considered: {}{tail})",
-        skipped.join("; ")
-    )
+        format!("{sentence}.")
+    }
 }
 
 pub(super) fn describe(node: &str, placed: &ClaimPlacement) -> String {
@@ -122,6 +105,28 @@ pub(super) async fn report_unplaceable(
     let condition = PodCondition {
         allocated: false,
         reason: reasons::UNPLACEABLE,
+        message: message.to_owned(),
+    };
+    set_condition(ctx, pod, &condition).await;
+}
+
+/// kube-scheduler rejected the pod's placements too often: a Warning Event on every claim
+/// still waiting and on the pod, and the pod condition False with the same words.
+pub(super) async fn report_rejection_limit(
+    ctx: &Context,
+    pod: &Pod,
+    claims: &[Arc<ResourceClaim>],
+    message: &str,
+) {
+    let reason = reasons::TOO_MANY_REJECTIONS;
+    for claim in claims {
+        publish(ctx, claim, EventType::Warning, reason, message.to_owned()).await;
+    }
+    let on_pod = pod.object_ref(&());
+    publish_on(ctx, &on_pod, EventType::Warning, reason, message.to_owned()).await;
+    let condition = PodCondition {
+        allocated: false,
+        reason,
         message: message.to_owned(),
     };
     set_condition(ctx, pod, &condition).await;

@@ -138,12 +138,14 @@ async fn reconcile_until(
     }
 }
 
-/// The pod watch: writes the pod store through `writer`, then the pod index, then bumps the
-/// ownership inputs, and asks for the reconcile of each changed pod's claims.
+/// The pod watch: writes the pod store through `writer`, then the pod index and the nodes'
+/// books, then bumps the ownership inputs, and asks for the reconcile of each changed pod's
+/// claims.
 fn pod_requests(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     writer: reflector::store::Writer<Pod>,
 ) -> impl futures::Stream<Item = Request> + Send + 'static {
+    let usage_ctx = Arc::clone(ctx);
     trigger_with(
         reflector::reflector(
             writer,
@@ -157,16 +159,27 @@ fn pod_requests(
         .inspect(ctx.claims.ownership_inputs.pod_bumper())
         // After the store, before the pod's claims are queued (see `PodsByClaim`).
         .inspect(ctx.claims.pods_by_claim.updater())
+        .inspect(move |item| {
+            // A bound pod that went frees its node: claims waiting for room try again, as
+            // kube-scheduler requeues unschedulable pods on a pod deletion.
+            if let Ok(event) = item
+                && usage_ctx.claims.node_usage.apply_pod_event(event)
+            {
+                usage_ctx.capacity_freed();
+            }
+        })
         .touched_objects(),
         pod_claim_refs,
     )
 }
 
-/// The node watch: writes the node store through `writer` and bumps the ownership inputs.
+/// The node watch: writes the node store through `writer`, then the nodes' books, and bumps
+/// the ownership inputs.
 fn node_watch(
-    ctx: &Context,
+    ctx: &Arc<Context>,
     writer: reflector::store::Writer<Node>,
 ) -> impl Future<Output = ()> + Send + 'static {
+    let usage_ctx = Arc::clone(ctx);
     reflector::reflector(
         writer,
         watcher(
@@ -177,7 +190,14 @@ fn node_watch(
         .modify(strip::node),
     )
     .inspect(ctx.claims.ownership_inputs.node_bumper())
-    .for_each(|_| std::future::ready(()))
+    .for_each(move |item| {
+        if let Ok(event) = item
+            && usage_ctx.claims.node_usage.apply_node_event(&event)
+        {
+            usage_ctx.capacity_freed();
+        }
+        std::future::ready(())
+    })
 }
 
 /// The claims the process-wide watch brings, after its store has them (see

@@ -1,6 +1,13 @@
 //! Yielding to the scheduler: a device the scheduler allocated whole to another claim is
 //! given up by an unreserved controller claim that shares it, and a node the scheduler
 //! rejected (it cleared our allocation) is avoided for the pod.
+//!
+//! The rejection walk is the exception: nodes are filtered first as kube-scheduler filters
+//! them wherever the controller's caches can tell (`placement.rs`), so a rejection means a
+//! filter kerf does not model (inter-pod affinity and anti-affinity, topology spread,
+//! volumes, other drivers' claims, scheduler extenders or plugins of a custom profile). The
+//! walk is bounded: `--max-node-rejections` remembered rejections stop it for the pod
+//! (`allocate.rs`).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -94,6 +101,8 @@ pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &C
     }
     for pod_uid in pods.iter().filter_map(|pod| pod_uid(pod)) {
         ctx.mark_unsuitable(pod_uid, node);
+        // The pod no longer takes room on the node kube-scheduler refused it.
+        ctx.claims.node_usage.forget(pod_uid);
     }
     let note = format!("the scheduler cleared the allocation on node {node}; trying other nodes");
     publish(ctx, claim, EventType::Warning, reasons::NODE_REJECTED, note).await;
