@@ -215,6 +215,11 @@ async fn a_node_name_admits_only_that_node() {
     assert_eq!(node, "node-1");
 }
 
+/// A cordon as a real cluster shows it: `spec.unschedulable` and the node lifecycle
+/// controller's `node.kubernetes.io/unschedulable:NoSchedule` taint (the fake adds it in the
+/// same write), so both NodeUnschedulable and TaintToleration refuse it; a pod tolerating that
+/// taint passes both. (NodeUnschedulable alone, as on a cluster without the lifecycle
+/// controller, is unit-tested in `controller/src/claims/nodes.rs`.)
 #[tokio::test]
 async fn a_cordoned_node_takes_only_pods_tolerating_it() {
     let cordon = |fake: &FakeApi| {
