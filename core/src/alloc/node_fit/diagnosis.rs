@@ -15,8 +15,9 @@ use std::collections::BTreeMap;
 pub const UNSCHEDULABLE_REASON: &str = "node(s) were unschedulable";
 /// `nodename` (`ErrReason`): the pod's `spec.nodeName` names another node.
 pub const NODE_NAME_REASON: &str = "node(s) didn't match the requested node name";
-/// `tainttoleration` (`Filter`, 1.34 and later: the taint is no longer named): a NoSchedule
-/// or NoExecute taint the pod does not tolerate.
+/// `tainttoleration` (`Filter`): a NoSchedule or NoExecute taint the pod does not tolerate.
+/// Since kubernetes#134740 (1.35, cherry-picked to 1.34) the taint is no longer named (it was
+/// `node(s) had untolerated taint {key: value}`): taint keys and values may be sensitive.
 pub const TAINT_REASON: &str = "node(s) had untolerated taint(s)";
 /// `nodeaffinity` (`ErrReasonPod`): `spec.nodeSelector` or the required node affinity does not
 /// match.
