@@ -428,11 +428,19 @@ async fn invalid_parameters_are_reported_and_not_allocated() -> Result<()> {
 }
 
 /// Whether the cluster has kerf's claim-parameters webhook (deploy/'s
-/// ValidatingWebhookConfiguration `kerf-claim-parameters`).
+/// MutatingWebhookConfiguration `kerf-claim-parameters`, webhook
+/// `claim-parameters.gpu.kerf.dev`).
 async fn claim_webhook_installed(env: &TestEnv) -> Result<bool> {
-    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-    let configs: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
-    Ok(configs.get_opt("kerf-claim-parameters").await?.is_some())
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    let configs: Api<MutatingWebhookConfiguration> = Api::all(env.client.clone());
+    let installed = configs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .flat_map(|config| config.webhooks.iter().flatten())
+        .any(|webhook| webhook.name == "claim-parameters.gpu.kerf.dev");
+    Ok(installed)
 }
 
 /// The stored invalid claim "invalid", used by a pod: kerf's controller reports an
