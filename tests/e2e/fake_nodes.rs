@@ -192,21 +192,51 @@ pub async fn publish_controller_gpus(
     fake: &FakeNodes,
     timeout: Duration,
 ) -> Result<()> {
+    publish_gpus(client, driver, fake, ownership::Owner::Controller, timeout).await
+}
+
+/// Pins every node's devices to `owner` with the Node label `gpu.kerf.dev/allocator`.
+pub async fn pin(client: &Client, fake: &FakeNodes, owner: ownership::Owner) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let label = json!({"metadata": {"labels": {ownership::NODE_LABEL: owner.as_str()}}});
+    for name in &fake.names {
+        nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .with_context(|| format!("pinning Node {name} to {}", owner.as_str()))?;
+    }
+    Ok(())
+}
+
+/// Publishes every node's GPUs, waits until kerf-controller has recorded all of them as
+/// `owner`'s (the nodes must be pinned to it, [`pin`]), and publishes them again with that
+/// owner, as the plugin would.
+pub async fn publish_gpus(
+    client: &Client,
+    driver: &str,
+    fake: &FakeNodes,
+    owner: ownership::Owner,
+    timeout: Duration,
+) -> Result<()> {
     publish(client, driver, fake).await?;
     let nodes: Api<Node> = Api::all(client.clone());
+    let on_fake: BTreeSet<&str> = fake.names.iter().map(String::as_str).collect();
+    let listed = ListParams::default().labels(LABEL);
     wait::poll_until(
-        "kerf-controller to record the fake nodes' GPUs as its own",
+        format_args!(
+            "kerf-controller to record the fake nodes' GPUs as {}'s",
+            owner.as_str()
+        ),
         timeout,
         || async {
             let mut short = Vec::new();
-            for name in &fake.names {
-                let node = nodes.get(name).await?;
+            for node in nodes.list(&listed).await?.items {
+                let name = node.name_any();
+                if !on_fake.contains(name.as_str()) {
+                    continue;
+                }
                 let record = Record::from_annotations(node.metadata.annotations.as_ref())?;
-                let owned = record
-                    .0
-                    .values()
-                    .filter(|o| **o == ownership::Owner::Controller)
-                    .count();
+                let owned = record.0.values().filter(|o| **o == owner).count();
                 if owned < GPUS_PER_NODE {
                     short.push(format!("{name}: {owned}"));
                 }
@@ -214,7 +244,13 @@ pub async fn publish_controller_gpus(
             Ok(if short.is_empty() {
                 Poll::Ready(())
             } else {
-                Poll::Pending(format!("controller-owned GPUs per node: {short:?}"))
+                Poll::Pending(format!(
+                    "{} nodes short of {} GPUs owned by {}, e.g. {:?}",
+                    short.len(),
+                    GPUS_PER_NODE,
+                    owner.as_str(),
+                    short.iter().take(5).collect::<Vec<_>>()
+                ))
             })
         },
     )

@@ -36,6 +36,10 @@ mod checks;
 )]
 mod cluster;
 #[path = "../e2e/fake_nodes.rs"]
+#[allow(
+    dead_code,
+    reason = "shared with tests/tests/e2e_throughput.rs, which uses the rest"
+)]
 mod fake_nodes;
 #[path = "../e2e/manifests.rs"]
 #[allow(
