@@ -1134,3 +1134,149 @@ async fn a_tainted_gpu_is_skipped_unless_the_request_tolerates_it() {
     assert!(allocation(&get_claim(&fake, "two").unwrap()).is_none());
     controller.stop().await;
 }
+
+/// The kerf gate, as the admission webhook puts it on a pod with controller claims.
+fn kerf_gate() -> Value {
+    json!({"schedulingGates": [{"name": kerf_api::controller_claims::SCHEDULING_GATE}]})
+}
+
+/// The `reservedFor` entry of pod `name`.
+fn reservation_of(fake: &FakeApi, name: &str) -> Value {
+    let uid = fake.get(&format!("{PODS}/{name}")).unwrap()["metadata"]["uid"].clone();
+    json!([{"resource": "pods", "name": name, "uid": uid}])
+}
+
+#[tokio::test]
+async fn a_gated_pods_claim_is_reserved_for_it_in_the_allocation_write() {
+    let fake = cluster();
+    claim(&fake, "r", SLICES, 1, Some(slice_params("10Gi", 10)));
+    pod(&fake, "p", &[Uses::Claim("r")], kerf_gate());
+    let controller = Controller::start(&fake);
+
+    let claim = allocated(&fake, "r").await;
+    // kube-scheduler's PreBind skips a claim reserved for the pod: one write less per claim.
+    assert_eq!(
+        claim["status"]["reservedFor"],
+        reservation_of(&fake, "p"),
+        "{claim}"
+    );
+    eventually("the kerf gate removed", DEADLINE, || async {
+        let pod = fake.get(&format!("{PODS}/p"))?;
+        pod["spec"]["schedulingGates"]
+            .as_array()
+            .is_none_or(Vec::is_empty)
+            .then_some(())
+    })
+    .await;
+    let status_writes = writes_to(&fake, "r")
+        .into_iter()
+        .filter(|w| w.ends_with("/status"))
+        .count();
+    assert_eq!(status_writes, 1, "{:?}", writes_to(&fake, "r"));
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn an_ungated_pods_claim_is_left_for_the_scheduler_to_reserve() {
+    let fake = cluster();
+    claim(&fake, "u", SLICES, 1, Some(slice_params("10Gi", 10)));
+    pod(&fake, "p", &[Uses::Claim("u")], json!({}));
+    let controller = Controller::start(&fake);
+
+    let claim = allocated(&fake, "u").await;
+    assert!(claim["status"].get("reservedFor").is_none(), "{claim}");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_reserved_allocation_the_scheduler_clears_is_a_rejection() {
+    let fake = cluster();
+    claim(&fake, "c", SLICES, 1, Some(slice_params("10Gi", 10)));
+    pod(&fake, "p", &[Uses::Claim("c")], kerf_gate());
+    let controller = Controller::start(&fake);
+    let first = allocated(&fake, "c").await;
+    assert_eq!(first["status"]["reservedFor"], reservation_of(&fake, "p"));
+    let rejected = node_of(&first);
+
+    // kube-scheduler's PostFilter clears a claim reserved for nobody but the pod, allocation
+    // and reservation together (`dynamicresources.go`).
+    let mut cleared = get_claim(&fake, "c").unwrap();
+    let status = cleared["status"].as_object_mut().unwrap();
+    status.remove("allocation");
+    status.remove("reservedFor");
+    fake.insert(cleared);
+
+    let warning = event(&fake, "c", "NodeRejected").await;
+    assert!(
+        warning["note"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("on node {rejected}")),
+        "{warning}"
+    );
+    let again = allocated(&fake, "c").await;
+    assert_ne!(node_of(&again), rejected);
+    // The pod is ungated now: kube-scheduler reserves the claim itself.
+    assert!(again["status"].get("reservedFor").is_none(), "{again}");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_reserved_for_a_pod_still_gated_yields_a_conflicting_gpu() {
+    let fake = cluster();
+    claim(&fake, "mine", SLICES, 1, None);
+    pod(&fake, "p", &[Uses::Claim("mine")], kerf_gate());
+    // The gate stays: its removal keeps failing, so kube-scheduler never sees the pod.
+    fake.fail_next("PATCH", &format!("{PODS}/p"), 500, 10_000);
+    let controller = Controller::start(&fake);
+    let before = allocated(&fake, "mine").await;
+    assert_eq!(before["status"]["reservedFor"], reservation_of(&fake, "p"));
+    let (node, gpu) = devices(&before)[0].clone();
+
+    scheduler_allocated(&fake, "theirs", &node, &gpu);
+
+    event(&fake, "mine", "Deallocated").await;
+    let after = eventually("the claim placed again", DEADLINE, || async {
+        get_claim(&fake, "mine").filter(|c| {
+            let placed = devices(c);
+            !placed.is_empty() && placed[0] != (node.clone(), gpu.clone())
+        })
+    })
+    .await;
+    assert_eq!(after["status"]["reservedFor"], reservation_of(&fake, "p"));
+    assert_no_overcommit(&fake);
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn a_claim_reserved_for_an_ungated_pod_is_in_use() {
+    let fake = cluster();
+    claim(&fake, "mine", SLICES, 1, None);
+    pod(&fake, "p", &[Uses::Claim("mine")], kerf_gate());
+    let controller = Controller::start(&fake);
+    let before = allocated(&fake, "mine").await;
+    let (node, gpu) = devices(&before)[0].clone();
+    eventually("the kerf gate removed", DEADLINE, || async {
+        let pod = fake.get(&format!("{PODS}/p"))?;
+        pod["spec"]["schedulingGates"]
+            .as_array()
+            .is_none_or(Vec::is_empty)
+            .then_some(())
+    })
+    .await;
+
+    // kube-scheduler may be binding the pod: kerf's allocation stays, and the conflict is
+    // reported for a person to resolve.
+    scheduler_allocated(&fake, "theirs", &node, &gpu);
+    let warning = event(&fake, "mine", "AllocationConflict").await;
+    assert!(
+        warning["note"]
+            .as_str()
+            .unwrap()
+            .contains("Delete one of the pods"),
+        "{warning}"
+    );
+    assert_eq!(devices(&get_claim(&fake, "mine").unwrap()), [(node, gpu)]);
+    assert!(events(&fake, "mine", "Deallocated").is_empty());
+    controller.stop().await;
+}

@@ -5,9 +5,10 @@
 //!
 //! - controller path (slice claims, Controller class): the user creates claim and pod;
 //!   kerf-controller marks the claim (finalizer and node label, one metadata patch), writes
-//!   its allocation (one status patch), publishes the `Allocated` Event and removes the
-//!   scheduling gate; the stand-in reserves the claim (one status update), binds the pod
-//!   and records `Scheduled`.
+//!   its allocation reserved for the pod its gate still holds (one status patch), publishes
+//!   the `Allocated` Event and removes the scheduling gate; the stand-in, as kube-scheduler's
+//!   PreBind, skips a claim already reserved for the pod, binds the pod and records
+//!   `Scheduled`.
 //! - structured path (whole GPUs, Scheduler class): the user creates claim and pod; the
 //!   stand-in adds its finalizer (an update), writes allocation and reservation (one status
 //!   update), binds and records `Scheduled`; kerf-controller labels the claim with its node
@@ -117,17 +118,18 @@ async fn the_controller_path_writes_per_pod() {
         PODS
     );
     assert_eq!(pod_writes(&counts, &controller), 4 * PODS);
-    // The stand-in: the reservation, the binding, the Scheduled Event.
+    // The stand-in: the binding and the Scheduled Event; no reservation (kerf-controller's
+    // allocation write reserved the claim for the pod).
     assert_eq!(counts.get(SCHEDULER_USER, "patch", "pods"), PODS);
     assert_eq!(
         counts.get(SCHEDULER_USER, "create", "events.k8s.io/events"),
         PODS
     );
     let reservations = counts.get(SCHEDULER_USER, "update", &format!("{claim}/status"));
-    assert_eq!(reservations, PODS);
-    assert_eq!(counts.writes_of(SCHEDULER_USER), 3 * PODS);
+    assert_eq!(reservations, 0);
+    assert_eq!(counts.writes_of(SCHEDULER_USER), 2 * PODS);
     let others = counts.writes() - counts.writes_of(&controller);
-    assert_eq!(others + pod_writes(&counts, &controller), 9 * PODS);
+    assert_eq!(others + pod_writes(&counts, &controller), 8 * PODS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,7 +16,7 @@ use super::placement::{NoFit, Placing, place_and_begin, pod_fit};
 use super::report::{
     describe, publish, report_allocated, report_invalid, report_rejection_limit, report_unplaceable,
 };
-use super::state::{allocated_on, allocation_of, annotated_node, is_reserved, pod_uid};
+use super::state::{allocated_on, allocation_of, annotated_node, in_use, pod_uid};
 use super::yielding::note_rejection;
 use super::{consumers, reasons};
 use crate::context::Context;
@@ -72,7 +72,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
             return on_no_fit(pod, &unfit, &no_fit, started, ctx).await;
         }
     };
-    let result = write_placement(&todo, &placement, &mut writing, ctx).await;
+    let result = write_placement(pod, &todo, &placement, &mut writing, ctx).await;
     drop(writing);
     match result {
         Ok(()) => {
@@ -227,7 +227,7 @@ fn pod_request(
 async fn release_pinned(placed: &[Arc<ResourceClaim>], ctx: &Context) -> Result<bool> {
     let releasable = placed
         .iter()
-        .all(|c| annotated_node(c).is_some() && !is_reserved(c));
+        .all(|c| annotated_node(c).is_some() && !in_use(c, ctx));
     if !releasable {
         return Ok(false);
     }

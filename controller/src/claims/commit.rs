@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{self, ClaimPlacement};
@@ -12,7 +13,7 @@ use kube::runtime::events::EventType;
 use super::ledger::WriteGuard;
 use super::reasons;
 use super::report::publish;
-use super::state::{allocation_of, claim_uid, has_finalizer};
+use super::state::{allocation_of, claim_uid, gate_holds, has_finalizer};
 use super::write::{self, claim_api};
 use crate::context::Context;
 use crate::error::Result;
@@ -27,6 +28,7 @@ struct Written {
 
 /// Writes every claim's allocation; on any failure, rolls back the ones written.
 pub(super) async fn write_placement(
+    pod: &Pod,
     claims: &[Arc<ResourceClaim>],
     placement: &alloc::PodPlacement,
     writing: &mut WriteGuard<'_>,
@@ -41,8 +43,16 @@ pub(super) async fn write_placement(
         else {
             continue;
         };
-        if let Err(error) =
-            write_one(claim, placed, &placement.node, ctx, writing, &mut written).await
+        if let Err(error) = write_one(
+            pod,
+            claim,
+            placed,
+            &placement.node,
+            ctx,
+            writing,
+            &mut written,
+        )
+        .await
         {
             failure = Some(error);
             break;
@@ -62,9 +72,10 @@ pub(super) async fn write_placement(
     Err(error)
 }
 
-/// Marks the claim (finalizer, node) and writes its allocation, recording each step in
-/// `written`.
+/// Marks the claim (finalizer, node) and writes its allocation, reserved for `pod` while
+/// kerf's gate holds it, recording each step in `written`.
 async fn write_one(
+    pod: &Pod,
     claim: &ResourceClaim,
     placed: &ClaimPlacement,
     node: &str,
@@ -83,7 +94,13 @@ async fn write_one(
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let allocation =
         kerf_api::allocation::claim_allocation_status(claim, placed, node, ctx.driver(), now)?;
-    let updated = write::write_allocation(&api, &marked, &allocation).await?;
+    let updated = write::write_allocation(
+        &api,
+        &marked,
+        &allocation,
+        gate_holds(pod, ctx).then_some(pod),
+    )
+    .await?;
     writing.confirm(
         &placed.key,
         held_uses(placed, node, &allocation),

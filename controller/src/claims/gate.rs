@@ -53,6 +53,12 @@ impl ReleasedGates {
             .is_some_and(|rv| rv == resource_version)
     }
 
+    /// True when a removal was sent (or is being sent) for any version of the pod: from then
+    /// on kube-scheduler may bind it ([`super::state::in_use`]).
+    pub(super) fn sent_any(&self, uid: &str) -> bool {
+        self.lock().contains_key(uid)
+    }
+
     fn sent(&self, uid: String, resource_version: String) {
         self.lock().insert(uid, resource_version);
     }
@@ -101,13 +107,15 @@ pub(super) async fn release(pod: &Pod, ctx: &Context) -> Result<()> {
         field_manager: Some(ctx.config.field_manager.clone()),
         ..PatchParams::default()
     };
+    // Noted before the write: from the moment the API server may apply it, kube-scheduler may
+    // bind the pod, and the claims reserved for it are in use.
+    ctx.claims.released_gates.sent(uid.to_owned(), version);
     match api
         .patch(&pod.name_any(), &params, &Patch::Json::<()>(patch))
         .await
     {
         Ok(_) => {
             tracing::debug!(pod = %pod.name_any(), %namespace, "scheduling gate removed");
-            ctx.claims.released_gates.sent(uid.to_owned(), version);
             Ok(())
         }
         // Gone, or the gates changed under us (the test op failed): nothing to release now.
@@ -115,9 +123,14 @@ pub(super) async fn release(pod: &Pod, ctx: &Context) -> Result<()> {
             if matches!(status.code, 404 | 409)
                 || (status.code == 422 && status.message == PATCH_NOT_APPLICABLE) =>
         {
+            ctx.claims.released_gates.forget(uid);
             Ok(())
         }
         Err(source) => {
+            // Sent again on the retry. (After a transport error the removal may have been
+            // applied all the same: then the pod watch soon shows the pod ungated, which
+            // counts as in use too.)
+            ctx.claims.released_gates.forget(uid);
             let write = Write::patch("pods", Some(&namespace), &pod.name_any());
             Err(Error::write(write, source))
         }

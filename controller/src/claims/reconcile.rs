@@ -32,7 +32,7 @@ use super::allocate::allocate_for_pod;
 use super::commit::deallocate;
 use super::consumers;
 use super::report;
-use super::state::{allocation_of, annotated_node, claim_uid, has_finalizer, is_reserved};
+use super::state::{allocation_of, annotated_node, claim_uid, has_finalizer, in_use};
 use super::write::{self, claim_api};
 use super::yielding::{note_rejection, notify_yielders, scheduler_conflict};
 use crate::context::Context;
@@ -110,7 +110,7 @@ async fn finish_deletion(claim: &ResourceClaim, ctx: &Context) -> Result<Action>
     if !has_finalizer(claim) {
         return Ok(Action::await_change());
     }
-    if is_reserved(claim) {
+    if in_use(claim, ctx) {
         // A pod still uses the devices; the reservation's removal brings the claim back.
         return Ok(Action::await_change());
     }
@@ -119,7 +119,7 @@ async fn finish_deletion(claim: &ResourceClaim, ctx: &Context) -> Result<Action>
 }
 
 async fn reconcile_allocated(claim: &ResourceClaim, ctx: &Context) -> Result<Action> {
-    if annotated_node(claim).is_none() || is_reserved(claim) {
+    if annotated_node(claim).is_none() || in_use(claim, ctx) {
         // Someone else's allocation, or one a pod has reserved: nothing to decide.
         return Ok(Action::await_change());
     }

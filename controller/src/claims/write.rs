@@ -101,28 +101,60 @@ pub(crate) async fn mark_allocating(
         .map_err(|e| Error::write(claim_write("resourceclaims", claim, &name), e))
 }
 
-/// Writes `status.allocation`, guarded by the claim's resourceVersion.
+/// Writes `status.allocation` and, given a `pod`, reserves the claim for it
+/// (`status.reservedFor`, the one entry: an unallocated claim has none), guarded by the
+/// claim's resourceVersion. The caller passes the pod only while kerf's gate holds it
+/// ([`super::state::gate_holds`]).
+///
+/// The reservation saves kube-scheduler a write per claim: its DynamicResources PreBind calls
+/// `bindClaim` (an UpdateStatus adding the pod to `reservedFor`) only for the pod's claims not
+/// yet reserved for it (kubernetes/kubernetes
+/// `pkg/scheduler/framework/plugins/dynamicresources/dynamicresources.go`, `PreBind`). The
+/// pod is still gated, so kube-scheduler has not seen it; until kerf removes the gate the
+/// claim counts as not in use ([`super::state::in_use`]), and if kube-scheduler then finds
+/// the node unfit its `PostFilter` clears a claim reserved for nobody but the pod, allocation
+/// and reservation together, as it clears an unreserved one.
 ///
 /// # Errors
-/// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
+/// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile);
+/// [`Error::MissingField`] when the pod has no name or UID.
 pub(crate) async fn write_allocation(
     api: &ClaimApi,
     claim: &ResourceClaim,
     allocation: &AllocationResult,
+    pod: Option<&Pod>,
 ) -> Result<ResourceClaim> {
     let (name, version) = name_and_version(claim)?;
     let allocation =
         serde_json::to_value(allocation).map_err(|e| Error::serialize("status.allocation", e))?;
-    let patch =
-        json!({"metadata": {"resourceVersion": version}, "status": {"allocation": allocation}});
+    let mut status = json!({"allocation": allocation});
+    if let Some(pod) = pod {
+        status["reservedFor"] = json!([pod_reference(pod)?]);
+    }
+    let patch = json!({"metadata": {"resourceVersion": version}, "status": status});
     api.api
         .patch_status(&name, &api.params, &Patch::Merge(&patch))
         .await
         .map_err(|e| Error::write(claim_write("resourceclaims/status", claim, &name), e))
 }
 
-/// Clears `status.allocation` and `status.devices` (the driver's device status belongs to the
-/// allocation), guarded by the claim's resourceVersion; only called for unreserved claims.
+/// The `reservedFor` entry of `pod`.
+fn pod_reference(pod: &Pod) -> Result<Value> {
+    let missing = |field| Error::MissingField { kind: "Pod", field };
+    let name = pod.metadata.name.as_deref().ok_or(missing("name"))?;
+    let uid = pod
+        .metadata
+        .uid
+        .as_deref()
+        .filter(|uid| !uid.is_empty())
+        .ok_or(missing("uid"))?;
+    Ok(json!({"resource": "pods", "name": name, "uid": uid}))
+}
+
+/// Clears `status.allocation`, `status.devices` (the driver's device status belongs to the
+/// allocation) and `status.reservedFor` (kerf's own reservation for a pod its gate still
+/// holds: the only kind a claim not [`super::state::in_use`] has), guarded by the claim's
+/// resourceVersion; only called for claims not in use.
 ///
 /// # Errors
 /// [`Error::Write`] when the API call failed (a conflict when the claim changed meanwhile).
@@ -131,7 +163,7 @@ pub(crate) async fn clear_allocation(
     claim: &ResourceClaim,
 ) -> Result<ResourceClaim> {
     let (name, version) = name_and_version(claim)?;
-    let patch = json!({"metadata": {"resourceVersion": version}, "status": {"allocation": null, "devices": null}});
+    let patch = json!({"metadata": {"resourceVersion": version}, "status": {"allocation": null, "devices": null, "reservedFor": null}});
     api.api
         .patch_status(&name, &api.params, &Patch::Merge(&patch))
         .await

@@ -15,7 +15,7 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
 use super::super::report::{publish, publish_on};
-use super::super::state::{annotated_node, is_reserved};
+use super::super::state::{annotated_node, in_use};
 use crate::context::Context;
 
 /// Event reason on both claims (and their pods) of a conflict.
@@ -74,7 +74,7 @@ pub(super) async fn report(
         }
         for claim in &claims {
             if annotated_node(claim).is_some()
-                && !is_reserved(claim)
+                && !in_use(claim, ctx)
                 && ctx
                     .claims
                     .trigger
@@ -115,7 +115,7 @@ async fn warn_about(
         name(other),
         by(other),
         by(claim),
-        if annotated_node(claim).is_some() && !is_reserved(claim) {
+        if annotated_node(claim).is_some() && !in_use(claim, ctx) {
             "kerf-controller gives this claim's allocation up and places it again."
         } else {
             "Delete one of the pods to resolve it."
