@@ -194,7 +194,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[allow(clippy::needless_pass_by_value, reason = "fixtures take JSON as tests write it")]
+    #[allow(
+        clippy::needless_pass_by_value,
+        reason = "fixtures take JSON as tests write it"
+    )]
     fn pod(spec: serde_json::Value) -> Pod {
         serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec})).unwrap()
     }
