@@ -19,6 +19,12 @@ pub const SCHEDULING_GATE: &str = "gpu.kerf.dev/allocation";
 /// tells "the scheduler cleared our allocation" from "never allocated".
 pub const ALLOCATED_NODE_ANNOTATION: &str = "gpu.kerf.dev/allocated-node";
 
+/// Annotation saying, in words, which devices (and slice sizes) the controller allocated the
+/// claim on, e.g. `allocated on node n1: gpu-3 (10240 MiB, 10% compute)`. Written with
+/// [`ALLOCATED_NODE_ANNOTATION`] in the same patch, so it costs no API write of its own (an
+/// `Allocated` Event per claim did).
+pub const ALLOCATED_DEVICES_ANNOTATION: &str = "gpu.kerf.dev/allocated-devices";
+
 /// The kerf class parameters a DeviceClass carries for `driver`, if any (the last of its
 /// configs wins, as for every opaque config). Configs that do not decode are skipped: the
 /// GpuClass reconciler reports them, and such a class then counts as a Scheduler class.

@@ -332,6 +332,17 @@ pub fn allocated_node(claim: &ResourceClaim) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// What kerf's controller says it allocated the claim on, in words
+/// (`gpu.kerf.dev/allocated-devices`), if it allocated it.
+pub fn allocated_devices(claim: &ResourceClaim) -> Option<&str> {
+    claim
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(kerf_api::controller_claims::ALLOCATED_DEVICES_ANNOTATION))
+        .map(String::as_str)
+}
+
 /// The node names an allocation's `nodeSelector` pins (`matchFields metadata.name In [...]`).
 pub fn selector_nodes(selector: &NodeSelector) -> Vec<String> {
     selector

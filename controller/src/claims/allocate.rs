@@ -8,17 +8,14 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_core::alloc::PodRequest;
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 
 use super::commit::{deallocate, write_placement};
+use super::consumers;
 use super::gate;
 use super::placement::{NoFit, Placing, place_and_begin, pod_fit};
-use super::report::{
-    describe, publish, report_allocated, report_invalid, report_rejection_limit, report_unplaceable,
-};
+use super::report::{report_allocated, report_invalid, report_rejection_limit, report_unplaceable};
 use super::state::{allocated_on, allocation_of, annotated_node, in_use, pod_uid};
 use super::yielding::note_rejection;
-use super::{consumers, reasons};
 use crate::context::Context;
 use crate::error::Result;
 
@@ -76,11 +73,9 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
     drop(writing);
     match result {
         Ok(()) => {
+            // No `Allocated` Event per claim: the claim's annotations say where and what
+            // (`gpu.kerf.dev/allocated-devices`, in the mark patch), without a write of its own.
             ctx.metrics.record_allocation(Ok(()), started.elapsed());
-            for (claim, placed) in todo.iter().zip(&placement.claims) {
-                let note = describe(&placement.node, placed);
-                publish(ctx, claim, EventType::Normal, reasons::ALLOCATED, note).await;
-            }
             let count = placed.len() + todo.len();
             report_allocated(ctx, pod, count, &placement.node).await;
             gate::release(pod, ctx).await?;

@@ -12,7 +12,7 @@ use kube::runtime::events::EventType;
 
 use super::ledger::WriteGuard;
 use super::reasons;
-use super::report::publish;
+use super::report::{describe, publish};
 use super::state::{allocation_of, claim_uid, gate_holds, has_finalizer};
 use super::write::{self, claim_api};
 use crate::context::Context;
@@ -84,7 +84,7 @@ async fn write_one(
     written: &mut Vec<Written>,
 ) -> Result<()> {
     let api = claim_api(ctx, claim);
-    let marked = write::mark_allocating(&api, claim, node).await?;
+    let marked = write::mark_allocating(&api, claim, node, &describe(node, placed)).await?;
     written.push(Written {
         uid: placed.key.clone(),
         had_finalizer: has_finalizer(claim),

@@ -57,8 +57,9 @@ pub(super) fn describe(node: &str, placed: &ClaimPlacement) -> String {
 
 /// The pod's `count` controller claims are allocated on `node`: condition True, written only
 /// over an earlier False one. On the happy path the removed scheduling gate and the claims'
-/// `Allocated` Events already say so, and a pod status write per pod would cost the API
-/// server and every pod watcher a write in the middle of the scheduling path.
+/// annotations (`gpu.kerf.dev/allocated-node`, `gpu.kerf.dev/allocated-devices`) already say
+/// so, and a pod status write per pod would cost the API server and every pod watcher a write
+/// in the middle of the scheduling path.
 pub(super) async fn report_allocated(ctx: &Context, pod: &Pod, count: usize, node: &str) {
     if !write::has_condition(pod) {
         return;

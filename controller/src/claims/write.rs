@@ -17,7 +17,9 @@ use super::reasons::CONDITION_TYPE;
 use super::state::allocation_of;
 use crate::context::{Context, Write};
 use crate::error::{Error, Result};
-use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
+use kerf_api::controller_claims::{
+    ALLOCATED_DEVICES_ANNOTATION, ALLOCATED_NODE_ANNOTATION, FINALIZER,
+};
 
 /// The claim write named for its failure report: a patch of `resource` (`resourceclaims` or
 /// `resourceclaims/status`) of claim `name`.
@@ -70,7 +72,8 @@ pub(crate) fn claim_api(ctx: &Context, claim: &ResourceClaim) -> ClaimApi {
     }
 }
 
-/// Adds the finalizer and records the node (annotation and node label), guarded by the claim's
+/// Adds the finalizer and records the node (annotation and node label) and, in words, the
+/// `devices` about to be allocated ([`ALLOCATED_DEVICES_ANNOTATION`]), guarded by the claim's
 /// resourceVersion: the finalizer is in place before any allocation exists, and the plugin's
 /// label-selected watch sees the allocation arrive on an already labelled claim.
 ///
@@ -80,6 +83,7 @@ pub(crate) async fn mark_allocating(
     api: &ClaimApi,
     claim: &ResourceClaim,
     node: &str,
+    devices: &str,
 ) -> Result<ResourceClaim> {
     let (name, version) = name_and_version(claim)?;
     let mut finalizers = claim.finalizers().to_vec();
@@ -92,7 +96,7 @@ pub(crate) async fn mark_allocating(
     let patch = json!({"metadata": {
         "resourceVersion": version,
         "finalizers": finalizers,
-        "annotations": {ALLOCATED_NODE_ANNOTATION: node},
+        "annotations": {ALLOCATED_NODE_ANNOTATION: node, ALLOCATED_DEVICES_ANNOTATION: devices},
         "labels": {CLAIM_NODE_LABEL: label},
     }});
     api.api
@@ -194,7 +198,7 @@ pub(crate) async fn unmark(
     let (name, version) = name_and_version(claim)?;
     let mut metadata = json!({"resourceVersion": version});
     if annotated {
-        metadata["annotations"] = json!({ALLOCATED_NODE_ANNOTATION: Value::Null});
+        metadata["annotations"] = json!({ALLOCATED_NODE_ANNOTATION: Value::Null, ALLOCATED_DEVICES_ANNOTATION: Value::Null});
     }
     if let Some(labels) = labels {
         metadata["labels"] = labels;
