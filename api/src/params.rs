@@ -34,8 +34,12 @@ pub enum Allocator {
 /// How the controller spreads slices over GPUs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 pub enum PlacementPolicy {
-    /// Fill the most used GPUs first, keeping whole GPUs free.
+    /// Keep the cluster's free GPU capacity usable by the pods it runs: the node and GPUs
+    /// whose use least fragments the node against the workload the controller has seen
+    /// (kerf-core's `Policy::LeastFragmentation`); BinPack while no workload is known.
     #[default]
+    LeastFragmentation,
+    /// Fill the most used GPUs first, keeping whole GPUs free.
     BinPack,
     /// Use the least used GPUs first, spreading load.
     Spread,
@@ -140,7 +144,7 @@ fn default_memory_granularity() -> Quantity {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ControllerPlacement {
-    /// BinPack (default) or Spread.
+    /// LeastFragmentation (default), BinPack or Spread.
     #[serde(default)]
     pub policy: PlacementPolicy,
 }

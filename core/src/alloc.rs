@@ -12,8 +12,13 @@
 //! - [`Index`]: free capacity per GPU, updated incrementally.
 //! - [`node_fit`]: whether a pod's CPU, memory and other node resources fit, as kube-scheduler
 //!   decides it.
-//! - [`place`] / [`place_where`]: the placement decision, [`PodPlacement`] or [`Unplaceable`].
+//! - [`place`] / [`place_where`]: the placement decision, [`PodPlacement`] or [`Unplaceable`];
+//!   [`place_with`] / [`place_where_with`] with the [`PlacementContext`] the default policy,
+//!   [`Policy::LeastFragmentation`], needs (without it, it places as BinPack).
+//! - [`Workload`]: the pod kinds seen, learned online, as a [`Distribution`];
+//!   [`node_fragmentation`] measures a node's [`Fragmentation`] against it.
 
+mod frag;
 mod hash;
 mod index;
 pub mod model;
@@ -21,15 +26,25 @@ pub mod node_fit;
 mod place;
 mod prioritized;
 pub mod request;
+mod steer;
 pub mod taint;
 mod unplaceable;
+mod workload;
 
+pub use frag::{
+    Distribution, Fragmentation, HostAmounts, HostState, TaskShape, node_fragmentation,
+};
 pub use index::{GpuUsage, GpuView, Index, NodeView};
 pub use model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
-pub use place::{ClaimPlacement, PlacedDevice, PodPlacement, place, place_where};
+pub use place::{
+    ClaimPlacement, PlacedDevice, PlacementContext, PodPlacement, place, place_where,
+    place_where_with, place_with, place_without_gpus,
+};
 pub use request::{
     ClaimRequest, DeviceRequest, GpuSelector, MAX_SUBREQUESTS, PodRequest, Policy, SliceSize,
     TopologyScope,
 };
+pub use steer::default_score;
 pub use taint::{DeviceTaint, TaintEffect, Toleration, TolerationOperator};
 pub use unplaceable::{Unplaceable, UnplaceableReason};
+pub use workload::Workload;

@@ -541,7 +541,8 @@ proptest! {
             let fitting: Vec<_> = node.gpus().filter(|g| g.free_memory_bytes() >= memory).collect();
             let chosen = fitting.iter().find(|g| g.info().device == placement.claims[0].devices[0].device).unwrap();
             match policy {
-                Policy::BinPack => {
+                // Without a workload, LeastFragmentation places as BinPack.
+                Policy::BinPack | Policy::LeastFragmentation => {
                     let used: Vec<_> = fitting.iter().filter(|g| !g.is_idle()).collect();
                     if chosen.is_idle() {
                         prop_assert!(used.is_empty(), "BinPack took an idle GPU while a used one fits");

@@ -34,6 +34,7 @@ impl From<TopologyScope> for alloc::TopologyScope {
 impl From<PlacementPolicy> for alloc::Policy {
     fn from(policy: PlacementPolicy) -> Self {
         match policy {
+            PlacementPolicy::LeastFragmentation => alloc::Policy::LeastFragmentation,
             PlacementPolicy::BinPack => alloc::Policy::BinPack,
             PlacementPolicy::Spread => alloc::Policy::Spread,
         }

@@ -518,14 +518,15 @@ fn claim_parameters_make_slices_per_request_later_configs_winning() {
                 Sharing::TimeSlicing,
                 Policy::Spread
             ),
-            // The memory of the first config also applies to c; no class default compute.
+            // The memory of the first config also applies to c; no class default compute;
+            // no class placement: the default policy.
             (
                 "c",
                 1,
                 Some(size(10, 50)),
                 alloc::TopologyScope::NvLink,
                 Sharing::Exclusive,
-                Policy::BinPack
+                Policy::LeastFragmentation
             ),
         ]
     );
@@ -691,6 +692,11 @@ fn api_enums_convert_into_the_allocators() {
     );
     assert_eq!(Policy::from(PlacementPolicy::Spread), Policy::Spread);
     assert_eq!(Policy::from(PlacementPolicy::BinPack), Policy::BinPack);
+    assert_eq!(
+        Policy::from(PlacementPolicy::LeastFragmentation),
+        Policy::LeastFragmentation
+    );
+    assert_eq!(Policy::from(PlacementPolicy::default()), Policy::default());
 }
 
 mod prioritized;

@@ -24,11 +24,16 @@ use super::request::{DeviceRequest, PodRequest, Policy, SliceSize, TopologyScope
 use super::unplaceable::{Unplaceable, UnplaceableReason};
 
 use self::pick::{Scratch, choose, take};
+use self::validate::validate;
+
+pub use self::fragment::{PlacementContext, place_where_with, place_with, place_without_gpus};
 
 mod diagnose;
+mod fragment;
 mod pick;
 #[cfg(test)]
 mod tests;
+mod validate;
 
 /// Most devices one request may ask for; more is an invalid request.
 pub(crate) const MAX_DEVICES_PER_REQUEST: u32 = 1024;
@@ -184,7 +189,8 @@ pub fn place_where(
 }
 
 /// The placement decision over known candidate nodes; `asked` is how many candidates the
-/// caller named, for the message when none is known.
+/// caller named, for the message when none is known. LeastFragmentation places as BinPack
+/// here: [`fragment`] places by it when it knows the workload.
 fn place_among<'i>(
     pod: &PodRequest,
     candidates: impl Iterator<Item = &'i NodeEntry>,
@@ -316,58 +322,6 @@ struct Eval {
     consumed: u64,
 }
 
-fn invalid(claim: &str, req: &DeviceRequest, what: &str) -> Unplaceable {
-    Unplaceable::new(
-        UnplaceableReason::InvalidRequest,
-        format!("request {:?}: {what}", req.name),
-    )
-    .for_request(claim, &req.name, req.count)
-}
-
-fn validate(claim: &str, req: &DeviceRequest) -> Result<(), Unplaceable> {
-    if !req.first_available.is_empty() {
-        // place_first_available replaces every such request by one of its subrequests.
-        return Err(invalid(claim, req, "subrequests cannot have subrequests"));
-    }
-    if req.admin_access && req.slice.is_some() {
-        return Err(invalid(
-            claim,
-            req,
-            "admin access takes whole GPUs, not slices",
-        ));
-    }
-    if req.count == 0 {
-        return Err(invalid(claim, req, "count must be at least 1"));
-    }
-    if req.count > MAX_DEVICES_PER_REQUEST {
-        return Err(invalid(
-            claim,
-            req,
-            &format!("count {} is more than {MAX_DEVICES_PER_REQUEST}", req.count),
-        ));
-    }
-    if let Some(size) = req.slice {
-        if size.compute_percent > 100 {
-            return Err(invalid(
-                claim,
-                req,
-                &format!("compute {}% is more than 100%", size.compute_percent),
-            ));
-        }
-        if size.memory_bytes == 0 && size.compute_percent == 0 {
-            return Err(invalid(
-                claim,
-                req,
-                "a slice must reserve memory or compute",
-            ));
-        }
-    }
-    if req.max_slices_per_gpu == Some(0) {
-        return Err(invalid(claim, req, "max slices per GPU must be at least 1"));
-    }
-    Ok(())
-}
-
 impl<'p> Plan<'p> {
     fn new(pod: &'p PodRequest) -> Result<Self, Unplaceable> {
         let mut flats = Vec::new();
@@ -454,7 +408,9 @@ impl<'p> Plan<'p> {
         let tiers = self.flats.iter().map(|f| tier_bound(f.req, agg)).sum();
         let (least, most) = memo.get(self, agg);
         let policy = match self.node_policy {
-            Policy::BinPack => -to_i64(agg.free_score.saturating_sub(most)),
+            Policy::BinPack | Policy::LeastFragmentation => {
+                -to_i64(agg.free_score.saturating_sub(most))
+            }
             Policy::Spread => to_i64(agg.free_score.saturating_sub(least)),
         };
         (tiers, policy)
@@ -475,7 +431,7 @@ impl<'p> Plan<'p> {
     fn policy_value(&self, node: &NodeEntry, consumed: u64) -> i64 {
         let left = to_i64(node.agg.free_score.saturating_sub(consumed));
         match self.node_policy {
-            Policy::BinPack => -left,
+            Policy::BinPack | Policy::LeastFragmentation => -left,
             Policy::Spread => left,
         }
     }

@@ -64,7 +64,8 @@ pub struct DeviceRequest {
 pub const MAX_SUBREQUESTS: usize = 8;
 
 impl DeviceRequest {
-    /// A request for `count` whole GPUs with no constraints and the default policy.
+    /// A request for `count` whole GPUs with no constraints and the default policy
+    /// ([`Policy::LeastFragmentation`]).
     pub fn whole(name: impl Into<String>, count: u32) -> Self {
         DeviceRequest {
             name: name.into(),
@@ -72,7 +73,7 @@ impl DeviceRequest {
             slice: None,
             selector: GpuSelector::default(),
             topology: TopologyScope::Any,
-            policy: Policy::BinPack,
+            policy: Policy::default(),
             max_slices_per_gpu: None,
             sharing: Sharing::Exclusive,
             time_slice_interval: None,
@@ -102,7 +103,7 @@ pub struct SliceSize {
 }
 
 /// Which GPUs a request may use. Every set field must match; the default matches all.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct GpuSelector {
     /// Product names, any of which matches (exact comparison). Empty matches every product.
     pub product_names: Vec<String>,
@@ -148,8 +149,13 @@ pub enum TopologyScope {
 /// How the allocator chooses among GPUs and nodes that fit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Policy {
-    /// Fill used GPUs and nodes first: least free capacity left after placement.
+    /// Keep the cluster's free capacity usable by the pods it runs: the node and GPUs whose
+    /// use least increases the fragmentation of the node against the learned workload, its
+    /// stranded GPUs included (see [`place_with`](super::place_with)). Without a workload
+    /// ([`place`](super::place), or an empty one) it places as BinPack.
     #[default]
+    LeastFragmentation,
+    /// Fill used GPUs and nodes first: least free capacity left after placement.
     BinPack,
     /// Use idle GPUs and nodes first: most free capacity left after placement.
     Spread,

@@ -51,6 +51,11 @@ impl Scratch {
         self.picks.fill(NO_PICK);
     }
 
+    /// The GPUs [`eligible`] found, in device order.
+    pub(super) fn cand_gpus(&self) -> impl Iterator<Item = u32> + '_ {
+        self.cand.iter().map(|c| c.gpu)
+    }
+
     pub(super) fn block_claim(&mut self, slots: std::ops::Range<usize>, blocked: bool) {
         for &pick in &self.picks[slots] {
             if let Some(slot) = self.gpus.get_mut(pick as usize) {
@@ -94,13 +99,13 @@ pub(super) fn sharing_conflicts(sharing: Sharing, free: &GpuFree) -> bool {
 /// Lower is better.
 fn cost(policy: Policy, idle: bool, after: u32) -> u32 {
     match policy {
-        Policy::BinPack => u32::from(idle) * IDLE_PENALTY + after,
+        Policy::BinPack | Policy::LeastFragmentation => u32::from(idle) * IDLE_PENALTY + after,
         Policy::Spread => FULL_SCORE.saturating_sub(after),
     }
 }
 
 /// Fills `scratch.cand` with the GPUs the request may take, in device order.
-fn eligible(req: &DeviceRequest, node: &NodeEntry, scratch: &mut Scratch) {
+pub(super) fn eligible(req: &DeviceRequest, node: &NodeEntry, scratch: &mut Scratch) {
     scratch.cand.clear();
     for (at, (gpu, slot)) in node.gpus.iter().zip(&scratch.gpus).enumerate() {
         if slot.blocked || !req.selector.matches(&gpu.info) {
