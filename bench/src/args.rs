@@ -14,7 +14,8 @@ use crate::{BenchOptions, Reexec};
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Benchmark to run: prepare, prepare-real, prepare-parallel, prepare-parallel-node,
-    /// allocate, packing, footprint, controller-footprint, scheduling or all.
+    /// allocate, packing, footprint, controller-footprint, scheduling or all; or openb (not
+    /// part of all).
     pub name: String,
     /// Directory for the plugin's files and sockets in the prepare benchmarks; must be on a
     /// disk, not tmpfs, and short enough for Unix socket paths.
@@ -80,6 +81,28 @@ pub struct BenchArgs {
     /// Seconds over which `controller-footprint` measures idle CPU.
     #[arg(long, env = "KERF_BENCH_CONTROLLER_IDLE_WINDOW", default_value_t = BenchOptions::default().controller_idle_window.as_secs())]
     pub controller_idle_window: u64,
+    /// Directory of the openb trace for `openb` (relative paths that are not a directory
+    /// from here are also tried from the repository's root).
+    #[arg(long, env = "KERF_BENCH_OPENB_DIR", default_value_os_t = BenchOptions::default().openb_dir)]
+    pub openb_dir: PathBuf,
+    /// Traces `openb` replays, comma-separated (e.g. default,cpu050) [default: every
+    /// openb_pod_list_*.csv of the directory].
+    #[arg(long, env = "KERF_BENCH_OPENB_TRACES", value_delimiter = ',')]
+    pub openb_traces: Vec<String>,
+    /// Seeds of `openb`'s workload inflation, comma-separated [default: 42-51].
+    #[arg(long, env = "KERF_BENCH_OPENB_SEEDS", value_delimiter = ',')]
+    pub openb_seeds: Vec<u64>,
+    /// Placers `openb` replays, comma-separated: leastfrag (kerf's default policy, tasks
+    /// without GPUs by kube-scheduler's scoring), leastfrag_all (every task by it), binpack,
+    /// spread, fgd (the paper's policy, ported), fgd_kube [default: all].
+    #[arg(long, env = "KERF_BENCH_OPENB_PLACERS", value_delimiter = ',')]
+    pub openb_placers: Vec<String>,
+    /// `openb` keeps every Nth node of the cluster (1: all).
+    #[arg(long, env = "KERF_BENCH_OPENB_NODE_STRIDE", default_value_t = BenchOptions::default().openb_node_stride)]
+    pub openb_node_stride: usize,
+    /// Where `openb` writes its curves as SVG (e.g. docs/openb.svg).
+    #[arg(long, env = "KERF_BENCH_OPENB_SVG")]
+    pub openb_svg: Option<PathBuf>,
     /// The kerf-controller binary `controller-footprint` runs [default: the kerf-controller
     /// next to this executable, e.g. target/release/kerf-controller].
     #[arg(long, env = "KERF_CONTROLLER_BINARY")]
@@ -131,6 +154,16 @@ impl BenchArgs {
             controller_replicas: self.controller_replicas,
             controller_settle: Duration::from_secs(self.controller_settle),
             controller_idle_window: Duration::from_secs(self.controller_idle_window),
+            openb_dir: self.openb_dir.clone(),
+            openb_traces: self.openb_traces.clone(),
+            openb_seeds: if self.openb_seeds.is_empty() {
+                BenchOptions::default().openb_seeds
+            } else {
+                self.openb_seeds.clone()
+            },
+            openb_placers: self.openb_placers.clone(),
+            openb_node_stride: self.openb_node_stride,
+            openb_svg: self.openb_svg.clone(),
             controller_binary: self.controller_binary.clone(),
             controller_args: self.controller_args.clone(),
             controller_perf: self.controller_perf.clone(),

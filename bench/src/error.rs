@@ -6,8 +6,8 @@ use std::path::PathBuf;
 /// benchmark's output.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The benchmark name is not one of [`crate::NAMES`].
-    #[error("unknown benchmark {0:?}; expected one of: {names}", names = crate::NAMES.join(", "))]
+    /// The benchmark name is not one of [`crate::NAMES`] or [`crate::EXTRA_NAMES`].
+    #[error("unknown benchmark {0:?}; expected one of: {names}, {extra}", names = crate::NAMES.join(", "), extra = crate::EXTRA_NAMES.join(", "))]
     UnknownBenchmark(String),
     /// An option is out of range.
     #[error("invalid option {option}: {reason}")]
@@ -27,6 +27,18 @@ pub enum Error {
         /// The underlying error.
         #[source]
         source: std::io::Error,
+    },
+    /// A data file (the openb trace) has a line that cannot be read.
+    #[error("{}:{line}: {field}: {reason}", path.display())]
+    Data {
+        /// The file.
+        path: PathBuf,
+        /// The line, from 1.
+        line: usize,
+        /// The column (or `header`).
+        field: String,
+        /// What is wrong with it.
+        reason: String,
     },
     /// The work directory is on a file system where fsync costs nothing.
     #[error(
@@ -104,6 +116,7 @@ impl Error {
             Error::UnknownBenchmark(_) => "unknown_benchmark",
             Error::InvalidOption { .. } => "invalid_option",
             Error::Io { .. } => "io",
+            Error::Data { .. } => "data",
             Error::NotOnDisk { .. } => "not_on_disk",
             Error::NotOnTmpfs { .. } => "not_on_tmpfs",
             Error::ApiClient { .. } => "api_client",

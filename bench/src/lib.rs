@@ -37,6 +37,11 @@
 //!   Controller-class pods (gated, allocated by kerf-controller, bound by the stand-in)
 //!   against Scheduler-class pods the stand-in allocates itself.
 //!
+//! - `openb` (by name only, not part of `all`): kerf's placement replaying Alibaba's
+//!   GPU-sharing trace with the method of the paper "Beware of Fragmentation" (FGD), beside
+//!   its published results and a port of FGD ([`openb`](crate::BenchOptions::openb_dir)
+//!   options).
+//!
 //! Wiring into a CLI: call [`run`] (or [`run_each`] to print as each finishes) from outside
 //! any Tokio runtime, with [`BenchOptions`]; set [`BenchOptions::reexec`] to the command
 //! that reaches [`run`] again (for `kerf-bench NAME`: the current executable), so that
@@ -59,6 +64,7 @@ mod floor;
 mod footprint;
 pub mod gpu_tools;
 mod node;
+mod openb;
 mod prepare;
 mod prepare_real;
 mod rng;
@@ -89,6 +95,10 @@ pub const NAMES: [&str; 9] = [
     "controller-footprint",
     "scheduling",
 ];
+
+/// Benchmarks run only by name, not by `all`: `openb` replays a production trace for
+/// minutes of CPU, and its data lives outside the repository.
+pub const EXTRA_NAMES: [&str; 1] = ["openb"];
 
 /// What the benchmarks run on and how much.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,6 +146,24 @@ pub struct BenchOptions {
     pub controller_settle: Duration,
     /// The idle window of `controller-footprint` (default 30 s).
     pub controller_idle_window: Duration,
+    /// The directory of the openb trace (`openb_node_list_gpu_node.csv`,
+    /// `openb_pod_list_*.csv`, `expected_allocation.csv`); a relative path that is not a
+    /// directory from here is also tried relative to the repository's root. Default:
+    /// `../shared/data/openb`.
+    pub openb_dir: PathBuf,
+    /// Traces `openb` replays (`default` for `openb_pod_list_default.csv`); empty: every
+    /// trace of the directory.
+    pub openb_traces: Vec<String>,
+    /// Seeds of `openb`'s workload inflation (default 42–51, as the paper's).
+    pub openb_seeds: Vec<u64>,
+    /// Placers `openb` replays, by key (leastfrag, leastfrag_all, binpack, spread, fgd,
+    /// fgd_kube); empty: all.
+    pub openb_placers: Vec<String>,
+    /// Every how many nodes `openb` keeps one (default 1: all; more for a quick run on a
+    /// smaller cluster).
+    pub openb_node_stride: usize,
+    /// Where `openb` writes its curves as SVG; none by default.
+    pub openb_svg: Option<PathBuf>,
     /// The kerf-controller binary; `None`: the `kerf-controller` next to the running
     /// executable ([`controller_footprint::default_binary`]).
     pub controller_binary: Option<PathBuf>,
@@ -182,6 +210,12 @@ impl Default for BenchOptions {
             controller_replicas: 2,
             controller_settle: Duration::from_secs(10),
             controller_idle_window: Duration::from_secs(30),
+            openb_dir: PathBuf::from("../shared/data/openb"),
+            openb_traces: Vec::new(),
+            openb_seeds: (42..=51).collect(),
+            openb_placers: Vec::new(),
+            openb_node_stride: 1,
+            openb_svg: None,
             controller_binary: None,
             controller_args: Vec::new(),
             controller_perf: None,
@@ -206,6 +240,8 @@ impl BenchOptions {
             ("controller_nodes", self.controller_nodes),
             ("controller_claims", self.controller_claims),
             ("controller_replicas", self.controller_replicas),
+            ("openb_seeds", self.openb_seeds.len()),
+            ("openb_node_stride", self.openb_node_stride),
         ];
         if let Some((option, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(Error::InvalidOption {
@@ -299,7 +335,7 @@ pub fn run_each(
     let names: Vec<&str> = match name {
         "all" => NAMES.to_vec(),
         footprint::PLUGIN_CHILD | footprint::INDEX_CHILD => vec![name],
-        known if NAMES.contains(&known) => vec![known],
+        known if NAMES.contains(&known) || EXTRA_NAMES.contains(&known) => vec![known],
         unknown => return Err(Error::UnknownBenchmark(unknown.to_owned())),
     };
     if tokio::runtime::Handle::try_current().is_ok() {
@@ -329,6 +365,7 @@ pub fn run_each(
                 controller_footprint::controller_footprint(&options.controller_footprint()?),
             )?,
             "scheduling" => runtime.block_on(scheduling::scheduling(options))?,
+            "openb" => openb::openb(options)?,
             footprint::PLUGIN_CHILD => return footprint::plugin_child(&runtime),
             footprint::INDEX_CHILD => return footprint::index_child(options),
             other => return Err(Error::UnknownBenchmark(other.to_owned())),
