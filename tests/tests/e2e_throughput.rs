@@ -32,7 +32,7 @@
 //! Needs what `e2e_node_fit` needs (kerf from `deploy/`, no node lifecycle controller).
 //! Environment: `KERF_E2E_TP_NODES` (100), `KERF_E2E_TP_PODS` (500, at most 8 per node),
 //! `KERF_E2E_TP_ORDER` (`controller,structured,structured,controller`), `KERF_E2E_TP_CPU`
-//! (none), `KERF_E2E_TP_CREATORS` (16), `KERF_E2E_TP_BIND_SECONDS` (600),
+//! (none), `KERF_E2E_TP_CREATORS` (64), `KERF_E2E_TP_BIND_SECONDS` (600),
 //! `KERF_E2E_TP_SETTLE_SECONDS` (12), `KERF_E2E_TP_PIDS` (none).
 
 #[path = "../e2e/checks.rs"]
@@ -196,7 +196,7 @@ impl Plan {
             pods,
             order,
             cpu: env_text("KERF_E2E_TP_CPU"),
-            creators: usize::try_from(env_number("KERF_E2E_TP_CREATORS", 16)?)?.max(1),
+            creators: usize::try_from(env_number("KERF_E2E_TP_CREATORS", 64)?)?.max(1),
             bind: Duration::from_secs(env_number("KERF_E2E_TP_BIND_SECONDS", 600)?),
             settle: Duration::from_secs(env_number("KERF_E2E_TP_SETTLE_SECONDS", 12)?),
             pids: parse_pids(&env_text("KERF_E2E_TP_PIDS").unwrap_or_default())?,
