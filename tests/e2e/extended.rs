@@ -87,7 +87,11 @@ pub fn claim_name(pod: &Pod) -> Option<&str> {
 /// requests there. `None` when no container requests `resource`.
 pub fn request_name(pod: &Pod, resource: &str) -> Option<String> {
     let spec = pod.spec.as_ref()?;
-    let containers = spec.init_containers.iter().flatten().chain(&spec.containers);
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers);
     containers.enumerate().find_map(|(at, container)| {
         let requests = container.resources.as_ref()?.requests.as_ref()?;
         // BTreeMap keys iterate sorted, as upstream sorts the names.
