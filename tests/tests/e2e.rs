@@ -402,7 +402,10 @@ async fn invalid_parameters_are_reported_and_not_allocated() -> Result<()> {
         });
         let spec = manifests::claim_spec(&class, &driver, Some(params), &[]);
         let webhook = claim_webhook_installed(&env).await?;
-        match env.create(&manifests::resource_claim("invalid", spec)).await {
+        match env
+            .create(&manifests::resource_claim("invalid", spec))
+            .await
+        {
             Err(refused) if webhook => {
                 let message = format!("{refused:#}");
                 ensure!(
@@ -414,7 +417,10 @@ async fn invalid_parameters_are_reported_and_not_allocated() -> Result<()> {
                     "the denial should name the field and value, it says: {message}"
                 );
                 ensure!(
-                    env.api::<ResourceClaim>().get_opt("invalid").await?.is_none(),
+                    env.api::<ResourceClaim>()
+                        .get_opt("invalid")
+                        .await?
+                        .is_none(),
                     "a refused claim was stored"
                 );
                 eprintln!("[invalid] refused at admission: {message}");
