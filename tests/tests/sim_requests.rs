@@ -114,10 +114,7 @@ async fn the_controller_path_writes_per_pod() {
         PODS
     );
     assert_eq!(counts.get(&controller, "patch", "pods"), PODS);
-    assert_eq!(
-        counts.get(&controller, "create", "events.k8s.io/events"),
-        0
-    );
+    assert_eq!(counts.get(&controller, "create", "events.k8s.io/events"), 0);
     assert_eq!(pod_writes(&counts, &controller), 3 * PODS);
     // The stand-in: the binding and the Scheduled Event; no reservation (kerf-controller's
     // allocation write reserved the claim for the pod).
