@@ -6,8 +6,9 @@
 
 use divan::{Bencher, black_box};
 use kerf_core::alloc::{
-    ClaimRequest, DeviceRequest, DeviceUse, Index, NodeGpus, PodRequest, Policy, SliceSize,
-    TopologyScope, place, place_where,
+    ClaimRequest, DeviceRequest, DeviceUse, Distribution, HostAmounts, HostState, Index, NodeGpus,
+    PlacementContext, PodRequest, Policy, SliceSize, TaskShape, TopologyScope, place, place_where,
+    place_with,
 };
 use kerf_core::mock;
 
@@ -143,4 +144,75 @@ fn unplaceable_slice_explained(bencher: Bencher) {
         }],
     };
     bencher.bench_local(|| black_box(place_where(&index, &pod, |_| true)).is_err());
+}
+
+/// The pod kinds of the LeastFragmentation benches: slices of 25 and 50 %, one, two and eight
+/// whole GPUs, and pods without GPUs, with CPU and memory.
+fn workload() -> Distribution {
+    let kind = |gpus: u32, percent: u8, cpu: i64, weight: f64| {
+        let shape = TaskShape {
+            gpus,
+            slice: (percent < 100).then_some(SliceSize {
+                memory_bytes: u64::from(percent) * 80 * GI / 100,
+                compute_percent: percent,
+            }),
+            host: HostAmounts {
+                milli_cpu: cpu,
+                memory: (cpu * 4) << 20,
+            },
+            ..TaskShape::default()
+        };
+        (shape, weight)
+    };
+    Distribution::new(
+        [
+            kind(1, 25, 4000, 3.0),
+            kind(1, 50, 8000, 3.0),
+            kind(1, 100, 12_000, 4.0),
+            kind(2, 100, 24_000, 1.0),
+            kind(8, 100, 96_000, 0.5),
+            kind(0, 100, 16_000, 1.5),
+        ],
+        1,
+    )
+}
+
+/// Every node has 224 CPUs and 2 TiB, with a different share of them requested, so that few
+/// nodes are alike (the policy evaluates each distinct node state once).
+fn host(name: &str) -> Option<HostState> {
+    let n: i64 = name.trim_start_matches("node-").parse().ok()?;
+    Some(HostState {
+        allocatable: HostAmounts {
+            milli_cpu: 224_000,
+            memory: 2 << 40,
+        },
+        requested: HostAmounts {
+            milli_cpu: (n % 13) * 8000,
+            memory: (n % 11) << 36,
+        },
+    })
+}
+
+/// The default policy, LeastFragmentation, with a workload and every node's CPU and memory
+/// known, kube-scheduler steering on: the controller's decision once it feeds the policy.
+#[divan::bench(args = FILLS)]
+fn least_fragmentation_pods(bencher: Bencher, fill: u32) {
+    let (index, names) = cluster(fill);
+    let candidates: Vec<&str> = names.iter().map(String::as_str).collect();
+    let pods = pods();
+    let workload = workload();
+    let ctx = PlacementContext {
+        workload: &workload,
+        pod: HostAmounts {
+            milli_cpu: 8000,
+            memory: 32 << 30,
+        },
+        hosts: &host,
+        steer_pods_without_gpus: true,
+    };
+    bencher.bench_local(|| {
+        for (_, pod) in &pods {
+            let _ = black_box(place_with(&index, black_box(pod), &candidates, &ctx));
+        }
+    });
 }

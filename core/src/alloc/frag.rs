@@ -318,7 +318,7 @@ impl FreeGpu {
     }
 
     /// Whether one GPU's part of `group` fits here.
-    fn fits(&self, group: &Group) -> bool {
+    pub(super) fn fits(&self, group: &Group) -> bool {
         match group.slice {
             None => self.idle,
             Some(size) => self.memory >= size.memory_bytes && self.compute >= size.compute_percent,

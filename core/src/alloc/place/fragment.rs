@@ -15,6 +15,7 @@
 
 use std::hash::Hasher as _;
 
+use self::tally::{Tally, hosted};
 use super::super::frag::{Distribution, FreeGpu, HostAmounts, HostState, STRANDED_WEIGHT};
 use super::super::hash::{FastMap, WordHasher};
 use super::super::index::{Index, NodeEntry};
@@ -105,8 +106,10 @@ fn place_least_fragmentation(
         plan,
         ctx,
         scratch: Scratch::new(plan.total_picks),
-        before: Vec::new(),
-        after: Vec::new(),
+        gpus: Vec::new(),
+        tally: Tally::default(),
+        hosted_after: Vec::new(),
+        hosted_before: Vec::new(),
     };
     // Nodes in one state (idle nodes of one kind, mostly) place alike: evaluate each once.
     let mut seen: FastMap<u64, (usize, Outcome)> = FastMap::default();
@@ -154,8 +157,13 @@ struct Evaluation<'p, 'c> {
     plan: &'p Plan<'p>,
     ctx: &'c PlacementContext<'c>,
     scratch: Scratch,
-    before: Vec<FreeGpu>,
-    after: Vec<FreeGpu>,
+    /// The working copy's GPUs as the measure sees them.
+    gpus: Vec<FreeGpu>,
+    tally: Tally,
+    /// Weights per GPU kind of the pods the node's CPU and memory have room for, after the
+    /// pod.
+    hosted_after: Vec<f64>,
+    hosted_before: Vec<f64>,
 }
 
 impl Evaluation<'_, '_> {
@@ -165,13 +173,16 @@ impl Evaluation<'_, '_> {
         let dist = self.ctx.workload;
         let host_after = host.map(|h| h.minus(self.ctx.pod));
         self.scratch.reset(node);
-        self.before.clear();
-        self.before.extend(
+        self.gpus.clear();
+        self.gpus.extend(
             node.gpus
                 .iter()
                 .map(|g| FreeGpu::new(&g.free, g.info.memory_bytes)),
         );
-        let before = objective(dist, node, &self.before, host);
+        self.tally.reset(dist, &node.gpus, &self.gpus);
+        hosted(dist, host, &mut self.hosted_before);
+        hosted(dist, host_after, &mut self.hosted_after);
+        let before = self.tally.objective(dist, &self.hosted_before, host);
         let mut tiers = 0;
         for flat in &self.plan.flats {
             let tier = if single_slice(flat) {
@@ -181,10 +192,25 @@ impl Evaluation<'_, '_> {
             }?;
             tiers += tier;
             take(flat, node, &mut self.scratch);
+            self.update(flat, node);
         }
-        self.fill_after(node);
-        let after = objective(dist, node, &self.after, host_after);
+        let after = self.tally.objective(dist, &self.hosted_after, host_after);
         Some((tiers, before - after))
+    }
+
+    /// Brings `gpus` and the tally up to the working copy after `flat`'s picks.
+    fn update(&mut self, flat: &Flat<'_>, node: &NodeEntry) {
+        let picks = &self.scratch.picks[flat.slot..flat.slot + flat.count()];
+        for &pick in picks {
+            let at = pick as usize;
+            let (Some(slot), Some(entry)) = (self.scratch.gpus.get(at), node.gpus.get(at)) else {
+                continue;
+            };
+            let new = FreeGpu::new(&slot.free, entry.info.memory_bytes);
+            self.tally
+                .change(self.ctx.workload, entry, &self.gpus[at], &new);
+            self.gpus[at] = new;
+        }
     }
 
     /// Chooses the GPU of a one-slice request: the one whose use leaves the least
@@ -199,14 +225,14 @@ impl Evaluation<'_, '_> {
         self.scratch.block_claim(claim.clone(), true);
         eligible(flat.req, node, &mut self.scratch);
         self.scratch.block_claim(claim, false);
-        let candidates: Vec<u32> = self.scratch.cand_gpus().collect();
         let size = flat.req.slice?;
+        let dist = self.ctx.workload;
         let mut best: Option<(f64, u32)> = None;
         let mut tried: Vec<(u64, u8, bool, u64)> = Vec::new();
-        for gpu in candidates {
+        let mut trial = Tally::default();
+        for gpu in self.scratch.cand_gpus() {
             let at = gpu as usize;
-            let slot = *self.scratch.gpus.get(at)?;
-            let entry = node.gpus.get(at)?;
+            let (slot, entry) = (self.scratch.gpus.get(at)?, node.gpus.get(at)?);
             // GPUs of one model in one free state score alike: try each state once.
             let state = (
                 slot.free.memory,
@@ -218,13 +244,14 @@ impl Evaluation<'_, '_> {
                 continue;
             }
             tried.push(state);
-            self.fill_after(node);
             let mut free = slot.free;
             free.memory -= size.memory_bytes;
             free.compute -= size.compute_percent;
             free.idle = false;
-            self.after[at] = FreeGpu::new(&free, entry.info.memory_bytes);
-            let left = objective(self.ctx.workload, node, &self.after, host_after);
+            trial.clone_from(&self.tally);
+            let new = FreeGpu::new(&free, entry.info.memory_bytes);
+            trial.change(dist, entry, &self.gpus[at], &new);
+            let left = trial.objective(dist, &self.hosted_after, host_after);
             if best.is_none_or(|(b, _)| left < b) {
                 best = Some((left, gpu));
             }
@@ -232,18 +259,6 @@ impl Evaluation<'_, '_> {
         let (_, gpu) = best?;
         self.scratch.picks[flat.slot] = gpu;
         Some(super::TIER_NVLINK)
-    }
-
-    /// `after` ← the working copy's GPUs.
-    fn fill_after(&mut self, node: &NodeEntry) {
-        self.after.clear();
-        self.after.extend(
-            self.scratch
-                .gpus
-                .iter()
-                .zip(&node.gpus)
-                .map(|(slot, g)| FreeGpu::new(&slot.free, g.info.memory_bytes)),
-        );
     }
 }
 
@@ -412,5 +427,6 @@ pub fn place_without_gpus(
     best.map(|(_, node)| node.name.clone())
 }
 
+mod tally;
 #[cfg(test)]
 mod tests;
