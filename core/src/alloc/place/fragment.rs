@@ -111,32 +111,15 @@ fn place_least_fragmentation(
         hosted_after: Vec::new(),
         hosted_before: Vec::new(),
     };
-    // Nodes in one state (idle nodes of one kind, mostly) place alike: evaluate each once.
-    let mut seen: FastMap<u64, (usize, Outcome)> = FastMap::default();
-    seen.reserve(candidates.len());
+    let mut memo = Memo::default();
     let mut best: Option<(Key, usize, Vec<u32>)> = None;
-    let mut hosts: Vec<Option<HostAmounts>> = Vec::with_capacity(candidates.len());
     for (at, node) in candidates.iter().enumerate() {
         let host = (ctx.hosts)(&node.name).map(|h| h.free());
-        hosts.push(host);
+        memo.hosts.push(host);
         if !plan.may_fit(node) {
             continue;
         }
-        let print = fingerprint(node, host);
-        let known = print
-            .and_then(|p| seen.get(&p))
-            .filter(|(first, _)| same_state(candidates[*first], hosts[*first], node, host));
-        let outcome = if let Some((_, outcome)) = known {
-            outcome.clone()
-        } else {
-            let outcome = eval
-                .node(node, host)
-                .map(|(tiers, removed)| (tiers, removed, eval.scratch.picks.clone()));
-            if let Some(print) = print {
-                seen.entry(print).or_insert_with(|| (at, outcome.clone()));
-            }
-            outcome
-        };
+        let outcome = memo.outcome(&candidates, at, host, &mut eval);
         let Some((tiers, removed, picks)) = outcome else {
             continue;
         };
@@ -149,6 +132,45 @@ fn place_least_fragmentation(
     match best {
         Some((_, at, picks)) => Ok(plan.placement(candidates[at], &picks)),
         None => Err(plan.explain(candidates, asked)),
+    }
+}
+
+/// Nodes in one state (idle nodes of one kind, mostly) place alike: each state is evaluated
+/// once per decision.
+#[derive(Default)]
+struct Memo {
+    /// Digest → the first candidate in that state and its outcome.
+    seen: FastMap<u64, (usize, Outcome)>,
+    /// Free CPU and memory of the candidates so far.
+    hosts: Vec<Option<HostAmounts>>,
+}
+
+impl Memo {
+    /// The outcome of candidate `at`, whose free host is `host` (pushed last to `hosts`).
+    fn outcome(
+        &mut self,
+        candidates: &[&NodeEntry],
+        at: usize,
+        host: Option<HostAmounts>,
+        eval: &mut Evaluation<'_, '_>,
+    ) -> Outcome {
+        let node = candidates[at];
+        let print = fingerprint(node, host);
+        let known = print
+            .and_then(|p| self.seen.get(&p))
+            .filter(|(first, _)| same_state(candidates[*first], self.hosts[*first], node, host));
+        if let Some((_, outcome)) = known {
+            return outcome.clone();
+        }
+        let outcome = eval
+            .node(node, host)
+            .map(|(tiers, removed)| (tiers, removed, eval.scratch.picks.clone()));
+        if let Some(print) = print {
+            self.seen
+                .entry(print)
+                .or_insert_with(|| (at, outcome.clone()));
+        }
+        outcome
     }
 }
 
