@@ -199,8 +199,15 @@ async fn every_write_of_a_controller_run_names_the_kerf_controller_field_manager
         )
     })
     .await;
-    // Deallocation: the pod goes, the claim's allocation and finalizer follow.
+    // Deallocation: the pod goes, kube-controller-manager's resourceclaim controller drops its
+    // reservation (`pkg/controller/resourceclaim/controller.go`, `Controller.syncClaim`), and
+    // the claim's allocation and finalizer follow.
     fake.remove(&format!("{PODS}/p"));
+    let mut unreserved = fake.get(&format!("{CLAIMS}/fits")).unwrap();
+    if let Some(status) = unreserved["status"].as_object_mut() {
+        status.remove("reservedFor");
+    }
+    fake.insert(unreserved);
     eventually("the claim deallocated", DEADLINE, || async {
         let claim = fake.get(&format!("{CLAIMS}/fits"))?;
         claim["metadata"]["finalizers"]
