@@ -39,6 +39,7 @@ pub mod gpuclass;
 pub mod gpuquota;
 mod group;
 pub mod inventory_view;
+pub mod node_pool;
 pub mod node_selection;
 pub mod ownership;
 pub mod params;
