@@ -97,6 +97,15 @@ pub struct Args {
     #[arg(long, env = "KERF_ASSUMED_POD_TTL", default_value = "5m", value_parser = humantime::parse_duration)]
     pub assumed_pod_ttl: Duration,
 
+    /// The node label whose value names a node's pool in the `kerf_controller_pool_*` metrics
+    /// (nodes without it are pool `unlabeled`).
+    #[arg(long, env = "KERF_NODE_POOL_LABEL", default_value = kerf_api::node_pool::DEFAULT_NODE_POOL_LABEL)]
+    pub node_pool_label: String,
+
+    /// How often the fragmentation of each node pool is measured for the metrics; 0: never.
+    #[arg(long, env = "KERF_FRAGMENTATION_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub fragmentation_interval: Duration,
+
     /// How long after it observed a device republished as its own the controller waits before
     /// placing on it: allocations kube-scheduler decided earlier (between its Reserve and
     /// PreBind) land within it.
@@ -268,6 +277,7 @@ impl Args {
                     resync: self.quota_resync,
                     admitted_grace: self.quota_admitted_grace,
                 },
+                node_pool_label: self.node_pool_label,
             },
             leader_election,
             metrics_address: parse_address(&self.metrics_address)?,
@@ -287,6 +297,7 @@ impl Args {
             ownership_tick: self.ownership_tick,
             assumed_pod_ttl: self.assumed_pod_ttl,
             max_node_rejections: self.max_node_rejections,
+            fragmentation_interval: self.fragmentation_interval,
             ..ClaimSettings::default()
         }
     }
@@ -386,6 +397,11 @@ mod tests {
         let claims = config.controller.claims;
         assert_eq!(claims.assumed_pod_ttl, Duration::from_secs(300));
         assert_eq!(claims.max_node_rejections, 10);
+        assert_eq!(claims.fragmentation_interval, Duration::from_secs(15));
+        assert_eq!(
+            config.controller.node_pool_label,
+            "node.kubernetes.io/instance-type"
+        );
         let lease = config.leader_election.unwrap();
         assert_eq!(
             lease,

@@ -46,6 +46,9 @@ pub struct ControllerConfig {
     pub claims: crate::claims::ClaimSettings,
     /// Timing of the GpuQuota recount.
     pub quota: crate::quota::QuotaSettings,
+    /// The node label whose value names a node's pool in the fragmentation metrics
+    /// (`kerf_api::node_pool`).
+    pub node_pool_label: String,
 }
 
 impl ControllerConfig {
@@ -60,6 +63,7 @@ impl ControllerConfig {
             instance: None,
             claims: crate::claims::ClaimSettings::default(),
             quota: crate::quota::QuotaSettings::default(),
+            node_pool_label: kerf_api::node_pool::DEFAULT_NODE_POOL_LABEL.to_owned(),
         }
     }
 }

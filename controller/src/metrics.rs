@@ -23,6 +23,10 @@
 //! | `claim_node_labels_total` | counter | `action` (`set`/`removed`) |
 //! | `quota_used` | gauge | `namespace`, `quota`, `resource` (`memory`/`compute`/`gpus`) |
 //! | `quota_hard` | gauge | `namespace`, `quota`, `resource` (capped resources only) |
+//! | `pool_nodes` | gauge | `pool` (the node label `--node-pool-label`, `unlabeled` without it) |
+//! | `pool_free_gpus` | gauge | `pool` |
+//! | `pool_fragmented_gpus` | gauge | `pool` |
+//! | `pool_stranded_gpus` | gauge | `pool` |
 //!
 //! One series has no `kerf_controller_` prefix, because it counts what kerf as a whole must
 //! never do: `kerf_allocation_conflicts_total` (counter, `allocator` of the other claim:
@@ -47,6 +51,11 @@ use kerf_ops::write_failures::ApiWriteFailures;
 
 use crate::capacity::ClassCapacity;
 use crate::quota::QuotaMetrics;
+
+mod pools;
+
+pub use pools::PoolFragmentation;
+use pools::PoolMetrics;
 
 /// Prefix of every metric of the controller (an underscore is added by the registry).
 const PREFIX: &str = "kerf_controller";
@@ -150,6 +159,7 @@ pub struct Metrics {
     claim_node_labels: Family<LabelActionLabels, Counter>,
     write_failures: ApiWriteFailures,
     quota: QuotaMetrics,
+    pools: PoolMetrics,
     /// Classes that have per-class series: a `Family` cannot list its label sets.
     classes: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -177,6 +187,7 @@ impl Metrics {
             claim_node_labels: Family::default(),
             write_failures: ApiWriteFailures::new("controller", registry),
             quota: QuotaMetrics::default(),
+            pools: PoolMetrics::default(),
             classes: Arc::default(),
         };
         registry.register(
@@ -193,6 +204,15 @@ impl Metrics {
         self.register_claims(registry);
         self.register_ownership(registry);
         self.quota.register(registry);
+        self.pools.register(registry);
+    }
+
+    /// Replaces the fragmentation series of every node pool.
+    pub fn set_pool_fragmentation(
+        &self,
+        pools: &std::collections::BTreeMap<String, PoolFragmentation>,
+    ) {
+        self.pools.set(pools);
     }
 
     /// The GpuQuota recount's gauges.

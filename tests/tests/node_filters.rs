@@ -7,6 +7,9 @@
 //! Each test is built so that it fails when its filter is missing: an anchor pod pinned to
 //! node-0 holds a GPU slice there, so BinPack prefers node-0 for the probe's slice; the probe
 //! must land on node-1 because of the filter (or, for the cases the filter admits, on node-0).
+//!
+//! Among the nodes and GPUs that fit, the LeastFragmentation policy keeps room for the pod
+//! kinds the controller has seen, and the fragmentation of each node pool is a metric.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -17,15 +20,20 @@
 
 mod common;
 use common::claim_cluster;
+use common::controller::{ClaimController, Watched, metrics_text};
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use claim_cluster::{
-    Controller, DRIVER, NS, SLICES, allocation, classes, condition, get_claim, settings, slices,
+    Controller, DRIVER, NS, SLICES, allocation, classes, condition, device_class, get_claim,
+    settings, slices,
 };
-use kerf_controller::claims;
+use kerf_api::params::{Allocator, PlacementPolicy};
+use kerf_controller::{Context, ControllerConfig, claims};
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::wait::eventually;
+use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -392,5 +400,122 @@ async fn the_rejection_walk_stops_after_max_node_rejections() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(allocation(&get_claim(&fake, "walker").unwrap()).is_none());
     assert_eq!(events(&fake, "walker", "NodeRejected").len(), 2);
+    controller.stop().await;
+}
+
+// ---- the LeastFragmentation policy on the pod kinds seen, and the pool metrics ----
+
+/// The LeastFragmentation controller class.
+const LEAST_FRAGMENTATION: &str = "least-fragmentation";
+
+/// A claim of `class` asking `memory` and 10 % compute, and a gated pod using it, pinned to
+/// node-0 by its node selector.
+fn sized_gpu_pod(fake: &FakeApi, name: &str, class: &str, memory: &str) {
+    fake.insert(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "count": 1}}],
+            "config": [{"opaque": {"driver": DRIVER, "parameters": {
+                "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters",
+                "memory": memory, "compute": 10}}}],
+        }},
+    }));
+    let extra = json!({
+        "nodeSelector": {"kubernetes.io/hostname": "node-0"},
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
+        "schedulingGates": [{"name": kerf_api::controller_claims::SCHEDULING_GATE}],
+    });
+    fake.insert(pod_value(name, "", extra, json!({"phase": "Pending"})));
+}
+
+/// Waits for claim `name` to be allocated and returns its device.
+async fn device_of(fake: &FakeApi, name: &str) -> String {
+    placed_on(fake, name).await;
+    let claim = get_claim(fake, name).unwrap();
+    claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// node-0 and node-1 in node pools `a` and `b`, the classes and the LeastFragmentation
+/// class, and the claim controller measuring the pools every 50 ms.
+async fn pools_cluster() -> (FakeApi, Arc<Context>, Registry, ClaimController) {
+    let fake = FakeApi::new();
+    for (node, pool) in [("node-0", "a"), ("node-1", "b")] {
+        gpu_node(&fake, node, allocatable());
+        let mut labelled = fake.get(&format!("/api/v1/nodes/{node}")).unwrap();
+        labelled["metadata"]["labels"]["node.kubernetes.io/instance-type"] = json!(pool);
+        fake.insert(labelled);
+    }
+    classes(&fake);
+    device_class(
+        &fake,
+        LEAST_FRAGMENTATION,
+        Allocator::Controller,
+        PlacementPolicy::LeastFragmentation,
+    );
+    let config = ControllerConfig {
+        claims: claims::ClaimSettings {
+            fragmentation_interval: Duration::from_millis(50),
+            ..settings()
+        },
+        ..ControllerConfig::new(DRIVER)
+    };
+    let Watched { context, registry } = Watched::start(&fake, config).await;
+    let ctx = Arc::new(context);
+    let controller = ClaimController::start(&fake, Arc::clone(&ctx));
+    (fake, ctx, registry, controller)
+}
+
+/// The value of the series `name{pool="<pool>"}`, if it is there.
+fn pool_gauge(registry: &Registry, name: &str, pool: &str) -> Option<f64> {
+    let series = format!(r#"{name}{{pool="{pool}"}} "#);
+    metrics_text(registry)
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map(|value| value.parse().unwrap())
+}
+
+#[tokio::test]
+async fn least_fragmentation_keeps_room_for_the_pod_kinds_seen() {
+    let (fake, _ctx, _registry, controller) = pools_cluster().await;
+    sized_gpu_pod(&fake, "first", LEAST_FRAGMENTATION, "30Gi");
+    let first = device_of(&fake, "first").await;
+    // A second 30Gi slice beside the first would leave that H100 (79.6GiB) less than 20GiB,
+    // too little for the kind seen; on an idle GPU both keep room for another 30Gi.
+    sized_gpu_pod(&fake, "second", LEAST_FRAGMENTATION, "30Gi");
+    let second = device_of(&fake, "second").await;
+    assert_ne!(second, first);
+    // BinPack, by contrast, fills a used GPU.
+    sized_gpu_pod(&fake, "packed", SLICES, "30Gi");
+    let packed = device_of(&fake, "packed").await;
+    assert!(packed == first || packed == second, "{packed}");
+    controller.stop().await;
+}
+
+#[tokio::test]
+async fn each_node_pool_reports_its_free_and_fragmented_gpus() {
+    let (fake, _ctx, registry, controller) = pools_cluster().await;
+    // 75Gi of an H100's 79.6GiB: what is left is free but too small for the only kind seen.
+    sized_gpu_pod(&fake, "big", LEAST_FRAGMENTATION, "75Gi");
+    device_of(&fake, "big").await;
+    let fragmented = "kerf_controller_pool_fragmented_gpus";
+    eventually("the pools measured", DEADLINE, || async {
+        pool_gauge(&registry, fragmented, "a")
+            .filter(|gpus| *gpus > 0.0)
+            .map(|_| ())
+    })
+    .await;
+    let gauge = |name: &str, pool: &str| pool_gauge(&registry, name, pool).unwrap();
+    let free = "kerf_controller_pool_free_gpus";
+    // Seven idle GPUs and what the slice left of the eighth, all of it fragment.
+    let left = gauge(free, "a") - 7.0;
+    assert!(left > 0.05 && left < 0.07, "{left}");
+    assert!((gauge(fragmented, "a") - left).abs() < 1e-9);
+    assert!(gauge(fragmented, "b").abs() < 1e-9);
+    assert!((gauge(free, "b") - 8.0).abs() < 1e-9);
+    assert!((gauge("kerf_controller_pool_nodes", "a") - 1.0).abs() < 1e-9);
     controller.stop().await;
 }

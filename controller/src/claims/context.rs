@@ -16,6 +16,7 @@ use super::ledger::{Books, Ledger, WriteGuard};
 use super::node_usage::NodeUsage;
 use super::ownership::InputChanges;
 use super::pod_index::PodsByClaim;
+use super::pod_kinds::PodKinds;
 use crate::context::Context;
 use crate::error::{Error, Result};
 /// Timing of the claim reconciler.
@@ -43,6 +44,8 @@ pub struct ClaimSettings {
     /// controller does not model), the pod is not placed again until they are forgotten; a
     /// Warning says so. Zero: no bound.
     pub max_node_rejections: u32,
+    /// How often the fragmentation of each node pool is measured for the metrics; zero: never.
+    pub fragmentation_interval: Duration,
 }
 
 impl Default for ClaimSettings {
@@ -56,6 +59,7 @@ impl Default for ClaimSettings {
             ownership_tick: Duration::from_millis(500),
             assumed_pod_ttl: Duration::from_secs(300),
             max_node_rejections: 10,
+            fragmentation_interval: Duration::from_secs(15),
         }
     }
 }
@@ -72,6 +76,9 @@ pub struct ClaimsPart {
     /// What the bound, nominated and assumed pods take of each node, kept by the pod and node
     /// watches after their stores ([`super::node_usage`]).
     pub(super) node_usage: NodeUsage,
+    /// The pod kinds seen, for the LeastFragmentation policy ([`super::pod_kinds`]), kept by
+    /// the pod watch and by placements.
+    pub(super) pod_kinds: PodKinds,
     /// Every node.
     pub nodes: Store<Node>,
     /// Free capacity, writes in flight, rejections, claims waiting for capacity.
@@ -128,6 +135,7 @@ impl ClaimsPart {
             pods,
             pods_by_claim: PodsByClaim::default(),
             node_usage: NodeUsage::default(),
+            pod_kinds: PodKinds::default(),
             nodes,
             ledger: Ledger::new(ownership_inputs.clone()),
             trigger,

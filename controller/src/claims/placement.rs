@@ -9,6 +9,10 @@
 //! allocated, and not rejected by kube-scheduler for this pod lately. The first filter that
 //! fails gives the node's reasons, counted into kube-scheduler's `0/N nodes are available: …`
 //! ([`Diagnosis`]).
+//!
+//! Among the candidates, the class's policy chooses; LeastFragmentation (the default) measures
+//! each placement against the pod kinds learned so far (`super::pod_kinds`) and the nodes'
+//! CPU and memory from the same books.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -18,7 +22,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::pod_resources::{host_ports, is_extended_resource_name, pod_resource_requests};
 use kerf_core::alloc::node_fit::Diagnosis;
-use kerf_core::alloc::{self, PodRequest, Unplaceable};
+use kerf_core::alloc::{self, HostAmounts, PlacementContext, PodRequest, Unplaceable};
 use kube::runtime::reflector::ObjectRef;
 
 use super::ledger::WriteGuard;
@@ -87,16 +91,32 @@ pub(super) fn place_and_begin<'a>(
     }
     let gpu_nodes: Vec<String> = books.index().nodes().map(|n| n.name().to_owned()).collect();
     let now = Instant::now();
-    let filtered = {
-        let usage = ctx.claims.node_usage.read(now);
-        candidate_nodes(pod, &fit, gpu_nodes, &unsuitable, pinned, &usage, ctx)
-    };
+    let usage = ctx.claims.node_usage.read(now);
+    let filtered = candidate_nodes(pod, &fit, gpu_nodes, &unsuitable, pinned, &usage, ctx);
     let uids: Vec<String> = request.claims.iter().map(|c| c.key.clone()).collect();
     if uids.iter().any(|uid| books.in_flight(uid)) {
         return Placing::Busy;
     }
     let names: Vec<&str> = filtered.candidates.iter().map(String::as_str).collect();
-    match alloc::place(books.index(), request, &names) {
+    let host = HostAmounts {
+        milli_cpu: fit.requests.milli_cpu,
+        memory: fit.requests.memory,
+    };
+    let workload = ctx
+        .claims
+        .pod_kinds
+        .placing(fit.uid.as_deref(), request, host);
+    let hosts = |node: &str| usage.host(node);
+    let policy = PlacementContext {
+        workload: &workload,
+        pod: host,
+        hosts: &hosts,
+        // kube-scheduler places pods without GPUs by its default scoring.
+        steer_pods_without_gpus: true,
+    };
+    let placed = alloc::place_with(books.index(), request, &names, &policy);
+    drop(usage);
+    match placed {
         Ok(placement) => {
             for claim in &placement.claims {
                 books.assume(&claim.key, placement.claim_uses(claim));

@@ -86,8 +86,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
     ]);
     let node_watch = node_watch(&ctx, feeds.nodes);
     let ownership = ownership::run(Arc::clone(&ctx), shutdown.clone());
+    let pools = super::fragmentation::run(Arc::clone(&ctx), shutdown.clone());
     let controller = reconcile_until(ctx, queue, node_watch, &shutdown);
-    tokio::join!(controller, ownership, labels);
+    tokio::join!(controller, ownership, labels, pools);
     // The watches only end with the process; what matters is that the controller stopped.
     shutdown.cancelled().await;
     Ok(())
@@ -138,8 +139,8 @@ async fn reconcile_until(
     }
 }
 
-/// The pod watch: writes the pod store through `writer`, then the pod index and the nodes'
-/// books, then bumps the ownership inputs, and asks for the reconcile of each changed pod's
+/// The pod watch: writes the pod store through `writer`, then the pod index, the pod kinds
+/// and the nodes' books, then bumps the ownership inputs, and asks for the reconcile of each changed pod's
 /// claims.
 fn pod_requests(
     ctx: &Arc<Context>,
@@ -162,10 +163,11 @@ fn pod_requests(
         .inspect(move |item| {
             // A bound pod that went frees its node: claims waiting for room try again, as
             // kube-scheduler requeues unschedulable pods on a pod deletion.
-            if let Ok(event) = item
-                && usage_ctx.claims.node_usage.apply_pod_event(event)
-            {
-                usage_ctx.capacity_freed();
+            if let Ok(event) = item {
+                usage_ctx.claims.pod_kinds.apply_pod_event(event);
+                if usage_ctx.claims.node_usage.apply_pod_event(event) {
+                    usage_ctx.capacity_freed();
+                }
             }
         })
         .touched_objects(),

@@ -12,6 +12,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 
+use kerf_core::alloc::HostState;
 use kerf_core::alloc::node_fit::{
     HostPort, HostPorts, NODE_PORTS_REASON, NodeResources, Resources, insufficient_resources,
 };
@@ -35,6 +36,13 @@ pub(crate) struct PodFit {
 }
 
 impl UsageView<'_> {
+    /// The node's CPU and memory as kube-scheduler counts them (allocatable, and the requests
+    /// of its bound and assumed pods); `None` for a node that reports no allocatable.
+    pub(crate) fn host(&self, node: &str) -> Option<HostState> {
+        let books = self.state.nodes.get(node).filter(|books| books.reported)?;
+        Some(HostState::from(&books.resources))
+    }
+
     /// Why `pod` does not fit `node`, in kube-scheduler's words: empty when it fits, or when
     /// the node reports no allocatable (not modelled).
     pub(crate) fn reasons(&self, node: &str, pod: &PodFit) -> Vec<String> {
