@@ -2,9 +2,11 @@
 //! ResourceClaims allocated on them, and the GpuQuotas of every namespace with what their
 //! claims hold ([`quotas`]) — what an admin would otherwise script with kubectl and jq.
 //!
-//! [`fetch`] lists both kinds once; [`files::read`] reads them from saved YAML instead; [`watch`] keeps them with watches and hands each changed
-//! [`Status`] to a callback. Neither needs a kubeconfig: they take a `kube::Client`, which the
-//! tests get from the fake API server.
+//! [`fetch`] lists these kinds and the Nodes (metadata only: their pool label) once;
+//! [`files::read`] reads them from saved YAML instead; [`watch`] keeps them with watches and
+//! hands each changed [`Status`] to a callback. Neither needs a kubeconfig: they take a
+//! `kube::Client`, which the tests get from the fake API server. Where Nodes may not be listed,
+//! [`Snapshot::nodes_problem`] says why.
 //!
 //! # The JSON document (`kerf status -o json`)
 //!
@@ -63,10 +65,11 @@ use std::future::Future;
 use std::pin::pin;
 
 use futures::{Stream, StreamExt as _, stream};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_api::gpuquota::GpuQuota;
 use kerf_api::watch_backoff::WatchBackoff;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, PartialObjectMeta};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::{WatchStreamExt as _, watcher};
 
@@ -79,8 +82,9 @@ fn driver_selector(driver: &str) -> String {
     format!("spec.driver={driver}")
 }
 
-/// Lists `driver`'s ResourceSlices, every ResourceClaim and every GpuQuota once (no quotas
-/// where the GpuQuota CRD is not installed).
+/// Lists `driver`'s ResourceSlices, every ResourceClaim, every GpuQuota (none where the
+/// GpuQuota CRD is not installed) and the Nodes' metadata once (where Nodes may not be listed,
+/// none and [`Snapshot::nodes_problem`] says why).
 ///
 /// # Errors
 /// [`Error::Kube`] when a list fails (unreachable server, missing RBAC for listing
@@ -114,11 +118,38 @@ pub async fn fetch(client: &kube::Client, driver: &str) -> Result<Snapshot> {
             });
         }
     };
+    let (nodes, nodes_problem) = match Api::<Node>::all(client.clone())
+        .list_metadata(&ListParams::default())
+        .await
+    {
+        Ok(list) => (list.items.into_iter().map(node_of).collect(), None),
+        Err(error) => (Vec::new(), Some(nodes_problem(&error))),
+    };
     Ok(Snapshot {
         slices: slices.items,
         claims: claims.items,
         quotas,
+        nodes,
+        nodes_problem,
     })
+}
+
+/// A Node of which only the metadata is known.
+fn node_of(meta: PartialObjectMeta<Node>) -> Node {
+    Node {
+        metadata: meta.metadata,
+        ..Node::default()
+    }
+}
+
+/// Why the pools are not shown, in one line: the pools are a part of the status that a user
+/// without access to Nodes goes without.
+fn nodes_problem(error: &kube::Error) -> String {
+    if matches!(error, kube::Error::Api(status) if status.is_forbidden()) {
+        "not allowed to list Nodes (node pools need list and watch on nodes)".to_owned()
+    } else {
+        format!("listing Nodes failed: {error}")
+    }
 }
 
 fn is_not_found(error: &kube::Error) -> bool {
@@ -145,11 +176,10 @@ pub fn json(status: &Status) -> Result<String> {
     })
 }
 
-/// Watches `driver`'s ResourceSlices, all ResourceClaims and (where served) all GpuQuotas,
-/// and calls `on_change` with the
-/// status once both are listed and then after every change that alters it, until `shutdown`
-/// completes (`Ok`). Watch failures are retried with kube's default back-off; each is passed
-/// to `on_error`.
+/// Watches `driver`'s ResourceSlices, all ResourceClaims, (where served) all GpuQuotas and
+/// (where allowed) the Nodes' metadata, and calls `on_change` with the status once all are
+/// listed and then after every change that alters it, until `shutdown` completes (`Ok`). Watch failures are retried with kube's default
+/// back-off; each is passed to `on_error`.
 ///
 /// # Errors
 /// Never yet: the watches retry for ever. Kept fallible for a future limit on retries.
@@ -160,27 +190,7 @@ pub async fn watch(
     mut on_change: impl FnMut(&Status),
     mut on_error: impl FnMut(&str),
 ) -> Result<()> {
-    let (slices, slice_events) = cache(
-        Api::<ResourceSlice>::all(client.clone()),
-        watcher::Config::default().fields(&driver_selector(driver)),
-        "ResourceSlices",
-    );
-    let (claims, claim_events) = cache(
-        Api::<ResourceClaim>::all(client.clone()),
-        watcher::Config::default(),
-        "ResourceClaims",
-    );
-    let (quotas, quota_events) = if serves_quotas(&client).await {
-        let (store, events) = cache(
-            Api::<GpuQuota>::all(client),
-            watcher::Config::default(),
-            "GpuQuotas",
-        );
-        (Some(store), events.boxed())
-    } else {
-        (None, stream::empty().boxed())
-    };
-    let mut events = stream::select(stream::select(slice_events, claim_events), quota_events);
+    let (caches, mut events) = Caches::start(client, driver).await;
     let mut shutdown = pin!(shutdown);
     let mut last: Option<Status> = None;
     loop {
@@ -189,24 +199,12 @@ pub async fn watch(
             event = events.next() => event,
         };
         match event {
-            // Both watch streams retry for ever; an end means the runtime is going away.
+            // The watch streams retry for ever; an end means the runtime is going away.
             None => return Ok(()),
             Some(Tick::Failed(message)) => on_error(&message),
             Some(Tick::Changed) => {
-                // Before both initial lists are in, a status would show claims without their
-                // devices or devices without their claims.
-                let quotas_ready = quotas.as_ref().is_none_or(is_ready);
-                if !(is_ready(&slices) && is_ready(&claims) && quotas_ready) {
+                let Some(snapshot) = caches.snapshot() else {
                     continue;
-                }
-                let snapshot = Snapshot {
-                    slices: slices.state().iter().map(|s| (**s).clone()).collect(),
-                    claims: claims.state().iter().map(|c| (**c).clone()).collect(),
-                    quotas: quotas
-                        .iter()
-                        .flat_map(Store::state)
-                        .map(|q| (*q).clone())
-                        .collect(),
                 };
                 let status = Status::new(&snapshot, driver);
                 if last.as_ref() != Some(&status) {
@@ -215,6 +213,97 @@ pub async fn watch(
                 }
             }
         }
+    }
+}
+
+/// The stores [`watch`] keeps.
+struct Caches {
+    slices: Store<ResourceSlice>,
+    claims: Store<ResourceClaim>,
+    /// `None` where the GpuQuota CRD is not installed.
+    quotas: Option<Store<GpuQuota>>,
+    /// The Nodes' metadata, or why Nodes may not be listed.
+    nodes: std::result::Result<Store<PartialObjectMeta<Node>>, String>,
+}
+
+type Ticks = std::pin::Pin<Box<dyn Stream<Item = Tick> + Send>>;
+
+impl Caches {
+    /// Starts the watches: slices and claims always; GpuQuotas and Nodes only where a probe
+    /// lists them, so that a watch of a kind the server lacks or forbids does not hold back the
+    /// status for ever.
+    async fn start(client: kube::Client, driver: &str) -> (Caches, Ticks) {
+        let (slices, slice_events) = cache(
+            Api::<ResourceSlice>::all(client.clone()),
+            watcher::Config::default().fields(&driver_selector(driver)),
+            "ResourceSlices",
+        );
+        let (claims, claim_events) = cache(
+            Api::<ResourceClaim>::all(client.clone()),
+            watcher::Config::default(),
+            "ResourceClaims",
+        );
+        let mut events: Ticks = Box::pin(stream::select(slice_events, claim_events));
+        let quotas = if serves_quotas(&client).await {
+            let (store, quota_events) = cache(
+                Api::<GpuQuota>::all(client.clone()),
+                watcher::Config::default(),
+                "GpuQuotas",
+            );
+            events = Box::pin(stream::select(events, quota_events));
+            Some(store)
+        } else {
+            None
+        };
+        let nodes_api = Api::<PartialObjectMeta<Node>>::all(client);
+        let nodes = match nodes_api.list(&ListParams::default().limit(1)).await {
+            Ok(_) => {
+                let (store, node_events) = cache(nodes_api, watcher::Config::default(), "Nodes");
+                events = Box::pin(stream::select(events, node_events));
+                Ok(store)
+            }
+            Err(error) => Err(nodes_problem(&error)),
+        };
+        let caches = Caches {
+            slices,
+            claims,
+            quotas,
+            nodes,
+        };
+        (caches, events)
+    }
+
+    /// The stores' contents; `None` until every store has its initial list, which would show
+    /// claims without their devices or devices without their claims.
+    fn snapshot(&self) -> Option<Snapshot> {
+        let quotas_ready = self.quotas.as_ref().is_none_or(is_ready);
+        let nodes_ready = self.nodes.as_ref().map_or(true, is_ready);
+        if !(is_ready(&self.slices) && is_ready(&self.claims) && quotas_ready && nodes_ready) {
+            return None;
+        }
+        let (nodes, nodes_problem) = match &self.nodes {
+            Ok(store) => (
+                store
+                    .state()
+                    .iter()
+                    .map(|n| node_of((**n).clone()))
+                    .collect(),
+                None,
+            ),
+            Err(problem) => (Vec::new(), Some(problem.clone())),
+        };
+        Some(Snapshot {
+            slices: self.slices.state().iter().map(|s| (**s).clone()).collect(),
+            claims: self.claims.state().iter().map(|c| (**c).clone()).collect(),
+            quotas: self
+                .quotas
+                .iter()
+                .flat_map(Store::state)
+                .map(|q| (*q).clone())
+                .collect(),
+            nodes,
+            nodes_problem,
+        })
     }
 }
 

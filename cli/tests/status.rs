@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceClaim, ResourceSlice};
 use kerf_api::ownership::{Owner, Record, publish_owners};
 use kerf_cli::status;
@@ -308,6 +309,15 @@ async fn a_claim_on_an_unpublished_device_is_reported_not_dropped() {
     assert!(status::table(&status).contains("node-1/gpu-9 on default/stale"));
 }
 
+/// node-1's Node, in pool `p4d.24xlarge` of the default pool label.
+fn labelled_node() -> Node {
+    serde_json::from_value(json!({"metadata": {
+        "name": NODE,
+        "labels": {"node.kubernetes.io/instance-type": "p4d.24xlarge"},
+    }}))
+    .unwrap()
+}
+
 #[tokio::test]
 async fn watch_renders_again_after_a_change_and_stops_on_shutdown() {
     let api = fixture();
@@ -367,6 +377,7 @@ async fn watch_renders_again_after_a_change_and_stops_on_shutdown() {
 #[tokio::test]
 async fn saved_yaml_gives_the_same_status_as_the_cluster() {
     let api = fixture();
+    api.insert_resource(&labelled_node());
     let snapshot = status::fetch(&api.client(), DRIVER).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
     let slices_file = dir.path().join("slices.yaml");
@@ -378,7 +389,13 @@ async fn saved_yaml_gives_the_same_status_as_the_cluster() {
     std::fs::write(&slices_file, yaml).unwrap();
     // As `kubectl get resourceclaims -A -o yaml` saves them, next to a kind that is skipped.
     let claims_file = dir.path().join("claims.yaml");
-    let list = json!({"apiVersion": "v1", "kind": "List", "items": snapshot.claims});
+    let mut items = serde_json::to_value(&snapshot.claims).unwrap();
+    let nodes = serde_json::to_value(&snapshot.nodes).unwrap();
+    items
+        .as_array_mut()
+        .unwrap()
+        .extend(nodes.as_array().unwrap().iter().cloned());
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}});
     std::fs::write(
         &claims_file,
@@ -391,6 +408,7 @@ async fn saved_yaml_gives_the_same_status_as_the_cluster() {
     .unwrap();
     let from_files = status::files::read(&[&slices_file, &claims_file]).unwrap();
     assert_eq!(from_files.claims.len(), snapshot.claims.len());
+    assert_eq!(from_files.nodes.len(), 1);
     assert_eq!(
         status::Status::new(&from_files, DRIVER),
         status::Status::new(&snapshot, DRIVER)

@@ -1,9 +1,11 @@
 //! `kerf status --from FILE`: a [`Snapshot`] read from YAML or JSON files instead of a
 //! cluster — `kerf demo`'s `claims.yaml` with `kerf inventory`'s slices, or saved
-//! `kubectl get resourceslices,resourceclaims -A -o yaml` output.
+//! `kubectl get resourceslices,resourceclaims,nodes -A -o yaml` output. Nodes are optional:
+//! without them, every node is in the pool `unlabeled`.
 
 use std::path::Path;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_api::gpuquota::GpuQuota;
 use serde_json::Value;
@@ -11,13 +13,13 @@ use serde_json::Value;
 use super::model::Snapshot;
 use crate::error::{Error, Result};
 
-/// Reads every ResourceSlice, ResourceClaim and GpuQuota of `paths` (multi-document YAML or JSON; a
-/// `List` contributes its items). Objects of other kinds are skipped.
+/// Reads every ResourceSlice, ResourceClaim, GpuQuota and Node of `paths` (multi-document YAML
+/// or JSON; a `List` contributes its items). Objects of other kinds are skipped.
 ///
 /// # Errors
 /// [`Error::Io`] when a file cannot be read; [`Error::Yaml`] when one is not YAML, or a
-/// ResourceSlice, ResourceClaim or GpuQuota in it does not decode (the error names the file and the
-/// object).
+/// ResourceSlice, ResourceClaim, GpuQuota or Node in it does not decode (the error names the
+/// file and the object).
 pub fn read(paths: &[impl AsRef<Path>]) -> Result<Snapshot> {
     let mut snapshot = Snapshot::default();
     for path in paths {
@@ -55,6 +57,9 @@ fn add(snapshot: &mut Snapshot, document: Value, path: &Path) -> Result<()> {
         "GpuQuota" => snapshot
             .quotas
             .push(serde_json::from_value::<GpuQuota>(document).map_err(invalid)?),
+        "Node" => snapshot
+            .nodes
+            .push(serde_json::from_value::<Node>(document).map_err(invalid)?),
         kind if kind.ends_with("List") => match document.get("items") {
             Some(Value::Array(items)) => {
                 for item in items.clone() {

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use kerf_api::controller_claims::ALLOCATED_NODE_ANNOTATION;
 use kerf_api::inventory_view::InventoryView;
@@ -17,7 +18,8 @@ use serde::Serialize;
 /// fields may appear without a raise).
 pub const JSON_VERSION: u32 = 1;
 
-/// The objects `kerf status` reads: all ResourceSlices and ResourceClaims it may see.
+/// The objects `kerf status` reads: all ResourceSlices and ResourceClaims it may see, the
+/// GpuQuotas and the Nodes.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
     /// ResourceSlices (of every driver: those of other drivers are ignored).
@@ -26,6 +28,10 @@ pub struct Snapshot {
     pub claims: Vec<ResourceClaim>,
     /// GpuQuotas of every namespace (none where the CRD is not installed).
     pub quotas: Vec<kerf_api::gpuquota::GpuQuota>,
+    /// Nodes, for their pool label (fetched as metadata only: nothing else is read).
+    pub nodes: Vec<Node>,
+    /// Why the Nodes could not be listed (pools are then not shown); `None` when they were.
+    pub nodes_problem: Option<String>,
 }
 
 /// Every kerf GPU of the cluster, per node.
