@@ -37,7 +37,8 @@ enum Command {
     Demo(DemoArgs),
     /// Show every kerf GPU of the cluster per node, from kerf's ResourceSlices and the claims
     /// allocated on them: owner, product, memory and compute used, health, claims (pod, size,
-    /// allocator), MIG devices and the pool's generation.
+    /// allocator), MIG devices and the pool's generation; the GPU fragmentation of each node
+    /// pool; the GpuQuotas.
     Status(StatusArgs),
 }
 
@@ -69,6 +70,14 @@ struct StatusArgs {
     /// (e.g. `kerf demo`'s claims.yaml and `kerf inventory`'s output); repeatable.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["watch", "kubeconfig", "context"])]
     from: Vec<PathBuf>,
+    /// The node label whose value names a node's pool, for the GPU fragmentation per pool
+    /// (nodes without it are in pool `unlabeled`).
+    #[arg(
+        long,
+        env = "KERF_NODE_POOL_LABEL",
+        default_value = kerf_api::node_pool::DEFAULT_NODE_POOL_LABEL
+    )]
+    node_pool_label: String,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -309,8 +318,10 @@ fn inventory(args: &InventoryArgs) -> anyhow::Result<()> {
 
 fn run_status(args: &StatusArgs) -> anyhow::Result<()> {
     let driver = args.driver_name.as_str();
+    let pool_label = args.node_pool_label.as_str();
     if !args.from.is_empty() {
-        let status = status::Status::new(&status::files::read(&args.from)?, driver);
+        let snapshot = status::files::read(&args.from)?;
+        let status = status::Status::with_pool_label(&snapshot, driver, pool_label);
         return print_status(&status, args.output);
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -320,7 +331,8 @@ fn run_status(args: &StatusArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let client = status_client(args).await?;
         if !args.watch {
-            let status = status::Status::new(&status::fetch(&client, driver).await?, driver);
+            let snapshot = status::fetch(&client, driver).await?;
+            let status = status::Status::with_pool_label(&snapshot, driver, pool_label);
             return print_status(&status, args.output);
         }
         let ctrl_c = async {
@@ -331,6 +343,7 @@ fn run_status(args: &StatusArgs) -> anyhow::Result<()> {
         status::watch(
             client,
             driver,
+            pool_label,
             ctrl_c,
             |status| match output {
                 // Clear the screen and home the cursor, as `watch(1)` does.

@@ -1,12 +1,19 @@
 //! `kerf status`: every kerf GPU of the cluster, per node, from kerf's ResourceSlices and the
-//! ResourceClaims allocated on them, and the GpuQuotas of every namespace with what their
-//! claims hold ([`quotas`]) — what an admin would otherwise script with kubectl and jq.
+//! ResourceClaims allocated on them, the GpuQuotas of every namespace with what their
+//! claims hold ([`quotas`]), and the GPU fragmentation of each node pool ([`pools`]) — what an
+//! admin would otherwise script with kubectl and jq.
 //!
 //! [`fetch`] lists these kinds and the Nodes (metadata only: their pool label) once;
 //! [`files::read`] reads them from saved YAML instead; [`watch`] keeps them with watches and
 //! hands each changed [`Status`] to a callback. Neither needs a kubeconfig: they take a
 //! `kube::Client`, which the tests get from the fake API server. Where Nodes may not be listed,
-//! [`Snapshot::nodes_problem`] says why.
+//! everything but the pools is shown, and `poolsProblem` says why.
+//!
+//! The pools' fragmentation is the GPU part of kerf's LeastFragmentation measure (FGD's): the
+//! free GPU capacity the pods like the allocated claims could not use. `kerf status` knows no
+//! pod's CPU and memory, so GPUs stranded by them are left to kerf-controller's metrics.
+//! Without any allocated claim there is no workload to measure against: `fragmentedGpus` and
+//! `ratio` are null (`-` in the table), not 0.
 //!
 //! # The JSON document (`kerf status -o json`)
 //!
@@ -52,12 +59,22 @@
 //!     "classes": [{"class": "h100-slice", "used": {…}, "hard": {"memoryBytes": …,
 //!                  "compute": null, "gpus": null}}],   // null: not capped
 //!     "pendingAdmissions": 0
-//!   }]
+//!   }],
+//!   "poolLabel": "node.kubernetes.io/instance-type",  // --node-pool-label
+//!   "pools": [{
+//!     "pool": "p4d.24xlarge",                      // "unlabeled": nodes without the label
+//!     "nodes": 2,                                  // nodes with kerf GPUs
+//!     "freeGpus": 9.5,                             // free shares of GPUs, summed
+//!     "fragmentedGpus": 1.5,                       // null: no allocated claim to learn from
+//!     "ratio": 0.158                               // fragmentedGpus / freeGpus; null as above
+//!   }],                                            // null when Nodes cannot be listed
+//!   "poolsProblem": null                           // why pools is null
 //! }
 //! ```
 
 pub mod files;
 pub mod model;
+pub mod pools;
 pub mod quotas;
 mod render;
 
@@ -177,8 +194,9 @@ pub fn json(status: &Status) -> Result<String> {
 }
 
 /// Watches `driver`'s ResourceSlices, all ResourceClaims, (where served) all GpuQuotas and
-/// (where allowed) the Nodes' metadata, and calls `on_change` with the status once all are
-/// listed and then after every change that alters it, until `shutdown` completes (`Ok`). Watch failures are retried with kube's default
+/// (where allowed) the Nodes' metadata, and calls `on_change` with the status, node pools named
+/// by the node label `pool_label`, once all are listed and then after every change that
+/// alters it, until `shutdown` completes (`Ok`). Watch failures are retried with kube's default
 /// back-off; each is passed to `on_error`.
 ///
 /// # Errors
@@ -186,6 +204,7 @@ pub fn json(status: &Status) -> Result<String> {
 pub async fn watch(
     client: kube::Client,
     driver: &str,
+    pool_label: &str,
     shutdown: impl Future<Output = ()>,
     mut on_change: impl FnMut(&Status),
     mut on_error: impl FnMut(&str),
@@ -206,7 +225,7 @@ pub async fn watch(
                 let Some(snapshot) = caches.snapshot() else {
                     continue;
                 };
-                let status = Status::new(&snapshot, driver);
+                let status = Status::with_pool_label(&snapshot, driver, pool_label);
                 if last.as_ref() != Some(&status) {
                     on_change(&status);
                     last = Some(status);

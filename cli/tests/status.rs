@@ -229,7 +229,16 @@ async fn json_has_the_documented_shape() {
     let keys = |v: &Value| -> Vec<String> { v.as_object().unwrap().keys().cloned().collect() };
     assert_eq!(
         keys(&doc),
-        ["driver", "nodes", "quotas", "unmatchedClaims", "version"]
+        [
+            "driver",
+            "nodes",
+            "poolLabel",
+            "pools",
+            "poolsProblem",
+            "quotas",
+            "unmatchedClaims",
+            "version"
+        ]
     );
     assert_eq!(doc["version"], 1);
     assert_eq!(doc["driver"], DRIVER);
@@ -319,6 +328,52 @@ fn labelled_node() -> Node {
 }
 
 #[tokio::test]
+async fn pools_show_the_fragmentation_of_each_node_pool() {
+    let api = fixture();
+    api.insert_resource(&labelled_node());
+    let status = current_status(&api).await;
+    // Free: a quarter of gpu-3 (10 of 40Gi, 25 %); gpu-2 is held whole, gpu-0 and gpu-1 are
+    // in MIG mode. None of the claims' kinds (a whole GPU, 20Gi 25 %, 10Gi 50 %) fits it.
+    assert_eq!(
+        serde_json::to_value(&status).unwrap()["pools"],
+        json!([{"pool": "p4d.24xlarge", "nodes": 1, "freeGpus": 0.25, "fragmentedGpus": 0.25,
+                "ratio": 1.0}])
+    );
+    let table = status::table(&status);
+    assert!(
+        table.contains(
+            "GPU fragmentation per node pool (label node.kubernetes.io/instance-type)\n  \
+             POOL          NODES  FREE GPUS  FRAGMENTED  RATIO\n  \
+             p4d.24xlarge  1      0.25       0.25        1\n"
+        ),
+        "{table}"
+    );
+}
+
+#[tokio::test]
+async fn without_access_to_nodes_the_pools_are_left_out_with_the_reason() {
+    let api = fixture();
+    api.fail_next("list", "/api/v1/nodes", 403, 1);
+    let status = current_status(&api).await;
+    assert_eq!(status.pools, None);
+    let problem = status.pools_problem.as_deref().unwrap();
+    assert!(
+        problem.starts_with("not allowed to list Nodes"),
+        "{problem}"
+    );
+    // Everything else is shown.
+    assert_eq!(status.nodes.len(), 1);
+    let table = status::table(&status);
+    assert!(
+        table.contains(&format!(
+            "GPU fragmentation per node pool (label node.kubernetes.io/instance-type): \
+             not shown, {problem}\n"
+        )),
+        "{table}"
+    );
+}
+
+#[tokio::test]
 async fn watch_renders_again_after_a_change_and_stops_on_shutdown() {
     let api = fixture();
     let (renders, mut rendered) = mpsc::unbounded_channel();
@@ -328,6 +383,7 @@ async fn watch_renders_again_after_a_change_and_stops_on_shutdown() {
         status::watch(
             client,
             DRIVER,
+            kerf_api::node_pool::DEFAULT_NODE_POOL_LABEL,
             async {
                 let _ = stopped.await;
             },
@@ -359,6 +415,12 @@ async fn watch_renders_again_after_a_change_and_stops_on_shutdown() {
         second.contains("[##########] 40/40Gi  [##########] 100/100%"),
         "{second}"
     );
+    assert!(second.contains("\n  unlabeled "), "{second}");
+
+    // Nodes are watched for their pool label.
+    api.insert_resource(&labelled_node());
+    let third = rendered.recv().await.unwrap();
+    assert!(third.contains("\n  p4d.24xlarge "), "{third}");
 
     // A change kerf status does not show (another driver's slice) renders nothing new.
     let mut other = slices(1).remove(0);

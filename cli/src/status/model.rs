@@ -1,6 +1,7 @@
 //! What `kerf status` shows, built from one [`Snapshot`] of the API: the devices of kerf's
-//! current ResourceSlices and the claims allocated on them. Also the `-o json` document, whose
-//! shape is documented in the parent module.
+//! current ResourceSlices and the claims allocated on them, and the GPU fragmentation of each
+//! node pool ([`super::pools`]). Also the `-o json` document, whose shape is documented in the
+//! parent module.
 
 use std::collections::BTreeMap;
 
@@ -8,6 +9,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use kerf_api::controller_claims::ALLOCATED_NODE_ANNOTATION;
 use kerf_api::inventory_view::InventoryView;
+use kerf_api::node_pool::DEFAULT_NODE_POOL_LABEL;
 use kerf_api::ownership::{self, Owner};
 use kerf_api::resourceslice::taints::unhealthy_taint_key;
 use kerf_api::resourceslice::{TYPE_MIG, attributes, device_attribute, device_memory_bytes};
@@ -48,6 +50,13 @@ pub struct Status {
     pub unmatched_claims: Vec<UnmatchedClaim>,
     /// GpuQuotas, by namespace and name.
     pub quotas: Vec<super::quotas::QuotaStatus>,
+    /// The node label that names a node's pool.
+    pub pool_label: String,
+    /// GPU fragmentation per node pool, by pool name; `None` when the Nodes could not be
+    /// listed.
+    pub pools: Option<Vec<super::pools::PoolFragmentation>>,
+    /// Why `pools` is `None`.
+    pub pools_problem: Option<String>,
 }
 
 /// One node's pool and devices.
@@ -256,8 +265,15 @@ pub struct UnmatchedClaim {
 type ClaimsByDevice = BTreeMap<(String, String), Vec<(ClaimOnDevice, UseKind)>>;
 
 impl Status {
-    /// The status of `driver`'s devices in `snapshot`.
+    /// The status of `driver`'s devices in `snapshot`, node pools named by
+    /// [`DEFAULT_NODE_POOL_LABEL`].
     pub fn new(snapshot: &Snapshot, driver: &str) -> Status {
+        Status::with_pool_label(snapshot, driver, DEFAULT_NODE_POOL_LABEL)
+    }
+
+    /// The status of `driver`'s devices in `snapshot`, node pools named by the node label
+    /// `pool_label`.
+    pub fn with_pool_label(snapshot: &Snapshot, driver: &str, pool_label: &str) -> Status {
         let mut claims = claims_by_device(&snapshot.claims, driver);
         let view = kerf_api::inventory_view(&snapshot.slices, driver);
         let mut nodes: BTreeMap<String, NodeStatus> = BTreeMap::new();
@@ -276,6 +292,7 @@ impl Status {
                 node.add_device(device, driver, &view, held);
             }
         }
+        let pools = super::pools::pools(snapshot, &view, driver, pool_label);
         for skipped in view.skipped {
             if let Some(node) = nodes.values_mut().find(|n| n.pool.name == skipped.pool) {
                 node.unreadable.push(Unreadable {
@@ -294,6 +311,9 @@ impl Status {
             nodes: nodes.into_values().collect(),
             unmatched_claims: unmatched(claims),
             quotas: super::quotas::quotas(&snapshot.quotas),
+            pool_label: pool_label.to_owned(),
+            pools,
+            pools_problem: snapshot.nodes_problem.clone(),
         }
     }
 }

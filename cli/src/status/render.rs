@@ -1,6 +1,6 @@
 //! The table `kerf status` prints: per node, one row per whole GPU and per MIG device, with
-//! text bars for memory and compute and one line per claim; then the GpuQuotas
-//! (`quotas.rs`).
+//! text bars for memory and compute and one line per claim; then the GPU fragmentation per
+//! node pool (`pools.rs`) and the GpuQuotas (`quotas.rs`).
 
 use std::fmt::Write as _;
 
@@ -27,6 +27,7 @@ pub fn table(status: &Status) -> String {
         }
         render_node(&mut out, node);
     }
+    render_pools(&mut out, status);
     let quotas = super::quotas::render(&status.quotas, gib);
     if !quotas.is_empty() {
         out.push_str("\nGPU quotas\n");
@@ -47,6 +48,32 @@ pub fn table(status: &Status) -> String {
         }
     }
     out
+}
+
+/// The pools' section: a table, or the one line saying why there is none; nothing without
+/// any node of the driver.
+fn render_pools(out: &mut String, status: &Status) {
+    if status.nodes.is_empty() {
+        return;
+    }
+    let _ = write!(
+        out,
+        "\nGPU fragmentation per node pool (label {})",
+        status.pool_label
+    );
+    let Some(pools) = &status.pools else {
+        let problem = status
+            .pools_problem
+            .as_deref()
+            .unwrap_or("Nodes not listed");
+        let _ = writeln!(out, ": not shown, {problem}");
+        return;
+    };
+    out.push('\n');
+    out.push_str(&align(&super::pools::rows(pools)));
+    if pools.iter().any(|p| p.fragmented_gpus.is_none()) {
+        out.push_str("  fragmentation not known: no allocated claim to learn the workload from\n");
+    }
 }
 
 fn render_node(out: &mut String, node: &NodeStatus) {
