@@ -62,10 +62,33 @@ fn claim_webhooks() -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
-/// Whether every expression is true for `object`; an evaluation error fails the test.
+/// A user who creates claims and templates by hand.
+const USER: &str = "alice";
+/// kube-controller-manager's resourceclaim controller, with `--use-service-account-credentials`
+/// (`cmd/kube-controller-manager/app/core.go`, `startResourceClaimController`, client
+/// `resource-claim-controller`) and without it.
+const CLAIM_CONTROLLER_NAMES: [&str; 2] = [
+    "system:serviceaccount:kube-system:resource-claim-controller",
+    "system:kube-controller-manager",
+];
+
+/// Whether every expression is true for `object` created by `USER`; an evaluation error fails
+/// the test.
 fn matches(expressions: &[String], object: &Value) -> bool {
+    matches_from(
+        expressions,
+        object,
+        &json!({"username": USER, "groups": ["system:authenticated"]}),
+    )
+}
+
+/// Whether every expression is true for `object` created by `user_info` (the request's
+/// `userInfo`); an evaluation error fails the test.
+fn matches_from(expressions: &[String], object: &Value, user_info: &Value) -> bool {
     let mut context = Context::default();
     context.add_variable_from_value("object", cel::to_value(object).unwrap());
+    let request = json!({"operation": "CREATE", "userInfo": user_info});
+    context.add_variable_from_value("request", cel::to_value(&request).unwrap());
     expressions.iter().all(|expression| {
         let program = Program::compile(expression).unwrap();
         match program.execute(&context) {
@@ -150,4 +173,32 @@ fn claim_webhooks_select_exactly_objects_with_a_kerf_config() {
         assert!(!matches(expressions, &json!({"metadata": {"name": "x"}})));
         assert!(!matches(expressions, &json!({"spec": {}})));
     }
+}
+
+#[test]
+fn claims_the_resourceclaim_controller_makes_from_templates_skip_the_claim_webhook() {
+    let webhooks = claim_webhooks();
+    let (_, claim_expressions) = &webhooks[0];
+    let (_, template_expressions) = &webhooks[1];
+    let kerf_devices = json!({"requests": [{"name": "gpu", "exactly": {"deviceClassName": "c"}}],
+                              "config": [opaque(DRIVER)]});
+    let kerf_claim = claim(Some(&kerf_devices));
+    for name in CLAIM_CONTROLLER_NAMES {
+        let controller = json!({"username": name, "groups": ["system:serviceaccounts"]});
+        assert!(
+            !matches_from(claim_expressions, &kerf_claim, &controller),
+            "{name}"
+        );
+        // A template made by that identity is still checked (none is, but nothing is skipped
+        // that was not checked before).
+        let kerf_template = template(Some(&kerf_devices));
+        assert!(
+            matches_from(template_expressions, &kerf_template, &controller),
+            "{name}"
+        );
+    }
+    // Another service account, and a request without a username, are checked.
+    let other = json!({"username": "system:serviceaccount:ci:deployer"});
+    assert!(matches_from(claim_expressions, &kerf_claim, &other));
+    assert!(matches_from(claim_expressions, &kerf_claim, &json!({})));
 }
