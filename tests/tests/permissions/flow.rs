@@ -300,7 +300,15 @@ async fn claim_path(fake: &FakeApi) {
     })
     .await;
 
+    // The pod goes, and kube-controller-manager's resourceclaim controller drops its
+    // reservation (`pkg/controller/resourceclaim/controller.go`, `Controller.syncClaim`).
     fake.remove(&format!("{PODS}/train"));
+    if let Some(mut unreserved) = fake.get(&format!("{CLAIMS}/train")) {
+        if let Some(status) = unreserved["status"].as_object_mut() {
+            status.remove("reservedFor");
+        }
+        fake.insert(unreserved);
+    }
     until("claim train deallocated and released", WAIT, || {
         fake.get(&format!("{CLAIMS}/train")).is_some_and(|c| {
             !allocated(&c)
