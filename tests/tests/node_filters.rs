@@ -60,14 +60,19 @@ fn allocatable() -> Value {
 
 /// A 5Gi / 10 % slice claim of the BinPack controller class.
 fn slice_claim(fake: &FakeApi, name: &str) {
+    sized_claim(fake, name, SLICES, "5Gi");
+}
+
+/// A slice claim of `class` asking `memory` and 10 % compute.
+fn sized_claim(fake: &FakeApi, name: &str, class: &str, memory: &str) {
     fake.insert(json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": NS},
         "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": SLICES, "count": 1}}],
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "count": 1}}],
             "config": [{"opaque": {"driver": DRIVER, "parameters": {
                 "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters",
-                "memory": "5Gi", "compute": 10}}}],
+                "memory": memory, "compute": 10}}}],
         }},
     }));
 }
@@ -411,16 +416,7 @@ const LEAST_FRAGMENTATION: &str = "least-fragmentation";
 /// A claim of `class` asking `memory` and 10 % compute, and a gated pod using it, pinned to
 /// node-0 by its node selector.
 fn sized_gpu_pod(fake: &FakeApi, name: &str, class: &str, memory: &str) {
-    fake.insert(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "count": 1}}],
-            "config": [{"opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters",
-                "memory": memory, "compute": 10}}}],
-        }},
-    }));
+    sized_claim(fake, name, class, memory);
     let extra = json!({
         "nodeSelector": {"kubernetes.io/hostname": "node-0"},
         "resourceClaims": [{"name": "gpu", "resourceClaimName": name}],
