@@ -15,11 +15,15 @@
 //! - [`place`] / [`place_where`]: the placement decision, [`PodPlacement`] or [`Unplaceable`];
 //!   [`place_with`] / [`place_where_with`] with the [`PlacementContext`] the default policy,
 //!   [`Policy::LeastFragmentation`], needs (without it, it places as BinPack).
+//! - [`wants_idle_gpus_taint`]: which nodes should carry kerf's `PreferNoSchedule` taint
+//!   [`IDLE_GPUS_TAINT_KEY`], which keeps kube-scheduler's pods without GPUs off nodes with
+//!   idle GPUs.
 //! - [`Workload`]: the pod kinds seen, learned online, as a [`Distribution`];
 //!   [`node_fragmentation`] measures a node's [`Fragmentation`] against it.
 
 mod frag;
 mod hash;
+mod idle_taint;
 mod index;
 pub mod model;
 pub mod node_fit;
@@ -34,6 +38,7 @@ mod workload;
 pub use frag::{
     Distribution, Fragmentation, HostAmounts, HostState, TaskShape, node_fragmentation,
 };
+pub use idle_taint::{IDLE_GPUS_TAINT_EFFECT, IDLE_GPUS_TAINT_KEY, wants_idle_gpus_taint};
 pub use index::{GpuUsage, GpuView, Index, NodeView};
 pub use model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
 pub use place::{
