@@ -92,9 +92,10 @@ pub struct BenchArgs {
     /// Seeds of `openb`'s workload inflation, comma-separated [default: 42-51].
     #[arg(long, env = "KERF_BENCH_OPENB_SEEDS", value_delimiter = ',')]
     pub openb_seeds: Vec<u64>,
-    /// Placers `openb` replays, comma-separated: leastfrag (kerf's default policy, tasks
-    /// without GPUs by kube-scheduler's scoring), leastfrag_all (every task by it), binpack,
-    /// spread, fgd (the paper's policy, ported), fgd_kube [default: all].
+    /// Placers `openb` replays, comma-separated: leastfrag_taint (kerf's default policy, tasks
+    /// without GPUs by kube-scheduler's scoring with kerf's PreferNoSchedule taint on nodes
+    /// with idle GPUs), leastfrag (the same without the taint), leastfrag_all (every task by
+    /// the policy), binpack, spread, fgd (the paper's policy, ported), fgd_kube [default: all].
     #[arg(long, env = "KERF_BENCH_OPENB_PLACERS", value_delimiter = ',')]
     pub openb_placers: Vec<String>,
     /// `openb` keeps every Nth node of the cluster (1: all).

@@ -156,8 +156,8 @@ pub struct BenchOptions {
     pub openb_traces: Vec<String>,
     /// Seeds of `openb`'s workload inflation (default 42–51, as the paper's).
     pub openb_seeds: Vec<u64>,
-    /// Placers `openb` replays, by key (leastfrag, leastfrag_all, binpack, spread, fgd,
-    /// fgd_kube); empty: all.
+    /// Placers `openb` replays, by key (leastfrag_taint, leastfrag, leastfrag_all, binpack,
+    /// spread, fgd, fgd_kube); empty: all.
     pub openb_placers: Vec<String>,
     /// Every how many nodes `openb` keeps one (default 1: all; more for a quick run on a
     /// smaller cluster).

@@ -4,8 +4,9 @@
 //! Per trace (`openb_pod_list_<trace>.csv`) and seed, the tasks are inflated to 130 % of the
 //! cluster's GPUs ([`inflate`]) and replayed ([`replay`]) under each placer: kerf's policies
 //! through `kerf_core::alloc::place_where` with node CPU and memory fit from
-//! `kerf_core::alloc::node_fit`, and the FGD port ([`fgd`]) that checks the replay against
-//! the paper. The figures are the allocation ratio at 100 % and 130 % arrived demand, means
+//! `kerf_core::alloc::node_fit` (tasks without GPUs where kube-scheduler's default scoring
+//! puts them, [`kube`], with or without kerf's `PreferNoSchedule` taint on the nodes with idle
+//! GPUs), and the FGD port ([`fgd`]) that checks the replay against the paper. The figures are the allocation ratio at 100 % and 130 % arrived demand, means
 //! over the seeds, beside the paper's six policies; the curves go to an SVG ([`svg`]).
 
 mod cluster;
@@ -43,7 +44,8 @@ const PAPER_POLICIES: [&str; 6] = [
 ];
 
 /// Every placer, kerf's default policy first, in the order of the tables.
-pub(crate) const PLACERS: [Placer; 6] = [
+pub(crate) const PLACERS: [Placer; 7] = [
+    Placer::KerfTainted,
     Placer::Kerf(Policy::LeastFragmentation),
     Placer::KerfAll,
     Placer::Kerf(Policy::BinPack),
@@ -340,12 +342,17 @@ mod tests {
         let options = BenchOptions {
             openb_dir: dir.path().to_owned(),
             openb_seeds: vec![42, 43],
-            openb_placers: vec!["leastfrag".into(), "fgd".into()],
+            openb_placers: vec!["leastfrag_taint".into(), "leastfrag".into(), "fgd".into()],
             openb_svg: Some(svg.clone()),
             ..BenchOptions::default()
         };
         let summary = openb(&options).unwrap();
-        for key in ["tiny_leastfrag_100", "tiny_fgd_100", "tiny_vs_fgd"] {
+        for key in [
+            "tiny_leastfrag_taint_100",
+            "tiny_leastfrag_100",
+            "tiny_fgd_100",
+            "tiny_vs_fgd",
+        ] {
             assert!(summary.get(key).is_some(), "{key} missing from {summary}");
         }
         let report = summary.report();

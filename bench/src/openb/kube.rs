@@ -8,7 +8,8 @@
 //! `NodeResourcesBalancedAllocation` (`balanced_allocation.go`, `balancedResourceScorer`:
 //! `(1 − |cpu fraction − memory fraction| / 2) × 100` over the actual requests), weight 1
 //! each; then `selectHost`: uniformly at random among the nodes with the highest total (here
-//! from the replay's seeded sequence). The other default score plugins (taints, affinity,
+//! from the replay's seeded sequence). `TaintToleration` counts too where kerf's replay
+//! taints nodes ([`taint_toleration`], weight 3). The other default score plugins (affinity,
 //! topology spread, image locality) score every node alike for these pods.
 
 use kerf_core::alloc::node_fit::{NodeResources, Resources};
@@ -19,6 +20,27 @@ use crate::rng::Rng;
 const DEFAULT_MILLI_CPU: i64 = 100;
 const DEFAULT_MEMORY: i64 = 200 << 20;
 const MAX_NODE_SCORE: i64 = 100;
+
+/// Weight of `TaintToleration` in the default profile, against 1 for `NodeResourcesFit` and
+/// `NodeResourcesBalancedAllocation` (`pkg/scheduler/apis/config/v1/default_plugins.go`,
+/// `getDefaultPlugins`).
+pub(crate) const TAINT_TOLERATION_WEIGHT: i64 = 3;
+
+/// `TaintToleration`'s normalized score (0–100, before its weight) of a node with `count`
+/// `PreferNoSchedule` taints the pod does not tolerate, when `most` is the highest count
+/// among the nodes scored (those that passed the filters).
+///
+/// `pkg/scheduler/framework/plugins/tainttoleration/taint_toleration.go`: `Score` is
+/// `countIntolerableTaintsPreferNoSchedule`, `NormalizeScore` is
+/// `helper.DefaultNormalizeScore(MaxNodeScore, true, scores)`
+/// (`pkg/scheduler/framework/plugins/helper/normalize_score.go`): every node 100 when no node
+/// has such a taint, else `100 − 100 × count / most` in integer arithmetic.
+pub(crate) fn taint_toleration(count: u32, most: u32) -> i64 {
+    if most == 0 {
+        return MAX_NODE_SCORE;
+    }
+    MAX_NODE_SCORE - MAX_NODE_SCORE * i64::from(count) / i64::from(most)
+}
 
 /// The non-zero requests of a pod (`GetNonzeroRequests`).
 pub(crate) fn non_zero(request: &Resources) -> (i64, i64) {
@@ -133,5 +155,36 @@ mod tests {
         }
         assert!(seen.iter().all(|s| *s));
         assert_eq!(non_zero(&Resources::default()), (100, 200 << 20));
+    }
+
+    #[test]
+    fn taint_toleration_reverses_the_count_over_the_most() {
+        // DefaultNormalizeScore(100, true, [0, 1, 2, 3]): 100 − 100·c/3 in integers.
+        let normalized: Vec<i64> = (0..=3).map(|c| taint_toleration(c, 3)).collect();
+        assert_eq!(normalized, [100, 67, 34, 0]);
+        assert_eq!(taint_toleration(0, 0), 100, "no taint anywhere: all alike");
+        assert_eq!(taint_toleration(1, 1), 0);
+        assert_eq!(taint_toleration(0, 1), 100);
+    }
+
+    #[test]
+    fn one_taint_outweighs_the_resource_scores() {
+        let node = |requested_cpu: i64| {
+            let mut node = NodeResources {
+                allocatable: Resources::cpu_memory(32_000, 128 * GI),
+                allowed_pods: 110,
+                ..NodeResources::default()
+            };
+            node.add_pod(&Resources::cpu_memory(requested_cpu, 0));
+            node
+        };
+        let pod = Resources::cpu_memory(1000, GI);
+        let idle = score(&pod, &node(0), (0, 0));
+        let busy = score(&pod, &node(30_000), (30_000, 0));
+        assert!(idle > busy, "{idle} vs {busy}");
+        // The idle node carries the taint, the busy one not: weight 3 × 100 decides.
+        let tainted = idle + TAINT_TOLERATION_WEIGHT * taint_toleration(1, 1);
+        let clean = busy + TAINT_TOLERATION_WEIGHT * taint_toleration(0, 1);
+        assert!(clean > tainted, "{clean} vs {tainted}");
     }
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use kerf_core::alloc::node_fit::{NodeResources, Resources, insufficient_resources};
 use kerf_core::alloc::{
     HostAmounts, HostState, Index, PlacementContext, Policy, TaskShape, Workload, place_where_with,
-    place_without_gpus,
+    place_without_gpus, wants_idle_gpus_taint,
 };
 
 use crate::rng::Rng;
@@ -21,6 +21,11 @@ use super::kube;
 /// Who places the tasks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Placer {
+    /// kerf's default: LeastFragmentation as [`Placer::Kerf`] places it, and kerf's
+    /// `PreferNoSchedule` taint ([`wants_idle_gpus_taint`]) on the nodes with an idle GPU,
+    /// which kube-scheduler's TaintToleration score ([`kube::taint_toleration`]) counts when
+    /// it places the tasks without GPUs.
+    KerfTainted,
     /// kerf's allocator (`place_where_with`, with the node's CPU and memory fit as
     /// candidates) under this policy; tasks without GPUs where kube-scheduler's default
     /// scoring puts them.
@@ -40,7 +45,8 @@ impl Placer {
     /// The name printed in tables.
     pub(crate) fn name(self) -> &'static str {
         match self {
-            Placer::Kerf(Policy::LeastFragmentation) => "kerf LeastFragmentation (default)",
+            Placer::KerfTainted => "kerf default (idle-GPU taint)",
+            Placer::Kerf(Policy::LeastFragmentation) => "kerf default, no taint",
             Placer::KerfAll => "kerf LeastFragmentation, all tasks",
             Placer::Kerf(Policy::BinPack) => "kerf BinPack",
             Placer::Kerf(Policy::Spread) => "kerf Spread",
@@ -52,6 +58,7 @@ impl Placer {
     /// The name in figure keys.
     pub(crate) fn key(self) -> &'static str {
         match self {
+            Placer::KerfTainted => "leastfrag_taint",
             Placer::Kerf(Policy::LeastFragmentation) => "leastfrag",
             Placer::KerfAll => "leastfrag_all",
             Placer::Kerf(Policy::BinPack) => "binpack",
@@ -142,11 +149,21 @@ impl Hosts {
         self.non_zero[at].1 += memory;
     }
 
-    /// Where kube-scheduler puts a pod without GPUs.
-    fn kube_choice(&self, pod: &Resources, rng: &mut Rng) -> Option<usize> {
-        let fitting = (0..self.nodes.len()).filter(|&at| self.fits(at, pod));
+    /// Where kube-scheduler puts a pod without GPUs, given the `PreferNoSchedule` taints it
+    /// does not tolerate per node (none where `taints` is short).
+    fn kube_choice(&self, pod: &Resources, taints: &[u32], rng: &mut Rng) -> Option<usize> {
+        let taint = |at: usize| taints.get(at).copied().unwrap_or(0);
+        let fitting: Vec<usize> = (0..self.nodes.len())
+            .filter(|&at| self.fits(at, pod))
+            .collect();
+        // TaintToleration normalizes over the nodes it scores: those that passed the filters.
+        let most = fitting.iter().map(|&at| taint(at)).max().unwrap_or(0);
         kube::select(
-            fitting.map(|at| (at, kube::score(pod, &self.nodes[at], self.non_zero[at]))),
+            fitting.into_iter().map(|at| {
+                let resources = kube::score(pod, &self.nodes[at], self.non_zero[at]);
+                let taints = kube::taint_toleration(taint(at), most);
+                (at, resources + kube::TAINT_TOLERATION_WEIGHT * taints)
+            }),
             rng,
         )
     }
@@ -161,13 +178,18 @@ pub(crate) fn replay(input: &TraceInput, placer: Placer, seed: u64) -> Curve {
         hosts: Hosts::new(&input.cluster),
         ties: Rng::new(seed ^ 0x6b75_6265),
         state: match placer {
+            Placer::KerfTainted => State::Kerf(Box::new(KerfState::new(
+                &input.cluster,
+                Policy::LeastFragmentation,
+                Pods::KubeTainted,
+            ))),
             Placer::Kerf(policy) => {
-                State::Kerf(Box::new(KerfState::new(&input.cluster, policy, true)))
+                State::Kerf(Box::new(KerfState::new(&input.cluster, policy, Pods::Kube)))
             }
             Placer::KerfAll => State::Kerf(Box::new(KerfState::new(
                 &input.cluster,
                 Policy::LeastFragmentation,
-                false,
+                Pods::Kerf,
             ))),
             Placer::Fgd | Placer::FgdKube => State::Fgd(FgdState::new(input, seed)),
         },
@@ -213,10 +235,11 @@ impl Run<'_> {
             }
             State::Kerf(kerf) => {
                 kerf.observe_without_gpus(&pod);
-                self.hosts.kube_choice(&pod, &mut self.ties)
+                let taints = kerf.taints();
+                self.hosts.kube_choice(&pod, &taints, &mut self.ties)
             }
             State::Fgd(fgd) => {
-                let choice = self.hosts.kube_choice(&pod, &mut self.ties);
+                let choice = self.hosts.kube_choice(&pod, &[], &mut self.ties);
                 if let Some(at) = choice {
                     fgd.take_cpu(at, pod.milli_cpu);
                 }
@@ -244,6 +267,17 @@ fn host_amounts(pod: &Resources) -> HostAmounts {
     }
 }
 
+/// Who places the tasks without GPUs in a kerf replay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pods {
+    /// kerf's policy (`place_without_gpus`).
+    Kerf,
+    /// kube-scheduler, on nodes without taints.
+    Kube,
+    /// kube-scheduler, with kerf's taint on the nodes with an idle GPU.
+    KubeTainted,
+}
+
 /// kerf's index (its nodes named by their slot, see [`Cluster::node_gpus`]), the policy and
 /// the workload learned so far.
 struct KerfState {
@@ -252,6 +286,10 @@ struct KerfState {
     workload: Workload,
     /// Pods without GPUs are kube-scheduler's ([`PlacementContext::steer_pods_without_gpus`]).
     steer: bool,
+    /// The nodes carry kerf's taint where [`wants_idle_gpus_taint`] says so.
+    tainted: bool,
+    /// Nodes of the cluster.
+    nodes: usize,
 }
 
 /// The slot of an index node.
@@ -260,7 +298,7 @@ fn slot(name: &str) -> Option<usize> {
 }
 
 impl KerfState {
-    fn new(cluster: &Cluster, policy: Policy, steer: bool) -> Self {
+    fn new(cluster: &Cluster, policy: Policy, pods: Pods) -> Self {
         let mut index = Index::new();
         for at in 0..cluster.nodes.len() {
             index.upsert_node(cluster.node_gpus(at));
@@ -269,8 +307,26 @@ impl KerfState {
             index,
             policy,
             workload: Workload::default(),
-            steer,
+            steer: pods != Pods::Kerf,
+            tainted: pods == Pods::KubeTainted,
+            nodes: cluster.nodes.len(),
         }
+    }
+
+    /// kerf's `PreferNoSchedule` taints per node slot (0 or 1), as the controller would
+    /// keep them on the nodes when the next pod without GPUs is scheduled; empty when the
+    /// nodes carry none.
+    fn taints(&self) -> Vec<u32> {
+        if !self.tainted {
+            return Vec::new();
+        }
+        let mut taints = vec![0; self.nodes];
+        for node in self.index.nodes() {
+            if let Some(at) = slot(node.name()) {
+                taints[at] = u32::from(wants_idle_gpus_taint(node));
+            }
+        }
+        taints
     }
 
     fn place(
@@ -391,6 +447,35 @@ mod tests {
             let curve = replay(&input, placer, 7);
             // 3000 milli arrive (75 %); one 30-CPU task fails, whatever the order.
             assert_eq!(curve[75], Some(50.0), "{placer:?}");
+        }
+    }
+
+    #[test]
+    fn kerfs_taint_sends_pods_without_gpus_to_nodes_whose_gpus_are_used() {
+        let cluster = Cluster::new(vec![node("a", 1, 32_000), node("b", 1, 32_000)]);
+        let input = TraceInput::new(cluster, vec![task("gpu", 4000, 1, 1000)]);
+        let cpu_pod = host_request(&task("cpu", 8000, 0, 0));
+        for (pods, expect_used) in [(Pods::KubeTainted, true), (Pods::Kube, false)] {
+            let mut hosts = Hosts::new(&input.cluster);
+            let mut kerf = KerfState::new(&input.cluster, Policy::LeastFragmentation, pods);
+            let gpu_pod = host_request(&input.tasks[0]);
+            let used = kerf
+                .place(&input, &input.tasks[0], 0, &gpu_pod, &hosts)
+                .unwrap();
+            hosts.add(used, &gpu_pod);
+            let taints = kerf.taints();
+            let choice = hosts.kube_choice(&cpu_pod, &taints, &mut Rng::new(1));
+            if expect_used {
+                assert_eq!(taints, [u32::from(used != 0), u32::from(used != 1)]);
+                assert_eq!(choice, Some(used), "the other node keeps its idle GPU");
+            } else {
+                assert!(taints.is_empty());
+                assert_eq!(
+                    choice,
+                    Some(1 - used),
+                    "LeastAllocated alone: the idle node"
+                );
+            }
         }
     }
 }

@@ -30,9 +30,10 @@ const MARGIN: f64 = 40.0;
 const COLUMNS: usize = 2;
 const LEGEND_H: f64 = 24.0;
 
-const COLORS: [&str; 11] = [
+/// One per series of a full run (7 of kerf's placers, the paper's 6), so that none repeats.
+const COLORS: [&str; 13] = [
     "#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-    "#17becf", "#ff7f0e", "#000000",
+    "#17becf", "#ff7f0e", "#000000", "#393b79", "#843c39",
 ];
 
 /// The SVG document of `panels`.
