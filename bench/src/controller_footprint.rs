@@ -7,7 +7,7 @@
 //! 2. The replicas ([`replica`]): `replicas` kerf-controller processes with a kubeconfig for
 //!    kerf-controller's ServiceAccount (so RBAC is what `deploy/` grants), leader election on
 //!    through a `coordination.k8s.io/v1` Lease, which FakeApi stores like any namespaced object
-//!    (resourceVersion, 409 on a stale update; `tests/tests/leader.rs` runs elections on
+//!    (resourceVersion, 409 on a stale update; `tests/tests/integration/leader.rs` runs elections on
 //!    it). The first replica starts alone and takes the Lease; the others start once it holds
 //!    it, because kube-lease-manager 0.13 takes a free Lease with a server-side apply without
 //!    force (`LeaseState::lock`, `src/state.rs`) and counts on kube-apiserver's field-manager

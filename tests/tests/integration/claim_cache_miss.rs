@@ -1,0 +1,15 @@
+//! The prepare's cache-miss path: a claim the watch-fed cache cannot answer for is read from
+//! the API server, raced against the watch, and a stale answer never prepares the wrong
+//! devices. `miss_path_breakdown` (ignored: a measurement, not a check) times each step of
+//! the miss path against the in-memory API server over real HTTP.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::needless_pass_by_value,
+    clippy::cast_precision_loss
+)]
+
+#[path = "claim_cache/miss_breakdown.rs"]
+mod miss_breakdown;
