@@ -192,7 +192,7 @@ fn read_device<D: DeviceFields>(device: &D, driver: &str) -> Result<Option<GpuIn
 /// The device's taints. An effect kerf does not know is left out: kube-scheduler's allocator
 /// (`allocator_stable.go`, `taintPreventsAllocation`) lets only `NoSchedule` and `NoExecute`
 /// keep a device from a request, so an unknown effect blocks nothing there either.
-fn device_taints<D: DeviceFields>(device: &D) -> Vec<alloc::DeviceTaint> {
+pub fn device_taints<D: DeviceFields>(device: &D) -> Vec<alloc::DeviceTaint> {
     device
         .device_taints()
         .iter()

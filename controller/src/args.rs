@@ -106,6 +106,12 @@ pub struct Args {
     #[arg(long, env = "KERF_FRAGMENTATION_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
     pub fragmentation_interval: Duration,
 
+    /// Keep the PreferNoSchedule taint `gpu.kerf.dev/idle-gpus` on the nodes with an idle kerf
+    /// GPU, so that kube-scheduler places the pods without GPUs beside GPUs in use; false: take
+    /// it off where it was put.
+    #[arg(long, env = "KERF_IDLE_GPUS_TAINT", default_value_t = true, action = ArgAction::Set)]
+    pub idle_gpus_taint: bool,
+
     /// How long after it observed a device republished as its own the controller waits before
     /// placing on it: allocations kube-scheduler decided earlier (between its Reserve and
     /// PreBind) land within it.
@@ -298,6 +304,7 @@ impl Args {
             assumed_pod_ttl: self.assumed_pod_ttl,
             max_node_rejections: self.max_node_rejections,
             fragmentation_interval: self.fragmentation_interval,
+            idle_gpus_taint: self.idle_gpus_taint,
             ..ClaimSettings::default()
         }
     }
@@ -398,6 +405,7 @@ mod tests {
         assert_eq!(claims.assumed_pod_ttl, Duration::from_secs(300));
         assert_eq!(claims.max_node_rejections, 10);
         assert_eq!(claims.fragmentation_interval, Duration::from_secs(15));
+        assert!(claims.idle_gpus_taint);
         assert_eq!(
             config.controller.node_pool_label,
             "node.kubernetes.io/instance-type"

@@ -32,6 +32,7 @@ pub mod consumers;
 pub(crate) mod context;
 mod fragmentation;
 mod gate;
+mod idle_gpus_taint;
 pub(crate) mod index;
 mod ledger;
 pub(crate) mod node_label;

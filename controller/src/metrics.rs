@@ -21,6 +21,7 @@
 //! | `ownership_devices` | gauge | `owner` (`scheduler`/`controller`/`settling`) |
 //! | `ownership_passes_total` | counter | – |
 //! | `claim_node_labels_total` | counter | `action` (`set`/`removed`) |
+//! | `idle_gpus_taints_total` | counter | `action` (`set`/`removed`): writes of the node taint `gpu.kerf.dev/idle-gpus` |
 //! | `quota_used` | gauge | `namespace`, `quota`, `resource` (`memory`/`compute`/`gpus`) |
 //! | `quota_hard` | gauge | `namespace`, `quota`, `resource` (capped resources only) |
 //! | `pool_nodes` | gauge | `pool` (the node label `--node-pool-label`, `unlabeled` without it) |
@@ -157,6 +158,7 @@ pub struct Metrics {
     ownership_passes: Counter,
     conflicts: Family<ConflictLabels, Counter>,
     claim_node_labels: Family<LabelActionLabels, Counter>,
+    idle_gpus_taints: Family<LabelActionLabels, Counter>,
     write_failures: ApiWriteFailures,
     quota: QuotaMetrics,
     pools: PoolMetrics,
@@ -185,6 +187,7 @@ impl Metrics {
             ownership_passes: Counter::default(),
             conflicts: Family::default(),
             claim_node_labels: Family::default(),
+            idle_gpus_taints: Family::default(),
             write_failures: ApiWriteFailures::new("controller", registry),
             quota: QuotaMetrics::default(),
             pools: PoolMetrics::default(),
@@ -310,6 +313,11 @@ impl Metrics {
             "Writes of the claim node label alone (claims the controller did not allocate), by action",
             self.claim_node_labels.clone(),
         );
+        registry.register(
+            "idle_gpus_taints",
+            "Writes of the node taint gpu.kerf.dev/idle-gpus, by action",
+            self.idle_gpus_taints.clone(),
+        );
     }
 
     /// The counter of writes the API server would not take (`kerf_api_write_failures_total`,
@@ -321,6 +329,13 @@ impl Metrics {
     /// Counts a write of a claim's node label alone; `action` is `set` or `removed`.
     pub fn record_claim_node_label(&self, action: &'static str) {
         self.claim_node_labels
+            .get_or_create(&LabelActionLabels { action })
+            .inc();
+    }
+
+    /// Counts a write of the idle-GPU node taint; `action` is `set` or `removed`.
+    pub fn record_idle_gpus_taint(&self, action: &'static str) {
+        self.idle_gpus_taints
             .get_or_create(&LabelActionLabels { action })
             .inc();
     }

@@ -38,7 +38,9 @@ mod workload;
 pub use frag::{
     Distribution, Fragmentation, HostAmounts, HostState, TaskShape, node_fragmentation,
 };
-pub use idle_taint::{IDLE_GPUS_TAINT_EFFECT, IDLE_GPUS_TAINT_KEY, wants_idle_gpus_taint};
+pub use idle_taint::{
+    IDLE_GPUS_TAINT_EFFECT, IDLE_GPUS_TAINT_KEY, idle_gpu_counts, wants_idle_gpus_taint,
+};
 pub use index::{GpuUsage, GpuView, Index, NodeView};
 pub use model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
 pub use place::{

@@ -1,6 +1,7 @@
 //! The claim controller's part of the shared [`Context`] ([`ClaimsPart`], its field
 //! [`Context::claims`]) and what the claim reconciler asks of the [`Context`].
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,9 @@ pub struct ClaimSettings {
     pub max_node_rejections: u32,
     /// How often the fragmentation of each node pool is measured for the metrics; zero: never.
     pub fragmentation_interval: Duration,
+    /// Keep the `PreferNoSchedule` taint `gpu.kerf.dev/idle-gpus` on the nodes with an idle
+    /// GPU (`super::idle_gpus_taint`); off: take it off where an earlier run left it.
+    pub idle_gpus_taint: bool,
 }
 
 impl Default for ClaimSettings {
@@ -60,6 +64,7 @@ impl Default for ClaimSettings {
             assumed_pod_ttl: Duration::from_secs(300),
             max_node_rejections: 10,
             fragmentation_interval: Duration::from_secs(15),
+            idle_gpus_taint: true,
         }
     }
 }
@@ -92,6 +97,9 @@ pub struct ClaimsPart {
     /// reads, and by the ledger: the pass runs on it instead of on a clock
     /// ([`super::ownership::InputChanges`]).
     pub ownership_inputs: InputChanges,
+    /// The nodes with an idle GPU that wants kerf's node taint, as the last ownership pass
+    /// found them (`None` before the first): what `super::idle_gpus_taint` writes.
+    pub(super) idle_gpu_nodes: tokio::sync::watch::Sender<Option<Arc<BTreeSet<String>>>>,
     /// Gate removals already sent, so a stale cached pod does not send another.
     pub(crate) released_gates: ReleasedGates,
     /// What feeds the stores and the queue, until the claim controller takes it.
@@ -141,6 +149,7 @@ impl ClaimsPart {
             trigger,
             ready_waiters: tokio::sync::Mutex::new(()),
             ownership_inputs,
+            idle_gpu_nodes: tokio::sync::watch::Sender::new(None),
             released_gates: ReleasedGates::default(),
             feeds: Mutex::new(Some(ClaimFeeds {
                 pods: pod_writer,

@@ -22,18 +22,20 @@ mod extended;
 mod guard;
 mod inputs;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use kerf_api::inventory_view::device_taints;
 use kerf_api::ownership::{NodePolicy, Owner, RECORD_ANNOTATION, Record, node_policy};
 use kerf_api::resourceslice::{
     DeviceFields as _, SliceFields as _, TYPE_MIG, attributes, device_attribute,
 };
 use kerf_api::shared_publication::{SHARED_PUBLICATION_ANNOTATION, SharedPublication};
+use kerf_core::alloc::idle_gpu_counts;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::EventType;
@@ -144,7 +146,11 @@ async fn pass(ctx: &Context, warned: &mut Warned) -> Option<Instant> {
     let devices = published_devices(ctx, &slices);
     let policies = node_policies(ctx, &devices, warned);
     let needs = demand::pending_needs(ctx);
-    let outcome = advance(ctx, &devices, &policies, &needs);
+    let mut outcome = advance(ctx, &devices, &policies, &needs);
+    let idle_gpu_nodes = std::mem::take(&mut outcome.idle_gpu_nodes);
+    ctx.claims
+        .idle_gpu_nodes
+        .send_replace(Some(Arc::new(idle_gpu_nodes)));
     report(ctx, &outcome).await;
     conflicts::report(ctx, &outcome.conflicts, &mut warned.conflicts).await;
     guard::warn_unguarded_classes(ctx, &mut warned.device_classes).await;
@@ -220,6 +226,8 @@ struct Outcome {
     conflicts: Vec<conflicts::Conflict>,
     /// When time alone changes a decision next: a fence, a linger, an assumption's expiry.
     due: Option<Instant>,
+    /// The nodes with an idle GPU that wants kerf's node taint, whoever owns it.
+    idle_gpu_nodes: BTreeSet<String>,
 }
 
 /// One device's facts, by (node, device), borrowed from the published slices.
@@ -238,12 +246,18 @@ fn advance(
     let expiry = books.next_expiry();
     let (capacity, book) = books.ownership();
     let (mut facts, idle, conflicts) = gather(ctx, capacity, book, devices, policies);
+    let idle_gpu_nodes = idle
+        .iter()
+        .filter(|(_, gpus)| gpus.keeps_node_tainted)
+        .map(|(node, _)| node.clone())
+        .collect();
     let chosen = demand::serve(needs, idle, &ctx.claims.nodes);
     for (&(node, device), fact) in &mut facts {
         fact.demanded = chosen.get(node).is_some_and(|set| set.contains(device));
     }
     let mut outcome = Outcome {
         conflicts,
+        idle_gpu_nodes,
         ..Outcome::default()
     };
     for (&(node, device), fact) in &facts {
@@ -328,6 +342,7 @@ fn gather<'a>(
             };
             if !ours && !others && !device.mig {
                 let lists = idle.entry(node.to_owned()).or_default();
+                lists.keeps_node_tainted |= idle_gpu_counts(&device_taints(device.device));
                 match (policy, book.wanted(node, device.name)) {
                     (NodePolicy::Fixed(Owner::Controller), _) => {}
                     (NodePolicy::Fixed(Owner::Scheduler), _) | (_, Some(Owner::Scheduler)) => {
@@ -495,7 +510,7 @@ async fn write_records(
             // Backed off per node, and told on the Node when refused or persistent.
             Err(error) => {
                 later = true;
-                node_write_failed(ctx, node, &error).await;
+                node_write_failed(ctx, node, &backoff_key, "ownership record", &error).await;
             }
         }
     }

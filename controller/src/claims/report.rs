@@ -209,13 +209,17 @@ pub(super) fn node_write_key(node: &str) -> String {
     format!("ownership//{node}")
 }
 
-/// The ownership record write on `node` failed (not with NotFound): counted for the node's
-/// back-off — the ownership tick skips the node until its next attempt is due, instead of
+/// A write of `what` on `node` failed (not with NotFound): counted under `backoff_key` for the
+/// node's back-off — the writer's pass skips the node until its next attempt is due, instead of
 /// writing every tick — and told on the Node when refused or persistent.
-pub(super) async fn node_write_failed(ctx: &Context, node: &str, error: &kube::Error) {
-    let failure = ctx
-        .backoff
-        .failed(&ctx.config.backoff, &node_write_key(node));
+pub(super) async fn node_write_failed(
+    ctx: &Context,
+    node: &str,
+    backoff_key: &str,
+    what: &str,
+    error: &kube::Error,
+) {
+    let failure = ctx.backoff.failed(&ctx.config.backoff, backoff_key);
     let write = Write::patch("nodes", None, node);
     let regarding = [ctx
         .claims
@@ -226,7 +230,7 @@ pub(super) async fn node_write_failed(ctx: &Context, node: &str, error: &kube::E
         .report_write_failure(&write, error, failure.count, &regarding)
         .await;
     if reported.is_none() {
-        tracing::warn!(%node, %error, retry_in = ?failure.retry_in, "could not write the ownership record; retrying");
+        tracing::warn!(%node, %error, retry_in = ?failure.retry_in, "could not write the {what}; retrying");
     }
 }
 

@@ -35,7 +35,7 @@
 //! −1.2 pp on `cpu250`, up to −0.9 pp on `multigpu20`).
 
 use super::index::NodeView;
-use super::taint::untolerated;
+use super::taint::{DeviceTaint, untolerated};
 
 /// Key of the node taint, with [`IDLE_GPUS_TAINT_EFFECT`] and no value.
 pub const IDLE_GPUS_TAINT_KEY: &str = "gpu.kerf.dev/idle-gpus";
@@ -44,19 +44,25 @@ pub const IDLE_GPUS_TAINT_KEY: &str = "gpu.kerf.dev/idle-gpus";
 pub const IDLE_GPUS_TAINT_EFFECT: &str = "PreferNoSchedule";
 
 /// Whether `node` should carry the [`IDLE_GPUS_TAINT_KEY`] taint: some GPU of it is used by
-/// no claim and carries no device taint that keeps it from a request without tolerations
-/// (an idle GPU marked unhealthy is not worth keeping free). O(GPUs of the node).
+/// no claim and [`idle_gpu_counts`]. O(GPUs of the node).
 pub fn wants_idle_gpus_taint(node: NodeView<'_>) -> bool {
     node.idle_gpus() > 0
         && node
             .gpus()
-            .any(|gpu| gpu.is_idle() && untolerated(&gpu.info().taints, &[]).is_none())
+            .any(|gpu| gpu.is_idle() && idle_gpu_counts(&gpu.info().taints))
+}
+
+/// Whether an idle GPU with device `taints` makes its node want the taint: none of them keeps
+/// it from a request without tolerations (an idle GPU marked unhealthy is not worth keeping
+/// CPU free for).
+pub fn idle_gpu_counts(taints: &[DeviceTaint]) -> bool {
+    untolerated(taints, &[]).is_none()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::alloc::{DeviceTaint, DeviceUse, GpuInfo, Index, NodeGpus, TaintEffect};
+    use crate::alloc::{DeviceUse, GpuInfo, Index, NodeGpus, TaintEffect};
     use crate::inventory::ComputeCapability;
 
     const GI: u64 = 1 << 30;

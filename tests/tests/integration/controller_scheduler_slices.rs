@@ -236,6 +236,16 @@ async fn the_publication_names_selected_scheduler_gpus_and_is_written_once() {
     let entry = &publication(&fake).0["gpu-3"];
     assert_eq!(entry.memory_granularity_bytes, 1 << 30);
     assert_eq!(entry.default_compute_percent, Some(25));
+    // The node's other write: kerf's taint, its GPUs being idle.
+    kerf_tests::wait::eventually("kerf's idle-GPU taint", Duration::from_secs(20), || async {
+        let node = node_of(&fake);
+        let taints = node.spec.and_then(|spec| spec.taints).unwrap_or_default();
+        taints
+            .iter()
+            .any(|taint| taint.key == kerf_core::alloc::IDLE_GPUS_TAINT_KEY)
+            .then_some(())
+    })
+    .await;
     let patches = fake.count("PATCH", "/api/v1/nodes/node-0");
     // Many ticks later (20 ms each) nothing was written again: nothing changed.
     tokio::time::sleep(Duration::from_millis(400)).await;

@@ -42,6 +42,7 @@ mod gpu_sharing;
 mod gpuclass;
 mod grpcio_client;
 mod health;
+mod idle_gpus_taint;
 mod kubelet_contract;
 mod leader;
 mod mps_control_daemon;

@@ -172,6 +172,9 @@ pub(super) struct IdleGpus {
     pub scheduler: Vec<String>,
     /// Idle and the controller's (or on their way to it): lendable.
     pub controller: Vec<String>,
+    /// Some idle GPU of the node, whoever owns it, counts for kerf's node taint
+    /// (`kerf_core::alloc::idle_gpu_counts`, `claims::idle_gpus_taint`).
+    pub keeps_node_tainted: bool,
 }
 
 /// Chooses the devices that serve `needs`: per pod, on the node where it fits that has the
