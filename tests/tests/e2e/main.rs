@@ -54,6 +54,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::ownership::Owner;
+use kerf_core::alloc::{IDLE_GPUS_TAINT_EFFECT, IDLE_GPUS_TAINT_KEY};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
@@ -143,6 +144,73 @@ async fn resource_slices_describe_every_plugin_node() -> Result<()> {
         Ok(())
     })
     .await
+}
+
+/// kerf-controller's `PreferNoSchedule` taint `gpu.kerf.dev/idle-gpus` is on exactly the
+/// nodes that publish a kerf GPU no claim uses (no claim's result names it or a device of it),
+/// and the other taints of those nodes are kept. Waits (bounded) for the controller's next
+/// pass after the claims of a previous test are gone.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn idle_gpu_nodes_carry_kerfs_taint() -> Result<()> {
+    e2e("idle-taint", |env: TestEnv| async move {
+        let driver = env.settings.driver.clone();
+        let nodes: Api<Node> = Api::all(env.client.clone());
+        let claims: Api<ResourceClaim> = Api::all(env.client.clone());
+        wait::poll_until(
+            "kerf's taint on the nodes with an idle kerf GPU, and only there",
+            env.settings.timeout,
+            || async {
+                let published = env.published().await?;
+                let used =
+                    allocated_devices(&claims.list(&ListParams::default()).await?.items, &driver);
+                let mut wrong = Vec::new();
+                let pools: BTreeSet<&str> = published.iter().map(|d| d.node.as_str()).collect();
+                for pool in pools {
+                    let idle = published.iter().any(|d| {
+                        d.node == pool
+                            && d.kind == "gpu"
+                            && !used.iter().any(|(node, device)| {
+                                node == pool
+                                    && (*device == d.name
+                                        || device.starts_with(&format!("{}-", d.name)))
+                            })
+                    });
+                    let node = nodes.get(pool).await?;
+                    let tainted = node
+                        .spec
+                        .and_then(|spec| spec.taints)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|t| {
+                            t.key == IDLE_GPUS_TAINT_KEY && t.effect == IDLE_GPUS_TAINT_EFFECT
+                        });
+                    eprintln!("node {pool}: idle kerf GPU {idle}, kerf's taint {tainted}");
+                    if idle != tainted {
+                        wrong.push(format!("{pool}: idle GPU {idle}, taint {tainted}"));
+                    }
+                }
+                Ok(if wrong.is_empty() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending(wrong.join("; "))
+                })
+            },
+        )
+        .await
+    })
+    .await
+}
+
+/// `(pool, device)` of every allocation result of `driver`.
+fn allocated_devices(claims: &[ResourceClaim], driver: &str) -> Vec<(String, String)> {
+    claims
+        .iter()
+        .filter_map(|c| c.status.as_ref()?.allocation.as_ref()?.devices.as_ref())
+        .flat_map(|d| d.results.iter().flatten())
+        .filter(|r| r.driver == driver)
+        .map(|r| (r.pool.clone(), r.device.clone()))
+        .collect()
 }
 
 /// A whole GPU from a Scheduler class: kube-scheduler allocates it, the kubelet plugin
