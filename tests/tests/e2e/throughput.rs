@@ -403,26 +403,49 @@ async fn create_pods(env: &TestEnv, names: &[String], template: &str, plan: &Pla
     .await
 }
 
+/// How often a request the connection dropped is sent before the run fails.
+const TRANSPORT_ATTEMPTS: u32 = 5;
+
 /// Deletes the namespace's pods at once and waits until they and their claims are gone.
 async fn clear(env: &TestEnv, plan: &Plan) -> Result<()> {
     let now = DeleteParams {
         grace_period_seconds: Some(0),
         ..DeleteParams::default()
     };
-    env.api::<Pod>()
+    // Deleting a thousand pods in one request can outlast kube-apiserver's request timeout on
+    // a loaded machine, which then drops the connection (`SendRequest`): what was deleted stays
+    // deleted, so the request is sent again.
+    let mut attempts = 0;
+    while let Err(error) = env
+        .api::<Pod>()
         .delete_collection(&now, &ListParams::default())
-        .await?;
+        .await
+    {
+        attempts += 1;
+        if attempts == TRANSPORT_ATTEMPTS || matches!(error, kube::Error::Api(_)) {
+            return Err(error.into());
+        }
+        eprintln!("[throughput] deleting the pods: {error}; again");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
     let timeout = plan.bind.max(env.settings.timeout);
     wait::poll_until(
         "the phase's pods and claims to be gone",
         timeout,
         || async {
-            let pods = env.api::<Pod>().list(&ListParams::default()).await?.items;
+            let pods = env.api::<Pod>().list(&ListParams::default()).await;
             let claims = env
                 .api::<ResourceClaim>()
                 .list(&ListParams::default())
-                .await?
-                .items;
+                .await;
+            let (pods, claims) = match (pods, claims) {
+                (Ok(pods), Ok(claims)) => (pods.items, claims.items),
+                // A dropped connection under load is no answer: asked again at the next poll.
+                (Err(error), _) | (_, Err(error)) if !matches!(error, kube::Error::Api(_)) => {
+                    return Ok(Poll::Pending(format!("listing failed: {error}")));
+                }
+                (Err(error), _) | (_, Err(error)) => return Err(error.into()),
+            };
             Ok(if pods.is_empty() && claims.is_empty() {
                 Poll::Ready(())
             } else {
