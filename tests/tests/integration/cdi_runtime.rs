@@ -5,13 +5,6 @@
 //! Under `CI=true` a missing podman, runc or static busybox fails these tests; elsewhere
 //! they are skipped with the reason printed.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code: a failed unwrap is a failed test"
-)]
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 

@@ -8,13 +8,6 @@
 //! Under `CI=true` a missing podman, runc or static busybox fails this test; elsewhere it is
 //! skipped with the reason printed (the rules of `cdi_runtime.rs`).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code: a failed unwrap is a failed test"
-)]
-
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt as _;
 use std::time::Duration;

@@ -4,10 +4,8 @@
 //! not allocated here in the cached copy, deleted, or with the cache switched off.
 
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::needless_pass_by_value
+    clippy::needless_pass_by_value,
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use std::sync::Arc;

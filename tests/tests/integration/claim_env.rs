@@ -5,13 +5,6 @@
 //! ResourceClaimTemplate under their pod claim name, full `parent/sub` request names, a bad
 //! pod claim name annotation, and checkpoints from before either was kept.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code: a failed unwrap is a failed test"
-)]
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -3,12 +3,6 @@
 //! allocation) until the allocation goes; on claims kube-scheduler allocated with kerf devices
 //! as soon as it sees them; never on other drivers' claims; never a write when it is right.
 //! Tests poll the fake for outcomes with a deadline; nothing is timed.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use crate::common::claim_cluster;
 use crate::common::label_cluster;

@@ -3,11 +3,8 @@
 //! 8 × H100 each, with kerf's ResourceSlices and controller-class DeviceClasses as the GpuClass
 //! reconciler writes them. Tests poll the fake for outcomes with a deadline; nothing is timed.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::needless_pass_by_value,
-    reason = "helpers outside #[test] functions fail the test the same way"
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use crate::common::claim_cluster;

@@ -2,12 +2,6 @@
 //! server: every write names the field manager `kerf-controller`, and the conflicts and
 //! NotFounds of optimistic concurrency are counted, not warned about, unless one object keeps
 //! failing.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use crate::common::claim_cluster;
 use crate::common::controller::{ClaimController, Watched, metric};

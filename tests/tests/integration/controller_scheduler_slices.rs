@@ -3,11 +3,8 @@
 //! on each Node (`gpu.kerf.dev/shared-publication`), the inventory view of shareable and
 //! dynamic-MIG devices, and seeded interleavings of class, ownership and share changes.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::needless_pass_by_value,
-    reason = "helpers outside #[test] functions fail the test the same way"
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use std::collections::{BTreeMap, BTreeSet};

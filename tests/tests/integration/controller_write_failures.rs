@@ -4,12 +4,6 @@
 //! stored spec no longer validates (422 `field is immutable`). The user must see a Warning
 //! Event on the objects concerned quoting the server, the pod condition, the metric
 //! `kerf_api_write_failures_total`, and the controller must back off instead of hammering.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use crate::common::claim_cluster;
 

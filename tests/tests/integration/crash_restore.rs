@@ -10,13 +10,6 @@
 //! The plugin runs as its own process (`kerf-test-plugin`) talking to the in-memory API over
 //! HTTP, so that the kill is a real SIGKILL.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code: a failed unwrap is a failed test"
-)]
-
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

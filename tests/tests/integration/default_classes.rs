@@ -2,12 +2,6 @@
 //! when missing once the GpuClass API is served, with kerf-controller's field manager; an
 //! existing (edited) class left untouched; a class the admin deleted not created again; a bad
 //! defaults file named with its field.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code"
-)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -4,13 +4,6 @@
 //! stops after one attempt and one log line when the server drops the field or refuses the
 //! permission.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "a failing step fails its test"
-)]
-
 use std::sync::Arc;
 use std::time::Duration;
 

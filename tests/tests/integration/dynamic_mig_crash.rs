@@ -9,13 +9,6 @@
 //! prepare must succeed with the same device and a MIG UUID, and the unprepare must leave the
 //! GPU without instances.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code: a failed unwrap is a failed test"
-)]
-
 use std::path::PathBuf;
 
 use std::time::Duration;

@@ -2,11 +2,6 @@
 //! pool (counter sets, full GPUs and placements) on a node, the ownership tick records every
 //! device as kube-scheduler's, whatever the node's allocator label, never moves one to the
 //! controller, and the published `allocator` attribute follows (one owner per GPU).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::time::Duration;
 

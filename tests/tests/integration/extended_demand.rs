@@ -9,14 +9,8 @@
 //! kerf-controller runs with its own identity (`Identity::kerf_controller`); the test writes
 //! what users, kube-scheduler and the kubelet plugin would.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code: a failed unwrap is a failed test"
-)]
-#![allow(
     clippy::needless_pass_by_value,
-    reason = "fixtures take JSON values as the tests write them"
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use crate::common::claim_cluster;

@@ -4,12 +4,6 @@
 //! worded by `errors/statuserror.go` (`ToStatusErr`), failures by the failure policy, and
 //! `ShouldCallHook`'s selectors and matchConditions. The webhook here is a tiny server of the
 //! test's own (`server`).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 #[path = "fake_api_webhooks/server.rs"]
 pub(crate) mod server;

@@ -2,12 +2,6 @@
 //! (kubernetes/kubernetes `staging/src/k8s.io/apiserver/pkg/admission/plugin/webhook/validating/dispatcher.go`,
 //! `Dispatch`: `ErrCallingWebhook` fails the write with an internal error under
 //! `failurePolicy: Fail` and is ignored under `Ignore`).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use crate::fake_api_webhooks::{fixture, server};
 

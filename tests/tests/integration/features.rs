@@ -1,11 +1,6 @@
 //! Start-up feature detection of the kubelet plugin against API servers with and without
 //! device taints (`FakeApi::drop_field` acts as a 1.34/1.35 server whose `DRADeviceTaints`
 //! gate is off: the field silently vanishes from every write).
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::time::Duration;
 

@@ -13,12 +13,6 @@
 //! `KERF_TEST_PLUGIN` names the plugin binary when the tests run elsewhere than they were
 //! built, `KERF_GPU_PYTHON` the Python with PyTorch (`python3`), `KERF_GPU_REPORT` a file for
 //! the JSON report.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "a failing step fails the check"
-)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -4,12 +4,6 @@
 //! unprepare; none for exclusive or MIG devices; a failed start leaves nothing; restarts adopt
 //! running daemons and stop orphans; dead daemons are restarted and reported; time slices are
 //! set and restored.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::path::Path;
 use std::process::{Child, Command};

@@ -2,11 +2,8 @@
 //! the never-matching selector of Controller classes, status from seeded ResourceSlices and
 //! allocated claims, unusable classes, and per-object back-off.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::needless_pass_by_value,
-    reason = "helpers outside #[test] functions fail the test the same way"
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use std::sync::Arc;

@@ -19,13 +19,6 @@
 //! interpreter or grpcio fails the test; elsewhere it is skipped with the reason printed
 //! (`.ci/run` installs grpcio in a venv and sets `KERF_TEST_PYTHON`).
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code: a failed unwrap is a failed test"
-)]
-
 use std::ffi::OsString;
 use std::fmt::Write as _;
 use std::io::Write as _;

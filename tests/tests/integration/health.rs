@@ -1,11 +1,6 @@
 //! Device health as the kubelet sees it: the plugin's `NodeWatchResources` stream read by the
 //! fake kubelet (which keeps it as upstream kubelet's health cache does), fed by the mock
 //! fault file and the Node annotation.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

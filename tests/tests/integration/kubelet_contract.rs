@@ -3,13 +3,6 @@
 //! counting of shared claims, retries by the kubelet's rules), with the plugin in-process and,
 //! where it must be killed, as its own process talking to the API over HTTP.
 
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code: a failed unwrap is a failed test"
-)]
-
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

@@ -5,11 +5,8 @@
 //! Lease timing here is the shortest the Lease API allows (whole seconds), so these tests take
 //! a few seconds each; the bounds they wait with are generous failure guards, not measurements.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::needless_pass_by_value,
-    reason = "helpers outside #[test] functions fail the test the same way"
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use crate::common::lease;

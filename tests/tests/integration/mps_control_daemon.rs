@@ -6,10 +6,6 @@
 //! leftovers do not stop a new start, a live one is never doubled, and bad flags are named.
 //!
 //! Waits are bounded hang guards, never assertions on speed.
-#![allow(
-    clippy::unwrap_used,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::ExitStatusExt as _;

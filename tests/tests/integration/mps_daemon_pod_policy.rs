@@ -3,11 +3,6 @@
 //! (from its own pod of `deploy/kerf.yaml`) and delete it, but no pod on another node, as
 //! another ServiceAccount, with a token, in the host's namespaces, with another kind of volume,
 //! without the daemon label or with more containers; the cluster admin is not limited.
-#![allow(
-    clippy::unwrap_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::path::Path;
 use std::time::Duration;

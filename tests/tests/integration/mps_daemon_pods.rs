@@ -3,12 +3,6 @@
 //! pod as `deploy/kerf.yaml` installs it; a plugin killed and restarted adopts it untouched; a
 //! daemon that dies is restarted by the kubelet and reported on every claim of its GPU, also
 //! when it happened while the plugin was down; a deleted daemon pod is created again.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,10 +1,6 @@
 //! kerf's MPS daemon manager (`kerf_kubelet_plugin::mps_daemons`) over the fake
 //! `nvidia-cuda-mps-control` and `nvidia-smi` of `kerf-fake-gpu-tools` (built here as
 //! `kerf-test-gpu-tools`) in a mock driver root: real processes, real PID files, real signals.
-#![allow(
-    clippy::unwrap_used,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -8,11 +8,6 @@
 //!
 //! Under `CI=true`, a missing `unshare` (or the right to use it) fails the PID-namespace test
 //! instead of skipping it.
-#![allow(
-    clippy::unwrap_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::collections::BTreeMap;
 use std::path::Path;

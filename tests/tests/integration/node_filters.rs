@@ -11,11 +11,8 @@
 //! Among the nodes and GPUs that fit, the LeastFragmentation policy keeps room for the pod
 //! kinds the controller has seen, and the fragmentation of each node pool is a metric.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::needless_pass_by_value,
-    reason = "helpers outside #[test] functions fail the test the same way"
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use crate::common::claim_cluster;

@@ -10,12 +10,6 @@
 //! Lease timing is the shortest the Lease API allows (4 s / 2 s / 1 s); the bounds are
 //! generous guards on causes (a wait that would otherwise last until the server answers, or
 //! up to kube-lease-manager's or kube-runtime's 30 s back-off), not speed measurements.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test helpers fail the test the same way"
-)]
 
 use crate::common::lease;
 

@@ -15,10 +15,6 @@
 //! attempts fall against the outage's end; `tests/tests/integration/outage.rs`
 //! (`the_controllers_watches_retry_at_least_every_five_seconds_through_an_outage`) checks the
 //! cause itself, the longest wait between two watch attempts, which fails with that default.
-#![allow(
-    clippy::unwrap_used,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::time::{Duration, Instant};
 

@@ -4,12 +4,6 @@
 //! allocated and its deletion, the republished slice, a settle fence and a linger running out —
 //! still moves the devices where they went when the pass ran every tick. The changes come in
 //! seeded random orders ([`SeededRng`]); a failing seed replays.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use crate::common::claim_cluster;
 use crate::common::controller::{ClaimController, Watched, metric};

@@ -3,10 +3,8 @@
 //! is an in-memory fake behind a real kube client.
 
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::needless_pass_by_value
+    clippy::needless_pass_by_value,
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use std::sync::Arc;

@@ -1,8 +1,4 @@
 //! ResourceSlice publishing by the kubelet plugin, against the in-memory API server.
-#![allow(
-    clippy::unwrap_used,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::sync::Arc;
 use std::time::Duration;

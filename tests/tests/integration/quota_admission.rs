@@ -5,11 +5,6 @@
 //! is refused with ResourceQuota's message as kubectl shows it, concurrent creates never
 //! exceed it, a conflicting write is evaluated again, and with the webhook down
 //! (`failurePolicy: Ignore`) claims are admitted uncharged.
-#![allow(
-    clippy::unwrap_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 #[path = "quota_admission/cluster.rs"]
 mod cluster;

@@ -3,12 +3,6 @@
 //! parameters, scheduler whole GPUs by the class's largest device, per class), deletion
 //! freeing, admitted charges kept until the claim is seen or the grace passes, a conflicting
 //! admission never undone, an invalid spec and a refused write told on the quota.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use std::sync::Arc;
 use std::time::Duration;

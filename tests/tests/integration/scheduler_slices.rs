@@ -2,12 +2,8 @@
 //! (`shareID` + `consumedCapacity`, DRAConsumableCapacity) against the in-memory API server and
 //! the fake kubelet, as tests/tests/integration/plugin.rs does for whole GPUs and controller slices.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::needless_pass_by_value,
-    dead_code,
-    reason = "test code: a failed unwrap is a failed test; plugin_node serves plugin.rs too"
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use crate::plugin_node::{

@@ -3,11 +3,8 @@
 //! reconciler generates them (real CEL with `quantity()` and `semver()`). No kerf-controller
 //! runs here: allocations "by kerf" are written by the tests.
 #![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
     clippy::needless_pass_by_value,
-    reason = "helpers outside #[test] functions fail the test the same way"
+    reason = "fixtures take JSON values as the tests write them inline"
 )]
 
 use std::collections::HashSet;

@@ -2,12 +2,6 @@
 //! `pkg/scheduler/schedule_one.go`): it stops once `numFeasibleNodesToFind` nodes fit (100
 //! of 150) and the next cycle starts where this one stopped (`nextStartNodeIndex`), so over
 //! a large cluster consecutive pods land in consecutive windows of nodes.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "a failed setup fails the test the same way"
-)]
 
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::scheduler::{

@@ -20,12 +20,6 @@
 //!
 //! The stand-in's `get pods` before binding is not a write and not kube-scheduler's: it
 //! stands in for the checks of the `pods/binding` subresource.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "a failed setup fails the test the same way"
-)]
 
 use std::time::Duration;
 

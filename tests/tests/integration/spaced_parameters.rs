@@ -5,12 +5,6 @@
 //!   kerf-controller, which says so on the claim and the pod instead of failing silently;
 //! - the same claim after kerf's admission webhook normalized it (its JSONPatch applied to the
 //!   request as kube-apiserver applies it) is allocated and its pod released.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "test code: a failed unwrap fails the test"
-)]
 
 use crate::common::claim_cluster;
 

@@ -50,12 +50,6 @@
 //! binds are PreBinds of pods deleted during the three-cycle Reserve-to-PreBind window (the
 //! claim is gone); the pod is retried or gone, nothing is double-allocated. Every pod created
 //! on a node fitted it at the end in these runs.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "a failed setup fails the test the same way"
-)]
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;

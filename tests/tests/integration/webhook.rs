@@ -15,12 +15,6 @@
 //!
 //! The fake API server (`kerf_tests::fake_api::FakeApi`) has no admission chain of its own;
 //! the test posts AdmissionReviews itself, as the dispatcher would.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use crate::common::claim_cluster::device_class;
 use crate::common::webhook_server;

@@ -18,12 +18,6 @@
 //!
 //! The review bodies are written as text, the claim's part as Python's `json.dumps` writes it
 //! (`", "` and `": "` separators), the way the official Python client sends claims.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "helpers outside #[test] functions fail the test the same way"
-)]
 
 use crate::common::webhook_server;
 

@@ -3,12 +3,6 @@
 //! as kube-apiserver does when RBAC denies them (403) or validation fails (422). A refused
 //! ResourceSlice write becomes a Warning Event on the Node, a refused claim status write one
 //! on the claim, and both count in `kerf_api_write_failures_total{component="kubelet-plugin"}`.
-#![allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "a failing step fails its test"
-)]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -7,13 +7,7 @@
 //! the webhook over HTTPS ([`webhook_server`]), MPS nodes ([`mps`]) and the plugin's Pod
 //! ([`plugin_pod`]).
 
-#![allow(
-    dead_code,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    reason = "shared by several test crates, each using a part; a failing helper fails its test"
-)]
+#![allow(dead_code, reason = "each test module uses a part of the helpers")]
 
 pub mod claim_cluster;
 pub mod controller;

@@ -2,10 +2,6 @@
 //! doing, against one [`FakeApi`] and as their ServiceAccounts, everything deploy/ grants
 //! them rights for. Objects a user, kube-scheduler or the kubelet would write are written as
 //! the cluster admin; the kubelet's running of pods is the pod runner's.
-#![allow(
-    clippy::unwrap_used,
-    reason = "the flow's steps fail the test the same way inside or outside #[test] functions"
-)]
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -2,11 +2,6 @@
 //! the ValidatingWebhookConfiguration `kerf-gpu-quota`, charges a claim the fake sends it for
 //! review into the GpuQuota's status (a replace of `/status`), and reads the quota again when
 //! that write conflicts with someone else's.
-#![allow(
-    clippy::unwrap_used,
-    clippy::panic,
-    reason = "the flow's steps fail the test the same way inside or outside #[test] functions"
-)]
 
 use std::time::Duration;
 

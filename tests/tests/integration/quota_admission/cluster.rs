@@ -2,10 +2,6 @@
 //! (`deploy/base/webhook.yaml`, called by the fake over HTTPS), kerf-controller's webhook
 //! serving them as its ServiceAccount, a kerf Controller class whose claims are charged by
 //! their `GpuClaimParameters`, and namespaces with GpuQuotas.
-#![allow(
-    clippy::unwrap_used,
-    reason = "the fixture fails the test the same way inside or outside #[test] functions"
-)]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
