@@ -57,9 +57,9 @@ const LEASE_PATH: &str =
     "/apis/coordination.k8s.io/v1/namespaces/kerf-system/leases/kerf-controller";
 /// How long `perf record` is given to attach before a measured phase starts.
 const PERF_ATTACH: Duration = Duration::from_secs(1);
-/// Idle CPU target, percent of one core (issue 29).
+/// Idle CPU target, percent of one core.
 const IDLE_CPU_TARGET_PCT: f64 = 1.0;
-/// Leader RSS target, MiB (issue 29).
+/// Leader RSS target, MiB.
 const RSS_TARGET_MIB: f64 = 64.0;
 
 /// What `controller-footprint` runs.

@@ -33,12 +33,12 @@ mod checks;
 mod cluster;
 mod daemon_checks;
 mod daemon_pods;
+mod dra_additions;
 mod expect;
 mod extended;
 mod fake_nodes;
 mod health;
 mod install_and_parameters;
-mod issue13;
 mod manifests;
 mod quota;
 mod settings;
@@ -832,7 +832,7 @@ async fn mixed_burst_runs_without_sharing_a_device() -> Result<()> {
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn extended_resource_pod_gets_a_kerf_gpu() -> Result<()> {
-    e2e("extended", issue13::extended_resource_pod).await
+    e2e("extended", dra_additions::extended_resource_pod).await
 }
 
 /// A device's health flip as the pod and the ResourceSlice show it: a pod with a whole GPU
@@ -848,7 +848,7 @@ async fn extended_resource_pod_gets_a_kerf_gpu() -> Result<()> {
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn health_flip_visible_in_pod_status() -> Result<()> {
-    e2e("health", issue13::health_flip).await
+    e2e("health", dra_additions::health_flip).await
 }
 
 /// A controller-class claim created as a Python client creates it: through a raw request

@@ -1,4 +1,4 @@
-//! Cluster e2e of issue 38: kerf-controller places controller-class claims only on nodes where
+//! Cluster e2e of the node filters: kerf-controller places controller-class claims only on nodes where
 //! the pod's CPU fits, so kube-scheduler binds every pod at its first try.
 //!
 //! The test makes kubelet-less Ready nodes (32 CPU, 128Gi, 110 pods; `tests/tests/e2e/fake_nodes.rs`)

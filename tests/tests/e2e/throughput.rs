@@ -1,4 +1,4 @@
-//! Cluster benchmark of issue 38, item 4: how fast pods bind through kerf-controller's slices
+//! Cluster benchmark of the controller path: how fast pods bind through kerf-controller's slices
 //! against kube-scheduler's structured allocation, on the same kubelet-less nodes of a real
 //! control plane (nothing paused, creation → all bound).
 //!

@@ -1,6 +1,7 @@
-//! Issue 26, defect 2, end to end against the in-memory API server's ResourceClaim rules
-//! (kube-apiserver keeps an opaque config's `parameters` byte for byte, and any patch of the
-//! claim re-encodes them, which `ValidateResourceClaimUpdate` refuses as a spec change):
+//! Claims whose opaque parameters carry spaces, end to end against the in-memory API server's
+//! ResourceClaim rules (kube-apiserver keeps an opaque config's `parameters` byte for byte, and
+//! any patch of the claim re-encodes them, which `ValidateResourceClaimUpdate` refuses as a spec
+//! change):
 //! - a claim stored with spaces (as Python's `json.dumps` writes) can never be written by
 //!   kerf-controller, which says so on the claim and the pod instead of failing silently;
 //! - the same claim after kerf's admission webhook normalized it (its JSONPatch applied to the
