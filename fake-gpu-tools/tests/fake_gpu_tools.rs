@@ -142,6 +142,26 @@ fn wait_for(path: &Path) {
     assert!(path.exists(), "{} did not appear", path.display());
 }
 
+/// The first line of `path` once it is whole: the daemon creates the file before it writes its
+/// PID (as a plain write does), so a reader can see it empty for a moment.
+fn written_line(path: &Path) -> String {
+    for _ in 0..2500 {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Some((line, _)) = text.split_once('\n')
+        {
+            return line.to_owned();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(
+        text.contains('\n'),
+        "{} holds no whole line",
+        path.display()
+    );
+    text.lines().next().unwrap_or_default().to_owned()
+}
+
 #[test]
 fn the_foreground_daemon_is_the_process_that_runs_it_and_exits_0_after_quit() {
     let (dir, root) = root();
@@ -159,9 +179,8 @@ fn the_foreground_daemon_is_the_process_that_runs_it_and_exits_0_after_quit() {
         .unwrap();
     let daemon_pid = daemon.id();
     let pid_file = pipe.join("nvidia-cuda-mps-control.pid");
-    wait_for(&pid_file);
     assert_eq!(
-        std::fs::read_to_string(&pid_file).unwrap().trim(),
+        written_line(&pid_file),
         daemon_pid.to_string(),
         "no fork: the PID file names the process that ran -f"
     );
