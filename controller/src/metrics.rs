@@ -58,6 +58,11 @@ mod pools;
 pub use pools::PoolFragmentation;
 use pools::PoolMetrics;
 
+/// `action` label of a write that set a label or taint (or changed its value).
+pub const ACTION_SET: &str = "set";
+/// `action` label of a write that removed a label or taint.
+pub const ACTION_REMOVED: &str = "removed";
+
 /// Prefix of every metric of the controller (an underscore is added by the registry).
 const PREFIX: &str = "kerf_controller";
 
@@ -106,7 +111,7 @@ struct MoveLabels {
     to: &'static str,
 }
 
-/// Labels of a claim node label write.
+/// Labels of a write of a claim node label or of the idle-GPU node taint.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LabelActionLabels {
     action: &'static str,

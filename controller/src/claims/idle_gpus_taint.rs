@@ -31,11 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::report::node_write_failed;
 use crate::context::Context;
-
-/// Metric label of a write that added the taint.
-pub(crate) const ACTION_SET: &str = "set";
-/// Metric label of a write that took it off.
-pub(crate) const ACTION_REMOVED: &str = "removed";
+use crate::metrics::{ACTION_REMOVED, ACTION_SET};
 
 /// Keeps the taint on the nodes the ownership passes find until `shutdown`: a pass after each
 /// ownership pass, and one tick after a pass that left a node for later (a conflict, a failed

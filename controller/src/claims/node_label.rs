@@ -34,15 +34,11 @@ use tokio_util::sync::CancellationToken;
 use super::state::{allocation_of, annotated_node};
 use crate::context::{Context, Write};
 use crate::error::{Error, Result};
+use crate::metrics::{ACTION_REMOVED, ACTION_SET};
 use crate::retry::Retry;
 
 /// The label reconciler's name in metrics, back-off keys and logs.
 pub(crate) const CONTROLLER: &str = "claimnodelabel";
-
-/// Metric label of a label write that set or changed the value.
-pub(crate) const ACTION_SET: &str = "set";
-/// Metric label of a label write that removed it.
-pub(crate) const ACTION_REMOVED: &str = "removed";
 
 /// The node [`CLAIM_NODE_LABEL`] names for a claim with `allocation` and the controller's node
 /// annotation `annotated`: the pool of `driver`'s results when allocated (kerf's pools are
