@@ -147,33 +147,35 @@ async fn resource_slices_describe_every_plugin_node() -> Result<()> {
 }
 
 /// kerf-controller's `PreferNoSchedule` taint `gpu.kerf.dev/idle-gpus` is on exactly the
-/// nodes that publish a kerf GPU no claim uses (no claim's result names it or a device of it),
-/// and the other taints of those nodes are kept. Waits (bounded) for the controller's next
-/// pass after the claims of a previous test are gone.
+/// nodes that publish a kerf GPU no claim uses (no claim's result names it or a device of it).
+/// Waits (bounded) for the controller's next pass after the claims of a previous test are
+/// gone.
 #[tokio::test]
 #[ignore = "needs cluster"]
 async fn idle_gpu_nodes_carry_kerfs_taint() -> Result<()> {
     e2e("idle-taint", |env: TestEnv| async move {
         let driver = env.settings.driver.clone();
         let nodes: Api<Node> = Api::all(env.client.clone());
-        let claims: Api<ResourceClaim> = Api::all(env.client.clone());
         wait::poll_until(
             "kerf's taint on the nodes with an idle kerf GPU, and only there",
             env.settings.timeout,
             || async {
                 let published = env.published().await?;
-                let used =
-                    allocated_devices(&claims.list(&ListParams::default()).await?.items, &driver);
+                let claims = env.all_claims().await?;
+                let used: Vec<_> = claims
+                    .iter()
+                    .flat_map(|claim| checks::allocation_results(claim, &driver))
+                    .collect();
                 let mut wrong = Vec::new();
                 let pools: BTreeSet<&str> = published.iter().map(|d| d.node.as_str()).collect();
                 for pool in pools {
                     let idle = published.iter().any(|d| {
                         d.node == pool
                             && d.kind == "gpu"
-                            && !used.iter().any(|(node, device)| {
-                                node == pool
-                                    && (*device == d.name
-                                        || device.starts_with(&format!("{}-", d.name)))
+                            && !used.iter().any(|result| {
+                                result.pool == pool
+                                    && (result.device == d.name
+                                        || result.device.starts_with(&format!("{}-", d.name)))
                             })
                     });
                     let node = nodes.get(pool).await?;
@@ -200,17 +202,6 @@ async fn idle_gpu_nodes_carry_kerfs_taint() -> Result<()> {
         .await
     })
     .await
-}
-
-/// `(pool, device)` of every allocation result of `driver`.
-fn allocated_devices(claims: &[ResourceClaim], driver: &str) -> Vec<(String, String)> {
-    claims
-        .iter()
-        .filter_map(|c| c.status.as_ref()?.allocation.as_ref()?.devices.as_ref())
-        .flat_map(|d| d.results.iter().flatten())
-        .filter(|r| r.driver == driver)
-        .map(|r| (r.pool.clone(), r.device.clone()))
-        .collect()
 }
 
 /// A whole GPU from a Scheduler class: kube-scheduler allocates it, the kubelet plugin
