@@ -8,8 +8,13 @@
 //! corrupt: [`load`] moves it aside for inspection and the plugin starts empty, which is
 //! recoverable (the kubelet prepares again), where a crash loop is not.
 //!
-//! No checksum: NVIDIA's driver broke on upgrades with a checksum over re-marshalled JSON;
-//! the atomic write ([`crate::fsutil::write_atomic`]) already rules out torn files.
+//! No checksum: NVIDIA's driver broke on upgrades with a checksum over re-marshalled JSON.
+//! The write ([`save`]) replaces the file atomically but does not fsync it: within one boot
+//! every reader sees a whole file (the page cache outlives a crashed plugin), and only a
+//! power loss or kernel crash can leave it old, empty or torn — after which the node boots
+//! again and the file belongs to an older boot, whose claims are no longer prepared (see
+//! [`Checkpoint::boot_id`]). So a file that does not decode is read as "nothing prepared",
+//! never as an error that stops the plugin.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -34,8 +39,9 @@ pub struct Checkpoint {
     /// Format version: [`CURRENT_VERSION`] when created or saved by this build; after
     /// [`decode`], the version of the file (see [`Checkpoint::is_newer_format`]).
     pub version: u32,
-    /// Boot ID of the node (`/proc/sys/kernel/random/boot_id`) when last written; a
-    /// different one means the node rebooted and `/var/run` (the CDI specs) was emptied.
+    /// Boot ID of the node (`/proc/sys/kernel/random/boot_id`) when last written. A
+    /// different one means the node booted since: its claims are no longer prepared (see
+    /// [`Checkpoint::forget_older_boot`]).
     pub boot_id: String,
     /// Prepared claims by claim UID.
     pub claims: BTreeMap<String, ClaimEntry>,
@@ -266,6 +272,27 @@ impl DeviceRecord {
 }
 
 impl Checkpoint {
+    /// True when this checkpoint was written in another boot than `boot_id`; unknown when
+    /// either ID is empty (an unreadable boot ID file), which reads as the same boot.
+    pub fn is_from_older_boot(&self, boot_id: &str) -> bool {
+        !self.boot_id.is_empty() && !boot_id.is_empty() && self.boot_id != boot_id
+    }
+
+    /// Forgets the claims of an older boot and returns how many there were. Nothing a
+    /// prepare did outlives a reboot: `/var/run/cdi` is a tmpfs, MPS daemons are processes,
+    /// and MIG GPU and compute instances are not persistent across a reboot (NVIDIA's MIG
+    /// user guide); the kubelet prepares every claim of its pods again, because it keeps
+    /// whether a claim is prepared in memory only (kubernetes/kubernetes
+    /// `pkg/kubelet/cm/dra/claiminfo.go`, `newClaimInfoFromState`: `prepared: false`). The
+    /// GPU set-up records stay, so that start-up still undoes what the plugin had set on a
+    /// GPU and no claim needs any more.
+    pub fn forget_older_boot(&mut self) -> usize {
+        let dropped = self.claims.len() + self.undecodable.len();
+        self.claims.clear();
+        self.undecodable.clear();
+        dropped
+    }
+
     /// Forgets a claim, decoded or not. Returns whether it was there.
     pub fn remove_claim(&mut self, claim_uid: &str) -> bool {
         let decoded = self.claims.remove(claim_uid).is_some();
@@ -442,7 +469,10 @@ pub fn load(path: &Path) -> Result<LoadOutcome> {
     Ok(LoadOutcome::Corrupt { moved_to, reason })
 }
 
-/// Writes the checkpoint to `path` atomically and durably.
+/// Replaces the checkpoint at `path` atomically, without an fsync: a reader (this plugin
+/// restarted, the other instance of a rolling update) sees the old or the new file, never a
+/// torn one, until the node loses power; a file written in an older boot records nothing
+/// prepared in this one (see the module docs).
 ///
 /// # Errors
 ///
@@ -451,7 +481,7 @@ pub fn load(path: &Path) -> Result<LoadOutcome> {
 pub fn save(path: &Path, cp: &Checkpoint) -> Result<()> {
     let (dir, file_name) = split_path(path)?;
     let bytes = encode(cp)?;
-    fsutil::write_atomic(dir, file_name, &bytes)
+    fsutil::write_replace(dir, file_name, &bytes)
 }
 
 fn split_path(path: &Path) -> Result<(&Path, &str)> {

@@ -8,7 +8,7 @@ use clap::{ArgAction, Parser};
 
 use crate::config::DynamicMigSettings;
 use crate::config::{Discovery, PluginConfig};
-use crate::dynamic_mig::CrashStep;
+use crate::crash::CrashStep;
 use crate::health::{HealthConfig, resend_interval_for};
 use crate::{Error, Result};
 use kerf_core::health::{TaintEffect, TaintPolicy};
@@ -39,9 +39,9 @@ pub struct Args {
     #[arg(long, env = "KERF_PLUGIN_DIR")]
     pub plugin_dir: Option<PathBuf>,
 
-    /// Directory for the per-claim CDI spec files; the container runtime must read it. Best on
-    /// a tmpfs, as /var/run is on most nodes: on a disk, concurrent prepares make their specs
-    /// durable together with one syncfs, which also flushes other dirty data there.
+    /// Directory for the per-claim CDI spec files; the container runtime must read it. A tmpfs
+    /// on most nodes (/var/run); specs are replaced atomically without fsync and rebuilt from
+    /// the checkpoint at start-up, so a directory on a disk costs no flushes either.
     #[arg(long, env = "KERF_CDI_DIR", default_value = "/var/run/cdi")]
     pub cdi_dir: PathBuf,
 
@@ -105,8 +105,9 @@ pub struct Args {
     pub mock_driver_root: Option<PathBuf>,
 
     /// Mock mode only, for crash-safety tests: abort the process right after this step of
-    /// every dynamic-MIG prepare (after-gi-create, after-ci-create, after-record,
-    /// after-cdi-write), as a SIGKILL there would stop it.
+    /// every prepare or unprepare (after-start, after-gi-create, after-ci-create, after-record,
+    /// after-sharing, after-spec-write, after-cdi-write, after-spec-remove, after-entry-remove),
+    /// as a SIGKILL there would stop it.
     #[arg(long, env = "KERF_MOCK_CRASH_AT", value_enum)]
     pub mock_crash_at: Option<CrashStep>,
 
@@ -258,7 +259,7 @@ impl Args {
         })
     }
 
-    /// The dynamic-MIG prepare step to abort after (`--mock-crash-at`), if any.
+    /// The prepare or unprepare step to abort after (`--mock-crash-at`), if any.
     ///
     /// # Errors
     /// [`Error::Config`] when it is given without a mock inventory: a real node never

@@ -1,9 +1,14 @@
-//! The durable, in-memory-first checkpoint of prepared claims, with group commit.
+//! The in-memory-first checkpoint of prepared claims, with group commit.
 //!
 //! Every mutation happens on the in-memory [`Checkpoint`] under a short lock and gets a
-//! sequence number; one writer thread persists snapshots. Concurrent prepares therefore share
-//! one fsync'd write instead of queueing behind each other's: a caller waits only until a
-//! snapshot that includes its own mutation is durable.
+//! sequence number; one writer thread writes snapshots. Concurrent prepares therefore share
+//! one write instead of queueing behind each other's: a caller waits only until a snapshot
+//! that includes its own mutation is written.
+//!
+//! A write replaces the file atomically and is not fsync'd ([`checkpoint::save`]): it must
+//! survive the plugin (a crash, a SIGKILL, a rolling update), which the page cache does, not
+//! the node. A power loss or kernel crash boots the node again, and a checkpoint from an older
+//! boot holds nothing prepared in this one ([`Checkpoint::forget_older_boot`]), torn or not.
 //!
 //! The writer is a thread of its own, not a task that hands each write to the blocking pool:
 //! a lone prepare then waits for one wake-up of the writer and one of itself, not for four
@@ -19,14 +24,14 @@
 //! instances on a `flock`; kerf keeps its concurrent prepares and makes each access safe:
 //!
 //! - **Writes** hold an exclusive `flock` on `<checkpoint>.lock` from "has the file changed
-//!   since this process last saw it?" through the durable write: if it has, the file is read
+//!   since this process last saw it?" through the write: if it has, the file is read
 //!   and merged in first ([`two_instances::merge`]: per claim, per GPU, what this process did
 //!   not change since it last saw the file takes the file's value). Neither instance's write
-//!   can therefore drop a claim the other one made durable.
+//!   can therefore drop a claim the other one wrote.
 //! - **Reads and in-memory mutations** first compare the file's device and inode with the file
 //!   this process last read or wrote (kept open, so the inode number cannot be reused): one
 //!   `stat`, no parse. Only a file replaced by the other instance is read and merged. A read
-//!   thus sees every change the other instance had made durable when the read began; what the
+//!   thus sees every change the other instance had written when the read began; what the
 //!   other instance holds only in memory (a prepare it started and has not finished) is not
 //!   seen, so a device check across instances covers finished prepares only.
 //! - While this process's own writer replaces the file under the lock, a changed inode is its
@@ -34,7 +39,7 @@
 //! - **Start-up against running operations**: an instance's start-up removes what no
 //!   checkpoint entry owns (CDI specs, unfinished dynamic-MIG instances, MPS daemons and time
 //!   slices no claim needs). The other instance's prepare in flight owns such things before
-//!   its entry is durable. So every prepare (past its API read, like upstream's helper, which
+//!   its entry is written. So every prepare (past its API read, like upstream's helper, which
 //!   fetches claims "before serializing") and unprepare holds a shared `flock` on
 //!   `<checkpoint>.operations.lock` ([`CheckpointStore::operation`]), and start-up's
 //!   clean-up holds it exclusively (`CheckpointStore::start_up_hold`): it waits for the other
@@ -60,11 +65,11 @@ mod two_instances;
 
 use two_instances::{Exclusive, FileId, KnownFile};
 
-/// Progress of the writer: everything up to `durable` is on disk; a write covering up to
+/// Progress of the writer: everything up to `written` is in the file; a write covering up to
 /// `failed` failed with `error` (and nothing later has succeeded since).
 #[derive(Debug, Clone, Default)]
 struct Progress {
-    durable: u64,
+    written: u64,
     failed: u64,
     error: Option<WriteFailure>,
 }
@@ -144,10 +149,13 @@ pub struct CheckpointStore {
 pub enum Opened {
     /// No checkpoint existed; starting empty.
     Fresh,
-    /// The checkpoint was loaded.
-    Loaded {
-        /// Whether the node rebooted since it was written (boot IDs differ).
-        rebooted: bool,
+    /// The checkpoint was loaded; it was written in this boot.
+    Loaded,
+    /// The checkpoint was written in an older boot: its claims were forgotten (see
+    /// [`Checkpoint::forget_older_boot`]).
+    Rebooted {
+        /// How many claims the older boot had prepared.
+        forgotten: usize,
     },
     /// The checkpoint was corrupt and was moved aside; starting empty.
     MovedAside {
@@ -186,10 +194,11 @@ impl CheckpointStore {
         .map_err(|e| Error::internal("the checkpoint loader task", e))??;
         let (mut cp, opened) = match outcome {
             LoadOutcome::Missing => (Checkpoint::default(), Opened::Fresh),
-            LoadOutcome::Loaded(cp) => {
-                let rebooted = cp.boot_id != boot_id;
-                (cp, Opened::Loaded { rebooted })
+            LoadOutcome::Loaded(mut cp) if cp.is_from_older_boot(boot_id) => {
+                let forgotten = cp.forget_older_boot();
+                (cp, Opened::Rebooted { forgotten })
             }
+            LoadOutcome::Loaded(cp) => (cp, Opened::Loaded),
             LoadOutcome::Corrupt { moved_to, reason } => (
                 Checkpoint::default(),
                 Opened::MovedAside { moved_to, reason },
@@ -256,7 +265,7 @@ impl CheckpointStore {
         (out, seq)
     }
 
-    /// Mutates the checkpoint and waits until the mutation is durable.
+    /// Mutates the checkpoint and waits until the mutation is written to the file.
     ///
     /// # Errors
     /// The write that covered this mutation failed.
@@ -266,18 +275,18 @@ impl CheckpointStore {
         Ok(out)
     }
 
-    /// Waits until every mutation up to `seq` is durable.
+    /// Waits until every mutation up to `seq` is written to the file.
     ///
     /// # Errors
     /// The write that covered `seq` failed and no later write has succeeded.
     async fn persisted(&self, seq: u64) -> Result<()> {
         let mut rx = self.shared.progress.subscribe();
         let progress = rx
-            .wait_for(|p| p.durable >= seq || p.failed >= seq)
+            .wait_for(|p| p.written >= seq || p.failed >= seq)
             .await
             .map_err(|_| Error::internal("the checkpoint writer", "it has stopped"))?
             .clone();
-        if progress.durable >= seq {
+        if progress.written >= seq {
             return Ok(());
         }
         let reason = match progress.error {
@@ -356,7 +365,7 @@ impl CheckpointStore {
         lock_state(&self.shared)
     }
 
-    /// The state, with what another instance made durable taken in. The fast path, an
+    /// The state, with what another instance wrote taken in. The fast path, an
     /// unchanged file, costs one `stat`.
     fn fresh(&self) -> MutexGuard<'_, State> {
         let on_disk = two_instances::current_id(&self.shared.path);
@@ -400,7 +409,7 @@ fn writer(shared: &Arc<Shared>) {
         written = seq;
         shared.progress.send_modify(|p| match outcome {
             Ok(()) => {
-                p.durable = seq;
+                p.written = seq;
                 p.error = None;
             }
             Err(failure) => {

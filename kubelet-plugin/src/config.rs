@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::dynamic_mig::CrashStep;
+use crate::crash::CrashStep;
 use crate::health::HealthConfig;
 use crate::mps_daemons::MpsSettings;
 
@@ -130,7 +130,7 @@ pub struct PluginConfig {
     /// GPU health: sources, timeouts, taint effects.
     pub health: HealthConfig,
     /// Mock mode's crash tests only: abort the process right after this step of every
-    /// dynamic-MIG prepare (`--mock-crash-at`); `None` on a real node.
+    /// prepare or unprepare (`--mock-crash-at`); `None` on a real node.
     pub mock_crash_at: Option<CrashStep>,
     /// Whether ResourceSlices are published ([`crate::plugin::Connections::kube`] gives the
     /// publisher a client only then).

@@ -7,7 +7,6 @@
 //! reconciles them with the checkpoint at start-up ([`startup`]).
 
 pub(crate) mod control;
-pub(crate) mod crash;
 pub(crate) mod manager;
 pub(crate) mod metrics;
 pub(crate) mod mock;
@@ -15,5 +14,4 @@ pub(crate) mod node;
 pub(crate) mod nvml;
 pub(crate) mod startup;
 
-pub(crate) use crash::CrashStep;
 pub(crate) use manager::DynamicMig;

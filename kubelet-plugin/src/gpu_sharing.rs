@@ -10,7 +10,7 @@
 //! the new claim and keeps the daemon, or the prepare waits and starts a fresh one.
 //!
 //! What was set up is also recorded in the checkpoint ([`GpuSharingEntry`]), riding along
-//! with the claim's own durable write, so that a restarted plugin finds it again: start-up
+//! with the claim's own checkpoint write, so that a restarted plugin finds it again: start-up
 //! ([`GpuSharing::restore`]) adopts or restarts the daemons prepared claims need, sets their
 //! time slices again after a reboot, and undoes everything else (orphans).
 //!
@@ -139,7 +139,7 @@ impl GpuSharing {
 
     /// Sets up what the devices of a claim already recorded in `checkpoint` need: starts or
     /// adopts each MPS GPU's daemon, sets each time-sliced GPU's time slice unless it is set.
-    /// Records the set-up in the checkpoint lazily: the claim's own durable write carries it.
+    /// Records the set-up in the checkpoint lazily: the claim's own checkpoint write carries it.
     ///
     /// # Errors
     /// [`Error::Mps`] or [`Error::TimeSlice`] naming the GPU and the tool's words. What this

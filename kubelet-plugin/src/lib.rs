@@ -2,7 +2,7 @@
 //!
 //! It registers with the kubelet, publishes the node's GPUs as ResourceSlices, and implements
 //! the kubelet's `NodePrepareResources` / `NodeUnprepareResources` calls by writing one CDI spec
-//! per claim and recording it in a durable checkpoint.
+//! per claim and recording it in a checkpoint that outlives the plugin.
 //!
 //! [`preparer::Preparer`] answers those calls, reading each claim through a
 //! [`claim_reader::ClaimReader`]. The binary's `main` calls [`launch`] (the MPS daemon
@@ -16,6 +16,7 @@ pub mod claim_events;
 mod claim_locks;
 pub mod claim_reader;
 pub mod config;
+pub mod crash;
 pub mod discovery;
 mod dynamic_mig;
 mod entry;

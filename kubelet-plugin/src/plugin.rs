@@ -442,7 +442,11 @@ async fn open_preparer(
     if let Some(writer) = status_writer {
         preparer = preparer.with_device_status(writer);
     }
-    let preparer = Arc::new(preparer.with_dynamic_mig(mig));
+    let preparer = Arc::new(
+        preparer
+            .with_dynamic_mig(mig)
+            .with_crash_at(config.mock_crash_at),
+    );
     crate::dynamic_mig::node::log_restore(&preparer.restore_dynamic_mig().await?);
     crate::mps_checks::log_sharing_restore(&preparer.restore_sharing().await);
     let restored = preparer.restore_cdi_specs().await?;
@@ -641,14 +645,19 @@ async fn open_checkpoint(config: &PluginConfig) -> Result<CheckpointStore> {
         Opened::Fresh => {
             tracing::info!(path = %config.checkpoint_file.display(), "starting with an empty checkpoint");
         }
-        Opened::Loaded { rebooted } => {
-            tracing::info!(path = %config.checkpoint_file.display(), rebooted, "checkpoint loaded");
+        Opened::Loaded => {
+            tracing::info!(path = %config.checkpoint_file.display(), "checkpoint loaded");
         }
-        Opened::MovedAside { moved_to, reason } => tracing::error!(
+        Opened::Rebooted { forgotten } => {
+            tracing::info!(path = %config.checkpoint_file.display(), forgotten, "the node booted since the checkpoint was written: nothing is prepared in this boot, the kubelet prepares its claims again");
+        }
+        // Only a power loss or a kernel crash tears the file (it is replaced atomically), and
+        // the node boots again after either: nothing in it is prepared in this boot.
+        Opened::MovedAside { moved_to, reason } => tracing::warn!(
             path = %config.checkpoint_file.display(),
             moved_to = %moved_to.display(),
             %reason,
-            "CHECKPOINT CORRUPT: moved aside and starting empty; claims prepared before are forgotten and their CDI specs will be removed"
+            "checkpoint unreadable (left torn or empty by a power loss?): moved aside, starting with nothing prepared"
         ),
     }
     Ok(store)

@@ -5,12 +5,13 @@
 //! claims holds with the kubelet's UID, not being deleted and allocated here is taken from it
 //! ([`crate::claim_reader::Cached::usable`] says why that is safe); any other claim is read
 //! from the API server, raced against the cache's watch ([`crate::claim_reader::miss`]). Then
-//! comes one durable write: the checkpoint entry as PrepareCompleted, durable before
-//! the IDs are returned. The CDI spec and the claim's device metadata files (KEP-5304, mounted
-//! read-only by the spec) are written atomically but without an fsync of their own
-//! ([`crate::spec_writer`]), on one blocking thread while the checkpoint's write is on its way
-//! to disk: they are transient, rebuilt from the checkpoint at start-up before the sockets
-//! serve, rewritten by an idempotent repeat prepare, and removed at unprepare.
+//! the checkpoint entry is written as PrepareCompleted before the IDs are returned. No file
+//! is fsync'd: the checkpoint must outlive the plugin, not the node, because after a reboot
+//! nothing is prepared ([`crate::checkpoint_store`]). The CDI spec and the claim's device
+//! metadata files (KEP-5304, mounted read-only by the spec) are written atomically
+//! ([`crate::spec_writer`]), on one blocking thread while the checkpoint's write is under way:
+//! they are transient, rebuilt from the checkpoint at start-up before the sockets serve,
+//! rewritten by an idempotent repeat prepare, and removed at unprepare.
 //! Concurrent prepares share the checkpoint write through group commit
 //! ([`crate::checkpoint_store`]). PrepareStarted is recorded in memory first — it reserves the
 //! devices against concurrent prepares — and reaches the disk only if a checkpoint write
@@ -19,7 +20,7 @@
 //! (start-up removes specs no checkpoint entry owns, and the kubelet retries the prepare).
 //! Claims prepare in parallel; two calls for the same claim serialise on a per-claim lock.
 //! A claim allocated a dynamic-MIG placement is the exception: its PrepareStarted entry, with
-//! the instance it is about to create, is made durable before the create, because a MIG
+//! the instance it is about to create, is written before the create, because a MIG
 //! instance is a side effect start-up must be able to find and destroy after a crash
 //! ([`crate::dynamic_mig`]).
 //!
@@ -47,7 +48,8 @@ use kerf_proto::PreparedDevice;
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
 use crate::claim_reader::{self, ClaimReader, ReadError};
-use crate::dynamic_mig::{CrashStep, DynamicMig, startup::MigRestore};
+use crate::crash::{CrashStep, crash_point};
+use crate::dynamic_mig::{DynamicMig, startup::MigRestore};
 use crate::gpu_sharing::{GpuSharing, Restarted, SharingRestore};
 use crate::metrics::Metrics;
 use crate::prepare_error::PrepareError;
@@ -109,7 +111,8 @@ impl PreparerConfig {
     }
 }
 
-/// The prepare/unprepare engine: turns a claim the kubelet names into CDI devices, durably.
+/// The prepare/unprepare engine: turns a claim the kubelet names into CDI devices, recorded
+/// in the checkpoint.
 pub struct Preparer {
     config: PreparerConfig,
     inventory: Arc<Inventory>,
@@ -123,6 +126,7 @@ pub struct Preparer {
     device_status: Option<DeviceStatusWriter>,
     publication: SharedPublicationHandle,
     mig: DynamicMig,
+    crash_at: Option<CrashStep>,
 }
 
 impl Preparer {
@@ -158,6 +162,7 @@ impl Preparer {
             mig: DynamicMig::unavailable(
                 "dynamic MIG is not set up in this plugin (no MIG control)",
             ),
+            crash_at: None,
         };
         preparer.update_prepared_gauge();
         Ok(preparer)
@@ -186,6 +191,14 @@ impl Preparer {
     #[must_use]
     pub(crate) fn with_dynamic_mig(mut self, mig: DynamicMig) -> Self {
         self.mig = mig;
+        self
+    }
+
+    /// Aborts the process right after `step` of every prepare or unprepare (mock mode's
+    /// crash tests, [`crate::crash`]).
+    #[must_use]
+    pub(crate) fn with_crash_at(mut self, step: Option<CrashStep>) -> Self {
+        self.crash_at = step;
         self
     }
 
@@ -281,7 +294,8 @@ impl Preparer {
         // Another plugin instance's start-up clean-up must not run beside this prepare.
         let _operation = self.checkpoint.operation().await?;
         self.record_started(claim, pod_claim_name.clone(), &mut devices)?;
-        // Dynamic MIG makes its intent durable and creates the instances; it undoes them
+        crash_point(self.crash_at, CrashStep::AfterStart);
+        // Dynamic MIG writes its intent and creates the instances; it undoes them
         // itself when it fails.
         let mig = self
             .mig
@@ -291,6 +305,7 @@ impl Preparer {
         let prepared = async {
             mig?;
             self.sharing.set_up(&devices, &self.checkpoint).await?;
+            crash_point(self.crash_at, CrashStep::AfterSharing);
             self.finish_prepare(claim, pod_claim_name.as_deref(), &devices)
                 .await
         }
@@ -303,7 +318,7 @@ impl Preparer {
             }
             return Err(e);
         }
-        self.mig.crash_point(CrashStep::AfterCdiWrite);
+        crash_point(self.crash_at, CrashStep::AfterCdiWrite);
         self.report_prepared(claim, &devices);
         Ok(results_of(&devices))
     }
@@ -326,12 +341,14 @@ impl Preparer {
         }
         let _operation = self.checkpoint.operation().await?;
         self.remove_cdi_spec(&claim.uid).await?;
+        crash_point(self.crash_at, CrashStep::AfterSpecRemove);
         // A MIG instance still in use fails the unprepare with the entry kept: the kubelet
         // retries, and the instance is never forgotten while it exists.
         self.mig.release(&devices).await?;
         self.checkpoint
             .update(|cp| cp.remove_claim(&claim.uid))
             .await?;
+        crash_point(self.crash_at, CrashStep::AfterEntryRemove);
         self.update_prepared_gauge();
         self.claim_reader.unprepared(&claim.uid);
         self.sharing.release(&devices, &self.checkpoint).await;
@@ -494,9 +511,8 @@ impl Preparer {
         Ok(api_claim)
     }
 
-    /// Writes the spec and makes the entry PrepareCompleted durably, at the same time: the
-    /// spec's files cost no time beside the checkpoint's fsync. Either order of the two on
-    /// disk is safe in a crash, because the kubelet has no answer yet and retries: a durable
+    /// Writes the spec and the entry as PrepareCompleted at the same time. Either order of
+    /// the two is safe in a crash, because the kubelet has no answer yet and retries: a written
     /// entry without its spec gets the spec back at start-up
     /// ([`Preparer::restore_cdi_specs`]) and from the repeat prepare; a spec without a
     /// completed entry is removed at start-up or rewritten by the retried prepare. If either
@@ -507,7 +523,11 @@ impl Preparer {
         pod_claim_name: Option<&str>,
         devices: &[DeviceRecord],
     ) -> Result<()> {
-        let spec = self.write_cdi_spec(claim, pod_claim_name, devices);
+        let spec = async {
+            let written = self.write_cdi_spec(claim, pod_claim_name, devices).await;
+            crash_point(self.crash_at, CrashStep::AfterSpecWrite);
+            written
+        };
         let completed = self.checkpoint.update(|cp| {
             if let Some(entry) = cp.claims.get_mut(&claim.uid) {
                 entry.state = ClaimState::PrepareCompleted;

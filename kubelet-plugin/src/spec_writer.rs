@@ -5,7 +5,7 @@
 //! claim's spec from the checkpoint at start-up, before its sockets serve
 //! ([`crate::preparer::Preparer::restore_cdi_specs`]), an idempotent repeat prepare rewrites
 //! it, and `/var/run/cdi` is a tmpfs on most nodes, which a reboot empties anyway. So a
-//! prepare makes one durable write, the checkpoint entry, and a spec change is
+//! spec change is
 //! [`kerf_core::fsutil::write_replace`]: a temporary file renamed over the target, so that a
 //! container runtime reading the directory at any time sees the old spec or the new one,
 //! never half of one. containerd and CRI-O read it through the CDI library's cache, which

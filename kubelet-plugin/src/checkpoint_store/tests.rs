@@ -34,7 +34,7 @@ async fn a_lazy_mutation_reaches_the_disk_with_the_next_awaited_write() {
 }
 
 #[tokio::test]
-async fn concurrent_updates_are_all_durable_when_they_return() {
+async fn concurrent_updates_are_all_in_the_file_when_they_return() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("checkpoint.json");
     let (store, _) = CheckpointStore::open(&path, "boot-1").await.unwrap();
@@ -152,4 +152,92 @@ async fn concurrent_writers_in_two_instances_lose_nothing() {
     assert_eq!(on_disk(&path).claims.len(), 40);
     assert_eq!(a.read(|cp| cp.claims.len()), 40);
     assert_eq!(b.read(|cp| cp.claims.len()), 40);
+}
+
+/// A checkpoint as the plugin leaves it in boot `boot_id`: two prepared claims and a GPU
+/// with a time slice set.
+async fn written_in(path: &Path, boot_id: &str) -> Vec<u8> {
+    let (store, _) = CheckpointStore::open(path, boot_id).await.unwrap();
+    store
+        .update(|cp| {
+            cp.claims.insert("a".into(), entry());
+            cp.claims.insert("b".into(), entry());
+            cp.gpu_sharing.insert(
+                "GPU-0".into(),
+                checkpoint::GpuSharingEntry {
+                    time_slice: Some(kerf_core::mps::TimeSliceInterval::Long),
+                    ..Default::default()
+                },
+            );
+        })
+        .await
+        .unwrap();
+    std::fs::read(path).unwrap()
+}
+
+#[tokio::test]
+async fn a_checkpoint_from_an_older_boot_holds_nothing_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    written_in(&path, "boot-1").await;
+    let (store, opened) = CheckpointStore::open(&path, "boot-2").await.unwrap();
+    assert_eq!(opened, Opened::Rebooted { forgotten: 2 });
+    assert_eq!(store.read(|cp| cp.claims.len()), 0);
+    assert_eq!(
+        store.read(|cp| cp.gpu_sharing.len()),
+        1,
+        "what was set on a GPU stays recorded, so that start-up can undo it"
+    );
+    let cp = on_disk(&path);
+    assert_eq!(cp.boot_id, "boot-2");
+    assert!(cp.claims.is_empty());
+}
+
+#[tokio::test]
+async fn the_same_boot_or_an_unknown_one_keeps_the_claims() {
+    for (written, now) in [("boot-1", "boot-1"), ("boot-1", ""), ("", "boot-2")] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        written_in(&path, written).await;
+        let (store, opened) = CheckpointStore::open(&path, now).await.unwrap();
+        assert_eq!(
+            opened,
+            Opened::Loaded,
+            "written in {written:?}, now {now:?}"
+        );
+        assert_eq!(store.read(|cp| cp.claims.len()), 2);
+    }
+}
+
+/// What a power loss can leave of a checkpoint replaced without fsync: nothing, a prefix, or
+/// its length in zeros. The node boots again after it, and every such file is read as
+/// nothing prepared — moved aside when it does not decode — never as an error.
+#[tokio::test]
+async fn a_torn_or_empty_checkpoint_after_a_power_loss_holds_nothing_prepared() {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = written_in(&dir.path().join("whole.json"), "boot-1").await;
+    let len = whole.len();
+    let mut leftovers: Vec<(String, Vec<u8>)> = [0, 1, len / 3, len / 2, len - 1]
+        .into_iter()
+        .map(|n| (format!("first {n} of {len} bytes"), whole[..n].to_vec()))
+        .collect();
+    leftovers.push(("zeros".into(), vec![0; len]));
+    leftovers.push(("the whole file".into(), whole.clone()));
+    for (what, bytes) in leftovers {
+        let case = tempfile::tempdir().unwrap();
+        let path = case.path().join("checkpoint.json");
+        std::fs::write(&path, &bytes).unwrap();
+        let (store, opened) = CheckpointStore::open(&path, "boot-2")
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(store.read(|cp| cp.claims.len()), 0, "{what}");
+        match opened {
+            Opened::MovedAside { moved_to, .. } => {
+                assert_eq!(std::fs::read(&moved_to).unwrap(), bytes, "{what}");
+            }
+            Opened::Rebooted { forgotten } => assert_eq!(forgotten, 2, "{what}"),
+            other => panic!("{what}: {other:?}"),
+        }
+        assert_eq!(on_disk(&path).boot_id, "boot-2", "{what}");
+    }
 }

@@ -1,13 +1,13 @@
 //! [`DynamicMig`]: the MIG instance behind a dynamic-MIG placement device, created at the
 //! prepare of a claim that was allocated it and destroyed at its unprepare.
 //!
-//! The order follows NVIDIA's DRA driver, which makes its claim's `PrepareStarted` checkpoint
-//! entry durable before it creates anything, and `PrepareCompleted` after the CDI spec
+//! The order follows NVIDIA's DRA driver, which writes its claim's `PrepareStarted` checkpoint
+//! entry before it creates anything, and `PrepareCompleted` after the CDI spec
 //! (kubernetes-sigs/dra-driver-nvidia-gpu `cmd/gpu-kubelet-plugin/device_state.go`
 //! (`DeviceState.Prepare`)), and creates and destroys as `nvlib.go` (`createMigDevice`,
 //! `deleteMigDevice`) does:
 //! 1. the claim's entry with each placement's [`MigInstanceRecord`] intent (ids `None`) is
-//!    made durable — a crash after this point leaves a record that start-up
+//!    written — a plugin crash after this point leaves a record that start-up
 //!    ([`DynamicMig::restore`]) finds, by placement, whatever instance exists;
 //! 2. the GPU instance is created at the placement. `INSUFFICIENT_RESOURCES` means the
 //!    placement is taken: by the instance this claim's own earlier attempt created (its intent
@@ -16,7 +16,7 @@
 //! 3. the compute instance is created in it;
 //! 4. the capability minors come from the driver's `mig-minors` table, the `nvidia-caps`
 //!    major from `/proc/devices`;
-//! 5. the record gets the ids, the MIG UUID and the capability minors, durably; the preparer
+//! 5. the record gets the ids, the MIG UUID and the capability minors, written; the preparer
 //!    then writes the CDI spec (the MIG UUID is the device's UUID) and completes the entry.
 //!
 //! Unprepare destroys the compute instance, then the GPU instance (`NOT_FOUND` is done; `IN_USE`
@@ -32,10 +32,10 @@ use kerf_core::mig_catalog;
 use kerf_core::mig_reconcile::LiveGpuInstance;
 
 use super::control::{CreatedCompute, MigControl, MigFailureKind, MigGpu};
-use super::crash::{CrashStep, crash_point};
 use super::metrics::MigMetrics;
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
+use crate::crash::{CrashStep, crash_point};
 use crate::discovery::facts::HostPaths;
 use crate::prepare_error::PrepareError;
 use crate::{Error, Result};
@@ -125,8 +125,8 @@ impl DynamicMig {
 
     /// Creates the MIG instance of every placement device of `devices` (records with a
     /// [`MigInstanceRecord`] intent) for claim `claim_uid`, whose entry `record_started` put
-    /// in `checkpoint`: makes that entry durable first, then creates, then records the
-    /// instances durably and completes `devices` (MIG UUID, capability minors) for the CDI
+    /// in `checkpoint`: writes that entry first, then creates, then records the
+    /// instances and completes `devices` (MIG UUID, capability minors) for the CDI
     /// spec. A claim without placement devices costs nothing.
     ///
     /// # Errors

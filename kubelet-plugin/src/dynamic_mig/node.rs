@@ -6,13 +6,13 @@ use std::sync::Arc;
 use kerf_core::inventory::Inventory;
 use prometheus_client::registry::Registry;
 
-use super::crash::CrashStep;
 use super::manager::DynamicMig;
 use super::metrics::MigMetrics;
 use super::mock::MockMigControl;
 use super::startup::MigRestore;
 use crate::Result;
 use crate::config::PluginConfig;
+use crate::crash::CrashStep;
 use crate::discovery::facts::HostPaths;
 
 /// Dynamic MIG for a node with `inventory`: nothing without dynamic-MIG GPUs; in mock mode

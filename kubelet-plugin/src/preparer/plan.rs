@@ -98,7 +98,7 @@ impl Preparer {
 
     /// Checks exclusivity against every other prepared claim and records the claim as
     /// PrepareStarted in memory, atomically with respect to other prepares. Not waiting for
-    /// this to be durable saves one fsync per prepare (see the module docs for why a crash
+    /// this to be written saves one checkpoint write per prepare (see the module docs for why a crash
     /// here loses nothing); a side effect that start-up could not find again would have to
     /// wait for it.
     pub(super) fn record_started(

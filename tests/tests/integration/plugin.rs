@@ -340,8 +340,7 @@ async fn restart_keeps_prepared_claims_without_asking_the_api_again() {
         .unwrap();
     plugin.shutdown().await.unwrap();
 
-    // The node reboots: new boot ID, /var/run/cdi emptied, and claim b is deleted meanwhile.
-    std::fs::write(node.root.join("boot_id"), "boot-2\n").unwrap();
+    // The plugin restarts in the same boot, its specs lost meanwhile, and claim b is deleted.
     for file in node.cdi_files() {
         std::fs::remove_file(node.root.join("cdi").join(file)).unwrap();
     }
@@ -353,7 +352,6 @@ async fn restart_keeps_prepared_claims_without_asking_the_api_again() {
         2,
         "specs of prepared claims are restored at start-up"
     );
-    assert_eq!(node.checkpoint()["bootId"], "boot-2");
     let kubelet = node.kubelet(&KNOWN_SERVICES).await;
     let gets_before = node.api.requests().len();
     let after = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
@@ -364,6 +362,49 @@ async fn restart_keeps_prepared_claims_without_asking_the_api_again() {
         "a prepared claim needs no API call"
     );
     // Unprepare of a claim deleted from the API works from the checkpoint alone.
+    assert_eq!(
+        kubelet.unprepare(&[claim("b", UID_B)]).await.unwrap()[UID_B],
+        Ok(())
+    );
+    assert_eq!(node.cdi_files().len(), 1);
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn after_a_reboot_nothing_is_prepared_and_the_kubelet_prepares_again() {
+    let node = Node::new();
+    node.add_claim(whole_gpu_claim("a", UID_A, "gpu-2"));
+    node.add_claim(whole_gpu_claim("b", UID_B, "gpu-4"));
+    let plugin = node.start().await;
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let before = kubelet
+        .prepare(&[claim("a", UID_A), claim("b", UID_B)])
+        .await
+        .unwrap();
+    plugin.shutdown().await.unwrap();
+
+    // The node reboots: a new boot ID, and claim b is deleted meanwhile. The CDI directory is
+    // left as it was, as a directory on a disk would be.
+    std::fs::write(node.root.join("boot_id"), "boot-2\n").unwrap();
+    node.api
+        .remove("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/b");
+    let plugin = node.start().await;
+    assert_eq!(
+        node.cdi_files(),
+        Vec::<String>::new(),
+        "no spec of the older boot is left"
+    );
+    assert_eq!(node.checkpoint()["bootId"], "boot-2");
+    assert_eq!(node.checkpoint()["claims"], serde_json::json!({}));
+    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
+    let gets_before = node.api.requests().len();
+    let after = kubelet.prepare(&[claim("a", UID_A)]).await.unwrap();
+    assert_eq!(before[UID_A], after[UID_A], "the same devices and IDs");
+    assert!(
+        node.api.requests().len() > gets_before,
+        "the claim is read again: nothing was prepared in this boot"
+    );
+    // The kubelet unprepares the older boot's claim of a pod deleted meanwhile: unknown, done.
     assert_eq!(
         kubelet.unprepare(&[claim("b", UID_B)]).await.unwrap()[UID_B],
         Ok(())
