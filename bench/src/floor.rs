@@ -1,37 +1,12 @@
-//! The floor of a prepare: the durable writes any prepare must make, done with nothing else.
+//! The floor of a prepare: the writes any prepare must make, done with nothing else — the
+//! checkpoint entry, replaced atomically (the plugin's checkpoint outlives the plugin, not the
+//! node, so it is not fsync'd).
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::{Error, Result};
 
-/// Writes `contents` to `dir/name` the way a crash-safe writer must: a temporary file,
-/// fdatasync, rename over the target, fsync of the directory. Written with std alone (not
-/// through kerf-core), so the floor stays put when kerf's writer changes.
-///
-/// # Errors
-/// A step fails.
-pub(crate) fn durable_write(dir: &Path, name: &str, contents: &[u8]) -> Result<()> {
-    let temp = dir.join(format!(".{name}.floor-tmp"));
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&temp)
-        .map_err(|e| Error::io("create", &temp, e))?;
-    file.write_all(contents)
-        .map_err(|e| Error::io("write", &temp, e))?;
-    file.sync_data().map_err(|e| Error::io("fsync", &temp, e))?;
-    drop(file);
-    let target = dir.join(name);
-    std::fs::rename(&temp, &target).map_err(|e| Error::io("rename", &target, e))?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io("fsync dir", dir, e))
-}
-
-/// The files one prepare writes durably, by size: the floor writes as many of the same sizes.
+/// The files one prepare writes, by size: the floor writes as many of the same sizes.
 #[derive(Debug, Clone)]
 pub(crate) struct FloorWrites {
     dir: PathBuf,
@@ -57,19 +32,8 @@ impl FloorWrites {
         })
     }
 
-    /// Makes every write once, one after another (as a prepare makes them).
-    ///
-    /// # Errors
-    /// A write fails.
-    pub(crate) fn write_all(&self) -> Result<()> {
-        for (name, contents) in &self.files {
-            durable_write(&self.dir, name, contents)?;
-        }
-        Ok(())
-    }
-
-    /// Writes every file as the plugin writes a CDI spec: a temporary file renamed over the
-    /// target, without fsync.
+    /// Writes every file as the plugin writes its checkpoint and a CDI spec: a temporary file
+    /// renamed over the target, without fsync.
     ///
     /// # Errors
     /// A file cannot be written or renamed.
@@ -117,13 +81,11 @@ mod tests {
     fn floor_writes_leave_files_of_the_asked_sizes_and_no_temporaries() {
         let dir = tempfile::tempdir().unwrap();
         let floor = FloorWrites::new(&dir.path().join("f"), "floor", &[3, 5]).unwrap();
-        floor.write_all().unwrap();
-        floor.write_all().unwrap();
-        let durable = files_in(&dir.path().join("f"));
         floor.write_plain().unwrap();
-        assert_eq!(files_in(&dir.path().join("f")), durable);
+        floor.write_plain().unwrap();
+        let written = files_in(&dir.path().join("f"));
         assert_eq!(
-            durable,
+            written,
             [
                 ("floor-0.json".to_owned(), 3),
                 ("floor-1.json".to_owned(), 5)

@@ -6,7 +6,7 @@
 //! met or missed, never asserted.
 //!
 //! - `prepare`: one claim at a time over the plugin's Unix socket, against an empty round
-//!   trip plus the same durable writes; then MPS slices on a node that enforces them with
+//!   trip plus the same checkpoint writes; then MPS slices on a node that enforces them with
 //!   fake GPU tools ([`gpu_tools`]): the first slice of a GPU (the prepare starts the GPU's
 //!   MPS control daemon) and later ones (it adopts the running daemon), against the same
 //!   floor.
@@ -15,7 +15,7 @@
 //!   1 ms late; claims labelled with their node (served from the plugin's claim cache when it
 //!   has one), unlabelled ones (every prepare GETs), and the miss path (the allocation
 //!   written by kube-scheduler or kerf-controller right before the prepare), against the
-//!   empty call + one durable checkpoint write + a map lookup (and one GET more for the miss
+//!   empty call + one checkpoint write + a map lookup (and one GET more for the miss
 //!   path), with each part's share of a prepare; CDI specs on a tmpfs as on a node. Then the
 //!   cached path's p99 taken apart: runs with the claim status writer off, with the plugin's
 //!   files on a tmpfs, and beside a thread making fsync'd writes on the same disk.

@@ -2,8 +2,8 @@
 //! Unix socket, against a floor measured in the same run on the same socket and disk.
 //!
 //! `prepare` measures three cases, each interleaved with its own floor samples (an empty
-//! `NodePrepareResources` plus the durable write of that case's checkpoint, a prepare's only
-//! durable write):
+//! `NodePrepareResources` plus the atomic write of that case's checkpoint, the one write a
+//! prepare waits for beside its spec):
 //! slices the plugin only accounts for (no GPU tools); the first MPS slice of a GPU on a node
 //! that enforces MPS with fake GPU tools, whose prepare runs `nvidia-smi` and
 //! `nvidia-cuda-mps-control -d` before it answers; and later MPS slices, whose prepare only
@@ -25,10 +25,9 @@ use crate::{BenchOptions, Error, Result, sys};
 
 /// Claims prepared and unprepared before measuring, to warm caches and thread pools.
 pub(crate) const WARMUP: usize = 50;
-/// Durable checkpoint writes per prepare: the entry as PrepareCompleted (PrepareStarted
-/// stays in memory). They are a prepare's only durable writes: the CDI spec and metadata
-/// files are rebuilt from the checkpoint at start-up, so the plugin writes them without
-/// fsync, and the serial floors ([`durable`]) leave them out.
+/// Checkpoint writes per prepare: the entry as PrepareCompleted (PrepareStarted stays in
+/// memory). The CDI spec and metadata files are written at the same time and rebuilt from
+/// the checkpoint at start-up, so the serial floors ([`checkpoint_writes`]) leave them out.
 const CHECKPOINT_WRITES_PER_PREPARE: usize = 1;
 /// Single-claim prepares measured per round of `prepare-parallel`.
 const SINGLES_PER_ROUND: usize = 5;
@@ -151,8 +150,8 @@ async fn warm_up(node: &BenchNode, kubelet: &Kubelet) -> Result<Vec<usize>> {
     Ok(sizes)
 }
 
-/// The sizes of a prepare's durable writes among [`prepared_file_sizes`]: the checkpoint's.
-fn durable(sizes: &[usize]) -> &[usize] {
+/// The sizes of the writes every prepare makes among [`prepared_file_sizes`]: the checkpoint's.
+fn checkpoint_writes(sizes: &[usize]) -> &[usize] {
     &sizes[..CHECKPOINT_WRITES_PER_PREPARE.min(sizes.len())]
 }
 
@@ -175,7 +174,7 @@ async fn floor_once(kubelet: &Kubelet, floor: &FloorWrites) -> Result<Duration> 
     let started = Instant::now();
     kubelet.empty_prepare().await?;
     // Blocking on purpose: the floor is the writes alone, without a hand-off to a thread pool.
-    floor.write_all()?;
+    floor.write_plain()?;
     Ok(started.elapsed())
 }
 
@@ -214,7 +213,7 @@ impl ParallelFloor {
                 tokio::task::spawn_blocking(move || spec.write_plain())
             })
             .collect();
-        self.checkpoint.write_all()?;
+        self.checkpoint.write_plain()?;
         for writer in writers {
             writer
                 .await
@@ -263,7 +262,11 @@ async fn plain_prepares(options: &BenchOptions) -> Result<PlainRuns> {
         ..
     } = start_node(&options.work_dir, None, None).await?;
     let sizes = warm_up(&node, &kubelet).await?;
-    let floor = FloorWrites::new(&dir.path().join("floor"), "prepare", durable(&sizes))?;
+    let floor = FloorWrites::new(
+        &dir.path().join("floor"),
+        "prepare",
+        checkpoint_writes(&sizes),
+    )?;
     let claims = node.add_claims(SERIES_SERIAL, options.prepare_claims)?;
     let mut prepares = Vec::with_capacity(claims.len());
     let mut unprepares = Vec::with_capacity(claims.len());
@@ -383,7 +386,7 @@ impl MpsRuns {
             }
         }
         kubelet.unprepare(&warm).await?;
-        let floor = FloorWrites::new(floor_dir, "mps-first", durable(&self.first_sizes))?;
+        let floor = FloorWrites::new(floor_dir, "mps-first", checkpoint_writes(&self.first_sizes))?;
         self.rounds = options
             .prepare_claims
             .min(MPS_FIRST_MAX)
@@ -442,7 +445,7 @@ impl MpsRuns {
             }
             kubelet.unprepare(std::slice::from_ref(claim)).await?;
         }
-        let floor = FloorWrites::new(floor_dir, "mps-later", durable(&self.later_sizes))?;
+        let floor = FloorWrites::new(floor_dir, "mps-later", checkpoint_writes(&self.later_sizes))?;
         let claims = node.add_claims(SERIES_MPS_LATER, options.prepare_claims)?;
         for claim in &claims {
             let one = std::slice::from_ref(claim);
@@ -485,7 +488,7 @@ fn prepare_summary(plain: &PlainRuns, mps: &MpsRuns) -> Summary {
     ));
     s.detail(format!("prepare   {}", prepare.p50_p99_max_ms()));
     s.detail(format!(
-        "floor     {}  (empty NodePrepareResources + {} durable write(s) of {} bytes: the checkpoint; the spec, {} bytes, is written without fsync)",
+        "floor     {}  (empty NodePrepareResources + {} atomic write(s) of {} bytes: the checkpoint; the spec, {} bytes, written at the same time)",
         floor_s.p50_p99_max_ms(),
         plain.floor_writes.0,
         plain.floor_writes.1,
@@ -549,9 +552,9 @@ fn mps_details(s: &mut Summary, mps: &MpsRuns) {
         mps.rounds
     ));
     s.detail(format!(
-        "  floor   {}  (empty NodePrepareResources + durable write of {:?} bytes)  ratio_p50 {}  ratio_p99 {}",
+        "  floor   {}  (empty NodePrepareResources + atomic write of {:?} bytes)  ratio_p50 {}  ratio_p99 {}",
         first_floor.p50_p99_ms(),
-        durable(&mps.first_sizes),
+        checkpoint_writes(&mps.first_sizes),
         ratio(first.p50(), first_floor.p50()),
         ratio(first.p99(), first_floor.p99())
     ));
@@ -572,9 +575,9 @@ fn mps_details(s: &mut Summary, mps: &MpsRuns) {
         mps.later.len()
     ));
     s.detail(format!(
-        "  floor   {}  (empty NodePrepareResources + durable write of {:?} bytes)  ratio_p50 {}  ratio_p99 {};  unprepare {}",
+        "  floor   {}  (empty NodePrepareResources + atomic write of {:?} bytes)  ratio_p50 {}  ratio_p99 {};  unprepare {}",
         later_floor.p50_p99_ms(),
-        durable(&mps.later_sizes),
+        checkpoint_writes(&mps.later_sizes),
         ratio(later.p50(), later_floor.p50()),
         ratio(later.p99(), later_floor.p99()),
         later_unprepare.p50_p99_ms()
@@ -742,7 +745,7 @@ fn parallel_summary(
         ms(batched.max())
     ));
     s.detail(format!(
-        "floor              wall p50 {} ms  max {} ms  (empty NodePrepareResources + {width} concurrent spec-sized files written without fsync + {CHECKPOINT_WRITES_PER_PREPARE} shared durable checkpoint write at the same time) = {} x one claim; {width} separate calls = {} x floor, 1 call = {} x floor",
+        "floor              wall p50 {} ms  max {} ms  (empty NodePrepareResources + {width} concurrent spec-sized files written without fsync + {CHECKPOINT_WRITES_PER_PREPARE} shared checkpoint write at the same time) = {} x one claim; {width} separate calls = {} x floor, 1 call = {} x floor",
         ms(floor.p50()),
         ms(floor.max()),
         ratio(floor.p50(), one),

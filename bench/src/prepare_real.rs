@@ -14,11 +14,11 @@
 //! sees, so every prepare GETs its claim; and the miss path ([`miss`]): claims whose
 //! allocation kube-scheduler (no label) or kerf-controller (labelled before) writes right
 //! before the prepare. Between them, in the same run: the floor (an empty
-//! `NodePrepareResources`, one durable write of the checkpoint's size, one lookup in a map of
+//! `NodePrepareResources`, one atomic write of the checkpoint's size, one lookup in a map of
 //! as many claims as the cache holds), the miss path's floor (a GET through the same client
 //! added to the floor of the same round) and each part on its own (a GET of a claim, the
-//! durable write with and without the directory fsync, the spec and metadata files written
-//! without fsync, the empty call), from which each part's share of a prepare is reported.
+//! checkpoint write, the same fsync'd as dra-example-driver writes its checkpoint, the spec
+//! and metadata files, the empty call), from which each part's share of a prepare is reported.
 //!
 //! Then the p99 tail taken apart, each a run of its own with a fresh plugin and its own floor
 //! (labelled claims only): the claim status writer off; the plugin's directory on a tmpfs,

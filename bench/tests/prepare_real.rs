@@ -37,7 +37,7 @@ fn a_small_real_path_run_reports_shares_and_counts_the_gets_it_saved() {
         "floor_p99_ms",
         "get_p50_ms",
         "api_get_p50_ms",
-        "durable_write_p50_ms",
+        "checkpoint_write_p50_ms",
         "rpc_p50_ms",
     ] {
         assert!(number(key) > 0.0, "{key} in {summary}");

@@ -19,7 +19,7 @@ use crate::{Error, Result};
 /// The files one prepare leaves, by size: what the floor and the write parts write.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(super) struct Sizes {
-    /// The checkpoint, which the prepare makes durable.
+    /// The checkpoint, which the prepare writes.
     pub checkpoint: usize,
     /// The claim's CDI spec.
     pub spec: usize,
@@ -76,7 +76,7 @@ fn files_under(dir: &Path, out: &mut Vec<(String, usize)>) -> Result<()> {
 }
 
 /// The floor of a prepare from the cache: an empty `NodePrepareResources`, one
-/// durable write of the checkpoint's size, and one lookup of the claim in a map of as many
+/// atomic write of the checkpoint's size, and one lookup of the claim in a map of as many
 /// claims as the plugin's cache holds (its UID compared, as the plugin must).
 pub(super) struct Floor {
     checkpoint: FloorWrites,
@@ -113,7 +113,7 @@ impl Floor {
         let started = Instant::now();
         kubelet.empty_prepare().await?;
         // Blocking on purpose, as the in-memory floor: the write alone, no thread hand-off.
-        self.checkpoint.write_all()?;
+        self.checkpoint.write_plain()?;
         if !std::hint::black_box(self.lookup(claim)) {
             return Err(Error::Workload(format!(
                 "claim {} is not in the floor's map",
@@ -126,13 +126,14 @@ impl Floor {
 
 /// The parts of a prepare, each on its own.
 pub(super) struct Parts {
-    /// The durable write of the checkpoint's size (its own file, not the floor's).
+    /// The write of the checkpoint's size (its own file, not the floor's).
     checkpoint: FloorWrites,
     /// The spec and metadata files, written without fsync.
     plain: PlainWrites,
     /// GETs of claims through the plugin's client, at the API server's latency.
     api: Api<ResourceClaim>,
-    /// Where the durable write without the directory fsync goes, and what it writes.
+    /// Where the fsync'd write without the directory fsync (as dra-example-driver writes its
+    /// checkpoint) goes, and what it writes.
     no_dir_sync: (PathBuf, Vec<u8>),
 }
 
@@ -244,11 +245,11 @@ pub(super) struct PartRuns {
     /// Prepares right after kerf-controller wrote the allocation of a labelled claim.
     pub controller: Vec<Duration>,
     pub floor: Vec<Duration>,
-    /// The parts: a GET, the durable write, the same without the directory fsync, the writes
-    /// without fsync, the empty call, the floor's lookup.
+    /// The parts: a GET, the checkpoint write, the same fsync'd as dra-example-driver writes
+    /// its checkpoint, the spec and metadata writes, the empty call, the floor's lookup.
     pub api: Vec<Duration>,
-    pub durable: Vec<Duration>,
-    pub durable_no_dir_sync: Vec<Duration>,
+    pub checkpoint_write: Vec<Duration>,
+    pub fsynced: Vec<Duration>,
     pub plain: Vec<Duration>,
     pub rpc: Vec<Duration>,
     pub lookup: Vec<Duration>,
@@ -343,10 +344,9 @@ async fn measure_parts(
         .await
         .map_err(|e| Error::Workload(format!("GET of claim {}: {e}", extra.name)))?;
     runs.api.push(started.elapsed());
-    runs.durable
-        .push(timed_sync(|| parts.checkpoint.write_all())?);
-    runs.durable_no_dir_sync
-        .push(timed_sync(|| parts.without_dir_sync())?);
+    runs.checkpoint_write
+        .push(timed_sync(|| parts.checkpoint.write_plain())?);
+    runs.fsynced.push(timed_sync(|| parts.without_dir_sync())?);
     runs.plain.push(timed_sync(|| parts.plain.write())?);
     parts.plain.clean()?;
     runs.rpc.push(timed(kubelet.empty_prepare()).await?);

@@ -9,7 +9,7 @@ use crate::stats::{Samples, ms, percent, ratio, us};
 use crate::summary::Summary;
 
 /// The target for the cached path: its p99 within this factor of its floor's (the
-/// empty call, one durable write, the lookup).
+/// empty call, one checkpoint write, the lookup).
 const RATIO_P99_TARGET: f64 = 1.2;
 /// The target for the miss path: its p99 within this factor of its floor's (one GET
 /// and the cached path's floor).
@@ -19,7 +19,7 @@ const MISS_RATIO_P99_TARGET: f64 = 1.3;
 #[derive(Debug, Clone, Copy)]
 struct PartMedians {
     api: Duration,
-    durable: Duration,
+    checkpoint: Duration,
     plain: Duration,
     rpc: Duration,
 }
@@ -29,7 +29,7 @@ struct PartMedians {
 struct Shares {
     /// The GETs the prepares made, per prepare, times a GET's median.
     api: f64,
-    /// The durable checkpoint write, or the spec and metadata writes without fsync when they
+    /// The checkpoint write, or the spec and metadata writes when they
     /// take longer: a prepare makes both at the same time.
     writes: f64,
     /// The empty `NodePrepareResources`: the socket, HTTP/2 and the gRPC layers both ways.
@@ -43,7 +43,7 @@ impl Shares {
         let prepare = prepare.as_secs_f64().max(f64::MIN_POSITIVE);
         let share = |d: Duration| (d.as_secs_f64() / prepare).clamp(0.0, 1.0);
         let api = (gets_per_prepare * parts.api.as_secs_f64() / prepare).clamp(0.0, 1.0);
-        let writes = share(parts.durable.max(parts.plain));
+        let writes = share(parts.checkpoint.max(parts.plain));
         let grpc = share(parts.rpc);
         // The parts' medians need not add up to the prepare's; a negative rest means the
         // parts alone took longer than the whole, which says nothing about the plugin.
@@ -116,7 +116,7 @@ struct Sampled {
     floor: Samples,
     miss_floor: Samples,
     api: Samples,
-    durable: Samples,
+    checkpoint: Samples,
     no_dir_sync: Samples,
     plain: Samples,
     rpc: Samples,
@@ -136,8 +136,8 @@ impl Sampled {
             floor: sample(&p.floor),
             miss_floor: Samples::new(p.miss_floor()),
             api: sample(&p.api),
-            durable: sample(&p.durable),
-            no_dir_sync: sample(&p.durable_no_dir_sync),
+            checkpoint: sample(&p.checkpoint_write),
+            no_dir_sync: sample(&p.fsynced),
             plain: sample(&p.plain),
             rpc: sample(&p.rpc),
             lookup: sample(&p.lookup),
@@ -174,7 +174,7 @@ fn cached_lines(s: &mut Summary, runs: &RealRuns, m: &Sampled) {
         m.cached_un.p50_p99_ms()
     ));
     s.detail(format!(
-        "  floor     {}  (empty NodePrepareResources + 1 durable write of {} bytes + 1 lookup among {} claims)  ratio_p50 {}  ratio_p99 {}",
+        "  floor     {}  (empty NodePrepareResources + 1 atomic write of {} bytes + 1 lookup among {} claims)  ratio_p50 {}  ratio_p99 {}",
         m.floor.p50_p99_max_ms(),
         runs.sizes.checkpoint,
         runs.cache_size,
@@ -213,10 +213,10 @@ fn miss_lines(s: &mut Summary, runs: &RealRuns, m: &Sampled) {
 fn parts_lines(s: &mut Summary, runs: &RealRuns, m: &Sampled) {
     let sizes = &runs.sizes;
     s.detail(format!(
-        "parts, each on its own: GET of a claim {};  durable write of the checkpoint ({} B) {};  the same without the directory fsync (as dra-example-driver's checkpoint) {};  spec + {} metadata file(s) without fsync ({} B) {};  empty NodePrepareResources {};  map lookup p50 {} us",
+        "parts, each on its own: GET of a claim {};  checkpoint write ({} B, atomic, no fsync) {};  the same fsync'd without the directory fsync (as dra-example-driver writes its checkpoint) {};  spec + {} metadata file(s) without fsync ({} B) {};  empty NodePrepareResources {};  map lookup p50 {} us",
         m.api.p50_p99_ms(),
         sizes.checkpoint,
-        m.durable.p50_p99_ms(),
+        m.checkpoint.p50_p99_ms(),
         m.no_dir_sync.p50_p99_ms(),
         sizes.metadata.len(),
         sizes.plain_bytes(),
@@ -226,7 +226,7 @@ fn parts_lines(s: &mut Summary, runs: &RealRuns, m: &Sampled) {
     ));
     let medians = PartMedians {
         api: m.api.p50(),
-        durable: m.durable.p50(),
+        checkpoint: m.checkpoint.p50(),
         plain: m.plain.p50(),
         rpc: m.rpc.p50(),
     };
@@ -246,7 +246,7 @@ fn parts_lines(s: &mut Summary, runs: &RealRuns, m: &Sampled) {
         medians,
     );
     s.detail(format!(
-        "share of the prepare p50, from cache: {};  with GET: {};  miss (kube-scheduler's): {}  (API: GETs per prepare x a GET's p50; writes: the durable write or the writes without fsync, whichever is longer, as a prepare makes them at the same time; gRPC: the empty call; rest: the plugin's own work and anything not measured on its own)",
+        "share of the prepare p50, from cache: {};  with GET: {};  miss (kube-scheduler's): {}  (API: GETs per prepare x a GET's p50; writes: the checkpoint write or the spec and metadata writes, whichever is longer, as a prepare makes them at the same time; gRPC: the empty call; rest: the plugin's own work and anything not measured on its own)",
         cached.line(),
         get.line(),
         miss.line()
@@ -257,7 +257,7 @@ fn parts_lines(s: &mut Summary, runs: &RealRuns, m: &Sampled) {
 }
 
 /// The cached path's p99 in each tail run against the main run's, and what each difference
-/// says: the status writer's share, the fsync's share, what a busy disk adds.
+/// says: the status writer's share, the disk's share, what a busy disk adds.
 fn tail_lines(s: &mut Summary, m: &Sampled, tail: &[RealRuns]) {
     let main_p99 = m.cached.p99();
     for runs in tail {
@@ -273,13 +273,13 @@ fn tail_lines(s: &mut Summary, m: &Sampled, tail: &[RealRuns]) {
             )
         });
         s.detail(format!(
-            "tail run {name} (status writer {}, plugin files on {}): from cache {}  floor {}  ratio_p99 {}  durable write {};  p99 {} ms against the main run's {} ms{writer}",
+            "tail run {name} (status writer {}, plugin files on {}): from cache {}  floor {}  ratio_p99 {}  checkpoint write {};  p99 {} ms against the main run's {} ms{writer}",
             if runs.variant.device_status { "on" } else { "off" },
             runs.fs_type,
             t.cached.p50_p99_ms(),
             t.floor.p50_p99_ms(),
             ratio(t.cached.p99(), t.floor.p99()),
-            t.durable.p50_p99_ms(),
+            t.checkpoint.p50_p99_ms(),
             signed_ms(t.cached.p99(), main_p99),
             ms(main_p99),
         ));
@@ -312,7 +312,7 @@ fn targets(s: &mut Summary, runs: &RealRuns, m: &Sampled) {
     let ratio_p99 = ratio_of(m.cached.p99(), m.floor.p99());
     s.target(
         "ratio_p99_target",
-        format!("prepare-real ratio_p99 <= {RATIO_P99_TARGET} (from the cache, against the empty call + one fsync'd write + the lookup)"),
+        format!("prepare-real ratio_p99 <= {RATIO_P99_TARGET} (from the cache, against the empty call + one checkpoint write + the lookup)"),
         ratio_p99 <= RATIO_P99_TARGET,
         format!(
             "{ratio_p99:.2}; ratio_p50 {:.2}; cache {}",
@@ -369,10 +369,10 @@ fn figures(s: &mut Summary, runs: &RealRuns, m: &Sampled) {
         )
         .figure("api_get_p50_ms", ms(m.api.p50()))
         .figure("api_get_p99_ms", ms(m.api.p99()))
-        .figure("durable_write_p50_ms", ms(m.durable.p50()))
-        .figure("durable_write_p99_ms", ms(m.durable.p99()))
-        .figure("no_dir_sync_p50_ms", ms(m.no_dir_sync.p50()))
-        .figure("no_dir_sync_p99_ms", ms(m.no_dir_sync.p99()))
+        .figure("checkpoint_write_p50_ms", ms(m.checkpoint.p50()))
+        .figure("checkpoint_write_p99_ms", ms(m.checkpoint.p99()))
+        .figure("fsynced_write_p50_ms", ms(m.no_dir_sync.p50()))
+        .figure("fsynced_write_p99_ms", ms(m.no_dir_sync.p99()))
         .figure("plain_writes_p50_ms", ms(m.plain.p50()))
         .figure("rpc_p50_ms", ms(m.rpc.p50()))
         .figure("lookup_p50_us", us(m.lookup.p50()));
@@ -382,10 +382,10 @@ fn figures(s: &mut Summary, runs: &RealRuns, m: &Sampled) {
 mod tests {
     use super::*;
 
-    fn parts(api: u64, durable: u64, plain: u64, rpc: u64) -> PartMedians {
+    fn parts(api: u64, checkpoint: u64, plain: u64, rpc: u64) -> PartMedians {
         PartMedians {
             api: Duration::from_micros(api),
-            durable: Duration::from_micros(durable),
+            checkpoint: Duration::from_micros(checkpoint),
             plain: Duration::from_micros(plain),
             rpc: Duration::from_micros(rpc),
         }
