@@ -8,14 +8,14 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::{BenchOptions, Reexec};
+use crate::{BenchOptions, ClusterDriver, Reexec};
 
 /// Which benchmark to run and with what; see [`BenchOptions`] for what each option means.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Benchmark to run: prepare, prepare-real, prepare-parallel, prepare-parallel-node,
-    /// allocate, packing, footprint, controller-footprint, scheduling or all; or openb (not
-    /// part of all).
+    /// allocate, packing, footprint, controller-footprint, scheduling or all; or openb or
+    /// prepare-cluster (on a real cluster's node; not part of all).
     pub name: String,
     /// Directory for the plugin's files and sockets in the prepare benchmarks; must be on a
     /// disk, not tmpfs, and short enough for Unix socket paths.
@@ -123,6 +123,27 @@ pub struct BenchArgs {
     /// with the figures.
     #[arg(long, env = "KERF_BENCH_CONTROLLER_PERF", value_name = "PREFIX")]
     pub controller_perf: Option<PathBuf>,
+    /// The node `prepare-cluster` runs on, whose plugins it calls.
+    #[arg(long, env = "KERF_BENCH_CLUSTER_NODE")]
+    pub cluster_node: Option<String>,
+    /// A driver `prepare-cluster` calls, as DRIVER=DEVICECLASS=DEVICE (repeat it; the first
+    /// is the one the ratios are of, e.g. gpu.kerf.dev=gpu.kerf.dev=gpu-0 then
+    /// gpu.example.com=gpu.example.com=gpu-0).
+    #[arg(long = "cluster-driver", env = "KERF_BENCH_CLUSTER_DRIVERS", value_delimiter = ',', value_parser = parse_driver)]
+    pub cluster_drivers: Vec<ClusterDriver>,
+    /// Claims per driver and series of `prepare-cluster`.
+    #[arg(long, env = "KERF_BENCH_CLUSTER_CLAIMS", default_value_t = BenchOptions::default().cluster_claims)]
+    pub cluster_claims: usize,
+    /// The kubelet's plugin registration directory on the node.
+    #[arg(long, env = "KERF_BENCH_CLUSTER_REGISTRY_DIR", default_value_os_t = BenchOptions::default().cluster_registry_dir)]
+    pub cluster_registry_dir: PathBuf,
+    /// The namespace of `prepare-cluster`'s claims (created when missing).
+    #[arg(long, env = "KERF_BENCH_CLUSTER_NAMESPACE", default_value_t = BenchOptions::default().cluster_namespace)]
+    pub cluster_namespace: String,
+}
+
+fn parse_driver(value: &str) -> Result<ClusterDriver, String> {
+    ClusterDriver::parse(value).map_err(|e| e.to_string())
 }
 
 impl BenchArgs {
@@ -168,6 +189,11 @@ impl BenchArgs {
             controller_binary: self.controller_binary.clone(),
             controller_args: self.controller_args.clone(),
             controller_perf: self.controller_perf.clone(),
+            cluster_node: self.cluster_node.clone(),
+            cluster_drivers: self.cluster_drivers.clone(),
+            cluster_claims: self.cluster_claims,
+            cluster_registry_dir: self.cluster_registry_dir.clone(),
+            cluster_namespace: self.cluster_namespace.clone(),
             reexec,
         }
     }

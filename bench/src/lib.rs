@@ -66,6 +66,7 @@ pub mod gpu_tools;
 mod node;
 mod openb;
 mod prepare;
+mod prepare_cluster;
 mod prepare_real;
 mod rng;
 mod scheduling;
@@ -81,6 +82,7 @@ use std::time::Duration;
 pub use args::BenchArgs;
 pub use error::{Error, Result};
 pub use prepare::SpecLayout;
+pub use prepare_cluster::ClusterDriver;
 pub use summary::{Summary, Target};
 
 /// The benchmarks, in the order `all` runs them.
@@ -98,7 +100,7 @@ pub const NAMES: [&str; 9] = [
 
 /// Benchmarks run only by name, not by `all`: `openb` replays a production trace for
 /// minutes of CPU, and its data lives outside the repository.
-pub const EXTRA_NAMES: [&str; 1] = ["openb"];
+pub const EXTRA_NAMES: [&str; 2] = ["openb", "prepare-cluster"];
 
 /// What the benchmarks run on and how much.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,6 +175,18 @@ pub struct BenchOptions {
     /// When set, `perf record -F 499 -g --call-graph dwarf` is attached to the leader for the
     /// burst and for the idle window, writing `<this>.burst` and `<this>.idle`.
     pub controller_perf: Option<PathBuf>,
+    /// The node `prepare-cluster` runs on (its plugins' sockets are here); no default.
+    pub cluster_node: Option<String>,
+    /// The drivers `prepare-cluster` compares, in order (the ratios are the first's over
+    /// each other's); none by default.
+    pub cluster_drivers: Vec<ClusterDriver>,
+    /// Claims per driver and series of `prepare-cluster` (default 200).
+    pub cluster_claims: usize,
+    /// The kubelet's plugin registration directory (default
+    /// `/var/lib/kubelet/plugins_registry`).
+    pub cluster_registry_dir: PathBuf,
+    /// The namespace of `prepare-cluster`'s claims (default `kerf-bench`).
+    pub cluster_namespace: String,
     /// How to start this program again so that it reaches [`run`] with a given name; `None`
     /// measures the footprint in this process.
     pub reexec: Option<Reexec>,
@@ -219,6 +233,11 @@ impl Default for BenchOptions {
             controller_binary: None,
             controller_args: Vec::new(),
             controller_perf: None,
+            cluster_node: None,
+            cluster_drivers: Vec::new(),
+            cluster_claims: 200,
+            cluster_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
+            cluster_namespace: "kerf-bench".to_owned(),
             reexec: None,
         }
     }
@@ -242,6 +261,7 @@ impl BenchOptions {
             ("controller_replicas", self.controller_replicas),
             ("openb_seeds", self.openb_seeds.len()),
             ("openb_node_stride", self.openb_node_stride),
+            ("cluster_claims", self.cluster_claims),
         ];
         if let Some((option, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(Error::InvalidOption {
@@ -366,6 +386,7 @@ pub fn run_each(
             )?,
             "scheduling" => runtime.block_on(scheduling::scheduling(options))?,
             "openb" => openb::openb(options)?,
+            "prepare-cluster" => runtime.block_on(prepare_cluster::prepare_cluster(options))?,
             footprint::PLUGIN_CHILD => return footprint::plugin_child(&runtime),
             footprint::INDEX_CHILD => return footprint::index_child(options),
             other => return Err(Error::UnknownBenchmark(other.to_owned())),
