@@ -126,9 +126,10 @@ pub struct BenchArgs {
     /// The node `prepare-cluster` runs on, whose plugins it calls.
     #[arg(long, env = "KERF_BENCH_CLUSTER_NODE")]
     pub cluster_node: Option<String>,
-    /// A driver `prepare-cluster` calls, as DRIVER=DEVICECLASS=DEVICE (repeat it; the first
-    /// is the one the ratios are of, e.g. gpu.kerf.dev=gpu.kerf.dev=gpu-0 then
-    /// gpu.example.com=gpu.example.com=gpu-0).
+    /// A driver `prepare-cluster` calls, as DRIVER=DEVICECLASS=DEVICE[+DEVICE...] (repeat
+    /// it; the first is the one the ratios are of, e.g.
+    /// gpu.kerf.dev=gpu.kerf.dev=gpu-0+gpu-1+gpu-2+gpu-3 then
+    /// gpu.example.com=gpu.example.com=gpu-0+gpu-1+gpu-2+gpu-3).
     #[arg(long = "cluster-driver", env = "KERF_BENCH_CLUSTER_DRIVERS", value_delimiter = ',', value_parser = parse_driver)]
     pub cluster_drivers: Vec<ClusterDriver>,
     /// Claims per driver and series of `prepare-cluster`.

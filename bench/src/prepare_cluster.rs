@@ -2,18 +2,21 @@
 //! (kubernetes-sigs/dra-example-driver, built from source), one claim per call as the
 //! kubelet makes them, over each plugin's own socket on the node this runs on.
 //!
-//! Every driver named by `--cluster-driver DRIVER=CLASS=DEVICE` gets its own claims in one
-//! namespace, each requesting `DEVICE` of class `CLASS` on `--cluster-node`, and the drivers
-//! take turns claim by claim, so that whatever else the node and the API server do at a
-//! moment falls on all of them alike. Two series:
+//! Every driver named by `--cluster-driver DRIVER=CLASS=DEVICE[+DEVICE...]` gets its own
+//! claims in one namespace, each requesting one of the devices of class `CLASS` on
+//! `--cluster-node`, and the drivers take turns claim by claim, so that whatever else the node
+//! and the API server do at a moment falls on all of them alike. No two claims hold a device
+//! at once, as on a real node (a device in two allocations is something kerf-controller
+//! reports, pair by pair). Two series:
 //!
-//! - **allocated before**: every claim's allocation is written (as kube-scheduler writes it:
-//!   one status patch, no reservation) and left to settle for [`SETTLE`] — long enough for
-//!   kerf-controller's node label and kerf's node-scoped claim watch — then each claim is
-//!   prepared and unprepared, both timed;
+//! - **allocated before**: in rounds of as many claims as the driver has devices, every
+//!   claim's allocation is written (as kube-scheduler writes it: one status patch, no
+//!   reservation) and left to settle for [`SETTLE`] — long enough for kerf-controller's node
+//!   label and kerf's node-scoped claim watch — then each claim is prepared and unprepared,
+//!   both timed, and deleted;
 //! - **right after the allocation**: the allocation is written and the prepare called as soon
 //!   as the write returned, as a kubelet that starts a pod just bound does; the prepare is
-//!   timed, its unprepare too.
+//!   timed, then the claim is unprepared and deleted.
 //!
 //! The plugins are reached as the kubelet reaches them: the newest registration socket of
 //! each driver under `--cluster-registry-dir`, its `GetInfo` endpoint, the newest DRA API
@@ -35,42 +38,55 @@ use crate::stats::{Samples, ms, ratio};
 use crate::summary::Summary;
 use crate::{BenchOptions, Error, Result};
 
-/// How long claims allocated before the first series rest before it starts.
-const SETTLE: Duration = Duration::from_secs(10);
+/// How long the claims of a round of the first series rest between their allocation and
+/// their prepares.
+const SETTLE: Duration = Duration::from_secs(3);
 /// Prepares and unprepares per driver before measuring.
 const WARMUP: usize = 10;
 /// Labels every claim of the run, so that a later run finds and deletes leftovers.
 const RUN_LABEL: &str = "kerf.dev/bench";
 
-/// One driver under test, as `--cluster-driver DRIVER=CLASS=DEVICE` names it.
+/// One driver under test, as `--cluster-driver DRIVER=CLASS=DEVICE[+DEVICE...]` names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterDriver {
     /// The DRA driver name, e.g. `gpu.kerf.dev`.
     pub name: String,
     /// The DeviceClass its claims request.
     pub class: String,
-    /// The device of the node's pool every claim is allocated.
-    pub device: String,
+    /// The devices of the node's pool the claims are allocated, in turn.
+    pub devices: Vec<String>,
 }
 
 impl ClusterDriver {
-    /// Parses `DRIVER=CLASS=DEVICE`.
+    /// Parses `DRIVER=CLASS=DEVICE[+DEVICE...]`.
     ///
     /// # Errors
-    /// [`Error::InvalidOption`] naming the value when it has not three non-empty parts.
+    /// [`Error::InvalidOption`] naming the value when it has not three non-empty parts, or
+    /// an empty device name.
     pub fn parse(value: &str) -> Result<Self> {
         let parts: Vec<&str> = value.split('=').collect();
         match parts.as_slice() {
-            [name, class, device] if parts.iter().all(|p| !p.is_empty()) => Ok(ClusterDriver {
-                name: (*name).to_owned(),
-                class: (*class).to_owned(),
-                device: (*device).to_owned(),
-            }),
+            [name, class, devices]
+                if !name.is_empty()
+                    && !class.is_empty()
+                    && devices.split('+').all(|d| !d.is_empty()) =>
+            {
+                Ok(ClusterDriver {
+                    name: (*name).to_owned(),
+                    class: (*class).to_owned(),
+                    devices: devices.split('+').map(str::to_owned).collect(),
+                })
+            }
             _ => Err(Error::InvalidOption {
                 option: "cluster_drivers",
-                reason: format!("{value:?} is not DRIVER=CLASS=DEVICE"),
+                reason: format!("{value:?} is not DRIVER=CLASS=DEVICE[+DEVICE...]"),
             }),
         }
+    }
+
+    /// The device claim `i` of a series is allocated.
+    fn device(&self, i: usize) -> &str {
+        &self.devices[i % self.devices.len()]
     }
 }
 
@@ -126,24 +142,36 @@ pub(crate) async fn prepare_cluster(options: &BenchOptions) -> Result<Summary> {
     Ok(summary(&node, n, &subjects))
 }
 
-/// The series on claims allocated [`SETTLE`] before (the warm-up's claims too).
+/// The series on claims allocated [`SETTLE`] before, in rounds of as many claims as the
+/// driver with the fewest devices has.
 async fn allocated_before(claims: &ClaimWriter, subjects: &mut [Subject], n: usize) -> Result<()> {
-    for i in 0..WARMUP + n {
-        for s in subjects.iter() {
-            let name = claim_name(&s.driver, "before", i);
-            claims.create(&name, &s.driver).await?;
-            claims.allocate(&name, &s.driver).await?;
+    let round = subjects
+        .iter()
+        .map(|s| s.driver.devices.len())
+        .min()
+        .unwrap_or(1);
+    let total = WARMUP + n;
+    for start in (0..total).step_by(round) {
+        let end = (start + round).min(total);
+        for i in start..end {
+            for s in subjects.iter() {
+                let name = claim_name(&s.driver, "before", i);
+                claims.create(&name, &s.driver).await?;
+                claims.allocate(&name, &s.driver, i).await?;
+            }
         }
-    }
-    tokio::time::sleep(SETTLE).await;
-    for i in 0..WARMUP + n {
-        for s in subjects.iter_mut() {
-            let claim = claims.get(&claim_name(&s.driver, "before", i)).await?;
-            let prepared = timed_prepare(&s.plugin, &claim).await?;
-            let unprepared = timed_unprepare(&s.plugin, &claim).await?;
-            if i >= WARMUP {
-                s.before.push(prepared);
-                s.unprepare.push(unprepared);
+        tokio::time::sleep(SETTLE).await;
+        for i in start..end {
+            for s in subjects.iter_mut() {
+                let name = claim_name(&s.driver, "before", i);
+                let claim = claims.get(&name).await?;
+                let prepared = timed_prepare(&s.plugin, &claim).await?;
+                let unprepared = timed_unprepare(&s.plugin, &claim).await?;
+                claims.delete(&name).await?;
+                if i >= WARMUP {
+                    s.before.push(prepared);
+                    s.unprepare.push(unprepared);
+                }
             }
         }
     }
@@ -166,9 +194,10 @@ async fn right_after_allocation(
     for i in 0..WARMUP + n {
         for s in subjects.iter_mut() {
             let name = claim_name(&s.driver, "after", i);
-            let claim = claims.allocate(&name, &s.driver).await?;
+            let claim = claims.allocate(&name, &s.driver, i).await?;
             let prepared = timed_prepare(&s.plugin, &claim).await?;
             timed_unprepare(&s.plugin, &claim).await?;
+            claims.delete(&name).await?;
             if i >= WARMUP {
                 s.after_allocation.push(prepared);
             }
@@ -280,8 +309,8 @@ impl ClaimWriter {
 
     /// Writes the claim's allocation as kube-scheduler does (one status write) and returns
     /// the claim as the kubelet names it.
-    async fn allocate(&self, name: &str, driver: &ClusterDriver) -> Result<Claim> {
-        let patch = json!({"status": {"allocation": self.allocation(driver)}});
+    async fn allocate(&self, name: &str, driver: &ClusterDriver, i: usize) -> Result<Claim> {
+        let patch = json!({"status": {"allocation": self.allocation(driver, driver.device(i))}});
         let written = self
             .api
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -308,15 +337,23 @@ impl ClaimWriter {
         Ok(Claim::new(&self.namespace, name, uid))
     }
 
-    fn allocation(&self, driver: &ClusterDriver) -> Value {
+    fn allocation(&self, driver: &ClusterDriver, device: &str) -> Value {
         json!({
             "devices": {"results": [{
-                "request": "gpu", "driver": driver.name, "pool": self.node, "device": driver.device,
+                "request": "gpu", "driver": driver.name, "pool": self.node, "device": device,
             }]},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [{
                 "key": "metadata.name", "operator": "In", "values": [self.node],
             }]}]},
         })
+    }
+
+    async fn delete(&self, name: &str) -> Result<()> {
+        self.api
+            .delete(name, &DeleteParams::default())
+            .await
+            .map_err(|e| api_error("delete claim", name, &e))?;
+        Ok(())
     }
 
     async fn delete_all(&self) -> Result<()> {
@@ -380,14 +417,14 @@ mod tests {
     #[test]
     fn a_driver_is_three_non_empty_parts() {
         assert_eq!(
-            ClusterDriver::parse("gpu.kerf.dev=gpu.kerf.dev=gpu-0").unwrap(),
+            ClusterDriver::parse("gpu.kerf.dev=gpu.kerf.dev=gpu-0+gpu-1").unwrap(),
             ClusterDriver {
                 name: "gpu.kerf.dev".into(),
                 class: "gpu.kerf.dev".into(),
-                device: "gpu-0".into(),
+                devices: vec!["gpu-0".into(), "gpu-1".into()],
             }
         );
-        for bad in ["gpu.kerf.dev", "a=b", "a==c", "a=b=c=d"] {
+        for bad in ["gpu.kerf.dev", "a=b", "a==c", "a=b=c=d", "a=b=c+", "=b=c"] {
             let err = ClusterDriver::parse(bad).unwrap_err().to_string();
             assert!(err.contains(bad), "{err}");
         }
