@@ -1,18 +1,18 @@
-//! The in-memory-first checkpoint of prepared claims, with group commit.
+//! The in-memory-first checkpoint of prepared claims.
 //!
 //! Every mutation happens on the in-memory [`Checkpoint`] under a short lock and gets a
-//! sequence number; one writer thread writes snapshots. Concurrent prepares therefore share
-//! one write instead of queueing behind each other's: a caller waits only until a snapshot
-//! that includes its own mutation is written.
+//! sequence number; [`CheckpointStore::update`] then writes a snapshot itself, unless a write
+//! that began after its mutation already covered it. Concurrent prepares therefore share
+//! writes instead of each making its own.
 //!
 //! A write replaces the file atomically and is not fsync'd ([`checkpoint::save`]): it must
 //! survive the plugin (a crash, a SIGKILL, a rolling update), which the page cache does, not
 //! the node. A power loss or kernel crash boots the node again, and a checkpoint from an older
 //! boot holds nothing prepared in this one ([`Checkpoint::forget_older_boot`]), torn or not.
 //!
-//! The writer is a thread of its own, not a task that hands each write to the blocking pool:
-//! a lone prepare then waits for one wake-up of the writer and one of itself, not for four
-//! hand-overs between the runtime's threads, and the write is most of what it waits for.
+//! The write runs in the caller's task, without a hand-over to another thread: without an
+//! fsync it is a few syscalls (a temporary file, a rename; about 0.1 ms), less than waking a
+//! writer thread and being woken by it costs on a busy node.
 //!
 //! # Two instances, one file
 //!
@@ -53,26 +53,15 @@
 use std::fs::File;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use kerf_core::checkpoint::{self, Checkpoint, LoadOutcome};
-use tokio::sync::watch;
 
 use crate::{Error, Result};
 
 mod two_instances;
 
 use two_instances::{Exclusive, FileId, KnownFile};
-
-/// Progress of the writer: everything up to `written` is in the file; a write covering up to
-/// `failed` failed with `error` (and nothing later has succeeded since).
-#[derive(Debug, Clone, Default)]
-struct Progress {
-    written: u64,
-    failed: u64,
-    error: Option<WriteFailure>,
-}
 
 /// Why a checkpoint write failed: the disk refused it, or the task writing it panicked. The
 /// two get different errors so that metrics do not count a bug as a disk problem.
@@ -87,8 +76,8 @@ struct State {
     checkpoint: Checkpoint,
     /// Number of the latest mutation.
     seq: u64,
-    /// Latest mutation somebody waits to see on disk; lazy mutations do not raise it.
-    wanted: u64,
+    /// Number of the latest mutation the file holds.
+    written: u64,
     /// The checkpoint as the file held it when this process last read or wrote it: what the
     /// other instance's changes are told from this process's own.
     base: Checkpoint,
@@ -120,9 +109,6 @@ impl State {
 struct Shared {
     path: PathBuf,
     state: Mutex<State>,
-    /// Signalled (with `state`) when a mutation somebody waits for is pending.
-    wake: Condvar,
-    progress: watch::Sender<Progress>,
     /// `<checkpoint>.lock`, whose `flock` the writes of every instance hold.
     lock_file: File,
     /// Serializes this process's reloads and writes, so that `base` and `known` change
@@ -167,14 +153,13 @@ pub enum Opened {
 }
 
 impl CheckpointStore {
-    /// Loads the checkpoint at `path` (or starts empty) and starts the writer thread.
+    /// Loads the checkpoint at `path` (or starts empty).
     ///
     /// Must be called inside a Tokio runtime. The boot ID is recorded in every write.
     ///
     /// # Errors
-    /// An I/O error other than "not found" while reading the file, the writer thread could
-    /// not be started, or the first write of a fresh checkpoint failing (e.g. the directory
-    /// is not writable).
+    /// An I/O error other than "not found" while reading the file, or the first write of a
+    /// fresh checkpoint failing (e.g. the directory is not writable).
     pub async fn open(path: &Path, boot_id: &str) -> Result<(Self, Opened)> {
         let lock_path = two_instances::lock_path(path);
         let lock_file =
@@ -206,28 +191,20 @@ impl CheckpointStore {
         };
         let base = cp.clone();
         boot_id.clone_into(&mut cp.boot_id);
-        let (progress, _) = watch::channel(Progress::default());
         let shared = Arc::new(Shared {
             path: path.to_owned(),
             state: Mutex::new(State {
                 checkpoint: cp,
                 seq: 0,
-                wanted: 0,
+                written: 0,
                 base,
                 known,
                 writing: false,
                 reloads: 0,
             }),
-            wake: Condvar::new(),
-            progress,
             lock_file,
             sync: Mutex::new(()),
         });
-        let writer_shared = Arc::clone(&shared);
-        std::thread::Builder::new()
-            .name("kerf-checkpoint".into())
-            .spawn(move || writer(&writer_shared))
-            .map_err(|e| Error::internal("the checkpoint writer thread", e))?;
         let store = CheckpointStore { shared };
         // Persist once so that the boot ID and any migration are on disk, and so that an
         // unwritable directory is reported at start-up rather than at the first prepare.
@@ -243,8 +220,8 @@ impl CheckpointStore {
 
     /// Mutates the checkpoint in memory only: the change reaches the disk with the next write
     /// that someone waits for (or never, if the process stops first). For state whose loss
-    /// in a crash is harmless, such as a prepare that has started; waking the writer for it
-    /// would put a disk write nobody waits for in front of the ones callers do wait for.
+    /// in a crash is harmless, such as a prepare that has started, which would otherwise cost
+    /// a write of its own.
     pub(crate) fn mutate_lazily<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> T {
         let mut guard = self.fresh();
         let out = f(&mut guard.checkpoint);
@@ -252,55 +229,34 @@ impl CheckpointStore {
         out
     }
 
-    /// Mutates the checkpoint in memory, wakes the writer, and returns the sequence number
-    /// to pass to [`CheckpointStore::persisted`].
-    fn mutate<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> (T, u64) {
-        let mut guard = self.fresh();
-        let out = f(&mut guard.checkpoint);
-        guard.seq += 1;
-        let seq = guard.seq;
-        guard.wanted = seq;
-        drop(guard);
-        self.shared.wake.notify_one();
-        (out, seq)
-    }
-
-    /// Mutates the checkpoint and waits until the mutation is written to the file.
+    /// Mutates the checkpoint and returns once the file holds the mutation: written here,
+    /// or by a write that began after it. Blocks the calling thread for the write (a few
+    /// syscalls, and the other instance's write if it holds the lock at that moment).
     ///
     /// # Errors
-    /// The write that covered this mutation failed.
+    /// The write that was to hold this mutation failed.
+    #[allow(
+        clippy::unused_async,
+        reason = "an operation of the prepare's sequence; async so that it may hand the write off again without touching its callers"
+    )]
     pub async fn update<T>(&self, f: impl FnOnce(&mut Checkpoint) -> T) -> Result<T> {
-        let (out, seq) = self.mutate(f);
-        self.persisted(seq).await?;
-        Ok(out)
-    }
-
-    /// Waits until every mutation up to `seq` is written to the file.
-    ///
-    /// # Errors
-    /// The write that covered `seq` failed and no later write has succeeded.
-    async fn persisted(&self, seq: u64) -> Result<()> {
-        let mut rx = self.shared.progress.subscribe();
-        let progress = rx
-            .wait_for(|p| p.written >= seq || p.failed >= seq)
-            .await
-            .map_err(|_| Error::internal("the checkpoint writer", "it has stopped"))?
-            .clone();
-        if progress.written >= seq {
-            return Ok(());
-        }
-        let reason = match progress.error {
-            Some(WriteFailure::Panicked(detail)) => {
-                return Err(Error::internal("the checkpoint write task", detail));
-            }
-            Some(WriteFailure::Save(reason)) => reason.to_string(),
-            None => "unknown error".to_owned(),
+        let (out, seq) = {
+            let mut guard = self.fresh();
+            let out = f(&mut guard.checkpoint);
+            guard.seq += 1;
+            (out, guard.seq)
         };
-        Err(kerf_core::Error::Checkpoint {
-            path: self.shared.path.clone(),
-            reason,
+        match write_covering(&self.shared, seq) {
+            Ok(()) => Ok(out),
+            Err(WriteFailure::Panicked(detail)) => {
+                Err(Error::internal("the checkpoint write", detail))
+            }
+            Err(WriteFailure::Save(reason)) => Err(kerf_core::Error::Checkpoint {
+                path: self.shared.path.clone(),
+                reason: reason.to_string(),
+            }
+            .into()),
         }
-        .into())
     }
 
     /// The checkpoint file.
@@ -398,34 +354,13 @@ fn lock_state(shared: &Shared) -> MutexGuard<'_, State> {
     shared.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Persists snapshots whenever mutations are pending; exits when every handle is gone.
-fn writer(shared: &Arc<Shared>) {
-    let mut written = 0;
-    loop {
-        if !work_pending(shared, written) {
-            return;
-        }
-        let (seq, outcome) = write_once(shared);
-        written = seq;
-        shared.progress.send_modify(|p| match outcome {
-            Ok(()) => {
-                p.written = seq;
-                p.error = None;
-            }
-            Err(failure) => {
-                let (WriteFailure::Save(message) | WriteFailure::Panicked(message)) = &failure;
-                tracing::error!(path = %shared.path.display(), error = %message, "checkpoint write failed");
-                p.failed = seq;
-                p.error = Some(failure);
-            }
-        });
-    }
-}
-
-/// One write under the lock: takes in the other instance's changes, writes a snapshot, and
-/// returns the snapshot's sequence number with the outcome.
-fn write_once(shared: &Shared) -> (u64, std::result::Result<(), WriteFailure>) {
+/// Makes the file hold mutation `seq`: nothing when a write since has, else one write under
+/// the lock, which takes in the other instance's changes and writes a snapshot.
+fn write_covering(shared: &Shared, seq: u64) -> std::result::Result<(), WriteFailure> {
     let _sync = shared.sync.lock().unwrap_or_else(PoisonError::into_inner);
+    if lock_state(shared).written >= seq {
+        return Ok(());
+    }
     let locked = Exclusive::take(&shared.lock_file);
     let mut state = lock_state(shared);
     let held = match locked {
@@ -435,7 +370,7 @@ fn write_once(shared: &Shared) -> (u64, std::result::Result<(), WriteFailure>) {
                 "lock {}: {e}",
                 two_instances::lock_path(&shared.path).display()
             );
-            return (state.seq, Err(WriteFailure::Save(reason.into())));
+            return Err(WriteFailure::Save(reason.into()));
         }
     };
     if two_instances::current_id(&shared.path) != state.known_id() {
@@ -448,11 +383,11 @@ fn write_once(shared: &Shared) -> (u64, std::result::Result<(), WriteFailure>) {
             Err(reason) => {
                 // Writing over a file that does not decode would lose the other instance's
                 // claims for good; fail the write instead, and say why.
-                return (state.seq, Err(WriteFailure::Save(reason.into())));
+                return Err(WriteFailure::Save(reason.into()));
             }
         }
     }
-    let (snapshot, seq) = (state.checkpoint.clone(), state.seq);
+    let (snapshot, snapshot_seq) = (state.checkpoint.clone(), state.seq);
     state.writing = true;
     drop(state);
     let outcome = match catch_unwind(AssertUnwindSafe(|| {
@@ -471,30 +406,16 @@ fn write_once(shared: &Shared) -> (u64, std::result::Result<(), WriteFailure>) {
     if outcome.is_ok() {
         state.base = snapshot;
         state.known = known;
+        state.written = snapshot_seq;
     }
     // Only now may the other instance write: until `known` names this write, a replaced
     // file here would be taken for this process's own.
     drop(state);
     drop(held);
-    (seq, outcome)
-}
-
-/// Waits until a mutation after `written` is wanted on disk; `false` once the writer holds
-/// the last reference to the store.
-fn work_pending(shared: &Arc<Shared>, written: u64) -> bool {
-    let mut guard = lock_state(shared);
-    while guard.wanted <= written {
-        if Arc::strong_count(shared) == 1 {
-            return false;
-        }
-        // Wake up now and then to notice that the store was dropped.
-        guard = shared
-            .wake
-            .wait_timeout(guard, Duration::from_secs(1))
-            .unwrap_or_else(PoisonError::into_inner)
-            .0;
+    if let Err(WriteFailure::Save(message) | WriteFailure::Panicked(message)) = &outcome {
+        tracing::error!(path = %shared.path.display(), error = %message, "checkpoint write failed");
     }
-    true
+    outcome
 }
 
 /// The message of a panic's payload, as the standard library prints it.
@@ -503,7 +424,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
         .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "the checkpoint writer panicked".to_owned())
+        .unwrap_or_else(|| "the checkpoint write panicked".to_owned())
 }
 
 #[cfg(test)]

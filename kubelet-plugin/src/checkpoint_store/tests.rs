@@ -3,6 +3,8 @@
 
 use kerf_core::checkpoint::ClaimEntry;
 
+use std::time::Duration;
+
 use super::*;
 
 fn on_disk(path: &Path) -> Checkpoint {
