@@ -12,7 +12,7 @@
 //! ([`crate::spec_writer`]), on one blocking thread while the checkpoint's write is under way:
 //! they are transient, rebuilt from the checkpoint at start-up before the sockets serve,
 //! rewritten by an idempotent repeat prepare, and removed at unprepare.
-//! Concurrent prepares share the checkpoint write through group commit
+//! Concurrent prepares share checkpoint writes
 //! ([`crate::checkpoint_store`]). PrepareStarted is recorded in memory first — it reserves the
 //! devices against concurrent prepares — and reaches the disk only if a checkpoint write
 //! happens to carry it:

@@ -1,4 +1,4 @@
-//! Tests of the checkpoint store: group commit, and two instances sharing one file.
+//! Tests of the checkpoint store: shared writes, boots, and two instances sharing one file.
 #![allow(clippy::unwrap_used, clippy::panic)] // Test helpers may fail loudly.
 
 use kerf_core::checkpoint::ClaimEntry;
