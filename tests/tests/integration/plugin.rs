@@ -7,13 +7,14 @@
     reason = "fixtures take JSON values as the tests write them inline"
 )]
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::plugin_node::*;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::Discovery;
 use kerf_kubelet_plugin::plugin::{self, Connections};
-use kerf_proto::client::{Claim, DraVersion, KNOWN_SERVICES};
+use kerf_proto::client::{Claim, ClaimResult, DraVersion, KNOWN_SERVICES};
 use serde_json::json;
 
 #[tokio::test]
@@ -327,8 +328,8 @@ async fn unprepare_of_an_unknown_claim_succeeds() {
     plugin.shutdown().await.unwrap();
 }
 
-#[tokio::test]
-async fn restart_keeps_prepared_claims_without_asking_the_api_again() {
+/// A node whose plugin prepared claims a and b and stopped, with the devices it returned.
+async fn two_claims_prepared_then_stopped() -> (Node, HashMap<String, ClaimResult>) {
     let node = Node::new();
     node.add_claim(whole_gpu_claim("a", UID_A, "gpu-2"));
     node.add_claim(whole_gpu_claim("b", UID_B, "gpu-4"));
@@ -339,6 +340,12 @@ async fn restart_keeps_prepared_claims_without_asking_the_api_again() {
         .await
         .unwrap();
     plugin.shutdown().await.unwrap();
+    (node, before)
+}
+
+#[tokio::test]
+async fn restart_keeps_prepared_claims_without_asking_the_api_again() {
+    let (node, before) = two_claims_prepared_then_stopped().await;
 
     // The plugin restarts in the same boot, its specs lost meanwhile, and claim b is deleted.
     for file in node.cdi_files() {
@@ -372,16 +379,7 @@ async fn restart_keeps_prepared_claims_without_asking_the_api_again() {
 
 #[tokio::test]
 async fn after_a_reboot_nothing_is_prepared_and_the_kubelet_prepares_again() {
-    let node = Node::new();
-    node.add_claim(whole_gpu_claim("a", UID_A, "gpu-2"));
-    node.add_claim(whole_gpu_claim("b", UID_B, "gpu-4"));
-    let plugin = node.start().await;
-    let kubelet = node.kubelet(&KNOWN_SERVICES).await;
-    let before = kubelet
-        .prepare(&[claim("a", UID_A), claim("b", UID_B)])
-        .await
-        .unwrap();
-    plugin.shutdown().await.unwrap();
+    let (node, before) = two_claims_prepared_then_stopped().await;
 
     // The node reboots: a new boot ID, and claim b is deleted meanwhile. The CDI directory is
     // left as it was, as a directory on a disk would be.
