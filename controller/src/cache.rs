@@ -13,12 +13,12 @@ pub mod strip;
 
 use std::fmt::Debug;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt as _, TryStreamExt as _, stream};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
@@ -241,21 +241,50 @@ pub(crate) fn cache<K>(
     strip: fn(&mut K),
 ) -> (Store<K>, impl Stream<Item = Change<K>> + Send + 'static)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = ()>
+        + Clone
+        + PartialEq
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (store, writer) = reflector::store();
+    // The resourceVersion of an update that left the stripped object as the store holds it.
+    // Set before the reflector writes the store (which it still does, for the new version)
+    // and read right after, for the same event: one stream, one event at a time.
+    let unchanged: Arc<Mutex<Option<String>>> = Arc::default();
+    let (reader, noted) = (store.clone(), Arc::clone(&unchanged));
     let events = reflector(
         writer,
         watcher(api, config)
             .backoff(WatchBackoff::default())
-            .modify(strip),
+            .modify(strip)
+            .inspect(move |event| {
+                if let Ok(watcher::Event::Apply(object)) = event {
+                    let same = reader
+                        .get(&ObjectRef::from_obj(object))
+                        .is_some_and(|cached| same_but_version(cached.as_ref(), object));
+                    *lock(&noted) = same
+                        .then(|| object.meta().resource_version.clone())
+                        .flatten();
+                }
+            }),
     )
     .filter_map(move |event| {
         std::future::ready(match event {
-            Ok(watcher::Event::Apply(object)) => Some(Change::Applied {
-                object: Arc::new(object),
-                listed: false,
-            }),
+            Ok(watcher::Event::Apply(object)) => {
+                let version = object.meta().resource_version.as_ref();
+                if lock(&unchanged).take().as_ref() == version && version.is_some() {
+                    None
+                } else {
+                    Some(Change::Applied {
+                        object: Arc::new(object),
+                        listed: false,
+                    })
+                }
+            }
             Ok(watcher::Event::InitApply(object)) => Some(Change::Applied {
                 object: Arc::new(object),
                 listed: true,
@@ -270,6 +299,21 @@ where
         })
     });
     (store, events)
+}
+
+/// True when `a` and `b` differ in their resourceVersion at most.
+pub(crate) fn same_but_version<K: Resource + Clone + PartialEq>(a: &K, b: &K) -> bool {
+    let mut a = a.clone();
+    a.meta_mut()
+        .resource_version
+        .clone_from(&b.meta().resource_version);
+    a == *b
+}
+
+fn lock(slot: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<String>> {
+    // An Option<String> is consistent whatever panicked while it was locked.
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -64,7 +64,7 @@ impl ProcessCaches {
             Api::all(client.clone()),
             all(),
             "ResourceClaim",
-            strip::managed_fields,
+            strip::claim,
         );
         // Runs after the store was written: a subscriber never sees a claim the store lacks.
         let publish = Arc::clone(&claim_subscribers);

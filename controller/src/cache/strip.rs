@@ -10,6 +10,7 @@
 //! field that is stripped shows up there, not as a silent misplacement.
 
 use k8s_openapi::api::core::v1::{Affinity, Container, Node, NodeStatus, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Resource;
 
 use crate::claims::reasons::CONDITION_TYPE;
@@ -18,6 +19,18 @@ use crate::claims::reasons::CONDITION_TYPE;
 /// apply bookkeeping of every writer, often larger than the rest of the metadata.
 pub fn managed_fields<K: Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
+}
+
+/// Drops a ResourceClaim's `managedFields` and `status.devices`: the devices' status that
+/// kubelet plugins write after a prepare (kerf's own included) and withdraw at unprepare,
+/// which nothing in kerf-controller reads. A write of it alone then leaves the cached claim as
+/// it was, which [`super::cache`] does not pass on as a change: no reconcile, no label check,
+/// no ownership pass for it.
+pub fn claim(claim: &mut ResourceClaim) {
+    claim.metadata.managed_fields = None;
+    if let Some(status) = &mut claim.status {
+        status.devices = None;
+    }
 }
 
 /// Keeps of a Pod what the claim reconciler, the nodes' books, the ownership tick and the

@@ -282,3 +282,50 @@ fn managed_fields_go_and_nothing_else() {
     assert_eq!(stripped.spec, full.spec);
     assert_eq!(stripped.metadata.name, full.metadata.name);
 }
+
+fn claim_with_devices_status(resource_version: &str, data: &str) -> ResourceClaim {
+    serde_json::from_value(json!({
+        "metadata": {"name": "c", "namespace": "ns", "resourceVersion": resource_version,
+                     "labels": {"gpu.kerf.dev/node": "n1"},
+                     "managedFields": [{"manager": "kubelet-plugin", "operation": "Update"}]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.kerf.dev"}}]}},
+        "status": {
+            "allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.kerf.dev", "pool": "n1", "device": "gpu-0"}]}},
+            "devices": [{"driver": "gpu.kerf.dev", "pool": "n1", "device": "gpu-0", "data": {"uuid": data}}],
+        },
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_claim_keeps_its_allocation_and_loses_the_devices_status() {
+    let mut stripped = claim_with_devices_status("1", "GPU-1");
+    claim(&mut stripped);
+    assert!(stripped.metadata.managed_fields.is_none());
+    let status = stripped.status.as_ref().unwrap();
+    assert!(status.devices.is_none());
+    assert!(status.allocation.is_some());
+    assert_eq!(stripped.labels()["gpu.kerf.dev/node"], "n1");
+}
+
+#[test]
+fn a_write_of_the_devices_status_alone_is_no_change_once_stripped() {
+    let mut before = claim_with_devices_status("1", "GPU-1");
+    let mut after = claim_with_devices_status("2", "GPU-2");
+    assert!(
+        !crate::cache::same_but_version(&before, &after),
+        "unstripped"
+    );
+    claim(&mut before);
+    claim(&mut after);
+    assert!(crate::cache::same_but_version(&before, &after));
+    after
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("other".into(), "x".into());
+    assert!(
+        !crate::cache::same_but_version(&before, &after),
+        "a label is a change"
+    );
+}
