@@ -26,7 +26,7 @@ pub const SLICE_CLASS: &str = "slice.gpu.kerf.dev";
 /// A class of another driver: never charged.
 pub const OTHER_CLASS: &str = "other.example.com";
 pub const QUOTA_CONFIGURATION: &str = "kerf-gpu-quota";
-pub const WAIT: Duration = Duration::from_secs(20);
+pub const WAIT: Duration = Duration::from_secs(60);
 pub const GI: u64 = 1 << 30;
 
 /// A FakeApi with kerf's webhook served by kerf-controller replicas behind one Service.
