@@ -261,8 +261,8 @@ where
         watcher(api, config)
             .backoff(WatchBackoff::default())
             .modify(strip)
-            .inspect(move |event| {
-                if let Ok(watcher::Event::Apply(object)) = event {
+            .map(move |mut event| {
+                if let Ok(watcher::Event::Apply(object)) = &mut event {
                     let same = reader
                         .get(&ObjectRef::from_obj(object))
                         .is_some_and(|cached| same_but_version(cached.as_ref(), object));
@@ -270,6 +270,7 @@ where
                         .then(|| object.meta().resource_version.clone())
                         .flatten();
                 }
+                event
             }),
     )
     .filter_map(move |event| {
@@ -301,13 +302,17 @@ where
     (store, events)
 }
 
-/// True when `a` and `b` differ in their resourceVersion at most.
-pub(crate) fn same_but_version<K: Resource + Clone + PartialEq>(a: &K, b: &K) -> bool {
-    let mut a = a.clone();
-    a.meta_mut()
-        .resource_version
-        .clone_from(&b.meta().resource_version);
-    a == *b
+/// True when `cached` and `object` differ in their resourceVersion at most. `object` lends
+/// its resourceVersion slot for the comparison (and gets its own back), so that no copy of
+/// an object is made on every watch event.
+pub(crate) fn same_but_version<K: Resource + PartialEq>(cached: &K, object: &mut K) -> bool {
+    let own = std::mem::replace(
+        &mut object.meta_mut().resource_version,
+        cached.meta().resource_version.clone(),
+    );
+    let same = cached == object;
+    object.meta_mut().resource_version = own;
+    same
 }
 
 fn lock(slot: &Mutex<Option<String>>) -> std::sync::MutexGuard<'_, Option<String>> {

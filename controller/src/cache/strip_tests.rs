@@ -313,19 +313,24 @@ fn a_write_of_the_devices_status_alone_is_no_change_once_stripped() {
     let mut before = claim_with_devices_status("1", "GPU-1");
     let mut after = claim_with_devices_status("2", "GPU-2");
     assert!(
-        !crate::cache::same_but_version(&before, &after),
+        !crate::cache::same_but_version(&before, &mut after),
         "unstripped"
     );
     claim(&mut before);
     claim(&mut after);
-    assert!(crate::cache::same_but_version(&before, &after));
+    assert!(crate::cache::same_but_version(&before, &mut after));
+    assert_eq!(
+        after.metadata.resource_version.as_deref(),
+        Some("2"),
+        "its own version back"
+    );
     after
         .metadata
         .labels
         .get_or_insert_default()
         .insert("other".into(), "x".into());
     assert!(
-        !crate::cache::same_but_version(&before, &after),
+        !crate::cache::same_but_version(&before, &mut after),
         "a label is a change"
     );
 }
