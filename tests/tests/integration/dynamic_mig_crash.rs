@@ -9,42 +9,31 @@
 //! prepare must succeed with the same device and a MIG UUID, and the unprepare must leave the
 //! GPU without instances.
 
-use std::path::PathBuf;
-
 use std::time::Duration;
 
-use crate::common;
-use crate::common::{PluginProcess, TestNode, uid};
+use crate::common::{PluginProcess, uid};
+use crate::crash_restore;
 use kerf_fake_gpu_tools::mig::{GpuInstance, MockMig};
 use kerf_proto::client::{Claim, RegisteredPlugin};
-use kerf_tests::api_server::ApiServer;
-use kerf_tests::fake_api::Identity;
 use serde_json::Value;
 
-const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
 const STARTED_IN: Duration = Duration::from_secs(30);
 const PLACEMENT: &str = "gpu-0-mig-1g-5gb-0";
 
 /// A dynamic-MIG node with the API served over HTTP for plugin processes.
-struct Cluster {
-    node: TestNode,
-    kubeconfig: PathBuf,
-    _server: ApiServer,
+struct Cluster(crash_restore::Cluster);
+
+impl std::ops::Deref for Cluster {
+    type Target = crash_restore::Cluster;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 impl Cluster {
     async fn new() -> Self {
-        let node = TestNode::new("a100-40gb-dynmig");
-        let server = ApiServer::start(node.api.clone()).await.unwrap();
-        let kubeconfig = node.root.join("kubeconfig");
-        server
-            .write_kubeconfig_for(&kubeconfig, Identity::kerf_kubelet_plugin(common::NODE))
-            .unwrap();
-        Cluster {
-            node,
-            kubeconfig,
-            _server: server,
-        }
+        Cluster(crash_restore::Cluster::with_profile("a100-40gb-dynmig").await)
     }
 
     fn spawn(&self, generation: u32, crash_at: Option<&str>) -> PluginProcess {
@@ -52,21 +41,13 @@ impl Cluster {
             .map(|step| format!("--mock-crash-at={step}"))
             .into_iter()
             .collect();
-        PluginProcess::spawn_with(
-            PLUGIN_BINARY,
-            &self.node,
-            &self.kubeconfig,
-            generation,
-            &extra,
-        )
+        self.spawn_with(generation, &extra)
     }
 
     async fn register(&self, plugin: &PluginProcess) -> RegisteredPlugin {
-        let socket = self
-            .node
-            .registry_dir()
-            .join(format!("{}-reg.sock", common::DRIVER));
-        plugin.register(&socket, STARTED_IN).await
+        plugin
+            .register(&self.registration_socket(), STARTED_IN)
+            .await
     }
 
     /// The emulated MIG instances of GPU 0.

@@ -42,7 +42,12 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     pub(crate) async fn new() -> Self {
-        let node = TestNode::new("h100-sxm-80gb");
+        Self::with_profile("h100-sxm-80gb").await
+    }
+
+    /// A node whose GPUs come from the mock profile `profile`.
+    pub(crate) async fn with_profile(profile: &str) -> Self {
+        let node = TestNode::new(profile);
         let server = ApiServer::start(node.api.clone()).await.unwrap();
         let kubeconfig = node.root.join("kubeconfig");
         server
