@@ -34,7 +34,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/kerf-controller /out/kerf-kubelet-plugin /out/kerf-fake-gpu-tools \
     /usr/local/bin/
-# A mock driver root for mock mode only (deploy/overlays/mock passes
+# A mock driver root for mock mode only (the chart's gpus.source=mock passes
 # --mock-driver-root=/opt/kerf/mock-driver): fake nvidia-smi and nvidia-cuda-mps-control, so
 # that MPS sharing runs its daemons and compute-mode calls without a GPU. Nothing uses it with
 # real GPUs: there the plugin runs the driver's own tools from --driver-root. The fakes'

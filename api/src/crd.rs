@@ -1,4 +1,4 @@
-//! The CRD manifests generated from the Rust types, as committed under `crds/`.
+//! The CRD manifests generated from the Rust types, as committed under `deploy/helm/kerf/crds/` (the chart installs them).
 //!
 //! [`formats`]: the schemas carry only `format`s kube-apiserver knows. [`objects`]: GpuClass
 //! objects read from a manifest (kerf-controller's default classes).
@@ -19,7 +19,7 @@ pub const HEADER: &str = "# Generated from kerf-api's Rust types by `cargo run -
 /// One generated manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CrdFile {
-    /// File name under `crds/`, e.g. `gpuclasses.gpu.kerf.dev.yaml`.
+    /// File name under `deploy/helm/kerf/crds/`, e.g. `gpuclasses.gpu.kerf.dev.yaml`.
     pub file_name: String,
     /// The YAML document, starting with [`HEADER`].
     pub yaml: String,
@@ -71,12 +71,12 @@ mod tests {
 
     #[test]
     fn committed_crds_match_the_types() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/kerf/crds");
         for file in crd_files().expect("CRDs render") {
             let committed = std::fs::read_to_string(dir.join(&file.file_name)).unwrap_or_default();
             assert!(
                 committed == file.yaml,
-                "crds/{} is out of date; run `cargo run -p kerf-api --bin crdgen`",
+                "deploy/helm/kerf/crds/{} is out of date; run `cargo run -p kerf-api --bin crdgen`",
                 file.file_name
             );
         }

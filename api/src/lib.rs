@@ -7,7 +7,7 @@
 //! - [`resourceslice`]: [`resource_slices`], the node's inventory as ResourceSlices.
 //! - [`gpuclass`]: the GpuClass custom resource.
 //! - [`gpuquota`]: the GpuQuota custom resource and what a claim is charged against it.
-//! - [`crd`]: the generated CRD manifests (written to `crds/` by the `crdgen` binary).
+//! - [`crd`]: the generated CRD manifests (written to `deploy/helm/kerf/crds/` by the `crdgen` binary).
 //! - [`features`]: probes of the optional API fields the server keeps (device taints, extended
 //!   resource names).
 //! - [`quantity`]: byte quantities (`40Gi`) parsed exactly.

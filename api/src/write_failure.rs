@@ -155,7 +155,7 @@ pub fn advice(
     match failure {
         WriteFailure::Forbidden => Some(format!(
             "{component}'s ServiceAccount lacks `{verb}` on `{resource}`; check its ClusterRole \
-             (deploy/base/*rbac*.yaml) against the cluster's"
+             (deploy/helm/kerf/templates/*rbac*.yaml) against the cluster's"
         )),
         WriteFailure::FieldImmutable if resource.starts_with("resourceclaims") => Some(
             "the API server no longer accepts the claim's stored spec back (opaque parameters \

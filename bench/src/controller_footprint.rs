@@ -442,7 +442,7 @@ fn summary(
         },
     );
     s.detail(format!(
-        "replicas' environment from deploy/base/controller.yaml: {env}"
+        "replicas' environment from deploy/helm/kerf/templates/controller.yaml: {env}"
     ));
     s.detail(format!(
         "burst: first pod created -> last bound {:.2} s ({rate:.1} pods/s), latency p50 {} ms p99 {} ms; claims created and known to every webhook {:.2} s before",

@@ -1,6 +1,6 @@
 //! The default GpuClasses (`--default-gpu-classes`), created by the leader so that one
-//! `kubectl apply -k` installs kerf: the kustomize output holds no GpuClass, which could only
-//! be applied once its CRD is established.
+//! `helm install` (or `kubectl apply -f deploy/kerf.yaml`) installs kerf: the chart renders no
+//! GpuClass, which could only be applied once its CRD is established.
 //!
 //! Create only, never update: a class that exists is the admin's, whatever it says. Each
 //! class the controller created (or found existing) is recorded in the ConfigMap
@@ -59,10 +59,23 @@ impl DefaultClasses {
     /// [`Error::Config`] naming `--default-gpu-classes`, the file and, for a bad class, the
     /// document and field (see [`kerf_api::crd::objects::parse_gpu_classes`]).
     pub fn load(path: &Path, record_namespace: &str) -> Result<Self> {
-        let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(format!("--default-gpu-classes: reading {origin}: {e}")))?;
-        let classes = kerf_api::crd::objects::parse_gpu_classes(&origin, &text)
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            Error::Config(format!(
+                "--default-gpu-classes: reading {}: {e}",
+                path.display()
+            ))
+        })?;
+        Self::parse(path, &text, record_namespace)
+    }
+
+    /// The classes of `text`, read from `source` (YAML, one GpuClass per document).
+    ///
+    /// # Errors
+    ///
+    /// As [`DefaultClasses::load`], but for reading the file.
+    pub fn parse(source: &Path, text: &str, record_namespace: &str) -> Result<Self> {
+        let origin = source.display().to_string();
+        let classes = kerf_api::crd::objects::parse_gpu_classes(&origin, text)
             .map_err(|e| Error::Config(format!("--default-gpu-classes: {e}")))?;
         if record_namespace.is_empty() {
             return Err(Error::Config(
@@ -71,7 +84,7 @@ impl DefaultClasses {
             ));
         }
         Ok(Self {
-            source: path.to_owned(),
+            source: source.to_owned(),
             classes,
             record_namespace: record_namespace.to_owned(),
             retry: BackoffConfig {

@@ -143,7 +143,7 @@ impl Process {
     /// (then the Lease is released). A webhook that fails is logged and does not stop the
     /// controllers: the API server admits pods unchanged while it is away (`failurePolicy:
     /// Ignore`), and refuses claims and templates with a kerf config that it sends to this
-    /// replica (`failurePolicy: Fail`, see `deploy/base/webhook.yaml`).
+    /// replica (`failurePolicy: Fail`, see `deploy/helm/kerf/templates/webhook.yaml`).
     ///
     /// # Errors
     ///

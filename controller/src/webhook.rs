@@ -6,7 +6,7 @@
 //!   are checked (invalid `GpuClaimParameters` are denied, naming field and value) and their
 //!   parameters rewritten in the form kube-apiserver's later re-encodings keep byte for byte
 //!   (`failurePolicy: Fail`, scoped by `matchConditions` to objects with a kerf config; see
-//!   `deploy/base/webhook.yaml`);
+//!   `deploy/helm/kerf/templates/webhook.yaml`);
 //! - as the validating webhook `quota.gpu.kerf.dev` (path [`QUOTA_PATH`]), ResourceClaims
 //!   being created are charged against their namespace's GpuQuotas and refused over quota
 //!   (`failurePolicy: Ignore`: the controller's recount repairs the usage of claims admitted

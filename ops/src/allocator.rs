@@ -16,7 +16,7 @@
 //!   burst 28.3 / 23.7 s against 32.3 / 31.7 s. The price was memory, pages mimalloc keeps
 //!   rather than kerf's data: with mimalloc's defaults it commits each arena up front and keeps
 //!   freed pages for a second, and the leader held 96–104 MiB where glibc held 77 MiB (after
-//!   the slice cache was compacted). The Deployment (`deploy/base/controller.yaml`) therefore
+//!   the slice cache was compacted). The Deployment (`deploy/helm/kerf/templates/controller.yaml`) therefore
 //!   sets `MIMALLOC_ARENA_EAGER_COMMIT=0`, `MIMALLOC_PAGE_COMMIT_ON_DEMAND=1`,
 //!   `MIMALLOC_PAGE_FULL_RETAIN=0` and `MIMALLOC_PURGE_DELAY=0` (mimalloc reads its options
 //!   from the environment; setting them from Rust would need `unsafe`): 57.9–62.2 MiB in four

@@ -13,7 +13,7 @@
 //!
 //! What every cluster does on top of storing objects is done here too: TaintNodesByCondition
 //! and the node lifecycle controller's NoSchedule taints (`admission`), kerf's
-//! ValidatingAdmissionPolicies from `deploy/base/resourceslice-policy.yaml` and
+//! ValidatingAdmissionPolicies from `deploy/helm/kerf/templates/resourceslice-policy.yaml` and
 //! `mps-daemon-pod-policy.yaml` (`admission_policy`), the immutable spec of ResourceClaims
 //! and ResourceClaimTemplates with their opaque parameters kept as the bytes the client sent
 //! (`claims`), the update rules of object metadata (`meta_rules`), and the validating

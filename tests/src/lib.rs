@@ -7,6 +7,7 @@ pub mod fake_api;
 pub mod fake_kubelet;
 pub mod kubelet;
 pub mod logs;
+pub mod manifests;
 pub mod pod_runner;
 pub mod podman;
 pub mod scheduler;

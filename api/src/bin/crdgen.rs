@@ -1,8 +1,8 @@
-//! Writes kerf's CRD manifests to `crds/`, or with `--check` fails when they are out of date
+//! Writes kerf's CRD manifests to `deploy/helm/kerf/crds/`, or with `--check` fails when they are out of date
 //! or when a schema in them has a `format` kube-apiserver does not know (it would warn on
 //! every apply; see `kerf_api::crd::formats`).
 //!
-//! Usage: `crdgen [--check] [--out-dir DIR]`; DIR defaults to the workspace's `crds/`.
+//! Usage: `crdgen [--check] [--out-dir DIR]`; DIR defaults to the chart's `deploy/helm/kerf/crds/`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -43,7 +43,7 @@ fn main() -> ExitCode {
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let mut parsed = Args {
         check: false,
-        out_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds"),
+        out_dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/kerf/crds"),
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -108,7 +108,9 @@ fn check(dir: &Path, files: &[CrdFile]) -> ExitCode {
         );
     }
     if stale {
-        eprintln!("run `cargo run -p kerf-api --bin crdgen` and commit crds/");
+        eprintln!(
+            "run `cargo run -p kerf-api --bin crdgen` and `deploy/render`, and commit deploy/"
+        );
     }
     if stale || bad_formats {
         ExitCode::FAILURE

@@ -1,5 +1,5 @@
 //! GpuClass objects read from a manifest file, as kerf-controller reads its default classes
-//! (`--default-gpu-classes`, a ConfigMap kustomize generates from `deploy/base/gpuclasses.yaml`).
+//! (`--default-gpu-classes`, the ConfigMap kerf-default-gpu-classes the Helm chart renders).
 
 use std::collections::BTreeSet;
 
@@ -110,7 +110,23 @@ mod tests {
     use super::*;
     use crate::params::Allocator;
 
-    const DEFAULTS: &str = include_str!("../../../deploy/base/gpuclasses.yaml");
+    /// The chart's default install, whose ConfigMap kerf-default-gpu-classes holds the
+    /// default classes.
+    const INSTALL: &str = include_str!("../../../deploy/kerf.yaml");
+
+    fn shipped_defaults() -> String {
+        let documents: Vec<Value> = serde_saphyr::from_multiple(INSTALL).unwrap();
+        let config_map = documents
+            .iter()
+            .find(|d| {
+                d["kind"] == "ConfigMap" && d["metadata"]["name"] == "kerf-default-gpu-classes"
+            })
+            .unwrap();
+        config_map["data"]["gpuclasses.yaml"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
 
     fn error(text: &str) -> String {
         parse_gpu_classes("defaults.yaml", text)
@@ -120,7 +136,7 @@ mod tests {
 
     #[test]
     fn the_shipped_default_classes_parse() {
-        let classes = parse_gpu_classes("gpuclasses.yaml", DEFAULTS).unwrap();
+        let classes = parse_gpu_classes("gpuclasses.yaml", &shipped_defaults()).unwrap();
         let names: Vec<_> = classes
             .iter()
             .map(|c| c.metadata.name.as_deref().unwrap())

@@ -34,13 +34,13 @@ use serde_json::{Value, json};
 
 use crate::{Error, Result};
 
-/// The MutatingWebhookConfiguration of the pod webhook (`deploy/base/webhook.yaml`).
+/// The MutatingWebhookConfiguration of the pod webhook (`deploy/helm/kerf/templates/webhook.yaml`).
 pub(super) const POD_CONFIGURATION: &str = "kerf-scheduling-gate";
-/// The MutatingWebhookConfiguration of the claim webhooks (`deploy/base/webhook.yaml`).
+/// The MutatingWebhookConfiguration of the claim webhooks (`deploy/helm/kerf/templates/webhook.yaml`).
 pub(super) const CLAIM_CONFIGURATION: &str = "kerf-claim-parameters";
 /// The host name the self-made certificate is for (`--webhook-service`.`--webhook-namespace`.svc).
 const HOST: &str = "kerf-webhook.kerf-system.svc";
-/// The path and timeout of every webhook in `deploy/base/webhook.yaml`.
+/// The path and timeout of every webhook in `deploy/helm/kerf/templates/webhook.yaml`.
 const PATH: &str = "/mutate?timeout=5s";
 
 /// What is admitted: the resource as the review names it.

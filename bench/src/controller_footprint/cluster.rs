@@ -1,5 +1,5 @@
 //! The cluster of `controller-footprint`, stored in the in-memory API server before any
-//! kerf-controller starts: kerf's GpuClasses and webhook configurations as `deploy/base`
+//! kerf-controller starts: kerf's GpuClasses and webhook configurations as the chart
 //! installs them, and Ready nodes of 8 mock H100 pinned to the controller, each with a copy of
 //! one ResourceSlice the real kubelet-plugin publisher wrote.
 //!
@@ -22,8 +22,8 @@ use serde_json::{Value, json};
 
 use crate::{Error, Result};
 
-/// kerf's webhook Service and MutatingWebhookConfigurations as deployed.
-const WEBHOOKS: &str = include_str!("../../../deploy/base/webhook.yaml");
+/// kerf's default install, whose MutatingWebhookConfigurations the replicas keep.
+const WEBHOOKS: &str = kerf_tests::manifests::INSTALL;
 
 /// Stores GpuClasses, webhook configurations, `nodes` Ready nodes and their slices; returns the
 /// node names. The first node's slices are published by the real publisher (as its kubelet
@@ -82,10 +82,10 @@ pub(super) async fn install(fake: &FakeApi, nodes: usize) -> Result<Vec<String>>
     Ok(specs.into_iter().map(|s| s.name).collect())
 }
 
-/// The MutatingWebhookConfigurations of `deploy/base/webhook.yaml`.
+/// The MutatingWebhookConfigurations of `deploy/kerf.yaml`.
 fn webhook_configurations() -> Result<Vec<Value>> {
     let documents: Vec<Value> = serde_saphyr::from_multiple(WEBHOOKS)
-        .map_err(|e| Error::Workload(format!("deploy/base/webhook.yaml does not parse: {e}")))?;
+        .map_err(|e| Error::Workload(format!("deploy/kerf.yaml does not parse: {e}")))?;
     Ok(documents
         .into_iter()
         .filter(|d| d["kind"] == "MutatingWebhookConfiguration")

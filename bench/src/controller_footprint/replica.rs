@@ -14,26 +14,28 @@ use tokio::process::{Child, Command};
 use crate::sys::{parse_cpu_time, parse_vm_rss};
 use crate::{Error, Result};
 
-/// The Deployment kerf ships for kerf-controller: the replicas run with the literal
-/// environment its container sets (the allocator's settings), as on a cluster.
-const DEPLOYMENT: &str = include_str!("../../../deploy/base/controller.yaml");
-
-/// The `name=value` environment the shipped Deployment gives the controller container, leaving
-/// out what comes from the pod (`valueFrom`), which the benchmark sets by flags instead.
+/// The `name=value` environment the shipped Deployment (the chart's default install) gives the
+/// controller container, leaving out what comes from the pod (`valueFrom`), which the benchmark
+/// sets by flags instead: the replicas run with the allocator's settings, as on a cluster.
 ///
 /// # Errors
 ///
 /// [`Error::Workload`] when the manifest does not parse as a Deployment with a container
 /// named `controller`.
 pub(super) fn deployment_env() -> Result<Vec<(String, String)>> {
-    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_saphyr::from_str(DEPLOYMENT)
-        .map_err(|e| Error::Workload(format!("deploy/base/controller.yaml: {e}")))?;
+    let origin = kerf_tests::manifests::INSTALL_PATH;
+    let deployment = kerf_tests::manifests::installed("Deployment", "kerf-controller")
+        .map_err(|e| Error::Workload(e.to_string()))?;
+    let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(deployment)
+        .map_err(|e| Error::Workload(format!("{origin}: Deployment kerf-controller: {e}")))?;
     let container = deployment
         .spec
         .and_then(|spec| spec.template.spec)
         .and_then(|pod| pod.containers.into_iter().find(|c| c.name == "controller"))
         .ok_or_else(|| {
-            Error::Workload("deploy/base/controller.yaml: no container \"controller\"".to_owned())
+            Error::Workload(format!(
+                "{origin}: Deployment kerf-controller has no container \"controller\""
+            ))
         })?;
     Ok(container
         .env

@@ -15,7 +15,7 @@
 //!
 //! - [`decide`](mod@decide): the pure verdict of one quota on one charge.
 //!
-//! The configuration (`deploy/base/webhook.yaml`) uses `failurePolicy: Ignore`: while no
+//! The configuration (`deploy/helm/kerf/templates/webhook.yaml`) uses `failurePolicy: Ignore`: while no
 //! replica answers, claims are admitted uncharged and the controller's recount adds them to
 //! `status.used` within one resync. A claim admitted by some quotas of its namespace and then
 //! refused by another keeps its charge on the first ones only until their recount, which drops

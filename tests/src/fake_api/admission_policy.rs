@@ -42,18 +42,10 @@ use super::identity::Identity;
 use super::meta_rules::group_of;
 use super::{ApiError, ApiResult, ObjKey, qualified_resource};
 
-/// The manifests of the policies kerf ships, each with its path, compiled in so that the fake
+/// The manifests of the policies kerf ships (the chart's default install), so that the fake
 /// cannot drift from them.
-const KERF_POLICY_MANIFESTS: [(&str, &str); 2] = [
-    (
-        "deploy/base/resourceslice-policy.yaml",
-        include_str!("../../../deploy/base/resourceslice-policy.yaml"),
-    ),
-    (
-        "deploy/base/mps-daemon-pod-policy.yaml",
-        include_str!("../../../deploy/base/mps-daemon-pod-policy.yaml"),
-    ),
-];
+const KERF_POLICY_MANIFESTS: [(&str, &str); 1] =
+    [(crate::manifests::INSTALL_PATH, crate::manifests::INSTALL)];
 
 /// One ValidatingAdmissionPolicy and the binding that puts it in force with `Deny`.
 #[derive(Debug, Clone)]

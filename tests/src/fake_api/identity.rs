@@ -19,7 +19,7 @@ use http::{Request, Response};
 
 use super::{FakeApi, FakeBody};
 
-/// The namespace kerf's manifests (`deploy/base/namespace.yaml`) install into.
+/// The namespace kerf's manifests (`deploy/helm/kerf/templates/namespace.yaml`) install into.
 pub const KERF_NAMESPACE: &str = "kerf-system";
 
 /// The user-info extra key that carries the node of the pod a ServiceAccount token is bound
@@ -76,13 +76,13 @@ impl Identity {
         self
     }
 
-    /// kerf-controller's ServiceAccount (`deploy/base/controller-rbac.yaml`); the webhook runs
+    /// kerf-controller's ServiceAccount (`deploy/helm/kerf/templates/controller-rbac.yaml`); the webhook runs
     /// in the same process and uses it too.
     pub fn kerf_controller() -> Self {
         Self::service_account(KERF_NAMESPACE, "kerf-controller")
     }
 
-    /// The kubelet plugin's ServiceAccount (`deploy/base/kubelet-plugin-rbac.yaml`), its
+    /// The kubelet plugin's ServiceAccount (`deploy/helm/kerf/templates/kubelet-plugin-rbac.yaml`), its
     /// token bound to a pod on `node`.
     pub fn kerf_kubelet_plugin(node: &str) -> Self {
         Self::service_account(KERF_NAMESPACE, "kerf-kubelet-plugin").on_node(node)

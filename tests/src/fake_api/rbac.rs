@@ -1,5 +1,5 @@
 //! Authorization of every request [`FakeApi`] serves, with the RBAC objects of kerf's
-//! manifests (`deploy/base/*rbac*.yaml`), as kube-apiserver's RBAC authorizer decides it.
+//! manifests (`deploy/helm/kerf/templates/*rbac*.yaml`), as kube-apiserver's RBAC authorizer decides it.
 //!
 //! Upstream (kubernetes/kubernetes):
 //! - `plugin/pkg/auth/authorizer/rbac/rbac.go`: `RBACAuthorizer.Authorize` visits the rules
@@ -44,22 +44,10 @@ use serde_json::Value;
 
 use super::{ApiError, FakeApi, Identity};
 
-/// The manifests every [`FakeApi`] authorizes with, compiled in so that a test binary needs no
-/// checkout at run time; `rbac_manifests_are_every_rbac_file_of_deploy_base` checks the list.
-pub const KERF_RBAC_MANIFESTS: [(&str, &str); 3] = [
-    (
-        "deploy/base/controller-rbac.yaml",
-        include_str!("../../../deploy/base/controller-rbac.yaml"),
-    ),
-    (
-        "deploy/base/controller-default-classes-rbac.yaml",
-        include_str!("../../../deploy/base/controller-default-classes-rbac.yaml"),
-    ),
-    (
-        "deploy/base/kubelet-plugin-rbac.yaml",
-        include_str!("../../../deploy/base/kubelet-plugin-rbac.yaml"),
-    ),
-];
+/// The manifests every [`FakeApi`] authorizes with: the RBAC objects of the chart's default
+/// install.
+pub const KERF_RBAC_MANIFESTS: [(&str, &str); 1] =
+    [(crate::manifests::INSTALL_PATH, crate::manifests::INSTALL)];
 
 /// The group kube-apiserver allows everything (`user.SystemPrivilegedGroup`).
 const PRIVILEGED_GROUP: &str = "system:masters";

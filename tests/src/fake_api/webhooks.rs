@@ -457,9 +457,9 @@ fn denial(webhook: &str, result: Option<&Value>) -> ApiError {
     err
 }
 
-/// kerf's webhook manifest (`deploy/base/webhook.yaml`), compiled in so that tests install
+/// kerf's default install (`deploy/kerf.yaml`), whose webhook configurations tests install
 /// the configurations kerf ships ([`FakeApi::install_webhook_configurations`]).
-pub const KERF_WEBHOOK_MANIFEST: &str = include_str!("../../../deploy/base/webhook.yaml");
+pub const KERF_WEBHOOK_MANIFEST: &str = crate::manifests::INSTALL;
 
 impl FakeApi {
     /// Tells the fake where the pods behind Service `namespace`/`name` serve: a webhook whose

@@ -8,15 +8,12 @@ use serde_json::{Value, json};
 
 use super::SimError;
 
-/// The default GpuClasses as `deploy/base` installs them: whole GPUs `gpu.kerf.dev`
-/// (Scheduler) and slices `slice.gpu.kerf.dev` (Controller).
-const DEPLOYED_CLASSES: &str = include_str!("../../../deploy/base/gpuclasses.yaml");
 /// The example MIG class (`mig-1g.5gb`, Scheduler), the model of the sim's other MIG classes.
 const MIG_CLASS: &str = include_str!("../../../examples/admin/mig-1g-5gb.yaml");
 
-/// The Scheduler class of whole GPUs (`deploy/base/gpuclasses.yaml`).
+/// The Scheduler class of whole GPUs (the chart's default classes).
 pub const WHOLE_CLASS: &str = "gpu.kerf.dev";
-/// The Controller class of GPU slices (`deploy/base/gpuclasses.yaml`).
+/// The Controller class of GPU slices (the chart's default classes).
 pub const SLICE_CLASS: &str = "slice.gpu.kerf.dev";
 /// The MIG profiles of the mock A100 inventory, each with a Scheduler class `mig-<profile>`.
 pub const MIG_PROFILES: [&str; 3] = ["1g.5gb", "2g.10gb", "3g.20gb"];
@@ -136,7 +133,7 @@ pub fn devices(nodes: &[NodeSpec]) -> Result<Vec<DeviceInfo>, SimError> {
     Ok(out)
 }
 
-/// The GpuClasses the sim installs, as JSON objects: `deploy/base/gpuclasses.yaml` as is, and
+/// The GpuClasses the sim installs, as JSON objects: the chart's default classes as is, and
 /// one MIG class per [`MIG_PROFILES`] entry made from `examples/admin/mig-1g-5gb.yaml` (only
 /// name and profile changed). kerf-controller's GpuClass reconciler turns each into the
 /// DeviceClass the scheduler stand-in reads.
@@ -148,7 +145,9 @@ pub fn gpu_classes() -> Result<Vec<Value>, SimError> {
         serde_saphyr::from_multiple::<Value>(text)
             .map_err(|e| SimError::Setup(format!("{what}: {e}")))
     };
-    let mut classes = parse(DEPLOYED_CLASSES, "deploy/base/gpuclasses.yaml")?;
+    let deployed =
+        crate::manifests::default_gpu_classes().map_err(|e| SimError::Setup(e.to_string()))?;
+    let mut classes = parse(&deployed, "the chart's default GpuClasses")?;
     let template = parse(MIG_CLASS, "examples/admin/mig-1g-5gb.yaml")?
         .into_iter()
         .next()

@@ -126,7 +126,7 @@ async fn preflight(client: &Client, needs_kerf: bool) -> Result<()> {
     Api::<GpuClass>::all(client.clone())
         .list(&one)
         .await
-        .context("listing GpuClasses failed: is kerf's CRD (crds/) installed?")?;
+        .context("listing GpuClasses failed: is kerf's CRD (deploy/helm/kerf/crds/) installed?")?;
     Ok(())
 }
 
@@ -493,9 +493,7 @@ impl TestEnv {
         let classes: Api<DeviceClass> = Api::all(self.client.clone());
         for name in names {
             if classes.get_opt(name).await?.is_none() {
-                bail!(
-                    "no DeviceClass {name}: the test uses the default GpuClasses of deploy/base/gpuclasses.yaml"
-                );
+                bail!("no DeviceClass {name}: the test uses the chart's default GpuClasses");
             }
         }
         Ok(())
@@ -509,7 +507,7 @@ impl TestEnv {
         match nodes.into_iter().next() {
             Some(node) => Ok(node),
             None => bail!(
-                "no node's idle kerf GPUs fit {burst:?} (8 × H100 80GB do: deploy/overlays/mock); kerf allocations:\n{}",
+                "no node's idle kerf GPUs fit {burst:?} (8 × H100 80GB do: deploy/kerf-mock.yaml); kerf allocations:\n{}",
                 self.kerf_allocations().await?.join("\n")
             ),
         }

@@ -18,9 +18,9 @@ use kube::ResourceExt as _;
 
 use super::cluster::describe_pod;
 
-/// Namespace of kerf's plugin, and so of its MPS daemon pods (deploy/base/namespace.yaml).
+/// Namespace of kerf's plugin, and so of its MPS daemon pods (deploy/helm/kerf/templates/namespace.yaml).
 pub const KERF_NAMESPACE: &str = "kerf-system";
-/// The plugin's DaemonSet (deploy/base/kubelet-plugin.yaml).
+/// The plugin's DaemonSet (deploy/helm/kerf/templates/kubelet-plugin.yaml).
 pub const PLUGIN_DAEMON_SET: &str = "kerf-kubelet-plugin";
 /// Label selector of the plugin's pods (the DaemonSet's `spec.selector`).
 pub const PLUGIN_LABELS: &str =
@@ -439,7 +439,7 @@ mod tests {
             rolling_update_problem(&daemon_set(pct("10%"), pct("0%"))),
             None
         );
-        // deploy/base before the MPS daemon pods, and the API server's defaults.
+        // the chart before the MPS daemon pods, and the API server's defaults.
         assert!(rolling_update_problem(&daemon_set(Some(int(0)), Some(int(1)))).is_some());
         assert!(rolling_update_problem(&daemon_set(None, None)).is_some());
         assert!(rolling_update_problem(&daemon_set(Some(int(1)), None)).is_some());

@@ -3,7 +3,7 @@
 //! [`KERF_NAMESPACE`], read through the API; and the kubectl the tests run (`exec`, `rollout`).
 //!
 //! Unlike the rest of the suite these tests look at kerf's pods, so they need kerf deployed
-//! from `deploy/` (the mock overlay or `deploy/kerf.yaml`) with MPS daemons in pods
+//! from `deploy/` (`deploy/kerf-mock.yaml` or the chart with mock GPUs) with MPS daemons in pods
 //! (`--mps-daemons=pod`). What they conclude from what they read is in daemon_checks.rs.
 
 use std::time::Duration;

@@ -69,7 +69,7 @@ async fn quota_refuses_the_third_slice_until_one_is_deleted() -> Result<()> {
             .await?;
         env.create(&quota::gpu_quota(QUOTA, QUOTA_MEMORY, QUOTA_COMPUTE))
             .await
-            .context("creating the GpuQuota: is kerf's GpuQuota CRD (crds/gpuquotas.gpu.kerf.dev.yaml) installed?")?;
+            .context("creating the GpuQuota: is kerf's GpuQuota CRD (deploy/helm/kerf/crds/gpuquotas.gpu.kerf.dev.yaml) installed?")?;
         wait_quota(&env, "recounted by kerf-controller (Ready)", |q| {
             Ok(quota::is_recounted(q))
         })
@@ -237,7 +237,7 @@ async fn require_quota_webhook(env: &TestEnv) -> Result<()> {
     let configurations: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
     wait::poll_until(
         format_args!(
-            "the webhook {} (ValidatingWebhookConfiguration {} of deploy/base/webhook.yaml) with a caBundle",
+            "the webhook {} (ValidatingWebhookConfiguration {} of deploy/helm/kerf/templates/webhook.yaml) with a caBundle",
             quota::QUOTA_WEBHOOK,
             quota::QUOTA_CONFIGURATION
         ),

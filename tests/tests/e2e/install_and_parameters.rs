@@ -1,6 +1,7 @@
 //! The bodies of the cluster tests of installing and claim parameters: a controller-class claim created from JSON with
 //! spaces, as Python's `json.dumps` writes it, through a raw request; and kerf installed with
-//! `kubectl apply -f deploy/kerf.yaml` alone, then a controller-class pod run to completion.
+//! `kubectl apply -f deploy/kerf-mock.yaml` alone, then a controller-class pod run to
+//! completion.
 
 use std::path::PathBuf;
 
@@ -27,7 +28,7 @@ const SLICE_BYTES: u64 = 10 << 30;
 const SLICE_COMPUTE: u8 = 25;
 /// What kerf sets `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` to for one [`SLICE_MEMORY`] slice.
 const SLICE_MPS_MEMORY_LIMIT: &str = "0=10240M";
-/// The default Controller class kerf's controller creates from deploy/kerf.yaml's ConfigMap.
+/// The default Controller class kerf's controller creates from the chart's ConfigMap.
 const DEFAULT_SLICE_CLASS: &str = "slice.gpu.kerf.dev";
 
 /// JSON as Python's `json.dumps(value, sort_keys=True)` writes it: `", "` between items and
@@ -200,16 +201,17 @@ fn expect_slice_env(report: &ContainerReport) -> Result<()> {
     report.expect_env("KERF_SLICE_COMPUTE_PERCENT", &compute)
 }
 
-/// deploy/kerf.yaml, the one-file install the README names.
+/// deploy/kerf-mock.yaml, the one-file install for clusters without GPUs (the chart with
+/// `gpus.source=mock` and the image `kerf:dev`).
 pub fn install_manifest() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kerf.yaml")
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kerf-mock.yaml")
 }
 
 /// The workloads of a manifest that must be ready once it is applied: `(kind, namespace,
 /// name)` of each Deployment and DaemonSet.
 pub fn workloads(manifest: &str) -> Result<Vec<(String, String, String)>> {
     let documents: Vec<Value> = serde_saphyr::from_multiple(manifest)
-        .map_err(|e| anyhow!("deploy/kerf.yaml does not parse: {e}"))?;
+        .map_err(|e| anyhow!("the manifest does not parse: {e}"))?;
     Ok(documents
         .iter()
         .filter_map(|d| {

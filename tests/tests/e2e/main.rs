@@ -5,7 +5,7 @@
 //! `KUBECONFIG=… cargo test -p kerf-tests --test e2e -- --ignored --test-threads=1` (see
 //! tests/tests/e2e/README.md); one area with a module filter, e.g. `… --test e2e gpu_quota::`.
 //! The suite finds kerf through its ResourceSlices and GpuClasses, never its pods, so it works
-//! whether kerf was deployed by `deploy/overlays/mock` or started as processes on the nodes.
+//! whether kerf was deployed by `deploy/kerf-mock.yaml` or started as processes on the nodes.
 //! The tests of the basic flows are here; each other area has its module (GPU quota, MPS daemon
 //! pods, node fit, scheduler slices, throughput). The helpers are the other modules and carry
 //! unit tests that run without a cluster.
@@ -75,9 +75,9 @@ const SLICE_MPS_MEMORY_LIMIT: &str = "0=10240M";
 /// How long a "nothing happens" observation lasts after the controller has spoken.
 const SETTLE: Duration = Duration::from_secs(5);
 
-/// The default Scheduler class deploy/base installs: whole GPUs.
+/// The default Scheduler class the chart installs: whole GPUs.
 const DEFAULT_WHOLE_CLASS: &str = "gpu.kerf.dev";
-/// The default Controller class deploy/base installs: slices, BinPack, MPS.
+/// The default Controller class the chart installs: slices, BinPack, MPS.
 const DEFAULT_SLICE_CLASS: &str = "slice.gpu.kerf.dev";
 /// The mixed burst: 4 whole GPUs and 14 slices of [`BURST_SLICE_MEMORY`] / 20 %. Four such
 /// slices fit an H100 80GB (81559Mi; four 20Gi slices would not), so the burst fills exactly
@@ -700,7 +700,7 @@ async fn deleting_pods_deallocates_controller_claims() -> Result<()> {
 /// device is held whole by one claim and in any way by another, and no GPU's slices add up to
 /// more than its memory or 100 % compute.
 ///
-/// Needs a node whose idle GPUs fit the burst (8 × H100 80GB: `deploy/overlays/mock`) and the
+/// Needs a node whose idle GPUs fit the burst (8 × H100 80GB: `deploy/kerf-mock.yaml`) and the
 /// test image on the node already (the first pull can take longer than the bound). Everything
 /// the test made lives in its namespace, which the suite's guard deletes also when the test
 /// fails or panics.
@@ -854,7 +854,7 @@ async fn spaced_json_claim_runs() -> Result<()> {
     e2e("spaced", install_and_parameters::spaced_json_claim).await
 }
 
-/// kerf installed the way the README says, with one `kubectl apply -f deploy/kerf.yaml`: the
+/// kerf installed with one `kubectl apply -f deploy/kerf-mock.yaml` (mock GPUs): the
 /// controller Deployment and the kubelet-plugin DaemonSet it names become ready, the
 /// controller creates the default class `slice.gpu.kerf.dev` from the manifest's ConfigMap,
 /// and a pod with a 10Gi / 25 % slice claim of that class runs to completion (`Succeeded`)

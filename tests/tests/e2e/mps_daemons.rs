@@ -6,8 +6,8 @@
 //! Every cluster test is `#[ignore = "needs cluster"]`; run them with
 //! `KUBECONFIG=… cargo test -p kerf-tests --test e2e mps_daemons:: -- --ignored`. Unlike the
 //! rest of the suite (tests/tests/e2e/main.rs, whose helpers in tests/tests/e2e/ these share) they look
-//! at kerf's own pods, so kerf must be deployed from deploy/ (`kubectl apply -k
-//! deploy/overlays/mock` or `deploy/kerf.yaml`) with `--mps-daemons=pod`; the rolling-update
+//! at kerf's own pods, so kerf must be deployed from deploy/ (`kubectl apply -f
+//! deploy/kerf-mock.yaml` or the chart with `gpus.source=mock`) with `--mps-daemons=pod`; the rolling-update
 //! test also needs the DaemonSet to roll with `maxSurge: 1, maxUnavailable: 0`, and `kubectl`
 //! (`KERF_E2E_KUBECTL`) with the suite's `KUBECONFIG`. They disturb kerf on one node (delete or
 //! roll its plugin, delete an MPS daemon pod), which kerf repairs by itself; run them where
@@ -238,7 +238,7 @@ async fn killed_mps_daemon_is_restarted_and_reported() -> Result<()> {
     .await
 }
 
-/// A Controller GpuClass of MPS slices (as deploy/base/gpuclasses.yaml's `slice.gpu.kerf.dev`,
+/// A Controller GpuClass of MPS slices (as the chart's default `slice.gpu.kerf.dev`,
 /// but the test's own, so the test does not depend on the defaults' current values).
 async fn mps_class(env: &TestEnv, test: &str) -> Result<String> {
     let spec = GpuClassSpec {

@@ -17,7 +17,7 @@ use kerf_api::gpuquota::{GpuAmount, GpuResources};
 use kerf_api::{GpuQuota, GpuQuotaSpec};
 use kube::core::Status;
 
-/// The name of kerf's quota webhook (`deploy/base/webhook.yaml`).
+/// The name of kerf's quota webhook (`deploy/helm/kerf/templates/webhook.yaml`).
 pub const QUOTA_WEBHOOK: &str = "quota.gpu.kerf.dev";
 /// The ValidatingWebhookConfiguration that holds [`QUOTA_WEBHOOK`].
 pub const QUOTA_CONFIGURATION: &str = "kerf-gpu-quota";

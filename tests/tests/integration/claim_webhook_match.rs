@@ -1,4 +1,4 @@
-//! The `matchConditions` of the claim webhooks in `deploy/base/webhook.yaml` select exactly
+//! The `matchConditions` of the claim webhooks in `deploy/helm/kerf/templates/webhook.yaml` select exactly
 //! the claims and templates with an opaque config of kerf's driver, and never fail to evaluate.
 //!
 //! Upstream: kube-apiserver evaluates a webhook's `matchConditions` (CEL, with the variable
@@ -12,17 +12,14 @@
 //! bound to the JSON objects below.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
-
 use cel::{Context, Program};
 use serde_json::{Value, json};
 
 const DRIVER: &str = "gpu.kerf.dev";
 
 fn webhook_yaml() -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/webhook.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_saphyr::from_multiple(&text).unwrap()
+    let manifests = kerf_tests::manifests::INSTALL;
+    kerf_tests::manifests::documents("deploy/kerf.yaml", manifests).unwrap()
 }
 
 /// The claim webhooks: (resource of its rule, its matchCondition expressions).
@@ -31,7 +28,7 @@ fn claim_webhooks() -> Vec<(String, Vec<String>)> {
     let configuration = documents
         .iter()
         .find(|d| d["metadata"]["name"] == "kerf-claim-parameters")
-        .expect("kerf-claim-parameters in deploy/base/webhook.yaml");
+        .expect("kerf-claim-parameters in deploy/kerf.yaml");
     configuration["webhooks"]
         .as_array()
         .unwrap()

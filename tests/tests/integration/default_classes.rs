@@ -3,7 +3,7 @@
 //! existing (edited) class left untouched; a class the admin deleted not created again; a bad
 //! defaults file named with its field.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use clap::Parser as _;
@@ -19,12 +19,14 @@ use tokio_util::sync::CancellationToken;
 const GPU_CLASSES: &str = "/apis/gpu.kerf.dev/v1alpha1/gpuclasses";
 const RECORD: &str = "/api/v1/namespaces/kerf-system/configmaps/kerf-default-gpu-classes-created";
 
-fn shipped_defaults() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/gpuclasses.yaml")
+/// The chart's default classes, as the controller reads them from its ConfigMap.
+fn shipped_defaults() -> DefaultClasses {
+    let text = kerf_tests::manifests::default_gpu_classes().unwrap();
+    DefaultClasses::parse(Path::new("gpuclasses.yaml"), &text, "kerf-system").unwrap()
 }
 
 fn defaults() -> DefaultClasses {
-    let mut defaults = DefaultClasses::load(&shipped_defaults(), "kerf-system").unwrap();
+    let mut defaults = shipped_defaults();
     defaults.retry = BackoffConfig {
         base: Duration::from_millis(5),
         max: Duration::from_millis(20),

@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 
 const NAMESPACE: &str = kerf_tests::fake_api::KERF_NAMESPACE;
 /// Compiled in: the check runs where the source tree may not be.
-const MANIFEST: &str = include_str!("../../../deploy/kerf.yaml");
+const MANIFEST: &str = kerf_tests::manifests::MOCK_INSTALL;
 /// How long each PyTorch process runs its matmuls.
 const WORK_SECONDS: u64 = 20;
 

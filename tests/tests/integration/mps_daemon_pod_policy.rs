@@ -1,6 +1,6 @@
-//! The ValidatingAdmissionPolicy of `deploy/base/mps-daemon-pod-policy.yaml`, as FakeApi
+//! The ValidatingAdmissionPolicy of `deploy/helm/kerf/templates/mps-daemon-pod-policy.yaml`, as FakeApi
 //! evaluates it: the kubelet plugin may create the MPS control daemon pod it really builds
-//! (from its own pod of `deploy/kerf.yaml`) and delete it, but no pod on another node, as
+//! (from its own pod of `deploy/kerf-mock.yaml`) and delete it, but no pod on another node, as
 //! another ServiceAccount, with a token, in the host's namespaces, with another kind of volume,
 //! without the daemon label or with more containers; the cluster admin is not limited.
 
@@ -21,7 +21,7 @@ const GPU: &str = "GPU-8f2d3c4e-1a2b-4c5d-9e8f-0123456789ab";
 const POLICY: &str = "ValidatingAdmissionPolicy 'kerf-kubelet-plugin-mps-daemon-pods' with \
                       binding 'kerf-kubelet-plugin-mps-daemon-pods' denied request: ";
 
-/// The daemon pod of [`GPU`] the plugin on [`NODE`] builds from its pod of `deploy/kerf.yaml`,
+/// The daemon pod of [`GPU`] the plugin on [`NODE`] builds from its pod of `deploy/kerf-mock.yaml`,
 /// as JSON.
 fn daemon_pod() -> Value {
     let plugin = plugin_pod_from_manifest(NODE);

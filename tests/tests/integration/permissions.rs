@@ -2,7 +2,7 @@
 //! [`FakeApi`] as its own ServiceAccount (`permissions/flow.rs`), and the test prints the
 //! distinct (verb, resource, subresource) each one was authorized for
 //! (`cargo test -p kerf-tests --test integration permissions:: -- --nocapture`). Every request must be
-//! allowed by `deploy/base/*rbac*.yaml`, and every right deploy/ grants — each (apiGroup,
+//! allowed by `deploy/helm/kerf/templates/*rbac*.yaml`, and every right deploy/ grants — each (apiGroup,
 //! resource, verb, resourceName) of each rule — must be used by the flow or be listed in
 //! [`NOT_EXERCISED`] with the reason no test can use it (least privilege: a right nothing
 //! uses is a right nobody should hold).
@@ -164,7 +164,7 @@ async fn every_request_is_allowed_and_every_granted_right_is_used() {
     assert!(
         unexplained.is_empty(),
         "rights deploy/ grants that the flow does not use (remove them from \
-         deploy/base/*rbac*.yaml, make the flow use them, or list them in NOT_EXERCISED with \
+         deploy/helm/kerf/templates/*rbac*.yaml, make the flow use them, or list them in NOT_EXERCISED with \
          the reason): {unexplained:#?}"
     );
     let unused_names: BTreeSet<String> = unused.iter().map(ToString::to_string).collect();

@@ -1,4 +1,4 @@
-//! The README's "Permissions" table says what `deploy/base/*rbac*.yaml` grants, row for rule:
+//! The README's "Permissions" table says what `deploy/helm/kerf/templates/*rbac*.yaml` grants, row for rule:
 //! this test parses both and fails naming each row that matches no rule and each rule that
 //! has no row (with the row to add).
 
@@ -138,7 +138,7 @@ fn the_readme_permissions_table_is_what_deploy_grants() {
             problems.push(format!("row written twice: {line}"));
         } else if !granted.contains_key(entry) {
             problems.push(format!(
-                "row matches no rule of deploy/base/*rbac*.yaml: {line}"
+                "row matches no rule of deploy/helm/kerf/templates/*rbac*.yaml: {line}"
             ));
         }
         seen.push(entry.clone());

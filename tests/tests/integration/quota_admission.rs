@@ -1,6 +1,6 @@
 //! GpuQuota enforced at admission, end to end: users create ResourceClaims in a FakeApi that
 //! calls kerf's validating webhook `quota.gpu.kerf.dev` over HTTPS as kube-apiserver does
-//! (`deploy/base/webhook.yaml`), served by kerf-controller's webhook as its ServiceAccount
+//! (`deploy/helm/kerf/templates/webhook.yaml`), served by kerf-controller's webhook as its ServiceAccount
 //! (deploy/'s RBAC). Claims up to the quota are admitted and charged in its status, the next
 //! is refused with ResourceQuota's message as kubectl shows it, concurrent creates never
 //! exceed it, a conflicting write is evaluated again, and with the webhook down

@@ -14,28 +14,28 @@ fn attributes(method: &str, path: &str, query: &str) -> Attributes {
 }
 
 #[test]
-fn rbac_manifests_are_every_rbac_file_of_deploy_base() {
-    let base = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base");
-    let mut on_disk: Vec<String> = std::fs::read_dir(&base)
+fn every_role_of_the_default_install_is_bound_and_loaded() {
+    use crate::manifests::{INSTALL, INSTALL_PATH, documents};
+    let mut in_manifest: Vec<(String, String)> = documents(INSTALL_PATH, INSTALL)
         .unwrap()
-        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-        .filter(|name| {
-            name.contains("rbac")
-                && std::path::Path::new(name)
-                    .extension()
-                    .is_some_and(|e| e.eq_ignore_ascii_case("yaml"))
+        .into_iter()
+        .filter(|d| d["kind"] == "ClusterRole" || d["kind"] == "Role")
+        .map(|d| {
+            let kind = d["kind"].as_str().unwrap().to_owned();
+            (kind, d["metadata"]["name"].as_str().unwrap().to_owned())
         })
-        .map(|name| format!("deploy/base/{name}"))
         .collect();
-    on_disk.sort();
-    let mut compiled: Vec<String> = KERF_RBAC_MANIFESTS
-        .iter()
-        .map(|(origin, _)| (*origin).to_owned())
-        .collect();
-    compiled.sort();
-    assert_eq!(compiled, on_disk);
+    in_manifest.sort();
     let policy = Policy::kerf_manifests().unwrap();
-    assert!(!policy.grants().is_empty());
+    let mut granted: Vec<(String, String)> = policy
+        .grants()
+        .iter()
+        .map(|g| (g.source.kind.to_owned(), g.source.name.clone()))
+        .collect();
+    granted.sort();
+    granted.dedup();
+    assert_eq!(granted, in_manifest);
+    assert!(in_manifest.len() >= 4, "{in_manifest:?}");
 }
 
 #[test]
@@ -409,7 +409,11 @@ async fn an_apply_that_creates_needs_create() {
         "metadata": {"name": "kerf-default-gpu-classes-created", "namespace": crate::fake_api::KERF_NAMESPACE},
     });
     let mut policy = Policy::default();
-    let patch_only = KERF_RBAC_MANIFESTS[1].1.replace(
+    let (_, install) = KERF_RBAC_MANIFESTS[0];
+    assert!(install.contains(
+        "  - apiGroups: [\"\"]\n    resources: [\"configmaps\"]\n    verbs: [\"create\"]\n"
+    ));
+    let patch_only = install.replace(
         "  - apiGroups: [\"\"]\n    resources: [\"configmaps\"]\n    verbs: [\"create\"]\n",
         "",
     );

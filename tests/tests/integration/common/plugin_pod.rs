@@ -2,23 +2,20 @@
 //! creates it on a node: what `--mps-daemons=pod` reads at start-up and copies into the MPS
 //! control daemon pods (image, program, security context, hostPath mounts).
 
-use std::path::Path;
-
 use k8s_openapi::api::core::v1::Pod;
 use kerf_tests::fake_api::KERF_NAMESPACE;
 use serde_json::{Value, json};
 
 /// The plugin pod's name (`--pod-name`, `POD_NAME`).
 pub const PLUGIN_POD: &str = "kerf-kubelet-plugin-x7k2p";
-/// The plugin's program in its image (`deploy/base/kubelet-plugin.yaml`), which the pod
+/// The plugin's program in its image (the chart's DaemonSet), which the pod
 /// runner maps to the `kerf-test-plugin` binary.
 pub const IMAGE_PROGRAM: &str = "/usr/local/bin/kerf-kubelet-plugin";
 
 /// The plugin's pod [`PLUGIN_POD`] in kerf-system, bound to `node`, with the spec and labels
-/// of the DaemonSet's template in `deploy/kerf.yaml` (the image kustomize sets included).
+/// of the DaemonSet's template in `deploy/kerf-mock.yaml` (its image included).
 pub fn plugin_pod_from_manifest(node: &str) -> Pod {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kerf.yaml");
-    plugin_pod_from(&std::fs::read_to_string(path).unwrap(), node)
+    plugin_pod_from(kerf_tests::manifests::MOCK_INSTALL, node)
 }
 
 /// As [`plugin_pod_from_manifest`], from the text of such a manifest.

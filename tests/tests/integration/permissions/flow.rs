@@ -35,9 +35,9 @@ use crate::common::{self, DRIVER, GIB, NODE, TestNode, uid};
 const WAIT: Duration = Duration::from_secs(20);
 /// The plugin as a program, which the daemon pods run (`kerf-test-plugin mps-control-daemon`).
 const PLUGIN_BINARY: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
-/// The default class kerf-controller allocates (`deploy/base/gpuclasses.yaml`).
+/// The default class kerf-controller allocates (the chart's default GpuClasses).
 const CONTROLLER_CLASS: &str = "slice.gpu.kerf.dev";
-/// The MutatingWebhookConfigurations of `deploy/base/webhook.yaml`, whose caBundle the
+/// The MutatingWebhookConfigurations of `deploy/helm/kerf/templates/webhook.yaml`, whose caBundle the
 /// webhook keeps.
 const WEBHOOK_CONFIGURATIONS: [&str; 2] = ["kerf-scheduling-gate", "kerf-claim-parameters"];
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";
@@ -198,8 +198,9 @@ pub async fn controller(fake: &FakeApi) {
             {"name": "gpu", "exactly": {"deviceClassName": CONTROLLER_CLASS}}
         ]}}},
     }));
-    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/base/gpuclasses.yaml");
-    let defaults = DefaultClasses::load(&shipped, KERF_NAMESPACE).unwrap();
+    let shipped = kerf_tests::manifests::default_gpu_classes().unwrap();
+    let defaults =
+        DefaultClasses::parse(Path::new("gpuclasses.yaml"), &shipped, KERF_NAMESPACE).unwrap();
     let mut controllers = kerf_controller::controllers();
     controllers.push(default_classes::task(defaults));
     let stop = CancellationToken::new();
@@ -353,7 +354,7 @@ fn pod(fake: &FakeApi, name: &str, claim: &str) {
     }));
 }
 
-/// The flags `deploy/base/controller.yaml` sets, with timings short enough for a test.
+/// The flags `deploy/helm/kerf/templates/controller.yaml` sets, with timings short enough for a test.
 fn config() -> Config {
     let settings = ClaimSettings {
         unplaceable_retry: Duration::from_millis(200),

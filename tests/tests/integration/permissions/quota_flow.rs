@@ -14,7 +14,7 @@ use kerf_tests::wait::eventually;
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
-/// The ValidatingWebhookConfiguration of the quota webhook (`deploy/base/webhook.yaml`).
+/// The ValidatingWebhookConfiguration of the quota webhook (`deploy/helm/kerf/templates/webhook.yaml`).
 pub const QUOTA_CONFIGURATION: &str = "kerf-gpu-quota";
 const TEAM: &str = "quota-team";
 const WAIT: Duration = Duration::from_secs(20);

@@ -1,5 +1,5 @@
 //! The fixture of `quota_admission.rs`: a FakeApi with kerf's webhook configurations
-//! (`deploy/base/webhook.yaml`, called by the fake over HTTPS), kerf-controller's webhook
+//! (`deploy/helm/kerf/templates/webhook.yaml`, called by the fake over HTTPS), kerf-controller's webhook
 //! serving them as its ServiceAccount, a kerf Controller class whose claims are charged by
 //! their `GpuClaimParameters`, and namespaces with GpuQuotas.
 
