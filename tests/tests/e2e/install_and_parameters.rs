@@ -339,7 +339,7 @@ async fn wait_daemon_set(env: &TestEnv, namespace: &str, name: &str) -> Result<(
 
 /// Waits for the DeviceClass of the default Controller class, which kerf's controller creates
 /// from the manifest's ConfigMap once the CRD is established.
-async fn wait_default_class(env: &TestEnv) -> Result<()> {
+pub async fn wait_default_class(env: &TestEnv) -> Result<()> {
     let device_classes: Api<DeviceClass> = Api::all(env.client.clone());
     let classes: Api<GpuClass> = Api::all(env.client.clone());
     wait::poll_until(
@@ -362,7 +362,7 @@ async fn wait_default_class(env: &TestEnv) -> Result<()> {
 /// A 10Gi / 25 % slice of the default Controller class for a pod that reports and exits: the
 /// pod Succeeds, kerf's controller allocated the claim (its `Allocated` Event) and the
 /// container saw the slice's limits.
-async fn run_default_slice_pod(env: &TestEnv) -> Result<()> {
+pub async fn run_default_slice_pod(env: &TestEnv) -> Result<()> {
     let driver = &env.settings.driver;
     let params = manifests::slice_parameters(SLICE_MEMORY, SLICE_COMPUTE)?;
     let spec = manifests::claim_spec(DEFAULT_SLICE_CLASS, driver, Some(params), &[]);

@@ -24,6 +24,7 @@
 //! finalizer instead, and kerf's controller deallocates them.
 
 mod gpu_quota;
+mod helm;
 mod mps_daemons;
 mod node_fit;
 mod scheduler_slices;

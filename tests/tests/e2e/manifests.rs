@@ -395,6 +395,8 @@ mod tests {
             pull_policy: "Never".to_owned(),
             timeout: Duration::from_secs(10),
             kubectl: "kubectl".to_owned(),
+            helm: "helm".to_owned(),
+            helm_set: String::new(),
         }
     }
 

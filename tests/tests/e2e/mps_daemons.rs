@@ -47,19 +47,19 @@ const SLICE_MEMORY: &str = "10Gi";
 const SLICE_COMPUTE: u8 = 25;
 /// How long a daemon must stay the same after the plugin came back: four of the plugin's
 /// daemon checks at their default interval (`--mps-check-interval`, 5 s).
-const ADOPTION_WINDOW: Duration = Duration::from_secs(20);
+pub(crate) const ADOPTION_WINDOW: Duration = Duration::from_secs(20);
 
 /// A Running test pod with one MPS slice, and where its slice is.
 #[derive(Debug, Clone)]
-struct MpsPod {
+pub(crate) struct MpsPod {
     /// The pod's name, also its claim's.
-    name: String,
+    pub(crate) name: String,
     /// The node kerf's controller allocated the claim on, where the pod runs.
-    node: String,
+    pub(crate) node: String,
     /// The allocated device (`gpu-<minor>`).
-    device: String,
+    pub(crate) device: String,
     /// The GPU's UUID: the daemon pod's `gpu.kerf.dev/gpu` label.
-    uuid: String,
+    pub(crate) uuid: String,
 }
 
 /// A deleted plugin pod (a rollout, an OOM kill or a node-agent upgrade does the same) leaves
@@ -240,7 +240,7 @@ async fn killed_mps_daemon_is_restarted_and_reported() -> Result<()> {
 
 /// A Controller GpuClass of MPS slices (as the chart's default `slice.gpu.kerf.dev`,
 /// but the test's own, so the test does not depend on the defaults' current values).
-async fn mps_class(env: &TestEnv, test: &str) -> Result<String> {
+pub(crate) async fn mps_class(env: &TestEnv, test: &str) -> Result<String> {
     let spec = GpuClassSpec {
         sharing: Some(SharingConfig {
             strategy: Sharing::Mps,
@@ -299,7 +299,11 @@ async fn mps_pod_facts(env: &TestEnv, name: &str) -> Result<MpsPod> {
 
 /// Runs MPS pod `name` of `class` and returns it with its GPU's daemon, once the daemon runs
 /// and the pod's `CUDA_MPS_PIPE_DIRECTORY` holds its `control` socket.
-async fn run_mps_pod(env: &TestEnv, class: &str, name: &str) -> Result<(MpsPod, DaemonIdentity)> {
+pub(crate) async fn run_mps_pod(
+    env: &TestEnv,
+    class: &str,
+    name: &str,
+) -> Result<(MpsPod, DaemonIdentity)> {
     create_mps_pod(env, class, name, None, false).await?;
     let pod = mps_pod_facts(env, name).await?;
     let daemon = daemon_pods::wait_daemon(env, &pod.node, &pod.uuid, "running", |_| true).await?;
@@ -349,7 +353,7 @@ async fn roll_and_prepare(env: &TestEnv, node: &str, old_uid: &str, bound: Durat
 }
 
 /// Fails unless pod `name` still runs with no container restarted.
-async fn workload_intact(env: &TestEnv, name: &str) -> Result<()> {
+pub(crate) async fn workload_intact(env: &TestEnv, name: &str) -> Result<()> {
     let pod = env.api::<Pod>().get(name).await?;
     daemon_checks::workload_intact(&pod)
 }

@@ -10,6 +10,11 @@ pub const DEFAULT_DRIVER: &str = "gpu.kerf.dev";
 pub const DEFAULT_IMAGE: &str = "busybox:1.36";
 /// The kubectl the install test runs unless `KERF_E2E_KUBECTL` says otherwise.
 pub const DEFAULT_KUBECTL: &str = "kubectl";
+/// The helm the chart tests run unless `KERF_E2E_HELM` says otherwise.
+pub const DEFAULT_HELM: &str = "helm";
+/// The chart tests' `--set` values unless `KERF_E2E_HELM_SET` says otherwise: mock GPUs and
+/// the locally built image `kerf:dev`.
+pub const DEFAULT_HELM_SET: &str = "gpus.source=mock,image.repository=kerf,image.tag=dev";
 /// Pull policy unless `KERF_E2E_PULL_POLICY` says otherwise.
 pub const DEFAULT_PULL_POLICY: &str = "IfNotPresent";
 /// Bound of every wait unless `KERF_E2E_TIMEOUT` (seconds) says otherwise. Generous because
@@ -32,6 +37,10 @@ pub struct Settings {
     /// The kubectl the install test runs (`KERF_E2E_KUBECTL`); it reads `KUBECONFIG` as the
     /// suite does.
     pub kubectl: String,
+    /// The helm the chart tests run (`KERF_E2E_HELM`), with the suite's `KUBECONFIG`.
+    pub helm: String,
+    /// The chart tests' values, one `--set` argument (`KERF_E2E_HELM_SET`).
+    pub helm_set: String,
 }
 
 impl Settings {
@@ -70,6 +79,8 @@ impl Settings {
             pull_policy,
             timeout,
             kubectl: get("KERF_E2E_KUBECTL", DEFAULT_KUBECTL),
+            helm: get("KERF_E2E_HELM", DEFAULT_HELM),
+            helm_set: get("KERF_E2E_HELM_SET", DEFAULT_HELM_SET),
         })
     }
 }
@@ -95,6 +106,8 @@ mod tests {
         assert_eq!(s.pull_policy, "IfNotPresent");
         assert_eq!(s.timeout, DEFAULT_TIMEOUT);
         assert_eq!(s.kubectl, "kubectl");
+        assert_eq!(s.helm, "helm");
+        assert_eq!(s.helm_set, DEFAULT_HELM_SET);
         assert_eq!(
             settings(&[("KERF_E2E_IMAGE", "  ")]).unwrap().image,
             DEFAULT_IMAGE
