@@ -315,3 +315,54 @@ fn render_spec(texts: &BTreeMap<String, String>, spec: &Value) -> String {
         .and_then(|t| t.strip_suffix('}'))
         .map_or_else(|| spec.to_string(), str::to_owned)
 }
+
+/// The ResourceClaim status strategy's `dropDeallocatedStatusDevices`
+/// (kubernetes/kubernetes `pkg/registry/resource/resourceclaim/strategy.go`, called from
+/// `resourceclaimStatusStrategy.PrepareForUpdate`): on a `/status` write, the
+/// `status.devices` entries of devices the old allocation held and the new one does not
+/// (driver, pool, device and shareID) are removed, so deallocating a claim takes every
+/// driver's entries of its devices with it. `new` is the object about to be stored.
+pub(super) fn drop_deallocated_status_devices(key: &ObjKey, old: &Value, new: &mut Value) {
+    if guarded_kind(key) != Some("ResourceClaim") {
+        return;
+    }
+    let id = |entry: &Value| {
+        let text = |field: &str| {
+            entry
+                .get(field)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
+        };
+        (
+            text("driver"),
+            text("pool"),
+            text("device"),
+            text("shareID"),
+        )
+    };
+    let allocated = |claim: &Value| -> Vec<_> {
+        claim
+            .pointer("/status/allocation/devices/results")
+            .and_then(Value::as_array)
+            .map(|results| results.iter().map(id).collect())
+            .unwrap_or_default()
+    };
+    let still = allocated(new);
+    let gone: Vec<_> = allocated(old)
+        .into_iter()
+        .filter(|device| !still.contains(device))
+        .collect();
+    if gone.is_empty() {
+        return;
+    }
+    let Some(status) = new.get_mut("status").and_then(Value::as_object_mut) else {
+        return;
+    };
+    if let Some(devices) = status.get_mut("devices").and_then(Value::as_array_mut) {
+        devices.retain(|entry| !gone.contains(&id(entry)));
+        if devices.is_empty() {
+            status.remove("devices");
+        }
+    }
+}

@@ -123,7 +123,9 @@ impl State {
         mut patched: Value,
     ) -> Value {
         if request.parsed.status {
-            return with_status_of(current, &patched);
+            let mut next = with_status_of(current, &patched);
+            super::claims::drop_deallocated_status_devices(key, current, &mut next);
+            return next;
         }
         for field in ["name", "namespace"] {
             match current.pointer(&format!("/metadata/{field}")).cloned() {

@@ -510,7 +510,9 @@ impl State {
         check_preconditions(&key, &current, str_at(&body, "/metadata/uid"), "")?;
         Self::check_resource_version(&key, &current, &body)?;
         let next = if request.parsed.status {
-            with_status_of(&current, &body)
+            let mut next = with_status_of(&current, &body);
+            super::claims::drop_deallocated_status_devices(&key, &current, &mut next);
+            next
         } else {
             Self::key_in_collection(&request.parsed, &mut body, key.name.clone())?;
             self.next_main_object(&key, &current, body)

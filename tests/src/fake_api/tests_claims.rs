@@ -331,3 +331,40 @@ fn raw_texts_are_found_and_compacted_as_go_does() {
         r#"{"a":[1e-07,1.5e+21,0.25],"m":"\u0026","z":1}"#
     );
 }
+
+/// A `/status` write that takes devices out of the allocation drops their `status.devices`
+/// entries and keeps those of devices still allocated (`dropDeallocatedStatusDevices`).
+#[tokio::test]
+async fn a_status_write_drops_the_entries_of_deallocated_devices() {
+    let fake = FakeApi::new();
+    create_claim(&fake, "c", false).await;
+    let result = |device: &str| json!({"request": "gpu", "driver": "gpu.kerf.dev", "pool": "node-1", "device": device});
+    let entry =
+        |driver: &str, device: &str| json!({"driver": driver, "pool": "node-1", "device": device});
+    let status = json!({"status": {
+        "allocation": {"devices": {"results": [result("gpu-0"), result("gpu-1")]}},
+        "devices": [entry("gpu.kerf.dev", "gpu-0"), entry("gpu.kerf.dev", "gpu-1")],
+    }});
+    let path = format!("{CLAIMS}/c/status");
+    let (code, text, _) = send(&fake, "PATCH", &path, MERGE, &status.to_string()).await;
+    assert_eq!(code, 200, "{text}");
+
+    let one_left = json!({"status": {"allocation": {"devices": {"results": [result("gpu-1")]}}}});
+    let (code, text, stored) = send(&fake, "PATCH", &path, MERGE, &one_left.to_string()).await;
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(
+        stored["status"]["devices"],
+        json!([entry("gpu.kerf.dev", "gpu-1")])
+    );
+
+    let none = json!({"status": {"allocation": null}});
+    let (code, text, stored) = send(&fake, "PATCH", &path, MERGE, &none.to_string()).await;
+    assert_eq!(code, 200, "{text}");
+    assert_eq!(stored["status"].get("devices"), None, "{stored}");
+
+    // The main resource keeps the status as it is (its strategy keeps the old status).
+    assert_eq!(
+        fake.get(&format!("{CLAIMS}/c")).unwrap()["status"].get("devices"),
+        None
+    );
+}
