@@ -22,8 +22,8 @@ pub fn managed_fields<K: Resource>(object: &mut K) {
 }
 
 /// Drops a ResourceClaim's `managedFields` and `status.devices`: the devices' status that
-/// kubelet plugins write after a prepare (kerf's own included) and withdraw at unprepare,
-/// which nothing in kerf-controller reads. A write of it alone then leaves the cached claim as
+/// kubelet plugins write after a prepare (kerf's own included), which nothing in
+/// kerf-controller reads. A write of it alone then leaves the cached claim as
 /// it was, which [`super::cache`] does not pass on as a change: no reconcile, no label check,
 /// no ownership pass for it.
 pub fn claim(claim: &mut ResourceClaim) {

@@ -1,12 +1,21 @@
 //! Per-device claim status: after a prepare, kerf's entries in the claim's `status.devices`
 //! (one per prepared device, `Ready=True` and kerf's result as `data`, see
-//! [`kerf_api::device_status`]), withdrawn after the unprepare; `kubectl get resourceclaim
-//! -o yaml` shows them.
+//! [`kerf_api::device_status`]); `kubectl get resourceclaim -o yaml` shows them.
 //!
 //! Writes are server-side applies of the `status` subresource by the field manager
 //! [`FIELD_MANAGER`], holding only this driver's entries: the list is a map keyed by driver,
 //! device, pool and shareID upstream, so the allocation, `reservedFor` and other drivers'
-//! entries stay with their managers. Withdrawing applies an empty list from the same manager.
+//! entries stay with their managers.
+//!
+//! The unprepare writes nothing: the kubelet unprepares a claim once no pod on the node uses
+//! it, and then its allocator deallocates it (kube-controller-manager's resourceclaim
+//! controller, `syncClaim` in `pkg/controller/resourceclaim/controller.go`, once
+//! `reservedFor` is empty; kerf-controller for its own claims) or its owner deletes it. The
+//! API server's status strategy drops the entries of deallocated devices by itself
+//! (`dropDeallocatedStatusDevices` in `pkg/registry/resource/resourceclaim/strategy.go`), so
+//! an apply of an empty list at unprepare would be a second write per claim that races the
+//! deallocation (and mostly loses it, with a 404 or 422). The unprepare only cancels a write
+//! still waiting in the queue ([`DeviceStatusWriter::forget`]).
 //!
 //! A status write never slows down or fails a prepare: the preparer hands the facts to a
 //! bounded queue that coalesces per claim (the newest wish for a claim wins) and returns; one
@@ -100,25 +109,12 @@ impl DeviceStatusConfig {
     }
 }
 
-/// What the writer does for a claim.
+/// The entries of a prepared claim's devices, waiting to be applied.
 #[derive(Debug, Clone)]
-enum Job {
-    /// Apply the entries of the prepared devices.
-    Publish {
-        claim: ClaimRef,
-        devices: Vec<PreparedDeviceFacts>,
-        prepared_at: Time,
-    },
-    /// Apply an empty list: withdraw every entry of this manager.
-    Withdraw { claim: ClaimRef },
-}
-
-impl Job {
-    fn claim(&self) -> &ClaimRef {
-        match self {
-            Job::Publish { claim, .. } | Job::Withdraw { claim } => claim,
-        }
-    }
+struct Job {
+    claim: ClaimRef,
+    devices: Vec<PreparedDeviceFacts>,
+    prepared_at: Time,
 }
 
 /// Claims waiting for their write, oldest first, one job each.
@@ -147,7 +143,7 @@ impl StatusMetrics {
         let registry = registry.sub_registry_with_prefix("kerf_plugin");
         registry.register(
             "claim_device_status_writes",
-            "Per-device claim status writes, by outcome: written, withdrawn, claim_gone, deallocated, invalid, retried, gave_up, forbidden, field_dropped, queue_full, disabled",
+            "Per-device claim status writes, by outcome: written, claim_gone, deallocated, invalid, retried, gave_up, forbidden, field_dropped, queue_full, disabled",
             self.outcomes.clone(),
         );
         registry.register(
@@ -171,8 +167,8 @@ struct Shared {
     wake: Notify,
     disabled: AtomicBool,
     overflow_logged: AtomicBool,
-    /// Claims whose entries this process applied and has not withdrawn: a repeated prepare
-    /// of one of them writes nothing.
+    /// Claims whose entries this process applied and that are still prepared: a repeated
+    /// prepare of one of them writes nothing.
     written: Mutex<HashSet<String>>,
     /// Where writes the API server refuses, or that fail all their attempts, are told.
     reports: Option<WriteFailureReports>,
@@ -248,22 +244,20 @@ impl DeviceStatusWriter {
             // the condition's lastTransitionTime.
             return;
         }
-        shared.enqueue(Job::Publish {
+        shared.enqueue(Job {
             claim: claim.clone(),
             devices,
             prepared_at: Time(k8s_openapi::jiff::Timestamp::now()),
         });
     }
 
-    /// Queues the withdrawal of kerf's entries of an unprepared claim; returns at once.
-    pub fn withdraw(&self, claim: &ClaimRef) {
-        if self.shared.is_disabled() {
-            self.shared.metrics.count("disabled");
-            return;
-        }
-        self.shared.enqueue(Job::Withdraw {
-            claim: claim.clone(),
-        });
+    /// Forgets an unprepared claim: its write still waiting is cancelled, and a later prepare
+    /// of it writes again. Its entries already written stay until the API server drops them
+    /// at deallocation (module doc).
+    pub fn forget(&self, claim: &ClaimRef) {
+        let shared = &self.shared;
+        lock(&shared.queue).jobs.remove(&claim.uid);
+        lock(&shared.written).remove(&claim.uid);
     }
 
     /// False once the API server dropped the field or refused the permission.
@@ -323,9 +317,9 @@ enum Outcome {
     Retry,
 }
 
-fn classify(result: &Result<bool, kube::Error>, publishing: bool) -> Outcome {
+fn classify(result: &Result<bool, kube::Error>) -> Outcome {
     match result {
-        Ok(true) => Outcome::Done(if publishing { "written" } else { "withdrawn" }),
+        Ok(true) => Outcome::Done("written"),
         Ok(false) => Outcome::Disable {
             label: "field_dropped",
             why: "the API server dropped status.devices (feature gate DRAResourceClaimDeviceStatus is off)".to_owned(),
@@ -374,7 +368,7 @@ impl Shared {
     }
 
     fn enqueue(&self, job: Job) {
-        let uid = job.claim().uid.clone();
+        let uid = job.claim.uid.clone();
         let mut queue = lock(&self.queue);
         if let Some(waiting) = queue.jobs.get_mut(&uid) {
             *waiting = job;
@@ -434,15 +428,15 @@ impl Shared {
     /// Writes one job, retrying transient failures, until it is done, moot, superseded by a
     /// newer job for the same claim, or the writer is disabled.
     async fn write(&self, client: &kube::Client, job: Job) {
-        let claim = job.claim().clone();
-        let (entries, publishing) = self.entries(&job);
+        let claim = job.claim.clone();
+        let entries = self.entries(&job);
         let mut backoff = self.config.retry.initial_backoff;
         for attempt in 1..=self.config.retry.attempts.max(1) {
             if self.is_disabled() {
                 return;
             }
             let result = apply(client, &claim, &entries).await;
-            match classify(&result, publishing) {
+            match classify(&result) {
                 Outcome::Retry => {
                     if self.gave_up(&claim, &result, attempt).await {
                         return;
@@ -454,7 +448,7 @@ impl Shared {
                         return;
                     }
                 }
-                Outcome::Done(label) => return self.done(&claim, label, entries.len(), publishing),
+                Outcome::Done(label) => return self.done(&claim, label, entries.len()),
                 Outcome::Dropped { label, warn } => {
                     return self.dropped(&claim, (label, warn), &result, attempt).await;
                 }
@@ -469,34 +463,19 @@ impl Shared {
         }
     }
 
-    /// The entries `job` applies (none for a withdrawal), and whether it publishes.
-    fn entries(&self, job: &Job) -> (Vec<AllocatedDeviceStatus>, bool) {
-        match job {
-            Job::Publish {
-                devices,
-                prepared_at,
-                ..
-            } => {
-                let (driver, node) = (&self.config.driver_name, &self.config.node_name);
-                let entries = devices
-                    .iter()
-                    .map(|facts| allocated_device_status(driver, node, facts, prepared_at))
-                    .collect();
-                (entries, true)
-            }
-            Job::Withdraw { .. } => (Vec::new(), false),
-        }
+    /// The entries `job` applies.
+    fn entries(&self, job: &Job) -> Vec<AllocatedDeviceStatus> {
+        let (driver, node) = (&self.config.driver_name, &self.config.node_name);
+        job.devices
+            .iter()
+            .map(|facts| allocated_device_status(driver, node, facts, &job.prepared_at))
+            .collect()
     }
 
-    /// Records a written (or withdrawn) status of `claim`.
-    fn done(&self, claim: &ClaimRef, label: &'static str, devices: usize, publishing: bool) {
+    /// Records a written status of `claim`.
+    fn done(&self, claim: &ClaimRef, label: &'static str, devices: usize) {
         self.metrics.count(label);
-        let mut written = lock(&self.written);
-        if publishing {
-            written.insert(claim.uid.clone());
-        } else {
-            written.remove(&claim.uid);
-        }
+        lock(&self.written).insert(claim.uid.clone());
         tracing::debug!(claim.uid = %claim.uid, devices, outcome = label, "per-device claim status applied");
     }
 

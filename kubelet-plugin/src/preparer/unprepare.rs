@@ -1,5 +1,5 @@
 //! Unprepare of one claim: its CDI spec and its checkpoint entry removed, its shared GPUs
-//! released, its devices withdrawn from the claim's status.
+//! released, its waiting status write cancelled.
 
 use kerf_core::checkpoint::{ClaimEntry, DeviceRecord};
 use kerf_core::names;
@@ -41,7 +41,7 @@ impl Preparer {
         self.claim_reader.unprepared(&claim.uid);
         self.sharing.release(&devices, &self.checkpoint).await;
         if let Some(writer) = &self.device_status {
-            writer.withdraw(claim);
+            writer.forget(claim);
         }
         Ok(())
     }

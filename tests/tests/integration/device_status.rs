@@ -1,13 +1,15 @@
 //! Per-device claim status against the in-memory API server: the preparer's status writer
-//! applies kerf's `status.devices` entries after a prepare and withdraws them after the
-//! unprepare, leaves the allocation alone, shrugs off a claim deleted before the write, and
-//! stops after one attempt and one log line when the server drops the field or refuses the
-//! permission.
+//! applies kerf's `status.devices` entries after a prepare, writes nothing at the unprepare
+//! (the deallocation drops the entries, as kube-apiserver's status strategy does) and cancels
+//! a write still waiting, leaves the allocation alone, shrugs off a claim deleted before the
+//! write, and stops after one attempt and one log line when the server drops the field or
+//! refuses the permission.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::{DRIVER, GIB, NAMESPACE, NODE, TestNode, uid};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_core::cdi::{CommonEdits, DeviceNodePolicy};
 use kerf_kubelet_plugin::checkpoint_store::CheckpointStore;
 use kerf_kubelet_plugin::gpu_sharing::GpuSharing;
@@ -108,6 +110,23 @@ impl StatusNode {
             .unwrap_or_else(|| panic!("claim {name} is gone"))
     }
 
+    /// Deallocates claim `name` as its allocator does once no pod uses it: one `/status`
+    /// write clearing `allocation` and `reservedFor`.
+    async fn deallocate(&self, name: &str) {
+        let claims: kube::Api<ResourceClaim> =
+            kube::Api::namespaced(self.node.api.client(), NAMESPACE);
+        claims
+            .patch_status(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(
+                    json!({"status": {"allocation": null, "reservedFor": null}}),
+                ),
+            )
+            .await
+            .unwrap();
+    }
+
     fn devices(&self, name: &str) -> Vec<Value> {
         self.claim(name)["status"]["devices"]
             .as_array()
@@ -164,7 +183,7 @@ fn ready(entry: &Value) -> &Value {
 }
 
 #[tokio::test]
-async fn prepare_writes_ready_entries_and_unprepare_withdraws_them() {
+async fn prepare_writes_ready_entries_that_the_deallocation_drops() {
     let status = StatusNode::new("a100-40gb-mig").await;
     let (whole, parent, mig) = status.node.whole_gpu_and_mig();
     let inventory = status.node.inventory();
@@ -234,22 +253,69 @@ async fn prepare_writes_ready_entries_and_unprepare_withdraws_them() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(status.status_writes().len(), 2);
 
+    // The unprepare writes nothing; the deallocation that follows drops the entry.
     status.unprepare(&whole_claim).await;
-    until("the whole GPU's entry is withdrawn", WAIT, || {
-        status.devices("whole").is_empty()
-    })
-    .await;
-    let claim = status.claim("whole");
-    assert_eq!(claim["status"]["allocation"], allocation_before);
-    assert_eq!(claim["status"]["reservedFor"][0]["uid"], json!("pod-1"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(status.status_writes().len(), 2, "no write at unprepare");
+    assert_eq!(status.devices("whole").len(), 1);
+    status.deallocate("whole").await;
+    assert!(
+        status.devices("whole").is_empty(),
+        "{:?}",
+        status.claim("whole")
+    );
     assert_eq!(
         status.devices("mig").len(),
         1,
         "the other claim keeps its entry"
     );
     assert_eq!(status.outcomes("written"), 2);
-    assert_eq!(status.outcomes("withdrawn"), 1);
     assert!(status.writer.is_enabled());
+
+    // Prepared again after its deallocation and a new allocation, the claim is written again.
+    let mut allocated = status.claim("whole");
+    allocated["status"]["allocation"] = allocation_before;
+    status.node.api.insert(allocated);
+    status.prepare(&whole_claim).await;
+    until("the claim's entry is written again", WAIT, || {
+        status.devices("whole").len() == 1
+    })
+    .await;
+    assert_eq!(status.outcomes("written"), 3);
+}
+
+#[tokio::test]
+async fn an_unprepare_cancels_the_claims_waiting_write() {
+    let status = StatusNode::new("h100-sxm-80gb").await;
+    let first = status.node.device_claim("first", &uid(8), "gpu-0");
+    let second = status.node.device_claim("second", &uid(9), "gpu-1");
+    status.node.api.delay_next(
+        "PATCH",
+        &format!("{}/status", claim_path("first")),
+        Duration::from_millis(300),
+        1,
+    );
+    status.prepare(&first).await;
+    until("the first write is in flight", WAIT, || {
+        status.status_writes().len() == 1
+    })
+    .await;
+    // The second claim's write waits behind the first; its unprepare cancels it.
+    status.prepare(&second).await;
+    assert_eq!(status.writer.pending(), 1);
+    status.unprepare(&second).await;
+    assert_eq!(status.writer.pending(), 0);
+    until("the first claim is written", WAIT, || {
+        status.devices("first").len() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(status.devices("second").is_empty());
+    assert_eq!(
+        status.status_writes().len(),
+        1,
+        "nothing written for the second claim"
+    );
 }
 
 #[tokio::test]
@@ -292,11 +358,8 @@ async fn a_claim_deleted_before_the_write_is_no_error() {
     .await;
 
     status.unprepare(&claim).await;
-    until("the withdrawal met the deleted claim too", WAIT, || {
-        status.outcomes("claim_gone") == 2
-    })
-    .await;
-    assert_eq!(status.status_writes().len(), 2, "no retries of a 404");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(status.status_writes().len(), 1, "no retries of a 404");
     assert_eq!(status.outcomes("retried"), 0);
     assert!(status.writer.is_enabled());
     assert_eq!(logs.count("WARN"), 0, "a deleted claim is no warning");
@@ -344,8 +407,8 @@ async fn refused(status: &StatusNode, logs: &CapturedLogs) {
     assert!(status.devices("second").is_empty());
     assert_eq!(
         status.outcomes("disabled"),
-        3,
-        "the later wishes are counted, not sent"
+        1,
+        "the later write (the second prepare; an unprepare writes nothing) is counted, not sent"
     );
 }
 

@@ -103,10 +103,6 @@ pub async fn plugin(on: &MpsNode) -> (RunningPlugin, PodRunner) {
     let answers = kubelet.unprepare(&claims).await.unwrap();
     for claim in &claims {
         assert!(answers[&claim.uid].is_ok(), "{answers:?}");
-        until("the device status withdrawn", WAIT, || {
-            device_status(&node.api, claim).is_none_or(|d| d.is_empty())
-        })
-        .await;
     }
     assert!(
         !daemon_pod_exists(),
