@@ -134,7 +134,7 @@ pub struct Args {
 
     /// Run behind a minimal init that reaps the orphans of the tools the plugin starts (the
     /// MPS control daemons daemonize): `auto` when the process is PID 1, as in a container;
-    /// `always`; `never`. See the README, "Slices on the GPU".
+    /// `always`; `never`. See docs/design.md, "Slices on the GPU".
     #[arg(
         long,
         env = "KERF_INIT",
@@ -151,7 +151,7 @@ pub struct Args {
     /// Where the MPS control daemons run: `pod`, one pod per GPU in the plugin's namespace,
     /// created through the API and run by the kubelet, so that no plugin restart, upgrade or
     /// OOM kill stops one (needs --pod-name and --pod-namespace); `process`, children of the
-    /// plugin that daemonize (no cluster, `kerf demo`). See the README, "Slices on the GPU".
+    /// plugin that daemonize (no cluster, `kerf demo`). See docs/design.md, "Slices on the GPU".
     #[arg(long, env = "KERF_MPS_DAEMONS", value_enum, default_value = "process")]
     pub mps_daemons: crate::config::MpsDaemonMode,
 

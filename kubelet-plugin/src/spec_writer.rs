@@ -16,8 +16,8 @@
 //!
 //! Each change runs on its own blocking thread (`spawn_blocking`) rather than through one
 //! writer task that groups changes: without fsyncs a change is a few syscalls, and the task's
-//! extra hop costs more than grouping saves for the lone prepare (the figures are in the
-//! README's Performance section).
+//! extra hop costs more than grouping saves for the lone prepare (the figures are in
+//! docs/performance.md).
 //!
 //! What the writer task gave for free is kept: changes to one file land in the order they
 //! were asked for. A change handed to its thread runs to its end even when its caller is

@@ -6,7 +6,7 @@
 //! - **kerf-kubelet-plugin** and **kerf** (whose `demo` and `bench` run the plugin in
 //!   process): the prepare path allocates from many threads (gRPC workers, the blocking pool
 //!   of the file writers), where glibc's malloc spent a quarter of the CPU time of 64
-//!   concurrent prepares (see README, Performance).
+//!   concurrent prepares (see docs/performance.md).
 //! - **kerf-controller**: the controller allocates on every watch event, admission review and
 //!   reconcile (heaptrack counted 12 million allocations in a 500-node burst, 128,000 a
 //!   second), across the runtime's worker threads, and with glibc the leader spent about 1.5x

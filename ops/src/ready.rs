@@ -4,7 +4,7 @@
 //! an election) owns one [`ReadyFlag`] and sets it; [`ReadyFlags`] names what each flag
 //! means while it is down, so `/readyz` tells an operator (through `kubectl describe`) which
 //! part is missing rather than only that one is. "Ready" here is the process's readiness
-//! probe; the health of GPUs is another matter (see the README's glossary).
+//! probe; the health of GPUs is another matter (see ARCHITECTURE.md, Glossary).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

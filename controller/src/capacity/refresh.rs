@@ -4,7 +4,7 @@
 //! A change of the caches re-evaluates every GpuClass (`gpuclass.rs`); each class used to
 //! decode every allocated claim twice (memory, then compute) on its own, so a refresh cost
 //! classes × claims decodes: at 500 nodes and 1,000 claims the GpuClass refreshes were a fifth
-//! of the leader's CPU per pod (README, "Where the leader's CPU goes"). Memory and compute in
+//! of the leader's CPU per pod (docs/performance.md, "Where the leader's CPU goes"). Memory and compute in
 //! use do not depend on the class; only which devices count does.
 
 use std::collections::hash_map::DefaultHasher;

@@ -4,7 +4,7 @@
 //! Without it every claim reconcile (and every ownership and report pass that asks for a
 //! claim's pods) walked the whole pod store and resolved every pod's claims: at 1,000 pods
 //! that was a thousand [`consumers::pod_claims`] per reconcile, the largest O(cluster) term
-//! of the leader's CPU per pod (README, "Where the leader's CPU goes").
+//! of the leader's CPU per pod (docs/performance.md, "Where the leader's CPU goes").
 //!
 //! The index follows the watch events exactly as kube-runtime's store does
 //! (`kube-runtime` `reflector::store::Writer::apply_watcher_event`: `Apply` inserts,

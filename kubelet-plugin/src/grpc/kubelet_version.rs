@@ -48,7 +48,7 @@ pub async fn sockets_for_kubelet(config: PluginConfig, client: &kube::Client) ->
         Some(Some(false)) => {
             tracing::warn!(
                 kubelet = version.as_deref().unwrap_or_default(),
-                "kubelet older than 1.33 drops a driver when any of its instances deregisters: using the fixed socket names; roll this DaemonSet with maxSurge: 0 on such nodes (README, Upgrading the plugin)"
+                "kubelet older than 1.33 drops a driver when any of its instances deregisters: using the fixed socket names; roll this DaemonSet with maxSurge: 0 on such nodes (docs/operations.md, Upgrading the plugin)"
             );
             let (registration_socket, dra_socket) = fixed;
             PluginConfig {

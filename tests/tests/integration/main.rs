@@ -56,7 +56,7 @@ mod outage;
 mod outage_burst;
 mod ownership_passes;
 mod permissions;
-mod permissions_readme;
+mod permissions_doc;
 mod plugin;
 mod pod_runner;
 mod publish;

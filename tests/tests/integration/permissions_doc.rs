@@ -1,6 +1,6 @@
-//! The README's "Permissions" table says what `deploy/helm/kerf/templates/*rbac*.yaml` grants, row for rule:
-//! this test parses both and fails naming each row that matches no rule and each rule that
-//! has no row (with the row to add).
+//! The "Permissions" table of docs/install.md says what the chart's
+//! `deploy/helm/kerf/templates/*rbac*.yaml` grant, row for rule: this test parses both and fails
+//! naming each row that matches no rule and each rule that has no row (with the row to add).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -27,7 +27,7 @@ struct Entry {
 }
 
 impl Entry {
-    /// The row as the README writes it, with `why` to fill in.
+    /// The row as docs/install.md writes it, with `why` to fill in.
     fn row(&self) -> String {
         let names: Vec<String> = self.names.iter().map(|n| format!("`{n}`")).collect();
         format!(
@@ -53,9 +53,9 @@ fn list(cell: &str) -> Vec<String> {
     items
 }
 
-/// The rows of the table in `section` (the Permissions section up to the end of the README),
+/// The rows of the table in `section` (the Permissions section up to the end of the document),
 /// each with its line as written.
-fn readme_rows(section: &str) -> Vec<(String, Entry)> {
+fn table_rows(section: &str) -> Vec<(String, Entry)> {
     let section = section.split("\n## ").next().unwrap_or(section);
     let mut rows = Vec::new();
     for line in section.lines().filter(|l| l.starts_with('|')) {
@@ -114,14 +114,14 @@ fn entries_of(grant: &Grant) -> Vec<Entry> {
 }
 
 #[test]
-fn the_readme_permissions_table_is_what_deploy_grants() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+fn the_install_guides_permissions_table_is_what_the_chart_grants() {
+    let guide =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/install.md"))
             .unwrap();
-    let (_, section) = readme
+    let (_, section) = guide
         .split_once(&format!("\n{HEADING}\n"))
-        .expect("the README has a Permissions section");
-    let rows = readme_rows(section);
+        .expect("docs/install.md has a Permissions section");
+    let rows = table_rows(section);
     assert!(!rows.is_empty(), "the Permissions table has no rows");
     let policy = Policy::kerf_manifests().unwrap();
     let mut granted: BTreeMap<Entry, String> = BTreeMap::new();
@@ -146,7 +146,7 @@ fn the_readme_permissions_table_is_what_deploy_grants() {
     for (entry, source) in &granted {
         if !seen.contains(entry) {
             problems.push(format!(
-                "{source} has no row in the README; add: {}",
+                "{source} has no row in docs/install.md; add: {}",
                 entry.row()
             ));
         }
