@@ -5,7 +5,9 @@
 //!   controller allocator, a kubelet stand-in and optionally podman — with no cluster.
 //! - [`status`]: every kerf GPU of the cluster per node, from kerf's ResourceSlices and the
 //!   claims allocated on them (or from saved YAML).
+//! - [`args`]: the command line of `kerf`.
 
+pub mod args;
 pub mod demo;
 mod error;
 pub mod inventory;
