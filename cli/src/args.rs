@@ -1,6 +1,6 @@
 //! The command line of `kerf`: its subcommands and their flags, each flag also an environment
-//! variable where it makes sense. The binary parses [`Cli`]; a library item, so that the flags
-//! can be documented from these definitions.
+//! variable where it makes sense. The binary parses [`Cli`]; docs/configuration.md is rendered
+//! from the same definitions ([`crate::reference`]).
 
 use std::path::PathBuf;
 

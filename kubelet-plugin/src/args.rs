@@ -351,6 +351,12 @@ impl Args {
     }
 }
 
+/// The flags of `kerf-kubelet-plugin mps-control-daemon`, the program of an MPS daemon pod, as
+/// clap defines them (for the flag reference in docs/configuration.md).
+pub fn mps_control_daemon_command() -> clap::Command {
+    <crate::mps_control_daemon::DaemonArgs as clap::CommandFactory>::command()
+}
+
 /// `--mps-check-interval` must be more than 0.
 fn check_mps_check_interval(interval: Duration) -> Result<()> {
     if interval.is_zero() {

@@ -29,6 +29,7 @@ mod controller_write_failures;
 mod crash_restore;
 mod default_classes;
 mod device_status;
+mod docs;
 mod dynamic_mig_crash;
 mod dynamic_mig_ownership;
 mod extended_demand;
