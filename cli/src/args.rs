@@ -182,7 +182,7 @@ pub struct DemoArgs {
     #[arg(long, env = "KERF_DEMO_CLAIMS")]
     pub claims: Option<PathBuf>,
     /// Directory of GpuClasses and DeviceClasses (*.yaml) [default: the examples/admin built
-    /// into this binary].
+    /// into this binary]; the default classes of an install are always loaded first.
     #[arg(long, env = "KERF_DEMO_CLASSES")]
     pub classes: Option<PathBuf>,
     /// Run one busybox container per prepared claim with podman (as root), injecting the

@@ -3,8 +3,8 @@
 //! 1. The node: a mock inventory, the ResourceSlices the plugin would publish for it, and
 //!    the real kubelet plugin ([`kerf_kubelet_plugin::plugin::start`]) serving its sockets
 //!    under the output directory, reading claims from memory ([`claim_store`]).
-//! 2. The cluster's side: the manifests (GpuClasses → DeviceClasses as the controller
-//!    reconciles them; claims, templates, pods, Deployments), allocated pod by pod by kerf's
+//! 2. The cluster's side: the manifests (the default GpuClasses and the given ones →
+//!    DeviceClasses as the controller reconciles them; claims, templates, pods, Deployments), allocated pod by pod by kerf's
 //!    real controller allocator and, for Scheduler classes, by kube-scheduler's structured
 //!    allocator from kerf-scheduler-standin ([`allocate`], [`scheduler`]).
 //! 3. The kubelet's side: registration and one `NodePrepareResources` per pod over the
@@ -86,7 +86,8 @@ pub struct DemoConfig {
     pub node_name: String,
     /// The mock inventory (a profile or a file; NVML is refused).
     pub discovery: Discovery,
-    /// Where GpuClasses and DeviceClasses come from.
+    /// Where GpuClasses and DeviceClasses come from, besides the default classes, which every
+    /// run loads.
     pub classes: ManifestSource,
     /// Where claims, templates, pods and Deployments come from.
     pub claims: ManifestSource,
@@ -144,7 +145,12 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
     check_config(config)?;
     let driver = config.driver_name.as_str();
     let (layout, plugin_config, inventory) = open_main_node(config)?;
-    let manifests = manifests::load(&[config.classes.clone(), config.claims.clone()])?;
+    // The default classes first, as on every cluster kerf runs on.
+    let manifests = manifests::load(&[
+        ManifestSource::DefaultClasses,
+        config.classes.clone(),
+        config.claims.clone(),
+    ])?;
     let classes = classes::build(&manifests, driver);
     let mut slices = crate::inventory::resource_slices(&inventory, driver, &config.node_name)?;
     let main_whole = shareable::publish(&mut slices, &config.node_name, driver, &classes)?;

@@ -226,7 +226,7 @@ fn mps_slices_share_their_gpus_daemon(output: &Path, summary: &Summary) {
 }
 
 /// A whole GPU, placed by the scheduler stand-in on an SXM H100 of the main node (the sliced
-/// class selects the H100 NVL, so the main node's GPUs stay whole for the class h100),
+/// class selects the H100 NVL, so the main node's GPUs stay whole for the class gpu.kerf.dev),
 /// prepared with one CDI device.
 fn whole_gpu_by_the_scheduler(summary: &Summary) {
     let whole = claim(summary, "whole-gpu");
@@ -624,11 +624,16 @@ async fn mig_claims_on_an_a100_mig_node() {
     assert!(mig.prepared, "{mig:#?}");
     assert_eq!(mig.devices[0].device_type, "mig");
     assert_eq!(mig.devices[0].mig_profile.as_deref(), Some("1g.5gb"));
-    // The H100 classes select nothing here, and say so.
+    // No GPU is published whole here (the A100s are in MIG mode, the H100 NVLs shareable):
+    // the whole-GPU class selects nothing, and says so.
     let whole = claim(&summary, "whole-gpu");
     assert_eq!(whole.allocated_by, None);
     assert!(
-        whole.error.as_deref().unwrap().contains("h100"),
+        whole
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("class \"gpu.kerf.dev\""),
         "{whole:#?}"
     );
 }

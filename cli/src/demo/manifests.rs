@@ -18,9 +18,42 @@ use crate::error::{Error, Result};
 pub const EMBEDDED_EXAMPLES: &[(&str, &str, &str)] =
     include!(concat!(env!("OUT_DIR"), "/embedded_examples.rs"));
 
+/// The chart's default install, `deploy/kerf.yaml`, embedded at build time: its ConfigMap
+/// kerf-default-gpu-classes holds the default GpuClasses, which every cluster with kerf has
+/// and so every demo run loads first.
+const INSTALL: &str = include_str!("../../../deploy/kerf.yaml");
+
+/// The ConfigMap of [`INSTALL`] that holds the default classes.
+const DEFAULT_CLASSES_CONFIG_MAP: &str = "kerf-default-gpu-classes";
+
+/// Where the default classes come from, as the origin of their documents.
+pub const DEFAULT_CLASSES_ORIGIN: &str = "deploy/kerf.yaml#kerf-default-gpu-classes";
+
+/// The default GpuClasses as kerf-controller gets them from the chart's default install: the
+/// `gpuclasses.yaml` of its ConfigMap kerf-default-gpu-classes, a YAML stream of GpuClasses.
+///
+/// # Errors
+/// [`Error::Config`] when the embedded install does not parse or lacks that entry.
+pub fn default_classes() -> Result<String> {
+    let documents: Vec<Value> = serde_saphyr::from_multiple(INSTALL)
+        .map_err(|e| Error::Config(format!("deploy/kerf.yaml: invalid YAML: {e}")))?;
+    documents
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == DEFAULT_CLASSES_CONFIG_MAP)
+        .and_then(|d| d["data"]["gpuclasses.yaml"].as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            Error::Config(format!(
+                "deploy/kerf.yaml: no ConfigMap {DEFAULT_CLASSES_CONFIG_MAP} with gpuclasses.yaml"
+            ))
+        })
+}
+
 /// Where a set of manifests comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ManifestSource {
+    /// The default GpuClasses ([`default_classes`]).
+    DefaultClasses,
     /// The files of `examples/<folder>` embedded at build time.
     Embedded(&'static str),
     /// Every `*.yaml` / `*.yml` file of a directory, in name order.
@@ -90,6 +123,9 @@ pub fn read_source(source: &ManifestSource) -> Result<(Vec<Document>, Vec<Invali
     let mut documents = Vec::new();
     let mut invalid = Vec::new();
     let files: Vec<(String, String)> = match source {
+        ManifestSource::DefaultClasses => {
+            vec![(DEFAULT_CLASSES_ORIGIN.to_owned(), default_classes()?)]
+        }
         ManifestSource::Embedded(folder) => EMBEDDED_EXAMPLES
             .iter()
             .filter(|(f, _, _)| f == folder)
@@ -131,6 +167,9 @@ pub fn load(sources: &[ManifestSource]) -> Result<Manifests> {
 /// True when `source` holds at least one file.
 pub fn is_empty(source: &ManifestSource) -> bool {
     match source {
+        ManifestSource::DefaultClasses => {
+            default_classes().map_or(true, |classes| classes.trim().is_empty())
+        }
         ManifestSource::Embedded(folder) => !EMBEDDED_EXAMPLES.iter().any(|(f, _, _)| f == folder),
         ManifestSource::Dir(dir) => read_dir(dir).map_or(true, |files| files.is_empty()),
     }
@@ -294,6 +333,22 @@ pub fn string_at(value: &Value, path: &[&str]) -> Option<String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_default_classes_are_the_charts() {
+        let (documents, invalid) = read_source(&ManifestSource::DefaultClasses).unwrap();
+        assert!(invalid.is_empty(), "{invalid:?}");
+        let names: Vec<String> = documents
+            .iter()
+            .map(|d| string_at(&d.value, &["metadata", "name"]).unwrap())
+            .collect();
+        assert_eq!(names, ["gpu.kerf.dev", "slice.gpu.kerf.dev"]);
+        assert!(
+            documents
+                .iter()
+                .all(|d| d.origin.starts_with(DEFAULT_CLASSES_ORIGIN))
+        );
+    }
 
     #[test]
     fn unknown_fields_are_named_with_their_path() {
