@@ -43,6 +43,7 @@ mod gpu_sharing;
 mod gpuclass;
 mod grpcio_client;
 mod health;
+mod helm_values_doc;
 mod idle_gpus_taint;
 mod kubelet_contract;
 mod leader;
