@@ -22,8 +22,8 @@
 //! | `ownership_passes_total` | counter | – |
 //! | `claim_node_labels_total` | counter | `action` (`set`/`removed`) |
 //! | `idle_gpus_taints_total` | counter | `action` (`set`/`removed`): writes of the node taint `gpu.kerf.dev/idle-gpus` |
-//! | `quota_used` | gauge | `namespace`, `quota`, `resource` (`memory`/`compute`/`gpus`) |
-//! | `quota_hard` | gauge | `namespace`, `quota`, `resource` (capped resources only) |
+//! | `quota_used_memory_bytes`, `quota_used_compute_gpus`, `quota_used_gpus` | gauge | `namespace`, `quota` |
+//! | `quota_hard_memory_bytes`, `quota_hard_compute_gpus`, `quota_hard_gpus` | gauge | `namespace`, `quota` (capped resources only) |
 //! | `pool_nodes` | gauge | `pool` (the node label `--node-pool-label`, `unlabeled` without it) |
 //! | `pool_free_gpus` | gauge | `pool` |
 //! | `pool_fragmented_gpus` | gauge | `pool` |

@@ -317,9 +317,7 @@ async fn usage_is_summed_from_the_claims_per_class_and_deletion_frees() {
     assert!(status.admitted.is_empty());
     let metrics = metrics_text(&controller.registry);
     assert!(
-        metrics.contains(
-            r#"kerf_controller_quota_used{namespace="team-a",quota="team-a",resource="gpus"} 1"#
-        ),
+        metrics.contains(r#"kerf_controller_quota_used_gpus{namespace="team-a",quota="team-a"} 1"#),
         "{metrics}"
     );
 
