@@ -102,7 +102,8 @@ pub struct Args {
     #[arg(long, env = "KERF_NODE_POOL_LABEL", default_value = kerf_api::node_pool::DEFAULT_NODE_POOL_LABEL)]
     pub node_pool_label: String,
 
-    /// How often the fragmentation of each node pool is measured for the metrics; 0: never.
+    /// How often the fragmentation of each node pool, and the usage of each GPU, class and
+    /// namespace, are measured for the metrics; 0: never.
     #[arg(long, env = "KERF_FRAGMENTATION_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
     pub fragmentation_interval: Duration,
 

@@ -34,9 +34,11 @@ use kerf_api::resourceslice::capacities;
 
 use kerf_api::resourceslice::device_memory_bytes;
 
+mod holdings;
 mod refresh;
 mod scope;
 
+pub use holdings::{DeviceFill, Held, Holdings, UNKNOWN_CLASS, holdings};
 pub use refresh::{RefreshMemo, Usage};
 use scope::whole_share_bytes;
 pub use scope::{ClassScope, Shareable};

@@ -46,6 +46,7 @@ pub mod reasons;
 pub(crate) mod reconcile;
 mod report;
 mod state;
+mod usage;
 mod watch;
 pub(crate) mod write;
 mod yielding;

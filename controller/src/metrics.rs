@@ -28,6 +28,13 @@
 //! | `pool_free_gpus` | gauge | `pool` |
 //! | `pool_fragmented_gpus` | gauge | `pool` |
 //! | `pool_stranded_gpus` | gauge | `pool` |
+//! | `gpu_memory_bytes`, `gpu_memory_allocated_bytes`, `gpu_compute_allocated_ratio`, `gpu_allocated_slices` | gauge | `node`, `gpu`, `uuid`, `product` |
+//! | `class_memory_allocated_bytes`, `class_compute_allocated_gpus`, `class_allocated_slices` | gauge | `class` |
+//! | `namespace_memory_allocated_bytes`, `namespace_compute_allocated_gpus`, `namespace_allocated_slices` | gauge | `namespace` |
+//! | `unallocated_claims`, `unallocated_claim_age_seconds` | gauge | – |
+//!
+//! `docs/metrics.md` is the full reference, generated from the registry
+//! ([`crate::metrics_reference`]).
 //!
 //! One series has no `kerf_controller_` prefix, because it counts what kerf as a whole must
 //! never do: `kerf_allocation_conflicts_total` (counter, `allocator` of the other claim:
@@ -54,9 +61,11 @@ use crate::capacity::ClassCapacity;
 use crate::quota::QuotaMetrics;
 
 mod pools;
+mod usage;
 
 pub use pools::PoolFragmentation;
 use pools::PoolMetrics;
+use usage::UsageMetrics;
 
 /// `action` label of a write that set a label or taint (or changed its value).
 pub const ACTION_SET: &str = "set";
@@ -167,6 +176,7 @@ pub struct Metrics {
     write_failures: ApiWriteFailures,
     quota: QuotaMetrics,
     pools: PoolMetrics,
+    usage: UsageMetrics,
     /// Classes that have per-class series: a `Family` cannot list its label sets.
     classes: Arc<Mutex<BTreeSet<String>>>,
 }
@@ -196,6 +206,7 @@ impl Metrics {
             write_failures: ApiWriteFailures::new("controller", registry),
             quota: QuotaMetrics::default(),
             pools: PoolMetrics::default(),
+            usage: UsageMetrics::default(),
             classes: Arc::default(),
         };
         registry.register(
@@ -213,6 +224,7 @@ impl Metrics {
         self.register_ownership(registry);
         self.quota.register(registry);
         self.pools.register(registry);
+        self.usage.register(registry);
     }
 
     /// Replaces the fragmentation series of every node pool.
@@ -226,6 +238,12 @@ impl Metrics {
     /// The GpuQuota recount's gauges.
     pub(crate) fn quota(&self) -> &QuotaMetrics {
         &self.quota
+    }
+
+    /// The usage pass's gauges: each GPU's fill, each class's and namespace's holdings, the
+    /// claims waiting for an allocation.
+    pub(crate) fn usage(&self) -> &UsageMetrics {
+        &self.usage
     }
 
     /// The reconcile and GpuClass status series.

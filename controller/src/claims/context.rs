@@ -45,7 +45,8 @@ pub struct ClaimSettings {
     /// controller does not model), the pod is not placed again until they are forgotten; a
     /// Warning says so. Zero: no bound.
     pub max_node_rejections: u32,
-    /// How often the fragmentation of each node pool is measured for the metrics; zero: never.
+    /// How often the fragmentation of each node pool, and the usage of each GPU, class and
+    /// namespace, are measured for the metrics; zero: never.
     pub fragmentation_interval: Duration,
     /// Keep the `PreferNoSchedule` taint `gpu.kerf.dev/idle-gpus` on the nodes with an idle
     /// GPU (`super::idle_gpus_taint`); off: take it off where an earlier run left it.
