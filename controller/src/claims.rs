@@ -24,7 +24,9 @@
 //! the kubelet plugins watch their claims by is kept by `node_label.rs`, on the claim store. All
 //! bookkeeping — capacity assumed for writes in flight, which claims are being written,
 //! allocations the controller cleared itself, rejected nodes, claims waiting for capacity —
-//! is one private ledger (`ledger.rs`) whose write guard undoes itself when dropped.
+//! is one private ledger (`ledger.rs`) whose write guard undoes itself when dropped. For the
+//! metrics, `fragmentation.rs` measures each node pool, `usage.rs` each GPU's fill and the
+//! claims left waiting, and `pod_latency.rs` times each pod's wait for its claims.
 
 mod allocate;
 mod commit;
@@ -42,6 +44,7 @@ pub mod ownership;
 mod placement;
 pub(crate) mod pod_index;
 mod pod_kinds;
+mod pod_latency;
 pub mod reasons;
 pub(crate) mod reconcile;
 mod report;

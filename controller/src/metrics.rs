@@ -13,6 +13,7 @@
 //! | `class_free_compute_gpus` | gauge | `class` |
 //! | `allocations_total` | counter | `result`, `reason` |
 //! | `allocation_duration_seconds` | histogram | – |
+//! | `pod_allocation_duration_seconds` | histogram | – (10 ms to about 5 min) |
 //! | `leader` | gauge | – |
 //! | `admissions_total` | counter | `outcome` (`gated`/`not_gated`/`error`) |
 //! | `claim_admissions_total` | counter | `resource` (`resourceclaims`/`resourceclaimtemplates`), `outcome` (`normalized`/`no_kerf_config`/`denied`/`error`) |
@@ -163,6 +164,7 @@ pub struct Metrics {
     class_free_compute: Family<ClassLabels, Gauge<f64, AtomicU64>>,
     allocations: Family<OutcomeLabels, Counter>,
     allocation_duration: Histogram,
+    pod_allocation_duration: Histogram,
     leader: Gauge,
     admissions: Family<AdmissionLabels, Counter>,
     claim_admissions: Family<ClaimAdmissionLabels, Counter>,
@@ -193,6 +195,7 @@ impl Metrics {
             class_free_compute: Family::default(),
             allocations: Family::default(),
             allocation_duration: latency_histogram(),
+            pod_allocation_duration: Histogram::new(exponential_buckets(0.01, 2.0, 16)),
             leader: Gauge::default(),
             admissions: Family::default(),
             claim_admissions: Family::default(),
@@ -291,6 +294,11 @@ impl Metrics {
             "allocation_duration_seconds",
             "Time from picking up a claim to its allocation being written",
             self.allocation_duration.clone(),
+        );
+        registry.register(
+            "pod_allocation_duration_seconds",
+            "Time from a pod's creation to all its claims being allocated, whoever allocated them (pods this replica saw waiting)",
+            self.pod_allocation_duration.clone(),
         );
         registry.register(
             "leader",
@@ -475,6 +483,11 @@ impl Metrics {
             .get_or_create(&OutcomeLabels { result, reason })
             .inc();
         self.allocation_duration.observe(elapsed.as_secs_f64());
+    }
+
+    /// Records how long a pod waited from its creation until all its claims were allocated.
+    pub fn record_pod_allocation(&self, waited: Duration) {
+        self.pod_allocation_duration.observe(waited.as_secs_f64());
     }
 
     /// Counts one admission review with `outcome` (`gated`, `not_gated` or `error`).

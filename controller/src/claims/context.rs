@@ -18,6 +18,7 @@ use super::node_usage::NodeUsage;
 use super::ownership::InputChanges;
 use super::pod_index::PodsByClaim;
 use super::pod_kinds::PodKinds;
+use super::pod_latency::PodLatency;
 use crate::context::Context;
 use crate::error::{Error, Result};
 /// Timing of the claim reconciler.
@@ -85,6 +86,9 @@ pub struct ClaimsPart {
     /// The pod kinds seen, for the LeastFragmentation policy ([`super::pod_kinds`]), kept by
     /// the pod watch and by placements.
     pub(super) pod_kinds: PodKinds,
+    /// The pods seen waiting for their claims, for the pod allocation latency
+    /// ([`super::pod_latency`]), kept by the pod and claim watches.
+    pub(super) pod_latency: PodLatency,
     /// Every node.
     pub nodes: Store<Node>,
     /// Free capacity, writes in flight, rejections, claims waiting for capacity.
@@ -145,6 +149,7 @@ impl ClaimsPart {
             pods_by_claim: PodsByClaim::default(),
             node_usage: NodeUsage::default(),
             pod_kinds: PodKinds::default(),
+            pod_latency: PodLatency::default(),
             nodes,
             ledger: Ledger::new(ownership_inputs.clone()),
             trigger,
@@ -189,6 +194,39 @@ impl Context {
             .await
             .map_err(stopped)?;
         self.caches.wait_ready().await
+    }
+
+    /// Follows a pod watch event for the pod allocation latency (after the pod store).
+    pub(super) fn note_pod_latency(&self, event: &kube::runtime::watcher::Event<Pod>) {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let latency = &self.claims.pod_latency;
+        if let Some(waited) =
+            latency.apply_pod_event(event, &self.caches.claims, self.driver(), now)
+        {
+            self.metrics.record_pod_allocation(waited);
+        }
+    }
+
+    /// Observes the pods waiting for `claim` that it was the last claim of.
+    pub(super) fn note_claim_latency(&self, claim: &ResourceClaim) {
+        let allocated = claim
+            .status
+            .as_ref()
+            .is_some_and(|s| s.allocation.is_some());
+        if !allocated || self.claims.pod_latency.is_idle() {
+            return;
+        }
+        let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        let pods = self
+            .claims
+            .pods_by_claim
+            .consumers(&self.claims.pods, namespace, name);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let latency = &self.claims.pod_latency;
+        for waited in latency.claim_changed(claim, pods, &self.caches.claims, self.driver(), now) {
+            self.metrics.record_pod_allocation(waited);
+        }
     }
 
     /// The driver name.

@@ -166,6 +166,7 @@ fn pod_requests(
             // A bound pod that went frees its node: claims waiting for room try again, as
             // kube-scheduler requeues unschedulable pods on a pod deletion.
             if let Ok(event) = item {
+                usage_ctx.note_pod_latency(event);
                 usage_ctx.claims.pod_kinds.apply_pod_event(event);
                 if usage_ctx.claims.node_usage.apply_pod_event(event) {
                     usage_ctx.capacity_freed();
@@ -218,6 +219,9 @@ fn claim_events(
         .inspect(move |change| {
             ctx.note_claim(change);
             ctx.claims.ownership_inputs.bump();
+            if let Change::Applied { object, .. } = change {
+                ctx.note_claim_latency(object);
+            }
         })
         .filter_map(move |change| {
             std::future::ready(match change {
