@@ -45,7 +45,7 @@ pub use context::{Context, ControllerConfig, FIELD_MANAGER};
 pub use entry::run;
 pub use error::{Error, Result};
 pub use leader::{LeaderElector, LeaseConfig};
-pub use metrics::Metrics;
+pub use metrics::{Metrics, reference_registry as metrics_reference_registry};
 pub use retry::BackoffConfig;
 pub use run::{Config, ControllerTask, Process, controllers};
 pub use scheduler_slices::node_shares;

@@ -35,7 +35,7 @@
 //! | `unallocated_claims`, `unallocated_claim_age_seconds` | gauge | – |
 //!
 //! `docs/metrics.md` is the full reference, generated from the registry
-//! ([`crate::metrics_reference`]).
+//! ([`reference_registry`]).
 //!
 //! One series has no `kerf_controller_` prefix, because it counts what kerf as a whole must
 //! never do: `kerf_allocation_conflicts_total` (counter, `allocator` of the other claim:
@@ -62,10 +62,12 @@ use crate::capacity::ClassCapacity;
 use crate::quota::QuotaMetrics;
 
 mod pools;
+mod reference;
 mod usage;
 
 pub use pools::PoolFragmentation;
 use pools::PoolMetrics;
+pub use reference::reference_registry;
 use usage::UsageMetrics;
 
 /// `action` label of a write that set a label or taint (or changed its value).

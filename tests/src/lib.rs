@@ -8,6 +8,7 @@ pub mod fake_kubelet;
 pub mod kubelet;
 pub mod logs;
 pub mod manifests;
+pub mod metrics_reference;
 pub mod pod_runner;
 pub mod podman;
 pub mod scheduler;

@@ -38,6 +38,12 @@ impl MigMetrics {
         metrics
     }
 
+    /// Registers the counter in `registry` with one example series, for the metrics
+    /// reference ([`crate::metrics::reference_registry`]).
+    pub(crate) fn reference(registry: &mut Registry) {
+        Self::new(registry).record("create_gpu_instance", &Ok::<(), Error>(()));
+    }
+
     /// Counts one call of `op` with its outcome.
     pub fn record<T>(&self, op: &'static str, result: &Result<T, Error>) {
         let (result, reason) = match result {

@@ -174,6 +174,16 @@ struct Shared {
     reports: Option<WriteFailureReports>,
 }
 
+/// Registers the writer's metrics in `registry` as [`DeviceStatusWriter::start`] does, with
+/// one example series each, for the metrics reference
+/// ([`crate::metrics::reference_registry`]).
+pub(crate) fn reference_metrics(registry: &mut Registry) {
+    let metrics = StatusMetrics::default();
+    metrics.register(registry);
+    metrics.count("written");
+    metrics.enabled.set(1);
+}
+
 /// The handle the preparer gives status work to. Cloning is cheap; every clone feeds the same
 /// background writer.
 #[derive(Clone)]

@@ -47,6 +47,7 @@ mod helm_values_doc;
 mod idle_gpus_taint;
 mod kubelet_contract;
 mod leader;
+mod metrics_reference;
 mod mps_control_daemon;
 mod mps_daemon_pod_policy;
 mod mps_daemon_pods;

@@ -1,0 +1,99 @@
+//! `docs/metrics.md` is the metrics reference generated from the registries kerf-controller
+//! and kerf-kubelet-plugin fill; this test fails while they disagree, and `KERF_BLESS=1`
+//! writes the file anew.
+
+use std::path::PathBuf;
+
+use kerf_tests::metrics_reference::{PATH, families, render};
+
+fn reference_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(PATH)
+}
+
+/// The reference as the registries make it now.
+pub fn generated() -> String {
+    let controller = kerf_controller::metrics_reference_registry();
+    let plugin = kerf_kubelet_plugin::metrics::reference_registry();
+    render(&[
+        ("kerf-controller", &controller),
+        ("kerf-kubelet-plugin", &plugin),
+    ])
+    .unwrap()
+}
+
+#[test]
+fn docs_metrics_md_matches_the_registries() {
+    let path = reference_path();
+    let expected = generated();
+    if std::env::var_os("KERF_BLESS").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &expected).unwrap();
+        return;
+    }
+    let actual = std::fs::read_to_string(&path).unwrap_or_default();
+    if actual != expected {
+        let first = actual
+            .lines()
+            .zip(expected.lines())
+            .position(|(a, e)| a != e)
+            .unwrap_or_else(|| actual.lines().count().min(expected.lines().count()));
+        panic!(
+            "{PATH} differs from the metrics the binaries register (first at line {}: {:?} \
+             should be {:?}); regenerate it with\n\n    \
+             KERF_BLESS=1 cargo test -p kerf-tests --test integration metrics_reference\n",
+            first + 1,
+            actual.lines().nth(first).unwrap_or(""),
+            expected.lines().nth(first).unwrap_or(""),
+        );
+    }
+}
+
+/// Every family has a help text and a type, and the names follow Prometheus's conventions:
+/// counters end in `_total`, and no name carries a unit Prometheus has a base unit for.
+#[test]
+fn every_metric_is_named_in_base_units() {
+    let registries = [
+        kerf_controller::metrics_reference_registry(),
+        kerf_kubelet_plugin::metrics::reference_registry(),
+    ];
+    for family in registries.iter().flat_map(|r| families(r).unwrap()) {
+        let name = &family.name;
+        assert!(!family.help.is_empty(), "{name} has no help");
+        assert!(name.starts_with("kerf_"), "{name}: kerf_ prefix");
+        if family.kind == "counter" {
+            assert!(name.ends_with("_total"), "{name}: counter without _total");
+        } else {
+            assert!(
+                !name.ends_with("_total"),
+                "{name}: _total on a {}",
+                family.kind
+            );
+        }
+        for unit in [
+            "_ms",
+            "_milliseconds",
+            "_percent",
+            "_kb",
+            "_mb",
+            "_gb",
+            "_gib",
+            "_mib",
+        ] {
+            assert!(
+                !name.split('_').any(|w| format!("_{w}") == unit),
+                "{name}: not a base unit ({unit})"
+            );
+        }
+        let words: Vec<&str> = name.split('_').collect();
+        if ["duration", "latency", "age"]
+            .iter()
+            .any(|w| words.contains(w))
+        {
+            assert!(name.ends_with("_seconds"), "{name}: a time in seconds");
+        }
+        if words.contains(&"memory") {
+            assert!(name.ends_with("_bytes"), "{name}: a memory in bytes");
+        }
+    }
+}
