@@ -17,6 +17,7 @@
 //! | `leader` | gauge | – |
 //! | `admissions_total` | counter | `outcome` (`gated`/`not_gated`/`error`) |
 //! | `claim_admissions_total` | counter | `resource` (`resourceclaims`/`resourceclaimtemplates`), `outcome` (`normalized`/`no_kerf_config`/`denied`/`error`) |
+//! | `webhook_serving` | gauge | `address` (only with the webhook) |
 //! | `quota_admissions_total` | counter | `outcome` (`charged`/`not_charged`/`denied`/`error`) |
 //! | `ownership_moves_total` | counter | `to` (`scheduler`/`controller`) |
 //! | `ownership_devices` | gauge | `owner` (`scheduler`/`controller`/`settling`) |
@@ -111,6 +112,12 @@ struct ClaimAdmissionLabels {
     outcome: &'static str,
 }
 
+/// Labels of the webhook's serving gauge: the address it listens on.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabels {
+    address: String,
+}
+
 /// Labels of an ownership series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OwnerLabels {
@@ -171,6 +178,7 @@ pub struct Metrics {
     admissions: Family<AdmissionLabels, Counter>,
     claim_admissions: Family<ClaimAdmissionLabels, Counter>,
     quota_admissions: Family<AdmissionLabels, Counter>,
+    webhook_serving: Family<WebhookLabels, Gauge>,
     ownership_moves: Family<MoveLabels, Counter>,
     ownership_devices: Family<OwnerLabels, Gauge>,
     ownership_passes: Counter,
@@ -202,6 +210,7 @@ impl Metrics {
             admissions: Family::default(),
             claim_admissions: Family::default(),
             quota_admissions: Family::default(),
+            webhook_serving: Family::default(),
             ownership_moves: Family::default(),
             ownership_devices: Family::default(),
             ownership_passes: Counter::default(),
@@ -321,6 +330,11 @@ impl Metrics {
             "quota_admissions",
             "ResourceClaims checked against GpuQuotas by the admission webhook, by outcome (charged, not_charged, denied, error)",
             self.quota_admissions.clone(),
+        );
+        registry.register(
+            "webhook_serving",
+            "1 while this replica serves the admission webhook on address, 0 while it does not (no series without a webhook)",
+            self.webhook_serving.clone(),
         );
     }
 
@@ -513,6 +527,15 @@ impl Metrics {
         self.quota_admissions
             .get_or_create(&AdmissionLabels { outcome })
             .inc();
+    }
+
+    /// Sets whether this replica serves the admission webhook on `address`.
+    pub fn set_webhook_serving(&self, address: &str, serving: bool) {
+        self.webhook_serving
+            .get_or_create(&WebhookLabels {
+                address: address.to_owned(),
+            })
+            .set(i64::from(serving));
     }
 
     /// Sets whether this replica is the leader.

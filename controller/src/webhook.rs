@@ -212,6 +212,8 @@ async fn serve_on(
         shutdown,
         ..
     } = webhook;
+    let address = config.address.to_string();
+    metrics.set_webhook_serving(&address, false);
     let (resolver, keeper) = keep_certificate(&config, client, &shutdown)?;
     tokio::select! {
         () = shutdown.cancelled() => {
@@ -226,13 +228,15 @@ async fn serve_on(
     let tls = tls::server_config(resolver)?;
     tracing::info!(address = %config.address, "admission webhook serving");
     serving.store(true, Ordering::Release);
+    metrics.set_webhook_serving(&address, true);
     let reviewers = server::Reviewers {
         lookup: caches,
         driver: Arc::from(config.driver_name.as_str()),
         quota,
     };
-    let result = server::serve(listener, tls, reviewers, metrics, shutdown).await;
+    let result = server::serve(listener, tls, reviewers, metrics.clone(), shutdown).await;
     serving.store(false, Ordering::Release);
+    metrics.set_webhook_serving(&address, false);
     keeper.abort();
     result
 }

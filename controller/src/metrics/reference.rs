@@ -32,6 +32,7 @@ impl Metrics {
         self.record_admission("gated");
         self.record_claim_admission("resourceclaims", "normalized");
         self.record_quota_admission("charged");
+        self.set_webhook_serving("0.0.0.0:9443", true);
         self.record_ownership_move("controller");
         self.set_ownership_devices(0, 0, 0);
         self.record_ownership_pass();
