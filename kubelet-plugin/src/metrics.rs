@@ -204,6 +204,20 @@ impl Metrics {
         );
     }
 
+    /// Gives every GPU of `gpus` its restart series at zero, once the plugin checks MPS
+    /// daemons: a series that appeared with its first count would make `increase()` miss that
+    /// count (it needs two samples), and alerts on restarts would not fire for it.
+    pub(crate) fn init_mps_daemon_restarts<'a>(&self, gpus: impl IntoIterator<Item = &'a str>) {
+        for gpu in gpus {
+            for result in [OK, ERROR] {
+                let _ = self.mps_daemon_restarts.get_or_create(&RestartLabels {
+                    gpu: gpu.to_owned(),
+                    result,
+                });
+            }
+        }
+    }
+
     /// Counts a dead MPS daemon of `gpu` started again (`restarted`) or not.
     pub(crate) fn record_mps_daemon_restart(&self, gpu: &str, restarted: bool) {
         self.mps_daemon_restarts
@@ -446,6 +460,22 @@ mod tests {
         );
         assert!(
             text.contains(r#"kerf_plugin_claim_lookups_total{source="api",reason="miss"} 1"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn mps_restart_series_start_at_zero_for_every_gpu() {
+        let (registry, metrics) = setup();
+        metrics.init_mps_daemon_restarts(["GPU-1"]);
+        metrics.record_mps_daemon_restart("GPU-1", true);
+        let text = encoded(&registry);
+        assert!(
+            text.contains(r#"kerf_mps_daemon_restarts_total{gpu="GPU-1",result="ok"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"kerf_mps_daemon_restarts_total{gpu="GPU-1",result="error"} 0"#),
             "{text}"
         );
     }

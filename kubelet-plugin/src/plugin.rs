@@ -264,7 +264,7 @@ pub async fn start(
     tasks.extend(spawn_sockets(config, sockets, &metrics, &shutdown)?);
     serving.set(true);
     tasks.extend(spawn_mps_check(
-        config, &preparer, &metrics, &events, &shutdown,
+        config, &preparer, &inventory, &metrics, &events, &shutdown,
     ));
 
     let mut device_taints = None;
@@ -373,6 +373,7 @@ fn spawn_sockets(
 fn spawn_mps_check(
     config: &PluginConfig,
     preparer: &Arc<Preparer>,
+    inventory: &Inventory,
     metrics: &Metrics,
     events: &Arc<dyn ClaimEvents>,
     shutdown: &CancellationToken,
@@ -380,6 +381,7 @@ fn spawn_mps_check(
     if !preparer.sharing_enforced() {
         return None;
     }
+    metrics.init_mps_daemon_restarts(inventory.gpus.iter().map(|gpu| gpu.uuid.as_str()));
     let check = crate::mps_checks::check_mps_daemons(
         Arc::clone(preparer),
         metrics.clone(),
