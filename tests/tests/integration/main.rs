@@ -62,6 +62,7 @@ mod permissions;
 mod permissions_doc;
 mod plugin;
 mod pod_runner;
+mod prometheus_scrape;
 mod publish;
 mod quota_admission;
 mod quota_recount;
