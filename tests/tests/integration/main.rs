@@ -73,6 +73,7 @@ mod scheduler_standin_filter;
 mod sim_requests;
 mod spaced_parameters;
 mod stress;
+mod usage_metrics;
 mod webhook;
 mod webhook_claims;
 mod write_failures;

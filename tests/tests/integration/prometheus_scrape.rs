@@ -14,7 +14,7 @@
 //! Under `CI=true` a missing `prometheus` fails the test; elsewhere it is skipped with a
 //! message.
 
-mod server;
+pub(crate) mod server;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -104,7 +104,7 @@ async fn unmet(prometheus: &Prometheus, expr: &str) -> Option<String> {
 /// The cluster: four H100 nodes, the `slices` controller class and the `whole` scheduler
 /// class (`claim_cluster`), the GpuClass `h100`, a GpuQuota, a claim that fits and one that
 /// cannot, each used by a gated pod, and the gate removal of the first refused by RBAC.
-fn cluster(fake: &FakeApi) {
+pub(crate) fn cluster(fake: &FakeApi) {
     claim_cluster::gpu_nodes(fake, &NODES);
     claim_cluster::classes(fake);
     fake.insert(json!({
@@ -141,7 +141,7 @@ fn cluster(fake: &FakeApi) {
 }
 
 /// kerf-controller's process with every controller and the webhook, `/metrics` on `port`.
-fn start_controller(fake: &FakeApi, port: u16, shutdown: &CancellationToken) {
+pub(crate) fn start_controller(fake: &FakeApi, port: u16, shutdown: &CancellationToken) {
     let mut controller = ControllerConfig {
         backoff: BackoffConfig {
             base: Duration::from_millis(50),
