@@ -1,33 +1,39 @@
 //! `docs/metrics.md` is the metrics reference generated from the registries kerf-controller
-//! and kerf-kubelet-plugin fill; this test fails while they disagree, and `KERF_BLESS=1`
-//! writes the file anew.
+//! and kerf-kubelet-plugin fill, the chart's alerts and its dashboard; this test fails while
+//! they disagree, and `KERF_BLESS=1` writes the file anew.
 
 use std::path::PathBuf;
 
-use kerf_tests::metrics_reference::{PATH, families, render};
+use kerf_tests::metrics_reference::{PATH, families, render, render_alerts, render_dashboard};
 
-fn reference_path() -> PathBuf {
+fn repo_path(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
-        .join(PATH)
+        .join(path)
 }
 
-/// The reference as the registries make it now.
+/// The reference as the registries, the rules and the dashboard make it now.
 pub fn generated() -> String {
     let controller = kerf_controller::metrics_reference_registry();
     let plugin = kerf_kubelet_plugin::metrics::reference_registry();
-    render(&[
+    let mut text = render(&[
         ("kerf-controller", &controller),
         ("kerf-kubelet-plugin", &plugin),
     ])
-    .unwrap()
+    .unwrap();
+    let read = |path: &str| std::fs::read_to_string(repo_path(path)).unwrap();
+    let rules = serde_saphyr::from_str(&read("deploy/helm/kerf/files/prometheus-rules.yaml"));
+    text.push_str(&render_alerts(&rules.unwrap()));
+    let dashboard = serde_json::from_str(&read("deploy/helm/kerf/files/grafana-dashboard.json"));
+    text.push_str(&render_dashboard(&dashboard.unwrap()));
+    text
 }
 
 #[test]
 fn docs_metrics_md_matches_the_registries() {
-    let path = reference_path();
+    let path = repo_path(PATH);
     let expected = generated();
-    if std::env::var_os("KERF_BLESS").is_some_and(|v| v == "1") {
+    if std::env::var_os("KERF_BLESS").is_some() {
         std::fs::write(&path, &expected).unwrap();
         return;
     }
