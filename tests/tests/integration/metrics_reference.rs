@@ -55,6 +55,27 @@ fn docs_metrics_md_matches_the_registries() {
     }
 }
 
+/// Every alert has a summary, a description and a runbook that resolves: the Alerts section
+/// of `docs/metrics.md`, which this file generates.
+#[test]
+fn every_alert_points_at_its_description() {
+    let path = repo_path("deploy/helm/kerf/files/prometheus-rules.yaml");
+    let rules: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let alerts = rules["groups"][0]["rules"].as_array().unwrap();
+    assert!(!alerts.is_empty());
+    for alert in alerts {
+        let annotations = &alert["annotations"];
+        assert!(annotations["summary"].is_string(), "{alert}");
+        assert!(annotations["description"].is_string(), "{alert}");
+        assert_eq!(
+            annotations["runbook_url"], "docs/metrics.md#alerts",
+            "{alert}"
+        );
+    }
+    assert!(generated().contains("\n## Alerts\n"));
+}
+
 /// Every family has a help text and a type, and the names follow Prometheus's conventions:
 /// counters end in `_total`, and no name carries a unit Prometheus has a base unit for.
 #[test]
