@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::context::Context;
 use crate::metrics::PoolFragmentation;
 
-/// Measures the pools and sets the metrics every `fragmentation_interval` until `shutdown`;
-/// an interval of zero measures nothing.
+/// Measures the pools, and the usage (`super::usage`), and sets their metrics every
+/// `fragmentation_interval` until `shutdown`; an interval of zero measures nothing.
 pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     let every = ctx.config.claims.fragmentation_interval;
     if every.is_zero() {
@@ -33,6 +33,7 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             _ = ticks.tick() => {}
         }
         ctx.metrics.set_pool_fragmentation(&measure_pools(&ctx));
+        super::usage::measure(&ctx);
     }
 }
 

@@ -1,13 +1,12 @@
-//! The usage pass: every `fragmentation_interval`, how full each GPU is and what each class
-//! and namespace holds (`crate::capacity::holdings`, from the caches' slices and claims), and
-//! the claims of kerf's classes that a live pod waits for and that have no allocation yet,
+//! The usage pass: every `fragmentation_interval` (with the pools' fragmentation), how full
+//! each GPU is and what each class and namespace holds (`crate::capacity::holdings`, from the
+//! caches' slices and claims), and the claims of kerf's classes that a live pod waits for and that have no allocation yet,
 //! into the usage metrics (`crate::metrics::usage`).
 //!
 //! It runs with the claim controller because the waiting claims need its pod store; the
 //! holdings only read the shared caches.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -16,33 +15,14 @@ use k8s_openapi::jiff::Timestamp;
 use kerf_api::controller_claims::class_parameters;
 use kube::ResourceExt as _;
 use kube::runtime::reflector::ObjectRef;
-use tokio::time::MissedTickBehavior;
-use tokio_util::sync::CancellationToken;
 
 use super::consumers;
 use crate::capacity::{current_devices, holdings};
 use crate::context::Context;
 
-/// Measures and sets the usage metrics every `fragmentation_interval` until `shutdown`; an
-/// interval of zero measures nothing.
-pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let every = ctx.config.claims.fragmentation_interval;
-    if every.is_zero() {
-        return;
-    }
-    let mut ticks = tokio::time::interval(every);
-    ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = ticks.tick() => {}
-        }
-        measure(&ctx);
-    }
-}
-
-/// One pass: reads the caches and replaces the usage series.
-fn measure(ctx: &Context) {
+/// One pass: reads the caches and replaces the usage series (every `fragmentation_interval`,
+/// with the pools' fragmentation: `super::fragmentation::run`).
+pub(super) fn measure(ctx: &Context) {
     let driver = ctx.config.driver_name.as_str();
     let slices = ctx.caches.slices.state();
     let claims = ctx.caches.claims.state();

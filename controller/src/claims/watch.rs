@@ -88,9 +88,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
     let ownership = ownership::run(Arc::clone(&ctx), shutdown.clone());
     let pools = super::fragmentation::run(Arc::clone(&ctx), shutdown.clone());
     let taints = super::idle_gpus_taint::run(Arc::clone(&ctx), shutdown.clone());
-    let usage = super::usage::run(Arc::clone(&ctx), shutdown.clone());
     let controller = reconcile_until(ctx, queue, node_watch, &shutdown);
-    tokio::join!(controller, ownership, labels, pools, taints, usage);
+    tokio::join!(controller, ownership, labels, pools, taints);
     // The watches only end with the process; what matters is that the controller stopped.
     shutdown.cancelled().await;
     Ok(())
