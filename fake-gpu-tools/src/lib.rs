@@ -1,6 +1,7 @@
-//! Fake `nvidia-cuda-mps-control` and `nvidia-smi` for machines without a GPU: one program
-//! (`kerf-fake-gpu-tools`) that acts as either, chosen by the name it is run as, installed into
-//! an explicit mock driver root as `<root>/usr/bin/<tool>` symlinks ([`install`]).
+//! Fake `nvidia-cuda-mps-control` and `nvidia-smi` for machines without a GPU, and a fake CUDA
+//! program under MPS (`kerf-fake-cuda-client`): one program (`kerf-fake-gpu-tools`) that acts
+//! as any of them, chosen by the name it is run as, installed into an explicit mock driver root
+//! as `<root>/usr/bin/<tool>` symlinks ([`install`], every name of [`TOOLS`]).
 //!
 //! Used by kerf's tests, by the image (a mock driver root at `/opt/kerf/mock-driver` for the
 //! kubelet plugin's mock mode, `--mock-driver-root`) and by `kerf demo`. They never stand in
@@ -39,8 +40,17 @@
 //!   does SIGKILL, and a new `-f` over those leftovers starts. The fake does all of that; it
 //!   removes `control` on `quit` in `-d` mode only, as it always has.
 //! - `nvidia-cuda-mps-control` without arguments is the client: it sends each line of its
-//!   stdin to the daemon of its pipe directory; `quit` stops the daemon, which removes its PID
-//!   file and socket. Without a daemon it fails.
+//!   stdin to the daemon of its pipe directory and prints the replies; `quit` stops the daemon,
+//!   which removes its PID file and socket. Without a daemon it fails.
+//! - The daemon keeps the MPS limits NVIDIA documents for its commands (the default and
+//!   per-server active thread percentage and pinned device memory limits, `get_server_list`):
+//!   a server, started for the first client, takes the defaults of that moment. Malformed
+//!   commands get an error line. Protocol, replies and the fake server PID: `src/mps_server.rs`.
+//! - `kerf-fake-cuda-client [--alloc <N>G|<N>M] [--device <uuid>]` is a CUDA program under MPS:
+//!   it gets its server's limits from the daemon, lowers them by its own
+//!   `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` and `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (which can
+//!   never raise them), prints them as JSON and fails an allocation above its memory limit
+//!   (`src/cuda_client.rs`).
 //! - `nvidia-smi -i <uuid> -c <mode>` and `nvidia-smi compute-policy -i <uuid>
 //!   --set-timeslice <n>` succeed and print what they set; other arguments fail.
 //! - `nvidia-smi mig -lgi|-lci|-dci|-dgi` list and destroy the emulated MIG instances of
@@ -61,11 +71,15 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::mps_server::ControlState;
+
+mod cuda_client;
 pub mod mig;
+mod mps_server;
 mod smi_mig;
 
 /// The tools this program can be.
-pub const TOOLS: [&str; 2] = ["nvidia-cuda-mps-control", "nvidia-smi"];
+pub const TOOLS: [&str; 3] = ["nvidia-cuda-mps-control", "nvidia-smi", cuda_client::NAME];
 /// The hidden argument the background daemon is started with.
 const DAEMON_ARG: &str = "--kerf-fake-daemon";
 /// The hidden argument of the intermediate process of the double fork: it starts the daemon
@@ -79,7 +93,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(5);
 /// One recorded run of a fake tool.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Call {
-    /// `nvidia-cuda-mps-control`, `nvidia-smi`, or `mps-daemon` for the background daemon.
+    /// `nvidia-cuda-mps-control`, `nvidia-smi`, `kerf-fake-cuda-client`, or `mps-daemon` for
+    /// the background daemon.
     pub tool: String,
     /// Arguments after the program name.
     pub args: Vec<String>,
@@ -172,6 +187,7 @@ pub fn run(args: Vec<OsString>, stdin: impl Read) -> i32 {
             }
             nvidia_smi(&rest)
         }
+        cuda_client::NAME => cuda_client::run(&root, &rest),
         other => {
             eprintln!("kerf-fake-gpu-tools: run as one of {TOOLS:?} (a symlink), not {other:?}");
             2
@@ -409,6 +425,7 @@ fn serve(pipe: &Path, log: &Path, mode: Mode) -> i32 {
         }
     };
     say("daemon started");
+    let mut state = ControlState::new(std::process::id());
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
         let mut line = String::new();
@@ -423,17 +440,16 @@ fn serve(pipe: &Path, log: &Path, mode: Mode) -> i32 {
             say("daemon stopped");
             return 0;
         }
-        let _ = writeln!(stream, "{}", reply_to(command));
+        let server = state.server_pid();
+        let reply = state.answer(command);
+        if let Some(pid) = state.server_pid().filter(|pid| server != Some(*pid)) {
+            say(&format!("Starting new server {pid}"));
+        }
+        if !reply.is_empty() {
+            let _ = writeln!(stream, "{reply}");
+        }
     }
     0
-}
-
-fn reply_to(command: &str) -> &'static str {
-    match command.split_whitespace().next() {
-        Some("get_server_list") => "",
-        Some("get_default_active_thread_percentage") => "100.0",
-        _ => "ok",
-    }
 }
 
 fn append_log(dir: &Path, message: &str) {
