@@ -8,6 +8,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
+use kerf_core::enforcement::Enforcement;
 use kerf_core::slice::Sharing;
 
 fn main() {
@@ -31,6 +32,7 @@ fn placement(devices: u32) -> ClaimPlacement {
                 }),
                 sharing: Sharing::Mps,
                 time_slice_interval: None,
+                enforcement: Enforcement::default(),
             })
             .collect(),
     }

@@ -8,6 +8,7 @@
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::ComputeCapability;
 use kerf_core::mps::TimeSliceInterval;
 use kerf_core::slice::{Sharing, SliceLimits};
@@ -68,6 +69,15 @@ enum SharingSchema {
     #[schemars(rename = "MPS")]
     Mps,
     TimeSlicing,
+}
+
+/// Schema stand-in for [`Enforcement`], which lives in kerf-core (no schemars there).
+#[derive(JsonSchema)]
+#[schemars(rename = "Enforcement")]
+#[allow(dead_code)]
+enum EnforcementSchema {
+    ClientEnvironment,
+    Server,
 }
 
 /// Schema stand-in for [`TimeSliceInterval`], which lives in kerf-core (no schemars there).
@@ -163,6 +173,15 @@ pub struct SharingConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<TimeSliceIntervalSchema>")]
     pub time_slice_interval: Option<TimeSliceInterval>,
+    /// The weakest holder of an MPS slice's limits the class accepts: ClientEnvironment
+    /// (default; the slice may share its GPU with slices of other sizes, and then only its
+    /// container's environment holds it, which its process can clear) or Server (the GPU's
+    /// MPS server holds the limits: the slice shares its GPU only with MPS slices of its
+    /// size). Server needs strategy MPS (or a class that takes whole GPUs or MIG devices,
+    /// which the hardware holds) and the Controller allocator for slices.
+    #[serde(default, skip_serializing_if = "Enforcement::is_default")]
+    #[schemars(with = "EnforcementSchema")]
+    pub enforcement: Enforcement,
 }
 
 /// Topology constraint of a claim's request.
@@ -268,6 +287,12 @@ pub struct SliceDevice {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<TimeSliceIntervalSchema>")]
     pub time_slice_interval: Option<TimeSliceInterval>,
+    /// Server when the class requires the GPU's MPS server to hold the slice, so that the
+    /// allocator keeps the GPU's MPS slices to its size. Absent (ClientEnvironment) in
+    /// allocations of other classes and in those written before classes could require it.
+    #[serde(default, skip_serializing_if = "Enforcement::is_default")]
+    #[schemars(with = "EnforcementSchema")]
+    pub enforcement: Enforcement,
 }
 
 /// A decoded opaque configuration of one of kerf's kinds.
@@ -650,8 +675,34 @@ impl GpuClassParameters {
                     "Exclusive cannot share a GPU among the slices of a sliced Scheduler class: use MPS or TimeSlicing (or leave sharing unset for MPS)",
                 ));
             }
+            self.check_enforcement(*sharing, &join(&join(path, "sharing"), "enforcement"))?;
         }
         Ok(())
+    }
+
+    /// Server enforcement of slices needs MPS (its server is what holds them) and kerf's
+    /// controller (which keeps a GPU's MPS slices to one size; kube-scheduler cuts shares of
+    /// any size). Classes of whole GPUs or MIG devices are held by the hardware anyway.
+    fn check_enforcement(&self, sharing: SharingConfig, path: &str) -> Result<()> {
+        if sharing.enforcement != Enforcement::Server || self.slicing.is_none() {
+            return Ok(());
+        }
+        if self.is_scheduler_sliced() {
+            return Err(Error::config(
+                path,
+                "Server needs allocator Controller: kube-scheduler cuts shares of any size from a shareable GPU, and one MPS server holds only slices of one size",
+            ));
+        }
+        match sharing.strategy {
+            Sharing::Mps => Ok(()),
+            other => Err(Error::config(
+                path,
+                format!(
+                    "Server holds MPS slices only; strategy {} leaves a slice's memory unlimited (TimeSlicing) or its limits unenforced (Exclusive)",
+                    other.as_str()
+                ),
+            )),
+        }
     }
 
     /// Whether the class is a sliced Scheduler class: kube-scheduler allocates shares of GPUs

@@ -188,6 +188,7 @@ mod tests {
                 sharing: Some(SharingConfig {
                     strategy: Sharing::TimeSlicing,
                     time_slice_interval: Some(TimeSliceInterval::Long),
+                    ..SharingConfig::default()
                 }),
             },
         );

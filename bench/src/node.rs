@@ -9,6 +9,7 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
+use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::Inventory;
 use kerf_core::slice::Sharing;
 use kerf_kubelet_plugin::claim_reader::{ClaimReader, MemoryClaimReader};
@@ -124,6 +125,7 @@ pub(crate) fn slice_claim(
             }),
             sharing: Sharing::Mps,
             time_slice_interval: None,
+            enforcement: Enforcement::default(),
         }],
     };
     let now = Time(k8s_openapi::jiff::Timestamp::now());

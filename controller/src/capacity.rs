@@ -396,6 +396,7 @@ mod tests {
                 compute_percent: Some(30),
                 sharing: kerf_core::slice::Sharing::Mps,
                 time_slice_interval: None,
+                enforcement: kerf_core::enforcement::Enforcement::default(),
             }],
         };
         let sliced = claim(json!({"devices": {
@@ -452,6 +453,7 @@ mod tests {
                 compute_percent: Some(25),
                 sharing: kerf_core::slice::Sharing::default(),
                 time_slice_interval: None,
+                enforcement: kerf_core::enforcement::Enforcement::default(),
             }],
         };
         let claims = vec![

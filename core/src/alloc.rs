@@ -41,7 +41,7 @@ pub use frag::{
 pub use idle_taint::{
     IDLE_GPUS_TAINT_EFFECT, IDLE_GPUS_TAINT_KEY, idle_gpu_counts, wants_idle_gpus_taint,
 };
-pub use index::{GpuUsage, GpuView, Index, NodeView};
+pub use index::{GpuUsage, GpuView, Index, MpsSizes, NodeView};
 pub use model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
 pub use place::{
     ClaimPlacement, PlacedDevice, PlacementContext, PodPlacement, place, place_where,

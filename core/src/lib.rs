@@ -7,6 +7,7 @@
 //! - [`cdi`]: the CDI spec model, its version rules and the per-claim spec generator.
 //! - [`driver_root`]: discovery of driver libraries and binaries to mount into containers.
 //! - [`slice`](mod@slice): slice limits and sharing strategies of a prepared device.
+//! - [`enforcement`]: who holds a slice's limits, and the limits of a GPU's MPS server.
 //! - [`checkpoint`]: the kubelet plugin's versioned, tolerant checkpoint format.
 //! - [`alloc`]: the controller's allocator: free-capacity index and pod placement.
 //! - [`mps`]: CUDA MPS daemon directories and client mounts, compute modes and time slices.
@@ -19,6 +20,7 @@ pub mod alloc;
 pub mod cdi;
 pub mod checkpoint;
 pub mod driver_root;
+pub mod enforcement;
 mod error;
 pub mod fsutil;
 pub mod health;

@@ -11,6 +11,7 @@ use kerf_core::alloc::{
     ClaimRequest, DeviceRequest, DeviceUse, GpuInfo, GpuSelector, GpuView, Index, NodeGpus,
     PodPlacement, PodRequest, Policy, SliceSize, TopologyScope, UseKind, place, place_where,
 };
+use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::ComputeCapability;
 use kerf_core::slice::Sharing;
 use proptest::prelude::*;
@@ -100,6 +101,7 @@ fn request_strategy() -> impl Strategy<Value = DeviceRequest> {
                 max_slices_per_gpu: max_slices,
                 sharing: Sharing::default(),
                 time_slice_interval: None,
+                enforcement: Enforcement::default(),
                 tolerations: Vec::new(),
                 admin_access: false,
                 first_available: Vec::new(),

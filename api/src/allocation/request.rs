@@ -3,6 +3,7 @@
 
 use k8s_openapi::api::resource::v1::{ExactDeviceRequest, ResourceClaim};
 use kerf_core::alloc::{self, ClaimRequest, DeviceRequest, SliceSize};
+use kerf_core::enforcement::Enforcement;
 use kerf_core::slice::Sharing;
 
 use crate::claim::parent_request;
@@ -249,7 +250,8 @@ fn claim_configs(claim: &ResourceClaim, driver: &str) -> Result<Vec<ClaimConfig>
 struct Merged {
     memory: Option<(u64, String, String)>,
     compute: Option<u8>,
-    sharing: Option<Sharing>,
+    /// The sharing a claim config sets, and where.
+    sharing: Option<(Sharing, String)>,
     topology: Option<TopologyScope>,
 }
 
@@ -270,8 +272,8 @@ fn merge_claim_configs(request: &str, configs: &[ClaimConfig]) -> Result<Merged>
         if params.compute.is_some() {
             merged.compute = params.compute;
         }
-        if params.sharing.is_some() {
-            merged.sharing = params.sharing;
+        if let Some(sharing) = params.sharing {
+            merged.sharing = Some((sharing, join(&config.path, "sharing")));
         }
         if let Some(topology) = params.topology {
             merged.topology = Some(topology.scope);
@@ -302,6 +304,8 @@ fn resolve_request(
     let slicing = class.slicing.as_ref();
     let sharing = merged
         .sharing
+        .as_ref()
+        .map(|(sharing, _)| *sharing)
         .or(class.sharing.map(|s| s.strategy))
         .unwrap_or_default();
     let slice = slice_size(&merged, &class, &class_path)?;
@@ -316,10 +320,24 @@ fn resolve_request(
             ),
         ));
     }
+    let enforcement = class.sharing.map(|s| s.enforcement).unwrap_or_default();
+    if let (Enforcement::Server, Some(_), Some((claim_sharing, path))) =
+        (enforcement, slice, &merged.sharing)
+        && *claim_sharing != Sharing::Mps
+    {
+        return Err(Error::config(
+            path.clone(),
+            format!(
+                "{} cannot be held by an MPS server, which the class {class_name:?} requires (sharing.enforcement Server); use MPS or leave sharing unset",
+                sharing.as_str()
+            ),
+        ));
+    }
     Ok(DeviceRequest {
         name: name.to_owned(),
         count,
         slice,
+        enforcement,
         tolerations: super::prioritized::tolerations(exactly.tolerations.as_deref(), &at)?,
         admin_access,
         first_available: Vec::new(),

@@ -98,6 +98,7 @@ fn slice_config(
                     time_slice_interval: device
                         .time_slice_interval
                         .filter(|_| device.sharing == Sharing::TimeSlicing),
+                    enforcement: device.enforcement,
                 }
             })
             .collect(),

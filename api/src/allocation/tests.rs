@@ -4,6 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kerf_core::alloc::{self, ClaimPlacement, ClaimRequest, DeviceRequest, DeviceUse, SliceSize};
 use kerf_core::alloc::{PlacedDevice, Policy};
+use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::ComputeCapability;
 use kerf_core::mps::TimeSliceInterval;
 use kerf_core::slice::Sharing;
@@ -46,6 +47,7 @@ fn placed(request: &str, device: &str, slice: Option<SliceSize>) -> PlacedDevice
         slice,
         sharing: Sharing::Mps,
         time_slice_interval: None,
+        enforcement: Enforcement::default(),
     }
 }
 
@@ -295,6 +297,7 @@ fn shared(device: &str, memory_bytes: u64, compute_percent: u8, sharing: Sharing
             compute_percent,
             sharing,
         },
+        enforcement: Enforcement::default(),
     }
 }
 
@@ -355,6 +358,7 @@ fn controller_class() -> GpuClassParameters {
         sharing: Some(SharingConfig {
             strategy: Sharing::TimeSlicing,
             time_slice_interval: Some(TimeSliceInterval::Long),
+            ..SharingConfig::default()
         }),
     }
 }
@@ -365,6 +369,14 @@ fn classes(name: &str) -> Option<GpuClassParameters> {
         "plain" => Some(GpuClassParameters {
             allocator: Allocator::Controller,
             ..GpuClassParameters::default()
+        }),
+        "held" => Some(GpuClassParameters {
+            sharing: Some(SharingConfig {
+                strategy: Sharing::Mps,
+                enforcement: Enforcement::Server,
+                ..SharingConfig::default()
+            }),
+            ..controller_class()
         }),
         "scheduler" => Some(GpuClassParameters::default()),
         "mig" => Some(GpuClassParameters {
@@ -434,6 +446,7 @@ fn a_whole_gpu_request_takes_the_class_settings() {
             max_slices_per_gpu: Some(7),
             sharing: Sharing::TimeSlicing,
             time_slice_interval: Some(TimeSliceInterval::Long),
+            enforcement: Enforcement::default(),
             tolerations: Vec::new(),
             admin_access: false,
             first_available: Vec::new(),
@@ -700,3 +713,28 @@ fn api_enums_convert_into_the_allocators() {
 }
 
 mod prioritized;
+
+#[test]
+fn a_server_held_class_passes_its_enforcement_and_keeps_claims_on_mps() {
+    let memory = json!({ "memory": "10Gi" });
+    let claim = request_of(
+        &json!([request("gpu", "held")]),
+        &json!([config(&[], &memory)]),
+    );
+    let held = &claim.unwrap().requests[0];
+    assert_eq!(
+        (held.sharing, held.enforcement),
+        (Sharing::Mps, Enforcement::Server)
+    );
+    let time_sliced = json!({ "memory": "10Gi", "sharing": "TimeSlicing" });
+    let message = error_of(
+        &json!([request("gpu", "held")]),
+        &json!([config(&[], &time_sliced)]),
+    );
+    assert!(
+        message.contains("sharing")
+            && message.contains("TimeSlicing")
+            && message.contains("\"held\""),
+        "{message}"
+    );
+}

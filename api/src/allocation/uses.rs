@@ -5,6 +5,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_core::alloc::{DeviceUse, UseKind};
+use kerf_core::enforcement::Enforcement;
 use kerf_core::slice::Sharing;
 
 use crate::params::{GpuSliceAllocation, OpaqueConfig, decode_opaque};
@@ -52,7 +53,7 @@ pub fn device_uses(claim: &ResourceClaim, driver: &str) -> Vec<DeviceUse> {
     };
     results()
         .map(|result| {
-            let mut kind = use_kind(result, &slices, driver);
+            let (mut kind, enforcement) = use_kind(result, &slices, driver);
             if let (UseKind::Slice { sharing, .. }, Some(share)) = (&mut kind, &result.share_id)
                 && *sharing == Sharing::Exclusive
             {
@@ -65,6 +66,7 @@ pub fn device_uses(claim: &ResourceClaim, driver: &str) -> Vec<DeviceUse> {
                 node: result.pool.clone(),
                 device: result.device.clone(),
                 kind,
+                enforcement,
             }
         })
         .collect()
@@ -95,25 +97,41 @@ fn slice_allocations(devices: &DeviceAllocationResult, driver: &str) -> Vec<GpuS
         .collect()
 }
 
+/// How the result holds its device, and the enforcement its kerf allocation entry requires
+/// (the default for results kerf's controller did not write).
 fn use_kind(
     result: &DeviceRequestAllocationResult,
     slices: &[GpuSliceAllocation],
     driver: &str,
-) -> UseKind {
+) -> (UseKind, Enforcement) {
     let share = result.share_id.as_deref();
     if let Some(entry) = slices
         .iter()
         .find_map(|s| s.find(&result.pool, &result.device, share))
     {
         if entry.memory_bytes.is_none() && entry.compute_percent.is_none() {
-            return UseKind::Whole;
+            return (UseKind::Whole, entry.enforcement);
         }
-        return UseKind::Slice {
+        let kind = UseKind::Slice {
             memory_bytes: entry.memory_bytes.unwrap_or(0),
             compute_percent: entry.compute_percent.unwrap_or(0),
             sharing: entry.sharing,
         };
+        return (kind, entry.enforcement);
     }
+    (
+        scheduler_use_kind(result, share, driver),
+        Enforcement::default(),
+    )
+}
+
+/// What a result kube-scheduler wrote holds: a share of its consumed capacity, or the whole
+/// device.
+fn scheduler_use_kind(
+    result: &DeviceRequestAllocationResult,
+    share: Option<&str>,
+    driver: &str,
+) -> UseKind {
     if result.consumed_capacity.is_none() && share.is_none() {
         return UseKind::Whole;
     }

@@ -1,3 +1,4 @@
+use kerf_core::enforcement::Enforcement;
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -346,6 +347,7 @@ fn decodes_time_slice_intervals() {
             Some(SharingConfig {
                 strategy: Sharing::TimeSlicing,
                 time_slice_interval: Some(interval),
+                ..SharingConfig::default()
             })
         );
         let encoded = params.to_parameters().expect("encodes");
@@ -407,6 +409,7 @@ fn the_class_interval_applies_to_time_sliced_devices_only() {
     let sharing = SharingConfig {
         strategy: Sharing::TimeSlicing,
         time_slice_interval: Some(TimeSliceInterval::Medium),
+        ..SharingConfig::default()
     };
     assert_eq!(
         sharing.time_slice_interval_for(Sharing::TimeSlicing),
@@ -683,6 +686,7 @@ proptest! {
                 compute_percent: compute,
                 sharing,
                 time_slice_interval: interval.filter(|_| sharing == Sharing::TimeSlicing),
+                enforcement: Enforcement::default(),
             }],
         };
         let encoded = allocation.to_parameters().expect("encodes");
@@ -730,4 +734,43 @@ fn sliced_scheduler_classes_share_whole_gpus_without_exclusive_sharing() {
         json!({ "allocator": "Scheduler", "slicing": {}, "selector": { "migProfile": "1g.10gb" } }),
     );
     assert_mentions(&error(&mig), &[&format!("{AT}.slicing"), "\"1g.10gb\""]);
+}
+
+#[test]
+fn server_enforcement_needs_mps_slices_of_the_controller() {
+    let held = class(json!({
+        "allocator": "Controller", "slicing": {},
+        "sharing": { "strategy": "MPS", "enforcement": "Server" },
+    }));
+    match decode_opaque(&held, AT) {
+        Ok(OpaqueConfig::Class(params)) => assert_eq!(
+            params.sharing.map(|s| s.enforcement),
+            Some(Enforcement::Server)
+        ),
+        other => panic!("{other:?}"),
+    }
+    let whole = class(json!({ "sharing": { "enforcement": "Server" } }));
+    assert!(
+        decode_opaque(&whole, AT).is_ok(),
+        "the hardware holds whole GPUs"
+    );
+    let path = format!("{AT}.sharing.enforcement");
+    for (spec, named) in [
+        (
+            json!({ "allocator": "Controller", "slicing": {}, "sharing": { "strategy": "TimeSlicing", "enforcement": "Server" } }),
+            "TimeSlicing",
+        ),
+        (
+            json!({ "allocator": "Controller", "slicing": {}, "sharing": { "enforcement": "Server" } }),
+            "Exclusive",
+        ),
+        (
+            json!({ "allocator": "Scheduler", "slicing": {}, "sharing": { "strategy": "MPS", "enforcement": "Server" } }),
+            "allocator Controller",
+        ),
+    ] {
+        assert_mentions(&error(&class(spec)), &[&path, named]);
+    }
+    let unknown = class(json!({ "sharing": { "strategy": "MPS", "enforcement": "Kernel" } }));
+    assert_mentions(&error(&unknown), &["Kernel"]);
 }

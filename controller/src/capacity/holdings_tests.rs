@@ -44,6 +44,7 @@ fn claim(
                 compute_percent: Some(percent),
                 sharing: kerf_core::slice::Sharing::Mps,
                 time_slice_interval: None,
+                enforcement: kerf_core::enforcement::Enforcement::default(),
             }],
         };
         devices["config"] = json!([{"source": "FromClaim", "opaque": {

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
+use crate::enforcement::Enforcement;
 use crate::slice::Sharing;
 
 use super::hash::FastMap;
@@ -47,6 +48,65 @@ pub struct GpuUsage {
     pub mps_slices: u32,
     /// Slices shared by time-slicing.
     pub time_sliced_slices: u32,
+    /// The sizes of the MPS slices.
+    pub mps_sizes: MpsSizes,
+    /// MPS slices whose class requires [`Enforcement::Server`].
+    pub server_held_slices: u32,
+}
+
+/// The sizes of the MPS slices on one GPU: its MPS server holds every one of them only while
+/// they have one size ([`crate::enforcement`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum MpsSizes {
+    /// No MPS slice.
+    #[default]
+    None,
+    /// Every MPS slice reserves this much memory (bytes) and compute (percent).
+    One {
+        /// Memory in bytes.
+        memory_bytes: u64,
+        /// Compute percent.
+        compute_percent: u8,
+    },
+    /// Slices of different sizes.
+    Mixed,
+}
+
+impl MpsSizes {
+    fn of(sizes: &[(u64, u8)]) -> Self {
+        match sizes.split_first() {
+            None => MpsSizes::None,
+            Some((&(memory_bytes, compute_percent), rest))
+                if rest.iter().all(|&s| s == (memory_bytes, compute_percent)) =>
+            {
+                MpsSizes::One {
+                    memory_bytes,
+                    compute_percent,
+                }
+            }
+            Some(_) => MpsSizes::Mixed,
+        }
+    }
+
+    /// The sizes with one more slice of `memory_bytes` and `compute_percent`.
+    pub(super) fn with(self, memory_bytes: u64, compute_percent: u8) -> Self {
+        match self {
+            MpsSizes::None => MpsSizes::One {
+                memory_bytes,
+                compute_percent,
+            },
+            one @ MpsSizes::One {
+                memory_bytes: m,
+                compute_percent: c,
+            } if (m, c) == (memory_bytes, compute_percent) => one,
+            _ => MpsSizes::Mixed,
+        }
+    }
+
+    /// True when a slice of `memory_bytes` and `compute_percent` keeps them one size.
+    pub(super) fn admits(self, memory_bytes: u64, compute_percent: u8) -> bool {
+        self.with(memory_bytes, compute_percent) != MpsSizes::Mixed
+    }
 }
 
 impl GpuUsage {
@@ -65,6 +125,9 @@ struct RawUsage {
     compute: u64,
     mps: u32,
     time_sliced: u32,
+    /// `(memory, compute)` of every MPS slice, one entry per use.
+    mps_sizes: Vec<(u64, u8)>,
+    server_held: u32,
     /// Keys of the claims using the device, one entry per use.
     holders: Vec<String>,
 }
@@ -78,10 +141,12 @@ impl RawUsage {
             slice_compute_percent: u32::try_from(self.compute).unwrap_or(u32::MAX),
             mps_slices: self.mps,
             time_sliced_slices: self.time_sliced,
+            mps_sizes: MpsSizes::of(&self.mps_sizes),
+            server_held_slices: self.server_held,
         }
     }
 
-    fn add(&mut self, kind: UseKind, claim: &str) {
+    fn add(&mut self, kind: UseKind, enforcement: Enforcement, claim: &str) {
         match kind {
             UseKind::Whole => self.whole += 1,
             UseKind::Slice {
@@ -95,12 +160,16 @@ impl RawUsage {
                 if let Some(count) = self.strategy_count(sharing) {
                     *count += 1;
                 }
+                if sharing == Sharing::Mps {
+                    self.mps_sizes.push((memory_bytes, compute_percent));
+                    self.server_held += u32::from(enforcement == Enforcement::Server);
+                }
             }
         }
         self.holders.push(claim.to_owned());
     }
 
-    fn remove(&mut self, kind: UseKind, claim: &str) {
+    fn remove(&mut self, kind: UseKind, enforcement: Enforcement, claim: &str) {
         match kind {
             UseKind::Whole => self.whole = self.whole.saturating_sub(1),
             UseKind::Slice {
@@ -113,6 +182,15 @@ impl RawUsage {
                 self.compute = self.compute.saturating_sub(u64::from(compute_percent));
                 if let Some(count) = self.strategy_count(sharing) {
                     *count = count.saturating_sub(1);
+                }
+                if sharing == Sharing::Mps {
+                    let size = (memory_bytes, compute_percent);
+                    if let Some(at) = self.mps_sizes.iter().position(|&s| s == size) {
+                        self.mps_sizes.swap_remove(at);
+                    }
+                    if enforcement == Enforcement::Server {
+                        self.server_held = self.server_held.saturating_sub(1);
+                    }
                 }
             }
         }
@@ -176,6 +254,11 @@ pub(super) struct GpuFree {
     pub(super) mps: bool,
     /// Carries time-sliced slices: an MPS slice does not fit.
     pub(super) time_sliced: bool,
+    /// The sizes of its MPS slices.
+    pub(super) mps_sizes: MpsSizes,
+    /// Carries an MPS slice whose class requires the server to hold it: only MPS slices of
+    /// its size fit.
+    pub(super) server_held: bool,
 }
 
 /// Per-node figures that let placement skip nodes without looking at their GPUs.
@@ -228,6 +311,8 @@ impl GpuFree {
                 idle: false,
                 mps: usage.mps_slices > 0,
                 time_sliced: usage.time_sliced_slices > 0,
+                mps_sizes: usage.mps_sizes,
+                server_held: usage.server_held_slices > 0,
             };
         }
         let used_compute = u8::try_from(usage.slice_compute_percent.min(100)).unwrap_or(100);
@@ -239,6 +324,8 @@ impl GpuFree {
             idle: usage.slices == 0,
             mps: usage.mps_slices > 0,
             time_sliced: usage.time_sliced_slices > 0,
+            mps_sizes: usage.mps_sizes,
+            server_held: usage.server_held_slices > 0,
         }
     }
 }
@@ -537,7 +624,7 @@ impl Index {
             .or_default()
             .entry(device.device.clone())
             .or_default()
-            .add(device.kind, claim);
+            .add(device.kind, device.enforcement, claim);
     }
 
     fn remove_use(&mut self, device: &DeviceUse, claim: &str) {
@@ -545,7 +632,7 @@ impl Index {
             return;
         };
         if let Some(usage) = devices.get_mut(&device.device) {
-            usage.remove(device.kind, claim);
+            usage.remove(device.kind, device.enforcement, claim);
             if usage.is_empty() {
                 devices.remove(&device.device);
             }

@@ -1,5 +1,6 @@
 //! What the allocator allocates from (whole GPUs per node) and what holds them (device uses).
 
+use crate::enforcement::Enforcement;
 use crate::inventory::{ComputeCapability, Inventory};
 use crate::slice::Sharing;
 
@@ -77,6 +78,9 @@ pub struct DeviceUse {
     pub device: String,
     /// Whether the claim holds the whole device or a slice of it.
     pub kind: UseKind,
+    /// The holder of its limits its class requires: an MPS slice that needs the server keeps
+    /// the GPU's other MPS slices at its size ([`crate::enforcement`]).
+    pub enforcement: Enforcement,
 }
 
 /// How a claim holds a device.
@@ -106,6 +110,7 @@ impl DeviceUse {
             node: node.into(),
             device: device.into(),
             kind: UseKind::Whole,
+            enforcement: Enforcement::default(),
         }
     }
 
@@ -125,7 +130,15 @@ impl DeviceUse {
                 compute_percent,
                 sharing: Sharing::Exclusive,
             },
+            enforcement: Enforcement::default(),
         }
+    }
+
+    /// The same use, requiring `enforcement` of its limits.
+    #[must_use]
+    pub fn held_by(mut self, enforcement: Enforcement) -> Self {
+        self.enforcement = enforcement;
+        self
     }
 
     /// The same use, a slice shared by `sharing` (a whole-device use is unchanged).

@@ -14,6 +14,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use crate::enforcement::Enforcement;
 use crate::mps::TimeSliceInterval;
 use crate::slice::Sharing;
 
@@ -99,6 +100,8 @@ pub struct PlacedDevice {
     pub sharing: Sharing,
     /// Time slice of the request ([`DeviceRequest::time_slice_interval`]).
     pub time_slice_interval: Option<TimeSliceInterval>,
+    /// The holder of its limits the request's class requires.
+    pub enforcement: Enforcement,
 }
 
 impl ClaimPlacement {
@@ -118,6 +121,7 @@ impl ClaimPlacement {
                         sharing: device.sharing,
                     },
                 },
+                enforcement: device.enforcement,
             })
             .collect()
     }
@@ -497,6 +501,7 @@ impl<'p> Plan<'p> {
                             slice: req.slice,
                             sharing: req.sharing,
                             time_slice_interval: req.time_slice_interval,
+                            enforcement: req.enforcement,
                         })
                     }));
                 }

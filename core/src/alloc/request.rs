@@ -1,6 +1,7 @@
 //! What a pod asks the allocator for: its claims, their requests, and per request the device
 //! count, slice size, selector, topology and policy (already merged from claim and class).
 
+use crate::enforcement::Enforcement;
 use crate::inventory::ComputeCapability;
 use crate::mps::TimeSliceInterval;
 use crate::slice::Sharing;
@@ -49,6 +50,9 @@ pub struct DeviceRequest {
     /// `None` leaves the GPU at the driver's default. It never affects where a request goes:
     /// the node settles claims that disagree on one GPU.
     pub time_slice_interval: Option<TimeSliceInterval>,
+    /// The weakest holder of an MPS slice's limits the class accepts: with
+    /// [`Enforcement::Server`] the slice shares its GPU only with MPS slices of its size.
+    pub enforcement: Enforcement,
     /// Taints of devices this request may use anyway.
     pub tolerations: Vec<Toleration>,
     /// Admin access (`exactly.adminAccess`): `count` whole GPUs whoever uses them, consuming
@@ -77,6 +81,7 @@ impl DeviceRequest {
             max_slices_per_gpu: None,
             sharing: Sharing::Exclusive,
             time_slice_interval: None,
+            enforcement: Enforcement::default(),
             tolerations: Vec::new(),
             admin_access: false,
             first_available: Vec::new(),

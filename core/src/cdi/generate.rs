@@ -55,6 +55,7 @@ use super::spec::{ContainerEdits, Device, DeviceNode, Mount, Spec};
 use super::version::CdiVersion;
 use super::workload::workload_edits;
 use super::{claim_device_name, qualified_name};
+use crate::enforcement::pinned_mib;
 use crate::error::{Error, Result};
 use crate::mps::{CLIENT_MOUNT_OPTIONS, CONTAINER_SHM_DIRECTORY, MpsClient};
 use crate::slice::{Sharing, SliceLimits};
@@ -489,12 +490,6 @@ fn mps_client_edits(
         mount(&client.pipe_directory, pipe),
         mount(&client.shm_directory, CONTAINER_SHM_DIRECTORY),
     ]
-}
-
-/// A memory limit in the whole MiB `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` takes, rounded down so
-/// that it never exceeds the slice (and at least 1).
-fn pinned_mib(bytes: u64) -> u64 {
-    (bytes >> 20).max(1)
 }
 
 /// The claim-level env: identity, device lists, slice summary and MPS limits.

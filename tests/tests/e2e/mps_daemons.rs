@@ -244,7 +244,7 @@ pub(crate) async fn mps_class(env: &TestEnv, test: &str) -> Result<String> {
     let spec = GpuClassSpec {
         sharing: Some(SharingConfig {
             strategy: Sharing::Mps,
-            time_slice_interval: None,
+            ..SharingConfig::default()
         }),
         ..manifests::controller_class_spec(None)
     };

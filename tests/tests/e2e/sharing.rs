@@ -250,6 +250,7 @@ mod tests {
                         compute_percent: Some(compute),
                         sharing: kerf_core::slice::Sharing::Mps,
                         time_slice_interval: None,
+                        enforcement: kerf_core::enforcement::Enforcement::default(),
                     })
                     .collect(),
             }

@@ -50,6 +50,7 @@ fn shared_claim(
             }),
             sharing,
             time_slice_interval: Some(interval),
+            enforcement: kerf_core::enforcement::Enforcement::default(),
         }],
     };
     let allocation = kerf_api::allocation_status(

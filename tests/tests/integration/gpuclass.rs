@@ -285,6 +285,7 @@ async fn status_counts_devices_and_memory_from_slices_and_claims() {
             compute_percent: Some(20),
             sharing: kerf_core::slice::Sharing::default(),
             time_slice_interval: None,
+            enforcement: kerf_core::enforcement::Enforcement::default(),
         }],
     };
     allocated_claim(

@@ -87,6 +87,7 @@ fn the_publication_gives_the_sharing_unless_a_config_names_one() {
     let time_sliced = slicing(Some(SharingConfig {
         strategy: Sharing::TimeSlicing,
         time_slice_interval: Some(TimeSliceInterval::Long),
+        ..SharingConfig::default()
     }));
     let mut device = resolve(&[share("gpu-0", "a", &json!({ "memory": "4Gi" }))], &[])
         .unwrap()

@@ -10,7 +10,7 @@ use super::super::index::{GpuEntry, GpuFree, NodeEntry};
 use super::super::request::{DeviceRequest, GpuSelector, SliceSize, TopologyScope};
 use super::super::taint::{DeviceTaint, untolerated};
 use super::super::unplaceable::{BestCandidate, Unplaceable, UnplaceableReason};
-use super::pick::{Scratch, choose, sharing_conflicts, take};
+use super::pick::{Scratch, choose, sharing_conflicts, size_conflicts, take};
 use super::{Flat, Plan};
 
 /// Why one node could not take the pod.
@@ -39,6 +39,8 @@ struct Blockers {
     in_use: u32,
     max_slices: u32,
     sharing: u32,
+    /// MPS slices of another size on a GPU whose server holds its slices.
+    slice_size: u32,
     memory: u32,
     compute: u32,
     tainted: u32,
@@ -286,6 +288,7 @@ fn fits_or_counts<'n>(
             blockers.max_slices += 1;
         }
         Some(_) if sharing_conflicts(req.sharing, free) => blockers.sharing += 1,
+        Some(size) if size_conflicts(req, size, free) => blockers.slice_size += 1,
         Some(size) if free.memory < size.memory_bytes => blockers.memory += 1,
         Some(size) if free.compute < size.compute_percent => blockers.compute += 1,
         _ => return true,
@@ -299,7 +302,10 @@ impl Blockers {
         let ranked = [
             (self.in_use, UnplaceableReason::InUse),
             (self.max_slices, UnplaceableReason::MaxSlices),
-            (self.sharing, UnplaceableReason::SharingConflict),
+            (
+                self.sharing + self.slice_size,
+                UnplaceableReason::SharingConflict,
+            ),
             (self.memory, UnplaceableReason::InsufficientMemory),
             (self.compute, UnplaceableReason::InsufficientCompute),
             (self.tainted, UnplaceableReason::Tainted),
@@ -379,6 +385,12 @@ fn describe_blockers(diagnosis: &Diagnosis<'_>, req: &DeviceRequest) -> String {
             _ => "MPS",
         };
         parts.push(format!("{} carrying {other} slices", b.sharing));
+    }
+    if b.slice_size > 0 {
+        parts.push(format!(
+            "{} carrying MPS slices of another size held by their MPS server (enforcement Server)",
+            b.slice_size
+        ));
     }
     if b.memory > 0 {
         parts.push(format!("{} with too little memory free", b.memory));

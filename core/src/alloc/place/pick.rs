@@ -2,10 +2,11 @@
 //! the request's policy, the topology group they are taken from, and the working state the
 //! picks are applied to.
 
+use crate::enforcement::Enforcement;
 use crate::slice::Sharing;
 
 use super::super::index::{GpuFree, NodeEntry, free_permille};
-use super::super::request::{DeviceRequest, Policy, TopologyScope};
+use super::super::request::{DeviceRequest, Policy, SliceSize, TopologyScope};
 use super::super::taint::untolerated;
 use super::{FULL_SCORE, Flat, IDLE_PENALTY, NO_PICK, TIER_ANY, TIER_NVLINK, TIER_PCIE, nominal};
 
@@ -74,7 +75,8 @@ fn fit_after(req: &DeviceRequest, free: &GpuFree, total_memory: u64) -> Option<u
                 && free.memory >= size.memory_bytes
                 && free.compute >= size.compute_percent
                 && req.max_slices_per_gpu.is_none_or(|max| free.slices < max)
-                && !sharing_conflicts(req.sharing, free);
+                && !sharing_conflicts(req.sharing, free)
+                && !size_conflicts(req, size, free);
             fits.then(|| {
                 let left = free_permille(
                     free.memory - size.memory_bytes,
@@ -94,6 +96,18 @@ pub(super) fn sharing_conflicts(sharing: Sharing, free: &GpuFree) -> bool {
         Sharing::TimeSlicing => free.mps,
         Sharing::Exclusive => false,
     }
+}
+
+/// Whether an MPS slice of `size` would share a GPU held by its MPS server with slices of
+/// another size: when the request or a slice already there requires [`Enforcement::Server`],
+/// every MPS slice of the GPU must have one size, so that the server's limit is each one's
+/// ([`crate::enforcement`]).
+pub(super) fn size_conflicts(req: &DeviceRequest, size: SliceSize, free: &GpuFree) -> bool {
+    req.sharing == Sharing::Mps
+        && (req.enforcement == Enforcement::Server || free.server_held)
+        && !free
+            .mps_sizes
+            .admits(size.memory_bytes, size.compute_percent)
 }
 
 /// Lower is better.
@@ -235,6 +249,10 @@ pub(super) fn take(flat: &Flat<'_>, node: &NodeEntry, scratch: &mut Scratch) -> 
                 free.slices += 1;
                 free.mps |= flat.req.sharing == Sharing::Mps;
                 free.time_sliced |= flat.req.sharing == Sharing::TimeSlicing;
+                if flat.req.sharing == Sharing::Mps {
+                    free.mps_sizes = free.mps_sizes.with(size.memory_bytes, size.compute_percent);
+                    free.server_held |= flat.req.enforcement == Enforcement::Server;
+                }
             }
         }
         free.idle = false;

@@ -2,7 +2,8 @@ use proptest::prelude::*;
 
 use super::diagnose::Diagnosis;
 use super::*;
-use crate::alloc::{ClaimRequest, GpuInfo, NodeGpus};
+use crate::alloc::{ClaimRequest, GpuInfo, MpsSizes, NodeGpus};
+use crate::enforcement::Enforcement;
 use crate::inventory::ComputeCapability;
 
 const GI: u64 = 1 << 30;
@@ -97,6 +98,80 @@ fn placed_devices_carry_their_request_interval() {
         );
         index.apply(&placement);
     }
+}
+
+fn mps_slice(key: &str, gib: u64, compute: u8, enforcement: Enforcement) -> PodRequest {
+    let mut request = DeviceRequest::slices(
+        "s",
+        1,
+        SliceSize {
+            memory_bytes: gib * GI,
+            compute_percent: compute,
+        },
+    );
+    request.sharing = Sharing::Mps;
+    request.enforcement = enforcement;
+    PodRequest {
+        claims: vec![ClaimRequest {
+            key: key.into(),
+            requests: vec![request],
+        }],
+    }
+}
+
+/// A slice whose class requires its MPS server to hold it shares a GPU only with MPS slices
+/// of its size, and keeps slices of other sizes (of any class) off its GPU; slices of
+/// classes that do not require it mix sizes freely.
+#[test]
+fn server_held_slices_keep_their_gpu_to_one_size() {
+    use Enforcement::{ClientEnvironment, Server};
+    let mut index = Index::new();
+    index.upsert_node(node("n00".into(), 2));
+    let place_one = |index: &mut Index, pod: &PodRequest| {
+        let placement = place(index, pod, &["n00"]).expect("fits");
+        index.apply(&placement);
+        placement.claims[0].devices[0].device.clone()
+    };
+    // Bin-packing puts the first two on gpu-0, sizes mixed.
+    assert_eq!(
+        place_one(&mut index, &mps_slice("a", 10, 20, ClientEnvironment)),
+        "gpu-0"
+    );
+    assert_eq!(
+        place_one(&mut index, &mps_slice("b", 20, 30, ClientEnvironment)),
+        "gpu-0"
+    );
+    // gpu-0 is mixed: a server-held slice goes to the idle GPU.
+    let held = place_one(&mut index, &mps_slice("c", 10, 25, Server));
+    assert_eq!(held, "gpu-1");
+    assert_eq!(
+        place_one(&mut index, &mps_slice("d", 10, 25, Server)),
+        "gpu-1"
+    );
+    // Another size fits gpu-1's memory and compute but not its server's limit: gpu-0 takes
+    // it, though bin-packing prefers gpu-1 for it.
+    assert_eq!(
+        place_one(&mut index, &mps_slice("e", 5, 10, ClientEnvironment)),
+        "gpu-0"
+    );
+    // Nowhere for a server-held slice of a third size: gpu-0 is mixed, gpu-1 another size.
+    let error = place(&index, &mps_slice("g", 5, 10, Server), &["n00"]).unwrap_err();
+    assert_eq!(error.kind(), UnplaceableReason::SharingConflict);
+    assert!(
+        error.message().contains("another size"),
+        "{}",
+        error.message()
+    );
+    // Once gpu-1's server-held slices are gone, it takes other sizes again (gpu-0 has too
+    // little compute left for this one).
+    for key in ["c", "d"] {
+        index.set_claim_usage(key, Vec::new());
+    }
+    assert_eq!(index.gpu_usage("n00", "gpu-1").mps_sizes, MpsSizes::None);
+    assert_eq!(
+        place_one(&mut index, &mps_slice("h", 30, 50, ClientEnvironment)),
+        "gpu-1"
+    );
 }
 
 proptest! {

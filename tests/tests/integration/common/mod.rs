@@ -302,6 +302,7 @@ impl TestNode {
                 }),
                 sharing: Sharing::Mps,
                 time_slice_interval: None,
+                enforcement: kerf_core::enforcement::Enforcement::default(),
             }],
         };
         let allocation = kerf_api::allocation_status(
