@@ -25,6 +25,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::cdi::{MigCaps, PreparedDevice};
+use crate::enforcement::ServerLimits;
 use crate::error::{Error, Result};
 use crate::fsutil;
 use crate::mps::TimeSliceInterval;
@@ -80,12 +81,19 @@ pub struct GpuSharingEntry {
     /// The time slice set on the GPU, while one is set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub time_slice: Option<TimeSliceInterval>,
+    /// The server limits the daemon named by `mps_daemon` was given; a daemon forgets them
+    /// when it quits, so they go with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps_server_limits: Option<ServerLimits>,
 }
 
 impl GpuSharingEntry {
     /// True when nothing is set up on the GPU any more.
     pub fn is_empty(&self) -> bool {
-        self.mps_root.is_none() && self.mps_daemon.is_none() && self.time_slice.is_none()
+        self.mps_root.is_none()
+            && self.mps_daemon.is_none()
+            && self.time_slice.is_none()
+            && self.mps_server_limits.is_none()
     }
 }
 

@@ -10,6 +10,7 @@ use kerf_core::checkpoint::{
     self, CURRENT_VERSION, Checkpoint, ClaimEntry, ClaimState, DeviceRecord, GpuSharingEntry,
     LoadOutcome,
 };
+use kerf_core::enforcement::ServerLimits;
 use kerf_core::mps::TimeSliceInterval;
 use kerf_core::slice::{Sharing, SliceLimits};
 use proptest::prelude::*;
@@ -454,6 +455,10 @@ fn gpu_sharing_and_time_slices_round_trip_and_a_bad_record_is_dropped_alone() {
             mps_root: Some("/var/run/kerf/mps".into()),
             mps_daemon: Some("pod 8d3e… restarts 2".into()),
             time_slice: None,
+            mps_server_limits: Some(ServerLimits {
+                pinned_mib: Some(10_240),
+                thread_percentage: Some(25),
+            }),
         },
     );
     cp.gpu_sharing.insert(
@@ -462,6 +467,7 @@ fn gpu_sharing_and_time_slices_round_trip_and_a_bad_record_is_dropped_alone() {
             mps_root: None,
             mps_daemon: None,
             time_slice: Some(TimeSliceInterval::Long),
+            mps_server_limits: None,
         },
     );
     if let Some(entry) = cp.claims.get_mut("uid-1") {

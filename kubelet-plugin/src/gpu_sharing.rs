@@ -14,6 +14,9 @@
 //! ([`GpuSharing::restore`]) adopts or restarts the daemons prepared claims need, sets their
 //! time slices again after a reboot, and undoes everything else (orphans).
 //!
+//! Each MPS GPU's server is held to the largest MPS slice on it ([`server_limits`]), so
+//! that a process that clears its `CUDA_MPS_*` environment still meets that ceiling.
+//!
 //! Each GPU's record also names the daemon that served it ([`Incarnation`]). Whenever the
 //! plugin finds another one — at start-up, in the periodic check, at a prepare — the daemon
 //! was replaced and its clients lost their server: that is reported once per replacement
@@ -22,7 +25,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+mod server_limits;
+
 use kerf_core::checkpoint::{Checkpoint, DeviceRecord, GpuSharingEntry};
+use kerf_core::enforcement::Holders;
+use kerf_core::inventory::Inventory;
 use kerf_core::mps::{MpsClient, TimeSliceInterval};
 use kerf_core::slice::Sharing;
 
@@ -31,6 +38,8 @@ use crate::claim_locks::ClaimLocks;
 use crate::mps_daemons::{ControlDaemons, Incarnation};
 use crate::preparer::ClaimRef;
 use crate::{Error, Result};
+
+use self::server_limits::{ServerLimitBook, holders_of};
 
 /// The GPU whose MPS daemon serves `device`: whole GPUs shared by MPS.
 fn mps_gpu(device: &DeviceRecord) -> Option<&str> {
@@ -105,6 +114,8 @@ pub struct GpuSharing {
     gpu_locks: ClaimLocks,
     /// Replacements found outside the periodic check, reported by its next run.
     replaced: std::sync::Mutex<Vec<Restarted>>,
+    /// The limits each MPS server was given.
+    limits: ServerLimitBook,
 }
 
 impl GpuSharing {
@@ -114,7 +125,21 @@ impl GpuSharing {
             tools,
             gpu_locks: ClaimLocks::default(),
             replaced: std::sync::Mutex::default(),
+            limits: ServerLimitBook::default(),
         }
+    }
+
+    /// The same, knowing the GPUs of `inventory`: their memory stands for "no memory limit"
+    /// in an MPS server's limits.
+    #[must_use]
+    pub fn with_gpus_of(mut self, inventory: &Inventory) -> Self {
+        self.limits = ServerLimitBook::of_inventory(inventory);
+        self
+    }
+
+    /// Who holds `device`'s memory and compute limits (see [`kerf_core::enforcement`]).
+    pub(crate) fn holders(&self, device: &DeviceRecord) -> Holders {
+        holders_of(&self.limits, device, self.is_enforced())
     }
 
     /// Whether slices are enforced.
@@ -157,6 +182,7 @@ impl GpuSharing {
             let _gpu = self.gpu_locks.lock(gpu).await;
             let incarnation = tools.ensure(gpu).await?;
             self.record_daemon(tools, gpu, &incarnation, checkpoint);
+            self.limits.hold(tools, gpu, checkpoint).await?;
         }
         let time_sliced: BTreeMap<&str, TimeSliceInterval> =
             devices.iter().filter_map(time_sliced_gpu).collect();
@@ -199,6 +225,13 @@ impl GpuSharing {
             if let Err(error) = release_gpu(tools, gpu, checkpoint).await {
                 tracing::warn!(gpu, %error, "cannot undo the GPU's sharing set-up");
             }
+            if checkpoint.read(|cp| users(cp, gpu).mps) == 0 {
+                self.limits.forget(gpu);
+            } else if let Err(error) = self.limits.hold(tools, gpu, checkpoint).await {
+                // The largest slice left is smaller: the old, higher ceiling stays until the
+                // next change or check gives the new one.
+                tracing::warn!(gpu, %error, "cannot lower the MPS server limits");
+            }
         }
     }
 
@@ -223,6 +256,9 @@ impl GpuSharing {
                     }
                     if self.record_daemon(tools, gpu, &incarnation, checkpoint) {
                         report.replaced.push(gpu.clone());
+                    }
+                    if let Err(error) = self.limits.hold(tools, gpu, checkpoint).await {
+                        report.failures.push(error);
                     }
                 }
                 Err(error) => report.failures.push(error),
@@ -340,6 +376,9 @@ impl GpuSharing {
             match outcome {
                 Ok(incarnation) => {
                     self.record_daemon(tools, &gpu, &incarnation, checkpoint);
+                    if let Err(error) = self.limits.hold(tools, &gpu, checkpoint).await {
+                        tracing::warn!(gpu, %error, "cannot give the MPS server its limits");
+                    }
                 }
                 Err(error) => {
                     let claims = checkpoint.read(|cp| mps_claims(cp, &gpu));
@@ -368,10 +407,13 @@ impl GpuSharing {
         let previous =
             checkpoint.read(|cp| cp.gpu_sharing.get(gpu).and_then(|e| e.mps_daemon.clone()));
         if previous.as_deref() != Some(incarnation.as_str()) {
+            // A new daemon has none of the limits the old one was given.
+            self.limits.forget(gpu);
             checkpoint.mutate_lazily(|cp| {
                 let entry = cp.gpu_sharing.entry(gpu.to_owned()).or_default();
                 entry.mps_root = Some(root);
                 entry.mps_daemon = Some(incarnation.as_str().to_owned());
+                entry.mps_server_limits = None;
             });
         }
         let Some(previous) = previous.filter(|p| p != incarnation.as_str()) else {
@@ -398,6 +440,7 @@ impl GpuSharing {
 fn forget_daemon(entry: &mut GpuSharingEntry) {
     entry.mps_root = None;
     entry.mps_daemon = None;
+    entry.mps_server_limits = None;
 }
 
 /// Undoes on one GPU what no claim needs any more; the caller holds the GPU's lock.

@@ -26,6 +26,7 @@ pub(crate) mod tools;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use kerf_core::enforcement::ServerLimits;
 use kerf_core::mps::{MpsClient, MpsDirectories, TimeSliceInterval, timeslice_args};
 
 pub use pod_spec::{DaemonPodTemplate, daemon_pod_name};
@@ -199,6 +200,61 @@ impl ControlDaemons {
         }
     }
 
+    /// Gives the daemon of `gpu_uuid` the server limits `limits` (see
+    /// [`kerf_core::enforcement`]): as the defaults of its next server, and for the next
+    /// clients of each running server; then reads the defaults back, so that a daemon that
+    /// did not take them is an error rather than a limit believed held. `total_mib` is the
+    /// GPU's memory, the limit that stands for "none".
+    ///
+    /// # Errors
+    /// [`Error::Mps`] naming the GPU when the control client fails or the daemon reports
+    /// other defaults than those set.
+    pub(crate) async fn apply_server_limits(
+        &self,
+        gpu_uuid: &str,
+        limits: ServerLimits,
+        total_mib: u64,
+    ) -> Result<()> {
+        let settings = self.settings();
+        let dirs = self.directories(gpu_uuid)?;
+        let timeout = settings.stop_timeout;
+        let servers = tools::send_commands(
+            &settings.driver_root,
+            &dirs,
+            &["get_server_list".to_owned()],
+            timeout,
+        )
+        .await?;
+        let mut commands = limits.default_commands(total_mib);
+        for pid in servers
+            .lines()
+            .filter_map(|line| line.trim().parse::<u32>().ok())
+        {
+            commands.extend(limits.server_commands(pid, total_mib));
+        }
+        commands.extend(READ_BACK.map(str::to_owned));
+        let replies =
+            tools::send_commands(&settings.driver_root, &dirs, &commands, timeout).await?;
+        let read = read_back(&replies);
+        let expected = (
+            limits.pinned_mib.unwrap_or(total_mib),
+            limits.thread_percentage.unwrap_or(100),
+        );
+        if read.is_some_and(|(mib, percent)| shown_as(expected.0, mib) && percent == expected.1) {
+            Ok(())
+        } else {
+            Err(tools::mps_error(
+                gpu_uuid,
+                format!(
+                    "the MPS control daemon did not take the server limits {} MiB, {} %: it answered {:?}",
+                    expected.0,
+                    expected.1,
+                    replies.trim()
+                ),
+            ))
+        }
+    }
+
     /// Sets the time slice of `gpu_uuid` (`nvidia-smi compute-policy --set-timeslice`).
     ///
     /// # Errors
@@ -215,5 +271,65 @@ impl ControlDaemons {
                 Error::Mps { gpu, message } => Error::TimeSlice { gpu, message },
                 other => other,
             })
+    }
+}
+
+/// The queries that end a limits change: the defaults as the daemon now has them.
+const READ_BACK: [&str; 2] = [
+    "get_default_device_pinned_mem_limit 0",
+    "get_default_active_thread_percentage",
+];
+
+/// The pinned limit in MiB and the percentage of the last two lines of `replies` (the answers
+/// to [`READ_BACK`]): a limit is printed with `M` or, from 1 GiB up, as whole GiB with `G`
+/// (as drivers were seen to print it), a percentage as a decimal (`25.0`).
+fn read_back(replies: &str) -> Option<(Shown, u8)> {
+    let mut lines = replies
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .rev();
+    let percent: f64 = lines.next()?.parse().ok()?;
+    let limit = lines.next()?;
+    let shown = if let Some(gib) = limit.strip_suffix('G') {
+        Shown::Gib(gib.parse().ok()?)
+    } else {
+        Shown::Mib(limit.strip_suffix('M')?.parse().ok()?)
+    };
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // 0–100 checked.
+    let percent = (0.0..=100.0)
+        .contains(&percent)
+        .then(|| percent.round() as u8)?;
+    Some((shown, percent))
+}
+
+/// A pinned limit as the daemon prints it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    Mib(u64),
+    Gib(u64),
+}
+
+/// Whether `mib` is printed as `shown`.
+fn shown_as(mib: u64, shown: Shown) -> bool {
+    match shown {
+        Shown::Mib(value) => value == mib,
+        Shown::Gib(value) => value == mib / 1024,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_back_takes_either_unit_and_a_decimal_percentage() {
+        assert_eq!(read_back("\n10240M\n25.0\n"), Some((Shown::Mib(10240), 25)));
+        assert_eq!(read_back("10G\n100.0"), Some((Shown::Gib(10), 100)));
+        assert!(shown_as(10 * 1024 + 512, Shown::Gib(10)));
+        assert!(!shown_as(10 * 1024, Shown::Mib(10)));
+        assert_eq!(read_back("Invalid value\n25.0"), None);
+        assert_eq!(read_back("10240M\n250.0"), None);
+        assert_eq!(read_back(""), None);
     }
 }

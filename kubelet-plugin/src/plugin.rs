@@ -426,7 +426,9 @@ async fn open_preparer(
         Option<kube::Client>,
     ),
 ) -> Result<Arc<Preparer>> {
-    let sharing = Box::pin(crate::mps_checks::gpu_sharing(config, mps_daemon_pods)).await?;
+    let sharing = Box::pin(crate::mps_checks::gpu_sharing(config, mps_daemon_pods))
+        .await?
+        .with_gpus_of(inventory);
     let checkpoint = open_checkpoint(config).await?;
     // Until the clean-up below is done, another instance's prepares wait (rolling update).
     let start_up = checkpoint.start_up_hold().await?;

@@ -83,6 +83,61 @@ pub(crate) async fn send_quit(
     }
 }
 
+/// Sends `commands` (one a line) to the control daemon of `dirs` through one run of the
+/// control client, which must finish within `timeout`; returns what it printed.
+///
+/// # Errors
+/// [`Error::Mps`] naming the GPU when the client cannot run, fails (no daemon listens) or
+/// does not finish in time (it is then killed).
+pub(crate) async fn send_commands(
+    tools_root: &Path,
+    dirs: &MpsDirectories,
+    commands: &[String],
+    timeout: std::time::Duration,
+) -> Result<String> {
+    let gpu = dirs.gpu_uuid();
+    let mut client = control(tools_root, dirs)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| mps_error(gpu, format!("cannot run {CONTROL_PROGRAM}: {e}")))?;
+    if let Some(mut stdin) = client.stdin.take() {
+        let mut input = commands.join("\n");
+        input.push('\n');
+        // A daemon already gone makes the client fail; its status says so below.
+        let _ = stdin.write_all(input.as_bytes()).await;
+    }
+    let output = match tokio::time::timeout(timeout, client.wait_with_output()).await {
+        Ok(Ok(output)) => output,
+        Ok(Err(error)) => {
+            return Err(mps_error(
+                gpu,
+                format!("cannot wait for {CONTROL_PROGRAM}: {error}"),
+            ));
+        }
+        Err(_) => {
+            return Err(mps_error(
+                gpu,
+                format!("{CONTROL_PROGRAM} did not finish within {timeout:?}"),
+            ));
+        }
+    };
+    if !output.status.success() {
+        return Err(mps_error(
+            gpu,
+            format!(
+                "{CONTROL_PROGRAM} failed ({}) on {:?}: {}",
+                output.status,
+                commands,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 /// Puts `gpu` in compute mode `mode`.
 ///
 /// # Errors

@@ -309,6 +309,7 @@ pub(crate) fn prepared_facts(
                 gpu_uuid,
                 mig_profile,
                 mps,
+                holders: sharing.holders(record),
             }
         })
         .collect()

@@ -53,6 +53,7 @@ mod mps_daemon_pod_policy;
 mod mps_daemon_pods;
 mod mps_daemons;
 mod mps_reaping;
+mod mps_server_limits;
 mod node_filters;
 mod one_watch_per_kind;
 mod outage;
