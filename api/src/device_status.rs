@@ -12,6 +12,7 @@ use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kerf_core::checkpoint::DeviceRecord;
+use kerf_core::enforcement::{self, Holders};
 use kerf_core::mps::{MpsClient, TimeSliceInterval};
 use serde_json::{Map, Value, json};
 
@@ -39,6 +40,8 @@ pub struct PreparedDeviceFacts {
     pub mig_profile: Option<String>,
     /// The MPS control daemon's directories a client of this device gets, where one serves it.
     pub mps: Option<MpsClient>,
+    /// Who holds the device's memory and compute limits.
+    pub holders: Holders,
 }
 
 impl PreparedDeviceFacts {
@@ -47,6 +50,12 @@ impl PreparedDeviceFacts {
     pub fn of_record(record: DeviceRecord) -> Self {
         PreparedDeviceFacts {
             gpu_uuid: record.uuid.clone(),
+            holders: enforcement::holders(
+                record.sharing,
+                record.mig.is_some(),
+                record.limits,
+                None,
+            ),
             record,
             mig_profile: None,
             mps: None,
@@ -144,6 +153,13 @@ fn full_data(facts: &PreparedDeviceFacts) -> Value {
         data.insert("computePercent".to_owned(), json!(percent));
     }
     data.insert("sharing".to_owned(), json!(record.sharing.as_str()));
+    data.insert(
+        "limitsHeldBy".to_owned(),
+        json!({
+            "memory": facts.holders.memory.as_str(),
+            "compute": facts.holders.compute.as_str(),
+        }),
+    );
     if record.time_slice_interval != TimeSliceInterval::Default {
         data.insert(
             "timeSliceInterval".to_owned(),
@@ -216,6 +232,8 @@ pub fn kept_device_status(
 
 #[cfg(test)]
 mod tests {
+    use kerf_core::enforcement::Holder;
+
     use super::*;
     use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
     use kerf_core::slice::{Sharing, SliceLimits};
@@ -267,6 +285,7 @@ mod tests {
                 "gpuUUID": GPU,
                 "wholeDevice": true,
                 "sharing": "Exclusive",
+                "limitsHeldBy": {"memory": "hardware", "compute": "hardware"},
                 "cdiDeviceIDs": ["k8s.gpu.kerf.dev/gpu=uid-gpu-0"],
             })
         );
@@ -286,9 +305,17 @@ mod tests {
                 shm_directory: "/var/run/kerf/mps/shm".to_owned(),
                 container_pipe_directory: format!("/run/kerf/mps/{GPU}"),
             }),
+            holders: Holders {
+                memory: Holder::Server,
+                compute: Holder::ClientEnvironment,
+            },
             ..PreparedDeviceFacts::of_record(slice)
         };
         let data = device_data(&facts);
+        assert_eq!(
+            data["limitsHeldBy"],
+            json!({"memory": "server", "compute": "client environment"})
+        );
         assert_eq!(data["memoryBytes"], json!(10_u64 << 30));
         assert_eq!(data["computePercent"], json!(25));
         assert_eq!(data["sharing"], json!("MPS"));

@@ -114,6 +114,15 @@ fn claim(
     serde_json::from_value(value).unwrap()
 }
 
+/// `claim` with the status entry the kubelet plugin writes at prepare for its `gpu-3`, saying
+/// who holds the slice's limits.
+fn prepared(mut claim: ResourceClaim, memory: &str, compute: &str) -> ResourceClaim {
+    let entry = json!({"driver": DRIVER, "pool": NODE, "device": "gpu-3",
+        "data": {"limitsHeldBy": {"memory": memory, "compute": compute}}});
+    claim.status.as_mut().unwrap().devices = Some(vec![serde_json::from_value(entry).unwrap()]);
+    claim
+}
+
 fn mps_slice(gpu_uuid: &str, memory_gib: u64, compute_percent: u8) -> Value {
     json!({"pool": NODE, "device": "gpu-3", "gpuUUID": gpu_uuid,
            "memoryBytes": memory_gib << 30, "computePercent": compute_percent, "sharing": "MPS"})
@@ -128,19 +137,27 @@ fn fixture() -> FakeApi {
     let gpu3 = uuid(&current, "gpu-3");
     for claim in [
         claim("default", "whole", &["gpu-2"], Some("pod-whole"), &[]),
-        claim(
-            "ml",
-            "train-a",
-            &["gpu-3"],
-            Some("train-a-0"),
-            &[mps_slice(&gpu3, 20, 25)],
+        prepared(
+            claim(
+                "ml",
+                "train-a",
+                &["gpu-3"],
+                Some("train-a-0"),
+                &[mps_slice(&gpu3, 20, 25)],
+            ),
+            "server",
+            "client environment",
         ),
-        claim(
-            "ml",
-            "train-b",
-            &["gpu-3"],
-            Some("train-b-0"),
-            &[mps_slice(&gpu3, 10, 50)],
+        prepared(
+            claim(
+                "ml",
+                "train-b",
+                &["gpu-3"],
+                Some("train-b-0"),
+                &[mps_slice(&gpu3, 10, 50)],
+            ),
+            "server",
+            "server",
         ),
         claim("default", "mig", &[MIG], None, &[]),
     ] {
@@ -189,11 +206,12 @@ async fn the_table_shows_owners_usage_health_claims_and_mig_devices() {
     assert_eq!(
         line("gpu-3 "),
         "gpu-3 NVIDIA A100-SXM4-40GB controller [########--] 30/40Gi [########--] 75/100% \
-         ok ml/train-a (train-a-0) 20Gi 25% MPS, kerf-controller"
+         ok ml/train-a (train-a-0) 20Gi 25% MPS, kerf-controller, memory held by server, \
+         compute by client environment"
     );
     assert_eq!(
         line("ml/train-b"),
-        "ml/train-b (train-b-0) 10Gi 50% MPS, kerf-controller"
+        "ml/train-b (train-b-0) 10Gi 50% MPS, kerf-controller, held by server"
     );
     assert_eq!(
         line(MIG),
@@ -268,10 +286,12 @@ async fn json_has_the_documented_shape() {
             "claims": [
                 {"namespace": "ml", "name": "train-a", "pods": ["train-a-0"],
                  "size": {"kind": "slice", "memoryBytes": 20u64 << 30, "computePercent": 25, "sharing": "MPS"},
-                 "allocator": "kerf-controller"},
+                 "allocator": "kerf-controller",
+                 "limitsHeldBy": {"memory": "server", "compute": "client environment"}},
                 {"namespace": "ml", "name": "train-b", "pods": ["train-b-0"],
                  "size": {"kind": "slice", "memoryBytes": 10u64 << 30, "computePercent": 50, "sharing": "MPS"},
-                 "allocator": "kerf-controller"},
+                 "allocator": "kerf-controller",
+                 "limitsHeldBy": {"memory": "server", "compute": "server"}},
             ],
         })
     );

@@ -196,6 +196,42 @@ pub struct ClaimOnDevice {
     pub size: Size,
     /// Who allocated the claim.
     pub allocator: ClaimAllocator,
+    /// Who holds the slice's limits, as the kubelet plugin reported at prepare
+    /// (`status.devices[].data.limitsHeldBy`); `None` before the prepare, or without the
+    /// report.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits_held_by: Option<LimitsHeldBy>,
+}
+
+/// Who holds a prepared slice's memory and compute limits: `hardware`, `server`,
+/// `client environment` or `none` (see `kerf_core::enforcement`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LimitsHeldBy {
+    /// The memory limit's holder.
+    pub memory: String,
+    /// The compute limit's holder.
+    pub compute: String,
+}
+
+/// What the plugin reported on holding the limits of `claim`'s `device` in `pool`.
+fn limits_held_by(
+    claim: &ResourceClaim,
+    driver: &str,
+    pool: &str,
+    device: &str,
+) -> Option<LimitsHeldBy> {
+    let entry = claim
+        .status
+        .as_ref()?
+        .devices
+        .as_ref()?
+        .iter()
+        .find(|d| d.driver == driver && d.pool == pool && d.device == device)?;
+    let held = entry.data.as_ref()?.0.get("limitsHeldBy")?;
+    Some(LimitsHeldBy {
+        memory: held.get("memory")?.as_str()?.to_owned(),
+        compute: held.get("compute")?.as_str()?.to_owned(),
+    })
 }
 
 /// What a claim holds of a device.
@@ -447,6 +483,7 @@ fn claims_by_device(claims: &[ResourceClaim], driver: &str) -> ClaimsByDevice {
                     },
                 },
                 allocator,
+                limits_held_by: limits_held_by(claim, driver, &used.node, &used.device),
             };
             by_device
                 .entry((used.node, used.device))

@@ -197,7 +197,15 @@ fn claim_text(claim: &ClaimOnDevice) -> String {
             format!("{memory} {compute_percent}% {sharing}")
         }
     };
-    format!("{pods} {size}, {}", claim.allocator.as_str())
+    let held = match &claim.limits_held_by {
+        Some(held) if held.memory == held.compute => format!(", held by {}", held.memory),
+        Some(held) => format!(
+            ", memory held by {}, compute by {}",
+            held.memory, held.compute
+        ),
+        None => String::new(),
+    };
+    format!("{pods} {size}, {}{held}", claim.allocator.as_str())
 }
 
 fn owner(owner: Option<kerf_api::ownership::Owner>) -> String {
