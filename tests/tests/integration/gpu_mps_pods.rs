@@ -115,7 +115,7 @@ fn driver_library_dir() -> Option<PathBuf> {
 }
 
 /// A step of the check, on stderr, so that a run cut short shows how far it got.
-fn step(started: Instant, what: &str) {
+pub(crate) fn step(started: Instant, what: &str) {
     eprintln!("[gpu {:6.1}s] {what}", started.elapsed().as_secs_f64());
 }
 
@@ -126,7 +126,12 @@ fn plugin_binary() -> PathBuf {
     )
 }
 
-fn spawn_plugin(node: &TestNode, tools: &Path, kubeconfig: &Path, generation: u32) -> Child {
+pub(crate) fn spawn_plugin(
+    node: &TestNode,
+    tools: &Path,
+    kubeconfig: &Path,
+    generation: u32,
+) -> Child {
     let path = |p: PathBuf| p.to_string_lossy().into_owned();
     let log = node.root.join(format!("plugin-{generation}.log"));
     Command::new(plugin_binary())
@@ -156,7 +161,7 @@ fn spawn_plugin(node: &TestNode, tools: &Path, kubeconfig: &Path, generation: u3
 }
 
 /// The GPU with the lowest minor.
-fn first_gpu(inventory: &Inventory) -> &kerf_core::inventory::Gpu {
+pub(crate) fn first_gpu(inventory: &Inventory) -> &kerf_core::inventory::Gpu {
     inventory.gpus.iter().min_by_key(|g| g.minor).unwrap()
 }
 
@@ -167,7 +172,7 @@ fn slice_claim(node: &TestNode, inventory: &Inventory, name: &str, claim_uid: &s
 
 /// The MPS environment of a claim's CDI spec, with the pipe directory's host path (no
 /// container runtime mounts it here).
-fn mps_env(node: &TestNode, claim: &Claim) -> BTreeMap<String, String> {
+pub(crate) fn mps_env(node: &TestNode, claim: &Claim) -> BTreeMap<String, String> {
     let spec = node.cdi_spec(&claim.uid);
     let edits = &spec["devices"][0]["containerEdits"];
     let mut env: BTreeMap<String, String> = edits["env"]
@@ -205,7 +210,7 @@ fn incarnation(node: &TestNode, gpu: &str) -> Option<(String, i32)> {
     Some((pod.metadata.uid?, restarts))
 }
 
-fn progress(out: &Path) -> u64 {
+pub(crate) fn progress(out: &Path) -> u64 {
     std::fs::read_to_string(out.with_extension("json.progress"))
         .ok()
         .and_then(|s| s.trim().parse().ok())
@@ -214,18 +219,18 @@ fn progress(out: &Path) -> u64 {
 
 /// The test node with the real GPU: FakeApi over HTTP with the plugin's pod, the pod runner,
 /// the wrapped tools and the GPU NVML finds first.
-struct GpuNode {
-    node: TestNode,
-    tools: PathBuf,
-    inventory: Inventory,
-    gpu: String,
-    runner: PodRunner,
-    server: ApiServer,
-    kubeconfig: PathBuf,
+pub(crate) struct GpuNode {
+    pub(crate) node: TestNode,
+    pub(crate) tools: PathBuf,
+    pub(crate) inventory: Inventory,
+    pub(crate) gpu: String,
+    pub(crate) runner: PodRunner,
+    pub(crate) server: ApiServer,
+    pub(crate) kubeconfig: PathBuf,
 }
 
 impl GpuNode {
-    async fn start() -> Self {
+    pub(crate) async fn start() -> Self {
         let node = TestNode::new("h100-sxm-80gb:1");
         let tools = wrapped_tools(&node.root);
         let mut config = node.config();
@@ -259,7 +264,7 @@ impl GpuNode {
 }
 
 /// What the wrapped `nvidia-smi`, the daemon pod and both plugins logged.
-fn logs(node: &TestNode, runner: &PodRunner, gpu: &str) -> Value {
+pub(crate) fn logs(node: &TestNode, runner: &PodRunner, gpu: &str) -> Value {
     let read = |name: &str| std::fs::read_to_string(node.root.join(name)).unwrap_or_default();
     json!({
         "nvidia_smi_calls": read("nvidia-smi.log"),
@@ -269,7 +274,7 @@ fn logs(node: &TestNode, runner: &PodRunner, gpu: &str) -> Value {
 }
 
 /// Prints the report and writes it to `KERF_GPU_REPORT`, if set.
-fn publish(report: &Value) -> String {
+pub(crate) fn publish(report: &Value) -> String {
     let text = serde_json::to_string_pretty(report).unwrap();
     println!("{text}");
     if let Some(path) = std::env::var_os("KERF_GPU_REPORT") {
@@ -279,7 +284,10 @@ fn publish(report: &Value) -> String {
 }
 
 /// One pod per claim, prepared in turn; the pods and how long both prepares took (ms).
-async fn prepare_pods(kubelet: &FakeKubelet, claims: &[Claim]) -> (Vec<KubeletPod>, u128) {
+pub(crate) async fn prepare_pods(
+    kubelet: &FakeKubelet,
+    claims: &[Claim],
+) -> (Vec<KubeletPod>, u128) {
     let pods: Vec<KubeletPod> = claims
         .iter()
         .map(|c| KubeletPod::new(&format!("pod-{}", c.name)).with_claim(DRIVER, c.clone()))
@@ -295,7 +303,7 @@ async fn prepare_pods(kubelet: &FakeKubelet, claims: &[Claim]) -> (Vec<KubeletPo
 }
 
 /// Until every workload has finished a matmul (CUDA and its MPS client are up).
-async fn wait_for_matmuls(workloads: &[(PathBuf, Child)]) {
+pub(crate) async fn wait_for_matmuls(workloads: &[(PathBuf, Child)]) {
     let deadline = Instant::now() + Duration::from_secs(90);
     while workloads.iter().any(|(out, _)| progress(out) == 0) {
         assert!(
@@ -331,7 +339,10 @@ fn start_workloads(node: &TestNode, claims: &[Claim]) -> Vec<(PathBuf, Child)> {
 
 /// Waits for every workload (killing what still runs after `deadline`); its exit code and
 /// its result (or its stderr).
-fn finish_workloads(workloads: &mut [(PathBuf, Child)], deadline: Instant) -> Vec<Value> {
+pub(crate) fn finish_workloads(
+    workloads: &mut [(PathBuf, Child)],
+    deadline: Instant,
+) -> Vec<Value> {
     workloads
         .iter_mut()
         .map(|(out, child)| {

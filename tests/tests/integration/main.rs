@@ -38,6 +38,7 @@ mod fake_api_webhooks;
 mod fake_api_webhooks_failures;
 mod features;
 mod field_managers;
+mod gpu_mps_enforcement;
 mod gpu_mps_pods;
 mod gpu_sharing;
 mod gpuclass;
