@@ -19,8 +19,10 @@ use claim_cluster::{
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_api::controller_claims::ALLOCATED_DEVICES_ANNOTATION;
 use kerf_api::decode_opaque;
-use kerf_api::params::OpaqueConfig;
+use kerf_api::params::{Allocator, OpaqueConfig, PlacementPolicy, SharingConfig};
 use kerf_controller::claims::{self, ALLOCATED_NODE_ANNOTATION, FINALIZER};
+use kerf_core::enforcement::Enforcement;
+use kerf_core::slice::Sharing;
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::wait::eventually;
 use kube::Api;
@@ -1274,5 +1276,57 @@ async fn a_claim_reserved_for_an_ungated_pod_is_in_use() {
     );
     assert_eq!(devices(&get_claim(&fake, "mine").unwrap()), [(node, gpu)]);
     assert!(events(&fake, "mine", "Deallocated").is_empty());
+    controller.stop().await;
+}
+
+/// A controller class of H100 MPS slices (BinPack) that requires `enforcement`.
+fn mps_class(fake: &FakeApi, name: &str, enforcement: Enforcement) {
+    let mut spec =
+        claim_cluster::device_class_spec(Allocator::Controller, PlacementPolicy::BinPack);
+    spec.sharing = Some(SharingConfig {
+        strategy: Sharing::Mps,
+        enforcement,
+        ..SharingConfig::default()
+    });
+    fake.insert_resource(&claim_cluster::device_class_of(name, spec));
+}
+
+#[tokio::test]
+async fn server_held_slices_keep_their_gpu_to_one_size() {
+    let fake = cluster();
+    mps_class(&fake, "mps", Enforcement::ClientEnvironment);
+    mps_class(&fake, "held", Enforcement::Server);
+    let controller = Controller::start(&fake);
+    let place = |name: &'static str, class: &'static str, memory: &'static str, compute| {
+        let fake = fake.clone();
+        async move {
+            claim(&fake, name, class, 1, Some(slice_params(memory, compute)));
+            pod(
+                &fake,
+                &format!("pod-{name}"),
+                &[Uses::Claim(name)],
+                json!({}),
+            );
+            devices(&allocated(&fake, name).await)[0].clone()
+        }
+    };
+    let mixed = place("a", "mps", "10Gi", 20).await;
+    let held = place("b", "held", "10Gi", 25).await;
+    assert_ne!(
+        held, mixed,
+        "a server-held slice does not join another size"
+    );
+    let other_size = place("c", "mps", "20Gi", 30).await;
+    assert_ne!(other_size, held, "nor does another size join it");
+    let same_size = place("d", "held", "10Gi", 25).await;
+    assert_eq!(same_size, held, "its own size packs onto it");
+
+    let claim = get_claim(&fake, "b").unwrap();
+    let config = &allocation(&claim).unwrap()["devices"]["config"][0];
+    assert_eq!(
+        config["opaque"]["parameters"]["devices"][0]["enforcement"], "Server",
+        "the requirement survives a controller restart: {config}"
+    );
+    assert_no_overcommit(&fake);
     controller.stop().await;
 }

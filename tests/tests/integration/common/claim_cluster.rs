@@ -93,28 +93,30 @@ pub fn device_class_of(name: &str, spec: GpuClassSpec) -> DeviceClass {
     kerf_controller::deviceclass::device_class(&class, DRIVER, "kerf-controller", true).unwrap()
 }
 
-/// Stores the DeviceClass the GpuClass reconciler makes of an H100 class with this allocator
-/// and policy (a controller class slices in 1Gi steps, at most 7 per GPU).
-pub fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, policy: PlacementPolicy) {
+/// An H100 class with this allocator and policy (a controller class slices in 1Gi steps, at
+/// most 7 per GPU).
+pub fn device_class_spec(allocator: Allocator, policy: PlacementPolicy) -> GpuClassSpec {
     let controller = allocator == Allocator::Controller;
-    let dc = device_class_of(
-        name,
-        GpuClassSpec {
-            allocator,
-            selector: GpuSelector {
-                product_names: vec!["NVIDIA H100 80GB HBM3".to_owned()],
-                ..GpuSelector::default()
-            },
-            slicing: controller.then(|| Slicing {
-                memory_granularity: Quantity("1Gi".to_owned()),
-                max_slices_per_gpu: Some(7),
-                default_compute: None,
-            }),
-            placement: controller.then_some(ControllerPlacement { policy }),
-            sharing: None,
-            extended_resource_name: None,
+    GpuClassSpec {
+        allocator,
+        selector: GpuSelector {
+            product_names: vec!["NVIDIA H100 80GB HBM3".to_owned()],
+            ..GpuSelector::default()
         },
-    );
+        slicing: controller.then(|| Slicing {
+            memory_granularity: Quantity("1Gi".to_owned()),
+            max_slices_per_gpu: Some(7),
+            default_compute: None,
+        }),
+        placement: controller.then_some(ControllerPlacement { policy }),
+        sharing: None,
+        extended_resource_name: None,
+    }
+}
+
+/// Stores the DeviceClass the GpuClass reconciler makes of [`device_class_spec`].
+pub fn device_class(fake: &FakeApi, name: &str, allocator: Allocator, policy: PlacementPolicy) {
+    let dc = device_class_of(name, device_class_spec(allocator, policy));
     fake.insert_resource::<DeviceClass>(&dc);
 }
 
