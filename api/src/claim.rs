@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::resource::v1::{
     DeviceAllocationConfiguration, DeviceRequestAllocationResult, ResourceClaim,
 };
+use kerf_core::enforcement::Enforcement;
 use kerf_core::mps::TimeSliceInterval;
 use kerf_core::slice::{Sharing, SliceLimits};
 
@@ -45,6 +46,9 @@ pub struct AllocatedDevice {
     /// The GPU UUID the allocator placed the slice on (from a `GpuSliceAllocation`), so the
     /// node can refuse to prepare it on a different GPU that took the same name.
     pub expected_gpu_uuid: Option<String>,
+    /// The holder of its limits the class requires (kerf-controller's allocations record
+    /// it; the default for everything else).
+    pub enforcement: Enforcement,
     /// For a scheduler share (`shareID`/`consumedCapacity`) until
     /// [`AllocatedDevice::finish_share`] has compared it with its GPU: what it consumed.
     pub share: Option<ShareConsumption>,
@@ -340,6 +344,10 @@ fn resolve_device(
         sharing,
         time_slice_interval,
         expected_gpu_uuid: merged.slice.map(|slice| slice.gpu_uuid.clone()),
+        enforcement: merged
+            .slice
+            .map(|slice| slice.enforcement)
+            .unwrap_or_default(),
         share,
     })
 }

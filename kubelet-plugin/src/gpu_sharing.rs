@@ -28,7 +28,7 @@ use std::path::PathBuf;
 mod server_limits;
 
 use kerf_core::checkpoint::{Checkpoint, DeviceRecord, GpuSharingEntry};
-use kerf_core::enforcement::Holders;
+use kerf_core::enforcement::{Enforcement, Holder, Holders};
 use kerf_core::inventory::Inventory;
 use kerf_core::mps::{MpsClient, TimeSliceInterval};
 use kerf_core::slice::Sharing;
@@ -135,6 +135,41 @@ impl GpuSharing {
     pub fn with_gpus_of(mut self, inventory: &Inventory) -> Self {
         self.limits = ServerLimitBook::of_inventory(inventory);
         self
+    }
+
+    /// Refuses a prepare whose class requires the MPS server (or the hardware) to hold a
+    /// device's limits when, with its GPU set up, something weaker holds them: its GPU
+    /// carries MPS slices of another size (an allocation kerf-controller did not keep to one
+    /// size), or no GPU tools enforce anything here. Call after [`GpuSharing::set_up`].
+    ///
+    /// # Errors
+    /// [`Error::Mps`] naming the GPU, the device and who holds what.
+    pub(crate) fn check_held(
+        &self,
+        allocated: &[kerf_api::AllocatedDevice],
+        devices: &[DeviceRecord],
+    ) -> Result<()> {
+        let required = allocated
+            .iter()
+            .filter(|a| a.enforcement == Enforcement::Server)
+            .map(|a| a.device.as_str());
+        for name in required {
+            for device in devices.iter().filter(|d| d.device_name == name) {
+                let held = self.holders(device);
+                let weak = |h: Holder| !matches!(h, Holder::Hardware | Holder::Server);
+                if weak(held.memory) || weak(held.compute) {
+                    return Err(Error::Mps {
+                        gpu: device.uuid.clone(),
+                        message: format!(
+                            "device {name}'s class requires its MPS server to hold its limits (sharing.enforcement Server), but its memory is held by {} and its compute by {}: the GPU carries MPS slices of other sizes, or this node enforces no MPS limits",
+                            held.memory.as_str(),
+                            held.compute.as_str()
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Who holds `device`'s memory and compute limits (see [`kerf_core::enforcement`]).

@@ -306,6 +306,7 @@ impl Preparer {
         let prepared = async {
             mig?;
             self.sharing.set_up(&devices, &self.checkpoint).await?;
+            self.sharing.check_held(&allocated, &devices)?;
             crash_point(self.crash_at, CrashStep::AfterSharing);
             self.finish_prepare(claim, pod_claim_name.as_deref(), &devices)
                 .await

@@ -132,6 +132,7 @@ fn the_kubelet_plugin_resolves_what_the_controller_writes() {
         sharing: Sharing::Mps,
         time_slice_interval: TimeSliceInterval::Default,
         expected_gpu_uuid: Some(format!("GPU-{device}")),
+        enforcement: Enforcement::default(),
         share: None,
     };
     assert_eq!(

@@ -66,6 +66,7 @@ fn whole_gpu_without_config() {
             sharing: Sharing::Exclusive,
             time_slice_interval: TimeSliceInterval::Default,
             expected_gpu_uuid: None,
+            enforcement: Enforcement::default(),
             share: None,
         }
     );

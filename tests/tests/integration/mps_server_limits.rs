@@ -165,3 +165,39 @@ async fn a_replaced_daemon_gets_the_server_limits_again() {
     .await;
     plugin.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slice_that_requires_the_server_is_refused_where_it_would_not_hold() {
+    let sharing = MpsNode::new();
+    let node = &sharing.node;
+    let plugin = sharing.start().await;
+    // An allocation kerf-controller would not write: a server-held slice beside a larger one.
+    let large = node.slice_claim("large", &uid(1), 0, 20 * GIB, 50);
+    let held = node.server_held_slice_claim("held", &uid(2), 0, 10 * GIB, 25);
+    assert!(prepare(&plugin, &[&large]).await[0].is_ok());
+    let refused = prepare(&plugin, &[&held]).await.remove(0).unwrap_err();
+    assert!(
+        refused.contains("sharing.enforcement Server")
+            && refused.contains("client environment")
+            && refused.contains(&sharing.gpu_uuid(0)),
+        "{refused}"
+    );
+    assert!(
+        node.checkpoint()["claims"].get(uid(2)).is_none(),
+        "nothing of the refused claim stays"
+    );
+    // Alone on its GPU it is held, and prepared.
+    let alone = node.server_held_slice_claim("alone", &uid(3), 1, 10 * GIB, 25);
+    assert!(prepare(&plugin, &[&alone]).await[0].is_ok());
+    plugin.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_gpu_tools_a_slice_that_requires_the_server_is_refused() {
+    let node = crate::common::TestNode::new("h100-sxm-80gb:2");
+    let plugin = node.start_plugin().await;
+    let held = node.server_held_slice_claim("held", &uid(1), 0, 10 * GIB, 25);
+    let refused = prepare(&plugin, &[&held]).await.remove(0).unwrap_err();
+    assert!(refused.contains("enforces no MPS limits"), "{refused}");
+    plugin.shutdown().await.unwrap();
+}

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
+use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::{Inventory, MigDevice};
 use kerf_core::slice::Sharing;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
@@ -281,6 +282,25 @@ impl TestNode {
         self.slice_claim_on(gpu, name, uid, memory_bytes, compute_percent)
     }
 
+    /// As [`TestNode::slice_claim`], of a class that requires its MPS server to hold it
+    /// (`sharing.enforcement: Server`).
+    pub fn server_held_slice_claim(
+        &self,
+        name: &str,
+        uid: &str,
+        gpu_minor: u32,
+        memory_bytes: u64,
+        compute_percent: u8,
+    ) -> Claim {
+        let inventory = self.inventory();
+        let gpu = inventory.gpu_by_minor(gpu_minor).unwrap();
+        let size = SliceSize {
+            memory_bytes,
+            compute_percent,
+        };
+        self.mps_claim_on(gpu, name, uid, size, Enforcement::Server)
+    }
+
     /// As [`TestNode::slice_claim`], on `gpu` of any inventory (the real one NVML finds).
     pub fn slice_claim_on(
         &self,
@@ -290,19 +310,31 @@ impl TestNode {
         memory_bytes: u64,
         compute_percent: u8,
     ) -> Claim {
+        let size = SliceSize {
+            memory_bytes,
+            compute_percent,
+        };
+        self.mps_claim_on(gpu, name, uid, size, Enforcement::default())
+    }
+
+    fn mps_claim_on(
+        &self,
+        gpu: &kerf_core::inventory::Gpu,
+        name: &str,
+        uid: &str,
+        size: SliceSize,
+        enforcement: Enforcement,
+    ) -> Claim {
         let placement = ClaimPlacement {
             key: uid.to_owned(),
             devices: vec![PlacedDevice {
                 request: "gpu".to_owned(),
                 device: gpu.device_name(),
                 gpu_uuid: gpu.uuid.clone(),
-                slice: Some(SliceSize {
-                    memory_bytes,
-                    compute_percent,
-                }),
+                slice: Some(size),
                 sharing: Sharing::Mps,
                 time_slice_interval: None,
-                enforcement: kerf_core::enforcement::Enforcement::default(),
+                enforcement,
             }],
         };
         let allocation = kerf_api::allocation_status(
