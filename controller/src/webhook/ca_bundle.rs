@@ -5,7 +5,9 @@
 //! so the bundle holds several CAs: a replica puts its current CA first and keeps the others'
 //! (up to [`MAX_BUNDLE_CAS`]), so replicas and rotations do not evict each other. The write
 //! is a JSONPatch that first tests the configuration's resourceVersion: two replicas writing at
-//! once cannot lose each other's CA (the loser retries on its next round).
+//! once cannot lose each other's CA. The loser reads the configuration again and writes at
+//! once: every replica of a rollout starts at about the same moment, and until its CA is in
+//! the bundle the API server's calls that reach it fail TLS verification.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
@@ -18,6 +20,10 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use crate::error::{Error, Result};
+
+/// Writes of one CA tried before giving up to the caller's next round: each lost write means
+/// another replica wrote in between, so a handful covers every replica of a rollout.
+const WRITE_ATTEMPTS: u32 = 8;
 
 /// At most this many CA certificates stay in a bundle: enough for a few replicas, each with a
 /// current and a previous CA, and a bound on what restarts can pile up.
@@ -94,14 +100,43 @@ impl WebhookConfiguration for ValidatingWebhookConfiguration {
 }
 
 /// Makes sure every webhook of the webhook configuration `name` trusts `ca` (a PEM
-/// certificate), patching with `field_manager`. Returns whether it wrote.
+/// certificate), patching with `field_manager`. Returns whether it wrote. A write that lost
+/// to a concurrent change is read and tried again, up to [`WRITE_ATTEMPTS`] times.
 ///
 /// # Errors
 ///
-/// [`Error::Kube`] when the configuration cannot be read or the patch fails (also on a
-/// concurrent change: the patch tests the resourceVersion it read); [`Error::MissingField`]
-/// when the configuration has no resourceVersion.
+/// [`Error::Kube`] when the configuration cannot be read or the patch fails (also when every
+/// attempt lost to a concurrent change); [`Error::MissingField`] when the configuration has
+/// no resourceVersion.
 pub async fn ensure_ca<K: WebhookConfiguration>(
+    api: &Api<K>,
+    name: &str,
+    ca: &str,
+    field_manager: &str,
+) -> Result<bool> {
+    let mut attempt = 1;
+    loop {
+        match write_ca(api, name, ca, field_manager).await {
+            Err(Error::Kube(kube::Error::Api(status)))
+                if lost_to_a_concurrent_change(&status) && attempt < WRITE_ATTEMPTS =>
+            {
+                attempt += 1;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// Whether the API server refused the patch because the configuration changed since it was
+/// read: its resourceVersion test failed, which kube-apiserver answers with a 422 (`applyJSPatch`
+/// in k8s.io/apiserver `pkg/endpoints/handlers/patch.go`: `NewGenericServerResponse(422, …)`),
+/// or a 409 from a conflicting update in storage.
+fn lost_to_a_concurrent_change(status: &kube::core::Status) -> bool {
+    status.code == 409 || status.code == 422
+}
+
+/// One read and (when the CA is missing) one resourceVersion-tested write of [`ensure_ca`].
+async fn write_ca<K: WebhookConfiguration>(
     api: &Api<K>,
     name: &str,
     ca: &str,

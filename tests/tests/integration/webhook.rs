@@ -309,3 +309,60 @@ async fn the_certificate_is_rotated_into_the_ca_bundle_without_a_restart() {
     let _ = served;
     stop.cancel();
 }
+
+/// Replicas of a rollout write their CAs into one bundle at once: each write tests the
+/// resourceVersion it read, so all but one lose; the losers read again and write at once, so
+/// that every replica is trusted right away (not a recheck later, while the API server's calls
+/// to it fail TLS verification). Randomized: seeded pauses before each replica's write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_writing_their_cas_at_once_are_all_trusted_at_once() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use kerf_controller::webhook::{ca_bundle, tls};
+    use kerf_core::rng::SeededRng;
+
+    for seed in 0..6_u64 {
+        let mut rng = SeededRng::new(seed);
+        let fake = FakeApi::new();
+        fake.insert(configuration(
+            CONFIGURATION,
+            &["a.gpu.kerf.dev", "b.gpu.kerf.dev"],
+            "Fail",
+        ));
+        let api = kube::Api::<MutatingWebhookConfiguration>::all(fake.client());
+        let names = vec!["kerf-webhook.kerf-system.svc".to_owned()];
+        let cas: Vec<String> = (0..4)
+            .map(|_| {
+                tls::issue(&names, Duration::from_secs(3600))
+                    .unwrap()
+                    .ca_pem
+            })
+            .collect();
+        // Each replica starts after its own random pause, as pods of a rollout do.
+        let writes = cas.iter().map(|ca| {
+            let api = api.clone();
+            let pause = Duration::from_millis(rng.next_u64() % 5);
+            async move {
+                tokio::time::sleep(pause).await;
+                ca_bundle::ensure_ca(&api, CONFIGURATION, ca, "kerf-controller").await
+            }
+        });
+        for (at, outcome) in futures::future::join_all(writes)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert!(outcome.is_ok(), "seed {seed} replica {at}: {outcome:?}");
+        }
+        for bundle in bundles(&fake, CONFIGURATION).unwrap() {
+            let present = ca_bundle::pem_blocks(&bundle);
+            for ca in &cas {
+                assert!(
+                    ca_bundle::pem_blocks(ca)
+                        .iter()
+                        .all(|b| present.contains(b)),
+                    "seed {seed}: a replica's CA is missing"
+                );
+            }
+        }
+    }
+}
