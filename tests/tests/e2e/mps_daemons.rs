@@ -24,6 +24,7 @@ use anyhow::{Context as _, Result, bail, ensure};
 use k8s_openapi::api::core::v1::Pod;
 use kerf_api::GpuClassSpec;
 use kerf_api::params::SharingConfig;
+use kerf_core::enforcement::Enforcement;
 use kerf_core::slice::Sharing;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
@@ -234,6 +235,54 @@ async fn killed_mps_daemon_is_restarted_and_reported() -> Result<()> {
         );
         daemon_pods::wait_pipe_control(&env, &first.name).await?;
         workload_intact(&env, &first.name).await
+    })
+    .await
+}
+
+/// A class that requires its MPS server to hold its slices: the pod runs, and the claim's
+/// status says both of its limits are held by the server, which the plugin gave the GPU's
+/// daemon pod before the prepare returned.
+#[tokio::test]
+#[ignore = "needs cluster"]
+async fn a_server_held_slice_reports_its_limits_held_by_the_server() -> Result<()> {
+    e2e("mps-server-held", |env: TestEnv| async move {
+        let spec = GpuClassSpec {
+            sharing: Some(SharingConfig {
+                strategy: Sharing::Mps,
+                enforcement: Enforcement::Server,
+                ..SharingConfig::default()
+            }),
+            ..manifests::controller_class_spec(None)
+        };
+        let class = env.gpu_class("mps-server-held", spec).await?;
+        let (pod, _) = run_mps_pod(&env, &class, "held").await?;
+        let driver = env.settings.driver.clone();
+        let held = wait::poll_until(
+            format_args!("claim held to report who holds its limits"),
+            env.settings.timeout,
+            || async {
+                let claim = env.claim("held").await?;
+                let entry = claim
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.devices.as_ref())
+                    .and_then(|d| d.iter().find(|d| d.driver == driver))
+                    .and_then(|d| d.data.as_ref())
+                    .and_then(|data| data.0.get("limitsHeldBy").cloned());
+                Ok(match entry {
+                    Some(held) => Poll::Ready(held),
+                    None => Poll::Pending("no limitsHeldBy in status.devices yet".into()),
+                })
+            },
+        )
+        .await?;
+        ensure!(
+            held == json!({"memory": "server", "compute": "server"}),
+            "the slice on {} ({}) is held by {held}, not by its MPS server",
+            pod.node,
+            pod.uuid
+        );
+        workload_intact(&env, &pod.name).await
     })
     .await
 }
