@@ -218,14 +218,13 @@ impl ControlDaemons {
         let settings = self.settings();
         let dirs = self.directories(gpu_uuid)?;
         let timeout = settings.stop_timeout;
-        let servers = tools::send_commands(
-            &settings.driver_root,
-            &dirs,
-            &["get_server_list".to_owned()],
-            timeout,
-        )
-        .await?;
+        // Defaults first, then the servers: a server a client starts in between takes the
+        // new defaults, and one that ran before is in the list.
         let mut commands = limits.default_commands(total_mib);
+        commands.push("get_server_list".to_owned());
+        let servers =
+            tools::send_commands(&settings.driver_root, &dirs, &commands, timeout).await?;
+        let mut commands = Vec::new();
         for pid in servers
             .lines()
             .filter_map(|line| line.trim().parse::<u32>().ok())

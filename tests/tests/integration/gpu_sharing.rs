@@ -521,13 +521,17 @@ async fn a_slices_full_life_as_the_fake_tools_record_it() {
             (CONTROL, vec!["-d"], ""),
             ("mps-daemon", vec![], ""),
             // The server's limits: the slice's, read back.
-            (CONTROL, vec![], "get_server_list\n"),
             (
                 CONTROL,
                 vec![],
                 "set_default_device_pinned_mem_limit 0 10240M\n\
                  set_default_active_thread_percentage 25\n\
-                 get_default_device_pinned_mem_limit 0\n\
+                 get_server_list\n"
+            ),
+            (
+                CONTROL,
+                vec![],
+                "get_default_device_pinned_mem_limit 0\n\
                  get_default_active_thread_percentage\n"
             ),
             (CONTROL, vec![], "quit\n"),
