@@ -35,33 +35,15 @@ const GI: u64 = 1 << 30;
 /// The plugin's files and sockets under `root`.
 pub(crate) fn plugin_config(root: &Path) -> PluginConfig {
     PluginConfig {
-        driver_name: DRIVER.into(),
-        node_name: NODE.into(),
         registration_socket: root.join("reg.sock"),
         dra_socket: root.join("dra.sock"),
-        cdi_dir: root.join("cdi"),
         checkpoint_file: root.join("plugin").join("checkpoint.json"),
-        driver_root: root.join("driver-root"),
-        discovery: Discovery::MockProfile(PROFILE.into()),
-        mock_device_node: PathBuf::from("/dev/null"),
-        publish_resources: false,
         claim_device_status: true,
         claim_cache: true,
-        dynamic_mig: kerf_kubelet_plugin::config::DynamicMigSettings::default(),
-        health: kerf_kubelet_plugin::health::HealthConfig::defaults(true),
-        mock_crash_at: None,
         resync_period: Duration::from_secs(3600),
-        metrics_address: None,
-        boot_id_file: root.join("boot_id"),
-        gpu_tools_root: None,
-        mps_root: root.join("mps"),
-        mps_stop_timeout: Duration::from_secs(10),
         // As the resync: the periodic daemon check would run in the middle of measurements.
         mps_check_interval: Duration::from_secs(3600),
-        mps_daemons: kerf_kubelet_plugin::config::MpsDaemonMode::Process,
-        mps_daemon_image: None,
-        mps_start_timeout: Duration::from_secs(60),
-        own_pod: None,
+        ..PluginConfig::under(root, DRIVER, NODE, Discovery::MockProfile(PROFILE.into()))
     }
 }
 

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::crash::CrashStep;
@@ -60,6 +60,44 @@ impl Discovery {
 }
 
 impl PluginConfig {
+    /// A plugin of `driver` on `node` whose files and sockets all live under `root`
+    /// (`registry/<driver>-reg.sock`, `plugins/<driver>/{dra.sock,checkpoint.json}`, `cdi/`,
+    /// `driver-root/`, `mps/`, `boot_id`), finding its GPUs by `discovery`, with MPS daemons as
+    /// processes and no work that needs an API server (no publishing, claim status or claim
+    /// cache): for tests, benchmarks and the demo, which change what they need with struct
+    /// update syntax. The binary builds its configuration from its flags instead.
+    pub fn under(root: &Path, driver: &str, node: &str, discovery: Discovery) -> Self {
+        let plugin_dir = root.join("plugins").join(driver);
+        PluginConfig {
+            driver_name: driver.to_owned(),
+            node_name: node.to_owned(),
+            registration_socket: root.join("registry").join(format!("{driver}-reg.sock")),
+            dra_socket: plugin_dir.join("dra.sock"),
+            cdi_dir: root.join("cdi"),
+            checkpoint_file: plugin_dir.join("checkpoint.json"),
+            driver_root: root.join("driver-root"),
+            gpu_tools_root: None,
+            mps_root: root.join("mps"),
+            mps_stop_timeout: Duration::from_secs(10),
+            mps_check_interval: Duration::from_secs(5),
+            mps_daemons: MpsDaemonMode::Process,
+            mps_daemon_image: None,
+            mps_start_timeout: Duration::from_secs(60),
+            own_pod: None,
+            health: HealthConfig::defaults(discovery.is_mock()),
+            discovery,
+            mock_device_node: PathBuf::from("/dev/null"),
+            dynamic_mig: DynamicMigSettings::default(),
+            mock_crash_at: None,
+            publish_resources: false,
+            claim_device_status: false,
+            claim_cache: false,
+            resync_period: Duration::from_secs(600),
+            metrics_address: None,
+            boot_id_file: root.join("boot_id"),
+        }
+    }
+
     /// Root of mock mode's emulated MIG instances (dynamic MIG): the mock driver root when one
     /// is given, so that its fake `nvidia-smi mig` sees them; otherwise
     /// `<plugin dir>/mock-mig` ([`crate::dynamic_mig::mock::DEFAULT_MOCK_MIG_DIR`]) beside the
@@ -71,7 +109,7 @@ impl PluginConfig {
         Some(self.gpu_tools_root.clone().unwrap_or_else(|| {
             self.dra_socket
                 .parent()
-                .unwrap_or_else(|| std::path::Path::new("."))
+                .unwrap_or_else(|| Path::new("."))
                 .join(crate::dynamic_mig::mock::DEFAULT_MOCK_MIG_DIR)
         }))
     }

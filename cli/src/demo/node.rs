@@ -2,7 +2,6 @@
 //! ResourceSlices the plugin would publish for it, and the plugin's configuration.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kerf_core::alloc::Index;
@@ -130,33 +129,16 @@ pub fn plugin_config(
     gpu_tools: bool,
 ) -> PluginConfig {
     PluginConfig {
-        driver_name: driver.to_owned(),
-        node_name: node.to_owned(),
         registration_socket: layout.registration_socket.clone(),
         dra_socket: layout.dra_socket.clone(),
         cdi_dir: layout.cdi_dir.clone(),
         checkpoint_file: layout.checkpoint_file.clone(),
         driver_root: layout.driver_root.clone(),
-        health: kerf_kubelet_plugin::health::HealthConfig::defaults(discovery.is_mock()),
-        discovery,
-        mock_device_node: PathBuf::from("/dev/null"),
-        dynamic_mig: kerf_kubelet_plugin::config::DynamicMigSettings::default(),
-        mock_crash_at: None,
-        // No API server: the demo's connections are in memory, not `Connections::kube`.
-        publish_resources: false,
-        claim_device_status: false,
-        claim_cache: false,
-        resync_period: Duration::from_secs(600),
-        metrics_address: None,
         boot_id_file: layout.boot_id_file.clone(),
         gpu_tools_root: gpu_tools.then(|| layout.gpu_tools_root.clone()),
         mps_root: layout.mps_root.clone(),
-        mps_stop_timeout: Duration::from_secs(10),
-        mps_check_interval: Duration::from_secs(5),
-        mps_daemons: kerf_kubelet_plugin::config::MpsDaemonMode::Process,
-        mps_daemon_image: None,
-        mps_start_timeout: Duration::from_secs(60),
-        own_pod: None,
+        // No API server: the demo's connections are in memory, not `Connections::kube`.
+        ..PluginConfig::under(&layout.root, driver, node, discovery)
     }
 }
 

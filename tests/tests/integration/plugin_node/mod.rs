@@ -42,39 +42,14 @@ impl Node {
 
     pub fn config(&self) -> PluginConfig {
         PluginConfig {
-            driver_name: DRIVER.into(),
-            node_name: NODE.into(),
-            registration_socket: self
-                .root
-                .join("registry")
-                .join(format!("{DRIVER}-reg.sock")),
-            dra_socket: self.root.join("plugins").join(DRIVER).join("dra.sock"),
-            cdi_dir: self.root.join("cdi"),
-            checkpoint_file: self
-                .root
-                .join("plugins")
-                .join(DRIVER)
-                .join("checkpoint.json"),
-            driver_root: self.root.join("driver-root"),
-            discovery: Discovery::MockProfile("h100-sxm-80gb".into()),
-            mock_device_node: PathBuf::from("/dev/null"),
-            publish_resources: false,
             claim_device_status: true,
             claim_cache: true,
-            dynamic_mig: kerf_kubelet_plugin::config::DynamicMigSettings::default(),
-            health: kerf_kubelet_plugin::health::HealthConfig::defaults(true),
-            mock_crash_at: None,
-            resync_period: Duration::from_secs(600),
-            metrics_address: None,
-            boot_id_file: self.root.join("boot_id"),
-            gpu_tools_root: None,
-            mps_root: self.root.join("mps"),
-            mps_stop_timeout: Duration::from_secs(10),
-            mps_check_interval: Duration::from_secs(5),
-            mps_daemons: kerf_kubelet_plugin::config::MpsDaemonMode::Process,
-            mps_daemon_image: None,
-            mps_start_timeout: Duration::from_secs(60),
-            own_pod: None,
+            ..PluginConfig::under(
+                &self.root,
+                DRIVER,
+                NODE,
+                Discovery::MockProfile("h100-sxm-80gb".into()),
+            )
         }
     }
 
