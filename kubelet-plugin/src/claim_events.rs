@@ -13,11 +13,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 
-use crate::preparer::ClaimRef;
+use crate::identity::ClaimRef;
 
 /// The reporting component of the plugin's Events and the field manager of its writes: the
 /// plugin's one field manager, [`crate::publish::FIELD_MANAGER`].
-pub(crate) const REPORTING_CONTROLLER: &str = crate::publish::FIELD_MANAGER;
+pub(crate) const REPORTING_CONTROLLER: &str = crate::identity::FIELD_MANAGER;
 
 /// A Warning Event about a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -35,8 +35,8 @@ use kerf_core::slice::Sharing;
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;
+use crate::identity::ClaimRef;
 use crate::mps_daemons::{ControlDaemons, Incarnation};
-use crate::preparer::ClaimRef;
 use crate::{Error, Result};
 
 use self::server_limits::{ServerLimitBook, holders_of};

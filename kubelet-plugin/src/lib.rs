@@ -25,6 +25,7 @@ pub mod gpu_sharing;
 pub mod grpc;
 pub mod health;
 mod http;
+pub mod identity;
 pub mod metrics;
 mod mps_checks;
 mod mps_control_daemon;

@@ -544,7 +544,7 @@ async fn probe_device_taints(client: &kube::Client, driver: &str, node: &str) ->
     let slices: kube::Api<ResourceSlice> = kube::Api::all(client.clone());
     let params = kube::api::PostParams {
         dry_run: true,
-        field_manager: Some(crate::publish::FIELD_MANAGER.to_owned()),
+        field_manager: Some(crate::identity::FIELD_MANAGER.to_owned()),
     };
     match slices
         .create(&params, &features::device_taints_probe(driver, node))

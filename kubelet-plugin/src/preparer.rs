@@ -66,27 +66,7 @@ mod unprepare;
 use device_status::DeviceStatusWriter;
 use records::{pod_claim_name, results_of};
 
-/// A claim as the kubelet names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimRef {
-    /// Namespace of the ResourceClaim.
-    pub namespace: String,
-    /// UID of the ResourceClaim; the key of every answer.
-    pub uid: String,
-    /// Name of the ResourceClaim.
-    pub name: String,
-}
-
-impl ClaimRef {
-    /// The claim of a checkpoint entry, keyed by `uid`.
-    pub(crate) fn of_entry(uid: &str, entry: &ClaimEntry) -> Self {
-        ClaimRef {
-            namespace: entry.namespace.clone(),
-            uid: uid.to_owned(),
-            name: entry.name.clone(),
-        }
-    }
-}
+pub use crate::identity::ClaimRef;
 
 /// Settings of the prepare path, fixed at start-up.
 #[derive(Debug, Clone)]

@@ -70,9 +70,7 @@ mod scheduler_slices;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
-/// The kubelet plugin's field manager: every write it makes names it (slices, claim status,
-/// Events, probes), so `managedFields` says which program wrote what.
-pub const FIELD_MANAGER: &str = "kerf-kubelet-plugin";
+pub use crate::identity::FIELD_MANAGER;
 
 /// Annotation that records a hash of the spec a slice was built from (generation excluded).
 pub const CONTENT_HASH_ANNOTATION: &str = "gpu.kerf.dev/content-hash";

@@ -13,7 +13,7 @@ use kerf_api::write_failure::{Report, WriteAttempt, assess};
 use kerf_ops::write_failures::ApiWriteFailures;
 
 use crate::claim_events::{ClaimEvents, ClaimWarning, NodeWarning};
-use crate::preparer::ClaimRef;
+use crate::identity::ClaimRef;
 
 /// The plugin's name in the notes: its field manager and Event reporter.
 const COMPONENT: &str = crate::claim_events::REPORTING_CONTROLLER;

@@ -9,8 +9,9 @@ use kerf_proto::PreparedDevice;
 use kerf_proto::dra::{v1, v1beta1};
 use tonic::{Request, Response, Status};
 
+use crate::identity::ClaimRef;
 use crate::metrics::Metrics;
-use crate::preparer::{ClaimRef, Preparer};
+use crate::preparer::Preparer;
 
 /// The DRA service; clone it into both API versions' servers.
 #[derive(Clone)]

@@ -62,11 +62,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::gpu_sharing::GpuSharing;
-use crate::preparer::ClaimRef;
+use crate::identity::ClaimRef;
 use crate::write_failures::WriteFailureReports;
 
 /// The field manager of the plugin's writes, the same name as its Events' reporter.
-pub const FIELD_MANAGER: &str = crate::claim_events::REPORTING_CONTROLLER;
+pub const FIELD_MANAGER: &str = crate::identity::FIELD_MANAGER;
 
 /// How the writer retries transient failures (timeouts, 429, 5xx, connection errors).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
