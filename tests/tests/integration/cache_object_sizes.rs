@@ -5,7 +5,6 @@
 //! Node (images, addresses, capacity, five conditions). Run with `--nocapture` for the
 //! figures; the assertions hold what stripping must save. Each figure is the resident growth
 //! of a fresh child process (the test binary run again) that decodes and keeps 2000 objects.
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 
 use std::process::Command;
 

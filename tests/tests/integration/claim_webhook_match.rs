@@ -10,7 +10,6 @@
 //!
 //! The expressions run in the [`cel`] crate, a real CEL parser and interpreter, with `object`
 //! bound to the JSON objects below.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use cel::{Context, Program};
 use serde_json::{Value, json};

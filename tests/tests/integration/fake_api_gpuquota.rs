@@ -2,7 +2,6 @@
 //! (kubernetes/kubernetes `staging/src/k8s.io/apiextensions-apiserver/pkg/registry/customresource/`:
 //! `strategy.go` drops the status on create and keeps it on updates of the main resource,
 //! `status_strategy.go` keeps all but the status on `/status` writes), and stale writes refused.
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 
 use crate::fake_api_webhooks::fixture;
 

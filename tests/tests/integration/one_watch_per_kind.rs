@@ -2,7 +2,6 @@
 //! watches each kind once: the webhook and the leader's reconcilers read the same caches of
 //! ResourceClaims and DeviceClasses (`kerf_controller::cache::ProcessCaches`), where they
 //! used to hold three and two copies.
-#![allow(clippy::unwrap_used, reason = "tests")]
 
 use std::time::Duration;
 

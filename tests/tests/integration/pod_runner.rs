@@ -1,6 +1,5 @@
 //! The pod runner (`kerf_tests::pod_runner`): pods bound to its node run as local processes,
 //! with the kubelet's status, restarts and graceful deletion, against FakeApi.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

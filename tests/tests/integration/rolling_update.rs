@@ -9,8 +9,6 @@
 //! claims prepared and not unprepared, the CDI specs match, no call failed, and the node's
 //! ResourceSlices existed throughout.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
