@@ -148,6 +148,7 @@ impl GpuSharing {
         &self,
         allocated: &[kerf_api::AllocatedDevice],
         devices: &[DeviceRecord],
+        checkpoint: &CheckpointStore,
     ) -> Result<()> {
         let required = allocated
             .iter()
@@ -155,7 +156,7 @@ impl GpuSharing {
             .map(|a| a.device.as_str());
         for name in required {
             for device in devices.iter().filter(|d| d.device_name == name) {
-                let held = self.holders(device);
+                let held = checkpoint.read(|cp| self.holders(cp, device));
                 let weak = |h: Holder| !matches!(h, Holder::Hardware | Holder::Server);
                 if weak(held.memory) || weak(held.compute) {
                     return Err(Error::Mps {
@@ -172,9 +173,10 @@ impl GpuSharing {
         Ok(())
     }
 
-    /// Who holds `device`'s memory and compute limits (see [`kerf_core::enforcement`]).
-    pub(crate) fn holders(&self, device: &DeviceRecord) -> Holders {
-        holders_of(&self.limits, device, self.is_enforced())
+    /// Who holds `device`'s memory and compute limits, by the server limits `cp` records
+    /// (see [`kerf_core::enforcement`]).
+    pub(crate) fn holders(&self, cp: &Checkpoint, device: &DeviceRecord) -> Holders {
+        holders_of(cp, device, self.is_enforced())
     }
 
     /// Whether slices are enforced.
@@ -260,9 +262,9 @@ impl GpuSharing {
             if let Err(error) = release_gpu(tools, gpu, checkpoint).await {
                 tracing::warn!(gpu, %error, "cannot undo the GPU's sharing set-up");
             }
-            if checkpoint.read(|cp| users(cp, gpu).mps) == 0 {
-                self.limits.forget(gpu);
-            } else if let Err(error) = self.limits.hold(tools, gpu, checkpoint).await {
+            if checkpoint.read(|cp| users(cp, gpu).mps) > 0
+                && let Err(error) = self.limits.hold(tools, gpu, checkpoint).await
+            {
                 // The largest slice left is smaller: the old, higher ceiling stays until the
                 // next change or check gives the new one.
                 tracing::warn!(gpu, %error, "cannot lower the MPS server limits");
@@ -443,7 +445,6 @@ impl GpuSharing {
             checkpoint.read(|cp| cp.gpu_sharing.get(gpu).and_then(|e| e.mps_daemon.clone()));
         if previous.as_deref() != Some(incarnation.as_str()) {
             // A new daemon has none of the limits the old one was given.
-            self.limits.forget(gpu);
             checkpoint.mutate_lazily(|cp| {
                 let entry = cp.gpu_sharing.entry(gpu.to_owned()).or_default();
                 entry.mps_root = Some(root);

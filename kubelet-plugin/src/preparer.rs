@@ -286,7 +286,8 @@ impl Preparer {
         let prepared = async {
             mig?;
             self.sharing.set_up(&devices, &self.checkpoint).await?;
-            self.sharing.check_held(&allocated, &devices)?;
+            self.sharing
+                .check_held(&allocated, &devices, &self.checkpoint)?;
             crash_point(self.crash_at, CrashStep::AfterSharing);
             self.finish_prepare(claim, pod_claim_name.as_deref(), &devices)
                 .await
@@ -308,7 +309,9 @@ impl Preparer {
     /// Hands a prepared claim's devices to the status writer, which only queues them.
     fn report_prepared(&self, claim: &ClaimRef, devices: &[DeviceRecord]) {
         if let Some(writer) = &self.device_status {
-            let facts = device_status::prepared_facts(&self.inventory, &self.sharing, devices);
+            let facts = self.checkpoint.read(|cp| {
+                device_status::prepared_facts(&self.inventory, &self.sharing, cp, devices)
+            });
             writer.publish(claim, facts);
         }
     }

@@ -9,7 +9,6 @@
 //! likewise reaches the clients created afterwards.
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, PoisonError};
 
 use kerf_core::checkpoint::{Checkpoint, DeviceRecord};
 use kerf_core::enforcement::{self, Holders, ServerLimits};
@@ -24,13 +23,12 @@ use crate::mps_daemons::ControlDaemons;
 /// GPU has.
 const UNKNOWN_GPU_MIB: u64 = 1 << 20;
 
-/// What the plugin knows of each GPU's server limits.
+/// Gives GPUs' MPS servers their limits; what each was given is in the checkpoint
+/// (`GpuSharingEntry::mps_server_limits`, cleared with the daemon that had them).
 #[derive(Debug, Default)]
 pub(super) struct ServerLimitBook {
     /// Memory of each GPU, MiB, by UUID: the limit that stands for "none".
     total_mib: BTreeMap<String, u64>,
-    /// The limits each GPU's daemon was given, as far as this process knows.
-    given: Mutex<BTreeMap<String, ServerLimits>>,
 }
 
 impl ServerLimitBook {
@@ -41,13 +39,7 @@ impl ServerLimitBook {
                 .iter()
                 .map(|gpu| (gpu.uuid.clone(), gpu.memory_bytes >> 20))
                 .collect(),
-            given: Mutex::default(),
         }
-    }
-
-    /// The limits of `gpu`'s server, as given.
-    pub(super) fn given(&self, gpu: &str) -> ServerLimits {
-        self.lock().get(gpu).copied().unwrap_or_default()
     }
 
     /// Gives `gpu`'s daemon the limits of the MPS slices the checkpoint has on it, unless the
@@ -76,18 +68,7 @@ impl ServerLimitBook {
                     .mps_server_limits = Some(wanted);
             });
         }
-        self.lock().insert(gpu.to_owned(), wanted);
         Ok(())
-    }
-
-    /// Forgets what `gpu`'s daemon was given: it was replaced, or stopped.
-    pub(super) fn forget(&self, gpu: &str) {
-        self.lock().remove(gpu);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ServerLimits>> {
-        // Inserts and removes only: a panic cannot leave the map half-changed.
-        self.given.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -103,9 +84,14 @@ fn mps_slices<'a>(
         .map(|device| device.limits)
 }
 
-/// Who holds `device`'s limits: its GPU's server limits as given when a daemon serves it,
-/// nothing but accounting when `enforced` is false (no GPU tools).
-pub(super) fn holders_of(book: &ServerLimitBook, device: &DeviceRecord, enforced: bool) -> Holders {
-    let server = (enforced && mps_gpu(device).is_some()).then(|| book.given(&device.uuid));
+/// Who holds `device`'s limits: its GPU's server limits as the checkpoint records them given
+/// when a daemon serves it, nothing but accounting when `enforced` is false (no GPU tools).
+pub(super) fn holders_of(cp: &Checkpoint, device: &DeviceRecord, enforced: bool) -> Holders {
+    let server = (enforced && mps_gpu(device).is_some()).then(|| {
+        cp.gpu_sharing
+            .get(&device.uuid)
+            .and_then(|entry| entry.mps_server_limits)
+            .unwrap_or_default()
+    });
     enforcement::holders(device.sharing, device.mig.is_some(), device.limits, server)
 }

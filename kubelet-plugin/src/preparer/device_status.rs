@@ -48,7 +48,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_api::device_status::{
     PreparedDeviceFacts, allocated_device_status, kept_device_status, status_apply_configuration,
 };
-use kerf_core::checkpoint::DeviceRecord;
+use kerf_core::checkpoint::{Checkpoint, DeviceRecord};
 use kerf_core::inventory::{DeviceRef, Inventory};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
@@ -282,11 +282,12 @@ impl DeviceStatusWriter {
 }
 
 /// The facts of a claim's prepared devices for its status: the records, with the parent GPU
-/// and profile of MIG devices from `inventory` and the MPS directories from `sharing` (both
-/// in memory; no API read).
+/// and profile of MIG devices from `inventory`, the MPS directories from `sharing` and who
+/// holds each device's limits from `checkpoint` (all in memory; no API read).
 pub(crate) fn prepared_facts(
     inventory: &Inventory,
     sharing: &GpuSharing,
+    checkpoint: &Checkpoint,
     devices: &[DeviceRecord],
 ) -> Vec<PreparedDeviceFacts> {
     // Only a record whose UUID is no GPU UUID fails here, and such a claim never prepared.
@@ -309,7 +310,7 @@ pub(crate) fn prepared_facts(
                 gpu_uuid,
                 mig_profile,
                 mps,
-                holders: sharing.holders(record),
+                holders: sharing.holders(checkpoint, record),
             }
         })
         .collect()
