@@ -60,19 +60,54 @@ pub(crate) async fn send_quit(
     dirs: &MpsDirectories,
     deadline: tokio::time::Instant,
 ) -> std::result::Result<(), String> {
+    run_control_client(tools_root, dirs, QUIT_COMMAND, deadline)
+        .await
+        .map(drop)
+}
+
+/// Sends `commands` (one a line) to the control daemon of `dirs` through one run of the
+/// control client, which must finish within `timeout`; returns what it printed.
+///
+/// # Errors
+/// [`Error::Mps`] naming the GPU and the commands when the client cannot run, fails (no
+/// daemon listens) or does not finish in time (it is then killed).
+pub(crate) async fn send_commands(
+    tools_root: &Path,
+    dirs: &MpsDirectories,
+    commands: &[String],
+    timeout: std::time::Duration,
+) -> Result<String> {
+    let mut input = commands.join("\n");
+    input.push('\n');
+    let deadline = tokio::time::Instant::now() + timeout;
+    run_control_client(tools_root, dirs, &input, deadline)
+        .await
+        .map_err(|message| mps_error(dirs.gpu_uuid(), format!("{message} (sent {commands:?})")))
+}
+
+/// One run of the control client of `dirs` with `input` on its stdin, until `deadline`;
+/// what it printed.
+async fn run_control_client(
+    tools_root: &Path,
+    dirs: &MpsDirectories,
+    input: &str,
+    deadline: tokio::time::Instant,
+) -> std::result::Result<String, String> {
     let mut client = control(tools_root, dirs)
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot run {CONTROL_PROGRAM}: {e}"))?;
     if let Some(mut stdin) = client.stdin.take() {
         // A daemon already gone makes the client fail; its status says so below.
-        let _ = stdin.write_all(QUIT_COMMAND.as_bytes()).await;
+        let _ = stdin.write_all(input.as_bytes()).await;
     }
     match tokio::time::timeout_at(deadline, client.wait_with_output()).await {
-        Ok(Ok(output)) if output.status.success() => Ok(()),
+        Ok(Ok(output)) if output.status.success() => {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        }
         Ok(Ok(output)) => Err(format!(
             "{CONTROL_PROGRAM} failed ({}): {}",
             output.status,
@@ -81,61 +116,6 @@ pub(crate) async fn send_quit(
         Ok(Err(error)) => Err(format!("cannot wait for {CONTROL_PROGRAM}: {error}")),
         Err(_) => Err(format!("{CONTROL_PROGRAM} did not finish in time")),
     }
-}
-
-/// Sends `commands` (one a line) to the control daemon of `dirs` through one run of the
-/// control client, which must finish within `timeout`; returns what it printed.
-///
-/// # Errors
-/// [`Error::Mps`] naming the GPU when the client cannot run, fails (no daemon listens) or
-/// does not finish in time (it is then killed).
-pub(crate) async fn send_commands(
-    tools_root: &Path,
-    dirs: &MpsDirectories,
-    commands: &[String],
-    timeout: std::time::Duration,
-) -> Result<String> {
-    let gpu = dirs.gpu_uuid();
-    let mut client = control(tools_root, dirs)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| mps_error(gpu, format!("cannot run {CONTROL_PROGRAM}: {e}")))?;
-    if let Some(mut stdin) = client.stdin.take() {
-        let mut input = commands.join("\n");
-        input.push('\n');
-        // A daemon already gone makes the client fail; its status says so below.
-        let _ = stdin.write_all(input.as_bytes()).await;
-    }
-    let output = match tokio::time::timeout(timeout, client.wait_with_output()).await {
-        Ok(Ok(output)) => output,
-        Ok(Err(error)) => {
-            return Err(mps_error(
-                gpu,
-                format!("cannot wait for {CONTROL_PROGRAM}: {error}"),
-            ));
-        }
-        Err(_) => {
-            return Err(mps_error(
-                gpu,
-                format!("{CONTROL_PROGRAM} did not finish within {timeout:?}"),
-            ));
-        }
-    };
-    if !output.status.success() {
-        return Err(mps_error(
-            gpu,
-            format!(
-                "{CONTROL_PROGRAM} failed ({}) on {:?}: {}",
-                output.status,
-                commands,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-        ));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// Puts `gpu` in compute mode `mode`.
