@@ -116,6 +116,16 @@ impl AllocatedDevice {
     }
 }
 
+/// The device requests of `claim`'s spec, none when it has no `spec.devices`.
+pub fn claim_requests(claim: &ResourceClaim) -> &[k8s_openapi::api::resource::v1::DeviceRequest] {
+    claim
+        .spec
+        .devices
+        .as_ref()
+        .and_then(|d| d.requests.as_deref())
+        .unwrap_or_default()
+}
+
 /// Resolves the devices of `claim` that belong to `driver`, in result order.
 ///
 /// Each result of this driver gets the configs of this driver whose `requests` is empty or

@@ -52,7 +52,7 @@ pub mod watch_backoff;
 pub mod write_failure;
 
 pub use allocation::{allocation_status, claim_request, device_uses};
-pub use claim::{AllocatedDevice, resolve_allocation};
+pub use claim::{AllocatedDevice, claim_requests, resolve_allocation};
 pub use error::{Error, Result};
 pub use gpuclass::{GpuClass, GpuClassSpec, GpuClassStatus};
 pub use gpuquota::{GpuQuota, GpuQuotaSpec, GpuQuotaStatus};

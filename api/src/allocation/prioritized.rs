@@ -139,12 +139,7 @@ pub fn claim_allocation_status(
     now: Time,
 ) -> Result<AllocationResult> {
     let mut allocation = super::status::allocation_status(placement_for_claim, node, driver, now)?;
-    let requests = claim
-        .spec
-        .devices
-        .as_ref()
-        .and_then(|d| d.requests.as_deref())
-        .unwrap_or_default();
+    let requests = crate::claim::claim_requests(claim);
     let results = allocation
         .devices
         .as_mut()

@@ -106,9 +106,7 @@ pub fn claim_request(
         .filter(|uid| !uid.is_empty())
         .ok_or_else(|| Error::config("metadata.uid", "must be set: claims are keyed by UID"))?;
     let devices = claim.spec.devices.as_ref();
-    let requests = devices
-        .and_then(|d| d.requests.as_deref())
-        .unwrap_or_default();
+    let requests = crate::claim::claim_requests(claim);
     if requests.is_empty() {
         return Err(Error::config(
             "spec.devices.requests",

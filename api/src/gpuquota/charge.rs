@@ -92,12 +92,7 @@ pub fn claim_charge(
     driver: &str,
     classes: impl Fn(&str) -> Option<QuotaClass>,
 ) -> Result<Charge> {
-    let requests = claim
-        .spec
-        .devices
-        .as_ref()
-        .and_then(|d| d.requests.as_deref())
-        .unwrap_or_default();
+    let requests = crate::claim::claim_requests(claim);
     let is_controller =
         |name: &str| classes(name).is_some_and(|c| c.params.allocator == Allocator::Controller);
     let any_controller = requests.iter().any(|r| {

@@ -70,12 +70,7 @@ fn is_waiting(ctx: &Context, claim: &ResourceClaim) -> bool {
         return false;
     }
     let driver = ctx.config.driver_name.as_str();
-    let requests = claim
-        .spec
-        .devices
-        .as_ref()
-        .and_then(|d| d.requests.as_deref())
-        .unwrap_or_default();
+    let requests = kerf_api::claim_requests(claim);
     requests
         .iter()
         .flat_map(|r| {
