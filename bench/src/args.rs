@@ -135,6 +135,10 @@ pub struct BenchArgs {
     /// Claims per driver and series of `prepare-cluster`.
     #[arg(long, env = "KERF_BENCH_CLUSTER_CLAIMS", default_value_t = BenchOptions::default().cluster_claims)]
     pub cluster_claims: usize,
+    /// Milliseconds `prepare-cluster` holds each prepared claim before unprepares it, as the
+    /// pod that uses it would run between the kubelet's two calls (0: unprepare at once).
+    #[arg(long, env = "KERF_BENCH_CLUSTER_HOLD_MS", default_value_t = millis(BenchOptions::default().cluster_hold))]
+    pub cluster_hold_ms: u64,
     /// The kubelet's plugin registration directory on the node.
     #[arg(long, env = "KERF_BENCH_CLUSTER_REGISTRY_DIR", default_value_os_t = BenchOptions::default().cluster_registry_dir)]
     pub cluster_registry_dir: PathBuf,
@@ -193,6 +197,7 @@ impl BenchArgs {
             cluster_node: self.cluster_node.clone(),
             cluster_drivers: self.cluster_drivers.clone(),
             cluster_claims: self.cluster_claims,
+            cluster_hold: Duration::from_millis(self.cluster_hold_ms),
             cluster_registry_dir: self.cluster_registry_dir.clone(),
             cluster_namespace: self.cluster_namespace.clone(),
             reexec,
@@ -232,6 +237,11 @@ fn micros(duration: Duration) -> u64 {
     u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
 }
 
+/// `duration` in whole milliseconds, saturating (the flag's unit).
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser as _;
@@ -260,6 +270,8 @@ mod tests {
             "footprint",
             "--controller-settle",
             "3",
+            "--cluster-hold-ms",
+            "0",
         ])
         .bench;
         let reexec = Reexec {
@@ -269,6 +281,7 @@ mod tests {
         let options = args.options(Some(reexec));
         assert_eq!(options.nodes, 10);
         assert_eq!(options.controller_settle, Duration::from_secs(3));
+        assert_eq!(options.cluster_hold, Duration::ZERO);
         let child_args = options.reexec.unwrap().args;
         let nodes = child_args.iter().position(|a| a == "--nodes").unwrap();
         assert_eq!(child_args[nodes + 1], "10");

@@ -182,6 +182,10 @@ pub struct BenchOptions {
     pub cluster_drivers: Vec<ClusterDriver>,
     /// Claims per driver and series of `prepare-cluster` (default 200).
     pub cluster_claims: usize,
+    /// How long `prepare-cluster` holds a prepared claim before it unprepares it, standing in
+    /// for the pod's run between the kubelet's two calls (default 200 ms; zero unprepares at
+    /// once, while the plugin's follow-up work of the prepare may still run).
+    pub cluster_hold: Duration,
     /// The kubelet's plugin registration directory (default
     /// `/var/lib/kubelet/plugins_registry`).
     pub cluster_registry_dir: PathBuf,
@@ -236,6 +240,7 @@ impl Default for BenchOptions {
             cluster_node: None,
             cluster_drivers: Vec::new(),
             cluster_claims: 200,
+            cluster_hold: Duration::from_millis(200),
             cluster_registry_dir: PathBuf::from("/var/lib/kubelet/plugins_registry"),
             cluster_namespace: "kerf-bench".to_owned(),
             reexec: None,

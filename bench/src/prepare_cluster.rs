@@ -12,11 +12,16 @@
 //! - **allocated before**: in rounds of as many claims as the driver has devices, every
 //!   claim's allocation is written (as kube-scheduler writes it: one status patch, no
 //!   reservation) and left to settle for [`SETTLE`] — long enough for kerf-controller's node
-//!   label and kerf's node-scoped claim watch — then each claim is prepared and unprepared,
-//!   both timed, and deleted;
+//!   label and kerf's node-scoped claim watch — then each claim is prepared, held, and
+//!   unprepared, both calls timed, and deleted;
 //! - **right after the allocation**: the allocation is written and the prepare called as soon
 //!   as the write returned, as a kubelet that starts a pod just bound does; the prepare is
-//!   timed, then the claim is unprepared and deleted.
+//!   timed, then the claim is held, unprepared and deleted.
+//!
+//! The hold (`--cluster-hold-ms`) stands in for the pod: a kubelet unprepares a claim only
+//! after the pod that used it has run and stopped, so a plugin's follow-up work of the prepare
+//! (kerf's write of the claim's device status) is not what the unprepare competes with on a
+//! node. Zero unprepares at once, which measures the unprepare beside that work.
 //!
 //! The plugins are reached as the kubelet reaches them: the newest registration socket of
 //! each driver under `--cluster-registry-dir`, its `GetInfo` endpoint, the newest DRA API
@@ -136,15 +141,21 @@ pub(crate) async fn prepare_cluster(options: &BenchOptions) -> Result<Summary> {
     }
     claims.delete_all().await?;
     let n = options.cluster_claims;
-    allocated_before(&claims, &mut subjects, n).await?;
-    right_after_allocation(&claims, &mut subjects, n).await?;
+    let hold = options.cluster_hold;
+    allocated_before(&claims, &mut subjects, n, hold).await?;
+    right_after_allocation(&claims, &mut subjects, n, hold).await?;
     claims.delete_all().await?;
-    Ok(summary(&node, n, &subjects))
+    Ok(summary(&node, n, hold, &subjects))
 }
 
 /// The series on claims allocated [`SETTLE`] before, in rounds of as many claims as the
 /// driver with the fewest devices has.
-async fn allocated_before(claims: &ClaimWriter, subjects: &mut [Subject], n: usize) -> Result<()> {
+async fn allocated_before(
+    claims: &ClaimWriter,
+    subjects: &mut [Subject],
+    n: usize,
+    hold: Duration,
+) -> Result<()> {
     let round = subjects
         .iter()
         .map(|s| s.driver.devices.len())
@@ -166,6 +177,7 @@ async fn allocated_before(claims: &ClaimWriter, subjects: &mut [Subject], n: usi
                 let name = claim_name(&s.driver, "before", i);
                 let claim = claims.get(&name).await?;
                 let prepared = timed_prepare(&s.plugin, &claim).await?;
+                tokio::time::sleep(hold).await;
                 let unprepared = timed_unprepare(&s.plugin, &claim).await?;
                 claims.delete(&name).await?;
                 if i >= WARMUP {
@@ -183,6 +195,7 @@ async fn right_after_allocation(
     claims: &ClaimWriter,
     subjects: &mut [Subject],
     n: usize,
+    hold: Duration,
 ) -> Result<()> {
     for i in 0..WARMUP + n {
         for s in subjects.iter() {
@@ -196,6 +209,7 @@ async fn right_after_allocation(
             let name = claim_name(&s.driver, "after", i);
             let claim = claims.allocate(&name, &s.driver, i).await?;
             let prepared = timed_prepare(&s.plugin, &claim).await?;
+            tokio::time::sleep(hold).await;
             timed_unprepare(&s.plugin, &claim).await?;
             claims.delete(&name).await?;
             if i >= WARMUP {
@@ -370,9 +384,12 @@ fn api_error(what: &str, name: &str, e: &kube::Error) -> Error {
     Error::Workload(format!("{what} {name}: {e}"))
 }
 
-fn summary(node: &str, n: usize, subjects: &[Subject]) -> Summary {
+fn summary(node: &str, n: usize, hold: Duration, subjects: &[Subject]) -> Summary {
     let mut summary = Summary::new("prepare-cluster");
-    summary.figure("node", node).figure("claims", n);
+    summary
+        .figure("node", node)
+        .figure("claims", n)
+        .figure("hold_ms", hold.as_millis());
     // The ratios read as "kerf / the other driver" when kerf is named first.
     let base = subjects.first();
     for s in subjects {
