@@ -42,14 +42,14 @@ pub use idle_taint::{
     IDLE_GPUS_TAINT_EFFECT, IDLE_GPUS_TAINT_KEY, idle_gpu_counts, wants_idle_gpus_taint,
 };
 pub use index::{GpuUsage, GpuView, Index, MpsSizes, NodeView};
-pub use model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
+pub use model::{
+    ClaimPlacement, DeviceUse, GpuInfo, NodeGpus, PlacedDevice, PodPlacement, SliceSize, UseKind,
+};
 pub use place::{
-    ClaimPlacement, PlacedDevice, PlacementContext, PodPlacement, place, place_where,
-    place_where_with, place_with, place_without_gpus,
+    PlacementContext, place, place_where, place_where_with, place_with, place_without_gpus,
 };
 pub use request::{
-    ClaimRequest, DeviceRequest, GpuSelector, MAX_SUBREQUESTS, PodRequest, Policy, SliceSize,
-    TopologyScope,
+    ClaimRequest, DeviceRequest, GpuSelector, MAX_SUBREQUESTS, PodRequest, Policy, TopologyScope,
 };
 pub use steer::default_score;
 pub use taint::{DeviceTaint, TaintEffect, Toleration, TolerationOperator};

@@ -8,8 +8,8 @@ use crate::enforcement::Enforcement;
 use crate::slice::Sharing;
 
 use super::hash::FastMap;
+use super::model::PodPlacement;
 use super::model::{DeviceUse, GpuInfo, NodeGpus, UseKind};
-use super::place::PodPlacement;
 use super::taint::DeviceTaint;
 
 /// Free capacity of every GPU of every node, kept up to date from inventory and claim events.

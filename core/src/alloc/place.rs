@@ -14,12 +14,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::enforcement::Enforcement;
-use crate::mps::TimeSliceInterval;
-use crate::slice::Sharing;
-
 use super::index::{Index, NodeAggregates, NodeEntry, per_mille};
-use super::model::{DeviceUse, UseKind};
+use super::model::{ClaimPlacement, PlacedDevice, PodPlacement};
 use super::prioritized::place_first_available;
 use super::request::{DeviceRequest, PodRequest, Policy, SliceSize, TopologyScope};
 use super::unplaceable::{Unplaceable, UnplaceableReason};
@@ -38,94 +34,6 @@ mod validate;
 
 /// Most devices one request may ask for; more is an invalid request.
 pub(crate) const MAX_DEVICES_PER_REQUEST: u32 = 1024;
-
-/// Where a pod's claims go: one node, and per claim the devices of each request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodPlacement {
-    /// The node every claim of the pod is placed on.
-    pub node: String,
-    /// One entry per claim of the [`PodRequest`], in its order.
-    pub claims: Vec<ClaimPlacement>,
-    /// `(claim key, request name)` of every placed request with admin access: its devices
-    /// use nothing.
-    pub admin_requests: Vec<(String, String)>,
-}
-
-impl PodPlacement {
-    /// True when `request` of claim `claim_key` was placed with admin access.
-    pub fn is_admin(&self, claim_key: &str, request: &str) -> bool {
-        self.admin_requests
-            .iter()
-            .any(|(claim, name)| claim == claim_key && name == request)
-    }
-
-    /// The usage `claim`'s devices put on the node, for [`Index::set_claim_usage`]: as
-    /// [`ClaimPlacement::device_uses`] without admin-access devices, which use nothing (as
-    /// kube-scheduler leaves admin-access results out of the devices in use).
-    pub fn claim_uses(&self, claim: &ClaimPlacement) -> Vec<DeviceUse> {
-        let mut uses = claim.device_uses(&self.node);
-        if !self.admin_requests.is_empty() {
-            let mut at = 0;
-            uses.retain(|_| {
-                let keep = !self.is_admin(&claim.key, &claim.devices[at].request);
-                at += 1;
-                keep
-            });
-        }
-        uses
-    }
-}
-
-/// The devices placed for one claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClaimPlacement {
-    /// The claim's key (UID), as in the [`ClaimRequest`](super::ClaimRequest).
-    pub key: String,
-    /// Request by request (in the claim's order), each request's devices by device name.
-    pub devices: Vec<PlacedDevice>,
-}
-
-/// One device placed for one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PlacedDevice {
-    /// The request's name.
-    pub request: String,
-    /// Device name, e.g. `gpu-3`.
-    pub device: String,
-    /// UUID of the GPU, so the node can check it prepares the GPU that was placed.
-    pub gpu_uuid: String,
-    /// The slice reserved on the GPU; `None` for a whole GPU.
-    pub slice: Option<SliceSize>,
-    /// Sharing strategy of the request.
-    pub sharing: Sharing,
-    /// Time slice of the request ([`DeviceRequest::time_slice_interval`]).
-    pub time_slice_interval: Option<TimeSliceInterval>,
-    /// The holder of its limits the request's class requires.
-    pub enforcement: Enforcement,
-}
-
-impl ClaimPlacement {
-    /// The usage this claim's devices put on `node` if all of them used their GPU; see
-    /// [`PodPlacement::claim_uses`], which leaves admin-access devices out.
-    pub fn device_uses(&self, node: &str) -> Vec<DeviceUse> {
-        self.devices
-            .iter()
-            .map(|device| DeviceUse {
-                node: node.to_owned(),
-                device: device.device.clone(),
-                kind: match device.slice {
-                    None => UseKind::Whole,
-                    Some(size) => UseKind::Slice {
-                        memory_bytes: size.memory_bytes,
-                        compute_percent: size.compute_percent,
-                        sharing: device.sharing,
-                    },
-                },
-                enforcement: device.enforcement,
-            })
-            .collect()
-    }
-}
 
 /// Places all claims of `pod` on one of `candidate_nodes`.
 ///

@@ -11,7 +11,7 @@
 //! first one that fits anywhere: no node gets a less preferred subrequest while some node
 //! fits a preferred one.
 
-use super::place::PodPlacement;
+use super::model::PodPlacement;
 use super::request::{ClaimRequest, DeviceRequest, MAX_SUBREQUESTS, PodRequest};
 use super::unplaceable::{Unplaceable, UnplaceableReason};
 

@@ -7,6 +7,7 @@ use crate::mps::TimeSliceInterval;
 use crate::slice::Sharing;
 
 use super::model::GpuInfo;
+pub use super::model::SliceSize;
 use super::taint::Toleration;
 
 /// All the controller-allocated claims of one pod; they are placed together on one node.
@@ -95,16 +96,6 @@ impl DeviceRequest {
             ..DeviceRequest::whole(name, count)
         }
     }
-}
-
-/// The share of one GPU a slice reserves. A zero field reserves none of that resource; at
-/// least one field must be non-zero.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
-pub struct SliceSize {
-    /// Memory in bytes.
-    pub memory_bytes: u64,
-    /// Percent (0–100) of the GPU's multiprocessors.
-    pub compute_percent: u8,
 }
 
 /// Which GPUs a request may use. Every set field must match; the default matches all.

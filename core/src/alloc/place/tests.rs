@@ -2,9 +2,11 @@ use proptest::prelude::*;
 
 use super::diagnose::Diagnosis;
 use super::*;
-use crate::alloc::{ClaimRequest, GpuInfo, MpsSizes, NodeGpus};
+use crate::alloc::{ClaimRequest, DeviceUse, GpuInfo, MpsSizes, NodeGpus};
 use crate::enforcement::Enforcement;
 use crate::inventory::ComputeCapability;
+use crate::mps::TimeSliceInterval;
+use crate::slice::Sharing;
 
 const GI: u64 = 1 << 30;
 
