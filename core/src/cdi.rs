@@ -14,6 +14,7 @@
 
 mod encoder;
 mod generate;
+mod input;
 mod metadata;
 mod spec;
 mod validate;
@@ -26,9 +27,10 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 pub use encoder::SpecEncoder;
-pub use generate::{
+pub use generate::{env_key, generate, generate_for_workload};
+pub use input::{
     COMMON_DEVICE_NODES, ClaimSpec, ClaimSpecRequest, CommonEdits, DeviceNodePolicy, GeneratedSpec,
-    MigCaps, PreparedDevice, READ_ONLY_BIND, env_key, generate, generate_for_workload,
+    MigCaps, PreparedDevice, READ_ONLY_BIND,
 };
 pub use metadata::{
     ClaimWorkload, METADATA_HOST_SUBDIR, POD_CLAIM_NAME_ANNOTATION, check_pod_claim_name,

@@ -20,9 +20,9 @@
 use std::collections::BTreeMap;
 
 use super::generate::{
-    ClaimPart, ClaimSpec, CommonEdits, DeviceNodePolicy, check_has_devices, claim_part,
-    common_device_nodes, host_path_override,
+    ClaimPart, check_has_devices, claim_part, common_device_nodes, host_path_override,
 };
+use super::input::{ClaimSpec, CommonEdits, DeviceNodePolicy};
 use super::metadata::ClaimWorkload;
 use super::spec::{ContainerEdits, Device, Spec};
 use super::version::CdiVersion;

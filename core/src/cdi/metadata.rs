@@ -49,7 +49,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::generate::{ClaimSpec, PreparedDevice};
+use super::input::{ClaimSpec, PreparedDevice};
 use crate::error::{Error, Result};
 use crate::names;
 

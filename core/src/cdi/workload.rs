@@ -46,7 +46,7 @@
 use std::fmt::Write as _;
 
 use super::env_key;
-use super::generate::{ClaimSpec, PreparedDevice, READ_ONLY_BIND};
+use super::input::{ClaimSpec, PreparedDevice, READ_ONLY_BIND};
 use super::metadata::{
     CLAIM_FILE, ClaimWorkload, claim_container_path, claim_metadata_dir, request_container_path,
     requests_of,
