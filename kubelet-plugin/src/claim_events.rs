@@ -16,7 +16,7 @@ use kube::api::{Api, PostParams};
 use crate::identity::ClaimRef;
 
 /// The reporting component of the plugin's Events and the field manager of its writes: the
-/// plugin's one field manager, [`crate::publish::FIELD_MANAGER`].
+/// plugin's one field manager, [`crate::identity::FIELD_MANAGER`].
 pub(crate) const REPORTING_CONTROLLER: &str = crate::identity::FIELD_MANAGER;
 
 /// A Warning Event about a claim.

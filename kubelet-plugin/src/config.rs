@@ -9,6 +9,11 @@ use crate::crash::CrashStep;
 use crate::health::HealthConfig;
 use crate::mps_daemons::MpsSettings;
 
+/// Directory of the emulated MIG state under the plugin directory when mock mode has no
+/// `--mock-driver-root`: `<plugin dir>/mock-mig`, beside the checkpoint, so that it lives
+/// exactly as long as the records that name its instances.
+pub(crate) const DEFAULT_MOCK_MIG_DIR: &str = "mock-mig";
+
 /// Which GPUs NVML discovery may make dynamic-MIG GPUs (kerf creates their MIG devices at
 /// prepare); see `crate::discovery::DynamicMigPolicy`, which adds the instances kerf's
 /// checkpoint records.
@@ -100,7 +105,7 @@ impl PluginConfig {
 
     /// Root of mock mode's emulated MIG instances (dynamic MIG): the mock driver root when one
     /// is given, so that its fake `nvidia-smi mig` sees them; otherwise
-    /// `<plugin dir>/mock-mig` ([`crate::dynamic_mig::mock::DEFAULT_MOCK_MIG_DIR`]) beside the
+    /// `<plugin dir>/mock-mig` ([`DEFAULT_MOCK_MIG_DIR`]) beside the
     /// checkpoint that records them. `None` outside mock mode.
     pub fn mock_mig_root(&self) -> Option<PathBuf> {
         if !self.discovery.is_mock() {
@@ -110,7 +115,7 @@ impl PluginConfig {
             self.dra_socket
                 .parent()
                 .unwrap_or_else(|| Path::new("."))
-                .join(crate::dynamic_mig::mock::DEFAULT_MOCK_MIG_DIR)
+                .join(DEFAULT_MOCK_MIG_DIR)
         }))
     }
 

@@ -101,7 +101,7 @@ pub enum Error {
         /// The GPU's UUID.
         gpu: String,
         /// How it failed, as far as kerf acts on it.
-        kind: crate::dynamic_mig::control::MigFailureKind,
+        kind: MigFailureKind,
         /// The driver's words.
         message: String,
     },
@@ -164,3 +164,33 @@ impl Error {
 
 /// Result alias for the kubelet plugin.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// How a MIG call failed, as far as kerf acts on it; the driver's words are kept in
+/// [`crate::Error::Mig`]'s message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigFailureKind {
+    /// The instance does not exist (`NVML_ERROR_NOT_FOUND`): a destroy has nothing to do.
+    NotFound,
+    /// The placement is taken or the GPU has no room (`NVML_ERROR_INSUFFICIENT_RESOURCES`).
+    InsufficientResources,
+    /// The driver refused the arguments (`NVML_ERROR_INVALID_ARGUMENT`, a profile the GPU
+    /// lacks, a placement outside it).
+    InvalidArgument,
+    /// The instance is in use (`NVML_ERROR_IN_USE`): a process still runs on it.
+    InUse,
+    /// Anything else (driver not loaded, MIG mode off, an injected mock failure, I/O).
+    Other,
+}
+
+impl MigFailureKind {
+    /// A short, stable label for metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MigFailureKind::NotFound => "not_found",
+            MigFailureKind::InsufficientResources => "insufficient_resources",
+            MigFailureKind::InvalidArgument => "invalid_argument",
+            MigFailureKind::InUse => "in_use",
+            MigFailureKind::Other => "other",
+        }
+    }
+}

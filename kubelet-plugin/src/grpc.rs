@@ -2,7 +2,6 @@
 //! which serves on the DRA socket too, is with the rest of GPU health ([`crate::health::grpc`]).
 
 pub mod dra;
-pub mod instances;
 pub mod kubelet_version;
 pub mod registration;
 pub mod socket;

@@ -107,7 +107,7 @@ pub struct Publisher {
     /// Where slice writes the API server will not take are told (Warning on the Node).
     reports: Option<crate::write_failures::WriteFailureReports>,
     /// Other instances of the driver on this node, which keep the slices at shutdown.
-    others: Option<crate::grpc::instances::OtherInstances>,
+    others: Option<crate::instances::OtherInstances>,
 }
 
 /// Where device taints come from.
@@ -189,12 +189,9 @@ impl Publisher {
     }
 
     /// At shutdown, leaves the slices alone while another instance of the driver serves
-    /// this node (a rolling update's newer instance; see [`crate::grpc::instances`]).
+    /// this node (a rolling update's newer instance; see [`crate::instances`]).
     #[must_use]
-    pub(crate) fn with_other_instances(
-        mut self,
-        others: crate::grpc::instances::OtherInstances,
-    ) -> Self {
+    pub(crate) fn with_other_instances(mut self, others: crate::instances::OtherInstances) -> Self {
         self.others = Some(others);
         self
     }

@@ -1,6 +1,6 @@
 //! The metrics reference (`docs/metrics.md`), rendered from the registries the binaries fill
 //! (`kerf_controller::metrics_reference_registry`,
-//! `kerf_kubelet_plugin::metrics::reference_registry`): each family's name as scraped, type,
+//! `kerf_kubelet_plugin::metrics_reference::reference_registry`): each family's name as scraped, type,
 //! labels and help, read back from the registry's text encoding.
 
 use std::collections::BTreeSet;

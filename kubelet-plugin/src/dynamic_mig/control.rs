@@ -11,6 +11,7 @@ use kerf_core::inventory::MigPlacement;
 use kerf_core::mig_reconcile::LiveGpuInstance;
 
 use crate::Result;
+pub use crate::error::MigFailureKind;
 
 /// The GPU a MIG call is about: NVML finds it by UUID, the mock by minor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,36 +29,6 @@ pub(crate) struct CreatedCompute {
     pub ci_id: u32,
     /// UUID of the MIG device it makes (`MIG-…`).
     pub uuid: String,
-}
-
-/// How a MIG call failed, as far as kerf acts on it; the driver's words are kept in
-/// [`crate::Error::Mig`]'s message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MigFailureKind {
-    /// The instance does not exist (`NVML_ERROR_NOT_FOUND`): a destroy has nothing to do.
-    NotFound,
-    /// The placement is taken or the GPU has no room (`NVML_ERROR_INSUFFICIENT_RESOURCES`).
-    InsufficientResources,
-    /// The driver refused the arguments (`NVML_ERROR_INVALID_ARGUMENT`, a profile the GPU
-    /// lacks, a placement outside it).
-    InvalidArgument,
-    /// The instance is in use (`NVML_ERROR_IN_USE`): a process still runs on it.
-    InUse,
-    /// Anything else (driver not loaded, MIG mode off, an injected mock failure, I/O).
-    Other,
-}
-
-impl MigFailureKind {
-    /// A short, stable label for metrics and logs.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MigFailureKind::NotFound => "not_found",
-            MigFailureKind::InsufficientResources => "insufficient_resources",
-            MigFailureKind::InvalidArgument => "invalid_argument",
-            MigFailureKind::InUse => "in_use",
-            MigFailureKind::Other => "other",
-        }
-    }
 }
 
 /// Creates, destroys and lists the MIG instances of dynamic-MIG GPUs.

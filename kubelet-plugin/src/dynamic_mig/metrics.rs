@@ -39,7 +39,7 @@ impl MigMetrics {
     }
 
     /// Registers the counter in `registry` with one example series, for the metrics
-    /// reference ([`crate::metrics::reference_registry`]).
+    /// reference ([`crate::metrics_reference::reference_registry`]).
     pub(crate) fn reference(registry: &mut Registry) {
         Self::new(registry).record("create_gpu_instance", &Ok::<(), Error>(()));
     }

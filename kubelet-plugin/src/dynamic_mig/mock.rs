@@ -18,11 +18,6 @@ use kerf_fake_gpu_tools::mig::{self, MigError, MockMig};
 use super::control::{CreatedCompute, MigControl, MigFailureKind, MigGpu};
 use crate::{Error, Result};
 
-/// Directory of the emulated MIG state under the plugin directory when mock mode has no
-/// `--mock-driver-root`: `<plugin dir>/mock-mig`, beside the checkpoint, so that it lives
-/// exactly as long as the records that name its instances.
-pub(crate) const DEFAULT_MOCK_MIG_DIR: &str = "mock-mig";
-
 /// The emulated instances of one mock driver root.
 #[derive(Debug, Clone)]
 pub(crate) struct MockMigControl {

@@ -181,7 +181,7 @@ impl PodDaemons {
             self.settings.stop_timeout,
         );
         let params = PostParams {
-            field_manager: Some(crate::publish::FIELD_MANAGER.to_owned()),
+            field_manager: Some(crate::identity::FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
         match self.pods.create(&params, &pod).await {

@@ -176,7 +176,7 @@ struct Shared {
 
 /// Registers the writer's metrics in `registry` as [`DeviceStatusWriter::start`] does, with
 /// one example series each, for the metrics reference
-/// ([`crate::metrics::reference_registry`]).
+/// ([`crate::metrics_reference::reference_registry`]).
 pub(crate) fn reference_metrics(registry: &mut Registry) {
     let metrics = StatusMetrics::default();
     metrics.register(registry);

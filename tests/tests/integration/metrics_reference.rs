@@ -15,7 +15,7 @@ fn repo_path(path: &str) -> PathBuf {
 /// The reference as the registries, the rules and the dashboard make it now.
 pub fn generated() -> String {
     let controller = kerf_controller::metrics_reference_registry();
-    let plugin = kerf_kubelet_plugin::metrics::reference_registry();
+    let plugin = kerf_kubelet_plugin::metrics_reference::reference_registry();
     let mut text = render(&[
         ("kerf-controller", &controller),
         ("kerf-kubelet-plugin", &plugin),
@@ -82,7 +82,7 @@ fn every_alert_points_at_its_description() {
 fn every_metric_is_named_in_base_units() {
     let registries = [
         kerf_controller::metrics_reference_registry(),
-        kerf_kubelet_plugin::metrics::reference_registry(),
+        kerf_kubelet_plugin::metrics_reference::reference_registry(),
     ];
     for family in registries.iter().flat_map(|r| families(r).unwrap()) {
         let name = &family.name;
