@@ -15,6 +15,10 @@ pub const FINALIZER: &str = "gpu.kerf.dev/allocation";
 /// removes the gate once it has allocated every controller claim of the pod.
 pub const SCHEDULING_GATE: &str = "gpu.kerf.dev/allocation";
 
+/// Type of the pod condition kerf-controller writes to say why the pod's controller claims are
+/// not allocated (and, after such a wait, that they are).
+pub const POD_CONDITION_TYPE: &str = "gpu.kerf.dev/GpuAllocation";
+
 /// Annotation naming the node the controller allocated a claim on: how a later reconcile
 /// tells "the scheduler cleared our allocation" from "never allocated".
 pub const ALLOCATED_NODE_ANNOTATION: &str = "gpu.kerf.dev/allocated-node";

@@ -6,14 +6,14 @@ use std::time::Duration;
 
 use clap::{ArgAction, Parser};
 
+use crate::backoff::BackoffConfig;
 use crate::claims::ClaimSettings;
 use crate::claims::ownership::OwnershipTiming;
-use crate::context::{ControllerConfig, FIELD_MANAGER};
+use crate::config::{ControllerConfig, FIELD_MANAGER};
 use crate::default_classes::DefaultClasses;
 use crate::error::{Error, Result};
 use crate::leader::LeaseConfig;
 use crate::quota::QuotaSettings;
-use crate::retry::BackoffConfig;
 use crate::run::Config;
 use crate::webhook::{Certificates, SelfSigned, WebhookConfig};
 

@@ -54,10 +54,9 @@ mod watch;
 pub(crate) mod write;
 mod yielding;
 
-pub use context::ClaimSettings;
-pub(crate) use context::ClaimsPart;
-pub use reasons::CONDITION_TYPE;
+pub use crate::config::ClaimSettings;
+pub use context::ClaimsContext;
 pub use reconcile::{RETRY, reconcile};
 pub use watch::run;
 
-pub use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
+pub use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER, POD_CONDITION_TYPE};

@@ -1,72 +1,32 @@
-//! What every reconciler gets ([`Context`]): the client, configuration values, metrics, the
-//! event recorder, the caches, diagnostics, the per-object back-off ([`crate::retry`]) and the
-//! claim controller's part ([`ClaimsPart`]).
+//! The shared core of every controller's context ([`Context`]): the client, configuration
+//! values, metrics, the event recorder, the caches, diagnostics and the per-object back-off
+//! ([`crate::backoff`]). A controller with state of its own wraps it (the claim controller's
+//! `crate::claims::ClaimsContext`, the GpuClass controller's `crate::gpuclass::ClassContext`);
+//! the quota recount has none and uses it as it is.
 
 mod events;
 mod write_failures;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use kube::Client;
 use kube::runtime::events::Reporter;
 use tokio::sync::RwLock;
 
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use kerf_api::GpuClassParameters;
+use kerf_api::controller_claims::class_parameters;
+use kube::runtime::reflector::ObjectRef;
+
+use crate::backoff::ObjectBackoff;
 use crate::cache::Caches;
-use crate::claims::ClaimsPart;
+use crate::config::ControllerConfig;
 use crate::features::ApiSupport;
 use crate::metrics::Metrics;
-use crate::retry::{BackoffConfig, ObjectBackoff};
 
 pub(crate) use crate::error::Write;
 pub(crate) use events::EventRecorder;
-
-/// Field manager of every write of the controller: server-side apply, merge patches, creates
-/// and Events. The default of [`ControllerConfig::field_manager`], through which it is passed.
-pub const FIELD_MANAGER: &str = "kerf-controller";
-
-/// Configuration the reconcilers read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ControllerConfig {
-    /// DRA driver name, e.g. `gpu.kerf.dev`.
-    pub driver_name: String,
-    /// Field manager of every write (see [`FIELD_MANAGER`]), reporting controller of Events,
-    /// and `app.kubernetes.io/managed-by` of DeviceClasses.
-    pub field_manager: String,
-    /// How often every object is reconciled even without a change.
-    pub resync_period: Duration,
-    /// Shortest time between two refreshes of every GpuClass status after cache changes: the
-    /// free capacity a status shows may lag this much behind the claims.
-    pub class_status_interval: Duration,
-    /// Retry delays after a failed reconcile.
-    pub backoff: BackoffConfig,
-    /// Identity of this replica in Events (`reportingInstance`), usually the pod name.
-    pub instance: Option<String>,
-    /// Timing of the ResourceClaim allocation controller.
-    pub claims: crate::claims::ClaimSettings,
-    /// Timing of the GpuQuota recount.
-    pub quota: crate::quota::QuotaSettings,
-    /// The node label whose value names a node's pool in the fragmentation metrics
-    /// (`kerf_api::node_pool`).
-    pub node_pool_label: String,
-}
-
-impl ControllerConfig {
-    /// The defaults of the command-line flags for `driver_name`.
-    pub fn new(driver_name: impl Into<String>) -> Self {
-        Self {
-            driver_name: driver_name.into(),
-            field_manager: FIELD_MANAGER.to_owned(),
-            resync_period: Duration::from_secs(600),
-            class_status_interval: Duration::from_secs(1),
-            backoff: BackoffConfig::default(),
-            instance: None,
-            claims: crate::claims::ClaimSettings::default(),
-            quota: crate::quota::QuotaSettings::default(),
-            node_pool_label: kerf_api::node_pool::DEFAULT_NODE_POOL_LABEL.to_owned(),
-        }
-    }
-}
 
 /// What the controller last did, for logs and debugging.
 #[derive(Debug, Clone, Default)]
@@ -77,9 +37,9 @@ pub struct Diagnostics {
     pub last_object: Option<String>,
 }
 
-/// Everything a reconciler needs. One per leadership term, shared by all controllers: the
-/// GpuClass reconciler, the claim reconciler and its ownership pass, and the claims' node
-/// label reconciler.
+/// What every reconciler needs. One per leadership term, shared by all controllers: the
+/// GpuClass reconciler, the quota recount, the claim reconciler and its ownership pass, and the
+/// claims' node label reconciler.
 pub struct Context {
     /// Kubernetes client.
     pub client: Client,
@@ -98,9 +58,6 @@ pub struct Context {
     /// What the API server serves of the optional fields the controller writes, as probed
     /// when the term started.
     pub api_support: ApiSupport,
-    /// What only the claim controller reads: the pod and node stores, its bookkeeping, its
-    /// queue of claims to reconcile again.
-    pub claims: ClaimsPart,
 }
 
 impl std::fmt::Debug for Context {
@@ -109,7 +66,6 @@ impl std::fmt::Debug for Context {
             .field("config", &self.config)
             .field("caches", &self.caches)
             .field("api_support", &self.api_support)
-            .field("claims", &self.claims)
             .finish_non_exhaustive()
     }
 }
@@ -136,7 +92,6 @@ impl Context {
             diagnostics: Arc::default(),
             backoff: ObjectBackoff::default(),
             api_support: ApiSupport::all_served(),
-            claims: ClaimsPart::new(),
         }
     }
 
@@ -152,5 +107,37 @@ impl Context {
         let mut diagnostics = self.diagnostics.write().await;
         diagnostics.last_reconcile = Some(SystemTime::now());
         diagnostics.last_object = Some(object);
+    }
+
+    /// The driver name.
+    pub fn driver(&self) -> &str {
+        &self.config.driver_name
+    }
+
+    /// The kerf class parameters of DeviceClass `name`, when it carries them.
+    pub fn class_params(&self, name: &str) -> Option<GpuClassParameters> {
+        let class = self
+            .caches
+            .device_classes
+            .get(&ObjectRef::<DeviceClass>::new(name))?;
+        class_parameters(&class, self.driver())
+    }
+
+    /// True when a request of the claim uses a controller class of this driver.
+    pub fn is_controller_claim(&self, claim: &ResourceClaim) -> bool {
+        kerf_api::controller_claims::is_controller_claim(claim, |class| self.class_params(class))
+    }
+
+    /// The cached claim `name` in `namespace`.
+    pub fn claim(&self, namespace: &str, name: &str) -> Option<Arc<ResourceClaim>> {
+        self.caches
+            .claims
+            .get(&ObjectRef::<ResourceClaim>::new(name).within(namespace))
+    }
+}
+
+impl AsRef<Context> for Context {
+    fn as_ref(&self) -> &Context {
+        self
     }
 }

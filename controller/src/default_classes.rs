@@ -24,8 +24,8 @@ use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::BackoffConfig;
 use crate::error::{Error, Result};
-use crate::retry::BackoffConfig;
 use crate::run::ControllerTask;
 
 /// Name of the task in logs.

@@ -25,7 +25,6 @@
 //! counting capacity decodes every allocated claim; and a periodic resync.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::resource::v1::DeviceClass;
@@ -97,13 +96,11 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
     let classes = controller.store();
     let metrics = ctx.metrics.clone();
     let applied_ctx = Arc::clone(&ctx);
-    // One computation of memory and compute in use per version of the caches, for all classes.
-    let memo = Arc::new(RefreshMemo::default());
     controller
         .run(
-            move |class, ctx| Box::pin(reconcile_shared(class, ctx, Arc::clone(&memo))),
+            reconcile,
             RETRY.error_policy(),
-            ctx,
+            Arc::new(ClassContext::new(ctx)),
         )
         .for_each(|result| {
             // A class gone from the cache is deleted: its failures are history.
@@ -116,6 +113,32 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
     Ok(())
 }
 
+/// The GpuClass controller's context: the shared [`Context`] and the usage computed once per
+/// version of the caches for all classes of one refresh.
+#[derive(Debug)]
+pub struct ClassContext {
+    /// The client, configuration, caches and metrics every controller shares.
+    pub core: Arc<Context>,
+    /// Memory and compute in use, computed once per version of the caches for all classes.
+    memo: RefreshMemo,
+}
+
+impl ClassContext {
+    /// The GpuClass controller's context over `core`, nothing computed yet.
+    pub fn new(core: Arc<Context>) -> Self {
+        Self {
+            core,
+            memo: RefreshMemo::default(),
+        }
+    }
+}
+
+impl AsRef<Context> for ClassContext {
+    fn as_ref(&self) -> &Context {
+        &self.core
+    }
+}
+
 /// Reconciles one GpuClass (see the module documentation).
 ///
 /// # Errors
@@ -123,36 +146,22 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
 /// API errors writing the DeviceClass or the status ([`Error::Write`], told on the class as a
 /// Warning Event when refused or persistent), and a GpuClass without name or UID;
 /// [`RETRY`]'s error policy retries them with per-object back-off.
-pub async fn reconcile(class: Arc<GpuClass>, ctx: Arc<Context>) -> Result<Action> {
-    reconcile_shared(class, ctx, Arc::new(RefreshMemo::default())).await
-}
-
-/// [`reconcile`] with the usage shared by the classes of one refresh.
-async fn reconcile_shared(
-    class: Arc<GpuClass>,
-    ctx: Arc<Context>,
-    memo: Arc<RefreshMemo>,
-) -> Result<Action> {
-    let started = Instant::now();
-    let key = RETRY.key(class.as_ref());
-    let result = reconcile_class(&class, &ctx, &memo).await;
-    let result = RETRY
-        .finish(
-            &ctx,
-            &key,
-            started,
-            result,
+pub async fn reconcile(class: Arc<GpuClass>, ctx: Arc<ClassContext>) -> Result<Action> {
+    RETRY
+        .reconcile(
+            &ctx.core,
+            RETRY.key(class.as_ref()),
+            reconcile_class(&class, &ctx.core, &ctx.memo),
             async |write, source, attempts| {
                 // The DeviceClass and the status are the class's: `kubectl describe gpuclass` is
                 // where the user looks.
                 let regarding = [class.object_ref(&())];
-                ctx.report_write_failure(write, source, attempts, &regarding)
+                ctx.core
+                    .report_write_failure(write, source, attempts, &regarding)
                     .await;
             },
         )
-        .await;
-    ctx.note_reconcile(key).await;
-    result
+        .await
 }
 
 /// How failed reconciles of GpuClasses are retried: after the class's next back-off delay,

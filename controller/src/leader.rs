@@ -21,7 +21,7 @@ use kube_lease_manager::{LeaseCreateMode, LeaseManager, LeaseParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::context::FIELD_MANAGER;
+use crate::config::FIELD_MANAGER;
 use crate::error::{Error, Result};
 
 /// Where the Lease lives, who this replica is, and the election's timing.

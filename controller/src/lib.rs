@@ -15,14 +15,19 @@
 //! - [`webhook`]: the mutating admission webhook that gates pods with controller claims.
 //! - [`quota`]: GPU quota per namespace (GpuQuota): the recount of `status.used` from the
 //!   claims ([`quota::recount`]) and the size of each class's largest device.
-//! - `context.rs`: what every reconciler gets ([`Context`]); [`retry`]: how failed reconciles
-//!   are retried; [`cache`]: the watch-fed caches; `metrics.rs`: Prometheus metrics ([`Metrics`]); [`args`]:
-//!   the command-line flags.
+//! - `context.rs`: the shared core of every controller's context ([`Context`]; the claim
+//!   controller's [`claims::ClaimsContext`] and the GpuClass controller's
+//!   [`gpuclass::ClassContext`] wrap it); [`config`]: the configuration values; [`backoff`] and
+//!   [`retry`]: per-object back-off and the one wrapper around every reconcile; [`cache`]: the
+//!   watch-fed caches; `metrics.rs`: Prometheus metrics ([`Metrics`]); [`args`]: the
+//!   command-line flags.
 
 pub mod args;
+pub mod backoff;
 pub mod cache;
 pub mod capacity;
 pub mod claims;
+pub mod config;
 mod context;
 pub mod default_classes;
 pub mod deviceclass;
@@ -41,11 +46,12 @@ mod scheduler_slices;
 pub mod selector;
 pub mod webhook;
 
-pub use context::{Context, ControllerConfig, FIELD_MANAGER};
+pub use backoff::BackoffConfig;
+pub use config::{ControllerConfig, FIELD_MANAGER};
+pub use context::Context;
 pub use entry::run;
 pub use error::{Error, Result};
 pub use leader::{LeaderElector, LeaseConfig};
 pub use metrics::{Metrics, reference_registry as metrics_reference_registry};
-pub use retry::BackoffConfig;
 pub use run::{Config, ControllerTask, Process, controllers};
 pub use scheduler_slices::node_shares;

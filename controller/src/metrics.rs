@@ -60,14 +60,15 @@ use prometheus_client::registry::Registry;
 use kerf_ops::write_failures::ApiWriteFailures;
 
 use crate::capacity::ClassCapacity;
-use crate::quota::QuotaMetrics;
 
 mod pools;
+mod quota;
 mod reference;
 mod usage;
 
 pub use pools::PoolFragmentation;
 use pools::PoolMetrics;
+pub(crate) use quota::QuotaMetrics;
 pub use reference::reference_registry;
 use usage::UsageMetrics;
 

@@ -5,31 +5,8 @@
 
 pub(crate) mod classes;
 pub(crate) mod device_size;
-mod metrics;
 pub mod recount;
 mod status;
 mod usage;
 
-use std::time::Duration;
-
-pub(crate) use metrics::QuotaMetrics;
-
-/// How the recount runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QuotaSettings {
-    /// How often every GpuQuota is recounted even without a change: the longest a quota stays
-    /// wrong after a missed event.
-    pub resync: Duration,
-    /// How long an admitted charge counts before the claim reaches the controller's cache
-    /// (`kerf_api::gpuquota::ADMITTED_GRACE`; shorter in tests).
-    pub admitted_grace: Duration,
-}
-
-impl Default for QuotaSettings {
-    fn default() -> Self {
-        Self {
-            resync: Duration::from_secs(300),
-            admitted_grace: kerf_api::gpuquota::ADMITTED_GRACE,
-        }
-    }
-}
+pub use crate::config::QuotaSettings;

@@ -26,7 +26,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{Caches, ProcessCaches};
-use crate::context::{Context, ControllerConfig};
+use crate::config::ControllerConfig;
+use crate::context::Context;
 use crate::error::{Error, Result};
 use crate::features;
 use crate::gpuclass;

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Affinity, Container, Node, NodeStatus, Pod, Pod
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Resource;
 
-use crate::claims::reasons::CONDITION_TYPE;
+use kerf_api::controller_claims::POD_CONDITION_TYPE;
 
 /// Drops `managedFields`, which every kind carries and nothing in kerf reads: the server-side
 /// apply bookkeeping of every writer, often larger than the rest of the metadata.
@@ -45,7 +45,7 @@ pub fn claim(claim: &mut ResourceClaim) {
 ///   containers' names, resources (requests: `claims::node_usage`, extended resources:
 ///   `claims::ownership`), restart policy (sidecars) and host ports (the `ports` with a
 ///   `hostPort`); images, commands, environments, volumes, probes and the other ports go;
-/// - of the status, `phase`, `nominatedNodeName`, kerf's own condition ([`CONDITION_TYPE`],
+/// - of the status, `phase`, `nominatedNodeName`, kerf's own condition ([`POD_CONDITION_TYPE`],
 ///   which the reconciler compares before writing it), `resourceClaimStatuses` and
 ///   `extendedResourceClaimStatus`; the kubelet's and kube-scheduler's conditions, container
 ///   statuses and addresses go.
@@ -59,7 +59,7 @@ pub fn pod(pod: &mut Pod) {
         conditions: status.conditions.map(|conditions| {
             conditions
                 .into_iter()
-                .filter(|condition| condition.type_ == CONDITION_TYPE)
+                .filter(|condition| condition.type_ == POD_CONDITION_TYPE)
                 .collect()
         }),
         resource_claim_statuses: status.resource_claim_statuses,

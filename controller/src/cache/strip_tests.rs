@@ -168,7 +168,9 @@ fn stripped_pods_answer_every_reader_as_full_ones() {
         assert_eq!(nominated(&stripped), nominated(full));
         let kerf_condition = |p: &Pod| {
             let conditions = p.status.as_ref().unwrap().conditions.clone().unwrap();
-            conditions.into_iter().find(|c| c.type_ == CONDITION_TYPE)
+            conditions
+                .into_iter()
+                .find(|c| c.type_ == POD_CONDITION_TYPE)
         };
         assert_eq!(kerf_condition(&stripped), kerf_condition(full));
         for node in &nodes {

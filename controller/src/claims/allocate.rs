@@ -16,23 +16,26 @@ use super::placement::{NoFit, Placing, place_and_begin, pod_fit};
 use super::report::{report_allocated, report_invalid, report_rejection_limit, report_unplaceable};
 use super::state::{allocated_on, allocation_of, annotated_node, in_use, pod_uid};
 use super::yielding::note_rejection;
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 use crate::error::Result;
 
 /// Places every unallocated controller claim of `pod` on one node the pod fits (its
 /// `spec.nodeName` when it was created with one) and writes the allocations, all or nothing;
 /// then releases the pod's scheduling gate.
-pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action> {
+pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &ClaimsContext) -> Result<Action> {
     let started = Instant::now();
     let Some(claims) = cached_pod_claims(pod, ctx) else {
-        return Ok(Action::requeue(ctx.config.claims.pending_retry));
+        return Ok(Action::requeue(ctx.core.config.claims.pending_retry));
     };
     let (placed, todo): (Vec<_>, Vec<_>) = claims
         .into_iter()
-        .filter(|c| ctx.is_controller_claim(c) && c.metadata.deletion_timestamp.is_none())
+        .filter(|c| ctx.core.is_controller_claim(c) && c.metadata.deletion_timestamp.is_none())
         .partition(|c| allocation_of(c).is_some());
     if todo.is_empty() {
-        if let Some(node) = placed.iter().find_map(|c| allocated_on(c, ctx.driver())) {
+        if let Some(node) = placed
+            .iter()
+            .find_map(|c| allocated_on(c, ctx.core.driver()))
+        {
             assume_placed(pod, &node, ctx);
             report_allocated(ctx, pod, placed.len(), &node).await;
         }
@@ -50,7 +53,8 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
     let request = match pod_request(&todo, ctx) {
         Ok(request) => request,
         Err((claim, error)) => {
-            ctx.metrics
+            ctx.core
+                .metrics
                 .record_allocation(Err("invalid_parameters"), started.elapsed());
             report_invalid(ctx, pod, &claim, &error).await;
             return Ok(Action::await_change());
@@ -58,7 +62,7 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
     };
     let (placement, mut writing) = match place_and_begin(pod, &request, &todo, &pinned, ctx) {
         Placing::Placed(placement, writing) => (placement, writing),
-        Placing::Busy => return Ok(Action::requeue(ctx.config.claims.pending_retry)),
+        Placing::Busy => return Ok(Action::requeue(ctx.core.config.claims.pending_retry)),
         Placing::NoFit(no_fit) => {
             forget_assumed(pod, ctx);
             let unfit = Unfit {
@@ -75,7 +79,9 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
         Ok(()) => {
             // No `Allocated` Event per claim: the claim's annotations say where and what
             // (`gpu.kerf.dev/allocated-devices`, in the mark patch), without a write of its own.
-            ctx.metrics.record_allocation(Ok(()), started.elapsed());
+            ctx.core
+                .metrics
+                .record_allocation(Ok(()), started.elapsed());
             let count = placed.len() + todo.len();
             report_allocated(ctx, pod, count, &placement.node).await;
             gate::release(pod, ctx).await?;
@@ -83,7 +89,8 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
         }
         Err(error) => {
             forget_assumed(pod, ctx);
-            ctx.metrics
+            ctx.core
+                .metrics
                 .record_allocation(Err(error.reason()), started.elapsed());
             Err(error)
         }
@@ -92,23 +99,21 @@ pub(super) async fn allocate_for_pod(pod: &Pod, ctx: &Context) -> Result<Action>
 
 /// The pod's claims are all allocated on `node` and it is not bound yet: it counts there
 /// until kube-scheduler binds it (after a restart, or a placement whose assumption expired).
-fn assume_placed(pod: &Pod, node: &str, ctx: &Context) {
+fn assume_placed(pod: &Pod, node: &str, ctx: &ClaimsContext) {
     let Some(uid) = pod_uid(pod) else { return };
-    if !consumers::is_unscheduled(pod) || ctx.claims.node_usage.is_assumed(uid) {
+    if !consumers::is_unscheduled(pod) || ctx.node_usage.is_assumed(uid) {
         return;
     }
     let fit = pod_fit(pod, ctx);
-    let ttl = ctx.config.claims.assumed_pod_ttl;
-    ctx.claims
-        .node_usage
-        .assume(uid, node, &fit, ttl, Instant::now());
+    let ttl = ctx.core.config.claims.assumed_pod_ttl;
+    ctx.node_usage.assume(uid, node, &fit, ttl, Instant::now());
 }
 
 /// The pod's placement is not written (nothing fits, or the write failed): it takes nothing
 /// on the node it was assumed on.
-fn forget_assumed(pod: &Pod, ctx: &Context) {
+fn forget_assumed(pod: &Pod, ctx: &ClaimsContext) {
     if let Some(uid) = pod_uid(pod) {
-        ctx.claims.node_usage.forget(uid);
+        ctx.node_usage.forget(uid);
     }
 }
 
@@ -119,9 +124,9 @@ async fn rejection_limit(
     pod: &Pod,
     todo: &[Arc<ResourceClaim>],
     started: Instant,
-    ctx: &Context,
+    ctx: &ClaimsContext,
 ) -> Option<Action> {
-    let limit = ctx.config.claims.max_node_rejections;
+    let limit = ctx.core.config.claims.max_node_rejections;
     let uid = pod_uid(pod)?;
     let rejections = ctx.rejections(uid);
     if limit == 0 || rejections < limit {
@@ -130,15 +135,16 @@ async fn rejection_limit(
     let message = format!(
         "kube-scheduler rejected {rejections} placements of this pod's claims (--max-node-rejections {limit}), for a filter kerf-controller does not model (inter-pod affinity, topology spread, volumes, other drivers' claims: see the pod's FailedScheduling Events); not placing them again until rejections are forgotten (after at most twice --rejection-backoff-max)"
     );
-    ctx.metrics
+    ctx.core
+        .metrics
         .record_allocation(Err("rejection_limit"), started.elapsed());
     report_rejection_limit(ctx, pod, todo, &message).await;
-    Some(Action::requeue(ctx.config.claims.unplaceable_retry))
+    Some(Action::requeue(ctx.core.config.claims.unplaceable_retry))
 }
 
 /// The pod's claims from the cache, or `None` while one of them (or a claim its templates
 /// make) does not exist yet.
-fn cached_pod_claims(pod: &Pod, ctx: &Context) -> Option<Vec<Arc<ResourceClaim>>> {
+fn cached_pod_claims(pod: &Pod, ctx: &ClaimsContext) -> Option<Vec<Arc<ResourceClaim>>> {
     let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let pod_claims = consumers::pod_claims(pod);
     if !pod_claims.pending_templates.is_empty() {
@@ -147,17 +153,17 @@ fn cached_pod_claims(pod: &Pod, ctx: &Context) -> Option<Vec<Arc<ResourceClaim>>
     pod_claims
         .names
         .iter()
-        .map(|name| ctx.claim(&namespace, name))
+        .map(|name| ctx.core.claim(&namespace, name))
         .collect()
 }
 
 /// The nodes the pod is tied to by its allocated claims. (A pod created with `spec.nodeName`
 /// runs there whatever kerf decides: the NodeName filter keeps the other nodes out,
 /// `nodes.rs`.)
-fn pinned_nodes(placed: &[Arc<ResourceClaim>], ctx: &Context) -> Vec<String> {
+fn pinned_nodes(placed: &[Arc<ResourceClaim>], ctx: &ClaimsContext) -> Vec<String> {
     let mut pinned: Vec<String> = placed
         .iter()
-        .filter_map(|c| allocated_on(c, ctx.driver()))
+        .filter_map(|c| allocated_on(c, ctx.core.driver()))
         .collect();
     pinned.sort();
     pinned.dedup();
@@ -179,11 +185,11 @@ async fn on_no_fit(
     unfit: &Unfit<'_>,
     no_fit: &NoFit,
     started: Instant,
-    ctx: &Context,
+    ctx: &ClaimsContext,
 ) -> Result<Action> {
     if !unfit.pinned.is_empty() && release_pinned(unfit.placed, ctx).await? {
         // The pod's claims are placed again together once the released ones are back.
-        return Ok(Action::requeue(ctx.config.claims.pending_retry));
+        return Ok(Action::requeue(ctx.core.config.claims.pending_retry));
     }
     if ctx.capacity_settling() {
         // Devices are passing their ownership fence (at start-up, or taken back from
@@ -191,24 +197,25 @@ async fn on_no_fit(
         for claim in unfit.todo {
             ctx.wait_for_capacity(claim);
         }
-        return Ok(Action::requeue(ctx.config.claims.pending_retry));
+        return Ok(Action::requeue(ctx.core.config.claims.pending_retry));
     }
-    ctx.metrics
+    ctx.core
+        .metrics
         .record_allocation(Err(no_fit.reason), started.elapsed());
     report_unplaceable(ctx, pod, unfit.todo, &no_fit.message).await;
-    Ok(Action::requeue(ctx.config.claims.unplaceable_retry))
+    Ok(Action::requeue(ctx.core.config.claims.unplaceable_retry))
 }
 
 fn pod_request(
     claims: &[Arc<ResourceClaim>],
-    ctx: &Context,
+    ctx: &ClaimsContext,
 ) -> Result<PodRequest, (Arc<ResourceClaim>, kerf_api::Error)> {
     let mut request = PodRequest::default();
     for claim in claims {
         let part = kerf_api::allocation::claim_request(
             claim,
-            |class| ctx.class_params(class),
-            ctx.driver(),
+            |class| ctx.core.class_params(class),
+            ctx.core.driver(),
         )
         .map_err(|e| (Arc::clone(claim), e))?;
         request.claims.push(part);
@@ -219,7 +226,7 @@ fn pod_request(
 /// The pod's remaining claims fit nowhere next to its allocated ones: deallocate those (when
 /// they are all ours and unreserved) so that all are placed again together. Returns whether
 /// it did.
-async fn release_pinned(placed: &[Arc<ResourceClaim>], ctx: &Context) -> Result<bool> {
+async fn release_pinned(placed: &[Arc<ResourceClaim>], ctx: &ClaimsContext) -> Result<bool> {
     let releasable = placed
         .iter()
         .all(|c| annotated_node(c).is_some() && !in_use(c, ctx));

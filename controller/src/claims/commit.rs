@@ -15,7 +15,7 @@ use super::reasons;
 use super::report::{describe, publish};
 use super::state::{allocation_of, claim_uid, gate_holds, has_finalizer};
 use super::write::{self, claim_api};
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 use crate::error::Result;
 
 /// What one claim's write went through, for a rollback.
@@ -32,7 +32,7 @@ pub(super) async fn write_placement(
     claims: &[Arc<ResourceClaim>],
     placement: &alloc::PodPlacement,
     writing: &mut WriteGuard<'_>,
-    ctx: &Context,
+    ctx: &ClaimsContext,
 ) -> Result<()> {
     let mut written: Vec<Written> = Vec::new();
     let mut failure = None;
@@ -79,7 +79,7 @@ async fn write_one(
     claim: &ResourceClaim,
     placed: &ClaimPlacement,
     node: &str,
-    ctx: &Context,
+    ctx: &ClaimsContext,
     writing: &mut WriteGuard<'_>,
     written: &mut Vec<Written>,
 ) -> Result<()> {
@@ -93,7 +93,7 @@ async fn write_one(
     });
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     let allocation =
-        kerf_api::allocation::claim_allocation_status(claim, placed, node, ctx.driver(), now)?;
+        kerf_api::allocation::claim_allocation_status(claim, placed, node, ctx.core.driver(), now)?;
     let updated = write::write_allocation(
         &api,
         &marked,
@@ -120,7 +120,7 @@ async fn write_one(
 
 /// Best effort: clears what was written and restores each claim's metadata. What fails is
 /// logged; the next reconcile of the pod's claims starts from whatever is left.
-async fn rollback(written: &[Written], writing: &mut WriteGuard<'_>, ctx: &Context) {
+async fn rollback(written: &[Written], writing: &mut WriteGuard<'_>, ctx: &ClaimsContext) {
     for step in written {
         let api = claim_api(ctx, &step.latest);
         let mut latest = step.latest.clone();
@@ -144,7 +144,7 @@ async fn rollback(written: &[Written], writing: &mut WriteGuard<'_>, ctx: &Conte
 /// Clears our allocation and tells the index; with `drop_finalizer` the claim is let go.
 pub(super) async fn deallocate(
     claim: &ResourceClaim,
-    ctx: &Context,
+    ctx: &ClaimsContext,
     drop_finalizer: bool,
     why: &str,
 ) -> Result<()> {

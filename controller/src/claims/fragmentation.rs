@@ -15,13 +15,13 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 use crate::metrics::PoolFragmentation;
 
 /// Measures the pools, and the usage (`super::usage`), and sets their metrics every
 /// `fragmentation_interval` until `shutdown`; an interval of zero measures nothing.
-pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
-    let every = ctx.config.claims.fragmentation_interval;
+pub(super) async fn run(ctx: Arc<ClaimsContext>, shutdown: CancellationToken) {
+    let every = ctx.core.config.claims.fragmentation_interval;
     if every.is_zero() {
         return;
     }
@@ -32,18 +32,20 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        ctx.metrics.set_pool_fragmentation(&measure_pools(&ctx));
+        ctx.core
+            .metrics
+            .set_pool_fragmentation(&measure_pools(&ctx));
         super::usage::measure(&ctx);
     }
 }
 
 /// Every pool's free, fragmented and stranded GPUs now.
-fn measure_pools(ctx: &Context) -> BTreeMap<String, PoolFragmentation> {
-    let workload = ctx.claims.pod_kinds.distribution();
+fn measure_pools(ctx: &ClaimsContext) -> BTreeMap<String, PoolFragmentation> {
+    let workload = ctx.pod_kinds.distribution();
     let known = !workload.is_empty();
     let books = ctx.books();
-    let usage = ctx.claims.node_usage.read(Instant::now());
-    let label = ctx.config.node_pool_label.as_str();
+    let usage = ctx.node_usage.read(Instant::now());
+    let label = ctx.core.config.node_pool_label.as_str();
     let mut pools: BTreeMap<String, PoolFragmentation> = BTreeMap::new();
     for node in books.index().nodes() {
         let name = node.name();
@@ -51,14 +53,10 @@ fn measure_pools(ctx: &Context) -> BTreeMap<String, PoolFragmentation> {
         let Some(measured) = node_fragmentation(books.index(), name, host, &workload) else {
             continue;
         };
-        let pool = ctx
-            .claims
-            .nodes
-            .get(&ObjectRef::<Node>::new(name))
-            .map_or_else(
-                || UNLABELED_POOL.to_owned(),
-                |node| pool_of(node.metadata.labels.as_ref(), label).to_owned(),
-            );
+        let pool = ctx.nodes.get(&ObjectRef::<Node>::new(name)).map_or_else(
+            || UNLABELED_POOL.to_owned(),
+            |node| pool_of(node.metadata.labels.as_ref(), label).to_owned(),
+        );
         let sum = pools.entry(pool).or_default();
         sum.nodes += 1;
         sum.free_gpus += measured.free_gpus;

@@ -10,7 +10,7 @@ use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 use crate::context::Write;
 use crate::error::{Error, Result};
 use kerf_api::controller_claims::SCHEDULING_GATE;
@@ -85,18 +85,18 @@ impl ReleasedGates {
 /// [`Error::Write`] when the write fails for another reason than the pod being gone or its
 /// gates having changed meanwhile: a refusal (403 when kerf-controller may not patch pods)
 /// is reported on the pod by the claim reconciler.
-pub(super) async fn release(pod: &Pod, ctx: &Context) -> Result<()> {
+pub(super) async fn release(pod: &Pod, ctx: &ClaimsContext) -> Result<()> {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let Some(index) = gate_index(pod) else {
-        ctx.claims.released_gates.forget(uid);
+        ctx.released_gates.forget(uid);
         return Ok(());
     };
     let version = pod.resource_version().unwrap_or_default();
-    if ctx.claims.released_gates.already_sent(uid, &version) {
+    if ctx.released_gates.already_sent(uid, &version) {
         return Ok(());
     }
     let namespace = pod.namespace().unwrap_or_default();
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let api: Api<Pod> = Api::namespaced(ctx.core.client.clone(), &namespace);
     let path = format!("/spec/schedulingGates/{index}");
     let patch: json_patch::Patch = serde_json::from_value(json!([
         {"op": "test", "path": format!("{path}/name"), "value": SCHEDULING_GATE},
@@ -104,12 +104,12 @@ pub(super) async fn release(pod: &Pod, ctx: &Context) -> Result<()> {
     ]))
     .map_err(|e| Error::serialize("scheduling gate patch", e))?;
     let params = PatchParams {
-        field_manager: Some(ctx.config.field_manager.clone()),
+        field_manager: Some(ctx.core.config.field_manager.clone()),
         ..PatchParams::default()
     };
     // Noted before the write: from the moment the API server may apply it, kube-scheduler may
     // bind the pod, and the claims reserved for it are in use.
-    ctx.claims.released_gates.sent(uid.to_owned(), version);
+    ctx.released_gates.sent(uid.to_owned(), version);
     match api
         .patch(&pod.name_any(), &params, &Patch::Json::<()>(patch))
         .await
@@ -123,14 +123,14 @@ pub(super) async fn release(pod: &Pod, ctx: &Context) -> Result<()> {
             if matches!(status.code, 404 | 409)
                 || (status.code == 422 && status.message == PATCH_NOT_APPLICABLE) =>
         {
-            ctx.claims.released_gates.forget(uid);
+            ctx.released_gates.forget(uid);
             Ok(())
         }
         Err(source) => {
             // Sent again on the retry. (After a transport error the removal may have been
             // applied all the same: then the pod watch soon shows the pod ungated, which
             // counts as in use too.)
-            ctx.claims.released_gates.forget(uid);
+            ctx.released_gates.forget(uid);
             let write = Write::patch("pods", Some(&namespace), &pod.name_any());
             Err(Error::write(write, source))
         }

@@ -30,19 +30,20 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::report::node_write_failed;
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 use crate::metrics::{ACTION_REMOVED, ACTION_SET};
 
 /// Keeps the taint on the nodes the ownership passes find until `shutdown`: a pass after each
 /// ownership pass, and one tick after a pass that left a node for later (a conflict, a failed
 /// write, a node in back-off).
-pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+pub(super) async fn run(ctx: Arc<ClaimsContext>, shutdown: CancellationToken) {
     let tick = ctx
+        .core
         .config
         .claims
         .ownership_tick
         .max(Duration::from_millis(10));
-    let mut found = ctx.claims.idle_gpu_nodes.subscribe();
+    let mut found = ctx.idle_gpu_nodes.subscribe();
     let mut later = false;
     loop {
         tokio::select! {
@@ -60,17 +61,21 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 
 /// One pass: a write for every cached node whose taint differs from what `idle_gpu_nodes`
 /// asks. True when a node is left for later.
-async fn pass(ctx: &Context, idle_gpu_nodes: &BTreeSet<String>) -> bool {
-    let enabled = ctx.config.claims.idle_gpus_taint;
+async fn pass(ctx: &ClaimsContext, idle_gpu_nodes: &BTreeSet<String>) -> bool {
+    let enabled = ctx.core.config.claims.idle_gpus_taint;
     let mut later = false;
-    for node in ctx.claims.nodes.state() {
+    for node in ctx.nodes.state() {
         let name = node.name_any();
         let wants = enabled && idle_gpu_nodes.contains(&name);
         let Some(taints) = retainted(&node, wants) else {
             continue;
         };
         let backoff_key = write_key(&name);
-        if ctx.backoff.backing_off(&ctx.config.backoff, &backoff_key) {
+        if ctx
+            .core
+            .backoff
+            .backing_off(&ctx.core.config.backoff, &backoff_key)
+        {
             later = true;
             continue;
         }
@@ -128,7 +133,7 @@ fn write_key(node: &str) -> String {
 /// Writes the node's `taints`. True when the node needs nothing more for now: written, or
 /// deleted meanwhile.
 async fn write(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     node: &Node,
     name: &str,
     backoff_key: &str,
@@ -138,22 +143,22 @@ async fn write(
     let Some(resource_version) = node.metadata.resource_version.as_deref() else {
         return false;
     };
-    let api: Api<Node> = Api::all(ctx.client.clone());
+    let api: Api<Node> = Api::all(ctx.core.client.clone());
     let params = PatchParams {
-        field_manager: Some(ctx.config.field_manager.clone()),
+        field_manager: Some(ctx.core.config.field_manager.clone()),
         ..PatchParams::default()
     };
     let patch = taints_patch(resource_version, &taints);
     match api.patch(name, &params, &Patch::Merge(&patch)).await {
         Ok(_) => {
-            ctx.backoff.succeeded(backoff_key);
+            ctx.core.backoff.succeeded(backoff_key);
             let action = if wants { ACTION_SET } else { ACTION_REMOVED };
-            ctx.metrics.record_idle_gpus_taint(action);
+            ctx.core.metrics.record_idle_gpus_taint(action);
             tracing::debug!(node = name, action, "idle-GPU taint written");
             true
         }
         Err(kube::Error::Api(status)) if status.code == 404 => {
-            ctx.backoff.forget(backoff_key);
+            ctx.core.backoff.forget(backoff_key);
             tracing::debug!(
                 node = name,
                 "node deleted before its idle-GPU taint was written"

@@ -18,7 +18,7 @@
 use std::collections::BTreeSet;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
@@ -32,7 +32,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::state::{allocation_of, annotated_node};
-use crate::context::{Context, Write};
+use crate::claims::ClaimsContext;
+use crate::context::Write;
 use crate::error::{Error, Result};
 use crate::metrics::{ACTION_REMOVED, ACTION_SET};
 use crate::retry::Retry;
@@ -112,30 +113,33 @@ pub(crate) const RETRY: Retry = Retry::new(CONTROLLER);
 ///
 /// # Errors
 /// The API call failed (retried with per-object back-off by [`RETRY`]'s error policy).
-pub(crate) async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<Context>) -> Result<Action> {
-    let started = Instant::now();
-    let key = RETRY.key(claim.as_ref());
-    let result = sync_label(&claim, &ctx).await;
+pub(crate) async fn reconcile(
+    claim: Arc<ResourceClaim>,
+    ctx: Arc<ClaimsContext>,
+) -> Result<Action> {
+    let synced = async {
+        sync_label(&claim, &ctx).await?;
+        Ok(Action::await_change())
+    };
     RETRY
-        .finish(
-            &ctx,
-            &key,
-            started,
-            result,
+        .reconcile(
+            &ctx.core,
+            RETRY.key(claim.as_ref()),
+            synced,
             async |write, source, attempts| {
                 // Told on the claim: a refused label write leaves the kubelet plugin's
                 // label-selected watch without the claim.
                 let regarding = [claim.object_ref(&())];
-                ctx.report_write_failure(write, source, attempts, &regarding)
+                ctx.core
+                    .report_write_failure(write, source, attempts, &regarding)
                     .await;
             },
         )
         .await
-        .map(|()| Action::await_change())
 }
 
-async fn sync_label(claim: &ResourceClaim, ctx: &Context) -> Result<()> {
-    let desired = desired_label(claim, &ctx.config.driver_name);
+async fn sync_label(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<()> {
+    let desired = desired_label(claim, &ctx.core.config.driver_name);
     let Some(labels) = labels_patch(claim, desired.as_deref()) else {
         return Ok(());
     };
@@ -144,11 +148,11 @@ async fn sync_label(claim: &ResourceClaim, ctx: &Context) -> Result<()> {
         field: "name",
     })?;
     let api: Api<ResourceClaim> = Api::namespaced(
-        ctx.client.clone(),
+        ctx.core.client.clone(),
         claim.metadata.namespace.as_deref().unwrap_or_default(),
     );
     let params = PatchParams {
-        field_manager: Some(ctx.config.field_manager.clone()),
+        field_manager: Some(ctx.core.config.field_manager.clone()),
         ..PatchParams::default()
     };
     let patch = json!({"metadata": {"labels": labels}});
@@ -163,7 +167,7 @@ async fn sync_label(claim: &ResourceClaim, ctx: &Context) -> Result<()> {
     } else {
         ACTION_REMOVED
     };
-    ctx.metrics.record_claim_node_label(action);
+    ctx.core.metrics.record_claim_node_label(action);
     tracing::debug!(
         controller = CONTROLLER,
         claim = %RETRY.key(claim),
@@ -177,7 +181,7 @@ async fn sync_label(claim: &ResourceClaim, ctx: &Context) -> Result<()> {
 /// Runs the label reconciler over the claim store of the caches for `requests` until
 /// `shutdown`, letting running writes finish for at most `grace`.
 pub(super) async fn run(
-    ctx: Arc<Context>,
+    ctx: Arc<ClaimsContext>,
     requests: impl Stream<Item = ReconcileRequest<ResourceClaim>> + Send + 'static,
     shutdown: CancellationToken,
     grace: Duration,
@@ -190,12 +194,12 @@ pub(super) async fn run(
         |claim, ctx| Box::pin(reconcile(claim, ctx)),
         RETRY.error_policy(),
         ctx.clone(),
-        ctx.caches.claims.clone(),
+        ctx.core.caches.claims.clone(),
         queue,
         ApplierConfig::default(),
     )
     .for_each(move |result| {
-        RETRY.applied(&applied_ctx, &result);
+        RETRY.applied(&applied_ctx.core, &result);
         std::future::ready(())
     });
     tokio::pin!(reconciles);

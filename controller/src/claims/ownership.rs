@@ -42,14 +42,15 @@ use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
-pub use book::{Change, DeviceFacts, OwnershipBook, OwnershipTiming};
+pub use crate::config::OwnershipTiming;
+pub use book::{Change, DeviceFacts, OwnershipBook};
 pub(crate) use inputs::InputChanges;
 
 use super::index::CapacityIndex;
 use super::report::{node_write_failed, node_write_key, publish};
 use super::state::annotated_node;
 use crate::cache::{CompactDevice, CompactSlice};
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 use demand::IdleGpus;
 
 /// Event reason: kube-scheduler allocated a device the controller owns.
@@ -65,15 +66,15 @@ pub(super) struct Warned {
 
 /// Advances ownership until `shutdown`: a pass at once, then one whenever an input changed or a
 /// computed moment has come, at most one per [`ClaimSettings::ownership_tick`](super::ClaimSettings).
-pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+pub(super) async fn run(ctx: Arc<ClaimsContext>, shutdown: CancellationToken) {
     if ctx.wait_ready().await.is_err() {
         return;
     }
     // The shared caches (slices, claims, DeviceClasses) keep their own counter; their changes
     // are inputs too. If the caches stop, the stores stop with them: passes stay driven by the
     // other inputs until `shutdown`.
-    let inputs = ctx.claims.ownership_inputs.clone();
-    let cache_changes = ctx.caches.changes(Duration::ZERO);
+    let inputs = ctx.ownership_inputs.clone();
+    let cache_changes = ctx.core.caches.changes(Duration::ZERO);
     let forward = async move {
         cache_changes
             .for_each(move |()| {
@@ -92,8 +93,8 @@ pub(super) async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 
 /// The pass loop: waits for an input change or the next computed moment, keeps the minimum
 /// spacing, runs a pass. Returns when `shutdown` is cancelled.
-async fn passes(ctx: &Context, shutdown: &CancellationToken) {
-    let mut changed = ctx.claims.ownership_inputs.subscribe();
+async fn passes(ctx: &ClaimsContext, shutdown: &CancellationToken) {
+    let mut changed = ctx.ownership_inputs.subscribe();
     let mut warned = Warned::default();
     let mut due = Some(tokio::time::Instant::now());
     let mut last: Option<tokio::time::Instant> = None;
@@ -113,7 +114,7 @@ async fn passes(ctx: &Context, shutdown: &CancellationToken) {
         if let Some(last) = last {
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep_until(last + ctx.config.claims.ownership_tick) => {}
+                () = tokio::time::sleep_until(last + ctx.core.config.claims.ownership_tick) => {}
             }
         }
         // Changes from here on wake the next pass; the ones before are read by this one.
@@ -140,32 +141,31 @@ struct Published<'a> {
 /// One pass: decide, report, write the records. Returns when the next pass is due if no input
 /// changes before: the earliest fence, linger or assumed allocation's expiry, or one tick from
 /// now while a node's write is in back-off.
-async fn pass(ctx: &Context, warned: &mut Warned) -> Option<Instant> {
-    ctx.metrics.record_ownership_pass();
-    let slices = ctx.caches.slices.state();
+async fn pass(ctx: &ClaimsContext, warned: &mut Warned) -> Option<Instant> {
+    ctx.core.metrics.record_ownership_pass();
+    let slices = ctx.core.caches.slices.state();
     let devices = published_devices(ctx, &slices);
     let policies = node_policies(ctx, &devices, warned);
     let needs = demand::pending_needs(ctx);
     let mut outcome = advance(ctx, &devices, &policies, &needs);
     let idle_gpu_nodes = std::mem::take(&mut outcome.idle_gpu_nodes);
-    ctx.claims
-        .idle_gpu_nodes
+    ctx.idle_gpu_nodes
         .send_replace(Some(Arc::new(idle_gpu_nodes)));
     report(ctx, &outcome).await;
     conflicts::report(ctx, &outcome.conflicts, &mut warned.conflicts).await;
     guard::warn_unguarded_classes(ctx, &mut warned.device_classes).await;
     let retry = write_records(ctx, &outcome, &policies)
         .await
-        .then(|| Instant::now() + ctx.config.claims.ownership_tick);
+        .then(|| Instant::now() + ctx.core.config.claims.ownership_tick);
     [outcome.due, retry].into_iter().flatten().min()
 }
 
 /// Every published device of the driver, by node.
 fn published_devices<'a>(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     slices: &'a [Arc<CompactSlice>],
 ) -> BTreeMap<&'a str, Vec<Published<'a>>> {
-    let driver = ctx.driver();
+    let driver = ctx.core.driver();
     let mut out: BTreeMap<&str, Vec<Published>> = BTreeMap::new();
     for slice in slices {
         let Some(node) = slice.node_name().filter(|_| slice.driver() == driver) else {
@@ -191,13 +191,13 @@ fn published_devices<'a>(
 /// Each node's policy label and current record (an unreadable label or record is warned
 /// about once and read as dynamic / empty).
 fn node_policies<'a>(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     devices: &BTreeMap<&'a str, Vec<Published<'a>>>,
     warned: &mut Warned,
 ) -> BTreeMap<&'a str, (NodePolicy, Record)> {
     let mut out = BTreeMap::new();
     for &name in devices.keys() {
-        let Some(node) = ctx.claims.nodes.get(&ObjectRef::<Node>::new(name)) else {
+        let Some(node) = ctx.nodes.get(&ObjectRef::<Node>::new(name)) else {
             continue;
         };
         let policy = node_policy(node.metadata.labels.as_ref()).unwrap_or_else(|error| {
@@ -234,12 +234,12 @@ struct Outcome {
 type Facts<'a> = BTreeMap<(&'a str, &'a str), DeviceFacts>;
 
 fn advance(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     devices: &BTreeMap<&str, Vec<Published>>,
     policies: &BTreeMap<&str, (NodePolicy, Record)>,
     needs: &[demand::SchedulerNeed],
 ) -> Outcome {
-    let timing = ctx.config.claims.ownership;
+    let timing = ctx.core.config.claims.ownership;
     let now = Instant::now();
     let mut books = ctx.books();
     let waiting = books.controller_waiting();
@@ -251,7 +251,7 @@ fn advance(
         .filter(|(_, gpus)| gpus.keeps_node_tainted)
         .map(|(node, _)| node.clone())
         .collect();
-    let chosen = demand::serve(needs, idle, &ctx.claims.nodes);
+    let chosen = demand::serve(needs, idle, &ctx.nodes);
     for (&(node, device), fact) in &mut facts {
         fact.demanded = chosen.get(node).is_some_and(|set| set.contains(device));
     }
@@ -300,7 +300,7 @@ fn advance(
 /// Every published device's facts, the idle whole GPUs per node, and the devices found in two
 /// exclusive allocations.
 fn gather<'a>(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     capacity: &CapacityIndex,
     book: &OwnershipBook,
     devices: &BTreeMap<&'a str, Vec<Published<'a>>>,
@@ -311,7 +311,8 @@ fn gather<'a>(
     Vec<conflicts::Conflict>,
 ) {
     let is_ours = |r: &ObjectRef<ResourceClaim>| {
-        ctx.caches
+        ctx.core
+            .caches
             .claims
             .get(r)
             .is_some_and(|claim| annotated_node(&claim).is_some())
@@ -358,7 +359,7 @@ fn gather<'a>(
 }
 
 /// Sets `kerf_controller_ownership_devices` from the book.
-fn count_owners(ctx: &Context, book: &OwnershipBook, facts: &Facts<'_>) {
+fn count_owners(ctx: &ClaimsContext, book: &OwnershipBook, facts: &Facts<'_>) {
     let (mut scheduler, mut controller, mut settling) = (0, 0, 0);
     for &(node, device) in facts.keys() {
         match (book.wanted(node, device), book.usable(node, device)) {
@@ -368,7 +369,8 @@ fn count_owners(ctx: &Context, book: &OwnershipBook, facts: &Facts<'_>) {
             (None, _) => {}
         }
     }
-    ctx.metrics
+    ctx.core
+        .metrics
         .set_ownership_devices(scheduler, controller, settling);
 }
 
@@ -376,14 +378,17 @@ fn count_owners(ctx: &Context, book: &OwnershipBook, facts: &Facts<'_>) {
 /// owns and no claim of the controller holds, so a share never lands on a GPU the controller
 /// places on. Nothing is shared without DRAConsumableCapacity.
 fn publications(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     devices: &BTreeMap<&str, Vec<Published>>,
     policies: &BTreeMap<&str, (NodePolicy, Record)>,
     book: &OwnershipBook,
     facts: &Facts<'_>,
 ) -> BTreeMap<String, SharedPublication> {
-    let sliced = if ctx.api_support.consumable_capacity.is_served() {
-        crate::scheduler_slices::sliced_classes(&ctx.caches.device_classes.state(), ctx.driver())
+    let sliced = if ctx.core.api_support.consumable_capacity.is_served() {
+        crate::scheduler_slices::sliced_classes(
+            &ctx.core.caches.device_classes.state(),
+            ctx.core.driver(),
+        )
     } else {
         Vec::new()
     };
@@ -400,18 +405,18 @@ fn publications(
             .map(|d| d.device);
         out.insert(
             node.to_owned(),
-            crate::scheduler_slices::node_publication(gpus, ctx.driver(), &sliced),
+            crate::scheduler_slices::node_publication(gpus, ctx.core.driver(), &sliced),
         );
     }
     out
 }
 
-async fn report(ctx: &Context, outcome: &Outcome) {
+async fn report(ctx: &ClaimsContext, outcome: &Outcome) {
     let mut freed = false;
     for (node, device, change) in &outcome.changes {
         match change {
             Change::Moved { to } => {
-                ctx.metrics.record_ownership_move(to.as_str());
+                ctx.core.metrics.record_ownership_move(to.as_str());
                 tracing::debug!(%node, %device, owner = %to, "device given to a new owner");
             }
             Change::Usable => {
@@ -437,13 +442,13 @@ async fn report(ctx: &Context, outcome: &Outcome) {
 }
 
 async fn warn_intruders(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     node: &str,
     device: &str,
     holders: &[ObjectRef<ResourceClaim>],
 ) {
     for holder in holders {
-        let Some(claim) = ctx.caches.claims.get(holder) else {
+        let Some(claim) = ctx.core.caches.claims.get(holder) else {
             continue;
         };
         if annotated_node(&claim).is_some() {
@@ -455,7 +460,7 @@ async fn warn_intruders(
              yet this claim was allocated it by kube-scheduler: DeviceClass {classes} lacks the \
              ownership guard (make it from a GpuClass, or add `{}` to its selector)",
             kerf_api::ownership::ATTRIBUTE,
-            kerf_api::ownership::scheduler_guard_cel(ctx.driver()),
+            kerf_api::ownership::scheduler_guard_cel(ctx.core.driver()),
         );
         tracing::warn!(claim = %holder, %node, %device, "kube-scheduler allocated a device kerf-controller owns");
         publish(ctx, &claim, EventType::Warning, SCHEDULER_TOOK_DEVICE, note).await;
@@ -467,13 +472,13 @@ async fn warn_intruders(
 /// True when a node's write is left for later (in back-off, or failed): the pass that writes it
 /// must come without an input change.
 async fn write_records(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     outcome: &Outcome,
     policies: &BTreeMap<&str, (NodePolicy, Record)>,
 ) -> bool {
-    let api: Api<Node> = Api::all(ctx.client.clone());
+    let api: Api<Node> = Api::all(ctx.core.client.clone());
     let params = PatchParams {
-        field_manager: Some(ctx.config.field_manager.clone()),
+        field_manager: Some(ctx.core.config.field_manager.clone()),
         ..PatchParams::default()
     };
     let empty = SharedPublication::default();
@@ -488,7 +493,11 @@ async fn write_records(
         if record_same && publication_same {
             continue;
         }
-        if ctx.backoff.backing_off(&ctx.config.backoff, &backoff_key) {
+        if ctx
+            .core
+            .backoff
+            .backing_off(&ctx.core.config.backoff, &backoff_key)
+        {
             later = true;
             continue;
         }
@@ -498,13 +507,13 @@ async fn write_records(
         );
         match api.patch(node, &params, &Patch::Merge(&patch)).await {
             Ok(_) => {
-                ctx.backoff.succeeded(&backoff_key);
+                ctx.core.backoff.succeeded(&backoff_key);
                 let record = record.to_annotation();
                 let shared = publication.to_annotation_value();
                 tracing::debug!(%node, %record, %shared, "ownership record written");
             }
             Err(kube::Error::Api(status)) if status.code == 404 => {
-                ctx.backoff.forget(&backoff_key);
+                ctx.core.backoff.forget(&backoff_key);
                 tracing::debug!(%node, "node deleted before its ownership record was written");
             }
             // Backed off per node, and told on the Node when refused or persistent.
@@ -540,7 +549,7 @@ fn annotations_patch(
 
 /// The node's shared publication as cached; `None` when the node is unknown or its annotation
 /// does not parse (it is then rewritten).
-fn current_publication(ctx: &Context, node: &str) -> Option<SharedPublication> {
-    let node = ctx.claims.nodes.get(&ObjectRef::<Node>::new(node))?;
+fn current_publication(ctx: &ClaimsContext, node: &str) -> Option<SharedPublication> {
+    let node = ctx.nodes.get(&ObjectRef::<Node>::new(node))?;
     SharedPublication::from_annotations(node.metadata.annotations.as_ref()).ok()
 }

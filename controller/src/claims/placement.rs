@@ -30,7 +30,7 @@ use super::node_usage::{PodFit, UsageView};
 use super::nodes::node_fits;
 use super::report::explain;
 use super::state::pod_uid;
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 
 /// A node with kerf GPUs but no Node object in the cache.
 const NO_NODE_REASON: &str = "node(s) had no Node object";
@@ -79,7 +79,7 @@ pub(super) fn place_and_begin<'a>(
     request: &PodRequest,
     todo: &[Arc<ResourceClaim>],
     pinned: &[String],
-    ctx: &'a Context,
+    ctx: &'a ClaimsContext,
 ) -> Placing<'a> {
     let unsuitable = pod_uid(pod)
         .map(|uid| ctx.unsuitable_nodes(uid))
@@ -91,7 +91,7 @@ pub(super) fn place_and_begin<'a>(
     }
     let gpu_nodes: Vec<String> = books.index().nodes().map(|n| n.name().to_owned()).collect();
     let now = Instant::now();
-    let usage = ctx.claims.node_usage.read(now);
+    let usage = ctx.node_usage.read(now);
     let filtered = candidate_nodes(pod, &fit, gpu_nodes, &unsuitable, pinned, &usage, ctx);
     let uids: Vec<String> = request.claims.iter().map(|c| c.key.clone()).collect();
     if uids.iter().any(|uid| books.in_flight(uid)) {
@@ -102,10 +102,7 @@ pub(super) fn place_and_begin<'a>(
         milli_cpu: fit.requests.milli_cpu,
         memory: fit.requests.memory,
     };
-    let workload = ctx
-        .claims
-        .pod_kinds
-        .placing(fit.uid.as_deref(), request, host);
+    let workload = ctx.pod_kinds.placing(fit.uid.as_deref(), request, host);
     let hosts = |node: &str| usage.host(node);
     let policy = PlacementContext {
         workload: &workload,
@@ -122,10 +119,8 @@ pub(super) fn place_and_begin<'a>(
                 books.assume(&claim.key, placement.claim_uses(claim));
             }
             if let Some(uid) = fit.uid.as_deref() {
-                let ttl = ctx.config.claims.assumed_pod_ttl;
-                ctx.claims
-                    .node_usage
-                    .assume(uid, &placement.node, &fit, ttl, now);
+                let ttl = ctx.core.config.claims.assumed_pod_ttl;
+                ctx.node_usage.assume(uid, &placement.node, &fit, ttl, now);
             }
             // Nothing was in flight under this same lock, so `begin` succeeds.
             match books.begin(uids) {
@@ -138,7 +133,7 @@ pub(super) fn place_and_begin<'a>(
 }
 
 /// What the pod asks of a node besides GPUs.
-pub(super) fn pod_fit(pod: &Pod, ctx: &Context) -> PodFit {
+pub(super) fn pod_fit(pod: &Pod, ctx: &ClaimsContext) -> PodFit {
     let requests = pod_resource_requests(pod);
     let extended: Vec<&String> = requests
         .scalars
@@ -146,8 +141,8 @@ pub(super) fn pod_fit(pod: &Pod, ctx: &Context) -> PodFit {
         .filter(|name| is_extended_resource_name(name))
         .collect();
     let mut dra_backed = BTreeSet::new();
-    if !extended.is_empty() && ctx.api_support.extended_resource.is_served() {
-        let classes = ctx.caches.device_classes.state();
+    if !extended.is_empty() && ctx.core.api_support.extended_resource.is_served() {
+        let classes = ctx.core.caches.device_classes.state();
         dra_backed = extended
             .into_iter()
             .filter(|name| {
@@ -173,7 +168,7 @@ fn candidate_nodes(
     unsuitable: &[String],
     pinned: &[String],
     usage: &UsageView<'_>,
-    ctx: &Context,
+    ctx: &ClaimsContext,
 ) -> Filtered {
     let mut filtered = Filtered {
         candidates: Vec::new(),
@@ -181,7 +176,7 @@ fn candidate_nodes(
         cached: 0,
     };
     for name in gpu_nodes {
-        let Some(node) = ctx.claims.nodes.get(&ObjectRef::<Node>::new(&name)) else {
+        let Some(node) = ctx.nodes.get(&ObjectRef::<Node>::new(&name)) else {
             filtered.diagnosis.reject(&[NO_NODE_REASON]);
             continue;
         };
@@ -214,10 +209,10 @@ fn no_fit(
     unplaceable: &Unplaceable,
     filtered: Filtered,
     todo: &[Arc<ResourceClaim>],
-    ctx: &Context,
+    ctx: &ClaimsContext,
 ) -> NoFit {
     let mut diagnosis = filtered.diagnosis;
-    let others = ctx.claims.nodes.len().saturating_sub(filtered.cached);
+    let others = ctx.nodes.len().saturating_sub(filtered.cached);
     diagnosis.reject_many(NO_GPUS_REASON, others);
     let candidates = filtered.candidates.len();
     diagnosis.reject_many(CANNOT_ALLOCATE_REASON, candidates);

@@ -1,9 +1,5 @@
-//! The words the claim controller reports with: the type of its pod condition and the
-//! reasons of its Events and of that condition.
-
-/// Type of the pod condition that says why the pod's controller claims are not allocated (and,
-/// after such a wait, that they are).
-pub const CONDITION_TYPE: &str = "gpu.kerf.dev/GpuAllocation";
+//! The words the claim controller reports with: the reasons of its Events and of its pod
+//! condition (`kerf_api::controller_claims::POD_CONDITION_TYPE`).
 
 /// The claims are allocated (condition True; Event on each claim).
 pub(crate) const ALLOCATED: &str = "Allocated";

@@ -22,7 +22,6 @@
 //!    while or as soon as the controller frees capacity.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -35,7 +34,7 @@ use super::report;
 use super::state::{allocation_of, annotated_node, claim_uid, has_finalizer, in_use};
 use super::write::{self, claim_api};
 use super::yielding::{note_rejection, notify_yielders, scheduler_conflict};
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 use crate::error::Result;
 use crate::retry::Retry;
 
@@ -52,43 +51,34 @@ pub const RETRY: Retry = Retry::new(CONTROLLER).holding_refused();
 ///
 /// # Errors
 /// API failures (retried with per-object back-off by [`RETRY`]'s error policy).
-pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<Context>) -> Result<Action> {
+pub async fn reconcile(claim: Arc<ResourceClaim>, ctx: Arc<ClaimsContext>) -> Result<Action> {
     ctx.wait_ready().await?;
-    let key = RETRY.key(claim.as_ref());
-    if let Some(wait) = ctx.backoff.held_for(&ctx.config.backoff, &key) {
-        return Ok(Action::requeue(wait));
-    }
-    let started = Instant::now();
-    let result = reconcile_claim(&claim, &ctx).await;
-    let result = RETRY
-        .finish(
-            &ctx,
-            &key,
-            started,
-            result,
+    RETRY
+        .reconcile(
+            &ctx.core,
+            RETRY.key(claim.as_ref()),
+            Box::pin(reconcile_claim(&claim, &ctx)),
             async |write, source, attempts| {
                 report::write_failed(&ctx, write, source, attempts).await;
             },
         )
-        .await;
-    ctx.note_reconcile(key).await;
-    result
+        .await
 }
 
-async fn reconcile_claim(claim: &ResourceClaim, ctx: &Context) -> Result<Action> {
+async fn reconcile_claim(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<Action> {
     let uid = claim_uid(claim)?;
     let allocated = allocation_of(claim).is_some();
     if allocated && annotated_node(claim).is_none() {
         notify_yielders(claim, ctx);
     }
-    if !has_finalizer(claim) && !ctx.is_controller_claim(claim) {
+    if !has_finalizer(claim) && !ctx.core.is_controller_claim(claim) {
         return Ok(Action::await_change());
     }
     {
         let books = ctx.books();
         if books.in_flight(uid) {
             // Another reconcile is writing this claim; look again once it is done.
-            return Ok(Action::requeue(ctx.config.claims.pending_retry));
+            return Ok(Action::requeue(ctx.core.config.claims.pending_retry));
         }
         if books.is_stale(claim) {
             return Ok(Action::await_change());
@@ -106,7 +96,7 @@ async fn reconcile_claim(claim: &ResourceClaim, ctx: &Context) -> Result<Action>
 
 /// The claim is being deleted: once no pod has it reserved, clear our allocation and let the
 /// claim go.
-async fn finish_deletion(claim: &ResourceClaim, ctx: &Context) -> Result<Action> {
+async fn finish_deletion(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<Action> {
     if !has_finalizer(claim) {
         return Ok(Action::await_change());
     }
@@ -118,7 +108,7 @@ async fn finish_deletion(claim: &ResourceClaim, ctx: &Context) -> Result<Action>
     Ok(Action::await_change())
 }
 
-async fn reconcile_allocated(claim: &ResourceClaim, ctx: &Context) -> Result<Action> {
+async fn reconcile_allocated(claim: &ResourceClaim, ctx: &ClaimsContext) -> Result<Action> {
     if annotated_node(claim).is_none() || in_use(claim, ctx) {
         // Someone else's allocation, or one a pod has reserved: nothing to decide.
         return Ok(Action::await_change());
@@ -141,7 +131,11 @@ async fn reconcile_allocated(claim: &ResourceClaim, ctx: &Context) -> Result<Act
     Ok(Action::await_change())
 }
 
-async fn reconcile_unallocated(claim: &ResourceClaim, uid: &str, ctx: &Context) -> Result<Action> {
+async fn reconcile_unallocated(
+    claim: &ResourceClaim,
+    uid: &str,
+    ctx: &ClaimsContext,
+) -> Result<Action> {
     let consumers = ctx.consumers(claim);
     if annotated_node(claim).is_some() {
         let unscheduled: Vec<&Pod> = consumers
@@ -151,7 +145,7 @@ async fn reconcile_unallocated(claim: &ResourceClaim, uid: &str, ctx: &Context) 
             .collect();
         note_rejection(claim, &unscheduled, ctx).await;
         let Some(mut writing) = ctx.begin_write(vec![uid.to_owned()]) else {
-            return Ok(Action::requeue(ctx.config.claims.pending_retry));
+            return Ok(Action::requeue(ctx.core.config.claims.pending_retry));
         };
         write::unmark(&claim_api(ctx, claim), claim, consumers.is_empty()).await?;
         writing.settled(uid);

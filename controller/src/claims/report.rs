@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt as _};
 
 use super::write::{self, PodCondition};
 use super::{consumers, reasons};
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 use crate::context::Write;
 use crate::error::Error;
 
@@ -60,7 +60,7 @@ pub(super) fn describe(node: &str, placed: &ClaimPlacement) -> String {
 /// annotations (`gpu.kerf.dev/allocated-node`, `gpu.kerf.dev/allocated-devices`) already say
 /// so, and a pod status write per pod would cost the API server and every pod watcher a write
 /// in the middle of the scheduling path.
-pub(super) async fn report_allocated(ctx: &Context, pod: &Pod, count: usize, node: &str) {
+pub(super) async fn report_allocated(ctx: &ClaimsContext, pod: &Pod, count: usize, node: &str) {
     if !write::has_condition(pod) {
         return;
     }
@@ -79,7 +79,7 @@ pub(super) async fn report_allocated(ctx: &Context, pod: &Pod, count: usize, nod
 /// Nothing fits: a Warning Event on every claim still waiting and on the pod, and the pod
 /// condition False with the same words.
 pub(super) async fn report_unplaceable(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     pod: &Pod,
     claims: &[Arc<ResourceClaim>],
     message: &str,
@@ -114,7 +114,7 @@ pub(super) async fn report_unplaceable(
 /// kube-scheduler rejected the pod's placements too often: a Warning Event on every claim
 /// still waiting and on the pod, and the pod condition False with the same words.
 pub(super) async fn report_rejection_limit(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     pod: &Pod,
     claims: &[Arc<ResourceClaim>],
     message: &str,
@@ -136,7 +136,7 @@ pub(super) async fn report_rejection_limit(
 /// A claim's parameters are invalid: a Warning Event on it naming the field, and the pod
 /// condition False. Retrying cannot help until the claim changes.
 pub(super) async fn report_invalid(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     pod: &Pod,
     claim: &ResourceClaim,
     error: &kerf_api::Error,
@@ -164,12 +164,17 @@ pub(super) async fn report_invalid(
 /// allocation it blocks; when the server refused it, those pods that wait for their
 /// allocation also get the condition False with reason [`reasons::CLAIM_WRITE_REFUSED`]. A pod
 /// write is told on the pod.
-pub(super) async fn write_failed(ctx: &Context, write: &Write, error: &kube::Error, attempts: u32) {
+pub(super) async fn write_failed(
+    ctx: &ClaimsContext,
+    write: &Write,
+    error: &kube::Error,
+    attempts: u32,
+) {
     let namespace = write.namespace.as_deref().unwrap_or_default();
     let mut regarding = Vec::new();
     let mut pods = Vec::new();
     if write.resource.starts_with("resourceclaims") {
-        match ctx.claim(namespace, &write.name) {
+        match ctx.core.claim(namespace, &write.name) {
             Some(claim) => {
                 regarding.push(claim.object_ref(&()));
                 pods = ctx.consumers(&claim);
@@ -180,12 +185,12 @@ pub(super) async fn write_failed(ctx: &Context, write: &Write, error: &kube::Err
         regarding.extend(pods.iter().map(|pod| pod.object_ref(&())));
     } else if write.resource.starts_with("pods") {
         let pod = ctx
-            .claims
             .pods
             .get(&ObjectRef::<Pod>::new(&write.name).within(namespace));
         regarding.push(pod.map_or_else(|| reference::<Pod>(write), |p| p.object_ref(&())));
     }
     let Some(reported) = ctx
+        .core
         .report_write_failure(write, error, attempts, &regarding)
         .await
     else {
@@ -213,20 +218,23 @@ pub(super) fn node_write_key(node: &str) -> String {
 /// node's back-off — the writer's pass skips the node until its next attempt is due, instead of
 /// writing every tick — and told on the Node when refused or persistent.
 pub(super) async fn node_write_failed(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     node: &str,
     backoff_key: &str,
     what: &str,
     error: &kube::Error,
 ) {
-    let failure = ctx.backoff.failed(&ctx.config.backoff, backoff_key);
+    let failure = ctx
+        .core
+        .backoff
+        .failed(&ctx.core.config.backoff, backoff_key);
     let write = Write::patch("nodes", None, node);
     let regarding = [ctx
-        .claims
         .nodes
         .get(&ObjectRef::<Node>::new(node))
         .map_or_else(|| reference::<Node>(&write), |n| n.object_ref(&()))];
     let reported = ctx
+        .core
         .report_write_failure(&write, error, failure.count, &regarding)
         .await;
     if reported.is_none() {
@@ -247,7 +255,7 @@ fn reference<K: Resource<DynamicType = ()>>(write: &Write) -> ObjectReference {
 
 /// Conditions are best effort, like Events: a pod that is gone only logs, and a write the API
 /// server refuses is told on the pod (a Warning Event and the write-failure metric).
-async fn set_condition(ctx: &Context, pod: &Pod, condition: &PodCondition) {
+async fn set_condition(ctx: &ClaimsContext, pod: &Pod, condition: &PodCondition) {
     match write::set_pod_condition(ctx, pod, condition).await {
         // The pod was deleted meanwhile: nobody is left to read the condition.
         Err(error) if error.is_routine() => {
@@ -258,6 +266,7 @@ async fn set_condition(ctx: &Context, pod: &Pod, condition: &PodCondition) {
             // so a transient failure counts as the first attempt and is not told.
             let regarding = [pod.object_ref(&())];
             if ctx
+                .core
                 .report_write_failure(&write, &source, 1, &regarding)
                 .await
                 .is_none()
@@ -273,7 +282,7 @@ async fn set_condition(ctx: &Context, pod: &Pod, condition: &PodCondition) {
 }
 
 pub(super) async fn publish(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     claim: &ResourceClaim,
     type_: EventType,
     reason: &str,
@@ -283,7 +292,7 @@ pub(super) async fn publish(
 }
 
 pub(super) async fn publish_on(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     regarding: &ObjectReference,
     type_: EventType,
     reason: &str,
@@ -296,7 +305,7 @@ pub(super) async fn publish_on(
         action: "Allocate".to_owned(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, regarding).await {
+    if let Err(e) = ctx.core.recorder.publish(&event, regarding).await {
         tracing::warn!(object = ?regarding.name, error = %e, "could not publish event");
     }
 }

@@ -6,7 +6,7 @@ use kube::ResourceExt as _;
 use kube::runtime::reflector::ObjectRef;
 
 use super::gate;
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 
 use crate::error::{Error, Result};
 use kerf_api::controller_claims::{ALLOCATED_NODE_ANNOTATION, FINALIZER};
@@ -46,7 +46,7 @@ pub(super) use kerf_api::claim_status::allocation_of;
 /// PreBind skips claims already reserved for the pod), so from then on the claim is in use,
 /// as a claim kube-scheduler reserved itself always was. An entry whose pod is not in the
 /// cache counts as in use.
-pub(super) fn in_use(claim: &ResourceClaim, ctx: &Context) -> bool {
+pub(super) fn in_use(claim: &ResourceClaim, ctx: &ClaimsContext) -> bool {
     let namespace = claim.metadata.namespace.as_deref().unwrap_or_default();
     kerf_api::claim_status::reserved_for(claim)
         .iter()
@@ -57,7 +57,7 @@ pub(super) fn in_use(claim: &ResourceClaim, ctx: &Context) -> bool {
 fn held_by_gate(
     reference: &ResourceClaimConsumerReference,
     namespace: &str,
-    ctx: &Context,
+    ctx: &ClaimsContext,
 ) -> bool {
     if reference.resource != "pods"
         || reference
@@ -68,7 +68,6 @@ fn held_by_gate(
         return false;
     }
     let Some(pod) = ctx
-        .claims
         .pods
         .get(&ObjectRef::new(&reference.name).within(namespace))
     else {
@@ -81,10 +80,10 @@ fn held_by_gate(
 /// whose removal kerf has not sent. Only such a pod gets kerf's reservation with the
 /// allocation; for any other (its gate already lifted, or none: the webhook off) kube-scheduler
 /// reserves the claim itself in PreBind, as before.
-pub(super) fn gate_holds(pod: &Pod, ctx: &Context) -> bool {
+pub(super) fn gate_holds(pod: &Pod, ctx: &ClaimsContext) -> bool {
     pod.spec.as_ref().is_none_or(|s| s.node_name.is_none())
         && gate::gate_index(pod).is_some()
-        && pod_uid(pod).is_some_and(|uid| !ctx.claims.released_gates.sent_any(uid))
+        && pod_uid(pod).is_some_and(|uid| !ctx.released_gates.sent_any(uid))
 }
 
 pub(super) fn has_finalizer(claim: &ResourceClaim) -> bool {

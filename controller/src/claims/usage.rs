@@ -18,16 +18,16 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::consumers;
 use crate::capacity::{current_devices, holdings};
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 
 /// One pass: reads the caches and replaces the usage series (every `fragmentation_interval`,
 /// with the pools' fragmentation: `super::fragmentation::run`).
-pub(super) fn measure(ctx: &Context) {
-    let driver = ctx.config.driver_name.as_str();
-    let slices = ctx.caches.slices.state();
-    let claims = ctx.caches.claims.state();
+pub(super) fn measure(ctx: &ClaimsContext) {
+    let driver = ctx.core.config.driver_name.as_str();
+    let slices = ctx.core.caches.slices.state();
+    let claims = ctx.core.caches.claims.state();
     let devices = current_devices(&slices, driver);
-    let usage = ctx.metrics.usage();
+    let usage = ctx.core.metrics.usage();
     usage.set_holdings(&holdings(&devices, &claims, driver));
     let waiting = waiting_claims(ctx, Timestamp::now());
     let oldest = waiting.values().copied().max().unwrap_or_default();
@@ -36,16 +36,16 @@ pub(super) fn measure(ctx: &Context) {
 
 /// The unallocated claims of kerf's classes that live pods use, with how long each has
 /// waited: since the later of its own creation and its pod's (the oldest such pod's wait).
-fn waiting_claims(ctx: &Context, now: Timestamp) -> HashMap<(String, String), Duration> {
+fn waiting_claims(ctx: &ClaimsContext, now: Timestamp) -> HashMap<(String, String), Duration> {
     let mut waiting: HashMap<(String, String), Duration> = HashMap::new();
-    for pod in ctx.claims.pods.state() {
+    for pod in ctx.pods.state() {
         if !consumers::is_live(&pod) {
             continue;
         }
         let namespace = pod.namespace().unwrap_or_default();
         for name in consumers::pod_claims(&pod).names {
             let key = ObjectRef::<ResourceClaim>::new(&name).within(&namespace);
-            let Some(claim) = ctx.caches.claims.get(&key) else {
+            let Some(claim) = ctx.core.caches.claims.get(&key) else {
                 continue;
             };
             if !is_waiting(ctx, &claim) {
@@ -61,7 +61,7 @@ fn waiting_claims(ctx: &Context, now: Timestamp) -> HashMap<(String, String), Du
 }
 
 /// An unallocated claim, not being deleted, with a request of a DeviceClass of kerf's driver.
-fn is_waiting(ctx: &Context, claim: &ResourceClaim) -> bool {
+fn is_waiting(ctx: &ClaimsContext, claim: &ResourceClaim) -> bool {
     let allocated = claim
         .status
         .as_ref()
@@ -69,7 +69,7 @@ fn is_waiting(ctx: &Context, claim: &ResourceClaim) -> bool {
     if allocated || claim.metadata.deletion_timestamp.is_some() {
         return false;
     }
-    let driver = ctx.config.driver_name.as_str();
+    let driver = ctx.core.config.driver_name.as_str();
     let requests = kerf_api::claim_requests(claim);
     requests
         .iter()
@@ -79,7 +79,8 @@ fn is_waiting(ctx: &Context, claim: &ResourceClaim) -> bool {
             exactly.chain(subs.map(|s| s.device_class_name.as_str()))
         })
         .any(|class| {
-            ctx.caches
+            ctx.core
+                .caches
                 .device_classes
                 .get(&ObjectRef::new(class))
                 .is_some_and(|class| class_parameters(&class, driver).is_some())

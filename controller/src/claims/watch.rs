@@ -20,8 +20,9 @@ use tokio_util::sync::CancellationToken;
 use super::reconcile::{CONTROLLER, RETRY, reconcile};
 use super::{consumers, node_label, ownership};
 use crate::cache::{Change, strip};
+use crate::claims::ClaimsContext;
 use crate::context::Context;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use kerf_api::watch_backoff::WatchBackoff;
 
 /// How long a stopping controller lets running reconciles finish.
@@ -35,7 +36,7 @@ type Request = std::result::Result<ReconcileRequest<ResourceClaim>, watcher::Err
 /// the event is queued, so a reconcile never sees a pod or claim older than the event that
 /// triggered it. The claim watch is the process's (shared with the webhook, see
 /// [`ProcessCaches`](crate::cache::ProcessCaches)); pods and nodes, which only the leader reads,
-/// are watched here into the stores of [`Context::claims`], stripped of what kerf never reads
+/// are watched here into the stores of the claim controller's [`ClaimsContext`], stripped of what kerf never reads
 /// ([`strip`]). Claims trigger themselves; pods trigger the claims they use (creation, scheduling,
 /// deletion); an allocation by someone else triggers the controller claims that must yield its
 /// devices; and every claim is reconciled again each resync period. Ownership of the devices is
@@ -43,16 +44,10 @@ type Request = std::result::Result<ReconcileRequest<ResourceClaim>, watcher::Err
 /// claims' node label by `node_label.rs` on the same claim events and store.
 ///
 /// # Errors
-/// [`Error::ControllerStopped`] when another claim controller already runs on `ctx` (the
-/// watches feed the stores of one).
-pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
-    let feeds = ctx
-        .claims
-        .take_feeds()
-        .ok_or_else(|| Error::ControllerStopped {
-            name: CONTROLLER,
-            message: "another claim controller runs on the same context".to_owned(),
-        })?;
+/// [`Error::ControllerStopped`] when a watch or the reconcile queue stops on its own.
+pub async fn run(core: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
+    let (ctx, feeds) = ClaimsContext::new(core);
+    let ctx = Arc::new(ctx);
     // kube-runtime's applier waits for its store's first list itself, and kube-runtime 5
     // wakes only the last of several waiters on one store (see `ProcessCaches::wait_ready`):
     // the two appliers below share the claim store with kerf's own waiters, so they start only
@@ -60,10 +55,10 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
     // awaited here: the appliers' queue and the node watch below fill them.)
     tokio::select! {
         () = shutdown.cancelled() => return Ok(()),
-        ready = ctx.caches.process().wait_ready() => ready?,
+        ready = ctx.core.caches.process().wait_ready() => ready?,
     }
-    let resync_period = ctx.config.resync_period;
-    let claims = ctx.caches.claims.clone();
+    let resync_period = ctx.core.config.resync_period;
+    let claims = ctx.core.caches.claims.clone();
     // The node label reconciler runs on the same watch and store: every claim event goes to
     // both queues, after the store has it.
     let (label_trigger, label_triggered) = tokio::sync::mpsc::unbounded_channel();
@@ -98,7 +93,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) -> Result<()> {
 /// Reconciles the claims `queue` names until `shutdown` (or until `node_watch`, which feeds
 /// the node store, ends), letting running reconciles finish for at most [`SHUTDOWN_GRACE`].
 async fn reconcile_until(
-    ctx: Arc<Context>,
+    ctx: Arc<ClaimsContext>,
     queue: impl futures::Stream<Item = Request> + Send + 'static,
     node_watch: impl Future<Output = ()>,
     shutdown: &CancellationToken,
@@ -119,12 +114,12 @@ async fn reconcile_until(
         |claim, ctx| Box::pin(reconcile(claim, ctx)),
         RETRY.error_policy(),
         ctx.clone(),
-        ctx.caches.claims.clone(),
+        ctx.core.caches.claims.clone(),
         queue,
         ApplierConfig::default(),
     )
     .for_each(move |result| {
-        RETRY.applied(&applied_ctx, &result);
+        RETRY.applied(&applied_ctx.core, &result);
         std::future::ready(())
     });
     tokio::pin!(reconciles);
@@ -144,7 +139,7 @@ async fn reconcile_until(
 /// and the nodes' books, then bumps the ownership inputs, and asks for the reconcile of each changed pod's
 /// claims.
 fn pod_requests(
-    ctx: &Arc<Context>,
+    ctx: &Arc<ClaimsContext>,
     writer: reflector::store::Writer<Pod>,
 ) -> impl futures::Stream<Item = Request> + Send + 'static {
     let usage_ctx = Arc::clone(ctx);
@@ -152,22 +147,22 @@ fn pod_requests(
         reflector::reflector(
             writer,
             watcher(
-                Api::<Pod>::all(ctx.client.clone()),
+                Api::<Pod>::all(ctx.core.client.clone()),
                 watcher::Config::default(),
             )
             .backoff(WatchBackoff::default())
             .modify(strip::pod),
         )
-        .inspect(ctx.claims.ownership_inputs.pod_bumper())
+        .inspect(ctx.ownership_inputs.pod_bumper())
         // After the store, before the pod's claims are queued (see `PodsByClaim`).
-        .inspect(ctx.claims.pods_by_claim.updater())
+        .inspect(ctx.pods_by_claim.updater())
         .inspect(move |item| {
             // A bound pod that went frees its node: claims waiting for room try again, as
             // kube-scheduler requeues unschedulable pods on a pod deletion.
             if let Ok(event) = item {
                 usage_ctx.note_pod_latency(event);
-                usage_ctx.claims.pod_kinds.apply_pod_event(event);
-                if usage_ctx.claims.node_usage.apply_pod_event(event) {
+                usage_ctx.pod_kinds.apply_pod_event(event);
+                if usage_ctx.node_usage.apply_pod_event(event) {
                     usage_ctx.capacity_freed();
                 }
             }
@@ -180,23 +175,23 @@ fn pod_requests(
 /// The node watch: writes the node store through `writer`, then the nodes' books, and bumps
 /// the ownership inputs.
 fn node_watch(
-    ctx: &Arc<Context>,
+    ctx: &Arc<ClaimsContext>,
     writer: reflector::store::Writer<Node>,
 ) -> impl Future<Output = ()> + Send + 'static {
     let usage_ctx = Arc::clone(ctx);
     reflector::reflector(
         writer,
         watcher(
-            Api::<Node>::all(ctx.client.clone()),
+            Api::<Node>::all(ctx.core.client.clone()),
             watcher::Config::default(),
         )
         .backoff(WatchBackoff::default())
         .modify(strip::node),
     )
-    .inspect(ctx.claims.ownership_inputs.node_bumper())
+    .inspect(ctx.ownership_inputs.node_bumper())
     .for_each(move |item| {
         if let Ok(event) = item
-            && usage_ctx.claims.node_usage.apply_node_event(&event)
+            && usage_ctx.node_usage.apply_node_event(&event)
         {
             usage_ctx.capacity_freed();
         }
@@ -210,14 +205,14 @@ fn node_watch(
 /// the changed claims again) and bumps the ownership inputs, both before the request is passed
 /// on.
 fn claim_events(
-    ctx: Arc<Context>,
+    ctx: Arc<ClaimsContext>,
     labels: UnboundedSender<ReconcileRequest<ResourceClaim>>,
 ) -> impl futures::Stream<Item = Request> + Send + 'static {
-    let updates = ctx.caches.process().claim_updates();
+    let updates = ctx.core.caches.process().claim_updates();
     updates
         .inspect(move |change| {
             ctx.note_claim(change);
-            ctx.claims.ownership_inputs.bump();
+            ctx.ownership_inputs.bump();
             if let Change::Applied { object, .. } = change {
                 ctx.note_claim_latency(object);
             }

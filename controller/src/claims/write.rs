@@ -8,14 +8,15 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_api::claim_node_label::{CLAIM_NODE_LABEL, node_label_value};
+use kerf_api::controller_claims::POD_CONDITION_TYPE;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
 
 use super::node_label::{self, labels_patch};
-use super::reasons::CONDITION_TYPE;
 use super::state::allocation_of;
-use crate::context::{Context, Write};
+use crate::claims::ClaimsContext;
+use crate::context::Write;
 use crate::error::{Error, Result};
 use kerf_api::controller_claims::{
     ALLOCATED_DEVICES_ANNOTATION, ALLOCATED_NODE_ANNOTATION, FINALIZER,
@@ -53,22 +54,22 @@ pub(crate) struct ClaimApi {
 }
 
 /// The patch parameters of every controller write: its field manager.
-fn params(ctx: &Context) -> PatchParams {
+fn params(ctx: &ClaimsContext) -> PatchParams {
     PatchParams {
-        field_manager: Some(ctx.config.field_manager.clone()),
+        field_manager: Some(ctx.core.config.field_manager.clone()),
         ..PatchParams::default()
     }
 }
 
 /// The claim's API in its namespace, writing as `ctx`'s field manager.
-pub(crate) fn claim_api(ctx: &Context, claim: &ResourceClaim) -> ClaimApi {
+pub(crate) fn claim_api(ctx: &ClaimsContext, claim: &ResourceClaim) -> ClaimApi {
     ClaimApi {
         api: Api::namespaced(
-            ctx.client.clone(),
+            ctx.core.client.clone(),
             claim.metadata.namespace.as_deref().unwrap_or_default(),
         ),
         params: params(ctx),
-        driver: ctx.config.driver_name.clone(),
+        driver: ctx.core.config.driver_name.clone(),
     }
 }
 
@@ -239,7 +240,7 @@ fn pod_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition>
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_TYPE))
+        .and_then(|c| c.iter().find(|c| c.type_ == POD_CONDITION_TYPE))
 }
 
 /// Sets the pod's `gpu.kerf.dev/GpuAllocation` condition when it differs from `condition`
@@ -249,7 +250,7 @@ fn pod_condition(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::PodCondition>
 /// # Errors
 /// [`Error::Write`] when the API call failed.
 pub(crate) async fn set_pod_condition(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     pod: &Pod,
     condition: &PodCondition,
 ) -> Result<bool> {
@@ -271,11 +272,11 @@ pub(crate) async fn set_pod_condition(
         field: "name",
     })?;
     let api: Api<Pod> = Api::namespaced(
-        ctx.client.clone(),
+        ctx.core.client.clone(),
         pod.metadata.namespace.as_deref().unwrap_or_default(),
     );
     let patch = json!({"status": {"conditions": [{
-        "type": CONDITION_TYPE,
+        "type": POD_CONDITION_TYPE,
         "status": status,
         "reason": condition.reason,
         "message": condition.message,

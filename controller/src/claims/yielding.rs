@@ -18,24 +18,24 @@ use kube::runtime::reflector::ObjectRef;
 use super::reasons;
 use super::report::publish;
 use super::state::{allocation_of, annotated_node, pod_uid};
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 
 /// A device of this (not yet reserved) claim that the scheduler allocated whole to another
 /// claim, as `node/device exclusively to claim namespace/name`: the controller yields it.
-pub(super) fn scheduler_conflict(claim: &ResourceClaim, ctx: &Context) -> Option<String> {
+pub(super) fn scheduler_conflict(claim: &ResourceClaim, ctx: &ClaimsContext) -> Option<String> {
     let uid = claim.metadata.uid.as_deref()?;
-    let ours = kerf_api::allocation::device_uses(claim, ctx.driver());
+    let ours = kerf_api::allocation::device_uses(claim, ctx.core.driver());
     let books = ctx.books();
     for used in &ours {
         for holder in books.holders(&used.node, &used.device, uid) {
-            let Some(other) = ctx.caches.claims.get(&holder) else {
+            let Some(other) = ctx.core.caches.claims.get(&holder) else {
                 continue;
             };
             // Only claims the controller did not allocate are the scheduler's.
             if annotated_node(&other).is_some() {
                 continue;
             }
-            let holds_whole = kerf_api::allocation::device_uses(&other, ctx.driver())
+            let holds_whole = kerf_api::allocation::device_uses(&other, ctx.core.driver())
                 .iter()
                 .any(|u| {
                     u.node == used.node
@@ -58,11 +58,11 @@ pub(super) fn scheduler_conflict(claim: &ResourceClaim, ctx: &Context) -> Option
 
 /// Someone else's allocation holds devices whole: the controller's claims on them must yield,
 /// so they are reconciled (their own watch events may be long past).
-pub(super) fn notify_yielders(claim: &ResourceClaim, ctx: &Context) {
+pub(super) fn notify_yielders(claim: &ResourceClaim, ctx: &ClaimsContext) {
     let Some(uid) = claim.metadata.uid.as_deref() else {
         return;
     };
-    let whole: Vec<_> = kerf_api::allocation::device_uses(claim, ctx.driver())
+    let whole: Vec<_> = kerf_api::allocation::device_uses(claim, ctx.core.driver())
         .into_iter()
         .filter(|u| u.kind == alloc::UseKind::Whole)
         .collect();
@@ -78,12 +78,13 @@ pub(super) fn notify_yielders(claim: &ResourceClaim, ctx: &Context) {
     };
     for holder in holders {
         let ours = ctx
+            .core
             .caches
             .claims
             .get(&holder)
             .is_some_and(|c| annotated_node(&c).is_some());
         // Only our claims: foreign claims triggering each other could loop.
-        if ours && ctx.claims.trigger.send(holder).is_err() {
+        if ours && ctx.trigger.send(holder).is_err() {
             tracing::debug!("the claim controller is stopping; yield not triggered");
         }
     }
@@ -92,7 +93,7 @@ pub(super) fn notify_yielders(claim: &ResourceClaim, ctx: &Context) {
 /// Our allocation of `claim` is gone and we did not clear it: the scheduler rejected the node
 /// (it clears an unreserved allocation whose node does not fit the pod). The node becomes
 /// unsuitable for `pods`. Reported once: afterwards the missing allocation counts as ours.
-pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &Context) {
+pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &ClaimsContext) {
     let (Some(uid), Some(node)) = (claim.metadata.uid.as_deref(), annotated_node(claim)) else {
         return;
     };
@@ -102,7 +103,7 @@ pub(super) async fn note_rejection(claim: &ResourceClaim, pods: &[&Pod], ctx: &C
     for pod_uid in pods.iter().filter_map(|pod| pod_uid(pod)) {
         ctx.mark_unsuitable(pod_uid, node);
         // The pod no longer takes room on the node kube-scheduler refused it.
-        ctx.claims.node_usage.forget(pod_uid);
+        ctx.node_usage.forget(pod_uid);
     }
     let note = format!("the scheduler cleared the allocation on node {node}; trying other nodes");
     publish(ctx, claim, EventType::Warning, reasons::NODE_REJECTED, note).await;

@@ -15,8 +15,8 @@ use kerf_api::write_failure::{self, Report, WriteAttempt};
 use kube::runtime::events::{Event, EventType};
 
 use super::Context;
+use crate::backoff::KEEPS_FAILING_AFTER;
 use crate::error::Write;
-use crate::retry::KEEPS_FAILING_AFTER;
 
 /// What to tell the user about `error` from `write` at its `attempts`-th consecutive failure
 /// by `component`; `None` when the failure is expected, or transient and still within its

@@ -1,5 +1,5 @@
-//! The recount's gauges, part of the controller's [`crate::Metrics`], labelled `namespace` and
-//! `quota`, one name per unit: `kerf_controller_quota_used_memory_bytes`,
+//! The GpuQuota recount's gauges, part of the controller's [`crate::Metrics`], labelled
+//! `namespace` and `quota`, one name per unit: `kerf_controller_quota_used_memory_bytes`,
 //! `kerf_controller_quota_used_compute_gpus` (1.0 is one GPU's multiprocessors) and
 //! `kerf_controller_quota_used_gpus` (whole GPUs and MIG devices), and the same three with
 //! `hard` for the quota's caps, which have a series only for the resources the quota caps.

@@ -18,7 +18,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -119,15 +119,11 @@ fn claim_triggers(
 /// a Warning Event when refused or persistent), a conflict that outlasted the retries, a
 /// quota without namespace; [`RETRY`]'s error policy retries them with per-object back-off.
 pub async fn reconcile(quota: Arc<GpuQuota>, ctx: Arc<Context>) -> Result<Action> {
-    let started = Instant::now();
-    let key = RETRY.key(quota.as_ref());
-    let result = recount(&quota, &ctx).await;
-    let result = RETRY
-        .finish(
+    RETRY
+        .reconcile(
             &ctx,
-            &key,
-            started,
-            result,
+            RETRY.key(quota.as_ref()),
+            Box::pin(recount(&quota, &ctx)),
             async |write, source, attempts| {
                 // `kubectl describe gpuquota` is where the namespace's admin looks.
                 let regarding = [quota.object_ref(&())];
@@ -135,9 +131,7 @@ pub async fn reconcile(quota: Arc<GpuQuota>, ctx: Arc<Context>) -> Result<Action
                     .await;
             },
         )
-        .await;
-    ctx.note_reconcile(key).await;
-    result
+        .await
 }
 
 async fn recount(quota: &GpuQuota, ctx: &Context) -> Result<Action> {

@@ -22,9 +22,9 @@ use kerf_api::ownership::Record;
 use kerf_api::params::{Allocator, GpuSelector};
 use kerf_api::shared_publication::{SHARED_PUBLICATION_ANNOTATION, SharedPublication};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
+use kerf_controller::ControllerConfig;
 use kerf_controller::features::ApiSupport;
-use kerf_controller::gpuclass::{reasons, reconcile};
-use kerf_controller::{Context, ControllerConfig};
+use kerf_controller::gpuclass::{ClassContext, reasons, reconcile};
 use kerf_tests::fake_api::FakeApi;
 use kube::api::{ObjectMeta, Patch, PatchParams};
 use serde_json::json;
@@ -65,9 +65,10 @@ fn expression(dc: &DeviceClass) -> String {
 }
 
 /// A GpuClass reconciler context over `fake`, with `support`.
-async fn class_context(fake: &FakeApi, support: ApiSupport) -> Arc<Context> {
+async fn class_context(fake: &FakeApi, support: ApiSupport) -> Arc<ClassContext> {
     let watched = Watched::start(fake, ControllerConfig::new(DRIVER)).await;
-    Arc::new(watched.context.with_api_support(support))
+    let core = Arc::new(watched.context.with_api_support(support));
+    Arc::new(ClassContext::new(core))
 }
 
 fn ready_of(fake: &FakeApi, name: &str) -> (String, String, String) {

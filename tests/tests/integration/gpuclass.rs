@@ -15,7 +15,7 @@ use kerf_api::params::{Allocator, GpuSelector, GpuSliceAllocation, OpaqueKind, S
 use kerf_api::quantity::parse_bytes;
 use kerf_api::{GpuClass, GpuClassSpec, decode_opaque, params::OpaqueConfig};
 use kerf_controller::cache::Caches;
-use kerf_controller::gpuclass::{self, RETRY, reconcile};
+use kerf_controller::gpuclass::{self, ClassContext, RETRY, reconcile};
 use kerf_controller::{Config, Context, ControllerConfig, Metrics, Process};
 use kerf_tests::fake_api::{FakeApi, Identity};
 use kerf_tests::wait::eventually;
@@ -111,7 +111,8 @@ impl Harness {
     /// Reconciles the stored GpuClass `name` once.
     async fn reconcile(&self, name: &str) -> kerf_controller::Result<Action> {
         let class: GpuClass = self.fake.get_resource(None, name).unwrap();
-        reconcile(Arc::new(class), self.ctx.clone()).await
+        let ctx = ClassContext::new(self.ctx.clone());
+        reconcile(Arc::new(class), Arc::new(ctx)).await
     }
 
     fn class(&self, name: &str) -> GpuClass {

@@ -27,25 +27,7 @@ use std::time::{Duration, Instant};
 
 use kerf_api::ownership::{NodePolicy, Owner, Record};
 
-/// Timing of ownership moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OwnershipTiming {
-    /// How long after observing a device republished as the controller's the controller
-    /// waits before placing on it: allocations the scheduler had decided before then land.
-    pub settle: Duration,
-    /// How long a scheduler-owned device stays idle before it returns to the controller when
-    /// no controller claim is waiting for capacity.
-    pub linger: Duration,
-}
-
-impl Default for OwnershipTiming {
-    fn default() -> Self {
-        OwnershipTiming {
-            settle: Duration::from_secs(10),
-            linger: Duration::from_secs(30),
-        }
-    }
-}
+use crate::config::OwnershipTiming;
 
 /// What is known of one device at one tick.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -16,7 +16,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use super::super::report::{publish, publish_on};
 use super::super::state::{annotated_node, in_use};
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 
 /// Event reason on both claims (and their pods) of a conflict.
 pub(super) const ALLOCATION_CONFLICT: &str = "AllocationConflict";
@@ -40,7 +40,7 @@ pub(super) fn is_conflict(usage: &GpuUsage) -> bool {
 /// Reports each conflicting pair once (`reported` remembers pairs across ticks) and makes the
 /// controller's unreserved claims yield.
 pub(super) async fn report(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     conflicts: &[Conflict],
     reported: &mut HashSet<(String, String)>,
 ) {
@@ -48,7 +48,7 @@ pub(super) async fn report(
         let claims: Vec<_> = conflict
             .holders
             .iter()
-            .filter_map(|r| ctx.caches.claims.get(r))
+            .filter_map(|r| ctx.core.caches.claims.get(r))
             .collect();
         for (i, one) in claims.iter().enumerate() {
             for other in &claims[i + 1..] {
@@ -66,7 +66,7 @@ pub(super) async fn report(
                 } else {
                     "scheduler"
                 };
-                ctx.metrics.record_allocation_conflict(allocator);
+                ctx.core.metrics.record_allocation_conflict(allocator);
                 tracing::warn!(node = %conflict.node, device = %conflict.device, claim = %ObjectRef::from_obj(one.as_ref()), other = %ObjectRef::from_obj(other.as_ref()), "device in two exclusive allocations");
                 warn_about(ctx, conflict, one, other).await;
                 warn_about(ctx, conflict, other, one).await;
@@ -76,7 +76,6 @@ pub(super) async fn report(
             if annotated_node(claim).is_some()
                 && !in_use(claim, ctx)
                 && ctx
-                    .claims
                     .trigger
                     .send(ObjectRef::from_obj(claim.as_ref()))
                     .is_err()
@@ -88,7 +87,7 @@ pub(super) async fn report(
 }
 
 async fn warn_about(
-    ctx: &Context,
+    ctx: &ClaimsContext,
     conflict: &Conflict,
     claim: &ResourceClaim,
     other: &ResourceClaim,

@@ -25,7 +25,7 @@ use super::super::consumers;
 use super::super::nodes::node_fits;
 use super::super::state::allocation_of;
 use super::extended;
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 
 /// A pending pod and how many whole GPUs of the scheduler it needs on one node.
 #[derive(Debug, Clone)]
@@ -39,7 +39,7 @@ pub(super) struct SchedulerNeed {
 
 /// What the demand of every pod is read against, gathered once per tick.
 struct Lookup<'a> {
-    ctx: &'a Context,
+    ctx: &'a ClaimsContext,
     /// Every DeviceClass, for extended resource names.
     device_classes: Vec<Arc<DeviceClass>>,
     /// Pods (name, UID) whose extended-resource claim kube-scheduler has made.
@@ -47,9 +47,8 @@ struct Lookup<'a> {
 }
 
 /// Every pending pod's need, oldest pod first.
-pub(super) fn pending_needs(ctx: &Context) -> Vec<SchedulerNeed> {
+pub(super) fn pending_needs(ctx: &ClaimsContext) -> Vec<SchedulerNeed> {
     let mut pods: Vec<Arc<Pod>> = ctx
-        .claims
         .pods
         .state()
         .into_iter()
@@ -70,8 +69,8 @@ pub(super) fn pending_needs(ctx: &Context) -> Vec<SchedulerNeed> {
     }
     let lookup = Lookup {
         ctx,
-        device_classes: ctx.caches.device_classes.state(),
-        claimed: extended::claim_owners(&ctx.caches.claims.state()),
+        device_classes: ctx.core.caches.device_classes.state(),
+        claimed: extended::claim_owners(&ctx.core.caches.claims.state()),
     };
     pods.into_iter()
         .filter_map(|pod| {
@@ -88,13 +87,13 @@ fn is_gated(pod: &Pod) -> bool {
         .is_some_and(|gates| !gates.is_empty())
 }
 
-fn whole_gpus_needed(pod: &Pod, ctx: &Context) -> usize {
+fn whole_gpus_needed(pod: &Pod, ctx: &ClaimsContext) -> usize {
     let namespace = pod.metadata.namespace.as_deref().unwrap_or_default();
     consumers::pod_claims(pod)
         .names
         .iter()
-        .filter_map(|name| ctx.claim(namespace, name))
-        .filter(|claim| allocation_of(claim).is_none() && !ctx.is_controller_claim(claim))
+        .filter_map(|name| ctx.core.claim(namespace, name))
+        .filter(|claim| allocation_of(claim).is_none() && !ctx.core.is_controller_claim(claim))
         .map(|claim| claim_whole_gpus(&claim, ctx))
         .sum()
 }
@@ -123,8 +122,9 @@ fn extended_gpus_needed(pod: &Pod, lookup: &Lookup<'_>) -> usize {
 /// Whole GPUs one request of `count` devices of DeviceClass `class` asks of kerf's Scheduler
 /// classes: none for another class. `All` counts as one: how many the scheduler would take is
 /// not known before it sees the devices.
-fn scheduler_whole_gpus(ctx: &Context, class: &str, mode: &str, count: Option<i64>) -> usize {
+fn scheduler_whole_gpus(ctx: &ClaimsContext, class: &str, mode: &str, count: Option<i64>) -> usize {
     let scheduler_whole = ctx
+        .core
         .class_params(class)
         .is_some_and(|p| p.allocator == Allocator::Scheduler && p.selector.mig_profile.is_none());
     if !scheduler_whole {
@@ -138,7 +138,7 @@ fn scheduler_whole_gpus(ctx: &Context, class: &str, mode: &str, count: Option<i6
 
 /// Whole GPUs a claim asks of kerf's Scheduler classes: `exactly` requests by their count, a
 /// `firstAvailable` list by its first kerf choice ([`scheduler_whole_gpus`]).
-fn claim_whole_gpus(claim: &ResourceClaim, ctx: &Context) -> usize {
+fn claim_whole_gpus(claim: &ResourceClaim, ctx: &ClaimsContext) -> usize {
     claim
         .spec
         .devices

@@ -11,7 +11,7 @@ use kerf_api::ownership::scheduler_guard_cel;
 use kube::Resource as _;
 use kube::runtime::events::{Event, EventType};
 
-use crate::context::Context;
+use crate::claims::ClaimsContext;
 
 /// Event reason on a DeviceClass without the ownership guard.
 pub(super) const UNGUARDED_CLASS: &str = "AllocatorGuardMissing";
@@ -49,9 +49,12 @@ pub(super) fn is_unguarded(class: &DeviceClass, driver: &str) -> bool {
 }
 
 /// Warns about every unguarded DeviceClass not warned about at its current version.
-pub(super) async fn warn_unguarded_classes(ctx: &Context, warned: &mut HashSet<(String, String)>) {
-    for class in ctx.caches.device_classes.state() {
-        if !is_unguarded(&class, ctx.driver()) {
+pub(super) async fn warn_unguarded_classes(
+    ctx: &ClaimsContext,
+    warned: &mut HashSet<(String, String)>,
+) {
+    for class in ctx.core.caches.device_classes.state() {
+        if !is_unguarded(&class, ctx.core.driver()) {
             continue;
         }
         let key = (
@@ -65,8 +68,8 @@ pub(super) async fn warn_unguarded_classes(ctx: &Context, warned: &mut HashSet<(
             "selects {} devices without the ownership guard, so kube-scheduler may allocate a \
              device kerf-controller owns; make the class from a GpuClass or add `{}` to its \
              selector",
-            ctx.driver(),
-            scheduler_guard_cel(ctx.driver())
+            ctx.core.driver(),
+            scheduler_guard_cel(ctx.core.driver())
         );
         tracing::warn!(device_class = %key.0, "{note}");
         let event = Event {
@@ -76,7 +79,12 @@ pub(super) async fn warn_unguarded_classes(ctx: &Context, warned: &mut HashSet<(
             action: "CheckOwnership".to_owned(),
             secondary: None,
         };
-        if let Err(error) = ctx.recorder.publish(&event, &class.object_ref(&())).await {
+        if let Err(error) = ctx
+            .core
+            .recorder
+            .publish(&event, &class.object_ref(&()))
+            .await
+        {
             tracing::debug!(device_class = %key.0, %error, "could not publish event");
         }
     }

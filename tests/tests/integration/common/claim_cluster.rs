@@ -289,6 +289,6 @@ pub fn condition(fake: &FakeApi, pod: &str) -> Option<Value> {
     pod.pointer("/status/conditions")?
         .as_array()?
         .iter()
-        .find(|c| c["type"] == claims::CONDITION_TYPE)
+        .find(|c| c["type"] == claims::POD_CONDITION_TYPE)
         .cloned()
 }

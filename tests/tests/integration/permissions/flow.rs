@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kerf_api::claim_node_label::CLAIM_NODE_LABEL;
 use kerf_api::controller_claims::{FINALIZER, SCHEDULING_GATE};
 use kerf_controller::claims::ownership::OwnershipTiming;
-use kerf_controller::claims::{CONDITION_TYPE, ClaimSettings};
+use kerf_controller::claims::{ClaimSettings, POD_CONDITION_TYPE};
 use kerf_controller::default_classes::{self, DefaultClasses};
 use kerf_controller::webhook::{Certificates, SelfSigned, WebhookConfig};
 use kerf_controller::{BackoffConfig, Config, ControllerConfig, FIELD_MANAGER, LeaseConfig};
@@ -283,7 +283,7 @@ async fn claim_path(fake: &FakeApi) {
                 .is_some_and(|conditions| {
                     conditions
                         .iter()
-                        .any(|c| c["type"] == CONDITION_TYPE && c["status"] == "False")
+                        .any(|c| c["type"] == POD_CONDITION_TYPE && c["status"] == "False")
                 })
         })
     })
