@@ -9,6 +9,7 @@ pub mod kubelet;
 pub mod logs;
 pub mod manifests;
 pub mod metrics_reference;
+pub mod module_graph;
 pub mod pod_runner;
 pub mod podman;
 pub mod scheduler;

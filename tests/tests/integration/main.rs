@@ -49,6 +49,7 @@ mod idle_gpus_taint;
 mod kubelet_contract;
 mod leader;
 mod metrics_reference;
+mod module_circles;
 mod mps_control_daemon;
 mod mps_daemon_pod_policy;
 mod mps_daemon_pods;
