@@ -37,6 +37,8 @@ use kerf_api::features::Probed;
 use kerf_api::params::Allocator;
 use kube::ResourceExt;
 
+use crate::condition::Verdict;
+
 /// `ExtendedResource` reasons the reconciler writes.
 pub mod reasons {
     /// The DeviceClass carries the name, and no other DeviceClass names it.
@@ -50,17 +52,6 @@ pub mod reasons {
     pub const UNSUPPORTED_FOR_CONTROLLER_CLASS: &str = "UnsupportedForControllerClass";
     /// The API server drops DeviceClass `spec.extendedResourceName`; the name is not written.
     pub const NOT_SERVED_BY_API_SERVER: &str = "NotServedByApiServer";
-}
-
-/// A condition's content before timestamps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Verdict {
-    /// Status True.
-    pub ok: bool,
-    /// The reason, one of [`reasons`].
-    pub reason: &'static str,
-    /// What happened, in words.
-    pub message: String,
 }
 
 /// The name the DeviceClass gets and the `ExtendedResource` condition.

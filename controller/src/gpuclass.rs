@@ -28,8 +28,7 @@ use std::sync::Arc;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::resource::v1::DeviceClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kerf_api::gpuclass::DeviceSizeStatus;
 use kerf_api::gpuclass::{
     CONDITION_EXTENDED_RESOURCE, CONDITION_READY, validate_extended_resource_name,
@@ -48,10 +47,11 @@ use tokio_util::sync::CancellationToken;
 use crate::capacity::{
     ClassCapacity, ClassScope, RefreshMemo, class_capacity, current_devices, free_compute,
 };
+use crate::condition::{Verdict, condition};
 use crate::context::{Context, Write};
 use crate::deviceclass::{device_class, is_controlled_by, needs_apply};
 use crate::error::{Error, Result};
-use crate::extended_resource::{self, Verdict};
+use crate::extended_resource;
 use crate::retry::Retry;
 use crate::selector::DeviceSelector;
 
@@ -168,9 +168,6 @@ pub async fn reconcile(class: Arc<GpuClass>, ctx: Arc<ClassContext>) -> Result<A
 /// conflicts and NotFound logged quietly unless the class keeps failing.
 pub const RETRY: Retry = Retry::new(CONTROLLER);
 
-/// The Ready condition's content before timestamps.
-type Readiness = Verdict;
-
 /// The spec checks of [`GpuClassSpec::validate`](kerf_api::GpuClassSpec::validate), giving the
 /// selector the status is counted with.
 fn checked_selector(class: &GpuClass) -> Result<DeviceSelector> {
@@ -190,7 +187,7 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context, memo: &RefreshMemo) ->
     let selector = match checked_selector(class) {
         Ok(selector) => selector,
         Err(error) => {
-            let readiness = Readiness {
+            let readiness = Verdict {
                 ok: false,
                 reason: reasons::INVALID_SPEC,
                 message: error.to_string(),
@@ -204,7 +201,7 @@ async fn reconcile_class(class: &GpuClass, ctx: &Context, memo: &RefreshMemo) ->
     if let Some(existing) = &existing
         && !is_controlled_by(existing, class)
     {
-        let readiness = Readiness {
+        let readiness = Verdict {
             ok: false,
             reason: reasons::DEVICE_CLASS_CONFLICT,
             message: format!(
@@ -279,7 +276,7 @@ fn count_capacity(
     memo: &RefreshMemo,
     name: &str,
     selector: &DeviceSelector,
-) -> (Counted, Readiness) {
+) -> (Counted, Verdict) {
     let driver = ctx.config.driver_name.as_str();
     let consumable_capacity = ctx.api_support.consumable_capacity.is_served();
     let slices = ctx.caches.slices.state();
@@ -310,9 +307,9 @@ fn count_capacity(
     (Counted { capacity, largest }, readiness)
 }
 
-fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Readiness {
+fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Verdict {
     if capacity.matching_devices == 0 {
-        Readiness {
+        Verdict {
             ok: false,
             reason: reasons::NO_MATCHING_DEVICES,
             message: format!(
@@ -320,7 +317,7 @@ fn capacity_readiness(device_class: &str, capacity: &ClassCapacity) -> Readiness
             ),
         }
     } else {
-        Readiness {
+        Verdict {
             ok: true,
             reason: reasons::DEVICE_CLASS_APPLIED,
             message: format!(
@@ -344,9 +341,9 @@ fn sliced_readiness(
     capacity: &ClassCapacity,
     consumable_capacity: bool,
     conflicting_gpus: Option<&[String]>,
-) -> Readiness {
+) -> Verdict {
     if !consumable_capacity {
-        return Readiness {
+        return Verdict {
             ok: false,
             reason: reasons::CONSUMABLE_CAPACITY_UNAVAILABLE,
             message: format!(
@@ -356,7 +353,7 @@ fn sliced_readiness(
         };
     }
     if let Some(gpus) = conflicting_gpus.filter(|g| !g.is_empty()) {
-        return Readiness {
+        return Verdict {
             ok: false,
             reason: reasons::CONFLICTING_SLICING,
             message: format!(
@@ -381,16 +378,16 @@ async fn write_status(
     ctx: &Context,
     device_class: Option<&str>,
     counted: Option<&Counted>,
-    readiness: Readiness,
+    readiness: Verdict,
     extended: Option<Verdict>,
 ) -> Result<()> {
     let current = class.status.as_ref();
     let generation = class.metadata.generation;
     let previous = current.and_then(GpuClassStatus::ready);
-    let condition = ready_condition(&readiness, generation, previous);
+    let ready = ready_condition(&readiness, generation, previous);
     let previous_extended = current.and_then(|s| s.condition(CONDITION_EXTENDED_RESOURCE));
     let extended_condition = extended.as_ref().map(|verdict| {
-        condition_of(
+        condition(
             CONDITION_EXTENDED_RESOURCE,
             verdict,
             generation,
@@ -398,7 +395,7 @@ async fn write_status(
         )
     });
     let capacity = counted.map(|c| &c.capacity);
-    let mut conditions = vec![condition.clone()];
+    let mut conditions = vec![ready.clone()];
     conditions.extend(extended_condition.clone());
     let status = GpuClassStatus {
         device_class_name: device_class
@@ -431,7 +428,7 @@ async fn write_status(
             let write = Write::patch("gpuclasses/status", None, &class.name_any());
             Error::write(write, e)
         })?;
-    if changed(previous, &condition) {
+    if changed(previous, &ready) {
         publish_event(class, ctx, &readiness).await;
     }
     if let (Some(verdict), Some(new)) = (&extended, &extended_condition)
@@ -448,37 +445,15 @@ fn changed(previous: Option<&Condition>, new: &Condition) -> bool {
 
 /// The Ready condition; its transition time moves only when its status does.
 fn ready_condition(
-    readiness: &Readiness,
-    generation: Option<i64>,
-    previous: Option<&Condition>,
-) -> Condition {
-    condition_of(CONDITION_READY, readiness, generation, previous)
-}
-
-/// A condition of `type_`; its transition time moves only when its status does.
-fn condition_of(
-    type_: &str,
     readiness: &Verdict,
     generation: Option<i64>,
     previous: Option<&Condition>,
 ) -> Condition {
-    let status = if readiness.ok { "True" } else { "False" };
-    let last_transition_time = previous.filter(|p| p.status == status).map_or_else(
-        || Time(Timestamp::now()),
-        |p| p.last_transition_time.clone(),
-    );
-    Condition {
-        type_: type_.to_owned(),
-        status: status.to_owned(),
-        reason: readiness.reason.to_owned(),
-        message: readiness.message.clone(),
-        observed_generation: generation,
-        last_transition_time,
-    }
+    condition(CONDITION_READY, readiness, generation, previous)
 }
 
 /// Events are best effort: a class whose Event cannot be written is still reconciled.
-async fn publish_event(class: &GpuClass, ctx: &Context, readiness: &Readiness) {
+async fn publish_event(class: &GpuClass, ctx: &Context, readiness: &Verdict) {
     let event = Event {
         type_: if readiness.ok {
             EventType::Normal
@@ -497,10 +472,13 @@ async fn publish_event(class: &GpuClass, ctx: &Context, readiness: &Readiness) {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::jiff::Timestamp;
+
     use super::*;
 
-    fn readiness(ok: bool, reason: &'static str) -> Readiness {
-        Readiness {
+    fn readiness(ok: bool, reason: &'static str) -> Verdict {
+        Verdict {
             ok,
             reason,
             message: "m".to_owned(),

@@ -27,6 +27,7 @@ pub mod backoff;
 pub mod cache;
 pub mod capacity;
 pub mod claims;
+mod condition;
 pub mod config;
 mod context;
 pub mod default_classes;

@@ -32,9 +32,10 @@ use kube::runtime::watcher;
 use kube::{Api, Resource as _, ResourceExt as _};
 use tokio_util::sync::CancellationToken;
 
-use super::status::{Readiness, desired_status, readiness, ready_changed};
+use super::status::{desired_status, readiness, ready_changed};
 use super::usage::{Usage, usage};
 use crate::cache::Change;
+use crate::condition::Verdict;
 use crate::context::{Context, Write};
 use crate::error::{Error, Result};
 use crate::retry::Retry;
@@ -247,7 +248,7 @@ fn is_conflict(error: &kube::Error) -> bool {
 }
 
 /// The gauges of `quota`: `used`, and `hard` while the quota is enforced.
-fn record_metrics(ctx: &Context, quota: &GpuQuota, used: GpuAmount, ready: &Readiness) {
+fn record_metrics(ctx: &Context, quota: &GpuQuota, used: GpuAmount, ready: &Verdict) {
     let namespace = quota.namespace().unwrap_or_default();
     let hard = ready
         .ok
@@ -263,7 +264,7 @@ fn record_metrics(ctx: &Context, quota: &GpuQuota, used: GpuAmount, ready: &Read
 }
 
 /// Events are best effort: a quota whose Event cannot be written is still recounted.
-async fn publish_event(quota: &GpuQuota, ctx: &Context, ready: &Readiness) {
+async fn publish_event(quota: &GpuQuota, ctx: &Context, ready: &Verdict) {
     let event = Event {
         type_: if ready.ok {
             EventType::Normal

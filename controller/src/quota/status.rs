@@ -4,12 +4,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use k8s_openapi::jiff::Timestamp;
 use kerf_api::gpuclass::CONDITION_READY;
 use kerf_api::gpuquota::{ClassUsage, GpuAmount, GpuQuota, GpuQuotaStatus, GpuResources, summary};
 
 use super::usage::Usage;
+use crate::condition::{Verdict, condition};
 
 /// `Ready` reasons the recount writes.
 pub mod reasons {
@@ -19,23 +18,15 @@ pub mod reasons {
     pub const INVALID_SPEC: &str = "InvalidSpec";
 }
 
-/// The Ready condition's content before timestamps.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Readiness {
-    pub(crate) ok: bool,
-    pub(crate) reason: &'static str,
-    pub(crate) message: String,
-}
-
 /// The readiness of `quota`'s spec.
-pub(crate) fn readiness(quota: &GpuQuota) -> Readiness {
+pub(crate) fn readiness(quota: &GpuQuota) -> Verdict {
     match quota.spec.validate("spec") {
-        Ok(()) => Readiness {
+        Ok(()) => Verdict {
             ok: true,
             reason: reasons::ENFORCED,
             message: "kerf's webhook charges each ResourceClaim created in the namespace against spec.hard; kerf-controller recounts status.used from the claims".to_owned(),
         },
-        Err(error) => Readiness {
+        Err(error) => Verdict {
             ok: false,
             reason: reasons::INVALID_SPEC,
             message: format!("{error}; the quota is not enforced until the spec is fixed"),
@@ -48,11 +39,12 @@ pub(crate) fn readiness(quota: &GpuQuota) -> Readiness {
 pub(crate) fn desired_status(
     quota: &GpuQuota,
     usage: &Usage,
-    readiness: &Readiness,
+    readiness: &Verdict,
 ) -> GpuQuotaStatus {
     let previous = quota.status.as_ref();
     let generation = quota.metadata.generation;
-    let condition = ready_condition(
+    let ready = condition(
+        CONDITION_READY,
         readiness,
         generation,
         previous.and_then(|s| s.conditions.iter().find(|c| c.type_ == CONDITION_READY)),
@@ -83,33 +75,12 @@ pub(crate) fn desired_status(
         admitted: usage.admitted.clone(),
         summary: Some(summary(usage.total, &shown)),
         observed_generation: generation,
-        conditions: vec![condition],
+        conditions: vec![ready],
     }
 }
 
 fn class_used(classes: &BTreeMap<String, GpuAmount>, name: &str) -> GpuAmount {
     classes.get(name).copied().unwrap_or_default()
-}
-
-/// The Ready condition; its transition time moves only when its status does.
-fn ready_condition(
-    readiness: &Readiness,
-    generation: Option<i64>,
-    previous: Option<&Condition>,
-) -> Condition {
-    let status = if readiness.ok { "True" } else { "False" };
-    let last_transition_time = previous.filter(|p| p.status == status).map_or_else(
-        || Time(Timestamp::now()),
-        |p| p.last_transition_time.clone(),
-    );
-    Condition {
-        type_: CONDITION_READY.to_owned(),
-        status: status.to_owned(),
-        reason: readiness.reason.to_owned(),
-        message: readiness.message.clone(),
-        observed_generation: generation,
-        last_transition_time,
-    }
 }
 
 /// Whether the Ready condition's status or reason differs between `before` and `after` (an
