@@ -403,10 +403,8 @@ async fn a_claim_error_from_the_get_is_the_same_with_the_cache() {
     node.stop().await;
 }
 
-#[path = "claim_cache/race.rs"]
 mod race;
 
-#[path = "claim_cache/miss.rs"]
 mod miss;
 
 /// Holds the cache at what it has now: the watch ends and its resumption waits an hour, so

@@ -9,5 +9,4 @@
     reason = "fixtures take JSON values as the tests write them inline; figures are printed as f64"
 )]
 
-#[path = "claim_cache/miss_breakdown.rs"]
 mod miss_breakdown;

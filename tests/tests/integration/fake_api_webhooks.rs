@@ -5,10 +5,8 @@
 //! `ShouldCallHook`'s selectors and matchConditions. The webhook here is a tiny server of the
 //! test's own (`server`).
 
-#[path = "fake_api_webhooks/server.rs"]
 pub(crate) mod server;
 
-#[path = "fake_api_webhooks/fixture.rs"]
 pub(crate) mod fixture;
 
 use std::sync::Arc;

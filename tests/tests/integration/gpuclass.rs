@@ -602,5 +602,4 @@ async fn the_process_reports_a_controller_that_stops_on_its_own() {
     assert!(error.to_string().contains("quitter"), "{error}");
 }
 
-#[path = "gpuclass/extended_resource.rs"]
 mod extended_resource;

@@ -7,9 +7,7 @@
 //! [`NOT_EXERCISED`] with the reason no test can use it (least privilege: a right nothing
 //! uses is a right nobody should hold).
 
-#[path = "permissions/flow.rs"]
 mod flow;
-#[path = "permissions/quota_flow.rs"]
 mod quota_flow;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -19,11 +19,8 @@ use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-#[path = "publish/partitions.rs"]
 mod partitions;
-#[path = "publish/shared.rs"]
 mod shared;
-#[path = "publish/taints.rs"]
 mod taints;
 
 const DRIVER: &str = "gpu.kerf.dev";

@@ -6,7 +6,6 @@
 //! exceed it, a conflicting write is evaluated again, and with the webhook down
 //! (`failurePolicy: Ignore`) claims are admitted uncharged.
 
-#[path = "quota_admission/cluster.rs"]
 mod cluster;
 
 use std::collections::BTreeSet;

@@ -828,11 +828,7 @@ async fn write_conflicts_are_retried_then_unreserved_and_the_pod_tried_again() {
     );
 }
 
-#[path = "scheduler_standin/fixtures.rs"]
 mod fixtures;
-#[path = "scheduler_standin/partitions.rs"]
 mod partitions;
-#[path = "scheduler_standin/random.rs"]
 mod random;
-#[path = "scheduler_standin/shares.rs"]
 mod shares;
