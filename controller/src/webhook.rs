@@ -29,6 +29,7 @@ pub mod canonical;
 pub mod claims;
 pub mod decide;
 pub mod lookup;
+pub mod outcome;
 pub mod quota;
 pub mod review;
 pub mod server;
@@ -46,10 +47,11 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
-pub use claims::{ClaimDecision, ClaimResource, decide_claim};
-pub use decide::{ClaimLookup, Decision, Skip, decide};
+pub use claims::decide_claim;
+pub use decide::{ClaimLookup, decide};
 pub use kerf_api::controller_claims::SCHEDULING_GATE;
 pub use lookup::WebhookCaches;
+pub use outcome::{ClaimDecision, ClaimResource, PodDecision, Skip};
 pub use quota::{QUOTA_PATH, QuotaAdmission};
 pub use tls::CertResolver;
 

@@ -39,7 +39,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
-use kerf_controller::webhook::{Decision, Skip};
+use kerf_controller::webhook::{PodDecision, Skip};
 use kerf_controller::{BackoffConfig, ControllerConfig};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
@@ -342,7 +342,7 @@ impl Sim {
     ///
     /// # Errors
     /// A failed create or a bug in the plan ([`SimError`]).
-    pub async fn create(&mut self, plan: &PodPlan) -> Result<Decision, SimError> {
+    pub async fn create(&mut self, plan: &PodPlan) -> Result<PodDecision, SimError> {
         let claim: ResourceClaim =
             from_json(plan.shape.claim(&plan.claim_name(), NAMESPACE, DRIVER))?;
         Api::<ResourceClaim>::namespaced(self.client.clone(), NAMESPACE)
@@ -353,7 +353,7 @@ impl Sim {
         let decision = if self.config.admission {
             admission::admit(&self.fake, DRIVER, NAMESPACE, &mut pod)?
         } else {
-            Decision::Skip(Skip::NoControllerClaim)
+            PodDecision::Skip(Skip::NoControllerClaim)
         };
         let pod: Pod = from_json(pod)?;
         Api::<Pod>::namespaced(self.client.clone(), NAMESPACE)
@@ -363,7 +363,7 @@ impl Sim {
         self.created_at
             .insert(plan.name.clone(), (Instant::now(), plan.node.is_some()));
         self.stats.created += 1;
-        if matches!(decision, Decision::Gate(_)) {
+        if matches!(decision, PodDecision::Gate(_)) {
             self.stats.gated += 1;
         }
         Ok(decision)

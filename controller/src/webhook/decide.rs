@@ -9,6 +9,8 @@ use kerf_api::controller_claims::{
 use kerf_api::params::GpuClassParameters;
 use serde_json::{Value, json};
 
+use super::outcome::{PodDecision, Skip};
+
 /// What the webhook reads to decide: the claims, claim templates and class parameters the pod
 /// refers to. Implemented over the watch caches in production ([`super::WebhookCaches`]) and
 /// over maps in tests.
@@ -22,33 +24,6 @@ pub trait ClaimLookup {
     fn class_parameters(&self, name: &str) -> Option<GpuClassParameters>;
 }
 
-/// Why a pod is admitted without the gate.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Skip {
-    /// The pod already names a node: the API server refuses scheduling gates on bound pods.
-    Bound,
-    /// The pod already carries the gate.
-    AlreadyGated,
-    /// No claim of the pod is a Controller-class claim.
-    NoControllerClaim,
-    /// The pod refers to a claim or template the caches do not know (yet), and none of its
-    /// known claims is a controller claim. Treated like a webhook failure under
-    /// `failurePolicy: Ignore`: the pod is admitted as it would be without the webhook.
-    Unknown {
-        /// `ResourceClaim <ns>/<name>` or `ResourceClaimTemplate <ns>/<name>`.
-        what: String,
-    },
-}
-
-/// The webhook's decision for one pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
-    /// Add [`SCHEDULING_GATE`] with this JSONPatch (RFC 6902) document.
-    Gate(Value),
-    /// Admit unchanged.
-    Skip(Skip),
-}
-
 /// Decides whether `pod` (created in `namespace`) needs the scheduling gate.
 ///
 /// A pod needs it when one of its `spec.resourceClaims` is a Controller-class claim: a
@@ -59,12 +34,12 @@ pub enum Decision {
 /// the webhook, and what happened before the webhook existed; a wrong gate would hold the pod
 /// until someone removes it by hand, a missing one only risks the scheduler trying the pod
 /// early. Pods with `spec.nodeName` and pods that already carry the gate are left alone.
-pub fn decide(pod: &Pod, namespace: &str, lookup: &impl ClaimLookup) -> Decision {
+pub fn decide(pod: &Pod, namespace: &str, lookup: &impl ClaimLookup) -> PodDecision {
     let Some(spec) = pod.spec.as_ref() else {
-        return Decision::Skip(Skip::NoControllerClaim);
+        return PodDecision::Skip(Skip::NoControllerClaim);
     };
     if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
-        return Decision::Skip(Skip::Bound);
+        return PodDecision::Skip(Skip::Bound);
     }
     let gates = spec.scheduling_gates.as_deref();
     if gates
@@ -72,7 +47,7 @@ pub fn decide(pod: &Pod, namespace: &str, lookup: &impl ClaimLookup) -> Decision
         .iter()
         .any(|g| g.name == SCHEDULING_GATE)
     {
-        return Decision::Skip(Skip::AlreadyGated);
+        return PodDecision::Skip(Skip::AlreadyGated);
     }
     let params = |class: &str| lookup.class_parameters(class);
     let mut unknown = None;
@@ -94,10 +69,10 @@ pub fn decide(pod: &Pod, namespace: &str, lookup: &impl ClaimLookup) -> Decision
             false
         };
         if controller {
-            return Decision::Gate(gate_patch(gates.is_some()));
+            return PodDecision::Gate(gate_patch(gates.is_some()));
         }
     }
-    Decision::Skip(match unknown {
+    PodDecision::Skip(match unknown {
         Some(what) => Skip::Unknown { what },
         None => Skip::NoControllerClaim,
     })
@@ -193,12 +168,12 @@ mod tests {
                                     {"name": "b", "resourceClaimName": "slice"}]));
         assert_eq!(
             decide(&by_name, "ns", &maps),
-            Decision::Gate(gate_patch(false))
+            PodDecision::Gate(gate_patch(false))
         );
         let by_template = claims(json!([{"name": "a", "resourceClaimTemplateName": "slice-t"}]));
         assert_eq!(
             decide(&by_template, "ns", &maps),
-            Decision::Gate(gate_patch(false))
+            PodDecision::Gate(gate_patch(false))
         );
     }
 
@@ -214,7 +189,7 @@ mod tests {
         ] {
             assert_eq!(
                 decide(&claims(refs.clone()), "ns", &maps),
-                Decision::Skip(Skip::NoControllerClaim),
+                PodDecision::Skip(Skip::NoControllerClaim),
                 "{refs}"
             );
         }
@@ -222,7 +197,7 @@ mod tests {
         let elsewhere = claims(json!([{"name": "a", "resourceClaimName": "slice"}]));
         assert!(matches!(
             decide(&elsewhere, "other-ns", &maps),
-            Decision::Skip(Skip::Unknown { .. })
+            PodDecision::Skip(Skip::Unknown { .. })
         ));
     }
 
@@ -231,23 +206,23 @@ mod tests {
         let maps = maps();
         let bound = pod(json!({"containers": [], "nodeName": "n",
             "resourceClaims": [{"name": "a", "resourceClaimName": "slice"}]}));
-        assert_eq!(decide(&bound, "ns", &maps), Decision::Skip(Skip::Bound));
+        assert_eq!(decide(&bound, "ns", &maps), PodDecision::Skip(Skip::Bound));
         let gated = pod(json!({"containers": [],
             "schedulingGates": [{"name": "x"}, {"name": SCHEDULING_GATE}],
             "resourceClaims": [{"name": "a", "resourceClaimName": "slice"}]}));
         assert_eq!(
             decide(&gated, "ns", &maps),
-            Decision::Skip(Skip::AlreadyGated)
+            PodDecision::Skip(Skip::AlreadyGated)
         );
         let other_gate = pod(json!({"containers": [], "schedulingGates": [{"name": "x"}],
             "resourceClaims": [{"name": "a", "resourceClaimName": "slice"}]}));
         assert_eq!(
             decide(&other_gate, "ns", &maps),
-            Decision::Gate(gate_patch(true))
+            PodDecision::Gate(gate_patch(true))
         );
         assert_eq!(
             decide(&Pod::default(), "ns", &maps),
-            Decision::Skip(Skip::NoControllerClaim)
+            PodDecision::Skip(Skip::NoControllerClaim)
         );
     }
 
@@ -258,7 +233,7 @@ mod tests {
                                     {"name": "b", "resourceClaimTemplateName": "nope-t"}]));
         assert_eq!(
             decide(&missing, "ns", &maps),
-            Decision::Skip(Skip::Unknown {
+            PodDecision::Skip(Skip::Unknown {
                 what: "ResourceClaim ns/nope".to_owned()
             })
         );
@@ -266,7 +241,7 @@ mod tests {
                                   {"name": "b", "resourceClaimTemplateName": "slice-t"}]));
         assert_eq!(
             decide(&mixed, "ns", &maps),
-            Decision::Gate(gate_patch(false))
+            PodDecision::Gate(gate_patch(false))
         );
     }
 

@@ -37,8 +37,9 @@ use kube::core::admission::{AdmissionRequest, Operation};
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::{Value, json};
 
-use self::decide::{Admission, Verdict, evaluate};
-use super::review::{self, Answer, Outcome};
+use self::decide::{Admission, QuotaEffect, evaluate};
+use super::outcome::{Answer, Outcome, QuotaDecision, Review};
+use super::review;
 use crate::cache::ProcessCaches;
 use crate::quota::classes::quota_class;
 
@@ -47,31 +48,6 @@ pub const QUOTA_PATH: &str = "/quota";
 
 /// How many conflicting writes of one quota an admission retries before refusing the claim.
 const MAX_TRIES: usize = 10;
-
-/// How the quota review of a claim ended, for metrics and logs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum QuotaOutcome {
-    /// Admitted and charged to this many quotas.
-    Charged(usize),
-    /// Admitted without a write: no quota in the namespace, a charge of zero, a dry run.
-    NotCharged,
-    /// Refused: over a quota, not chargeable, or the quota could not be written.
-    Denied(String),
-    /// Not handled (not the CREATE of a claim); admitted.
-    Error(String),
-}
-
-impl QuotaOutcome {
-    /// The metric label: `charged`, `not_charged`, `denied` or `error`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            QuotaOutcome::Charged(_) => "charged",
-            QuotaOutcome::NotCharged => "not_charged",
-            QuotaOutcome::Denied(_) => "denied",
-            QuotaOutcome::Error(_) => "error",
-        }
-    }
-}
 
 /// The lock admissions of one quota take turns on, holding the last copy of it this replica
 /// wrote or read.
@@ -117,31 +93,40 @@ impl QuotaAdmission {
             Ok(parsed) => parsed,
             Err(answer) => return answer,
         };
-        let outcome = self.review(&request).await;
+        let decision = self.review(&request).await;
         let answer = &mut response["response"];
-        match &outcome {
-            QuotaOutcome::Denied(message) => {
-                answer["allowed"] = json!(false);
-                answer["status"] = forbidden(message, &request);
+        let outcome = match decision {
+            Ok(decision) => {
+                if let QuotaDecision::Denied(message) = &decision {
+                    answer["allowed"] = json!(false);
+                    answer["status"] = forbidden(message, &request);
+                }
+                Outcome::Quota(decision)
             }
-            QuotaOutcome::Error(message) => answer["status"] = json!({"message": message}),
-            QuotaOutcome::Charged(_) | QuotaOutcome::NotCharged => {}
-        }
+            Err(message) => {
+                answer["status"] = json!({"message": message});
+                Outcome::NotHandled(Review::Quota, message)
+            }
+        };
         Answer {
             status: 200,
             body: response.to_string().into_bytes(),
-            outcome: Outcome::Quota(outcome),
+            outcome,
         }
     }
 
-    /// The verdict on one request.
-    async fn review(&self, request: &AdmissionRequest<DynamicObject>) -> QuotaOutcome {
+    /// The decision on one request; `Err` with the reason when it is not the CREATE of a
+    /// claim.
+    async fn review(
+        &self,
+        request: &AdmissionRequest<DynamicObject>,
+    ) -> Result<QuotaDecision, String> {
         if request.operation != Operation::Create
             || request.resource.group != "resource.k8s.io"
             || request.resource.resource != "resourceclaims"
             || request.sub_resource.is_some()
         {
-            return QuotaOutcome::Error(format!(
+            return Err(format!(
                 "kerf's quota webhook handles the CREATE of resourceclaims, not {:?} of {}",
                 request.operation, request.resource.resource
             ));
@@ -155,20 +140,20 @@ impl QuotaAdmission {
             .filter(|q| q.namespace().as_deref() == Some(namespace.as_str()))
             .collect();
         if quotas.is_empty() {
-            return QuotaOutcome::NotCharged;
+            return Ok(QuotaDecision::NotCharged);
         }
         // The first refusal the user reads does not depend on the cache's order.
         quotas.sort_by_key(|q| q.name_any());
         let claim = match decode_claim(request) {
             Ok(claim) => claim,
-            Err(message) => return QuotaOutcome::Denied(message),
+            Err(message) => return Ok(QuotaDecision::Denied(message)),
         };
         let charge = match self.charge(&claim) {
             Ok(charge) => charge,
             Err(error) => {
-                return QuotaOutcome::Denied(format!(
+                return Ok(QuotaDecision::Denied(format!(
                     "the claim's GPU quota charge cannot be computed: {error}"
-                ));
+                )));
             }
         };
         let admission = Admission {
@@ -186,14 +171,14 @@ impl QuotaAdmission {
             {
                 Ok(true) => charged += 1,
                 Ok(false) => {}
-                Err(message) => return QuotaOutcome::Denied(message),
+                Err(message) => return Ok(QuotaDecision::Denied(message)),
             }
         }
-        if charged == 0 {
-            QuotaOutcome::NotCharged
+        Ok(if charged == 0 {
+            QuotaDecision::NotCharged
         } else {
-            QuotaOutcome::Charged(charged)
-        }
+            QuotaDecision::Charged(charged)
+        })
     }
 
     /// The claim's charge, its classes seen as the recount sees them.
@@ -226,10 +211,10 @@ impl QuotaAdmission {
         let mut fresh = false;
         for _ in 0..MAX_TRIES {
             let status = match evaluate(&quota, charge, admission) {
-                Verdict::Charge(status) if !dry_run => status,
+                QuotaEffect::Charge(status) if !dry_run => status,
                 // A copy from the cache may predate a recount that freed usage: a refusal is
                 // made on the quota as stored.
-                Verdict::Deny(_) if !fresh => {
+                QuotaEffect::Deny(_) if !fresh => {
                     match api.get_opt(&name).await {
                         Ok(Some(stored)) => quota = stored,
                         Ok(None) => return Ok(false),
@@ -242,7 +227,7 @@ impl QuotaAdmission {
                 verdict => {
                     *last = Some(quota);
                     return match verdict {
-                        Verdict::Deny(message) => Err(message),
+                        QuotaEffect::Deny(message) => Err(message),
                         _ => Ok(false),
                     };
                 }

@@ -13,73 +13,9 @@ use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use serde_json::{Value, json};
 
-use super::claims::{ClaimDecision, ClaimResource, decide_claim};
-use super::decide::{ClaimLookup, Decision, Skip, decide};
-use super::quota::QuotaOutcome;
-
-/// How one review ended, for metrics and logs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
-    /// The pod gets the scheduling gate.
-    Gated,
-    /// The pod is admitted unchanged.
-    NotGated(Skip),
-    /// A ResourceClaim or ResourceClaimTemplate was reviewed.
-    Claim(ClaimResource, ClaimOutcome),
-    /// A ResourceClaim was checked against its namespace's GpuQuotas.
-    Quota(QuotaOutcome),
-    /// The review could not be handled; the pod is admitted unchanged (or the body was not a
-    /// review at all).
-    Error(String),
-}
-
-impl Outcome {
-    /// The metric label of a pod review: `gated`, `not_gated` or `error` (a claim review
-    /// counts as `error` here; its own label is [`ClaimOutcome::label`]).
-    pub fn label(&self) -> &'static str {
-        match self {
-            Outcome::Gated => "gated",
-            Outcome::NotGated(_) => "not_gated",
-            Outcome::Claim(..) | Outcome::Quota(_) | Outcome::Error(_) => "error",
-        }
-    }
-}
-
-/// How the review of a claim or template ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimOutcome {
-    /// Admitted with a patch rewriting this many kerf configs in canonical form.
-    Normalized(usize),
-    /// Admitted unchanged: no config for kerf's driver.
-    NoKerfConfig,
-    /// Denied: a kerf config is invalid (the message names field and value).
-    Denied(String),
-    /// Not handled (not a CREATE, no object); admitted unchanged.
-    Error(String),
-}
-
-impl ClaimOutcome {
-    /// The metric label: `normalized`, `no_kerf_config`, `denied` or `error`.
-    pub fn label(&self) -> &'static str {
-        match self {
-            ClaimOutcome::Normalized(_) => "normalized",
-            ClaimOutcome::NoKerfConfig => "no_kerf_config",
-            ClaimOutcome::Denied(_) => "denied",
-            ClaimOutcome::Error(_) => "error",
-        }
-    }
-}
-
-/// The answer to one HTTP request: status code, JSON body, outcome.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    /// HTTP status: 200 for every review that parsed, 400 for a body that is not one.
-    pub status: u16,
-    /// The JSON body.
-    pub body: Vec<u8>,
-    /// What happened.
-    pub outcome: Outcome,
-}
+use super::claims::decide_claim;
+use super::decide::{ClaimLookup, decide};
+use super::outcome::{Answer, ClaimDecision, ClaimResource, Outcome, PodDecision, Review};
 
 /// Handles one AdmissionReview request body; `driver` is kerf's DRA driver name.
 ///
@@ -101,25 +37,30 @@ pub fn handle(body: &[u8], lookup: &impl ClaimLookup, driver: &str) -> Answer {
         Err(answer) => return answer,
     };
     let answer = &mut response["response"];
-    if let Some(resource) =
+    let outcome = if let Some(resource) =
         ClaimResource::from_request(&request.resource.group, &request.resource.resource)
     {
-        let outcome = review_claim(&request, resource, driver, answer);
-        return Answer {
-            status: 200,
-            body: response.to_string().into_bytes(),
-            outcome: Outcome::Claim(resource, outcome),
-        };
-    }
-    let (outcome, patch) = review_pod(&request, lookup);
-    if let Some(patch) = patch {
-        answer["patchType"] = json!("JSONPatch");
-        answer["patch"] = json!(STANDARD.encode(patch.to_string()));
-    } else if let Outcome::NotGated(skip) = &outcome {
-        answer["status"] = json!({"message": format!("{skip:?}")});
-    } else if let Outcome::Error(message) = &outcome {
-        answer["status"] = json!({"message": message});
-    }
+        match review_claim(&request, resource, driver, answer) {
+            Ok(decision) => Outcome::Claim(resource, decision),
+            Err(message) => Outcome::NotHandled(Review::Claim(resource), message),
+        }
+    } else {
+        match review_pod(&request, lookup) {
+            Ok(PodDecision::Gate(patch)) => {
+                answer["patchType"] = json!("JSONPatch");
+                answer["patch"] = json!(STANDARD.encode(patch.to_string()));
+                Outcome::Pod(PodDecision::Gate(patch))
+            }
+            Ok(PodDecision::Skip(skip)) => {
+                answer["status"] = json!({"message": format!("{skip:?}")});
+                Outcome::Pod(PodDecision::Skip(skip))
+            }
+            Err(message) => {
+                answer["status"] = json!({"message": message});
+                Outcome::NotHandled(Review::Pod, message)
+            }
+        }
+    };
     Answer {
         status: 200,
         body: response.to_string().into_bytes(),
@@ -158,13 +99,14 @@ pub(crate) fn parse(body: &[u8]) -> Result<(AdmissionRequest<DynamicObject>, Val
 }
 
 /// Decides for a claim or template and writes the decision into `answer` (the review's
-/// `response`, already `allowed: true` with the request's uid).
+/// `response`, already `allowed: true` with the request's uid); `Err` with the reason, also
+/// written there, when the request is not one the webhook reviews.
 fn review_claim(
     request: &AdmissionRequest<DynamicObject>,
     resource: ClaimResource,
     driver: &str,
     answer: &mut Value,
-) -> ClaimOutcome {
+) -> Result<ClaimDecision, String> {
     // UPDATE needs no review: kube-apiserver refuses any change of a claim's spec.
     if request.operation != Operation::Create || request.sub_resource.is_some() {
         let message = format!(
@@ -173,7 +115,7 @@ fn review_claim(
             request.operation
         );
         answer["status"] = json!({"message": message});
-        return ClaimOutcome::Error(message);
+        return Err(message);
     }
     let object = request
         .object
@@ -185,18 +127,17 @@ fn review_claim(
         Err(e) => {
             let message = format!("cannot read the {}: {e}", resource.kind());
             answer["status"] = json!({"message": message});
-            return ClaimOutcome::Error(message);
+            return Err(message);
         }
     };
-    match decide_claim(&object, resource, driver) {
-        ClaimDecision::Normalize { patch, configs } => {
+    let decision = decide_claim(&object, resource, driver);
+    match &decision {
+        ClaimDecision::Normalize { patch, .. } => {
             answer["patchType"] = json!("JSONPatch");
             answer["patch"] = json!(STANDARD.encode(patch));
-            ClaimOutcome::Normalized(configs)
         }
-        ClaimDecision::NoKerfConfig => ClaimOutcome::NoKerfConfig,
+        ClaimDecision::NoKerfConfig => {}
         ClaimDecision::Invalid { field, message } => {
-            let text = format!("{field}: {message}");
             answer["allowed"] = json!(false);
             // The shape of kube-apiserver's own validation errors (a 422 `Invalid` with a
             // `FieldValueInvalid` cause), which ToStatusErr passes on with the webhook's name
@@ -205,7 +146,7 @@ fn review_claim(
                 "status": "Failure",
                 "code": 422,
                 "reason": "Invalid",
-                "message": text,
+                "message": format!("{field}: {message}"),
                 "details": {
                     "name": request.name,
                     "group": "resource.k8s.io",
@@ -213,48 +154,41 @@ fn review_claim(
                     "causes": [{"reason": "FieldValueInvalid", "message": message, "field": field}],
                 },
             });
-            ClaimOutcome::Denied(text)
         }
     }
+    Ok(decision)
 }
 
+/// Decides for a pod; `Err` with the reason when the request is not one the webhook
+/// reviews.
 fn review_pod(
     request: &AdmissionRequest<DynamicObject>,
     lookup: &impl ClaimLookup,
-) -> (Outcome, Option<Value>) {
+) -> Result<PodDecision, String> {
     if request.operation != Operation::Create
         || request.kind.kind != "Pod"
         || !request.kind.group.is_empty()
         || request.sub_resource.is_some()
     {
-        return (
-            Outcome::Error(format!(
-                "kerf's webhook handles the CREATE of pods, not {:?} of {}",
-                request.operation, request.kind.kind
-            )),
-            None,
-        );
+        return Err(format!(
+            "kerf's webhook handles the CREATE of pods, not {:?} of {}",
+            request.operation, request.kind.kind
+        ));
     }
     let pod = request
         .object
         .as_ref()
         .ok_or_else(|| "request without object".to_owned())
         .and_then(|o| serde_json::to_value(o).map_err(|e| e.to_string()))
-        .and_then(|v| serde_json::from_value::<Pod>(v).map_err(|e| e.to_string()));
-    let pod = match pod {
-        Ok(pod) => pod,
-        Err(e) => return (Outcome::Error(format!("cannot decode the pod: {e}")), None),
-    };
+        .and_then(|v| serde_json::from_value::<Pod>(v).map_err(|e| e.to_string()))
+        .map_err(|e| format!("cannot decode the pod: {e}"))?;
     // On CREATE the namespace is the request's: the pod's metadata may omit it.
     let namespace = request
         .namespace
         .as_deref()
         .or(pod.metadata.namespace.as_deref())
         .unwrap_or("default");
-    match decide(&pod, namespace, lookup) {
-        Decision::Gate(patch) => (Outcome::Gated, Some(patch)),
-        Decision::Skip(skip) => (Outcome::NotGated(skip), None),
-    }
+    Ok(decide(&pod, namespace, lookup))
 }
 
 fn bad_request(message: String) -> Answer {
@@ -269,6 +203,6 @@ fn bad_request(message: String) -> Answer {
     Answer {
         status: 400,
         body: body.to_string().into_bytes(),
-        outcome: Outcome::Error(message),
+        outcome: Outcome::BadRequest(message),
     }
 }

@@ -16,8 +16,9 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::decide::ClaimLookup;
-use super::quota::{QUOTA_PATH, QuotaAdmission, QuotaOutcome};
-use super::review::{self, Answer, ClaimOutcome, Outcome};
+use super::outcome::{Answer, ClaimDecision, Outcome, QuotaDecision, Review};
+use super::quota::{QUOTA_PATH, QuotaAdmission};
+use super::review;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 
@@ -156,41 +157,46 @@ async fn answer<L: ClaimLookup>(
     response
 }
 
+/// The label of a review the webhook did not handle, in every admission metric.
+const NOT_HANDLED: &str = "error";
+
 /// Counts and logs how a review ended.
 fn record(answer: &Answer, metrics: &Metrics) {
     match &answer.outcome {
-        Outcome::Quota(outcome) => {
-            metrics.record_quota_admission(outcome.label());
-            match outcome {
-                QuotaOutcome::Error(message) => {
-                    tracing::warn!(%message, "webhook: quota review not handled");
-                }
-                QuotaOutcome::Denied(message) => {
-                    tracing::info!(%message, "webhook: claim refused by quota");
-                }
-                outcome => tracing::debug!(?outcome, "webhook: claim charged"),
+        Outcome::Quota(decision) => {
+            metrics.record_quota_admission(decision.label());
+            if let QuotaDecision::Denied(message) = decision {
+                tracing::info!(%message, "webhook: claim refused by quota");
+            } else {
+                tracing::debug!(?decision, "webhook: claim charged");
             }
         }
-        Outcome::Claim(resource, outcome) => {
-            metrics.record_claim_admission(resource.label(), outcome.label());
-            match outcome {
-                ClaimOutcome::Error(message) => {
-                    tracing::warn!(%message, "webhook: claim review not handled");
-                }
-                // The user reads the denial in the API server's answer; the log says which.
-                ClaimOutcome::Denied(message) => {
-                    tracing::info!(%message, resource = resource.label(), "webhook: denied");
-                }
-                outcome => tracing::debug!(?outcome, "webhook: reviewed a claim"),
+        Outcome::Claim(resource, decision) => {
+            metrics.record_claim_admission(resource.label(), decision.label());
+            // The user reads the denial in the API server's answer; the log says which.
+            if let ClaimDecision::Invalid { field, message } = decision {
+                tracing::info!(message = %format!("{field}: {message}"), resource = resource.label(), "webhook: denied");
+            } else {
+                tracing::debug!(?decision, "webhook: reviewed a claim");
             }
         }
-        Outcome::Error(message) => {
-            metrics.record_admission(answer.outcome.label());
+        Outcome::Pod(decision) => {
+            metrics.record_admission(decision.label());
+            tracing::debug!(?decision, "webhook: reviewed a pod");
+        }
+        Outcome::NotHandled(review, message) => {
+            match review {
+                Review::Quota => metrics.record_quota_admission(NOT_HANDLED),
+                Review::Claim(resource) => {
+                    metrics.record_claim_admission(resource.label(), NOT_HANDLED);
+                }
+                Review::Pod => metrics.record_admission(NOT_HANDLED),
+            }
+            tracing::warn!(%message, ?review, "webhook: review not handled");
+        }
+        Outcome::BadRequest(message) => {
+            metrics.record_admission(NOT_HANDLED);
             tracing::warn!(%message, "webhook: review not handled");
-        }
-        outcome => {
-            metrics.record_admission(outcome.label());
-            tracing::debug!(?outcome, "webhook: reviewed a pod");
         }
     }
 }

@@ -16,7 +16,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kerf_api::params::GpuClassParameters;
-use kerf_controller::webhook::{ClaimLookup, Decision, decide};
+use kerf_controller::webhook::{ClaimLookup, PodDecision, decide};
 use serde_json::Value;
 
 use super::SimError;
@@ -61,11 +61,11 @@ pub fn admit(
     driver: &str,
     namespace: &str,
     pod: &mut Value,
-) -> Result<Decision, SimError> {
+) -> Result<PodDecision, SimError> {
     let typed: Pod = serde_json::from_value(pod.clone())
         .map_err(|e| SimError::Setup(format!("admission: not a pod: {e}")))?;
     let decision = decide(&typed, namespace, &FakeLookup::new(fake, driver));
-    if let Decision::Gate(patch) = &decision {
+    if let PodDecision::Gate(patch) = &decision {
         let patch: json_patch::Patch = serde_json::from_value(patch.clone())
             .map_err(|e| SimError::Setup(format!("admission: patch: {e}")))?;
         json_patch::patch(pod, &patch)

@@ -30,7 +30,7 @@
 //! (see `kerf_tests::sim`).
 //!
 //! It fails when ownership or gating break (tried by hand, not committed): with the
-//! controller placing on devices whatever their owner (`OwnershipBook::usable` always true)
+//! controller placing on devices whatever their owner (`DeviceOwnership::usable` always true)
 //! seed 1 fails within 4 s ("allocated by kerf-controller … but recorded as the scheduler's"),
 //! and the claim watch also caught a whole-GPU allocation sharing a GPU with a slice; with
 //! the gate never removed, no slice pod is bound. With the Scheduler classes' CEL guard
@@ -272,7 +272,7 @@ async fn drive(
 
 async fn create(sim: &mut Sim, plan: &PodPlan, trace: &mut Trace) -> Result<(), String> {
     let decision = sim.create(plan).await.map_err(|e| e.to_string())?;
-    let gated = matches!(decision, kerf_controller::webhook::Decision::Gate(_));
+    let gated = matches!(decision, kerf_controller::webhook::PodDecision::Gate(_));
     trace.push(format!(
         "create {} {:?}{}{}",
         plan.name,

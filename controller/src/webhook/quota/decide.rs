@@ -30,7 +30,7 @@ pub(crate) struct Admission {
 
 /// What one quota says about one claim.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Verdict {
+pub(crate) enum QuotaEffect {
     /// The quota does not change: its spec is invalid (skipped, logged; the recount reports
     /// it on the object), the charge is zero, or this claim is charged already.
     Unaffected,
@@ -41,7 +41,7 @@ pub(crate) enum Verdict {
 }
 
 /// The verdict of `quota` on a claim charged `charge`.
-pub(crate) fn evaluate(quota: &GpuQuota, charge: &Charge, admission: &Admission) -> Verdict {
+pub(crate) fn evaluate(quota: &GpuQuota, charge: &Charge, admission: &Admission) -> QuotaEffect {
     let name = quota.name_any();
     if let Err(error) = quota.spec.validate("spec") {
         tracing::warn!(
@@ -50,14 +50,14 @@ pub(crate) fn evaluate(quota: &GpuQuota, charge: &Charge, admission: &Admission)
             %error,
             "webhook: GpuQuota with an invalid spec is not enforced"
         );
-        return Verdict::Unaffected;
+        return QuotaEffect::Unaffected;
     }
     let status = quota.status.clone().unwrap_or_default();
     if charge.is_zero() || status.admitted.iter().any(|a| a.uid == admission.uid) {
-        return Verdict::Unaffected;
+        return QuotaEffect::Unaffected;
     }
     if let Some(class) = unsized_capped(quota, charge) {
-        return Verdict::Deny(format!(
+        return QuotaEffect::Deny(format!(
             "GpuQuota {name} caps memory, and no device of class {class} is published yet, so \
              its memory cannot be charged; retry once the nodes publish their GPUs"
         ));
@@ -78,9 +78,9 @@ pub(crate) fn evaluate(quota: &GpuQuota, charge: &Charge, admission: &Admission)
         );
     }
     if !over.is_empty() {
-        return Verdict::Deny(exceeded_message(&name, &over));
+        return QuotaEffect::Deny(exceeded_message(&name, &over));
     }
-    Verdict::Charge(Box::new(charged(
+    QuotaEffect::Charge(Box::new(charged(
         quota,
         status,
         used,

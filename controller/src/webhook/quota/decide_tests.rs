@@ -57,9 +57,9 @@ fn admission(uid: &str) -> Admission {
     }
 }
 
-fn charged_status(verdict: Verdict) -> GpuQuotaStatus {
+fn charged_status(verdict: QuotaEffect) -> GpuQuotaStatus {
     match verdict {
-        Verdict::Charge(status) => *status,
+        QuotaEffect::Charge(status) => *status,
         other => panic!("not charged: {other:?}"),
     }
 }
@@ -100,7 +100,7 @@ fn a_claim_over_the_quota_is_denied_in_resource_quotas_words() {
     );
     assert_eq!(
         verdict,
-        Verdict::Deny(
+        QuotaEffect::Deny(
             "exceeded quota: team-a, requested: compute=10,memory=20Gi, used: \
              compute=100,memory=40Gi, limited: compute=100,memory=40Gi"
                 .to_owned()
@@ -131,7 +131,7 @@ fn a_class_cap_is_checked_against_the_class_usage() {
     };
     assert_eq!(
         evaluate(&full, &charge("h100", gpu), &admission("u3")),
-        Verdict::Deny(
+        QuotaEffect::Deny(
             "exceeded quota: team-a, requested: h100.gpuclass.gpu.kerf.dev/gpus=1, used: \
              h100.gpuclass.gpu.kerf.dev/gpus=1, limited: h100.gpuclass.gpu.kerf.dev/gpus=1"
                 .to_owned()
@@ -168,19 +168,19 @@ fn zero_charges_invalid_specs_and_repeated_claims_change_nothing() {
             &Charge::default(),
             &admission("u6")
         ),
-        Verdict::Unaffected
+        QuotaEffect::Unaffected
     );
     let mut invalid = quota(None, Vec::new());
     invalid.spec.hard.memory = Some(Quantity("lots".to_owned()));
     assert_eq!(
         evaluate(&invalid, &fits, &admission("u7")),
-        Verdict::Unaffected
+        QuotaEffect::Unaffected
     );
     let mut admitted = quota(None, Vec::new());
     admitted.status = Some(charged_status(evaluate(&admitted, &fits, &admission("u8"))));
     assert_eq!(
         evaluate(&admitted, &fits, &admission("u8")),
-        Verdict::Unaffected,
+        QuotaEffect::Unaffected,
         "the same claim is charged once"
     );
 }
@@ -198,7 +198,7 @@ fn unsized_devices_are_refused_where_memory_is_capped() {
             },
         )
     };
-    let Verdict::Deny(message) =
+    let QuotaEffect::Deny(message) =
         evaluate(&quota(None, Vec::new()), &unsized_charge, &admission("u9"))
     else {
         panic!("memory is capped")
@@ -211,6 +211,6 @@ fn unsized_devices_are_refused_where_memory_is_capped() {
     gpus_only.spec.hard = hard(None, None, Some(2));
     assert!(matches!(
         evaluate(&gpus_only, &unsized_charge, &admission("u9")),
-        Verdict::Charge(_)
+        QuotaEffect::Charge(_)
     ));
 }
