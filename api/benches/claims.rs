@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::enforcement::Enforcement;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 
 fn main() {
     divan::main();

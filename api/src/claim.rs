@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use kerf_core::enforcement::Enforcement;
 use kerf_core::mps::TimeSliceInterval;
-use kerf_core::slice::{Sharing, SliceLimits};
+use kerf_core::sharing::{Sharing, SliceLimits};
 
 use crate::error::{Error, Result};
 use crate::params::{OpaqueConfig, SliceDevice, decode_opaque, join};

@@ -236,7 +236,7 @@ mod tests {
 
     use super::*;
     use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimStatus};
-    use kerf_core::slice::{Sharing, SliceLimits};
+    use kerf_core::sharing::{Sharing, SliceLimits};
 
     const GPU: &str = "GPU-11111111-2222-3333-4444-555555555555";
     const MIG: &str = "MIG-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee";

@@ -22,7 +22,7 @@ use kerf_core::inventory::ComputeCapability;
 
 use crate::quantity;
 use crate::resourceslice::{
-    DeviceFields, SliceFields, TYPE_GPU, TYPE_MIG, attributes, capacities, device_attribute,
+    DeviceFields, ResourceSliceFields, TYPE_GPU, TYPE_MIG, attributes, capacities, device_attribute,
 };
 
 /// The nodes' GPUs and the devices that were left out.
@@ -53,7 +53,7 @@ pub struct SkippedDevice {
 
 /// The whole GPUs per node published by `driver`; see [`inventory_view`], which also reports
 /// the devices left out.
-pub fn node_gpus_from_slices<S: SliceFields>(
+pub fn node_gpus_from_slices<S: ResourceSliceFields>(
     slices: &[S],
     driver: &str,
 ) -> BTreeMap<String, NodeGpus> {
@@ -67,7 +67,7 @@ pub fn node_gpus_from_slices<S: SliceFields>(
 /// `cudaComputeCapability` and the capacities `memory` and `multiprocessors`; `nvlinkDomain`,
 /// `numaNode` and `resource.kubernetes.io/pcieRoot` are optional. A device name seen twice on
 /// one node keeps its first occurrence (in slice-name order).
-pub fn inventory_view<S: SliceFields>(slices: &[S], driver: &str) -> InventoryView {
+pub fn inventory_view<S: ResourceSliceFields>(slices: &[S], driver: &str) -> InventoryView {
     let ours: Vec<&S> = slices.iter().filter(|s| s.driver() == driver).collect();
     let mut newest: BTreeMap<&str, i64> = BTreeMap::new();
     for &slice in &ours {
@@ -95,7 +95,7 @@ pub fn inventory_view<S: SliceFields>(slices: &[S], driver: &str) -> InventoryVi
     view
 }
 
-fn read_slice<S: SliceFields>(
+fn read_slice<S: ResourceSliceFields>(
     slice: &S,
     driver: &str,
     view: &mut InventoryView,
@@ -609,7 +609,7 @@ mod tests {
     /// The slices the kubelet plugin publishes for 8 dynamic-MIG GPUs with `features`.
     fn dynamic(partitionable: bool) -> Vec<ResourceSlice> {
         let inventory = mock::from_spec("h100-sxm-80gb-dynmig").unwrap();
-        let features = crate::resourceslice::SliceFeatures {
+        let features = crate::resourceslice::ResourceSliceFeatures {
             device_taints: false,
             partitionable_devices: partitionable,
         };

@@ -73,15 +73,15 @@ impl fmt::Display for Owner {
 /// The owner of each device of one node, by published device name.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct Record(pub BTreeMap<String, Owner>);
+pub struct OwnershipRecord(pub BTreeMap<String, Owner>);
 
-impl Record {
+impl OwnershipRecord {
     /// Parses the value of [`RECORD_ANNOTATION`].
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the annotation when the value is not a JSON object of
     /// device names to `"scheduler"` or `"controller"`.
-    pub fn parse(value: &str) -> Result<Record> {
+    pub fn parse(value: &str) -> Result<OwnershipRecord> {
         serde_json::from_str(value).map_err(|e| Error::InvalidConfig {
             path: format!("metadata.annotations[{RECORD_ANNOTATION:?}]"),
             message: format!(
@@ -93,11 +93,13 @@ impl Record {
     /// The record of a Node's annotations: empty when the annotation is absent.
     ///
     /// # Errors
-    /// See [`Record::parse`].
-    pub fn from_annotations(annotations: Option<&BTreeMap<String, String>>) -> Result<Record> {
+    /// See [`OwnershipRecord::parse`].
+    pub fn from_annotations(
+        annotations: Option<&BTreeMap<String, String>>,
+    ) -> Result<OwnershipRecord> {
         match annotations.and_then(|a| a.get(RECORD_ANNOTATION)) {
-            Some(value) => Record::parse(value),
-            None => Ok(Record::default()),
+            Some(value) => OwnershipRecord::parse(value),
+            None => Ok(OwnershipRecord::default()),
         }
     }
 
@@ -179,7 +181,7 @@ pub fn set_published_owner(device: &mut Device, owner: Option<Owner>) {
 /// for `gpu-<parentMinor>`, whatever the record says of the placement itself; its GPU's full
 /// device and the placements are allocated against the same counters, so two owners there
 /// would be two allocators on one GPU.
-pub fn publish_owners(specs: &mut [ResourceSliceSpec], record: &Record) {
+pub fn publish_owners(specs: &mut [ResourceSliceSpec], record: &OwnershipRecord) {
     for spec in specs.iter_mut() {
         let driver = spec.driver.clone();
         for device in spec.devices.iter_mut().flatten() {
@@ -227,18 +229,24 @@ mod tests {
 
     #[test]
     fn records_round_trip_and_bad_values_name_the_annotation() {
-        let record = Record::parse(r#"{"gpu-1":"scheduler","gpu-0":"controller"}"#).unwrap();
+        let record =
+            OwnershipRecord::parse(r#"{"gpu-1":"scheduler","gpu-0":"controller"}"#).unwrap();
         assert_eq!(record.owner("gpu-0"), Some(Owner::Controller));
         assert_eq!(record.owner("gpu-2"), None);
         assert_eq!(
             record.to_annotation(),
             r#"{"gpu-0":"controller","gpu-1":"scheduler"}"#
         );
-        let err = Record::parse(r#"{"gpu-0":"kubelet"}"#)
+        let err = OwnershipRecord::parse(r#"{"gpu-0":"kubelet"}"#)
             .unwrap_err()
             .to_string();
         assert!(err.contains(RECORD_ANNOTATION), "{err}");
-        assert!(Record::from_annotations(None).unwrap().0.is_empty());
+        assert!(
+            OwnershipRecord::from_annotations(None)
+                .unwrap()
+                .0
+                .is_empty()
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::ComputeCapability;
 use kerf_core::mps::TimeSliceInterval;
-use kerf_core::slice::{Sharing, SliceLimits};
+use kerf_core::sharing::{Sharing, SliceLimits};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};

@@ -23,12 +23,12 @@ mod pool;
 pub mod scheduler_slices;
 pub mod taints;
 
-pub use fields::{DeviceFields, SliceFields};
+pub use fields::{DeviceFields, ResourceSliceFields};
 use names::MAX_NAME_LEN;
 pub use names::{
     TYPE_GPU, TYPE_MIG, attributes, capacities, is_dns_label, is_dns_subdomain, pci_bus_id, semver,
 };
-pub use pool::{SliceFeatures, node_slices, resource_slices};
+pub use pool::{ResourceSliceFeatures, node_slices, resource_slices};
 
 /// The name of slice `index` of `driver`'s pool on `node`: `<node>-<driver>-<index>`.
 ///

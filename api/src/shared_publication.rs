@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::Inventory;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 use kerf_kubelet_plugin::claim_reader::{ClaimReader, MemoryClaimReader};
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};

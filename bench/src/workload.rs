@@ -5,7 +5,7 @@ use kerf_core::alloc::{
     ClaimRequest, DeviceRequest, Index, NodeGpus, PodRequest, Policy, SliceSize, TopologyScope,
 };
 use kerf_core::inventory::Inventory;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 
 use crate::Result;
 use crate::rng::Rng;

@@ -35,7 +35,9 @@ pub mod allocate;
 pub mod claim_store;
 pub mod classes;
 pub mod containers;
+mod extra_node;
 pub mod health;
+mod kubelet_visit;
 pub mod manifests;
 pub mod mig;
 pub mod mps;
@@ -44,9 +46,7 @@ pub mod print;
 pub mod report;
 pub mod scheduler;
 pub mod shareable;
-mod side_node;
 mod summarize;
-mod visit;
 pub mod workload;
 
 use std::path::{Path, PathBuf};
@@ -61,13 +61,13 @@ use kerf_kubelet_plugin::plugin::{self, Connections};
 use crate::error::{Error, Result};
 use allocate::PodOutcome;
 use claim_store::MemoryClaimReader;
+use kubelet_visit::{NodeRun, NodeVisit};
 use manifests::ManifestSource;
 pub use mig::{MigNode, MigNodeReport};
 use node::Layout;
 pub use report::{ClaimReport, DeviceReport, MpsReport, PodReport, Summary};
 pub use shareable::{ShareableNode, ShareableNodeReport};
 use summarize::Run;
-use visit::{NodeRun, NodeVisit};
 use workload::Workload;
 
 /// The node name the demo uses unless told otherwise.
@@ -253,7 +253,7 @@ impl SideNodes {
         })
     }
 
-    fn nodes(&self) -> impl Iterator<Item = &side_node::SideNode> {
+    fn nodes(&self) -> impl Iterator<Item = &extra_node::SideNode> {
         let mig = self.mig.iter().map(|m| &m.node);
         mig.chain(self.shareable.iter().map(|s| &s.node))
     }
@@ -364,11 +364,11 @@ impl MainNode<'_> {
         let visited = visit.run(runtime).await;
         let stopped = running.shutdown().await;
         // Whatever failed before: no daemon may outlive the demo.
-        let daemons_stopped = visit::stop_leftover_daemons(&plugin_config).await;
+        let daemons_stopped = kubelet_visit::stop_leftover_daemons(&plugin_config).await;
         let node_run = visited?;
         stopped?;
         daemons_stopped?;
-        visit::check_clean(layout, driver)?;
+        kubelet_visit::check_clean(layout, driver)?;
         Ok(node_run)
     }
 }

@@ -20,9 +20,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kerf_api::ownership::{Owner, Record, publish_owners};
+use kerf_api::ownership::{Owner, OwnershipRecord, publish_owners};
 use kerf_api::resourceslice::scheduler_slices::publish_shared;
-use kerf_api::resourceslice::{SliceFeatures, TYPE_GPU, attributes, limits, node_slices};
+use kerf_api::resourceslice::{ResourceSliceFeatures, TYPE_GPU, attributes, limits, node_slices};
 use kerf_api::shared_publication::{SharedPublication, SharedSlicing};
 use kerf_core::inventory::Inventory;
 
@@ -91,13 +91,13 @@ pub fn published_slices(
     node_name: &str,
     features: &Features,
 ) -> Result<Vec<ResourceSlice>> {
-    let slice_features = SliceFeatures {
+    let slice_features = ResourceSliceFeatures {
         device_taints: false,
         partitionable_devices: features.partitionable_devices,
     };
     let mut specs = node_slices(inventory, driver, node_name, slice_features)?;
     if features.any() {
-        let mut record = Record::default();
+        let mut record = OwnershipRecord::default();
         if features.partitionable_devices {
             // kerf-controller records every placement (a device consuming counters) as the
             // scheduler's under its own name: MIG devices are always kube-scheduler's.
@@ -153,7 +153,7 @@ fn whole_gpus(specs: &[ResourceSliceSpec]) -> impl Iterator<Item = &Device> {
 /// by device name) runs no process on the whole GPU, so it holds no shares.
 fn share_whole_gpus(
     specs: &mut [ResourceSliceSpec],
-    record: &mut Record,
+    record: &mut OwnershipRecord,
     slicing: &SharedSlicing,
     in_mig_mode: &BTreeSet<String>,
 ) -> Result<()> {

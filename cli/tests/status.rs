@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceTaint, ResourceClaim, ResourceSlice};
-use kerf_api::ownership::{Owner, Record, publish_owners};
+use kerf_api::ownership::{Owner, OwnershipRecord, publish_owners};
 use kerf_cli::status;
 use kerf_tests::fake_api::FakeApi;
 use serde_json::{Value, json};
@@ -27,7 +27,7 @@ const MIG: &str = "gpu-0-mig-1g-5gb-6";
 fn slices(generation: i64) -> Vec<ResourceSlice> {
     let inventory = kerf_core::mock::from_spec("a100-40gb-mig").unwrap();
     let mut specs = kerf_api::resource_slices(&inventory, DRIVER, NODE).unwrap();
-    let mut record = Record(BTreeMap::from([
+    let mut record = OwnershipRecord(BTreeMap::from([
         ("gpu-2".to_owned(), Owner::Scheduler),
         ("gpu-3".to_owned(), Owner::Controller),
     ]));

@@ -8,7 +8,7 @@
 //! on every claim change" cheap.
 
 mod process;
-mod slice;
+mod resource_slice;
 pub mod strip;
 
 use std::fmt::Debug;
@@ -28,15 +28,15 @@ use crate::error::{Error, Result};
 use kerf_api::watch_backoff::WatchBackoff;
 
 pub use process::ProcessCaches;
-pub(crate) use slice::CompactDevice;
-pub use slice::{CompactSlice, Interner};
+pub(crate) use resource_slice::CompactDevice;
+pub use resource_slice::{CompactResourceSlice, Interner};
 
 /// Read handles of the caches. Clones share the same stores.
 #[derive(Clone)]
 pub struct Caches {
     /// ResourceSlices of the driver (all generations; see [`crate::capacity::current_devices`]),
-    /// compacted ([`CompactSlice`]).
-    pub slices: Store<CompactSlice>,
+    /// compacted ([`CompactResourceSlice`]).
+    pub slices: Store<CompactResourceSlice>,
     /// Every ResourceClaim of the cluster (the store of [`ProcessCaches::claims`]).
     pub claims: Store<ResourceClaim>,
     /// Every DeviceClass of the cluster (the store of [`ProcessCaches::device_classes`]).
@@ -191,13 +191,16 @@ impl<K> Change<K> {
     }
 }
 
-/// The reflector of kerf's ResourceSlices: each slice compacted ([`CompactSlice`]) before the
+/// The reflector of kerf's ResourceSlices: each slice compacted ([`CompactResourceSlice`]) before the
 /// store keeps it, and a stream with one item per change the store shows (watch errors are
 /// logged and retried with back-off).
 fn slice_cache(
     api: Api<ResourceSlice>,
     config: watcher::Config,
-) -> (Store<CompactSlice>, impl Stream<Item = ()> + Send + 'static) {
+) -> (
+    Store<CompactResourceSlice>,
+    impl Stream<Item = ()> + Send + 'static,
+) {
     let (store, writer) = reflector::store();
     let mut interner = Interner::default();
     let compacted = watcher(api, config)
@@ -221,8 +224,8 @@ fn slice_cache(
 fn compact_event(
     event: watcher::Event<ResourceSlice>,
     interner: &mut Interner,
-) -> watcher::Event<CompactSlice> {
-    let mut compact = |slice| CompactSlice::new(slice, interner);
+) -> watcher::Event<CompactResourceSlice> {
+    let mut compact = |slice| CompactResourceSlice::new(slice, interner);
     match event {
         watcher::Event::Apply(slice) => watcher::Event::Apply(compact(slice)),
         watcher::Event::Delete(slice) => watcher::Event::Delete(compact(slice)),

@@ -25,9 +25,9 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceRequestAllocationResult, ResourceClaim,
 };
-use kerf_api::resourceslice::{DeviceFields as _, SliceFields as _};
+use kerf_api::resourceslice::{DeviceFields as _, ResourceSliceFields as _};
 
-use crate::cache::{CompactDevice, CompactSlice};
+use crate::cache::{CompactDevice, CompactResourceSlice};
 use kerf_api::params::{GpuSliceAllocation, OpaqueConfig, decode_opaque};
 use kerf_api::quantity::quantity_bytes;
 use kerf_api::resourceslice::capacities;
@@ -39,7 +39,7 @@ mod refresh;
 mod scope;
 
 pub use holdings::{DeviceFill, Held, Holdings, UNKNOWN_CLASS, holdings};
-pub use refresh::{RefreshMemo, Usage};
+pub use refresh::{Usage, UsageMemo};
 use scope::whole_share_bytes;
 pub use scope::{ClassScope, Shareable};
 
@@ -57,7 +57,7 @@ pub type DeviceKey = (String, String);
 
 /// The devices of `driver` in `slices`, from each pool's highest generation only.
 pub fn current_devices<'a>(
-    slices: &'a [Arc<CompactSlice>],
+    slices: &'a [Arc<CompactResourceSlice>],
     driver: &str,
 ) -> Vec<PublishedDevice<'a>> {
     let ours = || slices.iter().filter(move |s| s.driver() == driver);
@@ -227,7 +227,7 @@ pub struct ComputeUse {
 }
 
 /// The compute every allocation of `driver` in `claims` uses on `devices`: what
-/// [`free_compute_gpus`] counts, independent of the class (see [`RefreshMemo`]).
+/// [`free_compute_gpus`] counts, independent of the class (see [`UsageMemo`]).
 fn compute_in_use(
     devices: &[PublishedDevice<'_>],
     claims: &[Arc<ResourceClaim>],
@@ -333,14 +333,14 @@ mod tests {
     const DRIVER: &str = "gpu.kerf.dev";
     const GIB: u64 = 1 << 30;
 
-    fn slices(node: &str, profile: &str, generation: i64) -> Vec<Arc<CompactSlice>> {
+    fn slices(node: &str, profile: &str, generation: i64) -> Vec<Arc<CompactResourceSlice>> {
         let inventory = kerf_core::mock::from_spec(profile).unwrap();
         kerf_api::resource_slices(&inventory, DRIVER, node)
             .unwrap()
             .into_iter()
             .map(|mut spec: ResourceSliceSpec| {
                 spec.pool.generation = generation;
-                Arc::new(CompactSlice::from(ResourceSlice {
+                Arc::new(CompactResourceSlice::from(ResourceSlice {
                     metadata: kube::api::ObjectMeta::default(),
                     spec,
                 }))
@@ -394,7 +394,7 @@ mod tests {
                 gpu_uuid: uuid,
                 memory_bytes: Some(10 * GIB),
                 compute_percent: Some(30),
-                sharing: kerf_core::slice::Sharing::Mps,
+                sharing: kerf_core::sharing::Sharing::Mps,
                 time_slice_interval: None,
                 enforcement: kerf_core::enforcement::Enforcement::default(),
             }],
@@ -451,7 +451,7 @@ mod tests {
                 gpu_uuid: uuid_of(&devices, "node-a", "gpu-1"),
                 memory_bytes: Some(4 * GIB),
                 compute_percent: Some(25),
-                sharing: kerf_core::slice::Sharing::default(),
+                sharing: kerf_core::sharing::Sharing::default(),
                 time_slice_interval: None,
                 enforcement: kerf_core::enforcement::Enforcement::default(),
             }],

@@ -24,11 +24,12 @@
 //! the kubelet plugins watch their claims by is kept by `node_label.rs`, on the claim store. All
 //! bookkeeping — capacity assumed for writes in flight, which claims are being written,
 //! allocations the controller cleared itself, rejected nodes, claims waiting for capacity —
-//! is one private ledger (`ledger.rs`) whose write guard undoes itself when dropped. For the
+//! is one private bookkeeping (`bookkeeping.rs`) whose write guard undoes itself when dropped. For the
 //! metrics, `fragmentation.rs` measures each node pool, `usage.rs` each GPU's fill and the
 //! claims left waiting, and `pod_latency.rs` times each pod's wait for its claims.
 
 mod allocate;
+mod bookkeeping;
 mod commit;
 pub mod consumers;
 pub(crate) mod context;
@@ -36,7 +37,6 @@ mod fragmentation;
 mod gate;
 mod idle_gpus_taint;
 pub(crate) mod index;
-mod ledger;
 pub(crate) mod node_label;
 pub(crate) mod node_usage;
 pub(crate) mod nodes;

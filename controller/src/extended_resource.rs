@@ -96,14 +96,14 @@ pub fn decide(
         );
     }
     let verdict = match picked_other(class, &name, own, device_classes) {
-        Shared::Alone => Verdict {
+        NamePick::Alone => Verdict {
             ok: true,
             reason: reasons::NAME_APPLIED,
             message: format!(
                 "DeviceClass {class} carries extendedResourceName {name}: pods asking resources.limits {name} get this class's devices"
             ),
         },
-        Shared::PicksUs(others) => Verdict {
+        NamePick::PicksUs(others) => Verdict {
             ok: true,
             reason: reasons::NAME_SHARED,
             message: format!(
@@ -111,7 +111,7 @@ pub fn decide(
                 others.join(", ")
             ),
         },
-        Shared::PicksOther(winner) => Verdict {
+        NamePick::PicksOther(winner) => Verdict {
             ok: false,
             reason: reasons::NAME_TAKEN,
             message: format!(
@@ -136,7 +136,7 @@ fn not_written(reason: &'static str, message: String) -> Decision {
     }
 }
 
-enum Shared {
+enum NamePick {
     Alone,
     PicksUs(Vec<String>),
     PicksOther(String),
@@ -187,7 +187,7 @@ fn picked_other(
     name: &str,
     own: Option<&DeviceClass>,
     device_classes: &[std::sync::Arc<DeviceClass>],
-) -> Shared {
+) -> NamePick {
     let mut others: Vec<&DeviceClass> = device_classes
         .iter()
         .map(AsRef::as_ref)
@@ -195,7 +195,7 @@ fn picked_other(
         .filter(|dc| dc.spec.extended_resource_name.as_deref() == Some(name))
         .collect();
     if others.is_empty() {
-        return Shared::Alone;
+        return NamePick::Alone;
     }
     let own_created = own.and_then(|dc| dc.metadata.creation_timestamp.as_ref());
     others.sort_by_key(|dc| std::cmp::Reverse(pick_key(created_second(dc), dc.name_any())));
@@ -208,9 +208,9 @@ fn picked_other(
         }
     };
     if ours_wins {
-        Shared::PicksUs(others.iter().map(|dc| dc.name_any()).collect())
+        NamePick::PicksUs(others.iter().map(|dc| dc.name_any()).collect())
     } else {
-        Shared::PicksOther(best_other.name_any())
+        NamePick::PicksOther(best_other.name_any())
     }
 }
 

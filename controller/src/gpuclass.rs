@@ -45,7 +45,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::capacity::{
-    ClassCapacity, ClassScope, RefreshMemo, class_capacity, current_devices, free_compute,
+    ClassCapacity, ClassScope, UsageMemo, class_capacity, current_devices, free_compute,
 };
 use crate::condition::{Verdict, condition};
 use crate::context::{Context, Write};
@@ -120,7 +120,7 @@ pub struct ClassContext {
     /// The client, configuration, caches and metrics every controller shares.
     pub core: Arc<Context>,
     /// Memory and compute in use, computed once per version of the caches for all classes.
-    memo: RefreshMemo,
+    memo: UsageMemo,
 }
 
 impl ClassContext {
@@ -128,7 +128,7 @@ impl ClassContext {
     pub fn new(core: Arc<Context>) -> Self {
         Self {
             core,
-            memo: RefreshMemo::default(),
+            memo: UsageMemo::default(),
         }
     }
 }
@@ -178,7 +178,7 @@ fn checked_selector(class: &GpuClass) -> Result<DeviceSelector> {
     Ok(selector)
 }
 
-async fn reconcile_class(class: &GpuClass, ctx: &Context, memo: &RefreshMemo) -> Result<Action> {
+async fn reconcile_class(class: &GpuClass, ctx: &Context, memo: &UsageMemo) -> Result<Action> {
     if class.metadata.deletion_timestamp.is_some() {
         // The garbage collector removes the owned DeviceClass.
         return Ok(Action::await_change());
@@ -273,7 +273,7 @@ struct Counted {
 fn count_capacity(
     class: &GpuClass,
     ctx: &Context,
-    memo: &RefreshMemo,
+    memo: &UsageMemo,
     name: &str,
     selector: &DeviceSelector,
 ) -> (Counted, Verdict) {

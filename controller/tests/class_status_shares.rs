@@ -17,7 +17,7 @@ use kerf_api::params::{Allocator, GpuClassParameters, GpuSelector};
 use kerf_api::resourceslice::scheduler_slices::publish_shared;
 use kerf_api::shared_publication::{SharedPublication, SharedSlicing};
 use kerf_api::{GpuClassSpec, Slicing};
-use kerf_controller::cache::CompactSlice;
+use kerf_controller::cache::CompactResourceSlice;
 use kerf_controller::capacity::{
     ClassScope, MemoryUse, Shareable, class_capacity, current_devices, free_compute_gpus,
     memory_in_use,
@@ -32,10 +32,10 @@ const GIB: u64 = 1 << 30;
 
 /// Four mock H100s on one node, `gpu-0` and `gpu-1` published shareable as the plugin
 /// publishes the GPUs of the Node's shared publication that the scheduler owns.
-fn slices() -> Vec<Arc<CompactSlice>> {
+fn slices() -> Vec<Arc<CompactResourceSlice>> {
     let inventory = kerf_core::mock::from_spec("h100-sxm-80gb:4").unwrap();
     let mut specs = kerf_api::resource_slices(&inventory, DRIVER, NODE).unwrap();
-    let record = kerf_api::ownership::Record::parse(
+    let record = kerf_api::ownership::OwnershipRecord::parse(
         &json!({"gpu-0": "scheduler", "gpu-1": "scheduler", "gpu-2": "scheduler", "gpu-3": "scheduler"})
             .to_string(),
     )
@@ -57,7 +57,7 @@ fn slices() -> Vec<Arc<CompactSlice>> {
     specs
         .into_iter()
         .map(|spec| {
-            Arc::new(CompactSlice::from(ResourceSlice {
+            Arc::new(CompactResourceSlice::from(ResourceSlice {
                 metadata: ObjectMeta::default(),
                 spec,
             }))

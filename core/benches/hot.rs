@@ -16,7 +16,7 @@ use kerf_core::cdi::{
     READ_ONLY_BIND,
 };
 use kerf_core::checkpoint::{self, Checkpoint, ClaimEntry, ClaimState, DeviceRecord};
-use kerf_core::slice::{Sharing, SliceLimits};
+use kerf_core::sharing::{Sharing, SliceLimits};
 
 fn main() {
     divan::main();

@@ -29,7 +29,7 @@ use crate::enforcement::ServerLimits;
 use crate::error::{Error, Result};
 use crate::fsutil;
 use crate::mps::TimeSliceInterval;
-use crate::slice::{Sharing, SliceLimits};
+use crate::sharing::{Sharing, SliceLimits};
 
 /// The format version this build writes.
 pub const CURRENT_VERSION: u32 = 1;

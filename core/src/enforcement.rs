@@ -18,7 +18,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::slice::{Sharing, SliceLimits};
+use crate::sharing::{Sharing, SliceLimits};
 
 /// The weakest holder of a slice's limits a class accepts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -6,7 +6,7 @@
 //! - [`fsutil`]: atomic, durable file writes.
 //! - [`cdi`]: the CDI spec model, its version rules and the per-claim spec generator.
 //! - [`driver_root`]: discovery of driver libraries and binaries to mount into containers.
-//! - [`slice`](mod@slice): slice limits and sharing strategies of a prepared device.
+//! - [`sharing`]: how a prepared device is shared, and the limits of its slice.
 //! - [`enforcement`]: who holds a slice's limits, and the limits of a GPU's MPS server.
 //! - [`checkpoint`]: the kubelet plugin's versioned, tolerant checkpoint format.
 //! - [`alloc`]: the controller's allocator: free-capacity index and pod placement.
@@ -31,6 +31,6 @@ pub mod mock;
 pub mod mps;
 pub mod names;
 pub mod rng;
-pub mod slice;
+pub mod sharing;
 
 pub use error::{Error, Result};

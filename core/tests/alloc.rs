@@ -9,7 +9,7 @@ use kerf_core::alloc::{
 };
 use kerf_core::inventory::ComputeCapability;
 use kerf_core::mock;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 
 const GI: u64 = 1 << 30;
 const H100: &str = "NVIDIA H100 80GB HBM3";

@@ -13,7 +13,7 @@ use kerf_core::alloc::{
 };
 use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::ComputeCapability;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 use proptest::prelude::*;
 
 const GI: u64 = 1 << 30;

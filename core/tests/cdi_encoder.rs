@@ -16,7 +16,7 @@ use kerf_core::cdi::{
     MigCaps, Mount, PreparedDevice, SpecEncoder,
 };
 use kerf_core::mps::MpsClient;
-use kerf_core::slice::{Sharing, SliceLimits};
+use kerf_core::sharing::{Sharing, SliceLimits};
 use proptest::prelude::*;
 
 /// A node's configuration: what a [`SpecEncoder`] is built from.

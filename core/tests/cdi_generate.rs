@@ -11,7 +11,7 @@ use common::{KIND, UID_DIGIT, UID_LETTER, mig, slice, whole_gpu};
 use kerf_core::cdi::{
     self, ClaimSpecRequest, CommonEdits, DeviceNodePolicy, GeneratedSpec, PreparedDevice, Spec,
 };
-use kerf_core::slice::{Sharing, SliceLimits};
+use kerf_core::sharing::{Sharing, SliceLimits};
 
 fn env_of(generated: &GeneratedSpec) -> BTreeMap<String, String> {
     generated

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use kerf_core::cdi::{
     CdiVersion, ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec,
 };
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 use proptest::prelude::*;
 
 /// A field that needs a CDI version, and where it sits.

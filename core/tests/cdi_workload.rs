@@ -14,7 +14,7 @@ use kerf_core::cdi::{
     self, ClaimSpec, ClaimSpecRequest, ClaimWorkload, CommonEdits, DeviceNodePolicy, Mount,
     PreparedDevice, SpecEncoder,
 };
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 use serde_json::{Value, json};
 
 const DRIVER: &str = "gpu.kerf.dev";

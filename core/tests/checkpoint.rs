@@ -12,7 +12,7 @@ use kerf_core::checkpoint::{
 };
 use kerf_core::enforcement::ServerLimits;
 use kerf_core::mps::TimeSliceInterval;
-use kerf_core::slice::{Sharing, SliceLimits};
+use kerf_core::sharing::{Sharing, SliceLimits};
 use proptest::prelude::*;
 use serde_json::json;
 

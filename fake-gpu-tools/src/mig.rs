@@ -101,9 +101,10 @@ impl From<io::Error> for MigError {
     }
 }
 
-/// Where a GPU instance sits among the memory slices.
+/// Where a GPU instance sits among the memory slices, as NVML's `nvmlGpuInstancePlacement_t`
+/// (`start`, `size`) gives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MigPlacement {
+pub struct GpuInstancePlacement {
     /// First memory slice.
     pub start: u32,
     /// Number of memory slices.
@@ -119,7 +120,7 @@ pub struct GpuInstance {
     /// GPU-instance profile id it was created with.
     pub profile_id: u32,
     /// Where it sits.
-    pub placement: MigPlacement,
+    pub placement: GpuInstancePlacement,
     /// Its compute instances.
     #[serde(default)]
     pub cis: Vec<ComputeInstance>,
@@ -194,7 +195,7 @@ impl MockMig {
         &self,
         minor: u32,
         profile_id: u32,
-        placement: MigPlacement,
+        placement: GpuInstancePlacement,
     ) -> Result<u32, MigError> {
         if minor >= CAPABLE_GPUS {
             return Err(MigError::InvalidArgument(format!(
@@ -414,7 +415,7 @@ fn not_found_gi(minor: u32, gi_id: u32) -> MigError {
     MigError::NotFound(format!("no GPU instance {gi_id} on GPU {minor}"))
 }
 
-fn overlaps(a: MigPlacement, b: MigPlacement) -> bool {
+fn overlaps(a: GpuInstancePlacement, b: GpuInstancePlacement) -> bool {
     a.start < b.start + b.size && b.start < a.start + a.size
 }
 

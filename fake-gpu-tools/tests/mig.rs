@@ -5,10 +5,10 @@
 use std::path::Path;
 use std::process::Command;
 
-use kerf_fake_gpu_tools::mig::{self, MigError, MigPlacement, MockMig};
+use kerf_fake_gpu_tools::mig::{self, GpuInstancePlacement, MigError, MockMig};
 
-fn at(start: u32, size: u32) -> MigPlacement {
-    MigPlacement { start, size }
+fn at(start: u32, size: u32) -> GpuInstancePlacement {
+    GpuInstancePlacement { start, size }
 }
 
 #[test]

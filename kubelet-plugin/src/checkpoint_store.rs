@@ -106,7 +106,7 @@ impl State {
     }
 }
 
-struct Shared {
+struct CheckpointInner {
     path: PathBuf,
     state: Mutex<State>,
     /// `<checkpoint>.lock`, whose `flock` the writes of every instance hold.
@@ -127,7 +127,7 @@ pub struct OperationsHold {
 /// Handle to the checkpoint. Cheap to clone.
 #[derive(Clone)]
 pub struct CheckpointStore {
-    shared: Arc<Shared>,
+    inner: Arc<CheckpointInner>,
 }
 
 /// What [`CheckpointStore::open`] found on disk.
@@ -191,7 +191,7 @@ impl CheckpointStore {
         };
         let base = cp.clone();
         boot_id.clone_into(&mut cp.boot_id);
-        let shared = Arc::new(Shared {
+        let inner = Arc::new(CheckpointInner {
             path: path.to_owned(),
             state: Mutex::new(State {
                 checkpoint: cp,
@@ -205,7 +205,7 @@ impl CheckpointStore {
             lock_file,
             sync: Mutex::new(()),
         });
-        let store = CheckpointStore { shared };
+        let store = CheckpointStore { inner };
         // Persist once so that the boot ID and any migration are on disk, and so that an
         // unwritable directory is reported at start-up rather than at the first prepare.
         store.update(|_| ()).await?;
@@ -246,13 +246,13 @@ impl CheckpointStore {
             guard.seq += 1;
             (out, guard.seq)
         };
-        match write_covering(&self.shared, seq) {
+        match write_covering(&self.inner, seq) {
             Ok(()) => Ok(out),
             Err(WriteFailure::Panicked(detail)) => {
                 Err(Error::internal("the checkpoint write", detail))
             }
             Err(WriteFailure::Save(reason)) => Err(kerf_core::Error::Checkpoint {
-                path: self.shared.path.clone(),
+                path: self.inner.path.clone(),
                 reason: reason.to_string(),
             }
             .into()),
@@ -261,7 +261,7 @@ impl CheckpointStore {
 
     /// The checkpoint file.
     pub fn path(&self) -> &Path {
-        &self.shared.path
+        &self.inner.path
     }
 
     /// Holds the operations lock shared, for one prepare or unprepare.
@@ -282,7 +282,7 @@ impl CheckpointStore {
     }
 
     async fn hold(&self, exclusive: bool) -> Result<OperationsHold> {
-        let path = two_instances::operations_lock_path(&self.shared.path);
+        let path = two_instances::operations_lock_path(&self.inner.path);
         // A descriptor of its own: `flock` locks belong to the open file description, so
         // holds sharing one would release each other's.
         let file = two_instances::open_lock(&path).map_err(|e| Error::io("open", &path, e))?;
@@ -318,29 +318,29 @@ impl CheckpointStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        lock_state(&self.shared)
+        lock_state(&self.inner)
     }
 
     /// The state, with what another instance wrote taken in. The fast path, an
     /// unchanged file, costs one `stat`.
     fn fresh(&self) -> MutexGuard<'_, State> {
-        let on_disk = two_instances::current_id(&self.shared.path);
+        let on_disk = two_instances::current_id(&self.inner.path);
         let guard = self.lock();
         if guard.writing || on_disk == guard.known_id() || on_disk.is_none() {
             return guard;
         }
         drop(guard);
         let _sync = self
-            .shared
+            .inner
             .sync
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        if two_instances::current_id(&self.shared.path) != self.lock().known_id() {
-            match two_instances::read(&self.shared.path) {
+        if two_instances::current_id(&self.inner.path) != self.lock().known_id() {
+            match two_instances::read(&self.inner.path) {
                 Ok(Some((known, theirs))) => self.lock().take_in(known, &theirs),
                 Ok(None) => {}
                 Err(reason) => {
-                    tracing::error!(path = %self.shared.path.display(), %reason, "cannot read the checkpoint another plugin instance wrote; going on with this instance's");
+                    tracing::error!(path = %self.inner.path.display(), %reason, "cannot read the checkpoint another plugin instance wrote; going on with this instance's");
                 }
             }
         }
@@ -348,35 +348,35 @@ impl CheckpointStore {
     }
 }
 
-fn lock_state(shared: &Shared) -> MutexGuard<'_, State> {
+fn lock_state(inner: &CheckpointInner) -> MutexGuard<'_, State> {
     // A panic while holding the lock cannot leave the checkpoint half-mutated in a way
     // that matters more than stopping would: keep serving.
-    shared.state.lock().unwrap_or_else(PoisonError::into_inner)
+    inner.state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Makes the file hold mutation `seq`: nothing when a write since has, else one write under
 /// the lock, which takes in the other instance's changes and writes a snapshot.
-fn write_covering(shared: &Shared, seq: u64) -> std::result::Result<(), WriteFailure> {
-    let _sync = shared.sync.lock().unwrap_or_else(PoisonError::into_inner);
-    if lock_state(shared).written >= seq {
+fn write_covering(inner: &CheckpointInner, seq: u64) -> std::result::Result<(), WriteFailure> {
+    let _sync = inner.sync.lock().unwrap_or_else(PoisonError::into_inner);
+    if lock_state(inner).written >= seq {
         return Ok(());
     }
-    let locked = Exclusive::take(&shared.lock_file);
-    let mut state = lock_state(shared);
+    let locked = Exclusive::take(&inner.lock_file);
+    let mut state = lock_state(inner);
     let held = match locked {
         Ok(held) => held,
         Err(e) => {
             let reason = format!(
                 "lock {}: {e}",
-                two_instances::lock_path(&shared.path).display()
+                two_instances::lock_path(&inner.path).display()
             );
             return Err(WriteFailure::Save(reason.into()));
         }
     };
-    if two_instances::current_id(&shared.path) != state.known_id() {
+    if two_instances::current_id(&inner.path) != state.known_id() {
         drop(state);
-        let read = two_instances::read(&shared.path);
-        state = lock_state(shared);
+        let read = two_instances::read(&inner.path);
+        state = lock_state(inner);
         match read {
             Ok(Some((known, theirs))) => state.take_in(known, &theirs),
             Ok(None) => {}
@@ -391,7 +391,7 @@ fn write_covering(shared: &Shared, seq: u64) -> std::result::Result<(), WriteFai
     state.writing = true;
     drop(state);
     let outcome = match catch_unwind(AssertUnwindSafe(|| {
-        checkpoint::save(&shared.path, &snapshot)
+        checkpoint::save(&inner.path, &snapshot)
     })) {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(WriteFailure::Save(e.to_string().into())),
@@ -399,9 +399,9 @@ fn write_covering(shared: &Shared, seq: u64) -> std::result::Result<(), WriteFai
     };
     let known = outcome
         .is_ok()
-        .then(|| two_instances::open_known(&shared.path))
+        .then(|| two_instances::open_known(&inner.path))
         .flatten();
-    let mut state = lock_state(shared);
+    let mut state = lock_state(inner);
     state.writing = false;
     if outcome.is_ok() {
         state.base = snapshot;
@@ -413,7 +413,7 @@ fn write_covering(shared: &Shared, seq: u64) -> std::result::Result<(), WriteFai
     drop(state);
     drop(held);
     if let Err(WriteFailure::Save(message) | WriteFailure::Panicked(message)) = &outcome {
-        tracing::error!(path = %shared.path.display(), error = %message, "checkpoint write failed");
+        tracing::error!(path = %inner.path.display(), error = %message, "checkpoint write failed");
     }
     outcome
 }

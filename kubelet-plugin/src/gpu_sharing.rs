@@ -31,7 +31,7 @@ use kerf_core::checkpoint::{Checkpoint, DeviceRecord, GpuSharingEntry};
 use kerf_core::enforcement::{Enforcement, Holder, Holders};
 use kerf_core::inventory::Inventory;
 use kerf_core::mps::{MpsClient, TimeSliceInterval};
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 
 use crate::checkpoint_store::CheckpointStore;
 use crate::claim_locks::ClaimLocks;

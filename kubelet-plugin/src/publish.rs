@@ -52,7 +52,7 @@ use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kerf_api::ownership::Record;
+use kerf_api::ownership::OwnershipRecord;
 use kerf_api::resourceslice::taints::set_health_taints;
 use kerf_core::health::{NodeHealth, TaintPolicy};
 use kerf_core::inventory::Inventory;
@@ -142,7 +142,7 @@ struct PublishState {
     /// a generation above anything consumers may still cache.
     last_generation: i64,
     /// The last good ownership record of the Node: the `allocator` attribute of each device.
-    record: Record,
+    record: OwnershipRecord,
     /// The malformed record value warned about last, so a bad value is warned about once.
     bad_record: Option<String>,
     /// Scheduler slices: whether the server keeps them, the last bad publication.

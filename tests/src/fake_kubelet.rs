@@ -257,7 +257,7 @@ struct ClaimInfo {
     devices: Option<Vec<PreparedDevice>>,
 }
 
-struct Shared {
+struct KubeletInner {
     config: KubeletConfig,
     client: KubeletClient,
     /// Registered instances by driver name, oldest first, with the socket each registered
@@ -273,14 +273,14 @@ struct Shared {
 
 /// The fake kubelet. Dropping it stops the registry watcher.
 pub struct FakeKubelet {
-    shared: Arc<Shared>,
+    inner: Arc<KubeletInner>,
     watcher: JoinHandle<()>,
 }
 
 impl Drop for FakeKubelet {
     fn drop(&mut self) {
         self.watcher.abort();
-        for watcher in lock(&self.shared.health_watchers).drain(..) {
+        for watcher in lock(&self.inner.health_watchers).drain(..) {
             watcher.abort();
         }
     }
@@ -296,7 +296,7 @@ impl FakeKubelet {
     /// Starts watching the registry directory. Must be called inside a Tokio runtime.
     pub fn start(config: KubeletConfig) -> Self {
         let (registration_count, _) = watch::channel(0);
-        let shared = Arc::new(Shared {
+        let inner = Arc::new(KubeletInner {
             client: config.client(),
             config,
             plugins: Mutex::new(HashMap::new()),
@@ -307,13 +307,13 @@ impl FakeKubelet {
             health: HealthCache::default(),
             health_watchers: Mutex::new(Vec::new()),
         });
-        let watcher = tokio::spawn(watch_registry(Arc::clone(&shared)));
-        FakeKubelet { shared, watcher }
+        let watcher = tokio::spawn(watch_registry(Arc::clone(&inner)));
+        FakeKubelet { inner, watcher }
     }
 
     /// Every registration decision so far, oldest first.
     pub fn registrations(&self) -> Vec<Registration> {
-        lock(&self.shared.registrations).clone()
+        lock(&self.inner.registrations).clone()
     }
 
     /// Waits until at least `count` registration decisions were made and returns the
@@ -327,12 +327,12 @@ impl FakeKubelet {
         timeout: Duration,
     ) -> Result<Registration, KubeletError> {
         let missing = || KubeletError::NoRegistration { count, timeout };
-        let mut rx = self.shared.registration_count.subscribe();
+        let mut rx = self.inner.registration_count.subscribe();
         tokio::time::timeout(timeout, rx.wait_for(|n| *n >= count))
             .await
             .map_err(|_| missing())?
             .map_err(|_| missing())?;
-        let registrations = lock(&self.shared.registrations);
+        let registrations = lock(&self.inner.registrations);
         registrations
             .get(count.saturating_sub(1))
             .cloned()
@@ -341,7 +341,7 @@ impl FakeKubelet {
 
     /// The instance of `driver` that DRA calls go to: the most recently registered one.
     pub fn plugin(&self, driver: &str) -> Option<Arc<RegisteredPlugin>> {
-        lock(&self.shared.plugins)
+        lock(&self.inner.plugins)
             .get(driver)
             .and_then(|instances| instances.last())
             .map(|(_, p)| Arc::clone(p))
@@ -349,7 +349,7 @@ impl FakeKubelet {
 
     /// The registration sockets of `driver`'s registered instances, oldest first.
     pub fn instances(&self, driver: &str) -> Vec<PathBuf> {
-        lock(&self.shared.plugins)
+        lock(&self.inner.plugins)
             .get(driver)
             .map(|instances| instances.iter().map(|(s, _)| s.clone()).collect())
             .unwrap_or_default()
@@ -357,17 +357,17 @@ impl FakeKubelet {
 
     /// The health the kubelet knows of its plugins' devices.
     pub fn health(&self) -> &HealthCache {
-        &self.shared.health
+        &self.inner.health
     }
 
     /// Every DRA call so far, oldest first.
     pub fn calls(&self) -> Vec<Call> {
-        lock(&self.shared.calls).clone()
+        lock(&self.inner.calls).clone()
     }
 
     /// The calls of `method` whose batch contained `claim_uid`.
     pub fn calls_with(&self, method: Method, claim_uid: &str) -> Vec<Call> {
-        lock(&self.shared.calls)
+        lock(&self.inner.calls)
             .iter()
             .filter(|c| c.method == method && c.claims.iter().any(|u| u == claim_uid))
             .cloned()
@@ -377,7 +377,7 @@ impl FakeKubelet {
     /// Claims the kubelet holds, by UID, with the pods referencing them and whether they are
     /// prepared.
     pub fn claims(&self) -> BTreeMap<String, (BTreeSet<String>, bool)> {
-        lock(&self.shared.claims)
+        lock(&self.inner.claims)
             .iter()
             .map(|(uid, info)| (uid.clone(), (info.pods.clone(), info.devices.is_some())))
             .collect()
@@ -391,7 +391,7 @@ impl FakeKubelet {
     /// # Errors
     /// The last attempt's failure.
     pub async fn prepare_pod(&self, pod: &Pod) -> Result<PreparedPod, KubeletError> {
-        let retry = self.shared.config.retry;
+        let retry = self.inner.config.retry;
         let mut failed = 0;
         loop {
             let batches = self.claims_to_prepare(pod);
@@ -415,13 +415,13 @@ impl FakeKubelet {
     /// # Errors
     /// The last attempt's failure.
     pub async fn unprepare_pod(&self, pod: &Pod) -> Result<(), KubeletError> {
-        let retry = self.shared.config.retry;
+        let retry = self.inner.config.retry;
         let mut failed = 0;
         loop {
             let batches = self.claims_to_unprepare(pod);
             match self.unprepare_batches(&batches).await {
                 Ok(()) => {
-                    let mut claims = lock(&self.shared.claims);
+                    let mut claims = lock(&self.inner.claims);
                     for claim in batches.values().flatten() {
                         claims.remove(&claim.uid);
                     }
@@ -440,7 +440,7 @@ impl FakeKubelet {
 
     /// Adds the pod's references and returns its unprepared claims, batched by driver.
     fn claims_to_prepare(&self, pod: &Pod) -> BTreeMap<String, Vec<Claim>> {
-        let mut claims = lock(&self.shared.claims);
+        let mut claims = lock(&self.inner.claims);
         let mut batches: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
         for pod_claim in &pod.claims {
             let info = claims
@@ -465,7 +465,7 @@ impl FakeKubelet {
     /// Drops the pod's reference from shared claims and returns the claims only it holds,
     /// batched by driver.
     fn claims_to_unprepare(&self, pod: &Pod) -> BTreeMap<String, Vec<Claim>> {
-        let mut claims = lock(&self.shared.claims);
+        let mut claims = lock(&self.inner.claims);
         let mut batches: BTreeMap<String, Vec<Claim>> = BTreeMap::new();
         for pod_claim in &pod.claims {
             let Some(info) = claims.get_mut(&pod_claim.claim.uid) else {
@@ -491,7 +491,7 @@ impl FakeKubelet {
         pod: &Pod,
         prepared: HashMap<String, Vec<PreparedDevice>>,
     ) -> PreparedPod {
-        let mut claims = lock(&self.shared.claims);
+        let mut claims = lock(&self.inner.claims);
         for (uid, devices) in prepared {
             if let Some(info) = claims.get_mut(&uid) {
                 info.devices = Some(devices);
@@ -566,7 +566,7 @@ impl FakeKubelet {
         claims: &[Claim],
         outcome: Result<(), &KubeletError>,
     ) {
-        lock(&self.shared.calls).push(Call {
+        lock(&self.inner.calls).push(Call {
             method,
             driver: driver.to_owned(),
             claims: claims.iter().map(|c| c.uid.clone()).collect(),
@@ -577,17 +577,17 @@ impl FakeKubelet {
 
 /// Scans the registry directory forever, registering new sockets and deregistering removed
 /// ones.
-async fn watch_registry(shared: Arc<Shared>) {
+async fn watch_registry(inner: Arc<KubeletInner>) {
     let mut seen: HashMap<PathBuf, SocketId> = HashMap::new();
-    let mut ticks = tokio::time::interval(shared.config.poll_interval);
+    let mut ticks = tokio::time::interval(inner.config.poll_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let present = registration_sockets(&shared.config.registry_dir);
+        let present = registration_sockets(&inner.config.registry_dir);
         seen.retain(|path, _| {
             let still_there = present.contains_key(path);
             if !still_there {
-                shared.deregister(path);
+                inner.deregister(path);
             }
             still_there
         });
@@ -595,7 +595,7 @@ async fn watch_registry(shared: Arc<Shared>) {
             if seen.get(&path) == Some(&id) {
                 continue;
             }
-            if shared.register(&path).await {
+            if inner.register(&path).await {
                 seen.insert(path, id);
             }
         }
@@ -625,7 +625,7 @@ fn registration_sockets(dir: &Path) -> HashMap<PathBuf, SocketId> {
         .collect()
 }
 
-impl Shared {
+impl KubeletInner {
     /// Registers the plugin behind `socket`. Returns false when the socket did not answer
     /// (e.g. bound but not listening yet), so that the next scan tries again.
     async fn register(&self, socket: &Path) -> bool {

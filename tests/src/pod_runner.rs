@@ -105,7 +105,7 @@ pub(crate) struct ContainerRecord {
 
 /// State the workers share with [`PodRunner`].
 #[derive(Debug, Default)]
-pub(crate) struct Shared {
+pub(crate) struct RunnerState {
     pods: BTreeMap<(String, String), PodRecord>,
     unemulated: Vec<UnemulatedMount>,
     problems: Vec<String>,
@@ -115,7 +115,7 @@ pub(crate) struct Shared {
 /// module documentation.
 #[derive(Debug)]
 pub struct PodRunner {
-    shared: Arc<Mutex<Shared>>,
+    inner: Arc<Mutex<RunnerState>>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -133,43 +133,43 @@ impl PodRunner {
         settings: PodRunnerSettings,
     ) -> Self {
         api.graceful_pod_deletion_on(node);
-        let shared = Arc::new(Mutex::new(Shared::default()));
+        let inner = Arc::new(Mutex::new(RunnerState::default()));
         let ctx = Arc::new(Context {
             client: api.client(),
             programs,
             settings,
-            shared: Arc::clone(&shared),
+            inner: Arc::clone(&inner),
         });
         let task = tokio::spawn(watch_pods(ctx, node.to_owned()));
         Self {
-            shared,
+            inner,
             task: Some(task),
         }
     }
 
-    fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    fn inner(&self) -> std::sync::MutexGuard<'_, RunnerState> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The process of the pod's first container, while it runs (the container's PID 1).
     pub fn pid(&self, namespace: &str, name: &str) -> Option<u32> {
-        let shared = self.shared();
-        let record = shared.pods.get(&(namespace.to_owned(), name.to_owned()))?;
+        let inner = self.inner();
+        let record = inner.pods.get(&(namespace.to_owned(), name.to_owned()))?;
         record.containers.first()?.1.pid
     }
 
     /// The process of the named container of the pod, while it runs.
     pub fn container_pid(&self, namespace: &str, name: &str, container: &str) -> Option<u32> {
-        let shared = self.shared();
-        let record = shared.pods.get(&(namespace.to_owned(), name.to_owned()))?;
+        let inner = self.inner();
+        let record = inner.pods.get(&(namespace.to_owned(), name.to_owned()))?;
         record.container(container)?.pid
     }
 
     /// The UID of the pod the runner runs (or last ran) under this name.
     pub fn uid(&self, namespace: &str, name: &str) -> Option<String> {
-        let shared = self.shared();
+        let inner = self.inner();
         Some(
-            shared
+            inner
                 .pods
                 .get(&(namespace.to_owned(), name.to_owned()))?
                 .uid
@@ -179,8 +179,8 @@ impl PodRunner {
 
     /// The log file of the container's latest instance (stdout and stderr).
     pub fn log_path(&self, namespace: &str, name: &str, container: &str) -> Option<PathBuf> {
-        let shared = self.shared();
-        let record = shared.pods.get(&(namespace.to_owned(), name.to_owned()))?;
+        let inner = self.inner();
+        let record = inner.pods.get(&(namespace.to_owned(), name.to_owned()))?;
         record.container(container)?.log.clone()
     }
 
@@ -188,8 +188,8 @@ impl PodRunner {
     /// test diagnostics.
     pub fn logs(&self, namespace: &str, name: &str) -> String {
         let paths: Vec<(String, Option<PathBuf>)> = {
-            let shared = self.shared();
-            let Some(record) = shared.pods.get(&(namespace.to_owned(), name.to_owned())) else {
+            let inner = self.inner();
+            let Some(record) = inner.pods.get(&(namespace.to_owned(), name.to_owned())) else {
                 return format!("pod runner: no pod {namespace}/{name}\n");
             };
             record
@@ -213,13 +213,13 @@ impl PodRunner {
     /// Every mount the runner could not emulate (its mount path differs from its host path),
     /// in the order the pods were seen.
     pub fn unemulated_mounts(&self) -> Vec<UnemulatedMount> {
-        self.shared().unemulated.clone()
+        self.inner().unemulated.clone()
     }
 
     /// Failures of the runner's own API writes (status writes, deletes), which a real
     /// kubelet would retry and log.
     pub fn problems(&self) -> Vec<String> {
-        self.shared().problems.clone()
+        self.inner().problems.clone()
     }
 
     /// Stops running pods: every container's processes are killed at once (SIGKILL, no grace)
@@ -236,8 +236,8 @@ impl PodRunner {
         if let Some(task) = &self.task {
             task.abort();
         }
-        let shared = self.shared();
-        for record in shared.pods.values() {
+        let inner = self.inner();
+        for record in inner.pods.values() {
             for pid in record.containers.iter().filter_map(|(_, c)| c.pid) {
                 container::kill_group(pid);
             }

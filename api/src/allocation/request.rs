@@ -4,7 +4,7 @@
 use k8s_openapi::api::resource::v1::{ExactDeviceRequest, ResourceClaim};
 use kerf_core::alloc::{self, ClaimRequest, DeviceRequest, SliceSize};
 use kerf_core::enforcement::Enforcement;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 
 use crate::claim::parent_request;
 use crate::error::{Error, Result};

@@ -7,7 +7,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::ClaimPlacement;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 
 use crate::claim::SOURCE_FROM_CLAIM;
 use crate::error::{Error, Result};

@@ -7,8 +7,8 @@ use kerf_core::alloc::{PlacedDevice, Policy};
 use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::ComputeCapability;
 use kerf_core::mps::TimeSliceInterval;
-use kerf_core::slice::Sharing;
-use kerf_core::slice::SliceLimits;
+use kerf_core::sharing::Sharing;
+use kerf_core::sharing::SliceLimits;
 use serde_json::{Value, json};
 
 use super::*;

@@ -6,7 +6,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_core::alloc::{DeviceUse, UseKind};
 use kerf_core::enforcement::Enforcement;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 
 use crate::params::{GpuSliceAllocation, OpaqueConfig, decode_opaque};
 use crate::quantity;

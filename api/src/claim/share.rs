@@ -1,8 +1,8 @@
 //! Scheduler slices: a result of this driver that kube-scheduler allocated as one share of a
 //! shareable GPU (`shareID` and `consumedCapacity`, `DRAConsumableCapacity`) becomes a slice
 //! with the consumed `memory` and `compute` as its limits, prepared exactly as a controller
-//! slice of that size (same [`kerf_core::slice::SliceLimits`] and
-//! [`kerf_core::slice::Sharing`], so the same CDI edits).
+//! slice of that size (same [`kerf_core::sharing::SliceLimits`] and
+//! [`kerf_core::sharing::Sharing`], so the same CDI edits).
 //!
 //! The scheduler writes every capacity of the device into `consumedCapacity`, zero included
 //! (kubernetes/api `resource/v1/types.go` `DeviceRequestAllocationResult.ConsumedCapacity`;

@@ -85,7 +85,7 @@ impl<D: DeviceFields + ?Sized> DeviceFields for &D {
 }
 
 /// What kerf reads of a published ResourceSlice.
-pub trait SliceFields {
+pub trait ResourceSliceFields {
     /// The type of its devices.
     type Device: DeviceFields;
     /// The slice's object name (empty when unnamed).
@@ -102,7 +102,7 @@ pub trait SliceFields {
     fn has_shared_counters(&self) -> bool;
 }
 
-impl SliceFields for ResourceSlice {
+impl ResourceSliceFields for ResourceSlice {
     type Device = Device;
 
     fn slice_name(&self) -> &str {
@@ -132,7 +132,7 @@ impl SliceFields for ResourceSlice {
 
 macro_rules! slice_fields_through {
     ($($wrapper:ty),*) => {$(
-        impl<S: SliceFields + ?Sized> SliceFields for $wrapper {
+        impl<S: ResourceSliceFields + ?Sized> ResourceSliceFields for $wrapper {
             type Device = S::Device;
 
             fn slice_name(&self) -> &str {

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 /// The optional API features a node's slices may use, as the start-up probes found them
 /// ([`crate::features`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SliceFeatures {
+pub struct ResourceSliceFeatures {
     /// `DRADeviceTaints`: devices may carry taints, so every slice holds at most 64 devices
     /// whether or not a device is tainted now (a taint never re-cuts the pool). The taints
     /// themselves are set afterwards ([`super::taints::set_health_taints`]).
@@ -50,7 +50,7 @@ pub fn node_slices(
     inventory: &Inventory,
     driver: &str,
     node_name: &str,
-    features: SliceFeatures,
+    features: ResourceSliceFeatures,
 ) -> Result<Vec<ResourceSliceSpec>> {
     let max_devices = if features.device_taints {
         MAX_DEVICES_PER_SLICE_WITH_TAINTS

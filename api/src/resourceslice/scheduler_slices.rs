@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::limits::check_request_policy;
 use super::names::{MAX_ATTRIBUTES_AND_CAPACITIES, attributes, capacities};
 use crate::error::{Error, Result};
-use crate::ownership::{Owner, Record};
+use crate::ownership::{Owner, OwnershipRecord};
 use crate::quantity::{bytes_quantity, quantity_bytes};
 use crate::shared_publication::{SharedPublication, SharedSlicing};
 
@@ -47,7 +47,7 @@ const FULL_COMPUTE: u8 = 100;
 /// is returned so the caller can log it (a share publication must never cost the GPU).
 pub fn publish_shared(
     specs: &mut [ResourceSliceSpec],
-    record: &Record,
+    record: &OwnershipRecord,
     publication: &SharedPublication,
 ) -> Vec<Error> {
     let mut errors = Vec::new();

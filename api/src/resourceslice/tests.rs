@@ -458,7 +458,7 @@ fn the_count_check_leaves_room_for_the_allocator_attribute() {
     for profile in ["h100-sxm-80gb", "a100-40gb-mig", "l4"] {
         let inventory = kerf_core::mock::from_spec(profile).expect("mock profile");
         let mut specs = slices(&inventory);
-        let record = crate::ownership::Record(
+        let record = crate::ownership::OwnershipRecord(
             all_devices(&specs)
                 .iter()
                 .map(|d| (d.name.clone(), crate::ownership::Owner::Scheduler))

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kerf_api::ownership::{NODE_LABEL, Owner, RECORD_ANNOTATION, Record};
+use kerf_api::ownership::{NODE_LABEL, Owner, OwnershipRecord, RECORD_ANNOTATION};
 use kerf_tests::fake_api::{FakeApi, Identity};
 use kerf_tests::sim::DRIVER;
 use kerf_tests::sim::cluster::{NodeSpec, gpu_classes, h100_nodes};
@@ -54,7 +54,7 @@ pub(super) async fn install(fake: &FakeApi, nodes: usize) -> Result<Vec<String>>
         });
     };
     let inventory = first.inventory()?;
-    let record = Record(
+    let record = OwnershipRecord(
         inventory
             .devices()
             .map(|d| (d.name(), Owner::Controller))

@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use super::allocate::PodOutcome;
 use super::claim_store::MemoryClaimReader;
-use super::side_node::SideNode;
-use super::visit::NodeRun;
+use super::extra_node::SideNode;
+use super::kubelet_visit::NodeRun;
 use super::workload::Workload;
 use crate::error::{Error, Result};
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1;
 use k8s_openapi::api::resource::v1::{AllocationResult, Device, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kerf_api::ownership::{Owner, Record, publish_owners};
+use kerf_api::ownership::{Owner, OwnershipRecord, publish_owners};
 use kerf_api::resourceslice::{TYPE_GPU, TYPE_MIG, attributes, device_attribute};
 use kerf_core::alloc::Index;
 use kerf_scheduler_standin::{AllocatedState, Allocator, Snapshot};
@@ -126,11 +126,11 @@ fn no_devices(claim: &ResourceClaim) -> String {
 /// module documentation): partitionable devices (dynamic-MIG placements) are always the
 /// scheduler's; a whole GPU is the scheduler's while the controller does not use it and no
 /// MIG device of it is held; a MIG device while its parent GPU is neither used nor held.
-pub fn owners(node: &Node<'_>, held: &BTreeSet<String>, index: &Index) -> Record {
+pub fn owners(node: &Node<'_>, held: &BTreeSet<String>, index: &Index) -> OwnershipRecord {
     let string = |d: &Device, name: &str| -> Option<String> {
         device_attribute(d, node.driver, name).and_then(|a| a.string.clone())
     };
-    let mut record = Record::default();
+    let mut record = OwnershipRecord::default();
     for device in node.devices {
         let scheduler = if kerf_api::counters::consumes(device) {
             true

@@ -34,9 +34,9 @@ use kerf_kubelet_plugin::config::Discovery;
 use serde::{Deserialize, Serialize};
 
 use super::classes::Classes;
+use super::extra_node::SideNode;
 use super::node;
 use super::scheduler;
-use super::side_node::SideNode;
 use crate::error::Result;
 
 /// The shareable node's name unless told otherwise.

@@ -9,8 +9,8 @@ use kerf_api::resourceslice::{attributes, device_attribute};
 use kerf_core::cdi;
 
 use super::allocate::{ClaimOutcome, PodOutcome};
+use super::kubelet_visit::NodeRun;
 use super::node::Layout;
-use super::visit::NodeRun;
 use super::workload::{self, Workload};
 use super::{ClaimReport, DeviceReport, MpsReport, PodReport, Summary};
 use super::{DemoConfig, classes, inventory_text, manifests, mig, mps, report};

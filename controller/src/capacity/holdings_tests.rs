@@ -1,5 +1,5 @@
 use super::*;
-use crate::cache::CompactSlice;
+use crate::cache::CompactResourceSlice;
 use crate::capacity::current_devices;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use kerf_api::params::{GpuSliceAllocation, OpaqueKind as _, SliceDevice};
@@ -8,13 +8,13 @@ use serde_json::json;
 const DRIVER: &str = "gpu.kerf.dev";
 const GIB: u64 = 1 << 30;
 
-fn slices() -> Vec<Arc<CompactSlice>> {
+fn slices() -> Vec<Arc<CompactResourceSlice>> {
     let inventory = kerf_core::mock::from_spec("h100-sxm-80gb:2").unwrap();
     kerf_api::resource_slices(&inventory, DRIVER, "n1")
         .unwrap()
         .into_iter()
         .map(|spec: ResourceSliceSpec| {
-            Arc::new(CompactSlice::from(ResourceSlice {
+            Arc::new(CompactResourceSlice::from(ResourceSlice {
                 metadata: kube::api::ObjectMeta::default(),
                 spec,
             }))
@@ -42,7 +42,7 @@ fn claim(
                 gpu_uuid: uuid.into(),
                 memory_bytes: Some(memory_gib * GIB),
                 compute_percent: Some(percent),
-                sharing: kerf_core::slice::Sharing::Mps,
+                sharing: kerf_core::sharing::Sharing::Mps,
                 time_slice_interval: None,
                 enforcement: kerf_core::enforcement::Enforcement::default(),
             }],

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::cache::CompactSlice;
+use crate::cache::CompactResourceSlice;
 
 use super::{ComputeUse, MemoryUse, compute_in_use, current_devices, memory_in_use};
 
@@ -29,18 +29,18 @@ pub struct Usage {
 
 /// The last [`Usage`] and the version of the caches it was computed from.
 #[derive(Debug, Default)]
-pub struct RefreshMemo {
+pub struct UsageMemo {
     last: Mutex<Option<(u64, Arc<Usage>)>>,
     computations: AtomicU64,
 }
 
-impl RefreshMemo {
+impl UsageMemo {
     /// The usage of `slices` and `claims`: the last one when neither changed since (same
     /// objects at the same resourceVersions), else computed now. Objects without UID or
     /// resourceVersion (built by hand, never from a watch) are always computed afresh.
     pub fn usage(
         &self,
-        slices: &[Arc<CompactSlice>],
+        slices: &[Arc<CompactResourceSlice>],
         claims: &[Arc<ResourceClaim>],
         driver: &str,
     ) -> Arc<Usage> {
@@ -71,7 +71,7 @@ impl RefreshMemo {
 
 /// An order-independent digest of the objects' UIDs and resourceVersions; `None` when one
 /// lacks either.
-fn fingerprint(slices: &[Arc<CompactSlice>], claims: &[Arc<ResourceClaim>]) -> Option<u64> {
+fn fingerprint(slices: &[Arc<CompactResourceSlice>], claims: &[Arc<ResourceClaim>]) -> Option<u64> {
     let digest = |uid: Option<&str>, resource_version: Option<&str>| -> Option<u64> {
         let mut hasher = DefaultHasher::new();
         uid?.hash(&mut hasher);
@@ -106,14 +106,14 @@ mod tests {
         }
     }
 
-    fn slices() -> Vec<Arc<CompactSlice>> {
+    fn slices() -> Vec<Arc<CompactResourceSlice>> {
         let inventory = kerf_core::mock::from_spec("h100-sxm-80gb:2").unwrap();
         kerf_api::resource_slices(&inventory, DRIVER, "n1")
             .unwrap()
             .into_iter()
             .enumerate()
             .map(|(i, spec): (usize, ResourceSliceSpec)| {
-                Arc::new(CompactSlice::from(ResourceSlice {
+                Arc::new(CompactResourceSlice::from(ResourceSlice {
                     metadata: meta(&format!("slice-{i}"), "1"),
                     spec,
                 }))
@@ -132,7 +132,7 @@ mod tests {
     /// (new resourceVersion), a new claim or objects without versions compute again.
     #[test]
     fn computed_once_per_version_of_the_caches() {
-        let memo = RefreshMemo::default();
+        let memo = UsageMemo::default();
         let slices = slices();
         let mut claims = vec![claim("a", "1"), claim("b", "1")];
         for _class in 0..3 {

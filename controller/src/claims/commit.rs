@@ -10,7 +10,7 @@ use kerf_core::alloc::{self, ClaimPlacement};
 use kube::ResourceExt as _;
 use kube::runtime::events::EventType;
 
-use super::ledger::WriteGuard;
+use super::bookkeeping::WriteGuard;
 use super::reasons;
 use super::report::{describe, publish};
 use super::state::{allocation_of, claim_uid, gate_holds, has_finalizer};

@@ -10,8 +10,8 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
+use super::bookkeeping::{Bookkeeping, Books, WriteGuard};
 use super::gate::ReleasedGates;
-use super::ledger::{Books, Ledger, WriteGuard};
 use super::node_usage::NodeUsage;
 use super::ownership::InputChanges;
 use super::pod_index::PodsByClaim;
@@ -44,14 +44,14 @@ pub struct ClaimsContext {
     /// Every node.
     pub nodes: Store<Node>,
     /// Free capacity, writes in flight, rejections, claims waiting for capacity.
-    ledger: Ledger,
+    bookkeeping: Bookkeeping,
     /// Reconciles other claims (those that must yield a device to the scheduler, those
     /// waiting for capacity).
     pub trigger: UnboundedSender<ObjectRef<ResourceClaim>>,
     /// One waiter at a time on the stores' readiness (see [`crate::cache::Caches::wait_ready`]).
     ready_waiters: tokio::sync::Mutex<()>,
     /// Bumped after each claim store write, after the pod and node writes an ownership pass
-    /// reads, and by the ledger: the pass runs on it instead of on a clock
+    /// reads, and by the bookkeeping: the pass runs on it instead of on a clock
     /// ([`super::ownership::InputChanges`]).
     pub ownership_inputs: InputChanges,
     /// The nodes with an idle GPU that wants kerf's node taint, as the last ownership pass
@@ -103,7 +103,7 @@ impl ClaimsContext {
             pod_kinds: PodKinds::default(),
             pod_latency: PodLatency::default(),
             nodes,
-            ledger: Ledger::new(ownership_inputs.clone()),
+            bookkeeping: Bookkeeping::new(ownership_inputs.clone()),
             trigger,
             ready_waiters: tokio::sync::Mutex::new(()),
             ownership_inputs,
@@ -172,9 +172,9 @@ impl ClaimsContext {
 
     /// The bookkeeping, locked, with the capacity index brought up to date with the stores.
     pub(crate) fn books(&self) -> Books<'_> {
-        // The claim watch notes each change in the ledger before passing it on: see
-        // `Ledger::synced`.
-        self.ledger.synced(
+        // The claim watch notes each change in the bookkeeping before passing it on: see
+        // `Bookkeeping::synced`.
+        self.bookkeeping.synced(
             &self.core.caches.slices,
             &self.core.caches.claims,
             self.core.driver(),
@@ -182,15 +182,15 @@ impl ClaimsContext {
     }
 
     /// Notes a change of the claim store for the next [`Context::books`] (see
-    /// `Ledger::note_claim`).
+    /// `Bookkeeping::note_claim`).
     pub(crate) fn note_claim(&self, change: &crate::cache::Change<ResourceClaim>) {
-        self.ledger.note_claim(change);
+        self.bookkeeping.note_claim(change);
     }
 
     /// Marks claims `uids` as being written until the guard is dropped; `None` when another
     /// reconcile is writing one of them.
     pub(crate) fn begin_write(&self, uids: Vec<String>) -> Option<WriteGuard<'_>> {
-        self.ledger.begin(uids)
+        self.bookkeeping.begin(uids)
     }
 
     /// Live pods in the claim's namespace that use it, oldest first; found through the pod
@@ -209,7 +209,7 @@ impl ClaimsContext {
             self.core.config.claims.rejection_backoff,
             self.core.config.claims.rejection_backoff_max,
         );
-        self.ledger
+        self.bookkeeping
             .mark_unsuitable(pod_uid, node, Instant::now(), |repeats| {
                 base.saturating_mul(1 << repeats.min(16)).min(max)
             });
@@ -217,28 +217,29 @@ impl ClaimsContext {
 
     /// Nodes currently unsuitable for pod `pod_uid`.
     pub(crate) fn unsuitable_nodes(&self, pod_uid: &str) -> Vec<String> {
-        self.ledger.unsuitable_nodes(pod_uid)
+        self.bookkeeping.unsuitable_nodes(pod_uid)
     }
 
     /// The rejections by kube-scheduler still remembered for pod `pod_uid`.
     pub(crate) fn rejections(&self, pod_uid: &str) -> u32 {
-        self.ledger.rejections(pod_uid)
+        self.bookkeeping.rejections(pod_uid)
     }
 
     /// True when devices the controller took over are still behind their ownership fence:
     /// placements that fail now may fit once they pass.
     pub(crate) fn capacity_settling(&self) -> bool {
-        self.ledger.settling()
+        self.bookkeeping.settling()
     }
 
     /// Remembers that `claim` waits for capacity.
     pub(crate) fn wait_for_capacity(&self, claim: &ResourceClaim) {
-        self.ledger.wait_for_capacity(ObjectRef::from_obj(claim));
+        self.bookkeeping
+            .wait_for_capacity(ObjectRef::from_obj(claim));
     }
 
     /// Capacity was freed: every waiting claim is reconciled again.
     pub(crate) fn capacity_freed(&self) {
-        for claim in self.ledger.take_waiting() {
+        for claim in self.bookkeeping.take_waiting() {
             if self.trigger.send(claim).is_err() {
                 // The controller is stopping; nothing will be reconciled any more.
                 return;
@@ -249,6 +250,6 @@ impl ClaimsContext {
     /// For an annotated claim without allocation: true (once) when the missing allocation is
     /// not the controller's doing, i.e. the scheduler cleared it.
     pub(crate) fn take_rejection(&self, uid: &str) -> bool {
-        self.ledger.take_rejection(uid)
+        self.bookkeeping.take_rejection(uid)
     }
 }

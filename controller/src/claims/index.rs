@@ -22,12 +22,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kerf_api::resourceslice::SliceFields as _;
+use kerf_api::resourceslice::ResourceSliceFields as _;
 use kerf_core::alloc::{DeviceUse, Index};
 use kube::runtime::reflector::ObjectRef;
 
-use super::ownership::book::OwnershipBook;
-use crate::cache::CompactSlice;
+use super::ownership::device_ownership::DeviceOwnership;
+use crate::cache::CompactResourceSlice;
 
 /// How long an assumed allocation waits for the watch to show it before it is dropped.
 pub(crate) const ASSUME_TTL: Duration = Duration::from_secs(60);
@@ -48,7 +48,7 @@ enum Source {
 #[derive(Debug)]
 struct PoolSource {
     /// Held, so that a pointer seen again is the same object (no address is reused while held).
-    slices: Vec<Arc<CompactSlice>>,
+    slices: Vec<Arc<CompactResourceSlice>>,
     epoch: u64,
     /// The [`CapacityIndex::syncs`] count of the last sync that saw the pool.
     seen: u64,
@@ -94,10 +94,10 @@ impl CapacityIndex {
     #[cfg(test)]
     pub(crate) fn sync(
         &mut self,
-        slices: &[Arc<CompactSlice>],
+        slices: &[Arc<CompactResourceSlice>],
         claims: &[Arc<ResourceClaim>],
         driver: &str,
-        book: &OwnershipBook,
+        book: &DeviceOwnership,
         now: Instant,
     ) {
         self.sync_pools(slices, driver, book);
@@ -223,13 +223,13 @@ impl CapacityIndex {
     /// Only the whole GPUs `book` lets the controller place on are placement candidates.
     pub(crate) fn sync_pools(
         &mut self,
-        slices: &[Arc<CompactSlice>],
+        slices: &[Arc<CompactResourceSlice>],
         driver: &str,
-        book: &OwnershipBook,
+        book: &DeviceOwnership,
     ) {
         self.syncs += 1;
         self.work.pools_rebuilt = 0;
-        let mut ours: Vec<&Arc<CompactSlice>> =
+        let mut ours: Vec<&Arc<CompactResourceSlice>> =
             slices.iter().filter(|s| s.driver() == driver).collect();
         ours.sort_unstable_by(|a, b| {
             (a.pool().name.as_str(), a.slice_name()).cmp(&(b.pool().name.as_str(), b.slice_name()))
@@ -266,9 +266,9 @@ impl CapacityIndex {
     fn rebuild_pool(
         &mut self,
         pool: &str,
-        pool_slices: &[&Arc<CompactSlice>],
+        pool_slices: &[&Arc<CompactResourceSlice>],
         driver: &str,
-        book: &OwnershipBook,
+        book: &DeviceOwnership,
     ) {
         self.work.pools_rebuilt += 1;
         match kerf_api::inventory_view::node_gpus_from_slices(pool_slices, driver).remove(pool) {
@@ -418,7 +418,7 @@ mod tests {
 
     /// Syncs `index` with no slices, `claims` and an empty ownership book.
     fn sync(index: &mut CapacityIndex, claims: &[Arc<ResourceClaim>], now: Instant) {
-        index.sync(&[], claims, DRIVER, &OwnershipBook::default(), now);
+        index.sync(&[], claims, DRIVER, &DeviceOwnership::default(), now);
     }
 
     fn held(index: &CapacityIndex) -> Vec<String> {

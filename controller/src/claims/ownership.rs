@@ -5,9 +5,9 @@
 //!
 //! A pass reads the published devices, who holds each (its own allocations in flight
 //! included), the pending demand for kube-scheduler and each node's policy label, advances the
-//! [`OwnershipBook`] under the ledger lock that placement also takes, and then writes the
+//! [`DeviceOwnership`] under the bookkeeping lock that placement also takes, and then writes the
 //! records that changed. Why this cannot hand a device to both allocators is written in
-//! `ownership/book.rs`.
+//! `ownership/device_ownership.rs`.
 //!
 //! A pass runs only when something it reads changed (`InputChanges`) or a moment it computed
 //! has come (a fence, a linger, an assumed allocation's expiry, a node write's back-off), and
@@ -15,9 +15,9 @@
 //! costs at most one pass per tick, an idle one none. Passes are counted in
 //! `kerf_controller_ownership_passes_total`.
 
-pub(super) mod book;
 mod conflicts;
 mod demand;
+pub(super) mod device_ownership;
 mod extended;
 mod guard;
 mod inputs;
@@ -30,9 +30,9 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::inventory_view::device_taints;
-use kerf_api::ownership::{NodePolicy, Owner, RECORD_ANNOTATION, Record, node_policy};
+use kerf_api::ownership::{NodePolicy, Owner, OwnershipRecord, RECORD_ANNOTATION, node_policy};
 use kerf_api::resourceslice::{
-    DeviceFields as _, SliceFields as _, TYPE_MIG, attributes, device_attribute,
+    DeviceFields as _, ResourceSliceFields as _, TYPE_MIG, attributes, device_attribute,
 };
 use kerf_api::shared_publication::{SHARED_PUBLICATION_ANNOTATION, SharedPublication};
 use kerf_core::alloc::idle_gpu_counts;
@@ -43,13 +43,13 @@ use kube::runtime::reflector::ObjectRef;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::OwnershipTiming;
-pub use book::{Change, DeviceFacts, OwnershipBook};
+pub use device_ownership::{Change, DeviceFacts, DeviceOwnership};
 pub(crate) use inputs::InputChanges;
 
 use super::index::CapacityIndex;
 use super::report::{node_write_failed, node_write_key, publish};
 use super::state::annotated_node;
-use crate::cache::{CompactDevice, CompactSlice};
+use crate::cache::{CompactDevice, CompactResourceSlice};
 use crate::claims::ClaimsContext;
 use demand::IdleGpus;
 
@@ -163,7 +163,7 @@ async fn pass(ctx: &ClaimsContext, warned: &mut Warned) -> Option<Instant> {
 /// Every published device of the driver, by node.
 fn published_devices<'a>(
     ctx: &ClaimsContext,
-    slices: &'a [Arc<CompactSlice>],
+    slices: &'a [Arc<CompactResourceSlice>],
 ) -> BTreeMap<&'a str, Vec<Published<'a>>> {
     let driver = ctx.core.driver();
     let mut out: BTreeMap<&str, Vec<Published>> = BTreeMap::new();
@@ -194,7 +194,7 @@ fn node_policies<'a>(
     ctx: &ClaimsContext,
     devices: &BTreeMap<&'a str, Vec<Published<'a>>>,
     warned: &mut Warned,
-) -> BTreeMap<&'a str, (NodePolicy, Record)> {
+) -> BTreeMap<&'a str, (NodePolicy, OwnershipRecord)> {
     let mut out = BTreeMap::new();
     for &name in devices.keys() {
         let Some(node) = ctx.nodes.get(&ObjectRef::<Node>::new(name)) else {
@@ -207,8 +207,8 @@ fn node_policies<'a>(
             }
             NodePolicy::Dynamic
         });
-        let record =
-            Record::from_annotations(node.metadata.annotations.as_ref()).unwrap_or_default();
+        let record = OwnershipRecord::from_annotations(node.metadata.annotations.as_ref())
+            .unwrap_or_default();
         out.insert(name, (policy, record));
     }
     out
@@ -220,7 +220,7 @@ struct Outcome {
     changes: Vec<(String, String, Change)>,
     /// Claims holding a device kube-scheduler took from the controller, per device.
     intruders: HashMap<(String, String), Vec<ObjectRef<ResourceClaim>>>,
-    records: BTreeMap<String, Record>,
+    records: BTreeMap<String, OwnershipRecord>,
     /// Per node, the GPUs to publish as shareable ([`crate::scheduler_slices`]).
     publications: BTreeMap<String, SharedPublication>,
     conflicts: Vec<conflicts::Conflict>,
@@ -236,7 +236,7 @@ type Facts<'a> = BTreeMap<(&'a str, &'a str), DeviceFacts>;
 fn advance(
     ctx: &ClaimsContext,
     devices: &BTreeMap<&str, Vec<Published>>,
-    policies: &BTreeMap<&str, (NodePolicy, Record)>,
+    policies: &BTreeMap<&str, (NodePolicy, OwnershipRecord)>,
     needs: &[demand::SchedulerNeed],
 ) -> Outcome {
     let timing = ctx.core.config.claims.ownership;
@@ -302,9 +302,9 @@ fn advance(
 fn gather<'a>(
     ctx: &ClaimsContext,
     capacity: &CapacityIndex,
-    book: &OwnershipBook,
+    book: &DeviceOwnership,
     devices: &BTreeMap<&'a str, Vec<Published<'a>>>,
-    policies: &BTreeMap<&str, (NodePolicy, Record)>,
+    policies: &BTreeMap<&str, (NodePolicy, OwnershipRecord)>,
 ) -> (
     Facts<'a>,
     BTreeMap<String, IdleGpus>,
@@ -359,7 +359,7 @@ fn gather<'a>(
 }
 
 /// Sets `kerf_controller_ownership_devices` from the book.
-fn count_owners(ctx: &ClaimsContext, book: &OwnershipBook, facts: &Facts<'_>) {
+fn count_owners(ctx: &ClaimsContext, book: &DeviceOwnership, facts: &Facts<'_>) {
     let (mut scheduler, mut controller, mut settling) = (0, 0, 0);
     for &(node, device) in facts.keys() {
         match (book.wanted(node, device), book.usable(node, device)) {
@@ -380,8 +380,8 @@ fn count_owners(ctx: &ClaimsContext, book: &OwnershipBook, facts: &Facts<'_>) {
 fn publications(
     ctx: &ClaimsContext,
     devices: &BTreeMap<&str, Vec<Published>>,
-    policies: &BTreeMap<&str, (NodePolicy, Record)>,
-    book: &OwnershipBook,
+    policies: &BTreeMap<&str, (NodePolicy, OwnershipRecord)>,
+    book: &DeviceOwnership,
     facts: &Facts<'_>,
 ) -> BTreeMap<String, SharedPublication> {
     let sliced = if ctx.core.api_support.consumable_capacity.is_served() {
@@ -474,7 +474,7 @@ async fn warn_intruders(
 async fn write_records(
     ctx: &ClaimsContext,
     outcome: &Outcome,
-    policies: &BTreeMap<&str, (NodePolicy, Record)>,
+    policies: &BTreeMap<&str, (NodePolicy, OwnershipRecord)>,
 ) -> bool {
     let api: Api<Node> = Api::all(ctx.core.client.clone());
     let params = PatchParams {
@@ -528,7 +528,7 @@ async fn write_records(
 
 /// A merge patch of the annotations that differ: the record, the shared publication, or both.
 fn annotations_patch(
-    record: Option<&Record>,
+    record: Option<&OwnershipRecord>,
     publication: Option<&SharedPublication>,
 ) -> serde_json::Value {
     let mut annotations = serde_json::Map::new();

@@ -25,7 +25,7 @@ use kerf_core::alloc::node_fit::Diagnosis;
 use kerf_core::alloc::{self, HostAmounts, PlacementContext, PodRequest, Unplaceable};
 use kube::runtime::reflector::ObjectRef;
 
-use super::ledger::WriteGuard;
+use super::bookkeeping::WriteGuard;
 use super::node_usage::{PodFit, UsageView};
 use super::nodes::node_fits;
 use super::report::explain;

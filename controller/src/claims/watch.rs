@@ -201,7 +201,7 @@ fn node_watch(
 
 /// The claims the process-wide watch brings, after its store has them (see
 /// [`crate::cache::ProcessCaches::claim_updates`]): a reconcile request each, also sent to
-/// `labels`. Every change, deletions included, is noted in the ledger (which then reads only
+/// `labels`. Every change, deletions included, is noted in the bookkeeping (which then reads only
 /// the changed claims again) and bumps the ownership inputs, both before the request is passed
 /// on.
 fn claim_events(

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::ops::Bound;
 
 use crate::enforcement::Enforcement;
-use crate::slice::Sharing;
+use crate::sharing::Sharing;
 
 use super::hash::FastMap;
 use super::model::PodPlacement;

@@ -3,7 +3,7 @@
 use crate::enforcement::Enforcement;
 use crate::inventory::{ComputeCapability, Inventory};
 use crate::mps::TimeSliceInterval;
-use crate::slice::Sharing;
+use crate::sharing::Sharing;
 
 use super::taint::DeviceTaint;
 

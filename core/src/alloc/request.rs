@@ -4,7 +4,7 @@
 use crate::enforcement::Enforcement;
 use crate::inventory::ComputeCapability;
 use crate::mps::TimeSliceInterval;
-use crate::slice::Sharing;
+use crate::sharing::Sharing;
 
 use super::model::GpuInfo;
 pub use super::model::SliceSize;

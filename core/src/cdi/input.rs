@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::spec::{DeviceNode, Mount, Spec};
 use crate::mps::MpsClient;
-use crate::slice::{Sharing, SliceLimits};
+use crate::sharing::{Sharing, SliceLimits};
 
 /// Common device nodes every CUDA container needs, besides its GPUs' own nodes.
 pub const COMMON_DEVICE_NODES: [&str; 3] =

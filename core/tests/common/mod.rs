@@ -7,7 +7,7 @@
 use kerf_core::cdi::{
     self, ClaimSpecRequest, CommonEdits, DeviceNodePolicy, GeneratedSpec, MigCaps, PreparedDevice,
 };
-use kerf_core::slice::{Sharing, SliceLimits};
+use kerf_core::sharing::{Sharing, SliceLimits};
 
 /// The CDI kind the kubelet plugin uses for driver `gpu.kerf.dev`.
 pub const KIND: &str = "k8s.gpu.kerf.dev/gpu";

@@ -42,7 +42,7 @@ impl MigControl for MockMigControl {
         gi_profile_id: u32,
         placement: MigPlacement,
     ) -> Result<u32> {
-        let placement = mig::MigPlacement {
+        let placement = mig::GpuInstancePlacement {
             start: placement.start,
             size: placement.size,
         };

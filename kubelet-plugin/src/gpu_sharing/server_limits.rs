@@ -76,7 +76,7 @@ impl ServerLimitBook {
 fn mps_slices<'a>(
     cp: &'a Checkpoint,
     gpu: &'a str,
-) -> impl Iterator<Item = kerf_core::slice::SliceLimits> + 'a {
+) -> impl Iterator<Item = kerf_core::sharing::SliceLimits> + 'a {
     cp.claims
         .values()
         .flat_map(|entry| &entry.devices)

@@ -160,7 +160,7 @@ impl StatusMetrics {
     }
 }
 
-struct Shared {
+struct WriterInner {
     config: DeviceStatusConfig,
     metrics: StatusMetrics,
     queue: Mutex<Queue>,
@@ -188,7 +188,7 @@ pub(crate) fn reference_metrics(registry: &mut Registry) {
 /// background writer.
 #[derive(Clone)]
 pub struct DeviceStatusWriter {
-    shared: Arc<Shared>,
+    inner: Arc<WriterInner>,
 }
 
 impl std::fmt::Debug for DeviceStatusWriter {
@@ -227,7 +227,7 @@ impl DeviceStatusWriter {
         let metrics = StatusMetrics::default();
         metrics.register(registry);
         metrics.enabled.set(1);
-        let shared = Arc::new(Shared {
+        let inner = Arc::new(WriterInner {
             config,
             metrics,
             queue: Mutex::new(Queue::default()),
@@ -237,24 +237,24 @@ impl DeviceStatusWriter {
             written: Mutex::new(HashSet::new()),
             reports,
         });
-        let task = tokio::spawn(Arc::clone(&shared).run(client, shutdown));
-        (DeviceStatusWriter { shared }, task)
+        let task = tokio::spawn(Arc::clone(&inner).run(client, shutdown));
+        (DeviceStatusWriter { inner }, task)
     }
 
     /// Queues the entries of a prepared claim's devices; returns at once.
     pub fn publish(&self, claim: &ClaimRef, devices: Vec<PreparedDeviceFacts>) {
-        let shared = &self.shared;
-        if shared.is_disabled() {
-            shared.metrics.count("disabled");
+        let inner = &self.inner;
+        if inner.is_disabled() {
+            inner.metrics.count("disabled");
             return;
         }
-        let already = lock(&shared.written).contains(&claim.uid);
-        if already && !lock(&shared.queue).jobs.contains_key(&claim.uid) {
+        let already = lock(&inner.written).contains(&claim.uid);
+        if already && !lock(&inner.queue).jobs.contains_key(&claim.uid) {
             // A repeated prepare: the entries are there, and rewriting them would only move
             // the condition's lastTransitionTime.
             return;
         }
-        shared.enqueue(Job {
+        inner.enqueue(Job {
             claim: claim.clone(),
             devices,
             prepared_at: Time(k8s_openapi::jiff::Timestamp::now()),
@@ -265,19 +265,19 @@ impl DeviceStatusWriter {
     /// of it writes again. Its entries already written stay until the API server drops them
     /// at deallocation (module doc).
     pub fn forget(&self, claim: &ClaimRef) {
-        let shared = &self.shared;
-        lock(&shared.queue).jobs.remove(&claim.uid);
-        lock(&shared.written).remove(&claim.uid);
+        let inner = &self.inner;
+        lock(&inner.queue).jobs.remove(&claim.uid);
+        lock(&inner.written).remove(&claim.uid);
     }
 
     /// False once the API server dropped the field or refused the permission.
     pub fn is_enabled(&self) -> bool {
-        !self.shared.is_disabled()
+        !self.inner.is_disabled()
     }
 
     /// Claims waiting for their write (the one being written not included).
     pub fn pending(&self) -> usize {
-        lock(&self.shared.queue).jobs.len()
+        lock(&self.inner.queue).jobs.len()
     }
 }
 
@@ -374,7 +374,7 @@ fn classify(result: &Result<bool, kube::Error>) -> Outcome {
     }
 }
 
-impl Shared {
+impl WriterInner {
     fn is_disabled(&self) -> bool {
         self.disabled.load(Ordering::Acquire)
     }

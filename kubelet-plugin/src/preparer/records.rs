@@ -51,7 +51,7 @@ pub(super) fn conflicts(held: &DeviceRecord, wanted: &DeviceRecord) -> bool {
 }
 
 pub(super) fn is_exclusive(record: &DeviceRecord) -> bool {
-    record.limits.is_whole() && record.sharing == kerf_core::slice::Sharing::Exclusive
+    record.limits.is_whole() && record.sharing == kerf_core::sharing::Sharing::Exclusive
 }
 
 /// `device` with its scheduler share completed against the GPU it is on
@@ -249,7 +249,7 @@ pub(super) fn results_of(devices: &[DeviceRecord]) -> Vec<PreparedDevice> {
 mod tests {
     use k8s_openapi::api::resource::v1::ResourceClaim;
     use kerf_api::shared_publication::SharedSlicing;
-    use kerf_core::slice::Sharing;
+    use kerf_core::sharing::Sharing;
     use serde_json::json;
 
     use super::*;
@@ -287,7 +287,7 @@ mod tests {
         assert!(conflicts(&small, &whole) && conflicts(&whole, &small));
         let mut exclusive = small.clone();
         exclusive.share_id = None;
-        exclusive.limits = kerf_core::slice::SliceLimits::default();
+        exclusive.limits = kerf_core::sharing::SliceLimits::default();
         exclusive.sharing = Sharing::Exclusive;
         assert!(conflicts(&exclusive, &small));
     }

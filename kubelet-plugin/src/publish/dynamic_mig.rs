@@ -9,7 +9,7 @@
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kerf_api::features::{self, ApiFeature, Probed};
-use kerf_api::resourceslice::SliceFeatures;
+use kerf_api::resourceslice::ResourceSliceFeatures;
 use kerf_api::resourceslice::dynamic_mig::is_partitionable;
 use kerf_core::inventory::Inventory;
 use kube::api::{Api, PostParams};
@@ -32,8 +32,8 @@ impl Publisher {
 
     /// The API features the pool is built with: device taints when the publisher taints,
     /// partitionable devices once probed served.
-    pub(super) fn slice_features(&self) -> SliceFeatures {
-        SliceFeatures {
+    pub(super) fn slice_features(&self) -> ResourceSliceFeatures {
+        ResourceSliceFeatures {
             device_taints: self.taints.is_some(),
             partitionable_devices: self.state().partitionable == Some(true),
         }

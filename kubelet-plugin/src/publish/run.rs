@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kerf_api::ownership::{RECORD_ANNOTATION, Record};
+use kerf_api::ownership::{OwnershipRecord, RECORD_ANNOTATION};
 use kerf_api::watch_backoff::WatchBackoff;
 use kerf_core::health::NodeHealth;
 use kerf_core::inventory::Inventory;
@@ -185,7 +185,7 @@ impl Publisher {
     /// good record is kept.
     pub(super) fn observe_record(&self, node: &Node) -> bool {
         let annotations = node.metadata.annotations.as_ref();
-        let parsed = Record::from_annotations(annotations);
+        let parsed = OwnershipRecord::from_annotations(annotations);
         let mut state = self.state();
         match parsed {
             Ok(record) => {

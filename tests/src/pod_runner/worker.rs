@@ -31,19 +31,19 @@ use tokio::task::JoinSet;
 use super::container::{Backoff, ContainerEvent, ContainerTask, Exit};
 use super::plan::{PodPlan, Waiting, plan_pod};
 use super::status::{ContainerView, State, is_ready, merge_diff, pod_status};
-use super::{PodRunnerSettings, Shared};
+use super::{PodRunnerSettings, RunnerState};
 
 /// What every worker shares.
 pub(super) struct Context {
     pub(super) client: kube::Client,
     pub(super) programs: BTreeMap<String, PathBuf>,
     pub(super) settings: PodRunnerSettings,
-    pub(super) shared: Arc<Mutex<Shared>>,
+    pub(super) inner: Arc<Mutex<RunnerState>>,
 }
 
 impl Context {
-    pub(super) fn shared(&self) -> std::sync::MutexGuard<'_, Shared> {
-        self.shared.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(super) fn inner(&self) -> std::sync::MutexGuard<'_, RunnerState> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -152,9 +152,9 @@ impl Worker {
     }
 
     fn register(&self, plan: &PodPlan) {
-        let mut shared = self.ctx.shared();
-        shared.unemulated.extend(plan.unemulated.iter().cloned());
-        shared.pods.insert(
+        let mut inner = self.ctx.inner();
+        inner.unemulated.extend(plan.unemulated.iter().cloned());
+        inner.pods.insert(
             (self.namespace.clone(), self.name.clone()),
             super::PodRecord {
                 uid: self.uid.clone(),
@@ -281,8 +281,8 @@ impl Worker {
     /// The current process and log of container `index`, for [`super::PodRunner::pid`].
     fn record(&self, index: usize, pid: Option<u32>, log: Option<PathBuf>) {
         let name = &self.views[index].name;
-        let mut shared = self.ctx.shared();
-        let Some(record) = shared
+        let mut inner = self.ctx.inner();
+        let Some(record) = inner
             .pods
             .get_mut(&(self.namespace.clone(), self.name.clone()))
             .filter(|record| record.uid == self.uid)
@@ -407,7 +407,7 @@ impl Worker {
 
     fn problem(&self, message: String) {
         tracing::warn!("pod runner: {message}");
-        self.ctx.shared().problems.push(message);
+        self.ctx.inner().problems.push(message);
     }
 }
 

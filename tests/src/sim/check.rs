@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kerf_api::controller_claims::FINALIZER;
-use kerf_api::ownership::{Owner, Record};
+use kerf_api::ownership::{Owner, OwnershipRecord};
 use kerf_core::alloc::UseKind;
 use kube::ResourceExt as _;
 
@@ -175,7 +175,8 @@ impl Checker {
     fn track_owners(&mut self, nodes: &[Node]) -> u64 {
         let mut moves = 0;
         for node in nodes {
-            let Ok(record) = Record::from_annotations(node.metadata.annotations.as_ref()) else {
+            let Ok(record) = OwnershipRecord::from_annotations(node.metadata.annotations.as_ref())
+            else {
                 continue;
             };
             for (device, owner) in record.0 {

@@ -18,8 +18,8 @@ use anyhow::{Context as _, Result, ensure};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kerf_api::ownership::{self, Record};
-use kerf_api::resourceslice::{SliceFeatures, node_slices};
+use kerf_api::ownership::{self, OwnershipRecord};
+use kerf_api::resourceslice::{ResourceSliceFeatures, node_slices};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::json;
@@ -138,9 +138,14 @@ async fn create_one(
 }
 
 /// The ResourceSlices of `node` (uid `uid`) as kerf's plugin publishes them under `record`.
-fn slices(driver: &str, node: &str, uid: &str, record: &Record) -> Result<Vec<ResourceSlice>> {
+fn slices(
+    driver: &str,
+    node: &str,
+    uid: &str,
+    record: &OwnershipRecord,
+) -> Result<Vec<ResourceSlice>> {
     let inventory = kerf_core::mock::from_spec(GPUS)?;
-    let mut specs = node_slices(&inventory, driver, node, SliceFeatures::default())?;
+    let mut specs = node_slices(&inventory, driver, node, ResourceSliceFeatures::default())?;
     ownership::publish_owners(&mut specs, record);
     let owner = OwnerReference {
         api_version: "v1".to_owned(),
@@ -170,7 +175,7 @@ async fn publish(client: &Client, driver: &str, fake: &FakeNodes) -> Result<()> 
     let params = PatchParams::apply(MANAGER).force();
     for name in &fake.names {
         let node = nodes.get(name).await?;
-        let record = Record::from_annotations(node.metadata.annotations.as_ref())?;
+        let record = OwnershipRecord::from_annotations(node.metadata.annotations.as_ref())?;
         let uid = node.metadata.uid.clone().unwrap_or_default();
         for slice in slices(driver, name, &uid, &record)? {
             let mut value = serde_json::to_value(&slice)?;
@@ -235,7 +240,7 @@ pub async fn publish_gpus(
                 if !on_fake.contains(name.as_str()) {
                     continue;
                 }
-                let record = Record::from_annotations(node.metadata.annotations.as_ref())?;
+                let record = OwnershipRecord::from_annotations(node.metadata.annotations.as_ref())?;
                 let owned = record.0.values().filter(|o| **o == owner).count();
                 if owned < GPUS_PER_NODE {
                     short.push(format!("{name}: {owned}"));
@@ -279,7 +284,7 @@ pub async fn delete(client: &Client, driver: &str, fake: &FakeNodes) -> Result<(
     let nodes: Api<Node> = Api::all(client.clone());
     for name in &fake.names {
         let inventory = kerf_core::mock::from_spec(GPUS)?;
-        let count = node_slices(&inventory, driver, name, SliceFeatures::default())?.len();
+        let count = node_slices(&inventory, driver, name, ResourceSliceFeatures::default())?.len();
         for i in 0..count {
             let slice = kerf_api::slice_name(name, driver, i);
             ignore_absent(slices.delete(&slice, &DeleteParams::default()).await)?;

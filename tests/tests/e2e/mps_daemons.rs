@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kerf_api::GpuClassSpec;
 use kerf_api::params::SharingConfig;
 use kerf_core::enforcement::Enforcement;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;

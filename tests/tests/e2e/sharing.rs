@@ -248,7 +248,7 @@ mod tests {
                         gpu_uuid: format!("GPU-{d}"),
                         memory_bytes: Some(memory),
                         compute_percent: Some(compute),
-                        sharing: kerf_core::slice::Sharing::Mps,
+                        sharing: kerf_core::sharing::Sharing::Mps,
                         time_slice_interval: None,
                         enforcement: kerf_core::enforcement::Enforcement::default(),
                     })

@@ -10,7 +10,7 @@ use std::process::Command;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kerf_controller::cache::{CompactSlice, Interner, strip};
+use kerf_controller::cache::{CompactResourceSlice, Interner, strip};
 use serde_json::{Value, json};
 
 /// The child's environment variable naming what it decodes: `<kind>` or `<kind>-stripped`.
@@ -203,8 +203,10 @@ fn resident<K: serde::de::DeserializeOwned>(
 fn compact_slices_resident() -> usize {
     let before = rss();
     let mut interner = Interner::default();
-    let objects: Vec<CompactSlice> = (0..COUNT)
-        .map(|i| CompactSlice::new(serde_json::from_value(slice(i)).unwrap(), &mut interner))
+    let objects: Vec<CompactResourceSlice> = (0..COUNT)
+        .map(|i| {
+            CompactResourceSlice::new(serde_json::from_value(slice(i)).unwrap(), &mut interner)
+        })
         .collect();
     let after = rss();
     drop(objects);

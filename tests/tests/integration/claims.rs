@@ -22,7 +22,7 @@ use kerf_api::decode_opaque;
 use kerf_api::params::{Allocator, OpaqueConfig, PlacementPolicy, SharingConfig};
 use kerf_controller::claims::{self, ALLOCATED_NODE_ANNOTATION, FINALIZER};
 use kerf_core::enforcement::Enforcement;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::wait::eventually;
 use kube::Api;

@@ -18,7 +18,7 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::features::Probed;
-use kerf_api::ownership::Record;
+use kerf_api::ownership::OwnershipRecord;
 use kerf_api::params::{Allocator, GpuSelector};
 use kerf_api::shared_publication::{SHARED_PUBLICATION_ANNOTATION, SharedPublication};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
@@ -209,8 +209,8 @@ fn publication(fake: &FakeApi) -> SharedPublication {
     SharedPublication::from_annotations(node_of(fake).metadata.annotations.as_ref()).unwrap()
 }
 
-fn record(fake: &FakeApi) -> Record {
-    Record::from_annotations(node_of(fake).metadata.annotations.as_ref()).unwrap()
+fn record(fake: &FakeApi) -> OwnershipRecord {
+    OwnershipRecord::from_annotations(node_of(fake).metadata.annotations.as_ref()).unwrap()
 }
 
 async fn eventually_publication(fake: &FakeApi, what: &str, want: &BTreeSet<String>) {
@@ -490,13 +490,15 @@ fn several_shares_of_one_gpu_are_counted_for_the_class_status() {
     for device in spec.devices.iter_mut().flatten() {
         device.allow_multiple_allocations = Some(true);
     }
-    let slice = Arc::new(kerf_controller::cache::CompactSlice::from(ResourceSlice {
-        metadata: ObjectMeta {
-            name: Some("n-0".to_owned()),
-            ..ObjectMeta::default()
+    let slice = Arc::new(kerf_controller::cache::CompactResourceSlice::from(
+        ResourceSlice {
+            metadata: ObjectMeta {
+                name: Some("n-0".to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec,
         },
-        spec,
-    }));
+    ));
     let claim = |name: &str, memory: &str| {
         Arc::new(
             serde_json::from_value::<k8s_openapi::api::resource::v1::ResourceClaim>(json!({

@@ -8,8 +8,8 @@ use std::time::Duration;
 use claim_cluster::{Controller, DRIVER, node, publish_slices};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kerf_api::ownership::{Owner, Record, published_owner};
-use kerf_api::resourceslice::SliceFeatures;
+use kerf_api::ownership::{Owner, OwnershipRecord, published_owner};
+use kerf_api::resourceslice::ResourceSliceFeatures;
 use kerf_tests::fake_api::FakeApi;
 use serde_json::json;
 
@@ -27,7 +27,7 @@ fn dynamic_mig_cluster(label: &str) -> (FakeApi, usize) {
         json!([]),
         true,
     );
-    let features = SliceFeatures {
+    let features = ResourceSliceFeatures {
         device_taints: false,
         partitionable_devices: true,
     };
@@ -35,9 +35,9 @@ fn dynamic_mig_cluster(label: &str) -> (FakeApi, usize) {
     (fake, devices)
 }
 
-fn record(fake: &FakeApi) -> Record {
+fn record(fake: &FakeApi) -> OwnershipRecord {
     let node: Node = fake.get_resource(None, NODE).unwrap();
-    Record::from_annotations(node.metadata.annotations.as_ref()).unwrap()
+    OwnershipRecord::from_annotations(node.metadata.annotations.as_ref()).unwrap()
 }
 
 fn published_owners(fake: &FakeApi) -> Vec<(String, Option<Owner>)> {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use claim_cluster::{Controller, NS, device_class_of, node, settings, slices};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::DeviceClass;
-use kerf_api::ownership::{Owner, Record};
+use kerf_api::ownership::{Owner, OwnershipRecord};
 use kerf_api::params::{Allocator, GpuSelector};
 use kerf_api::{GpuClassSpec, Slicing};
 use kerf_controller::claims;
@@ -93,9 +93,9 @@ fn start_controller(fake: &FakeApi) -> Controller {
 }
 
 /// The node's ownership record as kerf-controller wrote it.
-fn record(fake: &FakeApi) -> Record {
+fn record(fake: &FakeApi) -> OwnershipRecord {
     let node: Node = fake.get_resource(None, NODE).unwrap();
-    Record::from_annotations(node.metadata.annotations.as_ref()).unwrap()
+    OwnershipRecord::from_annotations(node.metadata.annotations.as_ref()).unwrap()
 }
 
 /// The devices the record gives `owner`.

@@ -19,7 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::mps::TimeSliceInterval;
 use kerf_core::rng::SeededRng;
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 use kerf_proto::client::Claim;
 use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::Identity;

@@ -284,7 +284,7 @@ async fn status_counts_devices_and_memory_from_slices_and_claims() {
             gpu_uuid: gpu_uuid("node-b"),
             memory_bytes: Some(10 * GIB),
             compute_percent: Some(20),
-            sharing: kerf_core::slice::Sharing::default(),
+            sharing: kerf_core::sharing::Sharing::default(),
             time_slice_interval: None,
             enforcement: kerf_core::enforcement::Enforcement::default(),
         }],

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use claim_cluster::{DRIVER, NODES, NS, PODS, WHOLE, settings};
 use k8s_openapi::api::core::v1::Node;
-use kerf_api::ownership::{NODE_LABEL, Owner, Record};
+use kerf_api::ownership::{NODE_LABEL, Owner, OwnershipRecord};
 use kerf_controller::{BackoffConfig, ControllerConfig};
 use kerf_tests::fake_api::FakeApi;
 use kerf_tests::scheduler::SeededRng;
@@ -72,7 +72,7 @@ fn recorded(fake: &FakeApi) -> BTreeMap<(String, String), Owner> {
     let mut out = BTreeMap::new();
     for name in NODES {
         let node: Node = fake.get_resource(None, name).unwrap();
-        let record = Record::from_annotations(node.metadata.annotations.as_ref()).unwrap();
+        let record = OwnershipRecord::from_annotations(node.metadata.annotations.as_ref()).unwrap();
         for (device, owner) in record.0 {
             out.insert((name.to_owned(), device), owner);
         }

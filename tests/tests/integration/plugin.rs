@@ -652,7 +652,7 @@ async fn prepares_a_slice_the_controller_allocated() {
             compute_percent: 40,
         },
     );
-    request.sharing = kerf_core::slice::Sharing::Mps;
+    request.sharing = kerf_core::sharing::Sharing::Mps;
     let pod = PodRequest {
         claims: vec![alloc::ClaimRequest {
             key: UID_A.into(),

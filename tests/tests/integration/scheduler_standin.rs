@@ -50,7 +50,7 @@ fn node(fake: &FakeApi, name: &str, taints: Value) {
 fn slices(fake: &FakeApi, node: &str) {
     let inventory = kerf_core::mock::from_spec("h100-sxm-80gb").unwrap();
     let mut specs = kerf_api::resource_slices(&inventory, DRIVER, node).unwrap();
-    let record = ownership::Record(
+    let record = ownership::OwnershipRecord(
         specs
             .iter()
             .flat_map(|s| s.devices.iter().flatten())

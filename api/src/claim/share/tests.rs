@@ -1,6 +1,6 @@
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_core::mps::TimeSliceInterval;
-use kerf_core::slice::{Sharing, SliceLimits};
+use kerf_core::sharing::{Sharing, SliceLimits};
 use serde_json::{Value, json};
 
 use crate::claim::{AllocatedDevice, resolve_allocation};

@@ -4,11 +4,11 @@
 //! The pass reads the published slices, the claims, the DeviceClasses (the shared caches, whose
 //! own change counter [`crate::cache::Caches::changes`] is forwarded here), the claims, pods
 //! and nodes of the claim controller's watches (bumped by `watch.rs` after the store write: on
-//! every claim event, which [`crate::claims::ledger`]'s sync relies on, and on the node and pod
+//! every claim event, which [`crate::claims::bookkeeping`]'s sync relies on, and on the node and pod
 //! events that change what a pass reads, see [`InputChanges::node_bumper`] and
-//! [`InputChanges::pod_bumper`]), and the ledger's allocations in flight and claims waiting for
-//! capacity (bumped by `ledger.rs` on each change). What changes with time alone is
-//! computed by the pass itself ([`super::OwnershipBook::next_due`], the expiry of an assumed
+//! [`InputChanges::pod_bumper`]), and the bookkeeping's allocations in flight and claims waiting for
+//! capacity (bumped by `bookkeeping.rs` on each change). What changes with time alone is
+//! computed by the pass itself ([`super::DeviceOwnership::next_due`], the expiry of an assumed
 //! allocation, a node write in back-off). With nothing changing, nothing runs.
 
 use std::collections::hash_map::DefaultHasher;
@@ -39,7 +39,7 @@ impl Default for InputChanges {
 
 impl InputChanges {
     /// Something the pass reads changed. Call it after the change is visible to readers (after
-    /// the store write, under or after the ledger change), so that a pass woken by it sees the
+    /// the store write, under or after the bookkeeping change), so that a pass woken by it sees the
     /// change.
     pub fn bump(&self) {
         self.0.send_modify(|n| *n = n.wrapping_add(1));

@@ -4,7 +4,7 @@
 
 use std::cmp::Reverse;
 
-use crate::slice::Sharing;
+use crate::sharing::Sharing;
 
 use super::super::index::{GpuEntry, GpuFree, NodeEntry};
 use super::super::request::{DeviceRequest, GpuSelector, SliceSize, TopologyScope};

@@ -3,7 +3,7 @@
 //! picks are applied to.
 
 use crate::enforcement::Enforcement;
-use crate::slice::Sharing;
+use crate::sharing::Sharing;
 
 use super::super::index::{GpuFree, NodeEntry, free_permille};
 use super::super::request::{DeviceRequest, Policy, SliceSize, TopologyScope};

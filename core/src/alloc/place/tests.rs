@@ -6,7 +6,7 @@ use crate::alloc::{ClaimRequest, DeviceUse, GpuInfo, MpsSizes, NodeGpus};
 use crate::enforcement::Enforcement;
 use crate::inventory::ComputeCapability;
 use crate::mps::TimeSliceInterval;
-use crate::slice::Sharing;
+use crate::sharing::Sharing;
 
 const GI: u64 = 1 << 30;
 

@@ -15,7 +15,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::ownership;
 use kerf_api::params::{Allocator, ControllerPlacement, GpuSelector, PlacementPolicy};
-use kerf_api::resourceslice::{SliceFeatures, node_slices};
+use kerf_api::resourceslice::{ResourceSliceFeatures, node_slices};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
 use kerf_controller::claims;
 use kerf_controller::{BackoffConfig, Config, ControllerConfig, ControllerTask, Metrics, Process};
@@ -52,13 +52,23 @@ pub fn node(fake: &FakeApi, name: &str, labels: Value, taints: Value, ready: boo
 
 /// Publishes the node's 8 × H100 as the kubelet plugin would.
 pub fn slices(fake: &FakeApi, node: &str) {
-    publish_slices(fake, node, "h100-sxm-80gb", SliceFeatures::default());
+    publish_slices(
+        fake,
+        node,
+        "h100-sxm-80gb",
+        ResourceSliceFeatures::default(),
+    );
 }
 
 /// Publishes the GPUs of mock spec `gpus` (`kerf_core::mock::from_spec`) on `node` as the
 /// kubelet plugin would when the API server serves `features`; returns how many devices the
 /// pool has.
-pub fn publish_slices(fake: &FakeApi, node: &str, gpus: &str, features: SliceFeatures) -> usize {
+pub fn publish_slices(
+    fake: &FakeApi,
+    node: &str,
+    gpus: &str,
+    features: ResourceSliceFeatures,
+) -> usize {
     let inventory = kerf_core::mock::from_spec(gpus).unwrap();
     let specs = node_slices(&inventory, DRIVER, node, features).unwrap();
     let devices = specs
@@ -166,8 +176,9 @@ pub fn settings() -> claims::ClaimSettings {
 pub async fn mirror_ownership_records(fake: FakeApi, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {
         for node in fake.list_resources::<k8s_openapi::api::core::v1::Node>(None) {
-            let record = ownership::Record::from_annotations(node.metadata.annotations.as_ref())
-                .expect("the controller writes valid records");
+            let record =
+                ownership::OwnershipRecord::from_annotations(node.metadata.annotations.as_ref())
+                    .expect("the controller writes valid records");
             let name = node.metadata.name.clone().unwrap_or_default();
             for slice in fake.list_resources::<ResourceSlice>(None) {
                 if slice.spec.node_name.as_deref() != Some(name.as_str()) {

@@ -26,7 +26,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::enforcement::Enforcement;
 use kerf_core::inventory::{Inventory, MigDevice};
-use kerf_core::slice::Sharing;
+use kerf_core::sharing::Sharing;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::{Discovery, PluginConfig};
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};

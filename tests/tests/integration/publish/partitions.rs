@@ -11,7 +11,7 @@ use kerf_api::quantity::quantity_bytes;
 use kerf_api::resourceslice::limits::{
     MAX_OBJECT_BYTES, check_pool, check_slice, slice_json_bytes,
 };
-use kerf_api::resourceslice::{SliceFeatures, node_slices};
+use kerf_api::resourceslice::{ResourceSliceFeatures, node_slices};
 use kerf_core::inventory::{Gpu, Inventory, MigDevice};
 use kerf_core::mig_catalog::{
     CatalogPlacement, counter_set_name, gpu_counters, placement_consumption,
@@ -216,7 +216,7 @@ async fn placements_take_their_gpus_owner_whatever_the_record_says_of_them() {
 #[test]
 fn created_instances_are_not_published_again_as_static_mig_devices() {
     let mut inventory = kerf_core::mock::from_spec("a100-40gb-dynmig").unwrap();
-    let features = SliceFeatures {
+    let features = ResourceSliceFeatures {
         device_taints: false,
         partitionable_devices: true,
     };
@@ -243,7 +243,7 @@ fn created_instances_are_not_published_again_as_static_mig_devices() {
     );
     // Without partitionable devices the GPUs, in MIG mode, are not published, and neither
     // are their instances.
-    let plain = node_slices(&inventory, DRIVER, NODE, SliceFeatures::default()).unwrap();
+    let plain = node_slices(&inventory, DRIVER, NODE, ResourceSliceFeatures::default()).unwrap();
     let names: Vec<String> = plain
         .iter()
         .flat_map(|s| s.devices.iter().flatten())
@@ -291,14 +291,14 @@ async fn no_probe_without_a_dynamic_mig_gpu() {
 /// attribute the plugin adds (`--nocapture` prints the table).
 #[test]
 fn slices_of_eight_dynamic_mig_gpus_stay_far_below_the_object_limit() {
-    let features = SliceFeatures {
+    let features = ResourceSliceFeatures {
         device_taints: false,
         partitionable_devices: true,
     };
     for profile in PROFILES {
         let inventory = kerf_core::mock::from_spec(profile).unwrap();
         let mut specs = node_slices(&inventory, DRIVER, NODE, features).unwrap();
-        let record = kerf_api::ownership::Record(
+        let record = kerf_api::ownership::OwnershipRecord(
             inventory
                 .gpus
                 .iter()

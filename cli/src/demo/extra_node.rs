@@ -14,9 +14,9 @@ use kerf_kubelet_plugin::plugin::{self, Connections};
 
 use super::allocate::PodOutcome;
 use super::claim_store::MemoryClaimReader;
+use super::kubelet_visit::{self, NodeRun, NodeVisit};
 use super::node::{self, Layout};
 use super::scheduler;
-use super::visit::{self, NodeRun, NodeVisit};
 use super::workload::Workload;
 use crate::error::Result;
 
@@ -150,11 +150,11 @@ impl SideNode {
         let visited = visit.run(None).await;
         let stopped = running.shutdown().await;
         // Whatever failed before: no daemon may outlive the demo.
-        let daemons_stopped = visit::stop_leftover_daemons(&self.plugin_config).await;
+        let daemons_stopped = kubelet_visit::stop_leftover_daemons(&self.plugin_config).await;
         let node_run = visited?;
         stopped?;
         daemons_stopped?;
-        visit::check_clean(&self.layout, driver)?;
+        kubelet_visit::check_clean(&self.layout, driver)?;
         Ok(node_run)
     }
 }

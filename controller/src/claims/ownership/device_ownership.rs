@@ -5,7 +5,7 @@
 //! A device moves between owners only while nothing is allocated on it, and each direction has
 //! a fence that guarantees the old owner can no longer allocate it when the new one starts:
 //!
-//! - **Controller → scheduler (lending).** Decided under the ledger lock that placement also
+//! - **Controller → scheduler (lending).** Decided under the bookkeeping lock that placement also
 //!   holds, with the capacity index counting the controller's own writes in flight: the device
 //!   is idle, and from that moment no placement can pick it. Only then is the record written,
 //!   and kube-scheduler can allocate the device only after the kubelet plugin has republished
@@ -25,7 +25,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use kerf_api::ownership::{NodePolicy, Owner, Record};
+use kerf_api::ownership::{NodePolicy, Owner, OwnershipRecord};
 
 use crate::config::OwnershipTiming;
 
@@ -81,7 +81,7 @@ struct DeviceState {
 
 /// Wanted owners and fences of every device, by node.
 #[derive(Debug, Default)]
-pub struct OwnershipBook {
+pub struct DeviceOwnership {
     nodes: HashMap<String, BTreeMap<String, DeviceState>>,
     /// Bumped whenever the set of devices the controller may place on changes, per node.
     epochs: HashMap<String, u64>,
@@ -89,7 +89,7 @@ pub struct OwnershipBook {
     decided: bool,
 }
 
-impl OwnershipBook {
+impl DeviceOwnership {
     /// True when the controller may place on `device` of `node`.
     pub fn usable(&self, node: &str, device: &str) -> bool {
         self.nodes
@@ -132,8 +132,8 @@ impl OwnershipBook {
     }
 
     /// The record the controller wants on `node`.
-    pub fn record(&self, node: &str) -> Record {
-        Record(
+    pub fn record(&self, node: &str) -> OwnershipRecord {
+        OwnershipRecord(
             self.nodes
                 .get(node)
                 .into_iter()

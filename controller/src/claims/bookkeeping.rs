@@ -18,8 +18,8 @@ use kerf_core::alloc::{DeviceUse, Index};
 use kube::runtime::reflector::{ObjectRef, Store};
 
 use super::index::CapacityIndex;
-use super::ownership::{InputChanges, OwnershipBook};
-use crate::cache::{Change, CompactSlice};
+use super::ownership::{DeviceOwnership, InputChanges};
+use crate::cache::{Change, CompactResourceSlice};
 
 /// A node the scheduler rejected for a pod.
 #[derive(Debug, Clone, Copy)]
@@ -34,7 +34,7 @@ struct Rejection {
 
 /// The bookkeeping of one claim controller.
 #[derive(Debug, Default)]
-pub(crate) struct Ledger {
+pub(crate) struct Bookkeeping {
     state: Mutex<State>,
     /// Bumped when what the ownership pass reads here changes: the allocations assumed for
     /// writes in flight, the claims waiting for capacity.
@@ -45,7 +45,7 @@ pub(crate) struct Ledger {
     journal: Mutex<ClaimJournal>,
 }
 
-/// What the claim watch changed since the last sync ([`Ledger::note_claim`]).
+/// What the claim watch changed since the last sync ([`Bookkeeping::note_claim`]).
 #[derive(Debug)]
 struct ClaimJournal {
     /// Changed claims by UID.
@@ -77,13 +77,13 @@ struct State {
     /// Claims that did not fit, to try again when the controller frees capacity.
     waiting: HashSet<ObjectRef<ResourceClaim>>,
     /// The owner of every device and the controller's fences.
-    ownership: OwnershipBook,
+    ownership: DeviceOwnership,
 }
 
-impl Ledger {
-    /// An empty ledger that bumps `changes` when an input of the ownership pass changes.
+impl Bookkeeping {
+    /// An empty bookkeeping that bumps `changes` when an input of the ownership pass changes.
     pub(super) fn new(changes: InputChanges) -> Self {
-        Ledger {
+        Bookkeeping {
             state: Mutex::default(),
             changes,
             journal: Mutex::default(),
@@ -91,7 +91,7 @@ impl Ledger {
     }
 
     /// Notes a change of the claim store, after the store has it and before the reconcile it
-    /// triggers is queued (`watch.rs`), so that reconcile's [`Ledger::synced`] reads it.
+    /// triggers is queued (`watch.rs`), so that reconcile's [`Bookkeeping::synced`] reads it.
     pub(super) fn note_claim(&self, change: &Change<ResourceClaim>) {
         let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
         match change {
@@ -113,7 +113,7 @@ impl Ledger {
 
     /// The books, with the capacity index brought up to date with the stores.
     ///
-    /// Only the claims noted since the last sync ([`Ledger::note_claim`]) are read again,
+    /// Only the claims noted since the last sync ([`Bookkeeping::note_claim`]) are read again,
     /// each from the store; every claim only after a relist or a deletion, or when an
     /// assumption expired. `claims` must be the store whose every write is noted here before
     /// the event that wrote it is passed on (`watch.rs`): a reconcile of a claim then always
@@ -121,7 +121,7 @@ impl Ledger {
     /// objects' events (pods, nodes) or a quiet cluster's resync costs no walk of every claim.
     pub(super) fn synced(
         &self,
-        slices: &Store<CompactSlice>,
+        slices: &Store<CompactResourceSlice>,
         claims: &Store<ResourceClaim>,
         driver: &str,
     ) -> Books<'_> {
@@ -154,7 +154,7 @@ impl Ledger {
             capacity.sync_changed_claims(&changed, driver, now);
         }
         Books {
-            ledger: self,
+            bookkeeping: self,
             state,
         }
     }
@@ -162,7 +162,7 @@ impl Ledger {
     /// Marks `claims` as being written, or `None` when a reconcile is writing one of them.
     pub(super) fn begin(&self, claims: Vec<String>) -> Option<WriteGuard<'_>> {
         Books {
-            ledger: self,
+            bookkeeping: self,
             state: self.lock(),
         }
         .begin(claims)
@@ -258,7 +258,7 @@ impl Ledger {
 
 /// The locked books: read the capacity index, place and begin writes under one lock.
 pub(crate) struct Books<'a> {
-    ledger: &'a Ledger,
+    bookkeeping: &'a Bookkeeping,
     state: MutexGuard<'a, State>,
 }
 
@@ -295,7 +295,7 @@ impl<'a> Books<'a> {
     }
 
     /// The capacity index and the ownership book, to advance the book by a tick.
-    pub(crate) fn ownership(&mut self) -> (&CapacityIndex, &mut OwnershipBook) {
+    pub(crate) fn ownership(&mut self) -> (&CapacityIndex, &mut DeviceOwnership) {
         let State {
             capacity,
             ownership,
@@ -317,7 +317,7 @@ impl<'a> Books<'a> {
     /// Records allocations about to be written (see [`CapacityIndex::assume`]).
     pub(crate) fn assume(&mut self, uid: &str, uses: Vec<DeviceUse>) {
         self.state.capacity.assume(uid, uses, Instant::now());
-        self.ledger.changes.bump();
+        self.bookkeeping.changes.bump();
     }
 
     /// Marks `claims` as being written, or `None` when a reconcile is writing one of them.
@@ -328,7 +328,7 @@ impl<'a> Books<'a> {
         }
         self.state.in_flight.extend(claims.iter().cloned());
         Some(WriteGuard {
-            ledger: self.ledger,
+            bookkeeping: self.bookkeeping,
             claims,
             settled: HashSet::new(),
         })
@@ -340,7 +340,7 @@ impl<'a> Books<'a> {
 /// controller.
 #[derive(Debug)]
 pub(crate) struct WriteGuard<'a> {
-    ledger: &'a Ledger,
+    bookkeeping: &'a Bookkeeping,
     claims: Vec<String>,
     settled: HashSet<String>,
 }
@@ -361,23 +361,23 @@ impl WriteGuard<'_> {
 
     /// The write of claim `uid` returned `version` (see [`CapacityIndex::confirm`]).
     pub(crate) fn confirm(&self, uid: &str, uses: Vec<DeviceUse>, version: &str) {
-        self.ledger
+        self.bookkeeping
             .lock()
             .capacity
             .confirm(uid, uses, version, Instant::now());
-        self.ledger.changes.bump();
+        self.bookkeeping.changes.bump();
     }
 
     /// Drops what the index assumed about claim `uid` (after a rollback).
     pub(crate) fn forget(&self, uid: &str) {
-        self.ledger.lock().capacity.forget(uid);
-        self.ledger.changes.bump();
+        self.bookkeeping.lock().capacity.forget(uid);
+        self.bookkeeping.changes.bump();
     }
 }
 
 impl Drop for WriteGuard<'_> {
     fn drop(&mut self) {
-        let mut state = self.ledger.lock();
+        let mut state = self.bookkeeping.lock();
         for uid in &self.claims {
             state.in_flight.remove(uid);
             if self.settled.contains(uid) {
@@ -407,7 +407,7 @@ mod tests {
         .unwrap()
     }
 
-    fn slice(node: &str) -> CompactSlice {
+    fn slice(node: &str) -> CompactResourceSlice {
         serde_json::from_value::<ResourceSlice>(json!({
             "metadata": {"name": format!("{node}-slice"), "resourceVersion": "1"},
             "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": []},
@@ -434,42 +434,42 @@ mod tests {
     /// when a deletion or relist does not make it walk them all.
     #[test]
     fn a_sync_reads_only_the_claims_noted_and_rebuilds_only_changed_pools() {
-        let ledger = Ledger::new(InputChanges::default());
+        let bookkeeping = Bookkeeping::new(InputChanges::default());
         let (claims, mut claim_writer) = reflector::store::<ResourceClaim>();
-        let (slices, mut slice_writer) = reflector::store::<CompactSlice>();
+        let (slices, mut slice_writer) = reflector::store::<CompactResourceSlice>();
         for i in 0..100 {
             apply(&mut claim_writer, claim(&format!("c{i}"), "1"));
         }
         for node in ["n1", "n2", "n3"] {
             apply(&mut slice_writer, slice(node));
         }
-        let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+        let work = bookkeeping.synced(&slices, &claims, DRIVER).sync_work();
         assert_eq!((work.claims_examined, work.pools_rebuilt), (100, 3));
-        let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+        let work = bookkeeping.synced(&slices, &claims, DRIVER).sync_work();
         assert_eq!(
             (work.claims_examined, work.pools_rebuilt),
             (0, 0),
             "nothing changed: no claim walked, no pool rebuilt"
         );
         apply(&mut claim_writer, claim("c7", "2"));
-        ledger.note_claim(&applied(claim("c7", "2")));
+        bookkeeping.note_claim(&applied(claim("c7", "2")));
         apply(&mut slice_writer, slice("n2"));
-        let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+        let work = bookkeeping.synced(&slices, &claims, DRIVER).sync_work();
         assert_eq!(
             (work.claims_examined, work.pools_rebuilt),
             (1, 1),
             "one claim changed: that claim read again"
         );
-        drop(ledger.begin(uids(&["c8"])));
-        ledger.wait_for_capacity(ObjectRef::new("c9").within("ns"));
-        let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+        drop(bookkeeping.begin(uids(&["c8"])));
+        bookkeeping.wait_for_capacity(ObjectRef::new("c9").within("ns"));
+        let work = bookkeeping.synced(&slices, &claims, DRIVER).sync_work();
         assert_eq!(
             work.claims_examined, 0,
-            "the ledger's own changes are in the books already"
+            "the bookkeeping's own changes are in the books already"
         );
         for change in [Change::Deleted, Change::Listed] {
-            ledger.note_claim(&change);
-            let work = ledger.synced(&slices, &claims, DRIVER).sync_work();
+            bookkeeping.note_claim(&change);
+            let work = bookkeeping.synced(&slices, &claims, DRIVER).sync_work();
             assert_eq!(work.claims_examined, 100, "{change:?}: every claim read");
         }
     }
@@ -478,10 +478,10 @@ mod tests {
     /// released, reads back as the store says after each sync.
     #[test]
     fn a_noted_claim_is_read_from_the_store_as_it_is_now() {
-        let ledger = Ledger::new(InputChanges::default());
+        let bookkeeping = Bookkeeping::new(InputChanges::default());
         let (claims, mut claim_writer) = reflector::store::<ResourceClaim>();
-        let (slices, _) = reflector::store::<CompactSlice>();
-        drop(ledger.synced(&slices, &claims, DRIVER));
+        let (slices, _) = reflector::store::<CompactResourceSlice>();
+        drop(bookkeeping.synced(&slices, &claims, DRIVER));
         let allocated: ResourceClaim = serde_json::from_value(json!({
             "metadata": {"name": "a", "namespace": "ns", "uid": "a", "resourceVersion": "5"},
             "spec": {"devices": {"requests": []}},
@@ -491,8 +491,8 @@ mod tests {
         }))
         .unwrap();
         apply(&mut claim_writer, allocated.clone());
-        ledger.note_claim(&applied(claim("a", "4")));
-        let books = ledger.synced(&slices, &claims, DRIVER);
+        bookkeeping.note_claim(&applied(claim("a", "4")));
+        let books = bookkeeping.synced(&slices, &claims, DRIVER);
         assert_eq!(books.sync_work().claims_examined, 1);
         assert!(
             !books.index().gpu_usage("n1", "gpu-0").is_idle(),
@@ -500,8 +500,8 @@ mod tests {
         );
         drop(books);
         apply(&mut claim_writer, claim("a", "6"));
-        ledger.note_claim(&applied(claim("a", "6")));
-        let books = ledger.synced(&slices, &claims, DRIVER);
+        bookkeeping.note_claim(&applied(claim("a", "6")));
+        let books = bookkeeping.synced(&slices, &claims, DRIVER);
         assert!(books.index().gpu_usage("n1", "gpu-0").is_idle());
     }
 
@@ -511,53 +511,59 @@ mod tests {
 
     #[test]
     fn a_claim_is_written_by_one_reconcile_at_a_time() {
-        let ledger = Ledger::default();
-        let first = ledger.begin(uids(&["a", "b"])).unwrap();
-        assert!(ledger.begin(uids(&["b"])).is_none());
-        assert!(ledger.begin(uids(&["c"])).is_some());
+        let bookkeeping = Bookkeeping::default();
+        let first = bookkeeping.begin(uids(&["a", "b"])).unwrap();
+        assert!(bookkeeping.begin(uids(&["b"])).is_none());
+        assert!(bookkeeping.begin(uids(&["c"])).is_some());
         drop(first);
-        assert!(ledger.begin(uids(&["a", "b"])).is_some());
+        assert!(bookkeeping.begin(uids(&["a", "b"])).is_some());
     }
 
     #[test]
     fn an_unsettled_write_is_not_a_rejection_and_a_settled_one_is_forgotten() {
-        let ledger = Ledger::default();
-        let mut guard = ledger.begin(uids(&["halfway", "done"])).unwrap();
+        let bookkeeping = Bookkeeping::default();
+        let mut guard = bookkeeping.begin(uids(&["halfway", "done"])).unwrap();
         assert!(
-            !ledger.take_rejection("done"),
+            !bookkeeping.take_rejection("done"),
             "in flight is never a rejection"
         );
         guard.settled("done");
         drop(guard);
-        assert!(!ledger.take_rejection("halfway"));
-        assert!(ledger.take_rejection("done"));
-        assert!(!ledger.take_rejection("done"), "a rejection is taken once");
-        let mut guard = ledger.begin(uids(&["done"])).unwrap();
+        assert!(!bookkeeping.take_rejection("halfway"));
+        assert!(bookkeeping.take_rejection("done"));
+        assert!(
+            !bookkeeping.take_rejection("done"),
+            "a rejection is taken once"
+        );
+        let mut guard = bookkeeping.begin(uids(&["done"])).unwrap();
         guard.settled("done");
         drop(guard);
-        assert!(ledger.take_rejection("done"));
+        assert!(bookkeeping.take_rejection("done"));
     }
 
     #[test]
     fn rejections_back_off_and_grow_on_repeats() {
-        let ledger = Ledger::default();
+        let bookkeeping = Bookkeeping::default();
         let now = Instant::now();
         let period = |repeats: u32| Duration::from_secs(5) * 2u32.pow(repeats);
-        ledger.mark_unsuitable("pod", "node1", now, period);
-        ledger.mark_unsuitable(
+        bookkeeping.mark_unsuitable("pod", "node1", now, period);
+        bookkeeping.mark_unsuitable(
             "pod",
             "node2",
             now.checked_sub(Duration::from_secs(6)).unwrap(),
             period,
         );
-        assert_eq!(ledger.unsuitable_nodes("pod"), vec!["node1".to_owned()]);
-        assert!(ledger.unsuitable_nodes("other").is_empty());
-        let state = ledger.lock();
+        assert_eq!(
+            bookkeeping.unsuitable_nodes("pod"),
+            vec!["node1".to_owned()]
+        );
+        assert!(bookkeeping.unsuitable_nodes("other").is_empty());
+        let state = bookkeeping.lock();
         let node2 = state.unsuitable["pod"]["node2"];
         assert_eq!(node2.repeats, 0);
         drop(state);
-        ledger.mark_unsuitable("pod", "node2", now, period);
-        let state = ledger.lock();
+        bookkeeping.mark_unsuitable("pod", "node2", now, period);
+        let state = bookkeeping.lock();
         let node2 = state.unsuitable["pod"]["node2"];
         assert_eq!(node2.repeats, 1, "a repeat within twice the period counts");
         assert_eq!(node2.until, now + Duration::from_secs(10));

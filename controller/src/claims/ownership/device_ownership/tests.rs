@@ -21,7 +21,7 @@ fn idle(published: Option<Owner>) -> DeviceFacts {
     }
 }
 
-fn tick(book: &mut OwnershipBook, facts: &DeviceFacts, now: Instant) -> Option<Change> {
+fn tick(book: &mut DeviceOwnership, facts: &DeviceFacts, now: Instant) -> Option<Change> {
     book.advance(
         "n",
         "gpu-0",
@@ -35,7 +35,7 @@ fn tick(book: &mut OwnershipBook, facts: &DeviceFacts, now: Instant) -> Option<C
 
 #[test]
 fn a_new_idle_device_becomes_usable_only_after_the_republished_slice_and_the_settle_period() {
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     let t0 = Instant::now();
     assert_eq!(tick(&mut book, &idle(None), t0), None);
     assert_eq!(book.record("n").owner("gpu-0"), Some(Owner::Controller));
@@ -54,7 +54,7 @@ fn a_new_idle_device_becomes_usable_only_after_the_republished_slice_and_the_set
 
 #[test]
 fn demand_lends_an_idle_device_at_once_and_a_busy_one_never() {
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     let t0 = Instant::now();
     let published = idle(Some(Owner::Controller));
     tick(&mut book, &published, t0);
@@ -88,7 +88,7 @@ fn an_idle_scheduler_device_returns_after_lingering_or_at_once_when_the_controll
         recorded: Some(Owner::Scheduler),
         ..idle(Some(Owner::Scheduler))
     };
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     tick(&mut book, &lent, t0);
     assert_eq!(book.record("n").owner("gpu-0"), Some(Owner::Scheduler));
     assert_eq!(tick(&mut book, &lent, t0 + LINGER / 2), None);
@@ -99,7 +99,7 @@ fn an_idle_scheduler_device_returns_after_lingering_or_at_once_when_the_controll
         })
     );
 
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     tick(&mut book, &lent, t0);
     let change = book.advance("n", "gpu-0", &lent, NodePolicy::Dynamic, true, timing(), t0);
     assert_eq!(
@@ -113,7 +113,7 @@ fn an_idle_scheduler_device_returns_after_lingering_or_at_once_when_the_controll
 #[test]
 fn a_scheduler_allocation_during_the_fence_abandons_the_move() {
     let t0 = Instant::now();
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     tick(&mut book, &idle(Some(Owner::Controller)), t0);
     let late = DeviceFacts {
         held_by_scheduler: true,
@@ -130,7 +130,7 @@ fn a_scheduler_allocation_during_the_fence_abandons_the_move() {
 #[test]
 fn a_scheduler_allocation_after_the_fence_is_reported() {
     let t0 = Instant::now();
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     let published = idle(Some(Owner::Controller));
     tick(&mut book, &published, t0);
     tick(&mut book, &published, t0 + SETTLE);
@@ -148,7 +148,7 @@ fn a_scheduler_allocation_after_the_fence_is_reported() {
 #[test]
 fn mig_devices_and_pinned_nodes_keep_their_owner() {
     let t0 = Instant::now();
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     let mig = DeviceFacts {
         mig: true,
         ..idle(None)
@@ -156,7 +156,7 @@ fn mig_devices_and_pinned_nodes_keep_their_owner() {
     tick(&mut book, &mig, t0 + LINGER * 4);
     assert_eq!(book.record("n").owner("gpu-0"), Some(Owner::Scheduler));
 
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     let pinned = NodePolicy::Fixed(Owner::Scheduler);
     let facts = idle(Some(Owner::Scheduler));
     book.advance("n", "gpu-0", &facts, pinned, true, timing(), t0);
@@ -175,7 +175,7 @@ fn mig_devices_and_pinned_nodes_keep_their_owner() {
 #[test]
 fn devices_held_at_start_up_keep_their_holder_as_owner() {
     let t0 = Instant::now();
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     let scheduler_held = DeviceFacts {
         held_by_scheduler: true,
         recorded: Some(Owner::Controller),
@@ -187,7 +187,7 @@ fn devices_held_at_start_up_keep_their_holder_as_owner() {
 
 #[test]
 fn the_next_due_moment_is_the_settle_fence_then_the_linger_and_never_one_already_past() {
-    let mut book = OwnershipBook::default();
+    let mut book = DeviceOwnership::default();
     let t0 = Instant::now();
     let published = idle(Some(Owner::Controller));
     tick(&mut book, &idle(None), t0);

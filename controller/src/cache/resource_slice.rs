@@ -3,13 +3,13 @@
 //!
 //! k8s-openapi keeps a device's attributes and capacities in `BTreeMap`s whose nodes hold
 //! eleven entries each (about 7.7 KB per kerf device, 62 KB per 8-GPU slice); at 500 nodes the
-//! cached slices were 31 MB of the leader's 44 MB live heap. A [`CompactSlice`] keeps each
+//! cached slices were 31 MB of the leader's 44 MB live heap. A [`CompactResourceSlice`] keeps each
 //! device's attributes and capacities as one sorted array each, sharing what devices have in
 //! common through an [`Interner`]: one `Arc<str>` per distinct name, one `Arc` per distinct
 //! attribute value (product name, driver version, architecture, type and the like are the
 //! same on every GPU of a model; UUIDs and bus IDs stay per device). Nothing is dropped: a
 //! class selector may read any attribute, so the readers see exactly what was published,
-//! through [`DeviceFields`] and [`SliceFields`] like any other ResourceSlice.
+//! through [`DeviceFields`] and [`ResourceSliceFields`] like any other ResourceSlice.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
@@ -19,12 +19,12 @@ use std::sync::Arc;
 use k8s_openapi::api::resource::v1::{
     Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice,
 };
-use kerf_api::resourceslice::{DeviceFields, SliceFields};
+use kerf_api::resourceslice::{DeviceFields, ResourceSliceFields};
 use kube::runtime::reflector::Lookup;
 
 /// A ResourceSlice as the controller's cache keeps it: identity, pool, node and devices.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CompactSlice {
+pub struct CompactResourceSlice {
     name: String,
     uid: Option<String>,
     resource_version: Option<String>,
@@ -46,7 +46,7 @@ pub struct CompactDevice {
     taints: Box<[DeviceTaint]>,
 }
 
-impl CompactSlice {
+impl CompactResourceSlice {
     /// The slice's `metadata.uid`.
     pub fn uid(&self) -> Option<&str> {
         self.uid.as_deref()
@@ -60,7 +60,7 @@ impl CompactSlice {
     /// Compacts `slice`, sharing names and attribute values through `interner`.
     pub fn new(slice: ResourceSlice, interner: &mut Interner) -> Self {
         let spec = slice.spec;
-        let compact = CompactSlice {
+        let compact = CompactResourceSlice {
             name: slice.metadata.name.unwrap_or_default(),
             uid: slice.metadata.uid,
             resource_version: slice.metadata.resource_version,
@@ -80,9 +80,9 @@ impl CompactSlice {
     }
 }
 
-impl From<ResourceSlice> for CompactSlice {
+impl From<ResourceSlice> for CompactResourceSlice {
     fn from(slice: ResourceSlice) -> Self {
-        CompactSlice::new(slice, &mut Interner::default())
+        CompactResourceSlice::new(slice, &mut Interner::default())
     }
 }
 
@@ -220,7 +220,7 @@ impl DeviceFields for CompactDevice {
     }
 }
 
-impl SliceFields for CompactSlice {
+impl ResourceSliceFields for CompactResourceSlice {
     type Device = CompactDevice;
 
     fn slice_name(&self) -> &str {
@@ -249,7 +249,7 @@ impl SliceFields for CompactSlice {
 }
 
 /// Stored in a kube-runtime reflector under the identity of the ResourceSlice it came from.
-impl Lookup for CompactSlice {
+impl Lookup for CompactResourceSlice {
     type DynamicType = ();
 
     fn kind(dyntype: &()) -> Cow<'_, str> {
@@ -315,7 +315,7 @@ mod tests {
     fn every_attribute_and_capacity_reads_as_published() {
         let mut interner = Interner::default();
         for slice in published() {
-            let compact = CompactSlice::new(slice.clone(), &mut interner);
+            let compact = CompactResourceSlice::new(slice.clone(), &mut interner);
             assert_eq!(compact.slice_name(), slice.slice_name());
             assert_eq!(compact.pool(), slice.pool());
             assert_eq!(compact.node_name(), slice.node_name());
@@ -348,7 +348,11 @@ mod tests {
     #[test]
     fn the_inventory_view_is_the_same_for_both_forms() {
         let full = published();
-        let compact: Vec<CompactSlice> = full.iter().cloned().map(CompactSlice::from).collect();
+        let compact: Vec<CompactResourceSlice> = full
+            .iter()
+            .cloned()
+            .map(CompactResourceSlice::from)
+            .collect();
         assert_eq!(
             kerf_api::inventory_view(&compact, DRIVER),
             kerf_api::inventory_view(&full, DRIVER)
@@ -367,11 +371,14 @@ mod tests {
     #[test]
     fn names_and_equal_values_are_shared_between_devices() {
         let mut interner = Interner::default();
-        let slices: Vec<CompactSlice> = published()
+        let slices: Vec<CompactResourceSlice> = published()
             .into_iter()
-            .map(|s| CompactSlice::new(s, &mut interner))
+            .map(|s| CompactResourceSlice::new(s, &mut interner))
             .collect();
-        let devices: Vec<&CompactDevice> = slices.iter().flat_map(SliceFields::devices).collect();
+        let devices: Vec<&CompactDevice> = slices
+            .iter()
+            .flat_map(ResourceSliceFields::devices)
+            .collect();
         let (first, second) = (devices[0], devices[1]);
         let name = &first.attributes[0].0;
         assert!(
