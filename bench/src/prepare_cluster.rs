@@ -19,7 +19,8 @@
 //!   timed, then the claim is held, unprepared and deleted.
 //!
 //! The hold (`--cluster-hold-ms`) stands in for the pod: a kubelet unprepares a claim only
-//! after the pod that used it has run and stopped, so a plugin's follow-up work of the prepare
+//! after the pod that used it has run and stopped (`Kubelet.SyncTerminatingPod` in
+//! `pkg/kubelet/kubelet.go`, once all its containers have stopped), so a plugin's follow-up work of the prepare
 //! (kerf's write of the claim's device status) is not what the unprepare competes with on a
 //! node. Zero unprepares at once, which measures the unprepare beside that work.
 //!
