@@ -14,6 +14,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
+use super::saturating_i64;
+
 /// Labels of a quota series.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QuotaLabels {
@@ -154,10 +156,6 @@ impl QuotaMetrics {
         // The set is only ever extended or filtered; a panic elsewhere leaves it usable.
         self.known.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-fn saturating_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -13,6 +13,8 @@ use prometheus_client::registry::Registry;
 
 use crate::capacity::{Held, Holdings};
 
+use super::saturating_i64;
+
 /// Labels of a GPU's series: where it is and what it is.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GpuLabels {
@@ -215,10 +217,6 @@ impl UsageMetrics {
 #[allow(clippy::cast_precision_loss)]
 fn percent_to_ratio(percent: u64) -> f64 {
     percent as f64 / 100.0
-}
-
-fn saturating_i64(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]
