@@ -340,18 +340,7 @@ impl MainNode<'_> {
             health: health::health_config(layout),
             ..plugin_config.clone()
         };
-        let running = plugin::start(
-            &plugin_config,
-            inventory,
-            Connections {
-                mps_daemon_pods: None,
-                device_status: None,
-                claim_reader: store,
-                publisher: None,
-                events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
-            },
-        )
-        .await?;
+        let running = plugin::start(&plugin_config, inventory, Connections::reading(store)).await?;
         let visit = NodeVisit {
             layout,
             driver,

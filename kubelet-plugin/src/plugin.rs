@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint_store::{CheckpointStore, Opened};
-use crate::claim_events::{ClaimEvents, KubeClaimEvents};
+use crate::claim_events::{ClaimEvents, KubeClaimEvents, MemoryClaimEvents};
 use crate::claim_reader::{ApiClaimReader, CachingClaimReader, ClaimReader};
 use crate::config::PluginConfig;
 use crate::dynamic_mig::DynamicMig;
@@ -74,6 +74,19 @@ impl Connections {
             device_status: config.claim_device_status.then(|| client.clone()),
             mps_daemon_pods: Some(client.clone()),
             publisher: config.publish_resources.then_some(client),
+        }
+    }
+
+    /// Claims from `claim_reader` and no other API use: nothing published, no device status
+    /// written, no MPS daemon pods, Events kept in memory. For the demo, tests and tools that
+    /// run the plugin without a cluster; set a field on top for the one connection they want.
+    pub fn reading(claim_reader: Arc<dyn ClaimReader>) -> Self {
+        Connections {
+            claim_reader,
+            publisher: None,
+            events: Arc::new(MemoryClaimEvents::default()),
+            device_status: None,
+            mps_daemon_pods: None,
         }
     }
 }

@@ -129,13 +129,7 @@ impl SideNode {
         let running = plugin::start(
             &plugin_config,
             self.inventory.clone(),
-            Connections {
-                mps_daemon_pods: None,
-                device_status: None,
-                claim_reader: store,
-                publisher: None,
-                events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
-            },
+            Connections::reading(store),
         )
         .await?;
         let visit = NodeVisit {

@@ -606,13 +606,7 @@ async fn mig_devices_get_their_capability_nodes() {
         .unwrap();
     let device = mig.device_name(parent);
     node.add_claim(whole_gpu_claim("mig", UID_A, &device));
-    let connections = Connections {
-        mps_daemon_pods: None,
-        device_status: None,
-        claim_reader: Arc::new(ApiClaimReader::new(node.plugin_client())),
-        publisher: None,
-        events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
-    };
+    let connections = Connections::reading(Arc::new(ApiClaimReader::new(node.plugin_client())));
     let plugin = plugin::start(&config, inventory, connections)
         .await
         .unwrap();

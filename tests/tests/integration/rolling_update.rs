@@ -19,7 +19,6 @@ use clap::Parser as _;
 use futures::FutureExt as _;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kerf_kubelet_plugin::args::Args;
-use kerf_kubelet_plugin::claim_events::MemoryClaimEvents;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::PluginConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
@@ -55,11 +54,8 @@ fn config_for(node: &TestNode, uid: &str) -> PluginConfig {
 async fn start(node: &TestNode, config: &PluginConfig) -> RunningPlugin {
     let client = node.plugin_client();
     let connections = Connections {
-        claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
-        publisher: Some(client),
-        events: Arc::new(MemoryClaimEvents::default()),
-        device_status: None,
-        mps_daemon_pods: None,
+        publisher: Some(client.clone()),
+        ..Connections::reading(Arc::new(ApiClaimReader::new(client)))
     };
     plugin::start(config, node.inventory(), connections)
         .await

@@ -143,13 +143,7 @@ impl TestNode {
     /// Starts the plugin in this process, reading claims from the in-memory API.
     pub async fn start_plugin(&self) -> RunningPlugin {
         let config = self.config();
-        let connections = Connections {
-            mps_daemon_pods: None,
-            device_status: None,
-            claim_reader: Arc::new(ApiClaimReader::new(self.plugin_client())),
-            publisher: None,
-            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
-        };
+        let connections = Connections::reading(Arc::new(ApiClaimReader::new(self.plugin_client())));
         plugin::start(&config, self.inventory(), connections)
             .await
             .unwrap()
@@ -167,11 +161,8 @@ impl TestNode {
         config.health = health.clone();
         let client = self.plugin_client();
         let connections = Connections {
-            mps_daemon_pods: None,
-            device_status: None,
-            claim_reader: Arc::new(ApiClaimReader::new(client.clone())),
-            publisher: publish.then_some(client),
-            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
+            publisher: publish.then_some(client.clone()),
+            ..Connections::reading(Arc::new(ApiClaimReader::new(client)))
         };
         plugin::start(&config, self.inventory(), connections)
             .await

@@ -61,13 +61,7 @@ impl Node {
     pub async fn start(&self) -> RunningPlugin {
         let config = self.config();
         let inventory = plugin::discover(&config).unwrap();
-        let connections = Connections {
-            mps_daemon_pods: None,
-            device_status: None,
-            claim_reader: Arc::new(ApiClaimReader::new(self.plugin_client())),
-            publisher: None,
-            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
-        };
+        let connections = Connections::reading(Arc::new(ApiClaimReader::new(self.plugin_client())));
         plugin::start(&config, inventory, connections)
             .await
             .unwrap()
@@ -89,11 +83,8 @@ impl Node {
         let config = self.config();
         let inventory = plugin::discover(&config).unwrap();
         let connections = Connections {
-            mps_daemon_pods: None,
-            device_status: None,
-            claim_reader: Arc::new(ApiClaimReader::new(self.plugin_client())),
             publisher: Some(self.plugin_client()),
-            events: Arc::new(kerf_kubelet_plugin::claim_events::MemoryClaimEvents::default()),
+            ..Connections::reading(Arc::new(ApiClaimReader::new(self.plugin_client())))
         };
         let running = plugin::start(&config, inventory, connections)
             .await
