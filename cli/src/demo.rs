@@ -155,9 +155,9 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
     let mut slices = crate::inventory::resource_slices(&inventory, driver, &config.node_name)?;
     let main_whole = shareable::publish(&mut slices, &config.node_name, driver, &classes)?;
     let devices = node::published_devices(&slices);
-    let sides = SideNodes::setup(config, &classes)?;
+    let extra = ExtraNodes::setup(config, &classes)?;
     let mut index = node::capacity_index(&slices, driver);
-    sides.add_to_index(driver, &mut index);
+    extra.add_to_index(driver, &mut index);
 
     let mut workload = workload::build(&manifests);
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -168,7 +168,7 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         slices: &slices,
     };
     let scheduler_nodes: Vec<scheduler::Node<'_>> = std::iter::once(main)
-        .chain(sides.scheduler_nodes(driver))
+        .chain(extra.scheduler_nodes(driver))
         .collect();
     let (claim_outcomes, pod_outcomes) =
         allocate::allocate_all(&mut workload, &classes, &scheduler_nodes, &mut index, &now);
@@ -182,7 +182,7 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         pods: &pod_outcomes,
     };
     let mut node_run = main_node.run(inventory, Arc::clone(&store)).await?;
-    let side_reports = sides
+    let extra_reports = extra
         .run(driver, &workload, &pod_outcomes, store, &mut node_run)
         .await?;
     let node_devices: Vec<(&str, &[Device])> = scheduler_nodes
@@ -198,9 +198,9 @@ pub async fn run(config: &DemoConfig) -> Result<Summary> {
         workload: &workload,
     };
     let mut summary = run.summarize(&claim_outcomes, &pod_outcomes, node_run);
-    (summary.mig_node, summary.shareable_node) = side_reports;
+    (summary.mig_node, summary.shareable_node) = extra_reports;
     summary.published_whole = main_whole;
-    summary.published_whole.extend(sides.published_whole());
+    summary.published_whole.extend(extra.published_whole());
     write_outputs(&layout, &summary, &workload)?;
     Ok(summary)
 }
@@ -227,19 +227,19 @@ fn open_main_node(config: &DemoConfig) -> Result<(Layout, PluginConfig, Inventor
 
 /// The nodes beside the main one: the dynamic-MIG node and the node of shareable GPUs, each
 /// when the configuration asks for it.
-struct SideNodes {
+struct ExtraNodes {
     mig: Option<mig::Setup>,
     shareable: Option<shareable::Setup>,
 }
 
-impl SideNodes {
+impl ExtraNodes {
     /// Lays out, discovers and publishes each node; the shareable node needs the `classes`
     /// to publish as kerf-controller decides.
     fn setup(config: &DemoConfig, classes: &classes::Classes) -> Result<Self> {
         let output = config.output_dir.as_path();
         let driver = config.driver_name.as_str();
         let tools = config.gpu_tools.as_deref();
-        Ok(SideNodes {
+        Ok(ExtraNodes {
             mig: config
                 .mig_node
                 .as_ref()
@@ -253,7 +253,7 @@ impl SideNodes {
         })
     }
 
-    fn nodes(&self) -> impl Iterator<Item = &extra_node::SideNode> {
+    fn nodes(&self) -> impl Iterator<Item = &extra_node::ExtraNode> {
         let mig = self.mig.iter().map(|m| &m.node);
         mig.chain(self.shareable.iter().map(|s| &s.node))
     }

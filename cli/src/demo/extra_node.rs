@@ -21,7 +21,7 @@ use super::workload::Workload;
 use crate::error::Result;
 
 /// A node beside the main one, before its plugin runs.
-pub(super) struct SideNode {
+pub(super) struct ExtraNode {
     /// Its name (the pool name).
     pub(super) name: String,
     /// How the summary names its inventory.
@@ -31,14 +31,14 @@ pub(super) struct SideNode {
     pub(super) inventory: Inventory,
     /// Its ResourceSlices as its plugin publishes them.
     pub(super) slices: Vec<ResourceSlice>,
-    /// The devices of [`SideNode::slices`], in slice order.
+    /// The devices of [`ExtraNode::slices`], in slice order.
     pub(super) devices: Vec<Device>,
 }
 
-impl SideNode {
+impl ExtraNode {
     /// Lays the node out under `<output>/<name>`, installs the fake GPU tools there (so that
     /// its plugin runs its own MPS daemons and its own emulated MIG state) and discovers its
-    /// GPUs; it publishes nothing until [`SideNode::with_slices`]. `flag` names the option
+    /// GPUs; it publishes nothing until [`ExtraNode::with_slices`]. `flag` names the option
     /// the name came from, for the error.
     ///
     /// # Errors
@@ -65,7 +65,7 @@ impl SideNode {
             gpu_tools.is_some(),
         );
         let inventory = node::discover(&plugin_config)?;
-        Ok(SideNode {
+        Ok(ExtraNode {
             name: name.to_owned(),
             inventory_text: super::inventory_text(discovery),
             layout,
@@ -79,7 +79,7 @@ impl SideNode {
     /// The node publishing `slices`.
     pub(super) fn with_slices(self, slices: Vec<ResourceSlice>) -> Self {
         let devices = node::published_devices(&slices);
-        SideNode {
+        ExtraNode {
             slices,
             devices,
             ..self

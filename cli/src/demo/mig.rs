@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::allocate::PodOutcome;
 use super::claim_store::MemoryClaimReader;
-use super::extra_node::SideNode;
+use super::extra_node::ExtraNode;
 use super::kubelet_visit::NodeRun;
 use super::workload::Workload;
 use crate::error::{Error, Result};
@@ -112,7 +112,7 @@ pub struct MigNodeReport {
 
 /// The dynamic-MIG node before its plugin runs.
 pub(super) struct Setup {
-    pub(super) node: SideNode,
+    pub(super) node: ExtraNode,
     pub(super) counter_sets: Vec<CounterSet>,
 }
 
@@ -129,7 +129,7 @@ pub(super) fn setup(
     gpu_tools: Option<&std::path::Path>,
 ) -> Result<Setup> {
     // With the tools, its fake `nvidia-smi mig` shows the instances the plugin creates.
-    let node = SideNode::open(
+    let node = ExtraNode::open(
         (&mig.name, "--mig-node-name"),
         &mig.discovery,
         output,

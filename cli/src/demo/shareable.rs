@@ -34,7 +34,7 @@ use kerf_kubelet_plugin::config::Discovery;
 use serde::{Deserialize, Serialize};
 
 use super::classes::Classes;
-use super::extra_node::SideNode;
+use super::extra_node::ExtraNode;
 use super::node;
 use super::scheduler;
 use crate::error::Result;
@@ -148,7 +148,7 @@ fn conflict_lines(conflicts: &BTreeMap<String, Vec<String>>) -> Vec<String> {
 
 /// The node of shareable GPUs before its plugin runs.
 pub(super) struct Setup {
-    pub(super) node: SideNode,
+    pub(super) node: ExtraNode,
     /// Its GPUs a sliced class selects that stay whole, and why ([`publish`]).
     pub(super) whole: Vec<String>,
 }
@@ -166,7 +166,7 @@ pub(super) fn setup(
     gpu_tools: Option<&Path>,
     classes: &Classes,
 ) -> Result<Setup> {
-    let node = SideNode::open(
+    let node = ExtraNode::open(
         (&shareable.name, "the shareable node's name"),
         &shareable.discovery,
         output,

@@ -27,7 +27,7 @@ pub(super) struct Run<'a> {
 }
 
 impl Run<'_> {
-    /// The summary, the main node's parts filled in; the side nodes' reports are added by
+    /// The summary, the main node's parts filled in; the extra nodes' reports are added by
     /// the caller.
     pub(super) fn summarize(
         &self,
