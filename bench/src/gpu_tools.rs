@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use kerf_core::mps::{
     CONTROL_PROGRAM, ComputeMode, MpsDirectories, QUIT_COMMAND, compute_mode_args,
 };
-use kerf_tests::fake_gpu_tools;
+use kerf_fake_gpu_tools as fake_gpu_tools;
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
 

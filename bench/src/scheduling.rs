@@ -21,7 +21,7 @@
 //! The stand-in runs with kube-scheduler's per-pod costs where they can be imitated in one
 //! process: Filter stops at `numFeasibleNodesToFind` feasible nodes and rotates its start
 //! node, its requests wait on kube-scheduler's client rate limit (50 QPS, burst 100) and a
-//! bound pod gets the `Scheduled` Event (see `kerf_tests::scheduler`). Every API request of
+//! bound pod gets the `Scheduled` Event (see `kerf_scheduler_standin`). Every API request of
 //! a phase's window (from the first creation to the last binding, everyone's) is counted by
 //! user, verb and resource and reported per pod: on a real control plane each write costs
 //! kube-apiserver and etcd CPU, which the in-memory API server does not charge. The admission
@@ -31,8 +31,8 @@
 use std::time::{Duration, Instant};
 
 use kerf_api::ownership::{NODE_LABEL, Owner};
+use kerf_scheduler_standin::ClientRateLimit;
 use kerf_tests::fake_api::{Identity, RequestCounts};
-use kerf_tests::scheduler::ClientRateLimit;
 use kerf_tests::sim::cluster::h100_nodes;
 use kerf_tests::sim::workload::{PodPlan, Shape};
 use kerf_tests::sim::{NAMESPACE, SCHEDULER_USER, Sim, SimConfig, check};
@@ -430,7 +430,7 @@ fn setup_detail(options: &BenchOptions) -> String {
     format!(
         "{} nodes x 8 H100 (simulated: in-memory API server, kerf-controller, plugin publishers, scheduler stand-in at 50 QPS / burst 100, filtering up to {} feasible nodes), {} rounds x {} pods per phase, seed {}",
         options.scheduling_nodes,
-        kerf_tests::scheduler::num_feasible_nodes_to_find(options.scheduling_nodes),
+        kerf_scheduler_standin::num_feasible_nodes_to_find(options.scheduling_nodes),
         rounds(options.scheduling_nodes),
         options.scheduling_pods,
         options.seed

@@ -1,7 +1,6 @@
-//! The kube-scheduler stand-in, which lives in its own crate ([`kerf_scheduler_standin`]) so
-//! that `kerf demo` can use it without this harness; re-exported under its old path for the
-//! tests, with the one part that needs [`FakeApi`]: snapshots read from its store
-//! ([`store_snapshots`]).
+//! The one part of the kube-scheduler stand-in ([`kerf_scheduler_standin`]) that needs
+//! [`FakeApi`], and so lives in this harness rather than in the stand-in's crate (which
+//! `kerf demo` links): snapshots read from its store ([`store_snapshots`]).
 //!
 //! kube-scheduler never reads the cluster per cycle: its informers decode each object once,
 //! when it changes (`pkg/scheduler/schedule_one.go`, `schedulingCycle` →
@@ -10,20 +9,19 @@
 //! informer whose caches have caught up would hold them. The view is the same as a list's;
 //! only the cost model is kube-scheduler's.
 
-pub use kerf_scheduler_standin::*;
-
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kerf_scheduler_standin::{Snapshot, SnapshotReader, SnapshotSource};
 use kube::Resource;
 use serde::de::DeserializeOwned;
 
 use crate::fake_api::{FakeApi, StoreView};
 
 /// Snapshots read from `fake`'s store, decoding changed objects only (see the module
-/// documentation), for [`SchedulerStandIn::reading`].
+/// documentation), for [`SchedulerStandIn::reading`](kerf_scheduler_standin::SchedulerStandIn::reading).
 pub fn store_snapshots(fake: FakeApi) -> SnapshotSource {
     SnapshotSource::Reader(Box::new(StoreCaches {
         fake,

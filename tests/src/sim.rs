@@ -47,11 +47,11 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::fake_api::{FakeApi, Identity};
-use crate::scheduler::{
+use cluster::{DeviceInfo, NodeSpec};
+use kerf_scheduler_standin::{
     BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, SpawnConfig, StandInConfig,
     StandInHandle, StepReport,
 };
-use cluster::{DeviceInfo, NodeSpec};
 pub use tasks::PodWatch;
 use tasks::{spawn_controller, spawn_pod_watch, spawn_publisher};
 use workload::{PINNED_LABEL, PodPlan};
@@ -249,7 +249,7 @@ impl Sim {
             extra: std::collections::BTreeMap::new(),
         });
         let stand_in = SchedulerStandIn::with_config(scheduler, DRIVER, config.stand_in.clone())
-            .reading(crate::scheduler::store_snapshots(fake.clone()));
+            .reading(crate::scheduler_snapshots::store_snapshots(fake.clone()));
         let sim = Sim {
             checker: check::Checker::new(DRIVER, &devices),
             monitor,

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt as _, TryStreamExt as _, stream};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kerf_tests::fake_api::FakeApi;
-use kerf_tests::scheduler::{
+use kerf_scheduler_standin::{
     BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, StandInConfig,
 };
+use kerf_tests::fake_api::FakeApi;
 use kerf_tests::sim::workload::{PodPlan, Shape};
 use kerf_tests::sim::{DRIVER, NAMESPACE};
 use kube::Api;
@@ -75,8 +75,9 @@ impl Load {
     pub(super) fn new(fake: &FakeApi, admitter: Admitter, plans: Vec<PodPlan>, seed: u64) -> Self {
         let admin = fake.client();
         let stand_in =
-            SchedulerStandIn::with_config(admin.clone(), DRIVER, StandInConfig::default())
-                .reading(kerf_tests::scheduler::store_snapshots(fake.clone()));
+            SchedulerStandIn::with_config(admin.clone(), DRIVER, StandInConfig::default()).reading(
+                kerf_tests::scheduler_snapshots::store_snapshots(fake.clone()),
+            );
         Load {
             plans,
             admin,

@@ -26,7 +26,7 @@ use kube::ResourceExt as _;
 
 use super::cluster::DeviceInfo;
 use crate::fake_api::FakeApi;
-use crate::scheduler::BUILTIN_FINALIZER;
+use kerf_scheduler_standin::BUILTIN_FINALIZER;
 
 /// One device: (node, device name).
 pub type DeviceKey = (String, String);
@@ -268,7 +268,7 @@ pub fn published_owners(fake: &FakeApi, driver: &str) -> HashMap<DeviceKey, Opti
 /// The pod's claim names (`resourceClaimName`, or the generated name from its status), as the
 /// scheduler stand-in resolves them.
 pub fn pod_claims(pod: &Pod) -> Vec<String> {
-    crate::scheduler::pod_claim_names(pod)
+    kerf_scheduler_standin::pod_claim_names(pod)
         .into_iter()
         .filter_map(|(_, name)| name)
         .collect()

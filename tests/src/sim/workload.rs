@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::cluster::{self, DeviceInfo, DeviceKind};
-use crate::scheduler::SeededRng;
+use kerf_scheduler_standin::SeededRng;
 
 /// The largest slice's memory, in GiB.
 pub const MAX_SLICE_GIB: u32 = 8;

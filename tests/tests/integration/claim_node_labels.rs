@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 
 use claim_cluster::{CLAIMS, Controller, DRIVER, NODES, PODS, allocation, cluster, get_claim};
 use kerf_api::claim_node_label::node_label_value;
+use kerf_scheduler_standin::SeededRng;
 use kerf_tests::fake_api::FakeApi;
-use kerf_tests::scheduler::SeededRng;
 use kerf_tests::wait::eventually;
 use label_cluster::{
     DEADLINE, Versions, annotated, controller_claim, kerf_pool, label, pod, scheduler_allocation,

@@ -20,10 +20,10 @@ use kerf_core::alloc::{ClaimPlacement, PlacedDevice, SliceSize};
 use kerf_core::mps::TimeSliceInterval;
 use kerf_core::rng::SeededRng;
 use kerf_core::sharing::Sharing;
+use kerf_fake_gpu_tools::{Call, fail_next_mps_start};
 use kerf_proto::client::Claim;
 use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::Identity;
-use kerf_tests::fake_gpu_tools::{Call, fail_next_mps_start};
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
 use kerf_tests::wait::until;
 

@@ -14,7 +14,7 @@ use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use kerf_core::mps::PID_FILE;
-use kerf_tests::fake_gpu_tools::{Call, calls, install};
+use kerf_fake_gpu_tools::{Call, calls, install};
 
 const PROGRAM: &str = env!("CARGO_BIN_EXE_kerf-test-plugin");
 const TOOLS: &str = env!("CARGO_BIN_EXE_kerf-test-gpu-tools");

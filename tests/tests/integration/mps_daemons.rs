@@ -5,8 +5,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use kerf_fake_gpu_tools::{Call, calls, fail_next_mps_start, install};
 use kerf_kubelet_plugin::mps_daemons::{MpsSettings, ProcessDaemons};
-use kerf_tests::fake_gpu_tools::{Call, calls, fail_next_mps_start, install};
 
 const GPU_A: &str = "GPU-2f4e0e00-e140-bcbd-d4fd-278c95116d02";
 const GPU_B: &str = "GPU-8a1b2c3d-0000-1111-2222-333344445555";

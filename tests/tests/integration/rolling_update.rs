@@ -23,8 +23,8 @@ use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::PluginConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_proto::client::{Claim, KNOWN_SERVICES, KubeletClient, RegisteredPlugin};
+use kerf_scheduler_standin::SeededRng;
 use kerf_tests::fake_kubelet::{FakeKubelet, Pod};
-use kerf_tests::scheduler::SeededRng;
 use kerf_tests::wait::until;
 use serde_json::json;
 

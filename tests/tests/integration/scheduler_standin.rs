@@ -1,4 +1,4 @@
-//! The kube-scheduler stand-in (`kerf_tests::scheduler`) against the in-memory API server, on
+//! The kube-scheduler stand-in (`kerf_scheduler_standin`) against the in-memory API server, on
 //! nodes with kerf's mock 8 × H100 ResourceSlices and DeviceClasses exactly as kerf's GpuClass
 //! reconciler generates them (real CEL with `quantity()` and `semver()`). No kerf-controller
 //! runs here: allocations "by kerf" are written by the tests.
@@ -16,11 +16,11 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::ownership;
 use kerf_api::params::{Allocator, ControllerPlacement, GpuSelector, PlacementPolicy};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
-use kerf_tests::fake_api::FakeApi;
-use kerf_tests::scheduler::{
+use kerf_scheduler_standin::{
     BUILTIN_FINALIZER, BindOutcome, CycleOutcome, SchedulerStandIn, SeededRng, SpawnConfig,
     StandInConfig,
 };
+use kerf_tests::fake_api::FakeApi;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams};
 use serde_json::{Value, json};

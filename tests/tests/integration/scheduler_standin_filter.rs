@@ -3,10 +3,10 @@
 //! of 150) and the next cycle starts where this one stopped (`nextStartNodeIndex`), so over
 //! a large cluster consecutive pods land in consecutive windows of nodes.
 
-use kerf_tests::fake_api::FakeApi;
-use kerf_tests::scheduler::{
+use kerf_scheduler_standin::{
     CycleOutcome, SchedulerStandIn, SeededRng, num_feasible_nodes_to_find,
 };
+use kerf_tests::fake_api::FakeApi;
 use serde_json::json;
 
 const NODES: usize = 150;

@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_core::alloc::UseKind;
-use kerf_tests::scheduler::{BindOutcome, CycleOutcome};
+use kerf_scheduler_standin::{BindOutcome, CycleOutcome};
 use kerf_tests::sim::cluster::{DeviceKind, mixed_nodes};
 use kerf_tests::sim::workload::{Action, Mix, PodPlan, Shape, Workload};
 use kerf_tests::sim::{DRIVER, NAMESPACE, Sim, SimConfig, check};

@@ -2,7 +2,7 @@
 //! watch. GETs the test holds for an hour can only lose, so which side wins is decided by the
 //! test, not by the clock; the seeded test mixes the orders at random.
 
-use kerf_tests::scheduler::SeededRng;
+use kerf_scheduler_standin::SeededRng;
 
 use super::*;
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kerf_kubelet_plugin::preparer::Preparer;
-use kerf_tests::scheduler::SeededRng;
+use kerf_scheduler_standin::SeededRng;
 
 use super::*;
 

@@ -8,13 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kerf_core::mps::PID_FILE;
+use kerf_fake_gpu_tools::{Call, calls, install};
 use kerf_kubelet_plugin::claim_events::MemoryClaimEvents;
 use kerf_kubelet_plugin::claim_reader::ApiClaimReader;
 use kerf_kubelet_plugin::config::PluginConfig;
 use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_proto::client::Claim;
-use kerf_tests::fake_gpu_tools::{Call, calls, install};
 use serde_json::Value;
 
 use super::TestNode;

@@ -10,8 +10,8 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kerf_api::params::{Allocator, GpuSelector};
 use kerf_api::{GpuClass, GpuClassSpec, Slicing};
+use kerf_scheduler_standin::cel::CelQuantity;
 use kerf_tests::fake_api::FakeApi;
-use kerf_tests::scheduler::cel::CelQuantity;
 use serde_json::{Value, json};
 
 use super::{DRIVER, NS};
