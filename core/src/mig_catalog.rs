@@ -24,7 +24,7 @@
 //! - the whole GPU consumes every counter ([`gpu_counters`]), so it and any placement exclude
 //!   each other.
 //!
-//! `tests/mig_catalog.rs` checks exhaustively that, for every built-in catalogue, a set of
+//! `core/tests/mig_catalog.rs` checks exhaustively that, for every built-in catalogue, a set of
 //! placements fits the counters exactly when it is non-overlapping and within every profile's
 //! instance count.
 //!

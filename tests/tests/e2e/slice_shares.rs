@@ -1,5 +1,5 @@
 //! Manifests and checks for the scheduler-slice and dynamic-MIG e2e tests
-//! (tests/tests/integration/tests/e2e/slice_shares.rs): a sliced Scheduler GpuClass, a MIG-profile
+//! (tests/tests/e2e/slice_shares.rs): a sliced Scheduler GpuClass, a MIG-profile
 //! Scheduler GpuClass, and claims whose request carries `capacity.requests` (capacity
 //! names as the GPU publishes them, `memory` and `compute`: the 1.36 allocator looks them up
 //! by exact name).
