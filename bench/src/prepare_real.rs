@@ -43,6 +43,7 @@ use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_proto::client::Claim;
 use kerf_tests::api_server::ApiServer;
 use kerf_tests::fake_api::{FakeApi, Identity};
+use kerf_tests::fixtures;
 
 use crate::node::{Kubelet, NAMESPACE, NODE, NodeLayout, numbered_claim, slice_claim};
 use crate::prepare::{WARMUP, disk_work_dir, tmpfs_dir};
@@ -72,14 +73,9 @@ const SYNC_SPARE: usize = 300;
 /// The collection a node-scoped claim watch lists and watches (all namespaces).
 const CLAIM_COLLECTION: &str = "/apis/resource.k8s.io/v1/resourceclaims";
 
-/// Path of claim `name` in the benchmark namespace, as a GET of it reaches the API server.
-fn claim_path(name: &str) -> String {
-    format!("/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{name}")
-}
-
 /// GETs of claim `name` the API server has received.
 fn gets_of(fake: &FakeApi, name: &str) -> usize {
-    let path = claim_path(name);
+    let path = fixtures::claim_path(NAMESPACE, name);
     fake.requests()
         .iter()
         .filter(|r| r.verb == "get" && r.path == path)
@@ -88,7 +84,7 @@ fn gets_of(fake: &FakeApi, name: &str) -> usize {
 
 /// GETs of claims of `series` the API server has received.
 fn gets_of_series(fake: &FakeApi, series: u64) -> usize {
-    let prefix = claim_path(&format!("claim-{series}-"));
+    let prefix = fixtures::claim_path(NAMESPACE, &format!("claim-{series}-"));
     fake.requests()
         .iter()
         .filter(|r| r.verb == "get" && r.path.starts_with(&prefix))

@@ -5,6 +5,7 @@
 pub mod api_server;
 pub mod fake_api;
 pub mod fake_kubelet;
+pub mod fixtures;
 pub mod logs;
 pub mod manifests;
 pub mod metrics_reference;

@@ -19,6 +19,7 @@ use kerf_kubelet_plugin::plugin::{self, Connections, RunningPlugin};
 use kerf_kubelet_plugin::preparer::ClaimRef;
 use kerf_kubelet_plugin::{Error, PrepareError};
 use kerf_proto::PreparedDevice;
+use kerf_tests::fixtures;
 use kerf_tests::wait::until;
 use serde_json::{Value, json};
 
@@ -102,12 +103,14 @@ impl CacheNode {
 
     /// GETs of the claim `name` the API server received, both kinds.
     fn gets(&self, name: &str) -> usize {
-        self.node.api.count("get", &claim_path(name))
+        self.node
+            .api
+            .count("get", &fixtures::claim_path(NAMESPACE, name))
     }
 
     /// GETs of the claim `name` with `resourceVersion=0` (kube-apiserver's watch cache).
     fn any_gets(&self, name: &str) -> usize {
-        let path = claim_path(name);
+        let path = fixtures::claim_path(NAMESPACE, name);
         self.node
             .api
             .requests()
@@ -131,10 +134,6 @@ impl CacheNode {
     async fn stop(mut self) {
         self.plugin.take().unwrap().shutdown().await.unwrap();
     }
-}
-
-fn claim_path(name: &str) -> String {
-    format!("/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{name}")
 }
 
 fn claim_ref(name: &str, uid: &str) -> ClaimRef {
@@ -249,7 +248,7 @@ async fn a_claim_recreated_under_its_name_is_refused_by_the_get() {
     let (old, new) = (uid(4), uid(5));
     node.node.api.insert(claim("c", &old, true, here("gpu-0")));
     node.until_cached("c", "the first claim", |_| true).await;
-    node.node.api.remove(&claim_path("c"));
+    node.node.api.remove(&fixtures::claim_path(NAMESPACE, "c"));
     node.node.api.insert(claim("c", &new, true, here("gpu-0")));
     until("the recreated claim in the cache", WAIT, || {
         node.cached_uid("c").as_deref() == Some(new.as_str())
@@ -345,7 +344,9 @@ async fn a_deleted_claim_is_never_prepared_from_the_cache() {
         .insert(claim("gone", &id, true, here("gpu-0")));
     node.until_cached("gone", "the claim", |c| matches!(c, Cached::Found(_)))
         .await;
-    node.node.api.remove(&claim_path("gone"));
+    node.node
+        .api
+        .remove(&fixtures::claim_path(NAMESPACE, "gone"));
     node.until_cached("gone", "the delete event", |c| matches!(c, Cached::Absent))
         .await;
 

@@ -18,6 +18,7 @@ use kerf_controller::backoff::KEEPS_FAILING_AFTER;
 use kerf_controller::claims;
 use kerf_controller::{BackoffConfig, Config, Context, ControllerConfig, Process};
 use kerf_tests::fake_api::{FakeApi, Identity};
+use kerf_tests::fixtures::SliceClaim;
 use kerf_tests::logs::CapturedLogs;
 use kerf_tests::wait::eventually;
 use prometheus_client::registry::Registry;
@@ -61,20 +62,12 @@ fn slices_class() -> GpuClass {
 }
 
 fn claim(fake: &FakeApi, name: &str, memory: &str) {
-    fake.insert(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": SLICES, "count": 1, "allocationMode": "ExactCount"}}],
-            "config": [{"opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": "gpu.kerf.dev/v1alpha1",
-                "kind": "GpuClaimParameters",
-                "memory": memory,
-                "compute": 10,
-            }}}],
-        }},
-    }));
+    fake.insert(
+        SliceClaim::new(name, SLICES, memory)
+            .in_namespace("default")
+            .compute(10)
+            .json(),
+    );
 }
 
 /// An unscheduled pod using `claim`, behind kerf's scheduling gate.

@@ -16,6 +16,7 @@ use claim_cluster::{
 use kerf_api::controller_claims::SCHEDULING_GATE;
 use kerf_controller::{BackoffConfig, ControllerConfig, claims};
 use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fixtures::SliceClaim;
 use serde_json::{Value, json};
 
 const DEADLINE: Duration = Duration::from_secs(10);
@@ -59,17 +60,7 @@ fn start_controller(fake: &FakeApi) -> Controller {
 
 /// A claim of one 1 GiB slice of the controller class.
 fn claim(fake: &FakeApi, name: &str) {
-    fake.insert(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": SLICES, "count": 1, "allocationMode": "ExactCount"}}],
-            "config": [{"opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters", "memory": "1Gi"
-            }}}],
-        }},
-    }));
+    fake.insert(SliceClaim::new(name, SLICES, "1Gi").in_namespace(NS).json());
 }
 
 /// Warning Events about object `name` with `reason`.

@@ -20,6 +20,7 @@ use kerf_kubelet_plugin::preparer::device_status::{
 use kerf_kubelet_plugin::preparer::{ClaimRef, Preparer, PreparerConfig};
 use kerf_proto::client::Claim;
 use kerf_tests::fake_api::RecordedRequest;
+use kerf_tests::fixtures;
 use kerf_tests::logs::CapturedLogs;
 use kerf_tests::wait::until;
 use prometheus_client::registry::Registry;
@@ -106,7 +107,7 @@ impl StatusNode {
     fn claim(&self, name: &str) -> Value {
         self.node
             .api
-            .get(&claim_path(name))
+            .get(&fixtures::claim_path(NAMESPACE, name))
             .unwrap_or_else(|| panic!("claim {name} is gone"))
     }
 
@@ -168,10 +169,6 @@ fn claim_ref(claim: &Claim) -> ClaimRef {
         uid: claim.uid.clone(),
         name: claim.name.clone(),
     }
-}
-
-fn claim_path(name: &str) -> String {
-    format!("/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{name}")
 }
 
 fn ready(entry: &Value) -> &Value {
@@ -291,7 +288,7 @@ async fn an_unprepare_cancels_the_claims_waiting_write() {
     let second = status.node.device_claim("second", &uid(9), "gpu-1");
     status.node.api.delay_next(
         "PATCH",
-        &format!("{}/status", claim_path("first")),
+        &format!("{}/status", fixtures::claim_path(NAMESPACE, "first")),
         Duration::from_millis(300),
         1,
     );
@@ -342,7 +339,7 @@ async fn a_claim_deleted_before_the_write_is_no_error() {
     let claim = status.node.device_claim("doomed", &uid(4), "gpu-0");
     status.node.api.delay_next(
         "PATCH",
-        &format!("{}/status", claim_path("doomed")),
+        &format!("{}/status", fixtures::claim_path(NAMESPACE, "doomed")),
         Duration::from_millis(300),
         1,
     );
@@ -351,7 +348,11 @@ async fn a_claim_deleted_before_the_write_is_no_error() {
         status.status_writes().len() == 1
     })
     .await;
-    status.node.api.remove(&claim_path("doomed")).unwrap();
+    status
+        .node
+        .api
+        .remove(&fixtures::claim_path(NAMESPACE, "doomed"))
+        .unwrap();
     until("the write met the deleted claim", WAIT, || {
         status.outcomes("claim_gone") == 1
     })
@@ -369,10 +370,12 @@ async fn a_claim_deleted_before_the_write_is_no_error() {
 async fn transient_errors_are_retried() {
     let status = StatusNode::new("h100-sxm-80gb").await;
     let claim = status.node.device_claim("busy", &uid(5), "gpu-0");
-    status
-        .node
-        .api
-        .fail_next("PATCH", &format!("{}/status", claim_path("busy")), 503, 2);
+    status.node.api.fail_next(
+        "PATCH",
+        &format!("{}/status", fixtures::claim_path(NAMESPACE, "busy")),
+        503,
+        2,
+    );
     status.prepare(&claim).await;
     until(
         "the status is written after the server recovers",

@@ -21,6 +21,7 @@ use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_kubelet::{
     Call, FakeKubelet, KubeletConfig, KubeletError, Method, Pod, PreparedPod, RetryPolicy, cdi_ids,
 };
+use kerf_tests::fixtures;
 use kerf_tests::wait::until;
 use serde_json::Value;
 
@@ -454,10 +455,6 @@ fn checkpoint_states(node: &TestNode) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-fn claim_path(name: &str) -> String {
-    format!("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}")
-}
-
 /// Waits until the plugin finished every claim but `slow`, whose GET hangs, then SIGKILLs it
 /// and checks what the crash left and what the kubelet saw.
 async fn kill_while_the_slow_claim_is_in_flight(
@@ -470,7 +467,9 @@ async fn kill_while_the_slow_claim_is_in_flight(
         "three claims prepared and the fourth one's GET in flight",
         Duration::from_secs(10),
         || {
-            node.api.count("GET", &claim_path("slow")) == 1
+            node.api
+                .count("GET", &fixtures::claim_path("default", "slow"))
+                == 1
                 && checkpoint_states(node)
                     .iter()
                     .filter(|(_, s)| s == "PrepareCompleted")
@@ -536,8 +535,12 @@ async fn a_plugin_killed_in_the_middle_of_a_batch_restarts_and_the_kubelet_retri
         .collect();
     claims.push(node.slice_claim("slow", &uid(4), 5, 16 * GIB, 30));
     // The plugin's read of this claim hangs, so the batch is in flight when the kill comes.
-    node.api
-        .delay_next("GET", &claim_path("slow"), Duration::from_secs(30), 1);
+    node.api.delay_next(
+        "GET",
+        &fixtures::claim_path("default", "slow"),
+        Duration::from_secs(30),
+        1,
+    );
 
     let mut first = common::PluginProcess::spawn(PLUGIN_BINARY, &node, &kubeconfig, 1);
     let kubelet = Arc::new(FakeKubelet::start(node.kubelet_config()));
@@ -572,7 +575,8 @@ async fn a_plugin_killed_in_the_middle_of_a_batch_restarts_and_the_kubelet_retri
         .await
         .unwrap();
     assert_eq!(
-        node.api.count("GET", &claim_path("c0")),
+        node.api
+            .count("GET", &fixtures::claim_path("default", "c0")),
         1,
         "the restarted plugin answered the finished claims from its checkpoint"
     );

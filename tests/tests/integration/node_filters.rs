@@ -28,6 +28,7 @@ use claim_cluster::{
 use kerf_api::params::{Allocator, PlacementPolicy};
 use kerf_controller::{Context, ControllerConfig, claims};
 use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fixtures::SliceClaim;
 use kerf_tests::wait::eventually;
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
@@ -61,16 +62,12 @@ fn slice_claim(fake: &FakeApi, name: &str) {
 
 /// A slice claim of `class` asking `memory` and 10 % compute.
 fn sized_claim(fake: &FakeApi, name: &str, class: &str, memory: &str) {
-    fake.insert(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": class, "count": 1}}],
-            "config": [{"opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters",
-                "memory": memory, "compute": 10}}}],
-        }},
-    }));
+    fake.insert(
+        SliceClaim::new(name, class, memory)
+            .in_namespace(NS)
+            .compute(10)
+            .json(),
+    );
 }
 
 /// A pod of one container asking `cpu` (nothing when empty), with `extra` merged into its

@@ -33,6 +33,7 @@ use crate::common::claim_cluster::{
 };
 use crate::common::mps::{MpsNode, prepare};
 use kerf_proto::client::Claim;
+use kerf_tests::fixtures::SliceClaim;
 use server::{Prometheus, free_port, get, selectors};
 
 /// How long the series may take to appear: the usage pass runs every 500 ms here, the
@@ -117,16 +118,11 @@ pub(crate) fn cluster(fake: &FakeApi) {
         "spec": {"hard": {"memory": "100Gi", "compute": 400, "gpus": 4}},
     }));
     for (name, memory) in [("fits", "1Gi"), ("too-big", "500Gi")] {
-        fake.insert(json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {"devices": {
-                "requests": [{"name": "gpu", "exactly": {"deviceClassName": SLICES, "count": 1, "allocationMode": "ExactCount"}}],
-                "config": [{"opaque": {"driver": DRIVER, "parameters": {
-                    "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters", "memory": memory
-                }}}],
-            }},
-        }));
+        fake.insert(
+            SliceClaim::new(name, SLICES, memory)
+                .in_namespace(NS)
+                .json(),
+        );
     }
     fake.fail_next_with(
         "PATCH",

@@ -21,6 +21,7 @@ use kerf_api::{GpuClass, GpuClassSpec};
 use kerf_controller::quota::{QuotaSettings, recount};
 use kerf_controller::{Context, ControllerConfig, gpuclass};
 use kerf_tests::fake_api::{FakeApi, Identity};
+use kerf_tests::fixtures::SliceClaim;
 use kerf_tests::wait::eventually;
 use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, PostParams};
@@ -117,18 +118,10 @@ fn insert_quota(fake: &FakeApi, spec: GpuQuotaSpec) -> GpuQuota {
 
 /// A claim in `namespace` for one `h100-slice` slice of `gib` GiB and `compute` percent.
 fn slice_claim(name: &str, namespace: &str, gib: u64, compute: u64) -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "h100-slice"}}],
-            "config": [{"opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters",
-                "memory": format!("{gib}Gi"), "compute": compute,
-            }}}],
-        }},
-    })
+    SliceClaim::new(name, "h100-slice", &format!("{gib}Gi"))
+        .in_namespace(namespace)
+        .compute(compute)
+        .json()
 }
 
 /// A claim in `team-a` for `count` whole GPUs of `h100`.

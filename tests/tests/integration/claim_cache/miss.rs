@@ -40,7 +40,7 @@ async fn a_label_that_lands_while_the_get_is_held_prepares_from_the_watch() {
         .insert(claim("late", &id, false, here("gpu-2")));
     node.node
         .api
-        .delay_next("get", &claim_path("late"), HOLD, 2);
+        .delay_next("get", &fixtures::claim_path(NAMESPACE, "late"), HOLD, 2);
     let prepare = spawn_prepare(&node, claim_ref("late", &id));
     until_read(&node, "late").await;
 
@@ -67,7 +67,7 @@ async fn an_allocation_the_watch_delivers_before_the_get_answers_is_prepared() {
     .await;
     node.node
         .api
-        .delay_next("get", &claim_path("early"), HOLD, 2);
+        .delay_next("get", &fixtures::claim_path(NAMESPACE, "early"), HOLD, 2);
     let prepare = spawn_prepare(&node, claim_ref("early", &id));
     until_read(&node, "early").await;
 
@@ -116,10 +116,12 @@ async fn a_claim_recreated_under_its_name_is_prepared_from_the_watch_by_its_new_
     // held: only the watch can answer, and only with the new UID.
     node.node
         .api
-        .delay_next("get", &claim_path("again"), HOLD, 2);
+        .delay_next("get", &fixtures::claim_path(NAMESPACE, "again"), HOLD, 2);
     let prepare = spawn_prepare(&node, claim_ref("again", &new));
     until_read(&node, "again").await;
-    node.node.api.remove(&claim_path("again"));
+    node.node
+        .api
+        .remove(&fixtures::claim_path(NAMESPACE, "again"));
     node.node
         .api
         .insert(claim("again", &new, true, here("gpu-1")));
@@ -183,14 +185,16 @@ async fn miss_round(node: &CacheNode, rng: &mut SeededRng, seed: u64, round: u32
             );
             node.node.api.close_watches();
             if matches!(arrival, Arrival::Recreated) {
-                node.node.api.remove(&claim_path(&name));
+                node.node
+                    .api
+                    .remove(&fixtures::claim_path(NAMESPACE, &name));
             }
             node.node.api.insert(claim(&name, &id, true, here(&device)))
         }
     };
     node.node
         .api
-        .delay_next("get", &claim_path(&name), get_lag, 2);
+        .delay_next("get", &fixtures::claim_path(NAMESPACE, &name), get_lag, 2);
     let prepare = spawn_prepare(node, claim_ref(&name, &id));
     if matches!(arrival, Arrival::LabelLate) {
         tokio::time::sleep(watch_lag).await;

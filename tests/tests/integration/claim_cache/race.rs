@@ -117,7 +117,10 @@ impl Race {
         let Some(id) = self.current[index].take() else {
             return;
         };
-        self.node.node.api.remove(&claim_path(&name_of(index)));
+        self.node
+            .node
+            .api
+            .remove(&fixtures::claim_path(NAMESPACE, &name_of(index)));
         self.generations
             .lock()
             .unwrap()

@@ -9,6 +9,7 @@ use futures::StreamExt as _;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_controller::claims;
 use kerf_tests::fake_api::FakeApi;
+use kerf_tests::fixtures::SliceClaim;
 use kube::Api;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
@@ -19,18 +20,12 @@ pub const DEADLINE: Duration = Duration::from_secs(20);
 
 /// A claim for a 10Gi slice of the controller class.
 pub fn controller_claim(fake: &FakeApi, name: &str) {
-    fake.insert(json!({
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": SLICES, "count": 1, "allocationMode": "ExactCount"}}],
-            "config": [{"opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters",
-                "memory": "10Gi", "compute": 10,
-            }}}],
-        }},
-    }));
+    fake.insert(
+        SliceClaim::new(name, SLICES, "10Gi")
+            .in_namespace(NS)
+            .compute(10)
+            .json(),
+    );
 }
 
 /// An unscheduled pod using claim `claim`.

@@ -10,6 +10,7 @@ use base64::engine::general_purpose::STANDARD;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kerf_api::GpuQuota;
 use kerf_tests::fake_api::{FakeApi, Identity, KERF_NAMESPACE, KERF_WEBHOOK_MANIFEST};
+use kerf_tests::fixtures::SliceClaim;
 use kerf_tests::wait::eventually;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -106,16 +107,8 @@ pub async fn admissions(fake: &FakeApi, port: u16, class: &str) {
 
 /// A claim of a 1Gi slice of Controller class `class`.
 fn slice_claim(name: &str, class: &str) -> ResourceClaim {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": TEAM},
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}],
-            "config": [{"opaque": {"driver": "gpu.kerf.dev", "parameters": {
-                "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters",
-                "memory": "1Gi",
-            }}}],
-        }},
-    }))
-    .unwrap()
+    SliceClaim::new(name, class, "1Gi")
+        .in_namespace(TEAM)
+        .resource()
+        .unwrap()
 }

@@ -13,6 +13,7 @@ use kerf_controller::Metrics;
 use kerf_controller::cache::ProcessCaches;
 use kerf_controller::webhook::{self, Certificates, SelfSigned, WebhookConfig};
 use kerf_tests::fake_api::{FakeApi, Identity, KERF_NAMESPACE, KERF_WEBHOOK_MANIFEST};
+use kerf_tests::fixtures::SliceClaim;
 use kerf_tests::wait::until;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::ObjectRef;
@@ -248,18 +249,10 @@ fn device_class(name: &str, driver: &str, allocator: &str) -> Value {
 
 /// A claim of a slice of the Controller class: `memory_gib` GiB and `compute` percent.
 pub fn slice_claim(name: &str, memory_gib: u64, compute: u64) -> ResourceClaim {
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name},
-        "spec": {"devices": {
-            "requests": [{"name": "gpu", "exactly": {"deviceClassName": SLICE_CLASS}}],
-            "config": [{"opaque": {"driver": DRIVER, "parameters": {
-                "apiVersion": "gpu.kerf.dev/v1alpha1", "kind": "GpuClaimParameters",
-                "memory": format!("{memory_gib}Gi"), "compute": compute,
-            }}}],
-        }},
-    }))
-    .unwrap()
+    SliceClaim::new(name, SLICE_CLASS, &format!("{memory_gib}Gi"))
+        .compute(compute)
+        .resource()
+        .unwrap()
 }
 
 /// A claim of another driver's class.
