@@ -30,7 +30,7 @@ use crate::rng::Rng;
 use crate::workload::Shape;
 
 /// The driver name of the baseline's devices.
-const DRIVER: &str = "gpu.kerf.dev";
+use kerf_tests::fixtures::DRIVER;
 /// The DeviceClass every request uses: no selectors, every GPU.
 const CLASS: &str = "gpu";
 /// The attribute two or four GPUs must share.

@@ -22,7 +22,7 @@ use crate::gpu_tools::FakeGpuTools;
 use crate::{Error, Result};
 
 /// The DRA driver name the benchmark plugin runs as.
-pub(crate) const DRIVER: &str = "gpu.kerf.dev";
+pub(crate) use kerf_tests::fixtures::DRIVER;
 /// The benchmark node's name.
 pub(crate) const NODE: &str = "bench-node";
 /// Namespace of the benchmark claims.

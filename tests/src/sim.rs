@@ -57,7 +57,7 @@ use tasks::{spawn_controller, spawn_pod_watch, spawn_publisher};
 use workload::{PINNED_LABEL, PodPlan};
 
 /// The DRA driver of the sim.
-pub const DRIVER: &str = "gpu.kerf.dev";
+pub use crate::fixtures::DRIVER;
 /// The namespace of the sim's pods and claims.
 pub const NAMESPACE: &str = "default";
 /// How long [`Sim::start`] waits for DeviceClasses and ResourceSlices (both take a few

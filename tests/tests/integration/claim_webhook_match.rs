@@ -14,7 +14,7 @@
 use cel::{Context, Program};
 use serde_json::{Value, json};
 
-const DRIVER: &str = "gpu.kerf.dev";
+use kerf_tests::fixtures::DRIVER;
 
 fn webhook_yaml() -> Vec<Value> {
     let manifests = kerf_tests::manifests::INSTALL;

@@ -25,7 +25,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-const DRIVER: &str = "gpu.kerf.dev";
+use kerf_tests::fixtures::DRIVER;
 const NODES: [&str; 2] = ["node-0", "node-1"];
 const SLICES: &str = "slices";
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaims";

@@ -26,7 +26,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-const DRIVER: &str = "gpu.kerf.dev";
+use kerf_tests::fixtures::DRIVER;
 const H100: &str = "NVIDIA H100 80GB HBM3";
 const L4: &str = "NVIDIA L4";
 const GIB: u64 = 1 << 30;

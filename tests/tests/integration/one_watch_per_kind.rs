@@ -11,7 +11,7 @@ use kerf_tests::fake_api::{FakeApi, Identity, RequestCounts};
 use kerf_tests::wait::eventually;
 use tokio_util::sync::CancellationToken;
 
-const DRIVER: &str = "gpu.kerf.dev";
+use kerf_tests::fixtures::DRIVER;
 const WAIT: Duration = Duration::from_secs(20);
 
 fn webhook() -> WebhookConfig {

@@ -23,7 +23,7 @@ mod partitions;
 mod shared;
 mod taints;
 
-const DRIVER: &str = "gpu.kerf.dev";
+use kerf_tests::fixtures::DRIVER;
 const NODE: &str = "node-a";
 const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 

@@ -29,7 +29,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-const DRIVER: &str = "gpu.kerf.dev";
+use kerf_tests::fixtures::DRIVER;
 const NS: &str = "team-a";
 const H100: &str = "NVIDIA H100 80GB HBM3";
 const GIB: u64 = 1 << 30;

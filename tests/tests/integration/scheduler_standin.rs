@@ -25,7 +25,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams};
 use serde_json::{Value, json};
 
-const DRIVER: &str = "gpu.kerf.dev";
+use kerf_tests::fixtures::DRIVER;
 const NS: &str = "default";
 /// A scheduler class: whole H100s of at least 40Gi and compute capability 9.0.
 const WHOLE: &str = "whole";

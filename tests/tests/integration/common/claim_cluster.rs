@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-pub const DRIVER: &str = "gpu.kerf.dev";
+pub use kerf_tests::fixtures::DRIVER;
 pub const NS: &str = "default";
 pub const NODES: [&str; 4] = ["node-0", "node-1", "node-2", "node-3"];
 /// A BinPack controller class with 1Gi granularity.

@@ -36,7 +36,7 @@ use kerf_tests::fake_api::Identity;
 use kerf_tests::fake_kubelet::{KubeletConfig, RetryPolicy};
 use serde_json::{Value, json};
 
-pub const DRIVER: &str = "gpu.kerf.dev";
+pub use kerf_tests::fixtures::DRIVER;
 pub const NODE: &str = "node-1";
 pub const NAMESPACE: &str = "default";
 pub const GIB: u64 = 1024 * 1024 * 1024;

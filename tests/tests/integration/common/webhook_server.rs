@@ -20,7 +20,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-pub const DRIVER: &str = "gpu.kerf.dev";
+pub use kerf_tests::fixtures::DRIVER;
 /// The name the webhook's certificate is made for (`<service>.<namespace>.svc`).
 pub const HOST: &str = "kerf-webhook.kerf-system.svc";
 

@@ -18,7 +18,7 @@ use kerf_tests::fake_api::FakeApi;
 use kerf_tests::fake_api::Identity;
 use serde_json::{Value, json};
 
-pub const DRIVER: &str = "gpu.kerf.dev";
+pub use kerf_tests::fixtures::DRIVER;
 pub const NODE: &str = "node-1";
 
 pub struct Node {

@@ -21,7 +21,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-pub const DRIVER: &str = "gpu.kerf.dev";
+pub use kerf_tests::fixtures::DRIVER;
 /// The Controller class whose claims are charged their `GpuClaimParameters`.
 pub const SLICE_CLASS: &str = "slice.gpu.kerf.dev";
 /// A class of another driver: never charged.
