@@ -1,6 +1,6 @@
 //! kerf-tests: shared helpers for cross-crate tests: a fake kubelet, an in-memory API server,
-//! snapshots of its store for the kube-scheduler stand-in ([`scheduler_snapshots`]) and a
-//! whole-cluster simulation ([`sim`]).
+//! snapshots of its store for the kube-scheduler stand-in ([`scheduler_snapshots`]), claims
+//! as users write them ([`fixtures`]) and a whole-cluster simulation ([`sim`]).
 
 pub mod api_server;
 pub mod fake_api;
